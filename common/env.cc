@@ -1,0 +1,146 @@
+#include "common/env.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+
+namespace pstrain {
+
+Environment::Environment(std::map<std::string, std::string> overrides)
+    : overrides_(std::move(overrides)) {}
+
+Environment Environment::Isolated(std::map<std::string, std::string> vars) {
+  Environment env(std::move(vars));
+  env.isolated_ = true;
+  return env;
+}
+
+std::optional<std::string> Environment::Get(const std::string& name) const {
+  auto it = overrides_.find(name);
+  if (it != overrides_.end()) {
+    if (it->second.empty()) return std::nullopt;
+    return it->second;
+  }
+  if (isolated_) return std::nullopt;
+  const char* v = std::getenv(name.c_str());
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+StatusOr<std::string> Environment::Require(const std::string& name) const {
+  auto v = Get(name);
+  if (!v) return Status::NotFound(StrCat("environment variable ", name, " is not set"));
+  return *v;
+}
+
+namespace {
+
+StatusOr<int64_t> ParseInt(const std::string& name, const std::string& value, int64_t min,
+                           int64_t max) {
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(value.c_str(), &end, 10);
+  if (errno != 0 || end == value.c_str() || *end != '\0') {
+    return Status::InvalidArgument(
+        StrCat("environment variable ", name, "='", value, "' is not an integer"));
+  }
+  if (v < min || v > max) {
+    return Status::InvalidArgument(StrCat("environment variable ", name, "=", v,
+                                          " is out of range [", min, ", ", max, "]"));
+  }
+  return static_cast<int64_t>(v);
+}
+
+}  // namespace
+
+StatusOr<int64_t> Environment::GetInt(const std::string& name, int64_t default_value, int64_t min,
+                                      int64_t max) const {
+  auto v = Get(name);
+  if (!v) return default_value;
+  return ParseInt(name, *v, min, max);
+}
+
+StatusOr<int64_t> Environment::RequireInt(const std::string& name, int64_t min,
+                                          int64_t max) const {
+  ASSIGN_OR_RETURN(std::string v, Require(name));
+  return ParseInt(name, v, min, max);
+}
+
+StatusOr<bool> Environment::GetBool(const std::string& name, bool default_value) const {
+  auto v = Get(name);
+  if (!v) return default_value;
+  std::string s = *v;
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (s == "1" || s == "true" || s == "yes" || s == "on") return true;
+  if (s == "0" || s == "false" || s == "no" || s == "off") return false;
+  return Status::InvalidArgument(
+      StrCat("environment variable ", name, "='", *v, "' is not a boolean (use 0 or 1)"));
+}
+
+StatusOr<double> Environment::GetDouble(const std::string& name, double default_value) const {
+  auto v = Get(name);
+  if (!v) return default_value;
+  errno = 0;
+  char* end = nullptr;
+  double d = std::strtod(v->c_str(), &end);
+  if (errno != 0 || end == v->c_str() || *end != '\0') {
+    return Status::InvalidArgument(
+        StrCat("environment variable ", name, "='", *v, "' is not a number"));
+  }
+  return d;
+}
+
+const char* RoleName(Role role) {
+  switch (role) {
+    case Role::kScheduler: return "scheduler";
+    case Role::kServer: return "server";
+    case Role::kWorker: return "worker";
+  }
+  return "?";
+}
+
+StatusOr<Role> ParseRole(const std::string& s) {
+  if (s == "scheduler") return Role::kScheduler;
+  if (s == "server") return Role::kServer;
+  if (s == "worker") return Role::kWorker;
+  return Status::InvalidArgument(
+      StrCat("role '", s, "' is not one of scheduler, server, worker (DMLC_ROLE or --role)"));
+}
+
+StatusOr<JobEnv> ReadJobEnv(const Environment& env, bool cluster_required) {
+  JobEnv job;
+  if (auto role = env.Get("DMLC_ROLE")) {
+    ASSIGN_OR_RETURN(job.role, ParseRole(*role));
+  }
+  if (cluster_required) {
+    ASSIGN_OR_RETURN(job.root_uri, env.Require("DMLC_PS_ROOT_URI"));
+    ASSIGN_OR_RETURN(int64_t port, env.RequireInt("DMLC_PS_ROOT_PORT", 1, 65535));
+    job.root_port = static_cast<int>(port);
+    ASSIGN_OR_RETURN(int64_t ns, env.RequireInt("DMLC_NUM_SERVER", 1, 4096));
+    ASSIGN_OR_RETURN(int64_t nw, env.RequireInt("DMLC_NUM_WORKER", 1, 4096));
+    job.num_servers = static_cast<int>(ns);
+    job.num_workers = static_cast<int>(nw);
+  }
+  job.node_host = env.Get("DMLC_NODE_HOST").value_or("");
+  job.interface = env.Get("DMLC_INTERFACE").value_or("");
+  ASSIGN_OR_RETURN(int64_t port, env.GetInt("PORT", 0, 0, 65535));
+  job.port = static_cast<int>(port);
+  ASSIGN_OR_RETURN(int64_t verbose, env.GetInt("PS_VERBOSE", 0, 0, 3));
+  job.verbose = static_cast<int>(verbose);
+  ASSIGN_OR_RETURN(job.bigarray_bound,
+                   env.GetInt("MXNET_KVSTORE_BIGARRAY_BOUND", job.bigarray_bound, 1));
+  auto read_ms = [&env](const char* name, int* out, int64_t min) -> Status {
+    ASSIGN_OR_RETURN(int64_t v, env.GetInt(name, *out, min, INT32_MAX));
+    *out = static_cast<int>(v);
+    return Status::Ok();
+  };
+  RETURN_IF_ERROR(read_ms("PSTRAIN_HEARTBEAT_INTERVAL_MS", &job.heartbeat_interval_ms, 0));
+  RETURN_IF_ERROR(read_ms("PSTRAIN_HEARTBEAT_TIMEOUT_MS", &job.heartbeat_timeout_ms, 1));
+  RETURN_IF_ERROR(read_ms("PSTRAIN_STARTUP_TIMEOUT_MS", &job.startup_timeout_ms, 1));
+  RETURN_IF_ERROR(read_ms("PSTRAIN_BARRIER_TIMEOUT_MS", &job.barrier_timeout_ms, 1));
+  RETURN_IF_ERROR(read_ms("PSTRAIN_REQUEST_TIMEOUT_MS", &job.request_timeout_ms, 1));
+  return job;
+}
+
+}  // namespace pstrain

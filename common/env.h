@@ -1,0 +1,75 @@
+// The one place where pstrain reads environment variables.
+//
+// Environment wraps getenv with an override map, so a test can build several
+// nodes with different variables inside one process (no setenv). Every
+// variable we read is parsed by a function in env.cc and listed in
+// docs/env.md; a malformed value is an InvalidArgument naming the variable.
+#ifndef PSTRAIN_COMMON_ENV_H_
+#define PSTRAIN_COMMON_ENV_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "common/status.h"
+
+namespace pstrain {
+
+class Environment {
+ public:
+  // Reads the process environment; `overrides` take precedence over it.
+  explicit Environment(std::map<std::string, std::string> overrides = {});
+  // Reads only `vars`, never the process environment (for tests).
+  static Environment Isolated(std::map<std::string, std::string> vars);
+
+  // The raw value, or nullopt when unset. An empty string counts as unset.
+  std::optional<std::string> Get(const std::string& name) const;
+  // Unset: NotFound naming the variable.
+  StatusOr<std::string> Require(const std::string& name) const;
+  // Unset: `default_value`; set but not an integer in [min, max]: InvalidArgument.
+  StatusOr<int64_t> GetInt(const std::string& name, int64_t default_value,
+                           int64_t min = INT64_MIN, int64_t max = INT64_MAX) const;
+  StatusOr<int64_t> RequireInt(const std::string& name, int64_t min = INT64_MIN,
+                               int64_t max = INT64_MAX) const;
+  // Accepts 0/1/true/false/yes/no/on/off (any case).
+  StatusOr<bool> GetBool(const std::string& name, bool default_value) const;
+  StatusOr<double> GetDouble(const std::string& name, double default_value) const;
+
+ private:
+  std::map<std::string, std::string> overrides_;
+  bool isolated_ = false;
+};
+
+enum class Role { kScheduler, kServer, kWorker };
+const char* RoleName(Role role);  // "scheduler", "server", "worker"
+StatusOr<Role> ParseRole(const std::string& s);
+
+// The DMLC_* / PS_* contract of MXNet and ps-lite (../shared/reference/mxnet_facts.md 1.10),
+// plus our PSTRAIN_* timeouts. Read once per node by ReadJobEnv.
+struct JobEnv {
+  Role role = Role::kWorker;          // DMLC_ROLE (unset: worker, as in MXNet)
+  std::string root_uri;               // DMLC_PS_ROOT_URI: scheduler host name or IP
+  int root_port = 0;                  // DMLC_PS_ROOT_PORT
+  int num_servers = 0;                // DMLC_NUM_SERVER
+  int num_workers = 0;                // DMLC_NUM_WORKER
+  std::string node_host;              // DMLC_NODE_HOST: address this node advertises
+  std::string interface;              // DMLC_INTERFACE: NIC whose IP to advertise
+  int port = 0;                       // PORT: this node's port (0: pick a free one)
+  int verbose = 0;                    // PS_VERBOSE: 0, 1 (connections), 2 (every message)
+  int64_t bigarray_bound = 1000000;   // MXNET_KVSTORE_BIGARRAY_BOUND (elements)
+  int heartbeat_interval_ms = 1000;   // PSTRAIN_HEARTBEAT_INTERVAL_MS (0: off)
+  int heartbeat_timeout_ms = 10000;   // PSTRAIN_HEARTBEAT_TIMEOUT_MS
+  int startup_timeout_ms = 30000;     // PSTRAIN_STARTUP_TIMEOUT_MS: registration deadline
+  int barrier_timeout_ms = 600000;    // PSTRAIN_BARRIER_TIMEOUT_MS
+  int request_timeout_ms = 600000;    // PSTRAIN_REQUEST_TIMEOUT_MS: one push/pull
+};
+
+// Parses the variables above. When `role_required` is true a missing
+// DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER or DMLC_NUM_WORKER is an
+// error naming the variable.
+StatusOr<JobEnv> ReadJobEnv(const Environment& env, bool cluster_required = true);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_ENV_H_

@@ -1,0 +1,74 @@
+// Optimizers and learning-rate schedules, shared by the servers (dist modes)
+// and the worker's local updater. Semantics are MXNet's
+// (../shared/reference/mxnet_facts.md 1.6):
+//
+//   g <- rescale_grad * g;  g <- clip(g, -clip, clip) if clip > 0
+//   SGD, momentum 0:  w <- w - lr * (g + wd * w)
+//   SGD, momentum m:  mom <- m * mom - lr * (g + wd * w);  w <- w + mom
+//   TEST:             w <- w + rescale_grad * g
+//
+// The learning rate follows the schedule in the number of updates, counted as
+// MXNet does: the maximum over keys of the number of updates each key has had.
+#ifndef PSTRAIN_NN_OPTIMIZER_H_
+#define PSTRAIN_NN_OPTIMIZER_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/status.h"
+#include "proto/optimizer.pb.h"
+
+namespace pstrain {
+
+// Learning rate as a function of the update count (1-based: the rate used by
+// the num_update-th update).
+class LrSchedule {
+ public:
+  // InvalidArgument for a step < 1, a factor outside (0, 1], or steps that do not increase.
+  static StatusOr<LrSchedule> Create(float base_lr, const LrSchedulerConfig& cfg);
+  float LrAt(int64_t num_update) const;
+
+ private:
+  LrSchedule() = default;
+  float base_lr_ = 0.01f;
+  LrSchedulerConfig cfg_;
+};
+
+// Per-parameter optimizer state, owned by whoever owns the parameter (a server
+// shard or the local updater). Zero-initialized on first use.
+struct ParamState {
+  std::vector<float> momentum;  // empty until the first momentum update
+  int64_t num_updates = 0;
+  float lr_mult = 1.0f;  // MXNet's per-parameter multipliers (1.x: wd_mult 0 for biases, BN)
+  float wd_mult = 1.0f;
+};
+
+class Optimizer {
+ public:
+  static StatusOr<std::unique_ptr<Optimizer>> Create(const OptimizerConfig& cfg);
+
+  // Applies one update of `grad` to `weight` (n elements each).
+  // Thread-safe for calls with different `state` objects; calls for one
+  // parameter must be serialized by the caller. `grad` is not modified.
+  void Update(const float* grad, float* weight, size_t n, ParamState* state);
+
+  // The rate the next update with the current global count would use.
+  float CurrentLr() const;
+  int64_t num_update() const { return num_update_.load(std::memory_order_relaxed); }
+  const OptimizerConfig& config() const { return cfg_; }
+
+ private:
+  Optimizer(const OptimizerConfig& cfg, LrSchedule schedule) : cfg_(cfg), schedule_(schedule) {}
+  int64_t NoteUpdate(ParamState* state);
+
+  OptimizerConfig cfg_;
+  LrSchedule schedule_;
+  std::atomic<int64_t> num_update_{0};
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_NN_OPTIMIZER_H_

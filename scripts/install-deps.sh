@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs what pstrain needs on Debian 12 (bookworm). Idempotent: packages
+# already installed are skipped, and apt-get runs only when something is missing.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake pkg-config ccache git
+  libzmq3-dev cppzmq-dev                     # transport
+  libprotobuf-dev protobuf-compiler          # wire headers and configs
+  libgflags-dev libgoogle-glog-dev           # flags and logging
+  libgtest-dev libgmock-dev                  # tests
+  libdnnl-dev                                # CPU kernels (oneDNN)
+  libjpeg62-turbo-dev libpng-dev zlib1g-dev  # image pipeline
+  openssh-server openssh-client rsync        # ssh launcher (and its tests)
+  openmpi-bin libopenmpi-dev                 # mpi launcher (and its tests)
+  procps iproute2                            # ps/kill in tests, addresses
+)
+# Benchmarks compare against PyTorch; install them with PSTRAIN_BENCH_DEPS=1.
+if [[ "${PSTRAIN_BENCH_DEPS:-0}" == "1" ]]; then
+  PACKAGES+=(python3-torch python3-torchvision)
+fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,136 @@
+#include "nn/optimizer.h"
+
+#include <cmath>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace pstrain {
+namespace {
+
+std::unique_ptr<Optimizer> MakeSgd(float lr, float mom, float wd, float rescale, float clip) {
+  OptimizerConfig cfg;
+  cfg.set_type(OptimizerConfig::SGD);
+  cfg.set_learning_rate(lr);
+  cfg.set_momentum(mom);
+  cfg.set_wd(wd);
+  cfg.set_rescale_grad(rescale);
+  cfg.set_clip_gradient(clip);
+  auto opt = Optimizer::Create(cfg);
+  CHECK(opt.ok()) << opt.status();
+  return std::move(opt).value();
+}
+
+TEST(OptimizerTest, PlainSgdWithWeightDecay) {
+  auto opt = MakeSgd(0.1f, 0.0f, 0.01f, 0.5f, -1);
+  std::vector<float> w = {1.0f, -2.0f};
+  std::vector<float> g = {4.0f, 2.0f};
+  ParamState st;
+  opt->Update(g.data(), w.data(), w.size(), &st);
+  // w -= lr * (rescale*g + wd*w)
+  EXPECT_FLOAT_EQ(w[0], 1.0f - 0.1f * (2.0f + 0.01f * 1.0f));
+  EXPECT_FLOAT_EQ(w[1], -2.0f - 0.1f * (1.0f + 0.01f * -2.0f));
+  EXPECT_TRUE(st.momentum.empty());
+}
+
+TEST(OptimizerTest, MomentumMatchesMxnetRecurrence) {
+  const float lr = 0.05f, mom = 0.9f, wd = 1e-4f;
+  auto opt = MakeSgd(lr, mom, wd, 1.0f, -1);
+  float w = 0.5f, m = 0.0f;
+  std::vector<float> wv = {w};
+  ParamState st;
+  const float grads[] = {1.0f, -0.5f, 0.25f, 2.0f};
+  for (float g : grads) {
+    opt->Update(&g, wv.data(), 1, &st);
+    m = mom * m - lr * (g + wd * w);
+    w = w + m;
+    EXPECT_NEAR(wv[0], w, 1e-6);
+  }
+  EXPECT_EQ(st.num_updates, 4);
+  EXPECT_EQ(opt->num_update(), 4);
+}
+
+TEST(OptimizerTest, ClipAppliesAfterRescale) {
+  auto opt = MakeSgd(1.0f, 0.0f, 0.0f, 0.5f, 1.0f);
+  std::vector<float> w = {0.0f, 0.0f, 0.0f};
+  std::vector<float> g = {10.0f, -10.0f, 1.0f};  // rescaled: 5, -5, 0.5
+  ParamState st;
+  opt->Update(g.data(), w.data(), 3, &st);
+  EXPECT_FLOAT_EQ(w[0], -1.0f);
+  EXPECT_FLOAT_EQ(w[1], 1.0f);
+  EXPECT_FLOAT_EQ(w[2], -0.5f);
+}
+
+TEST(OptimizerTest, TestOptimizerAddsRescaledGradient) {
+  OptimizerConfig cfg;
+  cfg.set_type(OptimizerConfig::TEST);
+  cfg.set_rescale_grad(2.0f);
+  auto opt = Optimizer::Create(cfg);
+  ASSERT_TRUE(opt.ok());
+  std::vector<float> w = {1.0f};
+  std::vector<float> g = {6.0f};  // e.g. sum of pushes 1+2+3 from 3 workers
+  ParamState st;
+  (*opt)->Update(g.data(), w.data(), 1, &st);
+  EXPECT_FLOAT_EQ(w[0], 13.0f);  // 1 + rate * W(W+1)/2
+}
+
+TEST(OptimizerTest, FactorScheduleDecaysEveryStepUpdates) {
+  LrSchedulerConfig sc;
+  sc.set_type(LrSchedulerConfig::FACTOR);
+  sc.set_step(10);
+  sc.set_factor(0.5f);
+  auto s = LrSchedule::Create(0.1f, sc);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_FLOAT_EQ(s->LrAt(1), 0.1f);
+  EXPECT_FLOAT_EQ(s->LrAt(10), 0.1f);
+  EXPECT_FLOAT_EQ(s->LrAt(11), 0.05f);
+  EXPECT_FLOAT_EQ(s->LrAt(21), 0.025f);
+}
+
+TEST(OptimizerTest, MultiFactorScheduleDecaysAtEachStep) {
+  LrSchedulerConfig sc;
+  sc.set_type(LrSchedulerConfig::MULTI_FACTOR);
+  sc.add_steps(100);
+  sc.add_steps(150);
+  sc.set_factor(0.1f);
+  auto s = LrSchedule::Create(1.0f, sc);
+  ASSERT_TRUE(s.ok());
+  EXPECT_FLOAT_EQ(s->LrAt(100), 1.0f);
+  EXPECT_FLOAT_EQ(s->LrAt(101), 0.1f);
+  EXPECT_NEAR(s->LrAt(151), 0.01f, 1e-9);
+}
+
+TEST(OptimizerTest, ScheduleCountsTheMaximumOverKeys) {
+  OptimizerConfig cfg;
+  cfg.set_learning_rate(1.0f);
+  cfg.mutable_lr_scheduler()->set_type(LrSchedulerConfig::FACTOR);
+  cfg.mutable_lr_scheduler()->set_step(2);
+  cfg.mutable_lr_scheduler()->set_factor(0.5f);
+  auto opt = std::move(Optimizer::Create(cfg)).value();
+  ParamState a, b;
+  float w = 0, g = 1;
+  opt->Update(&g, &w, 1, &a);  // count 1, lr 1
+  opt->Update(&g, &w, 1, &a);  // count 2, lr 1
+  opt->Update(&g, &w, 1, &a);  // count 3, lr 0.5
+  EXPECT_EQ(opt->num_update(), 3);
+  float wb = 0;
+  opt->Update(&g, &wb, 1, &b);  // b's count is 1, global stays 3: lr 0.5
+  EXPECT_FLOAT_EQ(wb, -0.5f);
+}
+
+TEST(OptimizerTest, RejectsBadConfig) {
+  OptimizerConfig cfg;
+  cfg.set_momentum(1.5f);
+  EXPECT_FALSE(Optimizer::Create(cfg).ok());
+  LrSchedulerConfig sc;
+  sc.set_type(LrSchedulerConfig::MULTI_FACTOR);
+  sc.set_factor(0.1f);
+  sc.add_steps(20);
+  sc.add_steps(10);
+  auto s = LrSchedule::Create(0.1f, sc);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("steps[1] = 10"), std::string::npos) << s.status();
+}
+
+}  // namespace
+}  // namespace pstrain

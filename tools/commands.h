@@ -1,0 +1,25 @@
+// The subcommands of the `pstrain` binary. Each lives in tools/<name>_cmd.cc,
+// defines its own gflags there, and is listed in kCommands (pstrain_main.cc).
+#ifndef PSTRAIN_TOOLS_COMMANDS_H_
+#define PSTRAIN_TOOLS_COMMANDS_H_
+
+namespace pstrain {
+
+// argv[0] is "pstrain <name>"; flags are already parsed and removed, so argv
+// holds only the positional arguments. Returns the process exit code.
+using CommandFn = int (*)(int argc, char** argv);
+
+struct Command {
+  const char* name;
+  const char* summary;
+  CommandFn run;
+  // Source file(s) whose gflags belong to this command (for `pstrain <name> --help`),
+  // separated by commas, e.g. "kvbench_cmd.cc,cluster_flags.cc".
+  const char* flag_files;
+};
+
+int RunVersion(int argc, char** argv);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_TOOLS_COMMANDS_H_

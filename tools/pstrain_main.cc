@@ -1,0 +1,140 @@
+// pstrain: one binary with git-style subcommands. This file only parses the
+// command line and dispatches; the work is in the libraries.
+//
+// Flags may be written MXNet-style with dashes (--num-epochs 3); they are
+// mapped to gflags' underscores (--num_epochs) before parsing. A bare `--`
+// ends the flags; everything after it reaches the command untouched.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+
+#include "tools/commands.h"
+
+namespace pstrain {
+namespace {
+
+// ---- the command table: keep sorted by name ----
+const Command kCommands[] = {
+    {"version", "print the version and build configuration", RunVersion, ""},
+};
+
+const Command* FindCommand(const std::string& name) {
+  for (const Command& c : kCommands) {
+    if (name == c.name) return &c;
+  }
+  return nullptr;
+}
+
+void PrintTopUsage(FILE* out) {
+  std::fprintf(out,
+               "usage: pstrain <command> [--flag=value ...] [-- args]\n\n"
+               "commands:\n");
+  for (const Command& c : kCommands) std::fprintf(out, "  %-10s %s\n", c.name, c.summary);
+  std::fprintf(out,
+               "\n`pstrain <command> --help` lists a command's flags.\n"
+               "Flags take MXNet's dashed names (--num-epochs) or underscores (--num_epochs).\n");
+}
+
+bool FlagBelongsTo(const gflags::CommandLineFlagInfo& f, const char* files) {
+  std::string list(files);
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t comma = list.find(',', start);
+    std::string file = list.substr(start, comma == std::string::npos ? std::string::npos
+                                                                      : comma - start);
+    if (!file.empty() && f.filename.size() >= file.size() &&
+        f.filename.compare(f.filename.size() - file.size(), file.size(), file) == 0) {
+      return true;
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return false;
+}
+
+void PrintCommandHelp(const Command& cmd) {
+  std::printf("pstrain %s: %s\n\nflags:\n", cmd.name, cmd.summary);
+  std::vector<gflags::CommandLineFlagInfo> flags;
+  gflags::GetAllFlags(&flags);
+  for (const auto& f : flags) {
+    if (!FlagBelongsTo(f, cmd.flag_files)) continue;
+    std::string name = f.name;
+    for (char& ch : name) {
+      if (ch == '_') ch = '-';
+    }
+    std::printf("  --%-24s %s (default: %s%s%s)\n", name.c_str(), f.description.c_str(),
+                f.type == "string" ? "\"" : "", f.default_value.c_str(),
+                f.type == "string" ? "\"" : "");
+  }
+  std::printf("\nlogging: --v=N for verbose logs, --logtostderr=0 --log_dir=DIR for files.\n");
+}
+
+// "--num-epochs=3" -> "--num_epochs=3"; leaves values and positional args alone.
+void NormalizeFlagNames(std::vector<std::string>* args) {
+  for (std::string& a : *args) {
+    if (a == "--") break;
+    if (a.size() < 2 || a[0] != '-') continue;
+    size_t name_start = a[1] == '-' ? 2 : 1;
+    size_t name_end = a.find('=');
+    if (name_end == std::string::npos) name_end = a.size();
+    for (size_t i = name_start; i < name_end; ++i) {
+      if (a[i] == '-') a[i] = '_';
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pstrain
+
+int main(int argc, char** argv) {
+  using pstrain::Command;
+  if (argc < 2 || std::strcmp(argv[1], "help") == 0 || std::strcmp(argv[1], "--help") == 0 ||
+      std::strcmp(argv[1], "-h") == 0) {
+    if (argc >= 3 && std::strcmp(argv[1], "help") == 0) {
+      if (const Command* c = pstrain::FindCommand(argv[2])) {
+        pstrain::PrintCommandHelp(*c);
+        return 0;
+      }
+    }
+    pstrain::PrintTopUsage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const Command* cmd = pstrain::FindCommand(argv[1]);
+  if (cmd == nullptr) {
+    std::fprintf(stderr, "pstrain: unknown command '%s'\n\n", argv[1]);
+    pstrain::PrintTopUsage(stderr);
+    return 2;
+  }
+
+  std::vector<std::string> args;
+  args.push_back(std::string("pstrain ") + cmd->name);
+  for (int i = 2; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {
+      for (; i < argc; ++i) args.push_back(argv[i]);
+      break;
+    }
+    if (a == "--help" || a == "-help" || a == "-h") {
+      pstrain::PrintCommandHelp(*cmd);
+      return 0;
+    }
+    args.push_back(a);
+  }
+  pstrain::NormalizeFlagNames(&args);
+
+  std::vector<char*> cargv;
+  for (std::string& a : args) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  int cargc = static_cast<int>(args.size());
+  char** cargv_ptr = cargv.data();
+
+  FLAGS_logtostderr = true;
+  gflags::SetUsageMessage(std::string("see `pstrain ") + cmd->name + " --help`");
+  gflags::ParseCommandLineFlags(&cargc, &cargv_ptr, /*remove_flags=*/true);
+  google::InitGoogleLogging(cargv_ptr[0]);
+  return cmd->run(cargc, cargv_ptr);
+}

@@ -1,0 +1,26 @@
+#include <cstdio>
+
+#include <google/protobuf/stubs/common.h>
+#include <zmq.h>
+
+#include "tools/commands.h"
+
+#ifndef PSTRAIN_VERSION
+#define PSTRAIN_VERSION "0.0.0"
+#endif
+#ifndef PSTRAIN_BUILD_TYPE
+#define PSTRAIN_BUILD_TYPE "unknown"
+#endif
+
+namespace pstrain {
+
+int RunVersion(int /*argc*/, char** /*argv*/) {
+  int major = 0, minor = 0, patch = 0;
+  zmq_version(&major, &minor, &patch);
+  std::printf("pstrain %s (%s build)\n", PSTRAIN_VERSION, PSTRAIN_BUILD_TYPE);
+  std::printf("  zeromq %d.%d.%d, protobuf %s\n", major, minor, patch,
+              google::protobuf::internal::VersionString(GOOGLE_PROTOBUF_VERSION).c_str());
+  return 0;
+}
+
+}  // namespace pstrain
