@@ -16,6 +16,9 @@ struct Command {
   // Source file(s) whose gflags belong to this command (for `pstrain <name> --help`),
   // separated by commas, e.g. "kvbench_cmd.cc,cluster_flags.cc".
   const char* flag_files;
+  // When true the command parses its own arguments: argv holds everything after
+  // the subcommand, untouched (no gflags, no dash mapping, `--help` included).
+  bool raw_args = false;
 };
 
 int RunVersion(int argc, char** argv);

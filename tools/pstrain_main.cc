@@ -18,7 +18,16 @@ namespace pstrain {
 namespace {
 
 // ---- the command table: keep sorted by name ----
+// Each area adds its rows under its own comment (see docs/architecture.md).
 const Command kCommands[] = {
+    // launchers and logs (tracker/):
+
+    // parameter server (scheduler/, server/, worker/):
+
+    // image pipeline (data/):
+
+    // training (nn/, models/, worker/):
+
     {"version", "print the version and build configuration", RunVersion, ""},
 };
 
@@ -112,6 +121,15 @@ int main(int argc, char** argv) {
 
   std::vector<std::string> args;
   args.push_back(std::string("pstrain ") + cmd->name);
+  if (cmd->raw_args) {
+    std::vector<char*> raw;
+    raw.push_back(args[0].data());
+    for (int i = 2; i < argc; ++i) raw.push_back(argv[i]);
+    raw.push_back(nullptr);
+    FLAGS_logtostderr = true;
+    google::InitGoogleLogging(argv[0]);
+    return cmd->run(static_cast<int>(raw.size()) - 1, raw.data());
+  }
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--") {
