@@ -63,6 +63,12 @@ struct JobEnv {
   int startup_timeout_ms = 30000;     // PSTRAIN_STARTUP_TIMEOUT_MS: registration deadline
   int barrier_timeout_ms = 600000;    // PSTRAIN_BARRIER_TIMEOUT_MS
   int request_timeout_ms = 600000;    // PSTRAIN_REQUEST_TIMEOUT_MS: one push/pull
+  // Parameter server (net/, server/, worker/ KV client):
+  std::string bind_host = "0.0.0.0";  // PSTRAIN_BIND_HOST: address to bind (vs. advertise)
+  int64_t max_message_bytes = int64_t{1} << 31;  // PSTRAIN_MAX_MESSAGE_BYTES: per frame
+  int server_threads = 2;             // PSTRAIN_SERVER_THREADS: request shards per server
+  std::string placement = "balanced"; // PSTRAIN_PLACEMENT: balanced | mxnet
+  int64_t chunk_elems = 262144;       // PSTRAIN_CHUNK_ELEMS: balanced placement chunk size
 };
 
 // Parses the variables above. When `role_required` is true a missing

@@ -22,6 +22,10 @@ struct Command {
 };
 
 int RunVersion(int argc, char** argv);
+// parameter server (tools/scheduler_cmd.cc, server_cmd.cc, kvbench_cmd.cc):
+int RunSchedulerCmd(int argc, char** argv);
+int RunServerCmd(int argc, char** argv);
+int RunKvbench(int argc, char** argv);
 
 }  // namespace pstrain
 

@@ -23,6 +23,12 @@ const Command kCommands[] = {
     // launchers and logs (tracker/):
 
     // parameter server (scheduler/, server/, worker/):
+    {"kvbench", "push/pull throughput of the parameter server (--verify: conformance check)",
+     RunKvbench, "kvbench_cmd.cc,cluster_role.cc"},
+    {"scheduler", "run the scheduler of a job (DMLC_* variables)", RunSchedulerCmd,
+     "cluster_role.cc"},
+    {"server", "run one parameter server of a job (DMLC_* variables)", RunServerCmd,
+     "cluster_role.cc"},
 
     // image pipeline (data/):
 

@@ -1,0 +1,308 @@
+#include "net/cluster_node.h"
+
+#include <chrono>
+#include <random>
+
+namespace pstrain {
+
+ClusterOptions ClusterOptionsFromJobEnv(const JobEnv& env) {
+  ClusterOptions o;
+  o.role = env.role;
+  o.root_host = env.root_uri;
+  o.root_port = env.root_port;
+  o.num_servers = env.num_servers;
+  o.num_workers = env.num_workers;
+  o.advertise_host = env.node_host;
+  o.interface = env.interface;
+  o.bind_host = env.bind_host;
+  o.port = env.port;
+  o.heartbeat_interval_ms = env.heartbeat_interval_ms;
+  o.heartbeat_timeout_ms = env.heartbeat_timeout_ms;
+  o.startup_timeout_ms = env.startup_timeout_ms;
+  o.barrier_timeout_ms = env.barrier_timeout_ms;
+  o.request_timeout_ms = env.request_timeout_ms;
+  o.max_message_bytes = env.max_message_bytes;
+  o.verbose = env.verbose;
+  return o;
+}
+
+ClusterNode::ClusterNode(const ClusterOptions& options) : options_(options) {}
+
+StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Create(const ClusterOptions& options) {
+  CHECK(options.role != Role::kScheduler) << "the scheduler is scheduler/scheduler.h";
+  std::unique_ptr<ClusterNode> node(new ClusterNode(options));
+  ASSIGN_OR_RETURN(node->host_,
+                   AdvertisedHost(options.advertise_host, options.interface, options.root_host));
+  std::random_device rd;
+  node->nonce_ = (uint64_t{rd()} << 32) ^ rd() ^
+                 static_cast<uint64_t>(SteadyClock::now().time_since_epoch().count());
+  VanOptions vo;
+  vo.bind_host = options.bind_host;
+  vo.port = options.port;
+  vo.max_message_bytes = options.max_message_bytes;
+  vo.verbose = options.verbose;
+  vo.name = RoleName(options.role);
+  vo.send_timeout_ms = std::max(1000, options.heartbeat_timeout_ms);
+  ClusterNode* raw = node.get();
+  ASSIGN_OR_RETURN(node->van_, Van::Create(vo, [raw](Message&& m) { raw->Handle(std::move(m)); }));
+  node->port_ = node->van_->port();
+  RETURN_IF_ERROR(node->van_->Connect(kSchedulerId, options.root_host, options.root_port)
+                      .WithContext(StrCat(RoleName(options.role), " ", node->host_, ":",
+                                          node->port_, ": scheduler DMLC_PS_ROOT_URI")));
+  return node;
+}
+
+ClusterNode::~ClusterNode() { Stop(); }
+
+void ClusterNode::Stop() {
+  {
+    MutexLock l(&mu_);
+    stopping_ = true;
+    cv_.SignalAll();
+  }
+  if (heartbeat_.joinable()) heartbeat_.join();
+  van_.reset();
+}
+
+Status ClusterNode::Send(int id, const Message& msg) {
+  if (van_ == nullptr) return Status::Cancelled("node stopped");
+  return van_->Send(id, msg);
+}
+
+void ClusterNode::SetMessageHandler(MessageHandler handler) { handler_ = std::move(handler); }
+void ClusterNode::AddFailureListener(FailureListener l) {
+  failure_listeners_.push_back(std::move(l));
+}
+void ClusterNode::AddTickListener(TickListener l) { tick_listeners_.push_back(std::move(l)); }
+
+int ClusterNode::id() const {
+  MutexLock l(&mu_);
+  return id_;
+}
+int ClusterNode::rank() const {
+  MutexLock l(&mu_);
+  return rank_;
+}
+Status ClusterNode::health() const {
+  MutexLock l(&mu_);
+  return health_;
+}
+
+std::string ClusterNode::Describe(int id) const {
+  MutexLock l(&mu_);
+  if (id == kSchedulerId) {
+    return StrCat("scheduler at ", options_.root_host, ":", options_.root_port);
+  }
+  auto it = table_.find(id);
+  if (it == table_.end()) {
+    if (id == id_ || id < 0) return StrCat(RoleName(options_.role), " at ", host_, ":", port_);
+    return NodeIdName(id);
+  }
+  return StrCat(RoleName(static_cast<Role>(it->second.role())), " rank ", it->second.rank(),
+                " at ", it->second.host(), ":", it->second.port());
+}
+
+PsHeader ClusterNode::Header(PsCommand cmd) const {
+  PsHeader h;
+  h.set_version(PROTOCOL_VERSION_CURRENT);
+  h.set_cmd(cmd);
+  h.set_sender(id());
+  h.set_receiver(kSchedulerId);
+  return h;
+}
+
+Status ClusterNode::Start() {
+  Message reg;
+  reg.header = Header(CMD_REGISTER);
+  NodeInfo* me = reg.header.mutable_node();
+  me->set_role(static_cast<int>(options_.role));
+  me->set_host(host_);
+  me->set_port(port_);
+  me->set_nonce(nonce_);
+  if (options_.verbose >= 1) {
+    LOG(INFO) << RoleName(options_.role) << " at " << host_ << ":" << port_
+              << " registering with the scheduler at " << options_.root_host << ":"
+              << options_.root_port;
+  }
+  RETURN_IF_ERROR(Send(kSchedulerId, reg));
+  const Deadline deadline = Deadline::InMillis(options_.startup_timeout_ms);
+  {
+    MutexLock l(&mu_);
+    cv_.WaitUntil(deadline, [this]() REQUIRES(mu_) { return have_table_ || !health_.ok(); });
+    if (!health_.ok()) return health_;
+    if (!have_table_) {
+      return Status::DeadlineExceeded(StrCat(
+          RoleName(options_.role), " at ", host_, ":", port_,
+          ": no node table from the scheduler at ", options_.root_host, ":", options_.root_port,
+          " within ", options_.startup_timeout_ms,
+          " ms (PSTRAIN_STARTUP_TIMEOUT_MS); is the scheduler running and did all ",
+          options_.num_servers, " servers and ", options_.num_workers, " workers start?"));
+    }
+    last_scheduler_contact_ = SteadyClock::now();
+  }
+  // Workers talk to every server, servers answer every worker.
+  std::map<int, NodeInfo> table;
+  {
+    MutexLock l(&mu_);
+    table = table_;
+  }
+  for (const auto& [id, info] : table) {
+    const bool peer = options_.role == Role::kWorker ? IsServerId(id) : IsWorkerId(id);
+    if (!peer) continue;
+    RETURN_IF_ERROR(van_->Connect(id, info.host(), info.port()));
+  }
+  if (options_.heartbeat_interval_ms > 0) {
+    heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  }
+  if (options_.verbose >= 1) LOG(INFO) << "started as " << Self();
+  return Status::Ok();
+}
+
+void ClusterNode::Handle(Message&& msg) {
+  const PsHeader& h = msg.header;
+  if (h.sender() == kSchedulerId) {
+    MutexLock l(&mu_);
+    last_scheduler_contact_ = SteadyClock::now();
+  }
+  switch (h.cmd()) {
+    case CMD_DATA:
+    case CMD_CONFIG:
+      if (handler_) handler_(std::move(msg));
+      return;
+    case CMD_NODE_TABLE: {
+      MutexLock l(&mu_);
+      if (have_table_) return;
+      for (const NodeInfo& n : h.nodes()) {
+        table_[n.id()] = n;
+        if (n.nonce() == nonce_ && n.port() == port_) {
+          id_ = n.id();
+          rank_ = n.rank();
+        }
+      }
+      if (id_ < 0) {
+        health_ = Status::Internal("the scheduler's node table does not list this node");
+      } else {
+        have_table_ = true;
+      }
+      cv_.SignalAll();
+      return;
+    }
+    case CMD_HEARTBEAT:
+      return;
+    case CMD_BARRIER: {
+      MutexLock l(&mu_);
+      if (h.error_code() != 0) {
+        if (health_.ok()) {
+          health_ = Status(static_cast<StatusCode>(h.error_code()), h.error_message());
+        }
+      } else {
+        uint64_t& done = barrier_done_[h.group()];
+        done = std::max<uint64_t>(done, h.generation());
+      }
+      cv_.SignalAll();
+      return;
+    }
+    case CMD_ABORT:
+      Fail(Status::Unavailable(h.error_message()));
+      return;
+    case CMD_SHUTDOWN: {
+      MutexLock l(&mu_);
+      shutdown_ = true;
+      cv_.SignalAll();
+      return;
+    }
+    default:
+      LOG(WARNING) << Self() << ": ignoring command " << PsCommand_Name(h.cmd()) << " from "
+                   << NodeIdName(h.sender());
+  }
+}
+
+void ClusterNode::Fail(const Status& error) {
+  {
+    MutexLock l(&mu_);
+    if (!health_.ok() || shutdown_) return;
+    health_ = error;
+    cv_.SignalAll();
+  }
+  LOG(ERROR) << Self() << ": " << error;
+  Message abort;
+  abort.header = Header(CMD_ABORT);
+  abort.header.set_error_message(error.message());
+  (void)Send(kSchedulerId, abort);  // best effort: the scheduler may be the one that is gone
+  for (const auto& l : failure_listeners_) l(error);
+}
+
+Status ClusterNode::Barrier(int group, Deadline deadline) {
+  uint64_t gen;
+  {
+    MutexLock l(&mu_);
+    if (!health_.ok()) return health_;
+    gen = ++barrier_sent_[group];
+  }
+  Message m;
+  m.header = Header(CMD_BARRIER);
+  m.header.set_group(group);
+  m.header.set_generation(gen);
+  RETURN_IF_ERROR(Send(kSchedulerId, m));
+  MutexLock l(&mu_);
+  cv_.WaitUntil(deadline, [&]() REQUIRES(mu_) {
+    return barrier_done_[group] >= gen || !health_.ok() || stopping_;
+  });
+  if (!health_.ok()) return health_;
+  if (barrier_done_[group] < gen) {
+    return Status::DeadlineExceeded(StrCat(
+        RoleName(options_.role), " rank ", rank_, ": barrier of group ", group,
+        " generation ", gen, " did not complete in time; some node of the group never arrived"));
+  }
+  return Status::Ok();
+}
+
+Status ClusterNode::Finish(Deadline deadline) {
+  Message m;
+  m.header = Header(CMD_FINISH);
+  RETURN_IF_ERROR(Send(kSchedulerId, m));
+  return WaitShutdown(deadline);
+}
+
+Status ClusterNode::WaitShutdown(Deadline deadline) {
+  MutexLock l(&mu_);
+  cv_.WaitUntil(deadline, [this]() REQUIRES(mu_) { return shutdown_ || !health_.ok(); });
+  if (!health_.ok()) return health_;
+  if (!shutdown_) {
+    return Status::DeadlineExceeded(
+        StrCat(RoleName(options_.role), " rank ", rank_, ": no shutdown from the scheduler in time"));
+  }
+  return Status::Ok();
+}
+
+void ClusterNode::HeartbeatLoop() {
+  const auto interval = std::chrono::milliseconds(std::min(options_.heartbeat_interval_ms, 1000));
+  for (;;) {
+    {
+      MutexLock l(&mu_);
+      cv_.WaitUntil(Deadline::In(interval), [this]() REQUIRES(mu_) { return stopping_; });
+      if (stopping_) return;
+    }
+    Message hb;
+    hb.header = Header(CMD_HEARTBEAT);
+    (void)Send(kSchedulerId, hb);
+    int64_t silent_ms = 0;
+    bool done = false;
+    {
+      MutexLock l(&mu_);
+      silent_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      SteadyClock::now() - last_scheduler_contact_)
+                      .count();
+      done = shutdown_ || !health_.ok();
+    }
+    if (!done && silent_ms > options_.heartbeat_timeout_ms) {
+      Fail(Status::Unavailable(StrCat("scheduler at ", options_.root_host, ":",
+                                      options_.root_port, " silent for ", silent_ms,
+                                      " ms (PSTRAIN_HEARTBEAT_TIMEOUT_MS=",
+                                      options_.heartbeat_timeout_ms, "); declared dead")));
+    }
+    for (const auto& t : tick_listeners_) t();
+  }
+}
+
+}  // namespace pstrain

@@ -1,0 +1,138 @@
+// ClusterNode: a server's or worker's membership in a job.
+//
+// It owns the node's Van, registers with the scheduler, receives the node table
+// (ranks and addresses), connects to the peers it talks to (workers to every
+// server, servers to every worker), sends heartbeats, runs barriers and learns
+// of dead nodes and of the job's end. Data and config messages (CMD_DATA,
+// CMD_CONFIG) go to the handler the KV server or client installs.
+//
+// Failure model: every wait has a deadline. Once the node learns that the job
+// cannot go on (a peer declared dead, the scheduler silent past the heartbeat
+// timeout, a local error reported with Fail), health() turns into that error
+// for good, every waiter wakes with it and the failure listeners run once.
+// Threads: all methods are thread-safe. Handlers and listeners run on the
+// receive or heartbeat thread and must not block.
+#ifndef PSTRAIN_NET_CLUSTER_NODE_H_
+#define PSTRAIN_NET_CLUSTER_NODE_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/deadline.h"
+#include "common/env.h"
+#include "common/mutex.h"
+#include "common/status.h"
+#include "net/message.h"
+#include "net/van.h"
+
+namespace pstrain {
+
+struct ClusterOptions {
+  Role role = Role::kWorker;
+  std::string root_host = "127.0.0.1";  // scheduler host name or IP
+  int root_port = 0;
+  int num_servers = 1;
+  int num_workers = 1;
+  std::string advertise_host;  // empty: see AdvertisedHost (van.h)
+  std::string interface;       // DMLC_INTERFACE
+  std::string bind_host = "0.0.0.0";
+  int port = 0;                // 0: any free port
+  int heartbeat_interval_ms = 1000;  // 0: no heartbeats
+  int heartbeat_timeout_ms = 10000;
+  int startup_timeout_ms = 30000;
+  int barrier_timeout_ms = 600000;
+  int request_timeout_ms = 600000;
+  int64_t max_message_bytes = int64_t{1} << 31;
+  int verbose = 0;
+};
+
+// The options a process gets from its environment (common/env.h).
+ClusterOptions ClusterOptionsFromJobEnv(const JobEnv& env);
+
+class ClusterNode {
+ public:
+  using MessageHandler = std::function<void(Message&&)>;
+  using FailureListener = std::function<void(const Status&)>;
+  using TickListener = std::function<void()>;
+
+  // Binds this node's socket. REQUIRES: options.role is server or worker.
+  static StatusOr<std::unique_ptr<ClusterNode>> Create(const ClusterOptions& options);
+  ~ClusterNode();
+
+  // Install before Start(). The handler receives CMD_DATA and CMD_CONFIG
+  // messages (requests on servers, replies on workers) on the receive thread.
+  void SetMessageHandler(MessageHandler handler);
+  void AddFailureListener(FailureListener listener);
+  // Runs on the heartbeat thread about every heartbeat interval (at most 1 s).
+  void AddTickListener(TickListener listener);
+
+  // Registers and waits (startup_timeout_ms) for the node table, then connects
+  // to peers and starts heartbeats.
+  Status Start();
+  // Waits until every member of `group` (kServerGroup, kWorkerGroup or both)
+  // entered the same barrier generation.
+  Status Barrier(int group, Deadline deadline);
+  // Worker: tells the scheduler this worker is done and waits for the job's end.
+  Status Finish(Deadline deadline);
+  // Server: waits for the job's end (SHUTDOWN) or a failure. Bounded by the
+  // scheduler's liveness (heartbeats) and `deadline`.
+  Status WaitShutdown(Deadline deadline);
+  // Records a local fatal error, tells the scheduler (which tells everyone) and
+  // wakes every waiter. The first error wins.
+  void Fail(const Status& error);
+
+  // Stops heartbeats and closes the sockets; no handler or listener runs after
+  // it returns. Idempotent. The KV server and client call it in their destructors.
+  void Stop();
+
+  Status Send(int id, const Message& msg);
+  Status health() const;
+
+  Role role() const { return options_.role; }
+  int id() const;
+  int rank() const;
+  int num_servers() const { return options_.num_servers; }
+  int num_workers() const { return options_.num_workers; }
+  int port() const { return port_; }
+  const ClusterOptions& options() const { return options_; }
+  // "server rank 1 at 127.0.0.1:40001".
+  std::string Describe(int id) const;
+  std::string Self() const { return Describe(id()); }
+
+ private:
+  explicit ClusterNode(const ClusterOptions& options);
+  void Handle(Message&& msg);
+  void HeartbeatLoop();
+  PsHeader Header(PsCommand cmd) const;
+
+  ClusterOptions options_;
+  std::unique_ptr<Van> van_;  // reset only by Stop(), after which Send fails
+  uint64_t nonce_ = 0;
+  int port_ = 0;
+  std::string host_;  // advertised
+  MessageHandler handler_;
+  std::vector<FailureListener> failure_listeners_;
+  std::vector<TickListener> tick_listeners_;
+
+  mutable Mutex mu_;
+  CondVar cv_{&mu_};
+  int id_ GUARDED_BY(mu_) = -1;
+  int rank_ GUARDED_BY(mu_) = -1;
+  std::map<int, NodeInfo> table_ GUARDED_BY(mu_);
+  bool have_table_ GUARDED_BY(mu_) = false;
+  bool shutdown_ GUARDED_BY(mu_) = false;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  Status health_ GUARDED_BY(mu_);
+  std::map<int, uint64_t> barrier_sent_ GUARDED_BY(mu_);
+  std::map<int, uint64_t> barrier_done_ GUARDED_BY(mu_);
+  SteadyClock::time_point last_scheduler_contact_ GUARDED_BY(mu_);
+  std::thread heartbeat_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_NET_CLUSTER_NODE_H_

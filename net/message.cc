@@ -1,0 +1,122 @@
+#include "net/message.h"
+
+#include <cstdlib>
+
+namespace pstrain {
+
+Blob Blob::Copy(const void* data, size_t size) {
+  char* dst = nullptr;
+  Blob b = Allocate(size, &dst);
+  if (size > 0) std::memcpy(dst, data, size);
+  return b;
+}
+
+Blob Blob::Allocate(size_t size, char** writable) {
+  // 64-byte alignment keeps float loops vectorizable; new[] of a size 0 is fine.
+  std::shared_ptr<char> buf(static_cast<char*>(std::aligned_alloc(64, (size + 63) / 64 * 64 + 64)),
+                            [](char* p) { std::free(p); });
+  CHECK(buf != nullptr) << "out of memory allocating " << size << " bytes";
+  *writable = buf.get();
+  return Blob(std::shared_ptr<const void>(buf, buf.get()), buf.get(), size);
+}
+
+Blob Blob::Slice(size_t offset, size_t n) const {
+  CHECK_LE(offset + n, size_);
+  return Blob(owner_, data_ + offset, n);
+}
+
+std::string NodeIdName(int id) {
+  if (id == kSchedulerId) return "scheduler";
+  if (IsServerId(id)) return StrCat("server rank ", RankOfId(id), " (id ", id, ")");
+  if (IsWorkerId(id)) return StrCat("worker rank ", RankOfId(id), " (id ", id, ")");
+  return StrCat("unknown node id ", id);
+}
+
+Status ValidateFrames(const Message& msg) {
+  const PsHeader& h = msg.header;
+  const std::string from = StrCat("message from ", NodeIdName(h.sender()), " request ",
+                                  h.request_id(), ": ");
+  const uint64_t n = h.num_keys();
+  if (n > (uint64_t{1} << 32)) {
+    return Status::InvalidArgument(StrCat(from, "num_keys ", n, " is absurd"));
+  }
+  if (msg.keys.size() != n * sizeof(uint64_t)) {
+    return Status::InvalidArgument(StrCat(from, "keys frame has ", msg.keys.size(),
+                                          " bytes, expected ", n * sizeof(uint64_t),
+                                          " for num_keys=", n));
+  }
+  if (msg.lens.size() != n * sizeof(uint32_t)) {
+    return Status::InvalidArgument(StrCat(from, "lens frame has ", msg.lens.size(),
+                                          " bytes, expected ", n * sizeof(uint32_t)));
+  }
+  if (msg.values.size() != h.num_value_frames()) {
+    return Status::InvalidArgument(StrCat(from, "has ", msg.values.size(),
+                                          " value frames, header says ",
+                                          h.num_value_frames()));
+  }
+  uint64_t total = 0;
+  for (const Blob& v : msg.values) total += v.size();
+  if (total != h.value_bytes()) {
+    return Status::InvalidArgument(
+        StrCat(from, "value frames hold ", total, " bytes, header says ", h.value_bytes()));
+  }
+  if (n == 0 || msg.values.empty()) return Status::Ok();
+  // Parts must fill the value frames exactly, in order, none straddling two.
+  size_t frame = 0;
+  uint64_t used = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t bytes = uint64_t{msg.len(i)} * sizeof(float);
+    while (frame < msg.values.size() && used == msg.values[frame].size()) {
+      ++frame;
+      used = 0;
+    }
+    if (frame >= msg.values.size() || used + bytes > msg.values[frame].size()) {
+      return Status::InvalidArgument(StrCat(from, "part ", i, " (", msg.len(i),
+                                            " elements) does not fit in the value frames"));
+    }
+    used += bytes;
+  }
+  if (frame + 1 != msg.values.size() || used != msg.values[frame].size()) {
+    return Status::InvalidArgument(
+        StrCat(from, "value frames hold more bytes than the parts' lengths"));
+  }
+  return Status::Ok();
+}
+
+Status ValidateDataRequest(const Message& msg, int server_rank) {
+  const PsHeader& h = msg.header;
+  const std::string from =
+      StrCat("data request ", h.request_id(), " from ", NodeIdName(h.sender()), ": ");
+  if (!IsWorkerId(h.sender())) return Status::InvalidArgument(StrCat(from, "not from a worker"));
+  if (h.dtype() != DTYPE_FLOAT32) {
+    return Status::InvalidArgument(StrCat(from, "dtype ", h.dtype(), " is not float32"));
+  }
+  if (!h.init() && !h.push() && !h.pull()) {
+    return Status::InvalidArgument(StrCat(from, "neither init, push nor pull"));
+  }
+  if (h.init() && (h.push() || h.pull())) {
+    return Status::InvalidArgument(StrCat(from, "init cannot be combined with push or pull"));
+  }
+  if (h.num_keys() == 0) return Status::InvalidArgument(StrCat(from, "has no keys"));
+  const bool want_values = h.init() || h.push();
+  if (want_values != (h.value_bytes() > 0)) {
+    return Status::InvalidArgument(StrCat(from, want_values ? "push without values"
+                                                            : "pull carries values"));
+  }
+  for (uint64_t i = 0; i < h.num_keys(); ++i) {
+    const uint64_t w = msg.key(i);
+    if (WireKeyServer(w) != server_rank) {
+      return Status::InvalidArgument(StrCat(from, "key ", WireKeyUser(w), " part ",
+                                            WireKeyPart(w), " belongs to server rank ",
+                                            WireKeyServer(w), ", not to server rank ",
+                                            server_rank));
+    }
+    if (msg.len(i) == 0) {
+      return Status::InvalidArgument(
+          StrCat(from, "key ", WireKeyUser(w), " part ", WireKeyPart(w), " has length 0"));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace pstrain

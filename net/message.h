@@ -1,0 +1,107 @@
+// Messages between pstrain nodes: a PsHeader plus raw frames (../shared/design.md 5).
+//
+// A data message carries three kinds of raw frames after the header:
+//   keys   uint64 wire key per part (see WireKey below)
+//   lens   uint32 number of float32 elements per part
+//   values zero or more frames of float32; the parts fill them in key order and
+//          a part never straddles two frames (so each frame can reference the
+//          sender's own buffer without a copy).
+// Blob is the ref-counted byte view that makes this zero-copy on both ends.
+#ifndef PSTRAIN_NET_MESSAGE_H_
+#define PSTRAIN_NET_MESSAGE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "proto/ps.pb.h"
+
+namespace pstrain {
+
+// A read-only view of bytes kept alive by `owner` (which may be null for memory
+// the caller promises to keep valid, see KVClient). Copying a Blob shares the bytes.
+class Blob {
+ public:
+  Blob() = default;
+  Blob(std::shared_ptr<const void> owner, const void* data, size_t size)
+      : owner_(std::move(owner)), data_(static_cast<const char*>(data)), size_(size) {}
+  // A Blob that owns a fresh copy of `size` bytes at `data`.
+  static Blob Copy(const void* data, size_t size);
+  // A Blob owning a zero-filled writable buffer of `size` bytes; *writable points at it.
+  static Blob Allocate(size_t size, char** writable);
+
+  const char* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  const std::shared_ptr<const void>& owner() const { return owner_; }
+  // Bytes [offset, offset + n) sharing ownership. REQUIRES: offset + n <= size().
+  Blob Slice(size_t offset, size_t n) const;
+
+ private:
+  std::shared_ptr<const void> owner_;
+  const char* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+struct Message {
+  PsHeader header;
+  Blob keys;                // uint64 per part
+  Blob lens;                // uint32 per part
+  std::vector<Blob> values; // float32 parts
+
+  uint64_t key(size_t i) const {
+    uint64_t k;
+    std::memcpy(&k, keys.data() + i * sizeof(k), sizeof(k));
+    return k;
+  }
+  uint32_t len(size_t i) const {
+    uint32_t n;
+    std::memcpy(&n, lens.data() + i * sizeof(n), sizeof(n));
+    return n;
+  }
+};
+
+// ps-lite's node ids: scheduler 1, server rank r -> 8 + 2r, worker rank r -> 9 + 2r.
+constexpr int kSchedulerId = 1;
+constexpr int kServerGroup = 2;
+constexpr int kWorkerGroup = 4;
+constexpr int kAllGroup = 1 | 2 | 4;
+inline int ServerId(int rank) { return 8 + 2 * rank; }
+inline int WorkerId(int rank) { return 9 + 2 * rank; }
+inline bool IsServerId(int id) { return id >= 8 && id % 2 == 0; }
+inline bool IsWorkerId(int id) { return id >= 9 && id % 2 == 1; }
+inline int RankOfId(int id) { return id < 8 ? 0 : (id - 8) / 2; }
+
+// A wire key names one part of one user key on one server:
+//   bits 63..48 server rank, 47..16 user key, 15..0 part index.
+constexpr uint64_t kMaxUserKey = (uint64_t{1} << 32) - 1;
+constexpr int kMaxParts = 1 << 16;
+inline uint64_t WireKey(int server, uint64_t key, int part) {
+  return (static_cast<uint64_t>(server) << 48) | (key << 16) | static_cast<uint64_t>(part);
+}
+inline int WireKeyServer(uint64_t w) { return static_cast<int>(w >> 48); }
+inline uint64_t WireKeyUser(uint64_t w) { return (w >> 16) & kMaxUserKey; }
+inline int WireKeyPart(uint64_t w) { return static_cast<int>(w & 0xffff); }
+
+// Checks that a received message's frames agree with its header (the transport
+// calls this before a message reaches any handler): a data message has
+// num_keys * 8 bytes of keys, num_keys * 4 of lens, num_value_frames value frames
+// totalling value_bytes, and every value frame holds whole parts (float32).
+// Returns InvalidArgument naming the first disagreement.
+Status ValidateFrames(const Message& msg);
+
+// For data requests to server `server_rank`: the version and dtype are right,
+// every key belongs to this server, every length is > 0, and values are present
+// exactly when the request pushes or initializes.
+Status ValidateDataRequest(const Message& msg, int server_rank);
+
+// "worker rank 2 (id 13)" style name of a node id for error messages.
+std::string NodeIdName(int id);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_NET_MESSAGE_H_

@@ -1,0 +1,325 @@
+#include "net/van.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <zmq.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+namespace pstrain {
+namespace {
+
+// Most value frames one message may carry; more is treated as garbage.
+constexpr size_t kMaxValueFrames = 1 << 16;
+// A header larger than this is garbage.
+constexpr size_t kMaxHeaderBytes = 1 << 20;
+// Frames smaller than this are copied into ZeroMQ (cheaper than a reference).
+constexpr size_t kCopyBelowBytes = 512;
+
+struct ZmqFrame {
+  zmq_msg_t msg;
+  ZmqFrame() { zmq_msg_init(&msg); }
+  ~ZmqFrame() { zmq_msg_close(&msg); }
+};
+
+std::string ZmqError() { return zmq_strerror(zmq_errno()); }
+
+void ReleaseOwner(void* /*data*/, void* hint) {
+  delete static_cast<std::shared_ptr<const void>*>(hint);
+}
+
+// Fills `m` with `b`: a copy when small, else a reference that keeps b's owner alive.
+void InitFrame(zmq_msg_t* m, const Blob& b) {
+  if (b.size() < kCopyBelowBytes || b.owner() == nullptr) {
+    if (b.size() < kCopyBelowBytes) {
+      zmq_msg_init_size(m, b.size());
+      if (b.size() > 0) std::memcpy(zmq_msg_data(m), b.data(), b.size());
+      return;
+    }
+    // Caller-owned memory: valid until the request completes (see KVClient).
+    zmq_msg_init_data(m, const_cast<char*>(b.data()), b.size(), nullptr, nullptr);
+    return;
+  }
+  auto* hold = new std::shared_ptr<const void>(b.owner());
+  zmq_msg_init_data(m, const_cast<char*>(b.data()), b.size(), &ReleaseOwner, hold);
+}
+
+}  // namespace
+
+struct Van::Peer {
+  Mutex mu;
+  void* socket = nullptr;  // DEALER, used only under mu
+  std::string address;
+  ~Peer() {
+    if (socket != nullptr) zmq_close(socket);
+  }
+};
+
+StatusOr<std::string> ResolveHost(const std::string& host) {
+  if (host.empty()) return Status::InvalidArgument("empty host name");
+  in_addr addr{};
+  if (inet_pton(AF_INET, host.c_str(), &addr) == 1) return host;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    return Status::NotFound(StrCat("cannot resolve host '", host, "': ", gai_strerror(rc)));
+  }
+  char buf[INET_ADDRSTRLEN] = {0};
+  inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, buf, sizeof(buf));
+  freeaddrinfo(res);
+  return std::string(buf);
+}
+
+StatusOr<std::string> AdvertisedHost(const std::string& node_host, const std::string& interface,
+                                     const std::string& root_host) {
+  if (!node_host.empty()) return node_host;
+  ifaddrs* ifs = nullptr;
+  if (getifaddrs(&ifs) != 0) return Status::IOError("getifaddrs failed");
+  std::string found;
+  for (ifaddrs* i = ifs; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    char buf[INET_ADDRSTRLEN] = {0};
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, buf, sizeof(buf));
+    if (!interface.empty()) {
+      if (interface == i->ifa_name) {
+        found = buf;
+        break;
+      }
+      continue;
+    }
+    if ((i->ifa_flags & IFF_LOOPBACK) == 0 && found.empty()) found = buf;
+  }
+  freeifaddrs(ifs);
+  if (!interface.empty() && found.empty()) {
+    return Status::NotFound(
+        StrCat("DMLC_INTERFACE=", interface, " has no IPv4 address on this host"));
+  }
+  if (interface.empty()) {
+    auto root_ip = ResolveHost(root_host);
+    if (root_ip.ok() && root_ip->rfind("127.", 0) == 0) return std::string("127.0.0.1");
+    if (found.empty()) return std::string("127.0.0.1");
+  }
+  return found;
+}
+
+StatusOr<std::unique_ptr<Van>> Van::Create(const VanOptions& options, Handler handler) {
+  std::unique_ptr<Van> van(new Van());
+  van->options_ = options;
+  van->handler_ = std::move(handler);
+  van->context_ = zmq_ctx_new();
+  if (van->context_ == nullptr) return Status::IOError("zmq_ctx_new: " + ZmqError());
+  van->router_ = zmq_socket(van->context_, ZMQ_ROUTER);
+  int64_t max_size = options.max_message_bytes;
+  zmq_setsockopt(van->router_, ZMQ_MAXMSGSIZE, &max_size, sizeof(max_size));
+  int linger = 0;
+  zmq_setsockopt(van->router_, ZMQ_LINGER, &linger, sizeof(linger));
+  int hwm = 0;  // never drop inbound messages; senders are bounded by their own HWM
+  zmq_setsockopt(van->router_, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+
+  std::string ip = "*";
+  if (!options.bind_host.empty() && options.bind_host != "*" && options.bind_host != "0.0.0.0") {
+    ASSIGN_OR_RETURN(ip, ResolveHost(options.bind_host));
+  }
+  std::string endpoint = StrCat("tcp://", ip, ":", options.port == 0 ? std::string("*")
+                                                                     : std::to_string(options.port));
+  if (zmq_bind(van->router_, endpoint.c_str()) != 0) {
+    return Status::IOError(
+        StrCat(options.name, ": cannot bind ", endpoint, " (bind host '", options.bind_host,
+               "'): ", ZmqError()));
+  }
+  char last[256] = {0};
+  size_t last_len = sizeof(last);
+  zmq_getsockopt(van->router_, ZMQ_LAST_ENDPOINT, last, &last_len);
+  const char* colon = std::strrchr(last, ':');
+  van->port_ = colon != nullptr ? std::atoi(colon + 1) : options.port;
+  Van* raw = van.get();
+  van->receiver_ = std::thread([raw] { raw->ReceiveLoop(); });
+  return van;
+}
+
+Van::~Van() {
+  stop_ = true;
+  if (receiver_.joinable()) receiver_.join();
+  {
+    MutexLock l(&mu_);
+    peers_.clear();
+  }
+  if (router_ != nullptr) zmq_close(router_);
+  if (context_ != nullptr) zmq_ctx_term(context_);
+}
+
+Status Van::Connect(int id, const std::string& host, int port) {
+  ASSIGN_OR_RETURN(std::string ip, ResolveHost(host));
+  auto peer = std::make_shared<Peer>();
+  peer->address = StrCat("tcp://", ip, ":", port);
+  peer->socket = zmq_socket(context_, ZMQ_DEALER);
+  int linger = 2000;  // lets a final SHUTDOWN or error reply leave before the process exits
+  zmq_setsockopt(peer->socket, ZMQ_LINGER, &linger, sizeof(linger));
+  zmq_setsockopt(peer->socket, ZMQ_SNDTIMEO, &options_.send_timeout_ms,
+                 sizeof(options_.send_timeout_ms));
+  int hwm = 100000;
+  zmq_setsockopt(peer->socket, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+  if (zmq_connect(peer->socket, peer->address.c_str()) != 0) {
+    return Status::IOError(StrCat(options_.name, ": cannot connect to ", NodeIdName(id), " at ",
+                                  host, ":", port, ": ", ZmqError()));
+  }
+  if (options_.verbose >= 1) {
+    LOG(INFO) << options_.name << ": connected to " << NodeIdName(id) << " at " << host << ":"
+              << port;
+  }
+  MutexLock l(&mu_);
+  peers_[id] = std::move(peer);
+  return Status::Ok();
+}
+
+void Van::Disconnect(int id) {
+  std::shared_ptr<Peer> old;
+  MutexLock l(&mu_);
+  auto it = peers_.find(id);
+  if (it == peers_.end()) return;
+  old = std::move(it->second);
+  peers_.erase(it);
+}
+
+Status Van::Send(int id, const Message& msg) {
+  std::shared_ptr<Peer> peer;
+  {
+    MutexLock l(&mu_);
+    auto it = peers_.find(id);
+    if (it != peers_.end()) peer = it->second;
+  }
+  if (peer == nullptr) {
+    return Status::Unavailable(StrCat(options_.name, ": no connection to ", NodeIdName(id)));
+  }
+  std::string header;
+  msg.header.SerializeToString(&header);
+  const bool data = msg.header.cmd() == CMD_DATA;
+  if (options_.verbose >= 2) {
+    LOG(INFO) << options_.name << " -> " << NodeIdName(id) << ": "
+              << msg.header.ShortDebugString();
+  }
+  MutexLock l(&peer->mu);
+  zmq_msg_t m;
+  zmq_msg_init_size(&m, header.size());
+  std::memcpy(zmq_msg_data(&m), header.data(), header.size());
+  if (zmq_msg_send(&m, peer->socket, data ? ZMQ_SNDMORE : 0) < 0) {
+    zmq_msg_close(&m);
+    return Status::Unavailable(StrCat(options_.name, ": send to ", NodeIdName(id), " at ",
+                                      peer->address, " failed: ", ZmqError()));
+  }
+  if (!data) return Status::Ok();
+  // After the first frame ZeroMQ accepts the rest of a multipart message atomically.
+  InitFrame(&m, msg.keys);
+  zmq_msg_send(&m, peer->socket, ZMQ_SNDMORE);
+  InitFrame(&m, msg.lens);
+  zmq_msg_send(&m, peer->socket, msg.values.empty() ? 0 : ZMQ_SNDMORE);
+  for (size_t i = 0; i < msg.values.size(); ++i) {
+    InitFrame(&m, msg.values[i]);
+    zmq_msg_send(&m, peer->socket, i + 1 < msg.values.size() ? ZMQ_SNDMORE : 0);
+  }
+  return Status::Ok();
+}
+
+void Van::ReceiveLoop() {
+  zmq_pollitem_t item{router_, 0, ZMQ_POLLIN, 0};
+  while (!stop_.load()) {
+    int rc = zmq_poll(&item, 1, 100);
+    if (rc <= 0) continue;
+    // Drain what is there, but look at stop_ now and then.
+    for (int i = 0; i < 1024 && !stop_.load(); ++i) {
+      if (!ReceiveOne(router_)) break;
+    }
+  }
+}
+
+// Reads one multipart message; false when none was waiting.
+bool Van::ReceiveOne(void* socket) {
+  std::vector<std::shared_ptr<ZmqFrame>> frames;
+  bool too_many = false;
+  for (;;) {
+    auto f = std::make_shared<ZmqFrame>();
+    if (zmq_msg_recv(&f->msg, socket, frames.empty() ? ZMQ_DONTWAIT : 0) < 0) {
+      if (frames.empty()) return false;
+      break;
+    }
+    const bool more = zmq_msg_more(&f->msg);
+    if (frames.size() < kMaxValueFrames + 4) {
+      frames.push_back(std::move(f));
+    } else {
+      too_many = true;
+    }
+    if (!more) break;
+  }
+  auto drop = [this](const std::string& why) {
+    ++dropped_;
+    LOG(WARNING) << options_.name << ": dropped a malformed message: " << why;
+  };
+  if (too_many) {
+    drop("more than " + std::to_string(kMaxValueFrames + 4) + " frames");
+    return true;
+  }
+  // frames[0] is the sender's ZeroMQ routing id.
+  if (frames.size() < 2) {
+    drop("no header frame");
+    return true;
+  }
+  const size_t hsize = zmq_msg_size(&frames[1]->msg);
+  Message msg;
+  if (hsize > kMaxHeaderBytes ||
+      !msg.header.ParseFromArray(zmq_msg_data(&frames[1]->msg), static_cast<int>(hsize))) {
+    drop(StrCat("header frame of ", hsize, " bytes is not a PsHeader"));
+    return true;
+  }
+  if (msg.header.version() != PROTOCOL_VERSION_CURRENT) {
+    drop(StrCat("protocol version ", msg.header.version(), " from ",
+                NodeIdName(msg.header.sender()), ", expected ",
+                static_cast<int>(PROTOCOL_VERSION_CURRENT)));
+    return true;
+  }
+  const bool data = msg.header.cmd() == CMD_DATA;
+  const size_t expect = data ? 4 + msg.header.num_value_frames() : 2;
+  if (frames.size() != expect) {
+    drop(StrCat(NodeIdName(msg.header.sender()), " sent ", frames.size() - 1,
+                " frames for command ", PsCommand_Name(msg.header.cmd()), ", header implies ",
+                expect - 1));
+    return true;
+  }
+  auto blob = [](const std::shared_ptr<ZmqFrame>& f) {
+    void* d = zmq_msg_data(&f->msg);
+    return Blob(std::shared_ptr<const void>(f, d), d, zmq_msg_size(&f->msg));
+  };
+  if (data) {
+    msg.keys = blob(frames[2]);
+    msg.lens = blob(frames[3]);
+    msg.values.reserve(frames.size() - 4);
+    for (size_t i = 4; i < frames.size(); ++i) {
+      Blob b = blob(frames[i]);
+      // Values are read as floats in place; copy the rare misaligned frame.
+      if (reinterpret_cast<uintptr_t>(b.data()) % alignof(float) != 0) {
+        b = Blob::Copy(b.data(), b.size());
+      }
+      msg.values.push_back(std::move(b));
+    }
+    Status s = ValidateFrames(msg);
+    if (!s.ok()) {
+      drop(s.message());
+      return true;
+    }
+  }
+  if (options_.verbose >= 2) {
+    LOG(INFO) << options_.name << " <- " << msg.header.ShortDebugString();
+  }
+  handler_(std::move(msg));
+  return true;
+}
+
+}  // namespace pstrain

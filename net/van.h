@@ -1,0 +1,93 @@
+// Van: the ZeroMQ transport of one node (ps-lite's name for it).
+//
+// Each node binds one ROUTER socket and connects one DEALER socket per peer;
+// every message travels from the sender's DEALER to the receiver's ROUTER, so
+// replies are ordinary sends in the other direction. Messages are multipart:
+// the serialized PsHeader, then (data messages only) keys, lens and the value
+// frames. Sends are zero-copy: a value Blob is handed to ZeroMQ by reference
+// and released when ZeroMQ is done with it. Received frames are wrapped as
+// Blobs without a copy.
+//
+// One receive thread reads the ROUTER, drops malformed messages with a log line
+// (garbage, wrong protocol version, frames that disagree with the header,
+// frames over the size limit) and hands the rest to the handler, in arrival
+// order. Threads: Send, Connect and Disconnect are thread-safe; sends to one
+// peer are serialized by a per-peer lock, sends to different peers run in parallel.
+#ifndef PSTRAIN_NET_VAN_H_
+#define PSTRAIN_NET_VAN_H_
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "common/mutex.h"
+#include "common/status.h"
+#include "net/message.h"
+
+namespace pstrain {
+
+struct VanOptions {
+  std::string bind_host = "0.0.0.0";  // IP, host name or "*"
+  int port = 0;                        // 0: any free port
+  int64_t max_message_bytes = int64_t{1} << 31;  // larger frames drop the connection
+  int send_timeout_ms = 30000;         // a send blocked this long (peer gone) fails
+  int verbose = 0;                     // PS_VERBOSE
+  std::string name = "node";           // for log lines
+};
+
+class Van {
+ public:
+  // Called on the receive thread with every well-formed message, in arrival order.
+  using Handler = std::function<void(Message&&)>;
+
+  // Binds the ROUTER and starts the receive thread. IOError names the address
+  // when binding fails.
+  static StatusOr<std::unique_ptr<Van>> Create(const VanOptions& options, Handler handler);
+  // Stops the receive thread and closes every socket; queued sends are dropped.
+  ~Van();
+
+  int port() const { return port_; }
+
+  // Opens (or replaces) the connection to node `id` at host:port (a name or an IP).
+  Status Connect(int id, const std::string& host, int port);
+  void Disconnect(int id);
+  // Sends `msg` to node `id`. Unavailable if there is no connection to `id` or
+  // the send blocks past send_timeout_ms. Value Blobs are kept alive until
+  // ZeroMQ releases them.
+  Status Send(int id, const Message& msg);
+
+  // Messages dropped as malformed so far (for tests).
+  int64_t dropped() const { return dropped_.load(); }
+
+ private:
+  struct Peer;
+  Van() = default;
+  void ReceiveLoop();
+  bool ReceiveOne(void* socket);
+
+  VanOptions options_;
+  Handler handler_;
+  void* context_ = nullptr;
+  void* router_ = nullptr;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> dropped_{0};
+  std::thread receiver_;
+  Mutex mu_;
+  std::map<int, std::shared_ptr<Peer>> peers_ GUARDED_BY(mu_);
+};
+
+// Resolves a host name or IP to an IPv4 address string ("127.0.0.1").
+StatusOr<std::string> ResolveHost(const std::string& host);
+// The address this node should advertise: `node_host` if set, else the IPv4
+// address of `interface` if set, else 127.0.0.1 when the scheduler
+// (`root_host`) is on loopback, else the first non-loopback IPv4 address.
+StatusOr<std::string> AdvertisedHost(const std::string& node_host, const std::string& interface,
+                                     const std::string& root_host);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_NET_VAN_H_

@@ -1,0 +1,266 @@
+#include "scheduler/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <tuple>
+
+namespace pstrain {
+namespace {
+
+// Temporary van ids for nodes that registered but have no rank yet.
+constexpr int kPendingIdBase = 1 << 20;
+
+int64_t MillisSince(SteadyClock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - t).count();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const ClusterOptions& options) {
+  std::unique_ptr<Scheduler> s(new Scheduler(options));
+  VanOptions vo;
+  vo.bind_host = options.bind_host;
+  vo.port = options.root_port;
+  vo.verbose = options.verbose;
+  vo.name = "scheduler";
+  vo.max_message_bytes = 1 << 20;  // control messages only
+  vo.send_timeout_ms = 1000;
+  Scheduler* raw = s.get();
+  ASSIGN_OR_RETURN(s->van_, Van::Create(vo, [raw](Message&& m) { raw->Handle(std::move(m)); }));
+  s->port_ = s->van_->port();
+  return s;
+}
+
+Scheduler::~Scheduler() { van_.reset(); }
+
+PsHeader Scheduler::Header(PsCommand cmd) const {
+  PsHeader h;
+  h.set_version(PROTOCOL_VERSION_CURRENT);
+  h.set_cmd(cmd);
+  h.set_sender(kSchedulerId);
+  return h;
+}
+
+std::string Scheduler::Describe(int id) const {
+  auto it = nodes_.find(id);
+  if (it == nodes_.end()) return NodeIdName(id);
+  const NodeInfo& n = it->second.info;
+  return StrCat(RoleName(static_cast<Role>(n.role())), " rank ", n.rank(), " at ", n.host(), ":",
+                n.port());
+}
+
+void Scheduler::Broadcast(const Message& msg, int except) {
+  for (const auto& [id, node] : nodes_) {
+    if (id == except) continue;
+    Status s = van_->Send(id, msg);
+    if (!s.ok()) LOG(WARNING) << s;
+  }
+}
+
+void Scheduler::Abort(const std::string& why, int except) {
+  if (!failure_.ok() || done_) return;
+  failure_ = Status::Unavailable(why);
+  LOG(ERROR) << "scheduler: " << why;
+  Message m;
+  m.header = Header(CMD_ABORT);
+  m.header.set_error_message(why);
+  if (started_) {
+    Broadcast(m, except);
+  } else {
+    for (size_t i = 0; i < pending_.size(); ++i) (void)van_->Send(kPendingIdBase + i, m);
+  }
+  cv_.SignalAll();
+}
+
+void Scheduler::Handle(Message&& msg) {
+  MutexLock l(&mu_);
+  const PsHeader& h = msg.header;
+  auto it = nodes_.find(h.sender());
+  if (it != nodes_.end()) it->second.last_seen = SteadyClock::now();
+  switch (h.cmd()) {
+    case CMD_REGISTER:
+      Register(msg);
+      return;
+    case CMD_HEARTBEAT:
+      if (it != nodes_.end()) {
+        Message reply;
+        reply.header = Header(CMD_HEARTBEAT);
+        (void)van_->Send(h.sender(), reply);
+      }
+      return;
+    case CMD_BARRIER:
+      EnterBarrier(msg);
+      return;
+    case CMD_FINISH:
+      if (it == nodes_.end() || !IsWorkerId(h.sender())) return;
+      finished_.insert(h.sender());
+      if (static_cast<int>(finished_.size()) == options_.num_workers && failure_.ok()) {
+        Message m;
+        m.header = Header(CMD_SHUTDOWN);
+        Broadcast(m, -1);
+        done_ = true;
+        cv_.SignalAll();
+      }
+      return;
+    case CMD_ABORT:
+      if (it == nodes_.end()) return;
+      Abort(StrCat(Describe(h.sender()), " failed: ", h.error_message()), h.sender());
+      return;
+    default:
+      LOG(WARNING) << "scheduler: ignoring command " << PsCommand_Name(h.cmd()) << " from "
+                   << NodeIdName(h.sender());
+  }
+}
+
+void Scheduler::Register(const Message& msg) {
+  const NodeInfo& n = msg.header.node();
+  auto reject = [&](const std::string& why) {
+    LOG(WARNING) << "scheduler: rejecting registration from " << n.host() << ":" << n.port()
+                 << ": " << why;
+    if (van_->Connect(kPendingIdBase - 1, n.host(), n.port()).ok()) {
+      Message m;
+      m.header = Header(CMD_ABORT);
+      m.header.set_error_message(StrCat("scheduler rejected this node: ", why));
+      (void)van_->Send(kPendingIdBase - 1, m);
+      van_->Disconnect(kPendingIdBase - 1);
+    }
+  };
+  if (started_ || !failure_.ok()) {
+    reject("the job already has all its nodes");
+    return;
+  }
+  const Role role = static_cast<Role>(n.role());
+  if (role != Role::kServer && role != Role::kWorker) {
+    reject(StrCat("role ", n.role(), " cannot register"));
+    return;
+  }
+  int have = 0;
+  for (const NodeInfo& p : pending_) have += p.role() == n.role();
+  const int want = role == Role::kServer ? options_.num_servers : options_.num_workers;
+  if (have >= want) {
+    reject(StrCat("already have ", want, " ", RoleName(role), "s (DMLC_NUM_",
+                  role == Role::kServer ? "SERVER" : "WORKER", "=", want, ")"));
+    return;
+  }
+  Status s = van_->Connect(kPendingIdBase + static_cast<int>(pending_.size()), n.host(), n.port());
+  if (!s.ok()) {
+    LOG(WARNING) << "scheduler: " << s;
+    return;
+  }
+  pending_.push_back(n);
+  if (options_.verbose >= 1) {
+    LOG(INFO) << "scheduler: registered " << RoleName(role) << " at " << n.host() << ":"
+              << n.port() << " (" << pending_.size() << "/"
+              << options_.num_servers + options_.num_workers << ")";
+  }
+  if (static_cast<int>(pending_.size()) < options_.num_servers + options_.num_workers) return;
+
+  // Everyone is here: ranks by (role, host, port, nonce), so they do not depend on arrival order.
+  std::vector<NodeInfo> sorted = pending_;
+  std::sort(sorted.begin(), sorted.end(), [](const NodeInfo& a, const NodeInfo& b) {
+    return std::make_tuple(a.role(), a.host(), a.port(), a.nonce()) <
+           std::make_tuple(b.role(), b.host(), b.port(), b.nonce());
+  });
+  int server_rank = 0, worker_rank = 0;
+  Message table;
+  table.header = Header(CMD_NODE_TABLE);
+  const auto now = SteadyClock::now();
+  for (NodeInfo& info : sorted) {
+    if (static_cast<Role>(info.role()) == Role::kServer) {
+      info.set_rank(server_rank);
+      info.set_id(ServerId(server_rank++));
+    } else {
+      info.set_rank(worker_rank);
+      info.set_id(WorkerId(worker_rank++));
+    }
+    *table.header.add_nodes() = info;
+    nodes_[info.id()] = Node{info, now};
+  }
+  for (size_t i = 0; i < pending_.size(); ++i) van_->Disconnect(kPendingIdBase + i);
+  for (const auto& [id, node] : nodes_) {
+    Status c = van_->Connect(id, node.info.host(), node.info.port());
+    if (!c.ok()) LOG(ERROR) << "scheduler: " << c;
+  }
+  started_ = true;
+  if (options_.verbose >= 1) {
+    for (const auto& [id, node] : nodes_) LOG(INFO) << "scheduler: " << Describe(id);
+  }
+  Broadcast(table, -1);
+  cv_.SignalAll();
+}
+
+void Scheduler::EnterBarrier(const Message& msg) {
+  const PsHeader& h = msg.header;
+  if (nodes_.count(h.sender()) == 0) return;
+  const int group = h.group();
+  Message reply;
+  reply.header = Header(CMD_BARRIER);
+  reply.header.set_group(group);
+  const bool in_group = (IsServerId(h.sender()) && (group & kServerGroup)) ||
+                        (IsWorkerId(h.sender()) && (group & kWorkerGroup));
+  BarrierState& b = barriers_[group];
+  if (!in_group || h.generation() != b.generation + 1) {
+    reply.header.set_error_code(static_cast<int>(StatusCode::kFailedPrecondition));
+    reply.header.set_error_message(StrCat(
+        "scheduler: ", Describe(h.sender()), " entered barrier of group ", group, " generation ",
+        h.generation(), in_group ? StrCat(", expected generation ", b.generation + 1)
+                                 : std::string(", but it is not a member of that group")));
+    LOG(ERROR) << reply.header.error_message();
+    (void)van_->Send(h.sender(), reply);
+    return;
+  }
+  b.arrived.insert(h.sender());
+  int members = 0;
+  for (const auto& [id, node] : nodes_) {
+    if ((IsServerId(id) && (group & kServerGroup)) || (IsWorkerId(id) && (group & kWorkerGroup))) {
+      ++members;
+    }
+  }
+  if (static_cast<int>(b.arrived.size()) < members) return;
+  ++b.generation;
+  reply.header.set_generation(b.generation);
+  for (int id : b.arrived) (void)van_->Send(id, reply);
+  b.arrived.clear();
+}
+
+Status Scheduler::Run() {
+  const auto start = SteadyClock::now();
+  const Deadline startup = Deadline::InMillis(options_.startup_timeout_ms);
+  MutexLock l(&mu_);
+  for (;;) {
+    cv_.WaitUntil(Deadline::InMillis(100),
+                  [this]() REQUIRES(mu_) { return done_ || !failure_.ok(); });
+    if (!failure_.ok()) return failure_;
+    if (done_) return Status::Ok();
+    if (!started_ && startup.Expired()) {
+      int servers = 0, workers = 0;
+      std::string who;
+      for (const NodeInfo& p : pending_) {
+        (static_cast<Role>(p.role()) == Role::kServer ? servers : workers)++;
+        who += StrCat(" ", RoleName(static_cast<Role>(p.role())), "@", p.host(), ":", p.port());
+      }
+      Abort(StrCat("startup timed out after ", MillisSince(start),
+                   " ms (PSTRAIN_STARTUP_TIMEOUT_MS): registered ", servers, "/",
+                   options_.num_servers, " servers and ", workers, "/", options_.num_workers,
+                   " workers; missing ", options_.num_servers - servers, " server(s) and ",
+                   options_.num_workers - workers, " worker(s); registered:",
+                   who.empty() ? " none" : who),
+            -1);
+      return Status::DeadlineExceeded(failure_.message());
+    }
+    if (started_ && options_.heartbeat_interval_ms > 0) {
+      for (const auto& [id, node] : nodes_) {
+        const int64_t silent = MillisSince(node.last_seen);
+        if (silent > options_.heartbeat_timeout_ms) {
+          Abort(StrCat(Describe(id), " sent no heartbeat for ", silent,
+                       " ms (PSTRAIN_HEARTBEAT_TIMEOUT_MS=", options_.heartbeat_timeout_ms,
+                       "); declared dead"),
+                id);
+          break;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace pstrain

@@ -1,0 +1,74 @@
+// Scheduler: the rendezvous and referee of a job (../shared/design.md 6).
+//
+// It registers S servers and W workers, assigns ranks deterministically (sorted
+// by advertised host, port, then a random nonce), broadcasts the node table,
+// runs barriers per group with generation numbers, answers heartbeats, declares
+// a node dead when it is silent past the heartbeat timeout and tells everyone
+// (CMD_ABORT naming it), and broadcasts SHUTDOWN once every worker finished.
+#ifndef PSTRAIN_SCHEDULER_SCHEDULER_H_
+#define PSTRAIN_SCHEDULER_SCHEDULER_H_
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/mutex.h"
+#include "common/status.h"
+#include "net/cluster_node.h"
+#include "net/van.h"
+
+namespace pstrain {
+
+class Scheduler {
+ public:
+  // Binds options.bind_host:options.root_port (root_port 0: any free port, for tests).
+  static StatusOr<std::unique_ptr<Scheduler>> Create(const ClusterOptions& options);
+  ~Scheduler();
+
+  int port() const { return port_; }
+
+  // Runs the job to its end. OK when every worker finished (SHUTDOWN sent);
+  // DeadlineExceeded when not every node registered within startup_timeout_ms;
+  // Unavailable when a node died or reported a fatal error. Every other node
+  // has been told before it returns. Thread-safe; call once.
+  Status Run();
+
+ private:
+  struct Node {
+    NodeInfo info;
+    SteadyClock::time_point last_seen;
+  };
+  struct BarrierState {
+    uint64_t generation = 0;  // last completed
+    std::set<int> arrived;
+  };
+
+  explicit Scheduler(const ClusterOptions& options) : options_(options) {}
+  void Handle(Message&& msg);
+  void Register(const Message& msg) REQUIRES(mu_);
+  void EnterBarrier(const Message& msg) REQUIRES(mu_);
+  void Broadcast(const Message& msg, int except) REQUIRES(mu_);
+  void Abort(const std::string& why, int except) REQUIRES(mu_);
+  std::string Describe(int id) const REQUIRES(mu_);
+  PsHeader Header(PsCommand cmd) const;
+
+  ClusterOptions options_;
+  std::unique_ptr<Van> van_;
+  int port_ = 0;
+
+  Mutex mu_;
+  CondVar cv_{&mu_};
+  std::vector<NodeInfo> pending_ GUARDED_BY(mu_);  // registered before the table went out
+  std::map<int, Node> nodes_ GUARDED_BY(mu_);      // by id, once the table went out
+  bool started_ GUARDED_BY(mu_) = false;
+  std::map<int, BarrierState> barriers_ GUARDED_BY(mu_);
+  std::set<int> finished_ GUARDED_BY(mu_);
+  bool done_ GUARDED_BY(mu_) = false;
+  Status failure_ GUARDED_BY(mu_);
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_SCHEDULER_SCHEDULER_H_

@@ -1,0 +1,381 @@
+#include "server/kv_server.h"
+
+#include <cstring>
+#include <deque>
+#include <set>
+#include <unordered_map>
+
+namespace pstrain {
+
+struct KVServer::Request {
+  Message msg;  // keeps the received frames alive: pushed values are read in place
+  int worker = 0;
+  std::atomic<int64_t> remaining{0};
+  std::vector<const float*> part_values;  // push/init: each part inside the value frames
+  std::vector<uint64_t> part_offset;      // pull: each part's float offset in the reply
+  Blob reply;
+  char* reply_data = nullptr;
+  Mutex mu;
+  Status error GUARDED_BY(mu);
+};
+
+struct KVServer::Op {
+  std::shared_ptr<Request> req;
+  uint32_t part = 0;
+  int worker() const { return req->worker; }
+  const PsHeader& header() const { return req->msg.header; }
+};
+
+struct KVServer::KeyState {
+  bool initialized = false;
+  std::vector<float> value;
+  std::vector<float> merge;
+  int merged = 0;
+  std::vector<char> in_round;  // per worker rank: pushed in the open round
+  std::vector<Op> waiting;     // pushes of the open round, answered when it closes
+  std::deque<Op> deferred;     // ops that must wait for the open round to close
+  ParamState state;
+};
+
+struct KVServer::Shard {
+  Mutex mu;
+  CondVar cv{&mu};
+  std::deque<std::vector<Op>> queue GUARDED_BY(mu);
+  bool stop GUARDED_BY(mu) = false;
+  std::unordered_map<uint64_t, KeyState> keys;  // touched by this shard's thread only
+};
+
+namespace {
+
+size_t ShardOf(uint64_t wire_key, size_t n) {
+  return static_cast<size_t>((wire_key * 0x9E3779B97F4A7C15ull) >> 40) % n;
+}
+
+std::string PartName(uint64_t w) {
+  return StrCat("key ", WireKeyUser(w), " part ", WireKeyPart(w));
+}
+
+}  // namespace
+
+KVServer::KVServer(ClusterNode* node, const KVServerOptions& options)
+    : node_(node), options_(options) {
+  CHECK(node->role() == Role::kServer);
+  const int n = std::max(1, options_.num_threads);
+  for (int i = 0; i < n; ++i) shards_.push_back(std::make_unique<Shard>());
+  for (int i = 0; i < n; ++i) {
+    Shard* s = shards_[i].get();
+    threads_.emplace_back([this, s] { ShardLoop(s); });
+  }
+  node_->SetMessageHandler([this](Message&& m) { HandleMessage(std::move(m)); });
+}
+
+KVServer::~KVServer() {
+  node_->Stop();
+  for (auto& s : shards_) {
+    MutexLock l(&s->mu);
+    s->stop = true;
+    s->cv.SignalAll();
+  }
+  for (auto& t : threads_) t.join();
+}
+
+Status KVServer::Run() {
+  RETURN_IF_ERROR(node_->Start());
+  // Bounded by the scheduler: it ends the job, or heartbeats declare it dead.
+  return node_->WaitShutdown(Deadline::Never());
+}
+
+std::shared_ptr<const ServerConfig> KVServer::config() const {
+  MutexLock l(&config_mu_);
+  return config_;
+}
+
+std::shared_ptr<Optimizer> KVServer::optimizer() const {
+  MutexLock l(&config_mu_);
+  return optimizer_;
+}
+
+void KVServer::ReplyError(const PsHeader& request, const Status& error) {
+  LOG(WARNING) << node_->Self() << ": " << error;
+  if (!IsWorkerId(request.sender())) return;  // nobody to tell
+  Message reply;
+  PsHeader& h = reply.header;
+  h.set_version(PROTOCOL_VERSION_CURRENT);
+  h.set_cmd(request.cmd());
+  h.set_sender(node_->id());
+  h.set_receiver(request.sender());
+  h.set_request_id(request.request_id());
+  h.set_is_reply(true);
+  h.set_error_code(static_cast<int>(error.code()));
+  h.set_error_message(StrCat(node_->Self(), ": ", error.message()));
+  (void)node_->Send(request.sender(), reply);
+}
+
+void KVServer::HandleConfig(const Message& msg) {
+  ServerConfig cfg;
+  const std::string& body = msg.header.body();
+  if (!cfg.ParseFromString(body)) {
+    ReplyError(msg.header, Status::InvalidArgument("config body is not a ServerConfig"));
+    return;
+  }
+  std::shared_ptr<Optimizer> opt;
+  if (cfg.has_optimizer()) {
+    auto created = Optimizer::Create(cfg.optimizer());
+    if (!created.ok()) {
+      ReplyError(msg.header, created.status());
+      return;
+    }
+    opt = std::move(created).value();
+  }
+  {
+    MutexLock l(&config_mu_);
+    // Every worker sends the same config; only a different one replaces the
+    // optimizer (and with it the global update count).
+    if (config_ == nullptr || config_->SerializeAsString() != cfg.SerializeAsString()) {
+      if (config_ != nullptr) LOG(WARNING) << node_->Self() << ": optimizer config replaced";
+      config_ = std::make_shared<const ServerConfig>(cfg);
+      optimizer_ = std::move(opt);
+    }
+  }
+  Message reply;
+  reply.header.set_version(PROTOCOL_VERSION_CURRENT);
+  reply.header.set_cmd(CMD_CONFIG);
+  reply.header.set_sender(node_->id());
+  reply.header.set_request_id(msg.header.request_id());
+  reply.header.set_is_reply(true);
+  (void)node_->Send(msg.header.sender(), reply);
+}
+
+void KVServer::HandleMessage(Message&& msg) {
+  if (msg.header.is_reply()) return;
+  if (msg.header.cmd() == CMD_CONFIG) {
+    HandleConfig(msg);
+    return;
+  }
+  Status s = ValidateDataRequest(msg, node_->rank());
+  if (s.ok() && RankOfId(msg.header.sender()) >= node_->num_workers()) {
+    s = Status::InvalidArgument(StrCat("request from ", NodeIdName(msg.header.sender()),
+                                       ", but the job has ", node_->num_workers(), " workers"));
+  }
+  if (!s.ok()) {
+    ReplyError(msg.header, s);
+    return;
+  }
+  auto req = std::make_shared<Request>();
+  const size_t n = msg.header.num_keys();
+  req->worker = RankOfId(msg.header.sender());
+  req->remaining = static_cast<int64_t>(n);
+  if (msg.header.init() || msg.header.push()) {
+    req->part_values.resize(n);
+    size_t frame = 0, used = 0;
+    for (size_t i = 0; i < n; ++i) {
+      while (used == msg.values[frame].size()) {
+        ++frame;
+        used = 0;
+      }
+      req->part_values[i] = reinterpret_cast<const float*>(msg.values[frame].data() + used);
+      used += size_t{msg.len(i)} * sizeof(float);
+    }
+  }
+  if (msg.header.pull()) {
+    req->part_offset.resize(n);
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; ++i) {
+      req->part_offset[i] = total;
+      total += msg.len(i);
+    }
+    req->reply = Blob::Allocate(total * sizeof(float), &req->reply_data);
+  }
+  req->msg = std::move(msg);
+  std::vector<std::vector<Op>> per_shard(shards_.size());
+  for (size_t i = 0; i < n; ++i) {
+    per_shard[ShardOf(req->msg.key(i), shards_.size())].push_back(
+        Op{req, static_cast<uint32_t>(i)});
+  }
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    if (per_shard[s].empty()) continue;
+    Shard* shard = shards_[s].get();
+    MutexLock l(&shard->mu);
+    shard->queue.push_back(std::move(per_shard[s]));
+    shard->cv.Signal();
+  }
+}
+
+void KVServer::ShardLoop(Shard* shard) {
+  for (;;) {
+    std::vector<Op> ops;
+    {
+      MutexLock l(&shard->mu);
+      // Woken by new work or stop; the deadline only re-checks `stop`.
+      shard->cv.WaitUntil(Deadline::InMillis(500), [shard]() REQUIRES(shard->mu) {
+        return shard->stop || !shard->queue.empty();
+      });
+      if (shard->stop) return;
+      if (shard->queue.empty()) continue;
+      ops = std::move(shard->queue.front());
+      shard->queue.pop_front();
+    }
+    for (const Op& op : ops) Submit(shard, op);
+  }
+}
+
+void KVServer::Submit(Shard* shard, const Op& op) {
+  KeyState& ks = shard->keys[op.req->msg.key(op.part)];
+  const bool blocked = !ks.deferred.empty() ||
+                       (ks.initialized && !ks.in_round.empty() && ks.in_round[op.worker()]);
+  if (!blocked) {
+    Execute(shard, &ks, op);
+    if (ks.deferred.empty()) return;
+  } else {
+    ks.deferred.push_back(op);
+  }
+  Drain(shard, &ks);
+}
+
+// Runs the deferred ops that may run now, keeping each worker's order.
+void KVServer::Drain(Shard* shard, KeyState* ks) {
+  bool progress = true;
+  while (progress && !ks->deferred.empty()) {
+    progress = false;
+    std::set<int> skipped;
+    std::deque<Op> keep;
+    std::deque<Op> todo;
+    todo.swap(ks->deferred);
+    while (!todo.empty()) {
+      Op op = std::move(todo.front());
+      todo.pop_front();
+      const int w = op.worker();
+      if (skipped.count(w) || (!ks->in_round.empty() && ks->in_round[w])) {
+        skipped.insert(w);
+        keep.push_back(std::move(op));
+        continue;
+      }
+      Execute(shard, ks, op);
+      progress = true;
+    }
+    // Execute never defers, so ks->deferred is still empty here.
+    ks->deferred.swap(keep);
+  }
+}
+
+void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
+  const PsHeader& h = op.header();
+  const uint64_t wire = op.req->msg.key(op.part);
+  const size_t n = op.req->msg.len(op.part);
+  const int num_workers = node_->num_workers();
+  if (h.init()) {
+    if (!ks->initialized) {
+      ks->value.assign(op.req->part_values[op.part], op.req->part_values[op.part] + n);
+      ks->in_round.assign(num_workers, 0);
+      ks->initialized = true;
+    } else if (ks->value.size() != n) {
+      CompletePart(op, ks, Status::InvalidArgument(
+                               StrCat("init of ", PartName(wire), " with ", n,
+                                      " elements, but it holds ", ks->value.size())));
+      return;
+    }
+    CompletePart(op, ks, Status::Ok());
+    return;
+  }
+  if (!ks->initialized) {
+    CompletePart(op, ks, Status::NotFound(StrCat(PartName(wire), " was never initialized (",
+                                                 h.push() ? "push" : "pull", " before init)")));
+    return;
+  }
+  if (ks->value.size() != n) {
+    CompletePart(op, ks, Status::InvalidArgument(StrCat(PartName(wire), ": request has ", n,
+                                                        " elements, stored value has ",
+                                                        ks->value.size())));
+    return;
+  }
+  if (!h.push()) {
+    CompletePart(op, ks, Status::Ok());
+    return;
+  }
+  auto cfg = config();
+  const float* grad = op.req->part_values[op.part];
+  auto apply = [&](const float* g) {
+    if (auto opt = optimizer()) {
+      opt->Update(g, ks->value.data(), n, &ks->state);
+    } else {
+      std::memcpy(ks->value.data(), g, n * sizeof(float));
+    }
+  };
+  if (cfg == nullptr || !cfg->sync_mode()) {
+    if (optimizer() == nullptr) {
+      CompletePart(op, ks, Status::FailedPrecondition(StrCat(
+                               "async push of ", PartName(wire),
+                               " but no optimizer was configured (send the config first)")));
+      return;
+    }
+    apply(grad);
+    CompletePart(op, ks, Status::Ok());
+    return;
+  }
+  if (num_workers == 1) {  // a round of one: apply straight out of the received frame
+    apply(grad);
+    CompletePart(op, ks, Status::Ok());
+    return;
+  }
+  if (ks->merged == 0) {
+    ks->merge.assign(grad, grad + n);
+  } else {
+    float* m = ks->merge.data();
+    for (size_t i = 0; i < n; ++i) m[i] += grad[i];
+  }
+  ++ks->merged;
+  ks->in_round[op.worker()] = 1;
+  ks->waiting.push_back(op);
+  if (ks->merged < num_workers) return;
+  apply(ks->merge.data());
+  ks->merged = 0;
+  std::fill(ks->in_round.begin(), ks->in_round.end(), 0);
+  std::vector<Op> done;
+  done.swap(ks->waiting);
+  for (const Op& d : done) CompletePart(d, ks, Status::Ok());
+  (void)shard;
+}
+
+void KVServer::CompletePart(const Op& op, const KeyState* ks, const Status& s) {
+  Request* r = op.req.get();
+  if (!s.ok()) {
+    MutexLock l(&r->mu);
+    if (r->error.ok()) r->error = s;
+  } else if (r->msg.header.pull()) {
+    std::memcpy(r->reply_data + r->part_offset[op.part] * sizeof(float), ks->value.data(),
+                ks->value.size() * sizeof(float));
+  }
+  if (r->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) SendReply(r);
+}
+
+void KVServer::SendReply(Request* r) {
+  Status error;
+  {
+    MutexLock l(&r->mu);
+    error = r->error;
+  }
+  if (!error.ok()) {
+    ReplyError(r->msg.header, error);
+    return;
+  }
+  Message reply;
+  PsHeader& h = reply.header;
+  h.set_version(PROTOCOL_VERSION_CURRENT);
+  h.set_cmd(CMD_DATA);
+  h.set_sender(node_->id());
+  h.set_receiver(r->msg.header.sender());
+  h.set_request_id(r->msg.header.request_id());
+  h.set_is_reply(true);
+  h.set_dtype(DTYPE_FLOAT32);
+  if (r->msg.header.pull()) {
+    h.set_pull(true);
+    h.set_num_value_frames(1);
+    h.set_value_bytes(r->reply.size());
+    reply.values.push_back(r->reply);
+  }
+  Status s = node_->Send(r->msg.header.sender(), reply);
+  if (!s.ok()) LOG(WARNING) << node_->Self() << ": " << s;
+  ++served_;
+}
+
+}  // namespace pstrain

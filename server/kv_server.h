@@ -1,0 +1,84 @@
+// KVServer: one server's shard of every parameter (../shared/design.md 6,
+// ../shared/reference/mxnet_facts.md 1.5).
+//
+// Requests arrive on the node's receive thread, are validated (an invalid one
+// gets an error reply naming the key and the problem) and split by key over
+// `num_threads` request shards. Each shard thread owns its keys' state (stored
+// value, merge buffer, waiting requests, optimizer state) alone, so no key is
+// ever touched by two threads, and it sees each worker's requests for a key in
+// the order the worker sent them. A request is answered once all its keys are
+// done; the reply of a pull is assembled by the shards in one buffer and sent
+// without a further copy.
+//
+// dist_sync: a push is held until every worker has pushed that key, then the
+// optimizer runs once on the sum and all held pushes are answered. A pull or a
+// second push from a worker that is part of the open round waits for the round
+// to close, so a pull always sees the puller's own earlier pushes. dist_async:
+// each push is applied at once. Without an optimizer a sync round stores the
+// sum (MXNet's behaviour) and async pushes are refused.
+#ifndef PSTRAIN_SERVER_KV_SERVER_H_
+#define PSTRAIN_SERVER_KV_SERVER_H_
+
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "common/mutex.h"
+#include "common/status.h"
+#include "net/cluster_node.h"
+#include "nn/optimizer.h"
+
+namespace pstrain {
+
+struct KVServerOptions {
+  int num_threads = 2;  // request shards (PSTRAIN_SERVER_THREADS)
+};
+
+class KVServer {
+ public:
+  // Installs the request handler on `node`. REQUIRES: node is a server that has
+  // not been started; `node` outlives this object.
+  KVServer(ClusterNode* node, const KVServerOptions& options);
+  // Stops the node (no request arrives afterwards) and joins the shard threads.
+  ~KVServer();
+
+  // Starts the node (registration) and serves until the scheduler says the job
+  // is over (OK) or the job fails (the error, naming the node at fault).
+  Status Run();
+
+  // Requests answered so far (for tests and logs).
+  int64_t requests_served() const { return served_.load(); }
+
+ private:
+  struct Request;
+  struct Op;
+  struct Shard;
+  struct KeyState;
+
+  void HandleMessage(Message&& msg);
+  void HandleConfig(const Message& msg);
+  void ReplyError(const PsHeader& request, const Status& error);
+  void ShardLoop(Shard* shard);
+  void Submit(Shard* shard, const Op& op);
+  void Drain(Shard* shard, KeyState* ks);
+  void Execute(Shard* shard, KeyState* ks, const Op& op);
+  void CompletePart(const Op& op, const KeyState* ks, const Status& s);
+  void SendReply(Request* r);
+  std::shared_ptr<const ServerConfig> config() const;
+  std::shared_ptr<Optimizer> optimizer() const;
+
+  ClusterNode* node_;
+  KVServerOptions options_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+  std::vector<std::thread> threads_;
+  std::atomic<int64_t> served_{0};
+
+  mutable Mutex config_mu_;
+  std::shared_ptr<const ServerConfig> config_ GUARDED_BY(config_mu_);
+  std::shared_ptr<Optimizer> optimizer_ GUARDED_BY(config_mu_);
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_SERVER_KV_SERVER_H_

@@ -1,0 +1,82 @@
+#include "tools/cluster_role.h"
+
+#include <gflags/gflags.h>
+
+#include "net/cluster_node.h"
+#include "scheduler/scheduler.h"
+#include "server/kv_server.h"
+
+DEFINE_string(role, "", "scheduler, server or worker; overrides DMLC_ROLE (default worker)");
+
+namespace pstrain {
+
+StatusOr<JobEnv> ReadClusterEnv() {
+  Environment env;
+  ASSIGN_OR_RETURN(JobEnv job, ReadJobEnv(env, /*cluster_required=*/true));
+  if (!FLAGS_role.empty()) {
+    ASSIGN_OR_RETURN(job.role, ParseRole(FLAGS_role));
+  }
+  return job;
+}
+
+int RunSchedulerRole(const JobEnv& env) {
+  ClusterOptions o = ClusterOptionsFromJobEnv(env);
+  auto sched = Scheduler::Create(o);
+  if (!sched.ok()) {
+    LOG(ERROR) << "scheduler: " << sched.status();
+    return 1;
+  }
+  LOG(INFO) << "scheduler: listening on port " << (*sched)->port() << " for "
+            << env.num_servers << " servers and " << env.num_workers << " workers";
+  Status s = (*sched)->Run();
+  if (!s.ok()) {
+    LOG(ERROR) << "scheduler: job failed: " << s;
+    return 1;
+  }
+  LOG(INFO) << "scheduler: every worker finished; job done";
+  return 0;
+}
+
+int RunServerRole(const JobEnv& env) {
+  auto node = ClusterNode::Create(ClusterOptionsFromJobEnv(env));
+  if (!node.ok()) {
+    LOG(ERROR) << "server: " << node.status();
+    return 1;
+  }
+  KVServerOptions so;
+  so.num_threads = env.server_threads;
+  Status s;
+  int64_t served = 0;
+  std::string self;
+  {
+    KVServer server(node->get(), so);
+    s = server.Run();
+    served = server.requests_served();
+    self = (*node)->Self();
+  }
+  if (!s.ok()) {
+    LOG(ERROR) << self << ": " << s;
+    return 1;
+  }
+  LOG(INFO) << self << ": job done after " << served << " requests";
+  return 0;
+}
+
+std::optional<int> RunClusterRole() {
+  auto env = ReadClusterEnv();
+  if (!env.ok()) {
+    LOG(ERROR) << env.status();
+    return 2;
+  }
+  switch (env->role) {
+    case Role::kScheduler:
+      return RunSchedulerRole(*env);
+    case Role::kServer:
+      return RunServerRole(*env);
+    case Role::kWorker:
+      return std::nullopt;
+  }
+  return 2;
+}
+
+}  // namespace pstrain

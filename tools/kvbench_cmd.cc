@@ -1,0 +1,357 @@
+// `pstrain kvbench`: push/pull throughput of the parameter server, run on every
+// worker of a job (the scheduler and servers run the same command; see
+// tools/cluster_role.h). For each configuration (tensor size x tensors per step
+// x mode) it prints one table row and one `kvbench: key=value ...` line, next to
+// the same transfer over a raw ZeroMQ DEALER/ROUTER pair measured in the same
+// run (the ceiling). --verify runs MXNet's dist_sync conformance check
+// (mxnet_facts.md 1.11) on a small and a sharded key, and a dist_async check
+// that every push is applied exactly once; any mismatch exits 1.
+#include <zmq.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gflags/gflags.h>
+
+#include "net/cluster_node.h"
+#include "tools/cluster_role.h"
+#include "tools/commands.h"
+#include "worker/kv_client.h"
+
+DEFINE_string(tensor_bytes, "4096,1048576",
+              "comma list: bytes per tensor, one per configuration (paired with --tensors)");
+DEFINE_string(tensors, "64,16", "comma list: tensors per step, paired with --tensor-bytes");
+DEFINE_string(mode, "pushpull,sync",
+              "comma list of modes: sync (dist_sync push then pull), async (dist_async push "
+              "then pull), pushpull (dist_sync, one round trip)");
+DEFINE_int32(iters, 200, "timed steps per configuration (after 10% warm-up)");
+DEFINE_bool(verify, false,
+            "run MXNet's dist_sync conformance check and a dist_async exactly-once check "
+            "instead of the benchmark; exit 1 on a mismatch");
+DEFINE_int32(verify_rounds, 5, "rounds of the --verify checks");
+
+namespace pstrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+StatusOr<std::vector<int64_t>> ParseList(const std::string& flag, const std::string& s) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v <= 0) {
+      return Status::InvalidArgument(StrCat("--", flag, ": '", item, "' is not a positive integer"));
+    }
+    out.push_back(v);
+  }
+  if (out.empty()) return Status::InvalidArgument(StrCat("--", flag, " is empty"));
+  return out;
+}
+
+struct Config {
+  int64_t tensor_bytes;
+  int64_t tensors;
+  std::string mode;
+};
+
+struct Result {
+  Config cfg;
+  double steps_per_s = 0;
+  double pairs_per_s = 0;
+  double payload_gbps = 0;
+  double ceiling_gbps = 0;
+};
+
+// Round trips of `bytes` over a DEALER -> ROUTER echo on 127.0.0.1 (one message
+// of a small header plus one value frame each way, zero-copy), as the KV store
+// moves a step's values; returns GB/s of payload (both directions).
+StatusOr<double> MeasureCeiling(int64_t bytes, int iters) {
+  void* ctx = zmq_ctx_new();
+  void* router = zmq_socket(ctx, ZMQ_ROUTER);
+  int linger = 0;
+  zmq_setsockopt(router, ZMQ_LINGER, &linger, sizeof(linger));
+  if (zmq_bind(router, "tcp://127.0.0.1:*") != 0) {
+    zmq_close(router);
+    zmq_ctx_term(ctx);
+    return Status::IOError(StrCat("ceiling: bind failed: ", zmq_strerror(zmq_errno())));
+  }
+  char endpoint[256] = {0};
+  size_t len = sizeof(endpoint);
+  zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, endpoint, &len);
+  const int total = iters + std::max(1, iters / 10);
+  std::thread echo([router, total] {
+    for (int i = 0; i < total; ++i) {
+      std::vector<zmq_msg_t> parts;
+      for (;;) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, router, 0) < 0) {
+          zmq_msg_close(&m);
+          return;
+        }
+        const bool more = zmq_msg_more(&m);
+        parts.push_back(m);
+        if (!more) break;
+      }
+      for (size_t p = 0; p < parts.size(); ++p) {
+        zmq_msg_send(&parts[p], router, p + 1 < parts.size() ? ZMQ_SNDMORE : 0);
+      }
+    }
+  });
+  void* dealer = zmq_socket(ctx, ZMQ_DEALER);
+  zmq_setsockopt(dealer, ZMQ_LINGER, &linger, sizeof(linger));
+  int timeout = 30000;
+  zmq_setsockopt(dealer, ZMQ_RCVTIMEO, &timeout, sizeof(timeout));
+  zmq_connect(dealer, endpoint);
+  std::vector<char> payload(static_cast<size_t>(bytes), 1);
+  char header[64] = {0};
+  Clock::time_point start;
+  bool ok = true;
+  for (int i = 0; i < total && ok; ++i) {
+    if (i == total - iters) start = Clock::now();
+    zmq_msg_t m;
+    zmq_msg_init_size(&m, sizeof(header));
+    std::memcpy(zmq_msg_data(&m), header, sizeof(header));
+    zmq_msg_send(&m, dealer, ZMQ_SNDMORE);
+    zmq_msg_init_data(&m, payload.data(), payload.size(), nullptr, nullptr);
+    zmq_msg_send(&m, dealer, 0);
+    for (;;) {
+      zmq_msg_t r;
+      zmq_msg_init(&r);
+      if (zmq_msg_recv(&r, dealer, 0) < 0) {
+        ok = false;
+        zmq_msg_close(&r);
+        break;
+      }
+      const bool more = zmq_msg_more(&r);
+      zmq_msg_close(&r);
+      if (!more) break;
+    }
+  }
+  const double secs = Seconds(start, Clock::now());
+  zmq_close(dealer);
+  if (!ok) {
+    // The echo thread may be blocked in recv: closing the context wakes it.
+    zmq_ctx_shutdown(ctx);
+  }
+  echo.join();
+  zmq_close(router);
+  zmq_ctx_term(ctx);
+  if (!ok) return Status::DeadlineExceeded("ceiling: echo did not answer within 30 s");
+  return 2.0 * static_cast<double>(bytes) * iters / secs / 1e9;
+}
+
+ServerConfig MakeConfig(bool sync, float rescale) {
+  ServerConfig c;
+  c.set_sync_mode(sync);
+  c.mutable_optimizer()->set_type(OptimizerConfig::TEST);
+  c.mutable_optimizer()->set_rescale_grad(rescale);
+  return c;
+}
+
+Deadline BarrierDeadline(const ClusterOptions& o) { return Deadline::InMillis(o.barrier_timeout_ms); }
+Deadline RequestDeadline(const ClusterOptions& o) { return Deadline::InMillis(o.request_timeout_ms); }
+
+StatusOr<Result> RunConfig(KVClient* kv, const Config& cfg, uint64_t key_base, int iters) {
+  const ClusterOptions& o = kv->node()->options();
+  const int64_t elems = std::max<int64_t>(1, cfg.tensor_bytes / 4);
+  std::vector<KVClient::Key> keys;
+  std::vector<int64_t> lens;
+  for (int64_t i = 0; i < cfg.tensors; ++i) {
+    keys.push_back(key_base + i);
+    lens.push_back(elems);
+  }
+  const size_t total = static_cast<size_t>(elems * cfg.tensors);
+  std::vector<float> weights(total, 1.0f), grads(total, 0.001f);
+  RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
+  RETURN_IF_ERROR(kv->SetServerConfig(MakeConfig(cfg.mode != "async", 1e-3f), RequestDeadline(o)));
+  RETURN_IF_ERROR(kv->Wait(kv->Init(keys, lens, weights.data()), RequestDeadline(o)));
+  RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
+
+  Result r;
+  r.cfg = cfg;
+  ASSIGN_OR_RETURN(r.ceiling_gbps, MeasureCeiling(elems * 4 * cfg.tensors, iters));
+  RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
+
+  const int warmup = std::max(1, iters / 10);
+  Clock::time_point start;
+  for (int step = 0; step < warmup + iters; ++step) {
+    if (step == warmup) start = Clock::now();
+    if (cfg.mode == "pushpull") {
+      RETURN_IF_ERROR(kv->Wait(kv->PushPull(keys, lens, grads.data(), weights.data()),
+                               RequestDeadline(o)));
+    } else {
+      auto push = kv->Push(keys, lens, grads.data());
+      auto pull = kv->Pull(keys, lens, weights.data());
+      RETURN_IF_ERROR(kv->Wait(push, RequestDeadline(o)));
+      RETURN_IF_ERROR(kv->Wait(pull, RequestDeadline(o)));
+    }
+  }
+  const double secs = Seconds(start, Clock::now());
+  r.steps_per_s = iters / secs;
+  r.pairs_per_s = r.steps_per_s * cfg.tensors;
+  r.payload_gbps = 2.0 * static_cast<double>(elems * 4 * cfg.tensors) * r.steps_per_s / 1e9;
+  RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
+  return r;
+}
+
+Status CheckAll(const std::vector<float>& v, float expect, const std::string& what) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (v[i] != expect) {
+      return Status::Internal(StrCat("verify: ", what, ": element ", i, " is ", v[i],
+                                     ", expected ", expect));
+    }
+  }
+  return Status::Ok();
+}
+
+// mxnet_facts.md 1.11: keys start at 1; TEST optimizer with rate 2; rank r
+// pushes (r+1) each round; after round i everyone pulls 1 + 2 * W(W+1)/2 * i.
+Status Verify(KVClient* kv, int rounds) {
+  const ClusterOptions& o = kv->node()->options();
+  const int W = kv->num_workers();
+  const float mine = static_cast<float>(kv->rank() + 1);
+  const std::vector<KVClient::Key> keys = {900000, 900001};
+  const std::vector<int64_t> lens = {2 * 3, 1200 * 1200};
+  const size_t total = lens[0] + lens[1];
+  std::vector<float> ones(total, 1.0f), grad(total, mine), got(total, 0.0f);
+
+  RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
+  RETURN_IF_ERROR(kv->SetServerConfig(MakeConfig(true, 2.0f), RequestDeadline(o)));
+  RETURN_IF_ERROR(kv->Wait(kv->Init(keys, lens, ones.data()), RequestDeadline(o)));
+  RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
+  for (int i = 1; i <= rounds; ++i) {
+    auto push = kv->Push(keys, lens, grad.data());
+    auto pull = kv->Pull(keys, lens, got.data());
+    RETURN_IF_ERROR(kv->Wait(push, RequestDeadline(o)));
+    RETURN_IF_ERROR(kv->Wait(pull, RequestDeadline(o)));
+    const float expect = 1.0f + 2.0f * W * (W + 1) / 2.0f * i;
+    RETURN_IF_ERROR(CheckAll(got, expect, StrCat("dist_sync round ", i)));
+  }
+  std::printf("kvbench: verify dist_sync ok: %d rounds, %d workers, keys of 6 and 1440000 "
+              "elements, final value %g\n",
+              rounds, W, got[0]);
+
+  // dist_async: every push applied exactly once (TEST optimizer, rate 1).
+  const std::vector<KVClient::Key> akeys = {900002, 900003};
+  RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
+  RETURN_IF_ERROR(kv->SetServerConfig(MakeConfig(false, 1.0f), RequestDeadline(o)));
+  RETURN_IF_ERROR(kv->Wait(kv->Init(akeys, lens, ones.data()), RequestDeadline(o)));
+  RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
+  for (int i = 0; i < rounds; ++i) {
+    RETURN_IF_ERROR(kv->Wait(kv->Push(akeys, lens, grad.data()), RequestDeadline(o)));
+  }
+  RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
+  RETURN_IF_ERROR(kv->Wait(kv->Pull(akeys, lens, got.data()), RequestDeadline(o)));
+  const float expect = 1.0f + static_cast<float>(rounds) * W * (W + 1) / 2.0f;
+  RETURN_IF_ERROR(CheckAll(got, expect, "dist_async"));
+  std::printf("kvbench: verify dist_async ok: %d pushes per worker applied exactly once, "
+              "final value %g\n",
+              rounds, got[0]);
+  return kv->Barrier(BarrierDeadline(o));
+}
+
+int RunWorker(const JobEnv& env) {
+  auto node = ClusterNode::Create(ClusterOptionsFromJobEnv(env));
+  if (!node.ok()) {
+    LOG(ERROR) << "worker: " << node.status();
+    return 1;
+  }
+  KVClientOptions ko;
+  ko.placement = env.placement == "mxnet" ? Placement::kMxnet : Placement::kBalanced;
+  ko.bigarray_bound = env.bigarray_bound;
+  ko.chunk_elems = env.chunk_elems;
+  ko.request_timeout_ms = env.request_timeout_ms;
+  KVClient kv(node->get(), ko);
+  auto fail = [&](const Status& s) {
+    LOG(ERROR) << (*node)->Self() << ": " << s;
+    (*node)->Fail(s);
+    return 1;
+  };
+  Status s = kv.Start();
+  if (!s.ok()) return fail(s);
+  if (FLAGS_verify) {
+    s = Verify(&kv, FLAGS_verify_rounds);
+    if (!s.ok()) return fail(s);
+  } else {
+    auto bytes = ParseList("tensor-bytes", FLAGS_tensor_bytes);
+    auto counts = ParseList("tensors", FLAGS_tensors);
+    if (!bytes.ok()) return fail(bytes.status());
+    if (!counts.ok()) return fail(counts.status());
+    if (bytes->size() != counts->size()) {
+      return fail(Status::InvalidArgument("--tensor-bytes and --tensors need as many entries"));
+    }
+    std::vector<std::string> modes;
+    std::stringstream ss(FLAGS_mode);
+    std::string m;
+    while (std::getline(ss, m, ',')) {
+      if (m != "sync" && m != "async" && m != "pushpull") {
+        return fail(Status::InvalidArgument(StrCat("--mode: '", m, "' is not sync, async or pushpull")));
+      }
+      modes.push_back(m);
+    }
+    std::vector<Result> results;
+    uint64_t key_base = 0;
+    for (size_t c = 0; c < bytes->size(); ++c) {
+      for (const std::string& mode : modes) {
+        auto r = RunConfig(&kv, Config{(*bytes)[c], (*counts)[c], mode}, key_base,
+                           std::max(1, FLAGS_iters));
+        if (!r.ok()) return fail(r.status());
+        results.push_back(*r);
+        key_base += 100000;
+      }
+    }
+    std::printf("\nkvbench (worker rank %d of %d, %d servers, placement %s, %d iters)\n",
+                kv.rank(), kv.num_workers(), kv.num_servers(), env.placement.c_str(),
+                FLAGS_iters);
+    std::printf("| tensor bytes | tensors/step | mode | steps/s | push+pull pairs/s/worker | "
+                "payload GB/s | raw ZeroMQ GB/s | of raw |\n");
+    std::printf("|---:|---:|---|---:|---:|---:|---:|---:|\n");
+    for (const Result& r : results) {
+      std::printf("| %lld | %lld | %s | %.1f | %.0f | %.3f | %.3f | %.0f%% |\n",
+                  static_cast<long long>(r.cfg.tensor_bytes),
+                  static_cast<long long>(r.cfg.tensors), r.cfg.mode.c_str(), r.steps_per_s,
+                  r.pairs_per_s, r.payload_gbps, r.ceiling_gbps,
+                  100.0 * r.payload_gbps / r.ceiling_gbps);
+    }
+    for (const Result& r : results) {
+      std::printf("kvbench: tensor_bytes=%lld tensors=%lld servers=%d workers=%d mode=%s "
+                  "steps_per_s=%.2f pairs_per_s=%.0f payload_gbps=%.4f ceiling_gbps=%.4f\n",
+                  static_cast<long long>(r.cfg.tensor_bytes),
+                  static_cast<long long>(r.cfg.tensors), kv.num_servers(), kv.num_workers(),
+                  r.cfg.mode.c_str(), r.steps_per_s, r.pairs_per_s, r.payload_gbps,
+                  r.ceiling_gbps);
+    }
+    std::fflush(stdout);
+  }
+  s = kv.Finish(BarrierDeadline((*node)->options()));
+  if (!s.ok()) return fail(s);
+  return 0;
+}
+
+}  // namespace
+
+int RunKvbench(int /*argc*/, char** /*argv*/) {
+  if (auto code = RunClusterRole()) return *code;
+  auto env = ReadClusterEnv();
+  if (!env.ok()) {
+    LOG(ERROR) << env.status();
+    return 2;
+  }
+  return RunWorker(*env);
+}
+
+}  // namespace pstrain

@@ -1,0 +1,384 @@
+#include "worker/kv_client.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <unordered_set>
+
+namespace pstrain {
+
+struct KVClient::Sub {
+  uint64_t id = 0;
+  Ticket ticket = 0;
+  int server = 0;
+  int priority = 0;
+  Message msg;
+  std::vector<std::pair<float*, uint64_t>> outs;  // pull: destination of each part
+  uint64_t expect_bytes = 0;
+  Deadline deadline = Deadline::Never();
+};
+
+KVClient::KVClient(ClusterNode* node, const KVClientOptions& options)
+    : node_(node), options_(options) {
+  CHECK(node->role() == Role::kWorker);
+  {
+    MutexLock l(&mu_);
+    queued_.resize(node->num_servers());
+    inflight_count_.assign(node->num_servers(), 0);
+  }
+  node_->SetMessageHandler([this](Message&& m) { HandleReply(std::move(m)); });
+  node_->AddFailureListener([this](const Status& s) { FailAll(s); });
+  node_->AddTickListener([this] { ExpireRequests(); });
+}
+
+KVClient::~KVClient() { node_->Stop(); }
+
+StatusOr<const std::vector<PartPlan>*> KVClient::Parts(Key key, int64_t len) {
+  auto it = plans_.find(key);
+  if (it != plans_.end() && it->second.first == len) return &it->second.second;
+  PlacementOptions po;
+  po.policy = options_.placement;
+  po.num_servers = node_->num_servers();
+  po.bigarray_bound = options_.bigarray_bound;
+  po.chunk_elems = options_.chunk_elems;
+  ASSIGN_OR_RETURN(auto parts, PlaceKey(key, static_cast<uint64_t>(len), po));
+  auto& slot = plans_[key];
+  slot = {len, std::move(parts)};
+  return &slot.second;
+}
+
+KVClient::Ticket KVClient::Issue(Kind kind, const std::vector<Key>& keys,
+                                 const std::vector<int64_t>& lens, const float* vals, float* out,
+                                 int priority, Callback cb) {
+  Ticket ticket;
+  {
+    MutexLock l(&mu_);
+    ticket = next_ticket_++;
+    TicketState& t = tickets_[ticket];
+    t.cb = std::move(cb);
+    auto finish_now = [&](const Status& s) {
+      t.remaining = 1;
+      if (Callback c = FinishSub(ticket, s)) to_run_.emplace_back(std::move(c), s);
+    };
+    Status bad;
+    if (!failure_.ok()) {
+      bad = failure_;
+    } else if (keys.size() != lens.size()) {
+      bad = Status::InvalidArgument(
+          StrCat(keys.size(), " keys but ", lens.size(), " lengths in one request"));
+    }
+    const bool has_vals = kind != kPull;
+    const bool has_out = kind == kPull || kind == kPushPull;
+    if (bad.ok() && ((has_vals && vals == nullptr) || (has_out && out == nullptr))) {
+      bad = Status::InvalidArgument("null value buffer");
+    }
+    if (!bad.ok() || keys.empty() || (kind == kInit && node_->rank() != 0)) {
+      finish_now(bad);
+    } else {
+      struct Build {
+        std::vector<uint64_t> keys;
+        std::vector<uint32_t> lens;
+        std::vector<std::pair<const float*, uint64_t>> runs;  // value frames: start, floats
+        std::vector<std::pair<float*, uint64_t>> outs;
+        uint64_t floats = 0;
+      };
+      std::vector<Build> builds(node_->num_servers());
+      uint64_t offset = 0;
+      for (size_t i = 0; i < keys.size() && bad.ok(); ++i) {
+        if (lens[i] <= 0 || lens[i] > int64_t{1} << 40) {
+          bad = Status::InvalidArgument(StrCat("key ", keys[i], " has length ", lens[i]));
+          break;
+        }
+        auto parts = Parts(keys[i], lens[i]);
+        if (!parts.ok()) {
+          bad = parts.status();
+          break;
+        }
+        for (const PartPlan& p : **parts) {
+          Build& b = builds[p.server];
+          b.keys.push_back(WireKey(p.server, keys[i], p.part));
+          b.lens.push_back(static_cast<uint32_t>(p.len));
+          b.floats += p.len;
+          if (has_vals) {
+            const float* start = vals + offset + p.offset;
+            if (!b.runs.empty() && b.runs.back().first + b.runs.back().second == start) {
+              b.runs.back().second += p.len;
+            } else {
+              b.runs.emplace_back(start, p.len);
+            }
+          }
+          if (has_out) b.outs.emplace_back(out + offset + p.offset, p.len);
+        }
+        offset += static_cast<uint64_t>(lens[i]);
+      }
+      if (!bad.ok()) {
+        finish_now(bad);
+      } else {
+        for (const Build& b : builds) t.remaining += b.keys.empty() ? 0 : 1;
+        for (int s = 0; s < node_->num_servers(); ++s) {
+          Build& b = builds[s];
+          if (b.keys.empty()) continue;
+          auto sub = std::make_unique<Sub>();
+          sub->id = next_request_++;
+          sub->ticket = ticket;
+          sub->server = s;
+          sub->priority = priority;
+          PsHeader& h = sub->msg.header;
+          h.set_version(PROTOCOL_VERSION_CURRENT);
+          h.set_cmd(CMD_DATA);
+          h.set_sender(node_->id());
+          h.set_receiver(ServerId(s));
+          h.set_request_id(sub->id);
+          h.set_init(kind == kInit);
+          h.set_push(kind == kPush || kind == kPushPull);
+          h.set_pull(has_out);
+          h.set_priority(priority);
+          h.set_dtype(DTYPE_FLOAT32);
+          h.set_num_keys(b.keys.size());
+          sub->msg.keys = Blob::Copy(b.keys.data(), b.keys.size() * sizeof(uint64_t));
+          sub->msg.lens = Blob::Copy(b.lens.data(), b.lens.size() * sizeof(uint32_t));
+          if (has_vals) {
+            h.set_num_value_frames(b.runs.size());
+            h.set_value_bytes(b.floats * sizeof(float));
+            for (const auto& [start, n] : b.runs) {
+              sub->msg.values.emplace_back(nullptr, start, n * sizeof(float));
+            }
+          }
+          sub->outs = std::move(b.outs);
+          sub->expect_bytes = has_out ? b.floats * sizeof(float) : 0;
+          Enqueue(std::move(sub));
+        }
+      }
+    }
+  }
+  RunCallbacks();
+  return ticket;
+}
+
+KVClient::Ticket KVClient::Init(const std::vector<Key>& keys, const std::vector<int64_t>& lens,
+                                const float* vals, Callback cb) {
+  return Issue(kInit, keys, lens, vals, nullptr, 0, std::move(cb));
+}
+KVClient::Ticket KVClient::Push(const std::vector<Key>& keys, const std::vector<int64_t>& lens,
+                                const float* vals, int priority, Callback cb) {
+  return Issue(kPush, keys, lens, vals, nullptr, priority, std::move(cb));
+}
+KVClient::Ticket KVClient::Pull(const std::vector<Key>& keys, const std::vector<int64_t>& lens,
+                                float* out, int priority, Callback cb) {
+  return Issue(kPull, keys, lens, nullptr, out, priority, std::move(cb));
+}
+KVClient::Ticket KVClient::PushPull(const std::vector<Key>& keys, const std::vector<int64_t>& lens,
+                                    const float* vals, float* out, int priority, Callback cb) {
+  return Issue(kPushPull, keys, lens, vals, out, priority, std::move(cb));
+}
+
+void KVClient::Enqueue(std::unique_ptr<Sub> sub) {
+  auto& q = queued_[sub->server];
+  if (q.empty() && inflight_count_[sub->server] < options_.max_inflight_per_server) {
+    SendSub(std::move(sub));
+    return;
+  }
+  // A request may not overtake a queued one that shares a key: cap its priority.
+  std::unordered_set<uint64_t> mine;
+  for (size_t i = 0; i < sub->msg.header.num_keys(); ++i) mine.insert(sub->msg.key(i));
+  for (const auto& other : q) {
+    if (other->priority >= sub->priority) continue;
+    for (size_t i = 0; i < other->msg.header.num_keys(); ++i) {
+      if (mine.count(other->msg.key(i))) {
+        sub->priority = other->priority;
+        break;
+      }
+    }
+  }
+  auto pos = std::find_if(q.begin(), q.end(),
+                          [&](const std::unique_ptr<Sub>& o) { return o->priority < sub->priority; });
+  q.insert(pos, std::move(sub));
+}
+
+void KVClient::SendSub(std::unique_ptr<Sub> sub) {
+  sub->deadline = Deadline::InMillis(options_.request_timeout_ms);
+  Status s = node_->Send(ServerId(sub->server), sub->msg);
+  if (!s.ok()) {
+    if (Callback c = FinishSub(sub->ticket, s)) to_run_.emplace_back(std::move(c), s);
+    return;
+  }
+  ++inflight_count_[sub->server];
+  const uint64_t id = sub->id;
+  inflight_[id] = std::move(sub);
+}
+
+void KVClient::Pump(int server) {
+  auto& q = queued_[server];
+  while (!q.empty() && inflight_count_[server] < options_.max_inflight_per_server) {
+    std::unique_ptr<Sub> sub = std::move(q.front());
+    q.pop_front();
+    SendSub(std::move(sub));
+  }
+}
+
+KVClient::Callback KVClient::FinishSub(Ticket ticket, const Status& s) {
+  auto it = tickets_.find(ticket);
+  if (it == tickets_.end()) return nullptr;
+  TicketState& t = it->second;
+  if (!s.ok() && t.status.ok()) t.status = s;
+  if (--t.remaining > 0) return nullptr;
+  t.done = true;
+  cv_.SignalAll();
+  if (!t.cb) return nullptr;
+  // A ticket with a callback is reported through it and forgotten.
+  Callback cb = std::move(t.cb);
+  Status st = t.status;
+  tickets_.erase(it);
+  return [cb = std::move(cb), st](const Status&) { cb(st); };
+}
+
+void KVClient::RunCallbacks() {
+  std::vector<std::pair<Callback, Status>> run;
+  {
+    MutexLock l(&mu_);
+    run.swap(to_run_);
+  }
+  for (auto& [cb, s] : run) cb(s);
+}
+
+void KVClient::HandleReply(Message&& msg) {
+  const PsHeader& h = msg.header;
+  if (!h.is_reply()) return;
+  std::unique_ptr<Sub> sub;
+  {
+    MutexLock l(&mu_);
+    auto it = inflight_.find(h.request_id());
+    if (it == inflight_.end() || ServerId(it->second->server) != h.sender()) {
+      LOG(WARNING) << node_->Self() << ": dropping a reply to unknown request " << h.request_id()
+                   << " from " << NodeIdName(h.sender());
+      return;
+    }
+    sub = std::move(it->second);
+    inflight_.erase(it);
+  }
+  Status st;
+  if (h.error_code() != 0) {
+    st = Status(static_cast<StatusCode>(h.error_code()), h.error_message());
+  } else if (h.value_bytes() != sub->expect_bytes) {
+    st = Status::Corruption(StrCat(node_->Describe(h.sender()), " answered request ",
+                                   h.request_id(), " with ", h.value_bytes(),
+                                   " value bytes, expected ", sub->expect_bytes));
+  } else if (!sub->outs.empty()) {
+    // Copy each part out of the received frame(s) into the caller's buffer.
+    size_t frame = 0, used = 0;
+    for (const auto& [dst, n] : sub->outs) {
+      const size_t bytes = n * sizeof(float);
+      while (used == msg.values[frame].size()) {
+        ++frame;
+        used = 0;
+      }
+      std::memcpy(dst, msg.values[frame].data() + used, bytes);
+      used += bytes;
+    }
+  }
+  {
+    MutexLock l(&mu_);
+    --inflight_count_[sub->server];
+    if (Callback c = FinishSub(sub->ticket, st)) to_run_.emplace_back(std::move(c), st);
+    Pump(sub->server);
+  }
+  RunCallbacks();
+}
+
+Status KVClient::Wait(Ticket ticket, Deadline deadline) {
+  MutexLock l(&mu_);
+  auto done = [&]() REQUIRES(mu_) {
+    auto it = tickets_.find(ticket);
+    return it == tickets_.end() || it->second.done || !failure_.ok();
+  };
+  cv_.WaitUntil(deadline, done);
+  auto it = tickets_.find(ticket);
+  if (it == tickets_.end()) return failure_;
+  if (it->second.done) {
+    Status s = it->second.status;
+    tickets_.erase(it);
+    return s;
+  }
+  if (!failure_.ok()) return failure_;
+  std::set<int> owing;
+  for (const auto& [id, sub] : inflight_) {
+    if (sub->ticket == ticket) owing.insert(sub->server);
+  }
+  for (const auto& q : queued_) {
+    for (const auto& sub : q) {
+      if (sub->ticket == ticket) owing.insert(sub->server);
+    }
+  }
+  std::string who;
+  for (int s : owing) who += " " + node_->Describe(ServerId(s));
+  return Status::DeadlineExceeded(
+      StrCat(node_->Self(), ": request ticket ", ticket, " not done by its deadline; waiting on",
+             who.empty() ? " nothing" : who));
+}
+
+Status KVClient::SetServerConfig(const ServerConfig& config, Deadline deadline) {
+  Ticket ticket;
+  {
+    MutexLock l(&mu_);
+    if (!failure_.ok()) return failure_;
+    ticket = next_ticket_++;
+    TicketState& t = tickets_[ticket];
+    t.remaining = node_->num_servers();
+    for (int s = 0; s < node_->num_servers(); ++s) {
+      auto sub = std::make_unique<Sub>();
+      sub->id = next_request_++;
+      sub->ticket = ticket;
+      sub->server = s;
+      sub->priority = INT32_MAX;
+      PsHeader& h = sub->msg.header;
+      h.set_version(PROTOCOL_VERSION_CURRENT);
+      h.set_cmd(CMD_CONFIG);
+      h.set_sender(node_->id());
+      h.set_receiver(ServerId(s));
+      h.set_request_id(sub->id);
+      h.set_body(config.SerializeAsString());
+      Enqueue(std::move(sub));
+    }
+  }
+  RunCallbacks();
+  return Wait(ticket, deadline);
+}
+
+void KVClient::FailAll(const Status& s) {
+  {
+    MutexLock l(&mu_);
+    if (failure_.ok()) failure_ = s;
+    std::vector<Ticket> affected;
+    for (auto& [id, sub] : inflight_) affected.push_back(sub->ticket);
+    for (auto& q : queued_) {
+      for (auto& sub : q) affected.push_back(sub->ticket);
+      q.clear();
+    }
+    // Abandoned: ZeroMQ may still hold their frames until the node stops.
+    inflight_.clear();
+    std::fill(inflight_count_.begin(), inflight_count_.end(), 0);
+    for (Ticket t : affected) {
+      if (Callback c = FinishSub(t, s)) to_run_.emplace_back(std::move(c), s);
+    }
+    cv_.SignalAll();
+  }
+  RunCallbacks();
+}
+
+void KVClient::ExpireRequests() {
+  std::string late;
+  {
+    MutexLock l(&mu_);
+    for (const auto& [id, sub] : inflight_) {
+      if (sub->deadline.Expired()) {
+        late = StrCat("no reply from ", node_->Describe(ServerId(sub->server)), " to request ",
+                      id, " within ", options_.request_timeout_ms,
+                      " ms (PSTRAIN_REQUEST_TIMEOUT_MS)");
+        break;
+      }
+    }
+  }
+  if (!late.empty()) node_->Fail(Status::DeadlineExceeded(late));
+}
+
+}  // namespace pstrain

@@ -1,0 +1,141 @@
+// KVClient: a worker's view of the parameter servers (../shared/design.md 6,
+// ../shared/reference/mxnet_facts.md 1.4).
+//
+// Every call takes a list of keys, each with its length in float32 elements;
+// values of all keys lie back to back in the caller's buffer, in key-list order.
+// A call becomes at most one message per server (zero-copy: the message frames
+// reference the caller's buffer) and returns a ticket at once; completion is
+// reported by Wait(ticket, deadline) or by the callback, never both needed.
+//
+// Ordering: requests touching a key reach its server in call order, so a pull
+// sees every earlier push of this worker to that key (in dist_sync the server
+// holds the pull until the push's round closes). When more than
+// `max_inflight_per_server` requests to a server are outstanding, new ones queue
+// and leave highest priority first (ties in call order); a queued request never
+// overtakes an earlier one that shares a key with it.
+//
+// Buffers: `vals` must stay valid and unchanged, and `out` valid, until the
+// ticket completes. If the job fails (Wait returns Unavailable), outstanding
+// requests are abandoned; their buffers must then stay valid until the
+// ClusterNode is stopped (this object's destructor does it).
+//
+// Threads: every method is thread-safe. Callbacks run on the node's receive or
+// heartbeat thread (or the calling thread for requests that complete at once)
+// and must not block; they may issue new requests.
+#ifndef PSTRAIN_WORKER_KV_CLIENT_H_
+#define PSTRAIN_WORKER_KV_CLIENT_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "common/mutex.h"
+#include "common/status.h"
+#include "net/cluster_node.h"
+#include "worker/placement.h"
+
+namespace pstrain {
+
+struct KVClientOptions {
+  Placement placement = Placement::kBalanced;  // PSTRAIN_PLACEMENT
+  int64_t bigarray_bound = 1000000;            // MXNET_KVSTORE_BIGARRAY_BOUND
+  int64_t chunk_elems = 262144;                // PSTRAIN_CHUNK_ELEMS
+  int max_inflight_per_server = 32;
+  int request_timeout_ms = 600000;             // PSTRAIN_REQUEST_TIMEOUT_MS
+};
+
+class KVClient {
+ public:
+  using Key = uint64_t;
+  using Ticket = int64_t;
+  using Callback = std::function<void(const Status&)>;
+
+  // Installs the reply handler on `node`. REQUIRES: node is a worker that has
+  // not been started; `node` outlives this object.
+  KVClient(ClusterNode* node, const KVClientOptions& options);
+  // Stops the node: no callback runs after it returns.
+  ~KVClient();
+
+  // Registers with the scheduler and connects to the servers.
+  Status Start() { return node_->Start(); }
+
+  // Sends `config` (sync mode, optimizer) to every server and waits for all of
+  // them to install it. Every worker calls it with the same config before Init.
+  Status SetServerConfig(const ServerConfig& config, Deadline deadline);
+
+  // Initial values: only worker rank 0 sends them (others complete at once).
+  // MXNet's protocol: Wait for it, then Barrier() on every worker.
+  Ticket Init(const std::vector<Key>& keys, const std::vector<int64_t>& lens, const float* vals,
+              Callback cb = nullptr);
+  Ticket Push(const std::vector<Key>& keys, const std::vector<int64_t>& lens, const float* vals,
+              int priority = 0, Callback cb = nullptr);
+  Ticket Pull(const std::vector<Key>& keys, const std::vector<int64_t>& lens, float* out,
+              int priority = 0, Callback cb = nullptr);
+  // Push `vals`, then receive the updated values into `out` in one round trip.
+  // `out` may equal `vals`.
+  Ticket PushPull(const std::vector<Key>& keys, const std::vector<int64_t>& lens,
+                  const float* vals, float* out, int priority = 0, Callback cb = nullptr);
+
+  // Waits for `ticket`: its error, DeadlineExceeded naming the servers still
+  // owing a reply, or the job's failure. A ticket whose callback already ran
+  // (or that was already waited for) returns OK, or the job's failure.
+  Status Wait(Ticket ticket, Deadline deadline);
+
+  // Worker-group barrier.
+  Status Barrier(Deadline deadline) { return node_->Barrier(kWorkerGroup, deadline); }
+  // Tells the scheduler this worker is done and waits for the job's end.
+  // REQUIRES: every ticket completed.
+  Status Finish(Deadline deadline) { return node_->Finish(deadline); }
+
+  int rank() const { return node_->rank(); }
+  int num_workers() const { return node_->num_workers(); }
+  int num_servers() const { return node_->num_servers(); }
+  ClusterNode* node() { return node_; }
+
+ private:
+  struct TicketState {
+    int remaining = 0;
+    Status status;
+    Callback cb;
+    bool done = false;
+  };
+  struct Sub;  // one message to one server
+
+  enum Kind { kInit, kPush, kPull, kPushPull };
+  Ticket Issue(Kind kind, const std::vector<Key>& keys, const std::vector<int64_t>& lens,
+               const float* vals, float* out, int priority, Callback cb);
+  StatusOr<const std::vector<PartPlan>*> Parts(Key key, int64_t len) REQUIRES(mu_);
+  void Enqueue(std::unique_ptr<Sub> sub) REQUIRES(mu_);
+  void Pump(int server) REQUIRES(mu_);
+  // Marks one sub-request of `ticket` done; returns the callback to run, if any.
+  Callback FinishSub(Ticket ticket, const Status& s) REQUIRES(mu_);
+  void SendSub(std::unique_ptr<Sub> sub) REQUIRES(mu_);
+  void RunCallbacks() EXCLUDES(mu_);
+  void HandleReply(Message&& msg);
+  void FailAll(const Status& s);
+  void ExpireRequests();
+
+  ClusterNode* node_;
+  KVClientOptions options_;
+
+  Mutex mu_;
+  CondVar cv_{&mu_};
+  Status failure_ GUARDED_BY(mu_);
+  Ticket next_ticket_ GUARDED_BY(mu_) = 1;
+  uint64_t next_request_ GUARDED_BY(mu_) = 1;
+  uint64_t next_seq_ GUARDED_BY(mu_) = 0;
+  std::unordered_map<Ticket, TicketState> tickets_ GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, std::unique_ptr<Sub>> inflight_ GUARDED_BY(mu_);
+  std::vector<std::deque<std::unique_ptr<Sub>>> queued_ GUARDED_BY(mu_);  // per server
+  std::vector<int> inflight_count_ GUARDED_BY(mu_);                     // per server
+  std::unordered_map<Key, std::pair<int64_t, std::vector<PartPlan>>> plans_ GUARDED_BY(mu_);
+  std::vector<std::pair<Callback, Status>> to_run_ GUARDED_BY(mu_);  // run after unlocking
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_KV_CLIENT_H_
