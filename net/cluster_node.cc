@@ -140,17 +140,6 @@ Status ClusterNode::Start() {
     }
     last_scheduler_contact_ = SteadyClock::now();
   }
-  // Workers talk to every server, servers answer every worker.
-  std::map<int, NodeInfo> table;
-  {
-    MutexLock l(&mu_);
-    table = table_;
-  }
-  for (const auto& [id, info] : table) {
-    const bool peer = options_.role == Role::kWorker ? IsServerId(id) : IsWorkerId(id);
-    if (!peer) continue;
-    RETURN_IF_ERROR(van_->Connect(id, info.host(), info.port()));
-  }
   if (options_.heartbeat_interval_ms > 0) {
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   }
@@ -166,25 +155,57 @@ void ClusterNode::Handle(Message&& msg) {
   }
   switch (h.cmd()) {
     case CMD_DATA:
-    case CMD_CONFIG:
-      if (handler_) handler_(std::move(msg));
-      return;
-    case CMD_NODE_TABLE: {
-      MutexLock l(&mu_);
-      if (have_table_) return;
-      for (const NodeInfo& n : h.nodes()) {
-        table_[n.id()] = n;
-        if (n.nonce() == nonce_ && n.port() == port_) {
-          id_ = n.id();
-          rank_ = n.rank();
+    case CMD_CONFIG: {
+      {
+        // A peer may get its table (and talk to us) before ours arrives.
+        MutexLock l(&mu_);
+        if (!have_table_) {
+          early_.push_back(std::move(msg));
+          return;
         }
       }
-      if (id_ < 0) {
-        health_ = Status::Internal("the scheduler's node table does not list this node");
-      } else {
-        have_table_ = true;
+      if (handler_) handler_(std::move(msg));
+      return;
+    }
+    case CMD_NODE_TABLE: {
+      std::map<int, NodeInfo> table;
+      {
+        MutexLock l(&mu_);
+        if (have_table_) return;
+        for (const NodeInfo& n : h.nodes()) {
+          table_[n.id()] = n;
+          if (n.nonce() == nonce_ && n.port() == port_) {
+            id_ = n.id();
+            rank_ = n.rank();
+          }
+        }
+        if (id_ < 0) {
+          health_ = Status::Internal("the scheduler's node table does not list this node");
+          cv_.SignalAll();
+          return;
+        }
+        table = table_;
       }
-      cv_.SignalAll();
+      // Workers talk to every server, servers answer every worker.
+      Status connected;
+      for (const auto& [id, info] : table) {
+        const bool peer = options_.role == Role::kWorker ? IsServerId(id) : IsWorkerId(id);
+        if (peer && connected.ok()) connected = van_->Connect(id, info.host(), info.port());
+      }
+      std::vector<Message> early;
+      {
+        MutexLock l(&mu_);
+        if (!connected.ok()) {
+          health_ = connected;
+        } else {
+          have_table_ = true;
+        }
+        early.swap(early_);
+        cv_.SignalAll();
+      }
+      if (connected.ok() && handler_) {
+        for (Message& m : early) handler_(std::move(m));
+      }
       return;
     }
     case CMD_HEARTBEAT:

@@ -123,7 +123,8 @@ class ClusterNode {
   int id_ GUARDED_BY(mu_) = -1;
   int rank_ GUARDED_BY(mu_) = -1;
   std::map<int, NodeInfo> table_ GUARDED_BY(mu_);
-  bool have_table_ GUARDED_BY(mu_) = false;
+  bool have_table_ GUARDED_BY(mu_) = false;  // and connected to the peers
+  std::vector<Message> early_ GUARDED_BY(mu_);  // data that arrived before the table
   bool shutdown_ GUARDED_BY(mu_) = false;
   bool stopping_ GUARDED_BY(mu_) = false;
   Status health_ GUARDED_BY(mu_);

@@ -12,9 +12,15 @@ struct KVServer::Request {
   int worker = 0;
   std::atomic<int64_t> remaining{0};
   std::vector<const float*> part_values;  // push/init: each part inside the value frames
-  std::vector<uint64_t> part_offset;      // pull: each part's float offset in the reply
-  Blob reply;
-  char* reply_data = nullptr;
+  // Pull: the reply's value frames. A big part is its own frame referencing the
+  // stored value (no copy); runs of small parts are copied into one frame.
+  struct Slot {
+    Blob blob;
+    char* data = nullptr;  // writable bytes of a copied run
+  };
+  std::vector<Slot> slots;
+  std::vector<std::pair<uint32_t, uint64_t>> part_slot;  // part -> (slot, byte offset)
+  uint64_t reply_bytes = 0;
   Mutex mu;
   Status error GUARDED_BY(mu);
 };
@@ -26,9 +32,22 @@ struct KVServer::Op {
   const PsHeader& header() const { return req->msg.header; }
 };
 
+// A stored value shared with in-flight pull replies; copied before a write
+// while a reply still references it.
 struct KVServer::KeyState {
   bool initialized = false;
-  std::vector<float> value;
+  Blob value;
+  float* data = nullptr;
+  size_t size = 0;  // elements
+  // Makes `value` safe to write: a fresh copy when a reply still holds it.
+  void MakeWritable() {
+    if (value.owner().use_count() <= 1) return;
+    char* fresh = nullptr;
+    Blob b = Blob::Allocate(size * sizeof(float), &fresh);
+    std::memcpy(fresh, data, size * sizeof(float));
+    value = std::move(b);
+    data = reinterpret_cast<float*>(fresh);
+  }
   std::vector<float> merge;
   int merged = 0;
   std::vector<char> in_round;  // per worker rank: pushed in the open round
@@ -46,6 +65,9 @@ struct KVServer::Shard {
 };
 
 namespace {
+
+// Pulled parts at least this big are sent straight from the store.
+constexpr uint64_t kZeroCopyReplyBytes = 64 * 1024;
 
 size_t ShardOf(uint64_t wire_key, size_t n) {
   return static_cast<size_t>((wire_key * 0x9E3779B97F4A7C15ull) >> 40) % n;
@@ -178,13 +200,29 @@ void KVServer::HandleMessage(Message&& msg) {
     }
   }
   if (msg.header.pull()) {
-    req->part_offset.resize(n);
-    uint64_t total = 0;
+    req->part_slot.resize(n);
+    std::vector<uint64_t> run_bytes;  // per slot: bytes of a copied run, 0 for zero-copy
     for (size_t i = 0; i < n; ++i) {
-      req->part_offset[i] = total;
-      total += msg.len(i);
+      const uint64_t bytes = uint64_t{msg.len(i)} * sizeof(float);
+      req->reply_bytes += bytes;
+      if (bytes >= kZeroCopyReplyBytes) {
+        req->part_slot[i] = {static_cast<uint32_t>(run_bytes.size()), 0};
+        run_bytes.push_back(0);
+        continue;
+      }
+      if (run_bytes.empty() || run_bytes.back() == 0) {  // 0: the last slot is zero-copy
+        run_bytes.push_back(0);
+        req->part_slot[i] = {static_cast<uint32_t>(run_bytes.size() - 1), 0};
+        run_bytes.back() = bytes;
+        continue;
+      }
+      req->part_slot[i] = {static_cast<uint32_t>(run_bytes.size() - 1), run_bytes.back()};
+      run_bytes.back() += bytes;
     }
-    req->reply = Blob::Allocate(total * sizeof(float), &req->reply_data);
+    req->slots.resize(run_bytes.size());
+    for (size_t k = 0; k < run_bytes.size(); ++k) {
+      if (run_bytes[k] > 0) req->slots[k].blob = Blob::Allocate(run_bytes[k], &req->slots[k].data);
+    }
   }
   req->msg = std::move(msg);
   std::vector<std::vector<Op>> per_shard(shards_.size());
@@ -265,13 +303,17 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   const int num_workers = node_->num_workers();
   if (h.init()) {
     if (!ks->initialized) {
-      ks->value.assign(op.req->part_values[op.part], op.req->part_values[op.part] + n);
+      char* fresh = nullptr;
+      ks->value = Blob::Allocate(n * sizeof(float), &fresh);
+      std::memcpy(fresh, op.req->part_values[op.part], n * sizeof(float));
+      ks->data = reinterpret_cast<float*>(fresh);
+      ks->size = n;
       ks->in_round.assign(num_workers, 0);
       ks->initialized = true;
-    } else if (ks->value.size() != n) {
+    } else if (ks->size != n) {
       CompletePart(op, ks, Status::InvalidArgument(
                                StrCat("init of ", PartName(wire), " with ", n,
-                                      " elements, but it holds ", ks->value.size())));
+                                      " elements, but it holds ", ks->size)));
       return;
     }
     CompletePart(op, ks, Status::Ok());
@@ -282,10 +324,10 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
                                                  h.push() ? "push" : "pull", " before init)")));
     return;
   }
-  if (ks->value.size() != n) {
+  if (ks->size != n) {
     CompletePart(op, ks, Status::InvalidArgument(StrCat(PartName(wire), ": request has ", n,
                                                         " elements, stored value has ",
-                                                        ks->value.size())));
+                                                        ks->size)));
     return;
   }
   if (!h.push()) {
@@ -295,10 +337,11 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   auto cfg = config();
   const float* grad = op.req->part_values[op.part];
   auto apply = [&](const float* g) {
+    ks->MakeWritable();
     if (auto opt = optimizer()) {
-      opt->Update(g, ks->value.data(), n, &ks->state);
+      opt->Update(g, ks->data, n, &ks->state);
     } else {
-      std::memcpy(ks->value.data(), g, n * sizeof(float));
+      std::memcpy(ks->data, g, n * sizeof(float));
     }
   };
   if (cfg == nullptr || !cfg->sync_mode()) {
@@ -342,8 +385,13 @@ void KVServer::CompletePart(const Op& op, const KeyState* ks, const Status& s) {
     MutexLock l(&r->mu);
     if (r->error.ok()) r->error = s;
   } else if (r->msg.header.pull()) {
-    std::memcpy(r->reply_data + r->part_offset[op.part] * sizeof(float), ks->value.data(),
-                ks->value.size() * sizeof(float));
+    const auto [slot, offset] = r->part_slot[op.part];
+    Request::Slot& dst = r->slots[slot];
+    if (dst.data == nullptr) {
+      dst.blob = ks->value;  // zero-copy: shares the stored buffer
+    } else {
+      std::memcpy(dst.data + offset, ks->data, ks->size * sizeof(float));
+    }
   }
   if (r->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) SendReply(r);
 }
@@ -369,9 +417,9 @@ void KVServer::SendReply(Request* r) {
   h.set_dtype(DTYPE_FLOAT32);
   if (r->msg.header.pull()) {
     h.set_pull(true);
-    h.set_num_value_frames(1);
-    h.set_value_bytes(r->reply.size());
-    reply.values.push_back(r->reply);
+    h.set_num_value_frames(r->slots.size());
+    h.set_value_bytes(r->reply_bytes);
+    for (const Request::Slot& slot : r->slots) reply.values.push_back(slot.blob);
   }
   Status s = node_->Send(r->msg.header.sender(), reply);
   if (!s.ok()) LOG(WARNING) << node_->Self() << ": " << s;

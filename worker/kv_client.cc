@@ -268,9 +268,14 @@ void KVClient::HandleReply(Message&& msg) {
     size_t frame = 0, used = 0;
     for (const auto& [dst, n] : sub->outs) {
       const size_t bytes = n * sizeof(float);
-      while (used == msg.values[frame].size()) {
+      while (frame < msg.values.size() && used == msg.values[frame].size()) {
         ++frame;
         used = 0;
+      }
+      if (frame >= msg.values.size() || used + bytes > msg.values[frame].size()) {
+        st = Status::Corruption(StrCat(node_->Describe(h.sender()), " answered request ",
+                                       h.request_id(), " with a part split across frames"));
+        break;
       }
       std::memcpy(dst, msg.values[frame].data() + used, bytes);
       used += bytes;

@@ -1,0 +1,395 @@
+// A whole job inside one process on loopback: the scheduler, S servers and W
+// workers as objects on their own threads (no globals below tools/).
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include <zmq.h>
+
+#include <gtest/gtest.h>
+
+#include "net/cluster_node.h"
+#include "scheduler/scheduler.h"
+#include "server/kv_server.h"
+#include "tests/test_util.h"
+#include "worker/kv_client.h"
+
+namespace pstrain {
+namespace {
+
+using Body = std::function<Status(KVClient& kv)>;
+
+ClusterOptions TestOptions(int S, int W) {
+  ClusterOptions o;
+  o.root_host = "127.0.0.1";
+  o.bind_host = "127.0.0.1";
+  o.num_servers = S;
+  o.num_workers = W;
+  o.heartbeat_interval_ms = 100;
+  o.heartbeat_timeout_ms = 1500;
+  o.startup_timeout_ms = 5000;
+  o.barrier_timeout_ms = 5000;
+  o.request_timeout_ms = 5000;
+  return o;
+}
+
+struct JobResult {
+  Status scheduler;
+  std::vector<Status> servers;
+  std::vector<Status> workers;
+};
+
+// Runs a job; `body(kv)` runs on every worker between Start and Finish.
+// `kill_server` (if >= 0) is stopped once `kill_now` becomes true.
+JobResult RunJob(int S, int W, const Body& body, KVClientOptions ko = {},
+                 std::atomic<bool>* kill_now = nullptr, int num_registering_workers = -1) {
+  JobResult r;
+  ClusterOptions o = TestOptions(S, W);
+  if (num_registering_workers >= 0) o.startup_timeout_ms = 2000;
+  o.root_port = 0;
+  auto sched = Scheduler::Create(o);
+  CHECK_OK(sched.status());
+  o.root_port = (*sched)->port();
+  std::thread st([&] { r.scheduler = (*sched)->Run(); });
+  r.servers.resize(S);
+  std::vector<std::thread> threads;
+  for (int s = 0; s < S; ++s) {
+    threads.emplace_back([&, s] {
+      ClusterOptions so = o;
+      so.role = Role::kServer;
+      auto node = ClusterNode::Create(so);
+      if (!node.ok()) {
+        r.servers[s] = node.status();
+        return;
+      }
+      KVServer server(node->get(), KVServerOptions{2});
+      if (kill_now != nullptr && s == S - 1) {
+        // This server "dies": it registers, then goes silent when told to.
+        Status st = (*node)->Start();
+        for (int i = 0; i < 500 && !kill_now->load(); ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        (*node)->Stop();
+        r.servers[s] = st.ok() ? Status::Cancelled("killed by the test") : st;
+        return;
+      }
+      r.servers[s] = server.Run();
+    });
+  }
+  const int starting = num_registering_workers < 0 ? W : num_registering_workers;
+  r.workers.resize(starting);
+  for (int w = 0; w < starting; ++w) {
+    threads.emplace_back([&, w] {
+      ClusterOptions wo = o;
+      wo.role = Role::kWorker;
+      auto node = ClusterNode::Create(wo);
+      if (!node.ok()) {
+        r.workers[w] = node.status();
+        return;
+      }
+      KVClient kv(node->get(), ko);
+      Status s = kv.Start();
+      if (s.ok()) s = body(kv);
+      if (s.ok()) {
+        s = kv.Finish(Deadline::InMillis(5000));
+      } else {
+        (*node)->Fail(s);
+      }
+      r.workers[w] = s;
+    });
+  }
+  for (auto& t : threads) t.join();
+  st.join();
+  return r;
+}
+
+ServerConfig Config(bool sync, float rate) {
+  ServerConfig c;
+  c.set_sync_mode(sync);
+  c.mutable_optimizer()->set_type(OptimizerConfig::TEST);
+  c.mutable_optimizer()->set_rescale_grad(rate);
+  return c;
+}
+
+Deadline Soon() { return Deadline::InMillis(5000); }
+
+// mxnet_facts.md 1.11 on a small and a sharded key.
+Status Conformance(KVClient& kv, int rounds) {
+  const int W = kv.num_workers();
+  const std::vector<KVClient::Key> keys = {3, 4};
+  const std::vector<int64_t> lens = {6, 1200 * 1200};
+  const size_t n = lens[0] + lens[1];
+  std::vector<float> ones(n, 1.0f), grad(n, kv.rank() + 1.0f), got(n);
+  RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 2.0f), Soon()));
+  RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, ones.data()), Soon()));
+  RETURN_IF_ERROR(kv.Barrier(Soon()));
+  for (int i = 1; i <= rounds; ++i) {
+    auto push = kv.Push(keys, lens, grad.data());
+    auto pull = kv.Pull(keys, lens, got.data());
+    RETURN_IF_ERROR(kv.Wait(push, Soon()));
+    RETURN_IF_ERROR(kv.Wait(pull, Soon()));
+    const float expect = 1.0f + 2.0f * W * (W + 1) / 2.0f * i;
+    for (size_t j = 0; j < n; ++j) {
+      if (got[j] != expect) {
+        return Status::Internal(StrCat("round ", i, " element ", j, ": ", got[j], " != ", expect));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+void ExpectAllOk(const JobResult& r) {
+  EXPECT_OK(r.scheduler);
+  for (const Status& s : r.servers) EXPECT_OK(s);
+  for (const Status& s : r.workers) EXPECT_OK(s);
+}
+
+TEST(InProcClusterTest, DistSyncConformanceOneServerOneWorker) {
+  ExpectAllOk(RunJob(1, 1, [](KVClient& kv) { return Conformance(kv, 3); }));
+}
+
+TEST(InProcClusterTest, DistSyncConformanceTwoServersThreeWorkersBothPlacements) {
+  ExpectAllOk(RunJob(2, 3, [](KVClient& kv) { return Conformance(kv, 4); }));
+  KVClientOptions mx;
+  mx.placement = Placement::kMxnet;
+  ExpectAllOk(RunJob(2, 3, [](KVClient& kv) { return Conformance(kv, 2); }, mx));
+}
+
+TEST(InProcClusterTest, PushPullCarriesTheNewValueInOneRoundTrip) {
+  ExpectAllOk(RunJob(2, 2, [](KVClient& kv) -> Status {
+    const std::vector<KVClient::Key> keys = {1, 2, 3};
+    const std::vector<int64_t> lens = {5, 70000, 17};
+    const size_t n = 5 + 70000 + 17;
+    std::vector<float> zeros(n, 0.0f), grad(n, 1.0f), got(n);
+    RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));
+    RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, zeros.data()), Soon()));
+    RETURN_IF_ERROR(kv.Barrier(Soon()));
+    for (int i = 1; i <= 3; ++i) {
+      RETURN_IF_ERROR(kv.Wait(kv.PushPull(keys, lens, grad.data(), got.data()), Soon()));
+      for (float v : got) {
+        if (v != 2.0f * i) return Status::Internal(StrCat("pushpull round ", i, " got ", v));
+      }
+    }
+    return Status::Ok();
+  }));
+}
+
+TEST(InProcClusterTest, DistAsyncAppliesEveryPushExactlyOnce) {
+  ExpectAllOk(RunJob(2, 3, [](KVClient& kv) -> Status {
+    const std::vector<KVClient::Key> keys = {7, 8};
+    const std::vector<int64_t> lens = {10, 300000};
+    const size_t n = lens[0] + lens[1];
+    std::vector<float> zeros(n, 0.0f), grad(n, kv.rank() + 1.0f), got(n);
+    RETURN_IF_ERROR(kv.SetServerConfig(Config(false, 1.0f), Soon()));
+    RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, zeros.data()), Soon()));
+    RETURN_IF_ERROR(kv.Barrier(Soon()));
+    std::vector<KVClient::Ticket> tickets;
+    for (int i = 0; i < 20; ++i) tickets.push_back(kv.Push(keys, lens, grad.data()));
+    for (auto t : tickets) RETURN_IF_ERROR(kv.Wait(t, Soon()));
+    RETURN_IF_ERROR(kv.Barrier(Soon()));
+    RETURN_IF_ERROR(kv.Wait(kv.Pull(keys, lens, got.data()), Soon()));
+    const float expect = 20.0f * (1 + 2 + 3);
+    for (float v : got) {
+      if (v != expect) return Status::Internal(StrCat("async got ", v, " expected ", expect));
+    }
+    return Status::Ok();
+  }));
+}
+
+TEST(InProcClusterTest, PullSeesOwnEarlierPushInSyncModeAndSgdRuns) {
+  ExpectAllOk(RunJob(1, 2, [](KVClient& kv) -> Status {
+    ServerConfig c;
+    c.set_sync_mode(true);
+    c.mutable_optimizer()->set_learning_rate(0.5f);
+    c.mutable_optimizer()->set_momentum(0.9f);
+    c.mutable_optimizer()->set_rescale_grad(0.5f);  // 1 / (batch 1 * W 2)
+    RETURN_IF_ERROR(kv.SetServerConfig(c, Soon()));
+    std::vector<float> w = {1.0f, 2.0f}, g = {1.0f, 1.0f}, got(2);
+    RETURN_IF_ERROR(kv.Wait(kv.Init({5}, {2}, w.data()), Soon()));
+    RETURN_IF_ERROR(kv.Barrier(Soon()));
+    // Rank 1 pushes late: rank 0's pull must still wait for the round.
+    if (kv.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    auto push = kv.Push({5}, {2}, g.data());
+    RETURN_IF_ERROR(kv.Wait(kv.Pull({5}, {2}, got.data()), Soon()));
+    RETURN_IF_ERROR(kv.Wait(push, Soon()));
+    // Sum of grads 2, rescaled 1; mom = -0.5 * 1; w += mom.
+    if (got[0] != 0.5f || got[1] != 1.5f) {
+      return Status::Internal(StrCat("after one SGD step got ", got[0], ",", got[1]));
+    }
+    return Status::Ok();
+  }));
+}
+
+TEST(InProcClusterTest, BadRequestsGetErrorsNamingTheKey) {
+  ExpectAllOk(RunJob(1, 1, [](KVClient& kv) -> Status {
+    RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));
+    std::vector<float> v(8, 1.0f);
+    Status s = kv.Wait(kv.Pull({42}, {8}, v.data()), Soon());
+    if (s.code() != StatusCode::kNotFound || s.message().find("key 42") == std::string::npos) {
+      return Status::Internal(StrCat("pull before init: ", s.ToString()));
+    }
+    RETURN_IF_ERROR(kv.Wait(kv.Init({42}, {8}, v.data()), Soon()));
+    s = kv.Wait(kv.Push({42}, {4}, v.data()), Soon());
+    if (s.code() != StatusCode::kInvalidArgument ||
+        s.message().find("stored value has 8") == std::string::npos) {
+      return Status::Internal(StrCat("length mismatch: ", s.ToString()));
+    }
+    s = kv.Wait(kv.Push({1, 2}, {4}, v.data()), Soon());
+    if (s.ok()) return Status::Internal("keys/lens mismatch accepted");
+    // The server still serves correct values.
+    std::vector<float> got(8);
+    RETURN_IF_ERROR(kv.Wait(kv.Pull({42}, {8}, got.data()), Soon()));
+    return got[7] == 1.0f ? Status::Ok() : Status::Internal("value changed");
+  }));
+}
+
+TEST(InProcClusterTest, HigherPriorityLeavesFirstButNeverOvertakesSameKey) {
+  KVClientOptions ko;
+  ko.max_inflight_per_server = 1;
+  ExpectAllOk(RunJob(1, 1, [](KVClient& kv) -> Status {
+    RETURN_IF_ERROR(kv.SetServerConfig(Config(false, 1.0f), Soon()));
+    std::vector<float> big((1 << 20) + 4, 0.0f), v(4, 1.0f);
+    std::vector<float> got(4);
+    RETURN_IF_ERROR(kv.Wait(kv.Init({1, 2, 3, 4, 5}, {1 << 20, 1, 1, 1, 1}, big.data()), Soon()));
+    std::mutex mu;
+    std::vector<int> order;
+    auto record = [&](int id) {
+      return [&, id](const Status&) {
+        std::lock_guard<std::mutex> l(mu);
+        order.push_back(id);
+      };
+    };
+    // Occupies the single slot while the others queue.
+    auto first = kv.Push({1}, {1 << 20}, big.data(), 0, record(0));
+    kv.Push({2}, {1}, v.data(), 1, record(1));
+    kv.Push({3}, {1}, v.data(), 5, record(5));
+    kv.Push({4}, {1}, v.data(), 3, record(3));
+    // Shares key 2 with the priority-1 push: must not overtake it.
+    auto pull = kv.Pull({2}, {1}, got.data(), 9, record(9));
+    RETURN_IF_ERROR(kv.Wait(first, Soon()));
+    RETURN_IF_ERROR(kv.Wait(pull, Soon()));
+    for (int i = 0; i < 100; ++i) {
+      {
+        std::lock_guard<std::mutex> l(mu);
+        if (order.size() == 5) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::lock_guard<std::mutex> l(mu);
+    const std::vector<int> want = {0, 5, 3, 1, 9};
+    if (order != want) {
+      std::string got_order;
+      for (int o : order) got_order += StrCat(o, " ");
+      return Status::Internal("completion order " + got_order);
+    }
+    return got[0] == 1.0f ? Status::Ok() : Status::Internal(StrCat("pull saw ", got[0]));
+  }, ko));
+}
+
+TEST(InProcClusterTest, BarriersWithGenerationsRepeat) {
+  std::atomic<int> inside{0};
+  ExpectAllOk(RunJob(1, 3, [&](KVClient& kv) -> Status {
+    for (int g = 1; g <= 5; ++g) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5 * kv.rank()));
+      inside.fetch_add(1);
+      RETURN_IF_ERROR(kv.Barrier(Soon()));
+      // Nobody leaves barrier g before everyone entered it.
+      if (inside.load() < 3 * g) return Status::Internal(StrCat("left barrier ", g, " early"));
+      RETURN_IF_ERROR(kv.Barrier(Soon()));
+    }
+    return Status::Ok();
+  }));
+}
+
+TEST(InProcClusterTest, MissingWorkerFailsStartupWithinTheDeadline) {
+  const auto start = std::chrono::steady_clock::now();
+  JobResult r = RunJob(1, 2, [](KVClient&) { return Status::Ok(); }, {}, nullptr, 1);
+  const auto secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(secs, 8.0);
+  EXPECT_EQ(r.scheduler.code(), StatusCode::kDeadlineExceeded) << r.scheduler;
+  EXPECT_NE(r.scheduler.message().find("1/2 workers"), std::string::npos) << r.scheduler;
+  ASSERT_EQ(r.workers.size(), 1u);
+  EXPECT_FALSE(r.workers[0].ok());
+  EXPECT_FALSE(r.servers[0].ok());
+}
+
+TEST(InProcClusterTest, DeadServerFailsWorkersWithItsName) {
+  std::atomic<bool> kill{false};
+  const auto start = std::chrono::steady_clock::now();
+  JobResult r = RunJob(2, 2, [&](KVClient& kv) -> Status {
+    RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));
+    std::vector<float> v(100, 1.0f);
+    std::vector<KVClient::Key> keys;
+    std::vector<int64_t> lens;
+    for (int k = 0; k < 10; ++k) {
+      keys.push_back(k);
+      lens.push_back(10);
+    }
+    RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, v.data()), Soon()));
+    RETURN_IF_ERROR(kv.Barrier(Soon()));
+    kill = true;
+    for (int i = 0; i < 1000; ++i) {
+      RETURN_IF_ERROR(kv.Wait(kv.PushPull(keys, lens, v.data(), v.data()), Soon()));
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return Status::Ok();
+  }, {}, &kill);
+  const auto secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(secs, 10.0);
+  EXPECT_EQ(r.scheduler.code(), StatusCode::kUnavailable) << r.scheduler;
+  EXPECT_NE(r.scheduler.message().find("server rank"), std::string::npos) << r.scheduler;
+  for (const Status& s : r.workers) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("server rank"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("127.0.0.1:"), std::string::npos) << s;
+  }
+}
+
+TEST(VanTest, MalformedMessagesAreDroppedAndGoodOnesStillArrive) {
+  std::atomic<int> received{0};
+  VanOptions vo;
+  vo.bind_host = "127.0.0.1";
+  vo.max_message_bytes = 1 << 20;
+  auto van = Van::Create(vo, [&](Message&&) { received++; });
+  ASSERT_OK(van.status());
+  void* ctx = zmq_ctx_new();
+  auto send = [&](const std::vector<std::string>& frames) {
+    void* d = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 1000;
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof(linger));
+    std::string ep = StrCat("tcp://127.0.0.1:", (*van)->port());
+    zmq_connect(d, ep.c_str());
+    for (size_t i = 0; i < frames.size(); ++i) {
+      zmq_send(d, frames[i].data(), frames[i].size(), i + 1 < frames.size() ? ZMQ_SNDMORE : 0);
+    }
+    zmq_close(d);
+  };
+  PsHeader h;
+  h.set_version(PROTOCOL_VERSION_CURRENT);
+  h.set_cmd(CMD_DATA);
+  h.set_sender(WorkerId(0));
+  h.set_num_keys(2);
+  h.set_push(true);
+  send({"garbage \x01\x02\xff bytes"});                        // not a header
+  send({h.SerializeAsString()});                               // truncated: no frames
+  send({h.SerializeAsString(), std::string(16, 'k'), std::string(4, 'l')});  // wrong frame count
+  send({h.SerializeAsString(), std::string(16, 'k'), std::string(8, 'l'), std::string(2 << 20, 'v')});  // oversized
+  PsHeader old = h;
+  old.set_version(99);
+  send({old.SerializeAsString()});                             // wrong version
+  PsHeader hb;
+  hb.set_version(PROTOCOL_VERSION_CURRENT);
+  hb.set_cmd(CMD_HEARTBEAT);
+  send({hb.SerializeAsString()});                              // well-formed
+  for (int i = 0; i < 200 && received.load() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(received.load(), 1);
+  EXPECT_GE((*van)->dropped(), 4);
+  zmq_ctx_term(ctx);
+}
+
+}  // namespace
+}  // namespace pstrain

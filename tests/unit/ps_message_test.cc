@@ -1,0 +1,137 @@
+// Validation of received messages: frames against the header, requests
+// against the receiving server.
+#include <gtest/gtest.h>
+
+#include "net/message.h"
+
+namespace pstrain {
+namespace {
+
+// A push of `lens` (elements) to server `server` from worker rank 1.
+Message MakePush(int server, const std::vector<uint32_t>& lens, size_t frames = 1) {
+  Message m;
+  PsHeader& h = m.header;
+  h.set_version(PROTOCOL_VERSION_CURRENT);
+  h.set_cmd(CMD_DATA);
+  h.set_sender(WorkerId(1));
+  h.set_push(true);
+  h.set_dtype(DTYPE_FLOAT32);
+  h.set_num_keys(lens.size());
+  std::vector<uint64_t> keys;
+  uint64_t total = 0;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    keys.push_back(WireKey(server, 10 + i, 0));
+    total += lens[i];
+  }
+  m.keys = Blob::Copy(keys.data(), keys.size() * 8);
+  m.lens = Blob::Copy(lens.data(), lens.size() * 4);
+  std::vector<float> vals(total, 1.0f);
+  if (frames == 1) {
+    m.values.push_back(Blob::Copy(vals.data(), total * 4));
+  } else {
+    // One frame per part.
+    uint64_t off = 0;
+    for (uint32_t n : lens) {
+      m.values.push_back(Blob::Copy(vals.data() + off, n * 4));
+      off += n;
+    }
+  }
+  h.set_num_value_frames(m.values.size());
+  h.set_value_bytes(total * 4);
+  return m;
+}
+
+TEST(MessageTest, WellFormedPushPasses) {
+  Message m = MakePush(2, {3, 5, 7});
+  EXPECT_TRUE(ValidateFrames(m).ok());
+  EXPECT_TRUE(ValidateDataRequest(m, 2).ok());
+  Message multi = MakePush(2, {3, 5, 7}, 3);
+  EXPECT_TRUE(ValidateFrames(multi).ok());
+}
+
+TEST(MessageTest, KeysOrLensFrameOfWrongSizeIsRejected) {
+  Message m = MakePush(0, {3, 5});
+  m.keys = m.keys.Slice(0, 12);
+  Status s = ValidateFrames(m);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("keys frame has 12 bytes, expected 16"), std::string::npos) << s;
+  Message l = MakePush(0, {3, 5});
+  l.lens = l.lens.Slice(0, 4);
+  EXPECT_FALSE(ValidateFrames(l).ok());
+}
+
+TEST(MessageTest, ValueBytesMustMatchHeaderAndLengths) {
+  Message m = MakePush(0, {3, 5});
+  m.header.set_value_bytes(100);
+  EXPECT_FALSE(ValidateFrames(m).ok());
+  Message t = MakePush(0, {3, 5});  // truncated values
+  t.values[0] = t.values[0].Slice(0, 16);
+  t.header.set_value_bytes(16);
+  Status s = ValidateFrames(t);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("does not fit"), std::string::npos) << s;
+  Message extra = MakePush(0, {3});
+  std::vector<float> v(4, 0.0f);
+  extra.values[0] = Blob::Copy(v.data(), 16);
+  extra.header.set_value_bytes(16);
+  EXPECT_FALSE(ValidateFrames(extra).ok());
+  Message frames = MakePush(0, {3});
+  frames.header.set_num_value_frames(2);
+  EXPECT_FALSE(ValidateFrames(frames).ok());
+}
+
+TEST(MessageTest, PartStraddlingTwoFramesIsRejected) {
+  Message m = MakePush(0, {4, 4});
+  std::vector<float> v(8, 1.0f);
+  m.values.clear();
+  m.values.push_back(Blob::Copy(v.data(), 12));  // 3 floats: part 0 would straddle
+  m.values.push_back(Blob::Copy(v.data(), 20));
+  m.header.set_num_value_frames(2);
+  EXPECT_FALSE(ValidateFrames(m).ok());
+}
+
+TEST(MessageTest, RequestForAnotherServerIsRejected) {
+  Message m = MakePush(1, {3});
+  Status s = ValidateDataRequest(m, 0);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("belongs to server rank 1, not to server rank 0"), std::string::npos)
+      << s;
+}
+
+TEST(MessageTest, BadRequestsAreRejected) {
+  Message dtype = MakePush(0, {3});
+  dtype.header.set_dtype(DTYPE_UNKNOWN);
+  EXPECT_FALSE(ValidateDataRequest(dtype, 0).ok());
+  Message none = MakePush(0, {3});
+  none.header.set_push(false);
+  EXPECT_FALSE(ValidateDataRequest(none, 0).ok());
+  Message mixed = MakePush(0, {3});
+  mixed.header.set_init(true);
+  EXPECT_FALSE(ValidateDataRequest(mixed, 0).ok());
+  Message from_server = MakePush(0, {3});
+  from_server.header.set_sender(ServerId(0));
+  EXPECT_FALSE(ValidateDataRequest(from_server, 0).ok());
+  Message zero = MakePush(0, {0});
+  EXPECT_FALSE(ValidateDataRequest(zero, 0).ok());
+  Message pull_with_values = MakePush(0, {3});
+  pull_with_values.header.set_push(false);
+  pull_with_values.header.set_pull(true);
+  EXPECT_FALSE(ValidateDataRequest(pull_with_values, 0).ok());
+  Message push_without = MakePush(0, {3});
+  push_without.values.clear();
+  push_without.header.set_num_value_frames(0);
+  push_without.header.set_value_bytes(0);
+  EXPECT_FALSE(ValidateDataRequest(push_without, 0).ok());
+}
+
+TEST(MessageTest, BlobSliceSharesOwnership) {
+  std::vector<char> bytes = {1, 2, 3, 4};
+  Blob b = Blob::Copy(bytes.data(), bytes.size());
+  Blob s = b.Slice(1, 2);
+  EXPECT_EQ(s.size(), 2u);
+  EXPECT_EQ(s.data()[0], 2);
+  EXPECT_EQ(b.owner().use_count(), 2);
+}
+
+}  // namespace
+}  // namespace pstrain
