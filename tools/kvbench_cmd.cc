@@ -31,6 +31,7 @@ DEFINE_string(mode, "pushpull,sync",
               "comma list of modes: sync (dist_sync push then pull), async (dist_async push "
               "then pull), pushpull (dist_sync, one round trip)");
 DEFINE_int32(iters, 200, "timed steps per configuration (after 10% warm-up)");
+DEFINE_int32(ceiling_iters, -1, "round trips of the raw ZeroMQ ceiling (-1: as --iters)");
 DEFINE_bool(verify, false,
             "run MXNet's dist_sync conformance check and a dist_async exactly-once check "
             "instead of the benchmark; exit 1 on a mismatch");
@@ -78,7 +79,8 @@ struct Result {
 // Round trips of `bytes` over a DEALER -> ROUTER echo on 127.0.0.1 (one message
 // of a small header plus one value frame each way, zero-copy), as the KV store
 // moves a step's values; returns GB/s of payload (both directions).
-StatusOr<double> MeasureCeiling(int64_t bytes, int iters) {
+// Stops early with the job's failure if `node` learns of one.
+StatusOr<double> MeasureCeiling(int64_t bytes, int iters, const ClusterNode& node) {
   void* ctx = zmq_ctx_new();
   void* router = zmq_socket(ctx, ZMQ_ROUTER);
   int linger = 0;
@@ -93,22 +95,18 @@ StatusOr<double> MeasureCeiling(int64_t bytes, int iters) {
   zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, endpoint, &len);
   const int total = iters + std::max(1, iters / 10);
   std::thread echo([router, total] {
+    // Routing id, header, payload: forwarded back as received (no copy).
+    constexpr int kParts = 3;
     for (int i = 0; i < total; ++i) {
-      std::vector<zmq_msg_t> parts;
-      for (;;) {
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, router, 0) < 0) {
-          zmq_msg_close(&m);
-          return;
-        }
-        const bool more = zmq_msg_more(&m);
-        parts.push_back(m);
-        if (!more) break;
+      zmq_msg_t parts[kParts];
+      for (zmq_msg_t& m : parts) zmq_msg_init(&m);
+      bool ok = true;
+      for (zmq_msg_t& m : parts) ok = ok && zmq_msg_recv(&m, router, 0) >= 0;
+      for (int p = 0; p < kParts && ok; ++p) {
+        ok = zmq_msg_send(&parts[p], router, p + 1 < kParts ? ZMQ_SNDMORE : 0) >= 0;
       }
-      for (size_t p = 0; p < parts.size(); ++p) {
-        zmq_msg_send(&parts[p], router, p + 1 < parts.size() ? ZMQ_SNDMORE : 0);
-      }
+      for (zmq_msg_t& m : parts) zmq_msg_close(&m);
+      if (!ok) return;
     }
   });
   void* dealer = zmq_socket(ctx, ZMQ_DEALER);
@@ -120,8 +118,13 @@ StatusOr<double> MeasureCeiling(int64_t bytes, int iters) {
   char header[64] = {0};
   Clock::time_point start;
   bool ok = true;
+  Status health;
   for (int i = 0; i < total && ok; ++i) {
     if (i == total - iters) start = Clock::now();
+    if (i % 64 == 0 && !(health = node.health()).ok()) {
+      ok = false;
+      break;
+    }
     zmq_msg_t m;
     zmq_msg_init_size(&m, sizeof(header));
     std::memcpy(zmq_msg_data(&m), header, sizeof(header));
@@ -150,6 +153,7 @@ StatusOr<double> MeasureCeiling(int64_t bytes, int iters) {
   echo.join();
   zmq_close(router);
   zmq_ctx_term(ctx);
+  if (!health.ok()) return health;
   if (!ok) return Status::DeadlineExceeded("ceiling: echo did not answer within 30 s");
   return 2.0 * static_cast<double>(bytes) * iters / secs / 1e9;
 }
@@ -183,7 +187,9 @@ StatusOr<Result> RunConfig(KVClient* kv, const Config& cfg, uint64_t key_base, i
 
   Result r;
   r.cfg = cfg;
-  ASSIGN_OR_RETURN(r.ceiling_gbps, MeasureCeiling(elems * 4 * cfg.tensors, iters));
+  ASSIGN_OR_RETURN(r.ceiling_gbps, MeasureCeiling(elems * 4 * cfg.tensors,
+                                                FLAGS_ceiling_iters > 0 ? FLAGS_ceiling_iters : iters,
+                                                *kv->node()));
   RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
 
   const int warmup = std::max(1, iters / 10);

@@ -1,0 +1,286 @@
+// Real processes on 127.0.0.1: `pstrain kvbench` as scheduler, servers and
+// workers (DMLC_ROLE), as a user starts a job by hand.
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "proto/ps.pb.h"
+#include "tests/test_util.h"
+
+namespace pstrain {
+namespace {
+
+using Env = std::map<std::string, std::string>;
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class Proc {
+ public:
+  Proc(const std::vector<std::string>& args, const Env& env, const std::string& log) : log_(log) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+      if (!freopen(log.c_str(), "w", stdout)) _exit(126);
+      dup2(fileno(stdout), fileno(stderr));
+      std::vector<char*> argv;
+      std::string bin = pstrain::testing::PstrainBinary();
+      argv.push_back(bin.data());
+      std::vector<std::string> copy = args;
+      for (std::string& a : copy) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(bin.c_str(), argv.data());
+      _exit(127);
+    }
+  }
+  ~Proc() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  // Exit code, or -1 if still running after `seconds` (then it is killed).
+  int Wait(double seconds) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < end) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
+  void Kill9() { kill(pid_, SIGKILL); }
+  std::string Log() const { return ReadFile(log_); }
+
+ private:
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  std::string log_;
+};
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/pstrain_cluster_XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    port_ = FreePort();
+  }
+  void TearDown() override {
+    procs_.clear();
+    if (!HasFailure()) std::system(("rm -rf " + dir_).c_str());
+  }
+  Env JobEnv(int S, int W, const std::string& role) {
+    return Env{{"DMLC_ROLE", role},
+               {"DMLC_PS_ROOT_URI", "127.0.0.1"},
+               {"DMLC_PS_ROOT_PORT", std::to_string(port_)},
+               {"DMLC_NUM_SERVER", std::to_string(S)},
+               {"DMLC_NUM_WORKER", std::to_string(W)},
+               {"PSTRAIN_HEARTBEAT_INTERVAL_MS", "200"},
+               {"PSTRAIN_HEARTBEAT_TIMEOUT_MS", "2000"},
+               {"PSTRAIN_STARTUP_TIMEOUT_MS", "10000"}};
+  }
+  Proc* Start(const std::string& name, const std::vector<std::string>& args, const Env& env) {
+    procs_.push_back(std::make_unique<Proc>(args, env, dir_ + "/" + name + ".log"));
+    return procs_.back().get();
+  }
+  // Starts scheduler, S servers and W workers running `args`; returns them in that order.
+  std::vector<Proc*> StartJob(int S, int W, const std::vector<std::string>& args,
+                              const Env& extra = {}, std::vector<int>* server_ports = nullptr) {
+    std::vector<Proc*> p;
+    auto with = [&](Env e) {
+      for (const auto& [k, v] : extra) e[k] = v;
+      return e;
+    };
+    p.push_back(Start("scheduler", args, with(JobEnv(S, W, "scheduler"))));
+    for (int s = 0; s < S; ++s) {
+      Env e = with(JobEnv(S, W, "server"));
+      if (server_ports != nullptr) e["PORT"] = std::to_string((*server_ports)[s]);
+      p.push_back(Start("server" + std::to_string(s), args, e));
+    }
+    for (int w = 0; w < W; ++w) {
+      p.push_back(Start("worker" + std::to_string(w), args, with(JobEnv(S, W, "worker"))));
+    }
+    return p;
+  }
+
+  std::string dir_;
+  int port_ = 0;
+  std::vector<std::unique_ptr<Proc>> procs_;
+};
+
+void ExpectVerified(const std::vector<Proc*>& job, int W) {
+  for (Proc* p : job) EXPECT_EQ(p->Wait(60), 0) << p->Log();
+  for (size_t i = job.size() - W; i < job.size(); ++i) {
+    const std::string log = job[i]->Log();
+    EXPECT_NE(log.find("verify dist_sync ok"), std::string::npos) << log;
+    EXPECT_NE(log.find("verify dist_async ok"), std::string::npos) << log;
+  }
+}
+
+TEST_F(ClusterTest, VerifyOneServerOneWorker) {
+  ExpectVerified(StartJob(1, 1, {"kvbench", "--verify"}), 1);
+}
+
+TEST_F(ClusterTest, VerifyTwoServersThreeWorkersBalanced) {
+  ExpectVerified(StartJob(2, 3, {"kvbench", "--verify"}), 3);
+}
+
+TEST_F(ClusterTest, VerifyTwoServersThreeWorkersMxnetPlacementShardsBigKey) {
+  ExpectVerified(StartJob(2, 3, {"kvbench", "--verify"}, {{"PSTRAIN_PLACEMENT", "mxnet"}}), 3);
+}
+
+TEST_F(ClusterTest, BenchmarkPrintsTableAndScriptLines) {
+  auto job = StartJob(1, 1,
+                      {"kvbench", "--tensor-bytes=4096", "--tensors=8", "--iters=50",
+                       "--mode=sync,async,pushpull"});
+  for (Proc* p : job) EXPECT_EQ(p->Wait(60), 0) << p->Log();
+  const std::string log = job.back()->Log();
+  for (const char* mode : {"sync", "async", "pushpull"}) {
+    EXPECT_NE(log.find(std::string("kvbench: tensor_bytes=4096 tensors=8 servers=1 workers=1 mode=") +
+                       mode + " steps_per_s="),
+              std::string::npos)
+        << log;
+  }
+  EXPECT_NE(log.find("ceiling_gbps="), std::string::npos) << log;
+  EXPECT_NE(log.find("| tensor bytes |"), std::string::npos) << log;
+}
+
+TEST_F(ClusterTest, KilledServerFailsEveryoneWithinDeadlineNamingIt) {
+  std::vector<int> ports = {FreePort(), FreePort()};
+  auto job = StartJob(2, 2,
+                      {"kvbench", "--tensor-bytes=4096", "--tensors=16", "--iters=100000000",
+                       "--ceiling-iters=10", "--mode=sync"},
+                      {}, &ports);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+  ASSERT_EQ(job[2]->Wait(0), -1) << "server 1 ended early: " << job[2]->Log();
+  const auto killed_at = std::chrono::steady_clock::now();
+  job[2]->Kill9();
+  const std::string name = ":" + std::to_string(ports[1]);
+  for (Proc* p : {job[0], job[1], job[3], job[4]}) {
+    const int code = p->Wait(15);
+    EXPECT_NE(code, 0) << p->Log();
+    EXPECT_NE(code, -1) << "still running 15 s after the kill: " << p->Log();
+  }
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  EXPECT_LT(secs, 10.0);
+  for (Proc* w : {job[3], job[4]}) {
+    const std::string log = w->Log();
+    EXPECT_NE(log.find("server rank"), std::string::npos) << log;
+    EXPECT_NE(log.find(name), std::string::npos) << log;
+  }
+}
+
+TEST_F(ClusterTest, MissingWorkerFailsStartupNamingWhatIsMissing) {
+  Env extra = {{"PSTRAIN_STARTUP_TIMEOUT_MS", "2000"}};
+  std::vector<Proc*> job;
+  auto env = [&](const std::string& role) {
+    Env e = JobEnv(1, 2, role);
+    e["PSTRAIN_STARTUP_TIMEOUT_MS"] = "2000";
+    return e;
+  };
+  job.push_back(Start("scheduler", {"kvbench", "--verify"}, env("scheduler")));
+  job.push_back(Start("server0", {"kvbench", "--verify"}, env("server")));
+  job.push_back(Start("worker0", {"kvbench", "--verify"}, env("worker")));
+  for (Proc* p : job) {
+    const int code = p->Wait(12);
+    EXPECT_NE(code, 0) << p->Log();
+    EXPECT_NE(code, -1) << p->Log();
+  }
+  EXPECT_NE(job[0]->Log().find("1/2 workers"), std::string::npos) << job[0]->Log();
+}
+
+// Sends `frames` as one multipart message to tcp://127.0.0.1:port.
+void SendRaw(int port, const std::vector<std::string>& frames) {
+  void* ctx = zmq_ctx_new();
+  void* d = zmq_socket(ctx, ZMQ_DEALER);
+  int linger = 2000;
+  zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof(linger));
+  const std::string ep = "tcp://127.0.0.1:" + std::to_string(port);
+  zmq_connect(d, ep.c_str());
+  for (size_t i = 0; i < frames.size(); ++i) {
+    zmq_send(d, frames[i].data(), frames[i].size(), i + 1 < frames.size() ? ZMQ_SNDMORE : 0);
+  }
+  zmq_close(d);
+  zmq_ctx_term(ctx);
+}
+
+void SendGarbage(int port) {
+  PsHeader h;
+  h.set_version(PROTOCOL_VERSION_CURRENT);
+  h.set_cmd(CMD_DATA);
+  h.set_sender(9);
+  h.set_request_id(77);
+  h.set_push(true);
+  h.set_dtype(DTYPE_FLOAT32);
+  h.set_num_keys(1);
+  h.set_num_value_frames(1);
+  h.set_value_bytes(16);
+  const std::string header = h.SerializeAsString();
+  std::string key(8, '\0');
+  key[7] = 3;  // server rank 768: not this server
+  const std::string len("\x04\0\0\0", 4);
+  SendRaw(port, {"\xde\xad\xbe\xef garbage"});                          // not a header
+  SendRaw(port, {header});                                              // truncated
+  SendRaw(port, {header, key, len});                                    // value frame missing
+  SendRaw(port, {header, key, len, std::string(8, 'v')});               // short values
+  SendRaw(port, {header, key, len, std::string(24 << 20, 'v')});        // oversized
+  SendRaw(port, {header, key, len, std::string(16, 'v')});              // wrong server's key
+}
+
+TEST_F(ClusterTest, GarbageTruncatedAndOversizedMessagesDoNotHurtAServer) {
+  std::vector<int> ports = {FreePort()};
+  const std::vector<std::string> args = {"kvbench", "--verify", "--verify-rounds=30"};
+  Env extra = {{"PSTRAIN_MAX_MESSAGE_BYTES", std::to_string(16 << 20)}};
+  std::vector<Proc*> job;
+  Env se = JobEnv(1, 1, "server");
+  se["PORT"] = std::to_string(ports[0]);
+  se["PSTRAIN_MAX_MESSAGE_BYTES"] = std::to_string(16 << 20);
+  job.push_back(Start("scheduler", args, JobEnv(1, 1, "scheduler")));
+  job.push_back(Start("server0", args, se));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  SendGarbage(ports[0]);  // before the job starts
+  job.push_back(Start("worker0", args, JobEnv(1, 1, "worker")));
+  SendGarbage(ports[0]);  // while it runs
+  ExpectVerified(job, 1);
+  const std::string log = job[1]->Log();
+  EXPECT_NE(log.find("dropped a malformed message"), std::string::npos) << log;
+  EXPECT_NE(log.find("belongs to server rank 768"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace pstrain
