@@ -1,5 +1,7 @@
 #include "tools/cluster_role.h"
 
+#include <malloc.h>
+
 #include <gflags/gflags.h>
 
 #include "net/cluster_node.h"
@@ -9,6 +11,11 @@
 DEFINE_string(role, "", "scheduler, server or worker; overrides DMLC_ROLE (default worker)");
 
 namespace pstrain {
+
+void TuneMallocForMessages() {
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);   // glibc's largest: buffers up to 32 MB from the heap
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);    // keep up to 1 GB of freed heap mapped
+}
 
 StatusOr<JobEnv> ReadClusterEnv() {
   Environment env;
@@ -20,6 +27,7 @@ StatusOr<JobEnv> ReadClusterEnv() {
 }
 
 int RunSchedulerRole(const JobEnv& env) {
+  TuneMallocForMessages();
   ClusterOptions o = ClusterOptionsFromJobEnv(env);
   auto sched = Scheduler::Create(o);
   if (!sched.ok()) {
@@ -38,6 +46,7 @@ int RunSchedulerRole(const JobEnv& env) {
 }
 
 int RunServerRole(const JobEnv& env) {
+  TuneMallocForMessages();
   auto node = ClusterNode::Create(ClusterOptionsFromJobEnv(env));
   if (!node.ok()) {
     LOG(ERROR) << "server: " << node.status();
@@ -63,6 +72,7 @@ int RunServerRole(const JobEnv& env) {
 }
 
 std::optional<int> RunClusterRole() {
+  TuneMallocForMessages();
   auto env = ReadClusterEnv();
   if (!env.ok()) {
     LOG(ERROR) << env.status();

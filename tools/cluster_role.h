@@ -14,6 +14,13 @@
 
 namespace pstrain {
 
+// Process-wide malloc settings for nodes that move large messages: keeps
+// freed message buffers mapped (no trim, no per-buffer mmap) so a steady
+// stream of MB-sized frames does not page-fault on every message. Measured:
+// 1.1M page faults and 3.3 s of system time per 330 steps of 16 x 1 MB on a
+// server without it. Every role calls it first (RunClusterRole does).
+void TuneMallocForMessages();
+
 // The job environment with --role applied over DMLC_ROLE.
 StatusOr<JobEnv> ReadClusterEnv();
 

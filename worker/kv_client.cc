@@ -6,6 +6,12 @@
 #include <unordered_set>
 
 namespace pstrain {
+namespace {
+
+// Parts at least this big get a value frame of their own (the server does the same).
+constexpr uint64_t kOwnFrameBytes = 64 * 1024;
+
+}  // namespace
 
 struct KVClient::Sub {
   uint64_t id = 0;
@@ -81,6 +87,7 @@ KVClient::Ticket KVClient::Issue(Kind kind, const std::vector<Key>& keys,
         std::vector<std::pair<const float*, uint64_t>> runs;  // value frames: start, floats
         std::vector<std::pair<float*, uint64_t>> outs;
         uint64_t floats = 0;
+        bool last_big = false;
       };
       std::vector<Build> builds(node_->num_servers());
       uint64_t offset = 0;
@@ -100,12 +107,17 @@ KVClient::Ticket KVClient::Issue(Kind kind, const std::vector<Key>& keys,
           b.lens.push_back(static_cast<uint32_t>(p.len));
           b.floats += p.len;
           if (has_vals) {
+            // Big parts travel as their own frame (ZeroMQ moves several
+            // MB-sized frames faster than one huge one); small neighbours share one.
             const float* start = vals + offset + p.offset;
-            if (!b.runs.empty() && b.runs.back().first + b.runs.back().second == start) {
+            const bool big = p.len * sizeof(float) >= kOwnFrameBytes;
+            if (!big && !b.runs.empty() && !b.last_big &&
+                b.runs.back().first + b.runs.back().second == start) {
               b.runs.back().second += p.len;
             } else {
               b.runs.emplace_back(start, p.len);
             }
+            b.last_big = big;
           }
           if (has_out) b.outs.emplace_back(out + offset + p.offset, p.len);
         }
