@@ -86,6 +86,10 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(const Graph& graph,
     return Status::InvalidArgument(StrCat("batch size must be >= 1, got ", options.batch_size));
   }
   if (graph.nodes().empty()) return Status::InvalidArgument("graph has no nodes");
+  if (!options.device.is_cpu()) {
+    return Status::Unimplemented(StrCat("no kernels for ", options.device.ToString(),
+                                        ": this build has no CUDA backend"));
+  }
   std::unique_ptr<Executor> exec(new Executor(graph, options));
   RETURN_IF_ERROR(exec->Init());
   return exec;
@@ -294,7 +298,7 @@ void Executor::Backward() {
       float* t = target.data();
       const float* s = temp.data();
       const int64_t n = target.num_elements();
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > (1 << 15))
       for (int64_t k = 0; k < n; ++k) t[k] += s[k];
     }
     if (on_grad_ready_) {
