@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <limits>
 
@@ -69,6 +70,7 @@ struct Executor::Impl {
   std::vector<bool> runs_backward;             // per node
   // After node i's backward: add each (temp, target) pair: target += temp.
   std::vector<std::vector<std::pair<Tensor, Tensor>>> accumulate;
+  std::vector<double> fwd_s, bwd_s;  // per node, when profiling
   NodeId softmax = kInvalidNode;
   NodeId label = kInvalidNode;
   bool forward_train_done = false;
@@ -235,6 +237,8 @@ Status Executor::Init() {
   }
   for (const ParamInfo& a : graph_.aux_states()) aux_.push_back(Tensor::Zeros(a.shape));
   m.accumulate.resize(N);
+  m.fwd_s.assign(N, 0.0);
+  m.bwd_s.assign(N, 0.0);
   for (int i = 0; i < N; ++i) {
     const Node& n = nodes[i];
     if (n.op == OpType::kInput) continue;
@@ -278,7 +282,13 @@ void Executor::Forward(bool is_train) {
       for (int p : nodes[i].params) on_param_needed_(p);
     }
     MutexLock lock(&node_mu_[i]);
-    m.ops[i]->Forward(m.ctx);
+    if (options_.profile) {
+      const auto t0 = std::chrono::steady_clock::now();
+      m.ops[i]->Forward(m.ctx);
+      m.fwd_s[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } else {
+      m.ops[i]->Forward(m.ctx);
+    }
   }
   m.forward_train_done = is_train;
 }
@@ -290,6 +300,7 @@ void Executor::Backward() {
   const std::vector<Node>& nodes = graph_.nodes();
   for (int i = static_cast<int>(nodes.size()) - 1; i >= 0; --i) {
     if (!m.runs_backward[i]) continue;
+    const auto t0 = std::chrono::steady_clock::now();
     {
       MutexLock lock(&node_mu_[i]);
       m.ops[i]->Backward(m.ctx);
@@ -301,11 +312,24 @@ void Executor::Backward() {
 #pragma omp parallel for simd schedule(static) if (n > (1 << 15))
       for (int64_t k = 0; k < n; ++k) t[k] += s[k];
     }
+    if (options_.profile) {
+      m.bwd_s[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
     if (on_grad_ready_) {
       for (int p : nodes[i].params) on_grad_ready_(p);
     }
   }
   m.forward_train_done = false;
+}
+
+std::vector<NodeProfile> Executor::Profile() const {
+  std::vector<NodeProfile> rows;
+  if (!options_.profile) return rows;
+  for (const Node& n : graph_.nodes()) {
+    if (n.op == OpType::kInput) continue;
+    rows.push_back({n.name, OpTypeName(n.op), impl_->fwd_s[n.id], impl_->bwd_s[n.id]});
+  }
+  return rows;
 }
 
 Tensor Executor::input(const std::string& name) const {
