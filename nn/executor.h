@@ -1,0 +1,132 @@
+// Executor: runs a Graph for one batch size on one device.
+//
+// Created once; it plans memory once (forward and gradient buffers whose
+// lifetimes do not overlap share storage), creates and binds every operator
+// (oneDNN primitives included), and allocates parameters, their gradients and
+// the aux states. A step is then:
+//
+//   exec->data().CopyFrom(batch);  exec->label().CopyFrom(labels);
+//   exec->Forward(/*is_train=*/true);
+//   exec->Backward();   // fires on_grad_ready(param_index) as each gradient completes
+//   ... update parameters (WriteParam, or the optimizer on params) ...
+//
+// Forward runs nodes in topological (creation) order, Backward in reverse.
+// Gradients are overwritten (not accumulated) by every Backward.
+//
+// Threads: Forward, Backward and the tensor accessors belong to one thread (the
+// trainer's). ReadParam/WriteParam may be called from any thread at any time,
+// including from on_grad_ready or a KV-client thread during Backward: they lock
+// the owning node, so they never see or cause a half-applied update while that
+// node's Forward/Backward runs. The value of param p is no longer read by the
+// current Backward once on_grad_ready(p) has fired, so a pull may write it then.
+#ifndef PSTRAIN_NN_EXECUTOR_H_
+#define PSTRAIN_NN_EXECUTOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/mutex.h"
+#include "common/status.h"
+#include "nn/graph.h"
+#include "nn/operator.h"
+#include "nn/tensor.h"
+
+namespace pstrain {
+
+struct ExecutorOptions {
+  int batch_size = 1;
+  Device device = Device::Cpu();
+  CpuKernels cpu_kernels = CpuKernels::kOneDnn;
+  // CPU threads for the kernels; 0 = all cores (std::thread::hardware_concurrency).
+  int num_threads = 0;
+  // false: inference only (no gradient buffers, Backward is a CHECK failure,
+  // forward buffers are reused as soon as their last reader ran).
+  bool for_training = true;
+  // Share storage between buffers with disjoint lifetimes. false gives every
+  // tensor its own buffer (tests compare the two).
+  bool plan_memory = true;
+  uint64_t seed = 1;  // dropout masks
+};
+
+class Executor {
+ public:
+  // Builds the executor. InvalidArgument if graph.status() is not ok, the batch
+  // size is < 1 or the graph has no SoftmaxOutput when for_training;
+  // Unimplemented for a device without kernels.
+  static StatusOr<std::unique_ptr<Executor>> Create(const Graph& graph,
+                                                    const ExecutorOptions& options);
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  // Called from Backward (the executor's thread) with the index into
+  // graph.params() of each parameter whose gradient has just been completed, in
+  // completion order (last layer first). Set before Backward; may be empty.
+  void SetGradReadyCallback(std::function<void(int param_index)> fn);
+  // Called from Forward just before the first node that reads parameter
+  // `param_index` runs (first layer first): the worker waits here for that
+  // parameter's pull. May be empty.
+  void SetParamNeededCallback(std::function<void(int param_index)> fn);
+
+  void Forward(bool is_train);
+  // REQUIRES: options.for_training and a Forward(true) since the last Backward.
+  void Backward();
+
+  // ---- tensors (owned by the executor; views stay valid for its lifetime) ----
+
+  // Input node `name` ((batch, per-sample shape...)); undefined if unknown.
+  Tensor input(const std::string& name) const;
+  // The first input (the data) and the SoftmaxOutput's label (batch,).
+  Tensor data() const;
+  Tensor label() const;
+  // The graph's output (softmax probabilities (batch, classes) for a classifier).
+  Tensor output() const;
+  // Mean cross-entropy of the last Forward over the batch (SoftmaxOutput graphs).
+  float Loss() const;
+
+  int num_params() const { return static_cast<int>(params_.size()); }
+  const Tensor& param(int i) const { return params_[i]; }
+  const Tensor& grad(int i) const { return grads_[i]; }
+  int num_aux() const { return static_cast<int>(aux_.size()); }
+  const Tensor& aux(int i) const { return aux_[i]; }
+  const Graph& graph() const { return graph_; }
+  const ExecutorOptions& options() const { return options_; }
+
+  // Thread-safe copies of parameter i (n floats). InvalidArgument when i is out
+  // of range or n differs from its size.
+  Status ReadParam(int i, float* dst, size_t n) const;
+  Status WriteParam(int i, const float* src, size_t n);
+  // Same for aux state i (checkpoints).
+  Status ReadAux(int i, float* dst, size_t n) const;
+  Status WriteAux(int i, const float* src, size_t n);
+
+  // Memory plan figures: bytes of activation + activation-gradient storage
+  // actually allocated, and what one buffer per tensor would have needed.
+  size_t planned_bytes() const { return planned_bytes_; }
+  size_t unplanned_bytes() const { return unplanned_bytes_; }
+
+ private:
+  struct Impl;
+  Executor(const Graph& graph, const ExecutorOptions& options);
+  Status Init();
+  int OwnerNodeOfParam(int i) const { return graph_.params()[i].node; }
+
+  const Graph graph_;  // a copy: the executor does not depend on the caller's
+  const ExecutorOptions options_;
+  std::unique_ptr<Impl> impl_;
+  std::vector<Tensor> params_, grads_, aux_;
+  // One lock per node: held by Forward/Backward of that node and by Read/Write.
+  std::unique_ptr<Mutex[]> node_mu_;
+  std::function<void(int)> on_grad_ready_;
+  std::function<void(int)> on_param_needed_;
+  size_t planned_bytes_ = 0;
+  size_t unplanned_bytes_ = 0;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_NN_EXECUTOR_H_
