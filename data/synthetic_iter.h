@@ -1,6 +1,8 @@
-// Synthetic data of any shape (fit.py's --benchmark 1): `num_examples` random
-// images and labels drawn once from `seed`, then batched like any in-memory
-// data set, so a benchmark measures training, not the reader.
+// Synthetic data of any shape (fit.py's --benchmark 1): random images and
+// labels drawn once from `seed`, then batched like any in-memory data set, so
+// a benchmark measures training, not the reader. To bound memory the reader
+// holds min(num_examples, max(batch, 64 MiB worth)) examples: num_examples()
+// reports that pool, and a loop that needs more batches resets and goes on.
 #ifndef PSTRAIN_DATA_SYNTHETIC_ITER_H_
 #define PSTRAIN_DATA_SYNTHETIC_ITER_H_
 
