@@ -121,6 +121,7 @@ struct Node {
   BatchNormParam bn;
   ActType act = ActType::kRelu;
   DropoutParam dropout;
+  float softmax_grad_scale = 1.0f;
 };
 
 // One row of `pstrain summary`.

@@ -75,6 +75,9 @@ class Operator {
   virtual bool BackwardNeedsInputs() const { return true; }
   virtual bool BackwardNeedsOutput() const { return false; }
 
+  // SoftmaxOutput: mean cross-entropy over the batch of the last Forward; 0 for others.
+  virtual float Loss() const { return 0.0f; }
+
   const Node& node() const { return node_; }
   const OpTensors& tensors() const { return t_; }
 

@@ -1,0 +1,369 @@
+#include "nn/executor.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "nn/cpu/cpu_engine.h"
+
+namespace pstrain {
+
+namespace {
+
+// A tensor the planner places: alive during steps [start, end] (inclusive).
+struct Item {
+  int64_t floats;
+  int start, end;
+  int block = -1;
+};
+
+// Greedy interval placement: items in start order take the free block whose
+// size fits best (or the largest free one, which then grows). Returns the
+// block sizes in floats.
+std::vector<int64_t> PlaceItems(std::vector<Item>* items, bool share) {
+  std::vector<int> order(items->size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return (*items)[a].start < (*items)[b].start; });
+  std::vector<int64_t> size;
+  std::vector<int> busy_until;  // last step of the block's current item
+  for (int idx : order) {
+    Item& it = (*items)[idx];
+    int best = -1;
+    if (share) {
+      for (size_t b = 0; b < size.size(); ++b) {
+        if (busy_until[b] >= it.start) continue;
+        if (best < 0) {
+          best = static_cast<int>(b);
+          continue;
+        }
+        const bool fits = size[b] >= it.floats, best_fits = size[best] >= it.floats;
+        if ((fits && (!best_fits || size[b] < size[best])) ||
+            (!fits && !best_fits && size[b] > size[best])) {
+          best = static_cast<int>(b);
+        }
+      }
+    }
+    if (best < 0) {
+      size.push_back(0);
+      busy_until.push_back(0);
+      best = static_cast<int>(size.size()) - 1;
+    }
+    size[best] = std::max(size[best], it.floats);
+    busy_until[best] = it.end;
+    it.block = best;
+  }
+  return size;
+}
+
+}  // namespace
+
+struct Executor::Impl {
+  OpContext ctx;
+  std::unique_ptr<CpuEngine> cpu;
+  std::mt19937_64 rng;
+  std::vector<std::unique_ptr<Operator>> ops;  // per node; null for inputs
+  std::vector<Tensor> out;                     // per node
+  std::vector<bool> runs_backward;             // per node
+  // After node i's backward: add each (temp, target) pair: target += temp.
+  std::vector<std::vector<std::pair<Tensor, Tensor>>> accumulate;
+  NodeId softmax = kInvalidNode;
+  NodeId label = kInvalidNode;
+  bool forward_train_done = false;
+};
+
+Executor::Executor(const Graph& graph, const ExecutorOptions& options)
+    : graph_(graph), options_(options), impl_(std::make_unique<Impl>()) {}
+
+Executor::~Executor() = default;
+
+StatusOr<std::unique_ptr<Executor>> Executor::Create(const Graph& graph,
+                                                     const ExecutorOptions& options) {
+  if (!graph.status().ok()) return graph.status().WithContext("graph");
+  if (options.batch_size < 1) {
+    return Status::InvalidArgument(StrCat("batch size must be >= 1, got ", options.batch_size));
+  }
+  if (graph.nodes().empty()) return Status::InvalidArgument("graph has no nodes");
+  std::unique_ptr<Executor> exec(new Executor(graph, options));
+  RETURN_IF_ERROR(exec->Init());
+  return exec;
+}
+
+Status Executor::Init() {
+  Impl& m = *impl_;
+  const std::vector<Node>& nodes = graph_.nodes();
+  const int N = static_cast<int>(nodes.size());
+  const int64_t batch = options_.batch_size;
+  const bool train = options_.for_training;
+  node_mu_.reset(new Mutex[N]);
+
+  m.ctx.device = options_.device;
+  m.ctx.cpu_kernels = options_.cpu_kernels;
+  m.rng.seed(options_.seed);
+  m.ctx.rng = &m.rng;
+  if (options_.device.is_cpu()) {
+    if (options_.num_threads > 0) omp_set_num_threads(options_.num_threads);
+    m.cpu = std::make_unique<CpuEngine>();
+    m.ctx.cpu = m.cpu.get();
+  }
+  for (const Node& n : nodes) {
+    if (n.op == OpType::kSoftmaxOutput) {
+      m.softmax = n.id;
+      m.label = n.inputs[1];
+    }
+  }
+  if (train && m.softmax == kInvalidNode) {
+    return Status::InvalidArgument("a training executor needs a SoftmaxOutput node");
+  }
+
+  // Which nodes run backward: those on a path from a parameter to the loss.
+  std::vector<bool> reaches_loss(N, false), needs_grad(N, false);
+  if (train) {
+    reaches_loss[m.softmax] = true;
+    for (int i = N - 1; i >= 0; --i) {
+      if (!reaches_loss[i]) continue;
+      for (NodeId in : nodes[i].inputs) reaches_loss[in] = true;
+    }
+    for (int i = 0; i < N; ++i) {
+      if (nodes[i].op == OpType::kInput || !reaches_loss[i]) continue;
+      bool g = !nodes[i].params.empty();
+      for (NodeId in : nodes[i].inputs) g = g || needs_grad[in];
+      needs_grad[i] = g;
+    }
+  }
+  m.runs_backward = needs_grad;
+
+  // Operators (created before planning: they say what their backward reads).
+  m.ops.resize(N);
+  for (int i = 0; i < N; ++i) {
+    if (nodes[i].op == OpType::kInput) continue;
+    ASSIGN_OR_RETURN(m.ops[i], Operator::Create(nodes[i], options_.cpu_kernels));
+  }
+
+  // ---- memory plan ----
+  const int kForever = std::numeric_limits<int>::max();
+  auto bwd = [N](int i) { return 2 * N - 1 - i; };
+  std::vector<Item> items;
+  std::vector<int> out_item(N, -1), grad_item(N, -1);
+  // Edge gradient targets: per node, per input slot, an item index (-1: none).
+  std::vector<std::vector<int>> edge_item(N);
+  std::vector<std::vector<bool>> edge_is_temp(N);
+  for (int i = 0; i < N; ++i) {
+    const Node& n = nodes[i];
+    if (n.op == OpType::kInput) continue;
+    int end = i;
+    if (i == graph_.output() || i == m.softmax) end = kForever;
+    if (train && needs_grad[i] && m.ops[i]->BackwardNeedsOutput()) end = std::max(end, bwd(i));
+    out_item[i] = static_cast<int>(items.size());
+    items.push_back(Item{n.out_shape.num_elements() * batch, i, end});
+  }
+  for (int c = 0; c < N; ++c) {
+    for (NodeId in : nodes[c].inputs) {
+      if (out_item[in] < 0) continue;
+      Item& it = items[out_item[in]];
+      if (it.end == kForever) continue;
+      it.end = std::max(it.end, c);
+      if (train && needs_grad[c] && m.ops[c]->BackwardNeedsInputs()) {
+        it.end = std::max(it.end, bwd(c));
+      }
+    }
+  }
+  if (train) {
+    // The primary gradient edge of a tensor is its latest consumer's first use.
+    std::vector<std::pair<int, int>> primary(N, {-1, -1});
+    for (int c = 0; c < N; ++c) {
+      if (!needs_grad[c]) continue;
+      for (size_t j = 0; j < nodes[c].inputs.size(); ++j) {
+        const NodeId in = nodes[c].inputs[j];
+        if (needs_grad[in] && primary[in].first != c) primary[in] = {c, static_cast<int>(j)};
+      }
+    }
+    for (int i = 0; i < N; ++i) {
+      if (!needs_grad[i] || i == m.softmax) continue;
+      CHECK_GE(primary[i].first, 0) << "node " << nodes[i].name << " has no gradient source";
+      grad_item[i] = static_cast<int>(items.size());
+      items.push_back(Item{nodes[i].out_shape.num_elements() * batch, bwd(primary[i].first),
+                           bwd(i)});
+    }
+    for (int c = 0; c < N; ++c) {
+      edge_item[c].assign(nodes[c].inputs.size(), -1);
+      edge_is_temp[c].assign(nodes[c].inputs.size(), false);
+      if (!needs_grad[c]) continue;
+      for (size_t j = 0; j < nodes[c].inputs.size(); ++j) {
+        const NodeId in = nodes[c].inputs[j];
+        if (!needs_grad[in]) continue;
+        if (primary[in] == std::make_pair(c, static_cast<int>(j))) {
+          edge_item[c][j] = grad_item[in];
+        } else {
+          edge_item[c][j] = static_cast<int>(items.size());
+          edge_is_temp[c][j] = true;
+          items.push_back(Item{nodes[in].out_shape.num_elements() * batch, bwd(c), bwd(c)});
+        }
+      }
+    }
+  }
+  std::vector<int64_t> block_size = PlaceItems(&items, options_.plan_memory);
+  std::vector<std::shared_ptr<Buffer>> blocks;
+  for (int64_t s : block_size) {
+    blocks.push_back(Buffer::Allocate(static_cast<size_t>(s), options_.device));
+    planned_bytes_ += static_cast<size_t>(s) * sizeof(float);
+  }
+  for (const Item& it : items) unplanned_bytes_ += static_cast<size_t>(it.floats) * sizeof(float);
+  auto view = [&](int item, const Shape& per_sample) {
+    return Tensor(blocks[items[item].block], 0, per_sample.WithBatch(batch));
+  };
+
+  // ---- tensors ----
+  m.out.resize(N);
+  for (int i = 0; i < N; ++i) {
+    const Node& n = nodes[i];
+    if (n.op == OpType::kInput) {
+      m.out[i] = Tensor::Zeros(n.out_shape.WithBatch(batch), options_.device);
+    } else {
+      m.out[i] = view(out_item[i], n.out_shape);
+    }
+  }
+  for (const ParamInfo& p : graph_.params()) {
+    params_.push_back(Tensor::Zeros(p.shape, options_.device));
+    grads_.push_back(train ? Tensor::Zeros(p.shape, options_.device) : Tensor());
+  }
+  for (const ParamInfo& a : graph_.aux_states()) aux_.push_back(Tensor::Zeros(a.shape));
+  m.accumulate.resize(N);
+  for (int i = 0; i < N; ++i) {
+    const Node& n = nodes[i];
+    if (n.op == OpType::kInput) continue;
+    OpTensors t;
+    for (NodeId in : n.inputs) t.in.push_back(m.out[in]);
+    t.out = m.out[i];
+    for (int p : n.params) {
+      t.params.push_back(params_[p]);
+      if (train) t.param_grads.push_back(grads_[p]);
+    }
+    for (int a : n.aux) t.aux.push_back(aux_[a]);
+    t.in_grads.resize(n.inputs.size());
+    if (train && needs_grad[i]) {
+      for (size_t j = 0; j < n.inputs.size(); ++j) {
+        if (edge_item[i][j] < 0) continue;
+        const Shape& s = nodes[n.inputs[j]].out_shape;
+        t.in_grads[j] = view(edge_item[i][j], s);
+        if (edge_is_temp[i][j]) {
+          m.accumulate[i].emplace_back(t.in_grads[j], view(grad_item[n.inputs[j]], s));
+        }
+      }
+      if (i != m.softmax) t.out_grad = view(grad_item[i], n.out_shape);
+    }
+    RETURN_IF_ERROR(m.ops[i]->Setup(m.ctx, t));
+  }
+  return Status::Ok();
+}
+
+void Executor::SetGradReadyCallback(std::function<void(int)> fn) { on_grad_ready_ = std::move(fn); }
+void Executor::SetParamNeededCallback(std::function<void(int)> fn) {
+  on_param_needed_ = std::move(fn);
+}
+
+void Executor::Forward(bool is_train) {
+  Impl& m = *impl_;
+  m.ctx.is_train = is_train;
+  const std::vector<Node>& nodes = graph_.nodes();
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (!m.ops[i]) continue;
+    if (on_param_needed_) {
+      for (int p : nodes[i].params) on_param_needed_(p);
+    }
+    MutexLock lock(&node_mu_[i]);
+    m.ops[i]->Forward(m.ctx);
+  }
+  m.forward_train_done = is_train;
+}
+
+void Executor::Backward() {
+  Impl& m = *impl_;
+  CHECK(options_.for_training) << "Backward on an inference executor";
+  CHECK(m.forward_train_done) << "Backward needs a Forward(is_train=true) first";
+  const std::vector<Node>& nodes = graph_.nodes();
+  for (int i = static_cast<int>(nodes.size()) - 1; i >= 0; --i) {
+    if (!m.runs_backward[i]) continue;
+    {
+      MutexLock lock(&node_mu_[i]);
+      m.ops[i]->Backward(m.ctx);
+    }
+    for (auto& [temp, target] : m.accumulate[i]) {
+      float* t = target.data();
+      const float* s = temp.data();
+      const int64_t n = target.num_elements();
+#pragma omp parallel for simd schedule(static)
+      for (int64_t k = 0; k < n; ++k) t[k] += s[k];
+    }
+    if (on_grad_ready_) {
+      for (int p : nodes[i].params) on_grad_ready_(p);
+    }
+  }
+  m.forward_train_done = false;
+}
+
+Tensor Executor::input(const std::string& name) const {
+  NodeId id = graph_.Find(name);
+  if (id == kInvalidNode || graph_.node(id).op != OpType::kInput) return Tensor();
+  return impl_->out[id];
+}
+
+Tensor Executor::data() const {
+  return graph_.input_nodes().empty() ? Tensor() : impl_->out[graph_.input_nodes()[0]];
+}
+
+Tensor Executor::label() const {
+  return impl_->label == kInvalidNode ? Tensor() : impl_->out[impl_->label];
+}
+
+Tensor Executor::output() const { return impl_->out[graph_.output()]; }
+
+float Executor::Loss() const {
+  return impl_->softmax == kInvalidNode ? 0.0f : impl_->ops[impl_->softmax]->Loss();
+}
+
+namespace {
+Status CheckCopy(const char* what, int i, int count, const std::vector<ParamInfo>& infos,
+                 size_t n) {
+  if (i < 0 || i >= count) {
+    return Status::InvalidArgument(StrCat(what, " index ", i, " out of range [0, ", count, ")"));
+  }
+  if (static_cast<int64_t>(n) != infos[i].shape.num_elements()) {
+    return Status::InvalidArgument(StrCat(what, " '", infos[i].name, "' has ",
+                                          infos[i].shape.num_elements(), " elements, got ", n));
+  }
+  return Status::Ok();
+}
+}  // namespace
+
+Status Executor::ReadParam(int i, float* dst, size_t n) const {
+  RETURN_IF_ERROR(CheckCopy("parameter", i, num_params(), graph_.params(), n));
+  MutexLock lock(&node_mu_[OwnerNodeOfParam(i)]);
+  std::memcpy(dst, params_[i].data(), n * sizeof(float));
+  return Status::Ok();
+}
+
+Status Executor::WriteParam(int i, const float* src, size_t n) {
+  RETURN_IF_ERROR(CheckCopy("parameter", i, num_params(), graph_.params(), n));
+  MutexLock lock(&node_mu_[OwnerNodeOfParam(i)]);
+  std::memcpy(params_[i].data(), src, n * sizeof(float));
+  return Status::Ok();
+}
+
+Status Executor::ReadAux(int i, float* dst, size_t n) const {
+  RETURN_IF_ERROR(CheckCopy("aux state", i, num_aux(), graph_.aux_states(), n));
+  MutexLock lock(&node_mu_[graph_.aux_states()[i].node]);
+  std::memcpy(dst, aux_[i].data(), n * sizeof(float));
+  return Status::Ok();
+}
+
+Status Executor::WriteAux(int i, const float* src, size_t n) {
+  RETURN_IF_ERROR(CheckCopy("aux state", i, num_aux(), graph_.aux_states(), n));
+  MutexLock lock(&node_mu_[graph_.aux_states()[i].node]);
+  std::memcpy(aux_[i].data(), src, n * sizeof(float));
+  return Status::Ok();
+}
+
+}  // namespace pstrain
