@@ -5,7 +5,6 @@
 #include <map>
 #include <utility>
 
-#include "models/models.h"
 #include "nn/initializer.h"
 #include "worker/checkpoint.h"
 #include "worker/metrics.h"
@@ -30,6 +29,7 @@ Trainer::~Trainer() = default;
 
 StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& cfg, TrainerEnv env) {
   CHECK(env.log != nullptr);
+  CHECK(env.build_model != nullptr);
   RETURN_IF_ERROR(ValidateTrainConfig(cfg));
   if (env.num_workers < 1 || env.rank < 0 || env.rank >= env.num_workers) {
     return Status::InvalidArgument(
@@ -58,7 +58,7 @@ Status Trainer::Init() {
   mo.num_layers = cfg_.num_layers();
   mo.image_shape = Shape(data_.image_shape);
   mo.num_classes = data_.num_classes;
-  ASSIGN_OR_RETURN(graph_, BuildModel(mo));
+  ASSIGN_OR_RETURN(graph_, env_.build_model(mo));
   ExecutorOptions eo;
   eo.batch_size = cfg_.batch_size();
   eo.num_threads = cfg_.num_threads();

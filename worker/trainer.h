@@ -23,6 +23,7 @@
 
 #include "common/status.h"
 #include "nn/executor.h"
+#include "models/models.h"
 #include "nn/graph.h"
 #include "proto/optimizer.pb.h"
 #include "proto/train_config.pb.h"
@@ -37,6 +38,9 @@ struct TrainerEnv {
   int rank = 0;
   int num_workers = 1;
   TrainLog* log = nullptr;  // REQUIRED; not owned
+  // Builds the network (REQUIRED; `pstrain train` passes models/ BuildModel).
+  // Called with the data set's image shape and class count.
+  std::function<StatusOr<Graph>(const ModelOptions&)> build_model;
   // Creates the parameter sync for the config's kv_store from the optimizer
   // config fit.py would build. Empty: LocalParamSync, which serves `local` and
   // `device`; other kv_stores then fail with FailedPrecondition.
