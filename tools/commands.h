@@ -22,6 +22,9 @@ struct Command {
 };
 
 int RunVersion(int argc, char** argv);
+// training (tools/train_cmd.cc, tools/summary_cmd.cc):
+int RunSummary(int argc, char** argv);
+int RunTrain(int argc, char** argv);
 
 }  // namespace pstrain
 
