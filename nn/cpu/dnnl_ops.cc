@@ -1,7 +1,485 @@
+// CPU operators through oneDNN: convolution, pooling, batch norm and
+// activations as oneDNN primitives (created once in Setup, bound to the
+// executor's fixed buffers), fully connected as oneDNN's sgemm.
+//
+// Layouts: tensors between operators are plain NCHW. Convolution asks oneDNN
+// for its preferred (blocked) layouts with format `any` and reorders at its
+// boundary into buffers it owns; the blocked kernels are several times faster
+// than the NCHW ones, which pays for the reorders. The forward's reordered
+// source and weights are reused by the backward when the layouts agree.
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "nn/cpu/cpu_engine.h"
 #include "nn/cpu/cpu_ops.h"
 
 namespace pstrain::internal {
+namespace {
 
-std::unique_ptr<Operator> MakeDnnlOperator(const Node& node) { return nullptr; }
+using dnnl::memory;
+using Tag = memory::format_tag;
+using Dt = memory::data_type;
+
+memory::dims Dims(const Shape& s) { return memory::dims(s.dims().begin(), s.dims().end()); }
+
+memory::desc PlainDesc(const memory::dims& dims) {
+  static const Tag kTags[] = {Tag::undef, Tag::a, Tag::ab, Tag::abc, Tag::abcd, Tag::abcde};
+  return memory::desc(dims, Dt::f32, kTags[dims.size()]);
+}
+
+memory UserMemory(CpuEngine* cpu, const memory::dims& dims, float* data) {
+  return memory(PlainDesc(dims), cpu->engine(), data);
+}
+
+// A tensor as one primitive wants it: the user's plain memory, or a buffer in
+// the primitive's layout plus the reorders to and from the user's.
+struct Staged {
+  memory user;
+  memory prim;
+  std::optional<dnnl::reorder> to_prim, to_user;
+
+  void Init(CpuEngine* cpu, const memory& user_mem, const memory::desc& want) {
+    user = user_mem;
+    if (want == user_mem.get_desc()) {
+      prim = user_mem;
+      return;
+    }
+    prim = memory(want, cpu->engine());
+    to_prim = dnnl::reorder(user, prim);
+    to_user = dnnl::reorder(prim, user);
+  }
+  // Like Init, but shares `other`'s primitive buffer when the layouts agree
+  // (the data there is still current: the forward staged it).
+  void InitShared(CpuEngine* cpu, const Staged& other, const memory::desc& want) {
+    if (want == other.prim.get_desc()) {
+      user = other.user;
+      prim = other.prim;
+      return;
+    }
+    Init(cpu, other.user, want);
+  }
+  void In(dnnl::stream& s) {
+    if (to_prim) to_prim->execute(s, user, prim);
+  }
+  void Out(dnnl::stream& s) {
+    if (to_user) to_user->execute(s, prim, user);
+  }
+};
+
+Status DnnlError(const Node& node, const dnnl::error& e) {
+  return Status::Internal(StrCat("oneDNN setup of ", OpTypeName(node.op), " '", node.name,
+                                 "' failed: ", e.what()));
+}
+
+class DnnlConvolution : public Operator {
+ public:
+  explicit DnnlConvolution(const Node& node) : Operator(node) {}
+
+ protected:
+  Status SetupCpu(const OpContext& ctx) override {
+    try {
+      Build(ctx);
+    } catch (const dnnl::error& e) {
+      return DnnlError(node_, e);
+    }
+    return Status::Ok();
+  }
+
+  void Build(const OpContext& ctx) {
+    CpuEngine* cpu = ctx.cpu;
+    const ConvParam& p = node_.conv;
+    const memory::dims src_dims = Dims(t_.in[0].shape()), dst_dims = Dims(t_.out.shape());
+    memory::dims w_dims = Dims(t_.params[0].shape());
+    if (p.num_group > 1) {
+      w_dims = {p.num_group, p.num_filter / p.num_group, w_dims[1], w_dims[2], w_dims[3]};
+    }
+    const memory::dims b_dims = {p.num_filter};
+    const memory::dims strides = {p.stride_h, p.stride_w}, pad = {p.pad_h, p.pad_w};
+    auto any = [](const memory::dims& d) { return memory::desc(d, Dt::f32, Tag::any); };
+    const memory::desc bias_any = p.no_bias ? memory::desc() : any(b_dims);
+
+    dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training,
+                                       dnnl::algorithm::convolution_direct, any(src_dims),
+                                       any(w_dims), bias_any, any(dst_dims), strides, pad, pad);
+    fwd_pd_ = dnnl::convolution_forward::primitive_desc(fd, cpu->engine());
+    fwd_ = dnnl::convolution_forward(fwd_pd_);
+    src_.Init(cpu, UserMemory(cpu, src_dims, t_.in[0].data()), fwd_pd_.src_desc());
+    w_.Init(cpu, memory(PlainDesc(w_dims), cpu->engine(), t_.params[0].data()),
+            fwd_pd_.weights_desc());
+    dst_.Init(cpu, UserMemory(cpu, dst_dims, t_.out.data()), fwd_pd_.dst_desc());
+    if (!p.no_bias) bias_ = UserMemory(cpu, b_dims, t_.params[1].data());
+
+    if (t_.param_grads.empty() || !t_.out_grad.defined()) return;
+    dnnl::convolution_backward_weights::desc wd(dnnl::algorithm::convolution_direct,
+                                                any(src_dims), any(w_dims), bias_any,
+                                                any(dst_dims), strides, pad, pad);
+    bww_pd_ = dnnl::convolution_backward_weights::primitive_desc(wd, cpu->engine(), fwd_pd_);
+    bww_ = dnnl::convolution_backward_weights(bww_pd_);
+    bww_src_.InitShared(cpu, src_, bww_pd_.src_desc());
+    const memory diff_dst_user = UserMemory(cpu, dst_dims, t_.out_grad.data());
+    bww_diff_dst_.Init(cpu, diff_dst_user, bww_pd_.diff_dst_desc());
+    diff_w_.Init(cpu, memory(PlainDesc(w_dims), cpu->engine(), t_.param_grads[0].data()),
+                 bww_pd_.diff_weights_desc());
+    if (!p.no_bias) diff_bias_ = UserMemory(cpu, b_dims, t_.param_grads[1].data());
+
+    if (!t_.in_grads[0].defined()) return;
+    dnnl::convolution_backward_data::desc dd(dnnl::algorithm::convolution_direct,
+                                             any(src_dims), any(w_dims), any(dst_dims), strides,
+                                             pad, pad);
+    bwd_pd_ = dnnl::convolution_backward_data::primitive_desc(dd, cpu->engine(), fwd_pd_);
+    bwd_ = dnnl::convolution_backward_data(bwd_pd_);
+    bwd_w_.InitShared(cpu, w_, bwd_pd_.weights_desc());
+    bwd_diff_dst_.InitShared(cpu, bww_diff_dst_, bwd_pd_.diff_dst_desc());
+    diff_src_.Init(cpu, UserMemory(cpu, src_dims, t_.in_grads[0].data()),
+                   bwd_pd_.diff_src_desc());
+    has_bwd_data_ = true;
+  }
+
+  void ForwardCpu(const OpContext& ctx) override {
+    dnnl::stream& s = ctx.cpu->stream();
+    src_.In(s);
+    w_.In(s);
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_SRC, src_.prim}, {DNNL_ARG_WEIGHTS, w_.prim}, {DNNL_ARG_DST, dst_.prim}};
+    if (!node_.conv.no_bias) args[DNNL_ARG_BIAS] = bias_;
+    fwd_.execute(s, args);
+    dst_.Out(s);
+    s.wait();
+  }
+
+  void BackwardCpu(const OpContext& ctx) override {
+    dnnl::stream& s = ctx.cpu->stream();
+    bww_src_.In(s);  // no-op when shared with the forward's staging
+    bww_diff_dst_.In(s);
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, bww_src_.prim},
+                                         {DNNL_ARG_DIFF_DST, bww_diff_dst_.prim},
+                                         {DNNL_ARG_DIFF_WEIGHTS, diff_w_.prim}};
+    if (!node_.conv.no_bias) args[DNNL_ARG_DIFF_BIAS] = diff_bias_;
+    bww_.execute(s, args);
+    diff_w_.Out(s);
+    if (has_bwd_data_) {
+      bwd_w_.In(s);
+      bwd_diff_dst_.In(s);
+      bwd_.execute(s, {{DNNL_ARG_DIFF_DST, bwd_diff_dst_.prim},
+                       {DNNL_ARG_WEIGHTS, bwd_w_.prim},
+                       {DNNL_ARG_DIFF_SRC, diff_src_.prim}});
+      diff_src_.Out(s);
+    }
+    s.wait();
+  }
+
+ private:
+  dnnl::convolution_forward::primitive_desc fwd_pd_;
+  dnnl::convolution_forward fwd_;
+  dnnl::convolution_backward_weights::primitive_desc bww_pd_;
+  dnnl::convolution_backward_weights bww_;
+  dnnl::convolution_backward_data::primitive_desc bwd_pd_;
+  dnnl::convolution_backward_data bwd_;
+  Staged src_, w_, dst_, bww_src_, bww_diff_dst_, diff_w_, bwd_w_, bwd_diff_dst_, diff_src_;
+  memory bias_, diff_bias_;
+  bool has_bwd_data_ = false;
+};
+
+class DnnlPooling : public Operator {
+ public:
+  explicit DnnlPooling(const Node& node) : Operator(node) {}
+  // Max pooling keeps oneDNN's workspace (argmax), so the backward reads no
+  // forward tensor; the only fallback (average pooling) reads none either.
+  bool BackwardNeedsInputs() const override { return false; }
+  bool BackwardNeedsOutput() const override { return false; }
+
+ protected:
+  Status SetupCpu(const OpContext& ctx) override {
+    const PoolParam& p = node_.pool;
+    const Shape& xs = t_.in[0].shape();
+    const Shape& ys = t_.out.shape();
+    const int64_t pr_h = std::max<int64_t>(p.pad_h, (ys[2] - 1) * p.stride_h + p.kernel_h -
+                                                        xs[2] - p.pad_h);
+    const int64_t pr_w = std::max<int64_t>(p.pad_w, (ys[3] - 1) * p.stride_w + p.kernel_w -
+                                                        xs[3] - p.pad_w);
+    // MXNet divides an average by the window clipped to the symmetrically
+    // padded input; oneDNN counts the extra right padding of the "full"
+    // rounding too, so those cases run the reference loops.
+    const bool avg_overflow = p.type == PoolType::kAvg && (pr_h > p.pad_h || pr_w > p.pad_w);
+    if (avg_overflow) return UseFallback(ctx);
+    try {
+      CpuEngine* cpu = ctx.cpu;
+      const memory::dims src_dims = Dims(xs), dst_dims = Dims(ys);
+      const dnnl::algorithm alg = p.type == PoolType::kMax
+                                      ? dnnl::algorithm::pooling_max
+                                      : dnnl::algorithm::pooling_avg_include_padding;
+      dnnl::pooling_forward::desc fd(dnnl::prop_kind::forward_training, alg,
+                                     PlainDesc(src_dims), PlainDesc(dst_dims),
+                                     {p.stride_h, p.stride_w}, {p.kernel_h, p.kernel_w},
+                                     {p.pad_h, p.pad_w}, {pr_h, pr_w});
+      fwd_pd_ = dnnl::pooling_forward::primitive_desc(fd, cpu->engine());
+      fwd_ = dnnl::pooling_forward(fwd_pd_);
+      src_ = UserMemory(cpu, src_dims, t_.in[0].data());
+      dst_ = UserMemory(cpu, dst_dims, t_.out.data());
+      if (p.type == PoolType::kMax) workspace_ = memory(fwd_pd_.workspace_desc(), cpu->engine());
+      if (t_.in_grads[0].defined() && t_.out_grad.defined()) {
+        dnnl::pooling_backward::desc bd(alg, PlainDesc(src_dims), PlainDesc(dst_dims),
+                                        {p.stride_h, p.stride_w}, {p.kernel_h, p.kernel_w},
+                                        {p.pad_h, p.pad_w}, {pr_h, pr_w});
+        bwd_pd_ = dnnl::pooling_backward::primitive_desc(bd, cpu->engine(), fwd_pd_);
+        bwd_ = dnnl::pooling_backward(bwd_pd_);
+        diff_src_ = UserMemory(cpu, src_dims, t_.in_grads[0].data());
+        diff_dst_ = UserMemory(cpu, dst_dims, t_.out_grad.data());
+      }
+    } catch (const dnnl::error& e) {
+      // Average pooling's reference loops read no forward tensor in the
+      // backward either, so they fit this operator's memory plan; max pooling's
+      // would not (they need input and output), so that is an error.
+      if (p.type == PoolType::kAvg) return UseFallback(ctx);
+      return DnnlError(node_, e);
+    }
+    return Status::Ok();
+  }
+
+  void ForwardCpu(const OpContext& ctx) override {
+    if (fallback_) return fallback_->Forward(ctx);
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}};
+    if (node_.pool.type == PoolType::kMax) args[DNNL_ARG_WORKSPACE] = workspace_;
+    fwd_.execute(ctx.cpu->stream(), args);
+    ctx.cpu->stream().wait();
+  }
+
+  void BackwardCpu(const OpContext& ctx) override {
+    if (fallback_) return fallback_->Backward(ctx);
+    if (!t_.in_grads[0].defined()) return;
+    std::unordered_map<int, memory> args{{DNNL_ARG_DIFF_DST, diff_dst_},
+                                         {DNNL_ARG_DIFF_SRC, diff_src_}};
+    if (node_.pool.type == PoolType::kMax) args[DNNL_ARG_WORKSPACE] = workspace_;
+    bwd_.execute(ctx.cpu->stream(), args);
+    ctx.cpu->stream().wait();
+  }
+
+ private:
+  Status UseFallback(const OpContext& ctx) {
+    fallback_ = MakeReferenceOperator(node_);
+    return fallback_->Setup(ctx, t_);
+  }
+
+  std::unique_ptr<Operator> fallback_;
+  dnnl::pooling_forward::primitive_desc fwd_pd_;
+  dnnl::pooling_forward fwd_;
+  dnnl::pooling_backward::primitive_desc bwd_pd_;
+  dnnl::pooling_backward bwd_;
+  memory src_, dst_, workspace_, diff_src_, diff_dst_;
+};
+
+class DnnlFullyConnected : public Operator {
+ public:
+  explicit DnnlFullyConnected(const Node& node) : Operator(node) {}
+
+ protected:
+  void ForwardCpu(const OpContext& ctx) override {
+    const int64_t N = t_.in[0].shape()[0], K = t_.in[0].shape().ProductFrom(1);
+    const int64_t M = node_.fc.num_hidden;
+    float* y = t_.out.data();
+    float beta = 0.0f;
+    if (!node_.fc.no_bias) {
+      const float* b = t_.params[1].data();
+      for (int64_t n = 0; n < N; ++n) std::copy(b, b + M, y + n * M);
+      beta = 1.0f;
+    }
+    CHECK_EQ(dnnl_sgemm('N', 'T', N, M, K, 1.0f, t_.in[0].data(), K, t_.params[0].data(), K,
+                        beta, y, M),
+             dnnl_success);
+  }
+
+  void BackwardCpu(const OpContext& ctx) override {
+    const int64_t N = t_.in[0].shape()[0], K = t_.in[0].shape().ProductFrom(1);
+    const int64_t M = node_.fc.num_hidden;
+    const float* dy = t_.out_grad.data();
+    CHECK_EQ(dnnl_sgemm('T', 'N', M, K, N, 1.0f, dy, M, t_.in[0].data(), K, 0.0f,
+                        t_.param_grads[0].data(), K),
+             dnnl_success);
+    if (!node_.fc.no_bias) {
+      float* db = t_.param_grads[1].data();
+      std::fill(db, db + M, 0.0f);
+      for (int64_t n = 0; n < N; ++n) {
+        const float* row = dy + n * M;
+        for (int64_t m = 0; m < M; ++m) db[m] += row[m];
+      }
+    }
+    if (t_.in_grads[0].defined()) {
+      CHECK_EQ(dnnl_sgemm('N', 'N', N, K, M, 1.0f, dy, M, t_.params[0].data(), K, 0.0f,
+                          t_.in_grads[0].data(), K),
+               dnnl_success);
+    }
+  }
+};
+
+class DnnlBatchNorm : public Operator {
+ public:
+  explicit DnnlBatchNorm(const Node& node) : Operator(node) {}
+
+ protected:
+  Status SetupCpu(const OpContext& ctx) override {
+    try {
+      CpuEngine* cpu = ctx.cpu;
+      const Shape& xs = t_.in[0].shape();
+      const int64_t C = xs[1];
+      // (N, C, rest...) seen as (N, C, S) when there are spatial dims.
+      memory::dims dims = {xs[0], C};
+      if (xs.ndim() > 2) dims = {xs[0], C, xs.ProductFrom(2), 1};
+      const memory::desc md = PlainDesc(dims);
+      const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+      const float eps = node_.bn.eps;
+      train_pd_ = dnnl::batch_normalization_forward::primitive_desc(
+          {dnnl::prop_kind::forward_training, md, eps, flags}, cpu->engine());
+      train_ = dnnl::batch_normalization_forward(train_pd_);
+      infer_pd_ = dnnl::batch_normalization_forward::primitive_desc(
+          {dnnl::prop_kind::forward_inference, md, eps,
+           flags | dnnl::normalization_flags::use_global_stats},
+          cpu->engine());
+      infer_ = dnnl::batch_normalization_forward(infer_pd_);
+      src_ = memory(md, cpu->engine(), t_.in[0].data());
+      dst_ = memory(md, cpu->engine(), t_.out.data());
+      const memory::desc cd = PlainDesc({C});
+      ones_.assign(C, 1.0f);
+      scale_ = memory(cd, cpu->engine(),
+                      node_.bn.fix_gamma ? ones_.data() : t_.params[0].data());
+      shift_ = memory(cd, cpu->engine(), t_.params[1].data());
+      mean_ = memory(cd, cpu->engine());
+      var_ = memory(cd, cpu->engine());
+      moving_mean_ = memory(cd, cpu->engine(), t_.aux[0].data());
+      moving_var_ = memory(cd, cpu->engine(), t_.aux[1].data());
+      if (t_.out_grad.defined() && !t_.param_grads.empty()) {
+        bwd_pd_ = dnnl::batch_normalization_backward::primitive_desc(
+            {dnnl::prop_kind::backward, md, md, eps, flags}, cpu->engine(), train_pd_);
+        bwd_ = dnnl::batch_normalization_backward(bwd_pd_);
+        diff_dst_ = memory(md, cpu->engine(), t_.out_grad.data());
+        if (t_.in_grads[0].defined()) {
+          diff_src_ = memory(md, cpu->engine(), t_.in_grads[0].data());
+        } else {
+          diff_src_ = memory(md, cpu->engine());  // computed by the primitive, unused
+        }
+        diff_scale_ = node_.bn.fix_gamma ? memory(cd, cpu->engine())
+                                         : memory(cd, cpu->engine(), t_.param_grads[0].data());
+        diff_shift_ = memory(cd, cpu->engine(), t_.param_grads[1].data());
+      }
+    } catch (const dnnl::error& e) {
+      return DnnlError(node_, e);
+    }
+    return Status::Ok();
+  }
+
+  void ForwardCpu(const OpContext& ctx) override {
+    dnnl::stream& s = ctx.cpu->stream();
+    if (ctx.is_train) {
+      train_.execute(s, {{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}, {DNNL_ARG_SCALE, scale_},
+                         {DNNL_ARG_SHIFT, shift_}, {DNNL_ARG_MEAN, mean_},
+                         {DNNL_ARG_VARIANCE, var_}});
+      s.wait();
+      const float m = node_.bn.momentum;
+      float* mm = t_.aux[0].data();
+      float* mv = t_.aux[1].data();
+      const float* bm = static_cast<float*>(mean_.get_data_handle());
+      const float* bv = static_cast<float*>(var_.get_data_handle());
+      for (size_t c = 0; c < ones_.size(); ++c) {
+        mm[c] = m * mm[c] + (1 - m) * bm[c];
+        mv[c] = m * mv[c] + (1 - m) * bv[c];
+      }
+    } else {
+      infer_.execute(s, {{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}, {DNNL_ARG_SCALE, scale_},
+                         {DNNL_ARG_SHIFT, shift_}, {DNNL_ARG_MEAN, moving_mean_},
+                         {DNNL_ARG_VARIANCE, moving_var_}});
+      s.wait();
+    }
+  }
+
+  void BackwardCpu(const OpContext& ctx) override {
+    dnnl::stream& s = ctx.cpu->stream();
+    bwd_.execute(s, {{DNNL_ARG_SRC, src_}, {DNNL_ARG_MEAN, mean_}, {DNNL_ARG_VARIANCE, var_},
+                     {DNNL_ARG_DIFF_DST, diff_dst_}, {DNNL_ARG_SCALE, scale_},
+                     {DNNL_ARG_SHIFT, shift_},
+                     {DNNL_ARG_DIFF_SRC, diff_src_}, {DNNL_ARG_DIFF_SCALE, diff_scale_},
+                     {DNNL_ARG_DIFF_SHIFT, diff_shift_}});
+    s.wait();
+    if (node_.bn.fix_gamma) t_.param_grads[0].Fill(0.0f);
+  }
+
+ private:
+  dnnl::batch_normalization_forward::primitive_desc train_pd_, infer_pd_;
+  dnnl::batch_normalization_forward train_, infer_;
+  dnnl::batch_normalization_backward::primitive_desc bwd_pd_;
+  dnnl::batch_normalization_backward bwd_;
+  std::vector<float> ones_;
+  memory src_, dst_, scale_, shift_, mean_, var_, moving_mean_, moving_var_;
+  memory diff_dst_, diff_src_, diff_scale_, diff_shift_;
+};
+
+class DnnlActivation : public Operator {
+ public:
+  explicit DnnlActivation(const Node& node) : Operator(node) {}
+  bool BackwardNeedsInputs() const override { return false; }
+  bool BackwardNeedsOutput() const override { return true; }
+
+ protected:
+  Status SetupCpu(const OpContext& ctx) override {
+    try {
+      CpuEngine* cpu = ctx.cpu;
+      const Shape& s = t_.out.shape();
+      const memory::desc md = PlainDesc({s[0], s.ProductFrom(1)});
+      dnnl::algorithm alg = dnnl::algorithm::eltwise_relu_use_dst_for_bwd;
+      if (node_.act == ActType::kTanh) alg = dnnl::algorithm::eltwise_tanh_use_dst_for_bwd;
+      if (node_.act == ActType::kSigmoid) alg = dnnl::algorithm::eltwise_logistic_use_dst_for_bwd;
+      fwd_pd_ = dnnl::eltwise_forward::primitive_desc(
+          {dnnl::prop_kind::forward_training, alg, md, 0.0f, 0.0f}, cpu->engine());
+      fwd_ = dnnl::eltwise_forward(fwd_pd_);
+      src_ = memory(md, cpu->engine(), t_.in[0].data());
+      dst_ = memory(md, cpu->engine(), t_.out.data());
+      if (t_.in_grads[0].defined() && t_.out_grad.defined()) {
+        bwd_pd_ = dnnl::eltwise_backward::primitive_desc({alg, md, md, 0.0f, 0.0f},
+                                                         cpu->engine(), fwd_pd_);
+        bwd_ = dnnl::eltwise_backward(bwd_pd_);
+        diff_dst_ = memory(md, cpu->engine(), t_.out_grad.data());
+        diff_src_ = memory(md, cpu->engine(), t_.in_grads[0].data());
+      }
+    } catch (const dnnl::error& e) {
+      return DnnlError(node_, e);
+    }
+    return Status::Ok();
+  }
+
+  void ForwardCpu(const OpContext& ctx) override {
+    fwd_.execute(ctx.cpu->stream(), {{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}});
+    ctx.cpu->stream().wait();
+  }
+
+  void BackwardCpu(const OpContext& ctx) override {
+    if (!t_.in_grads[0].defined()) return;
+    bwd_.execute(ctx.cpu->stream(), {{DNNL_ARG_DST, dst_},
+                                     {DNNL_ARG_DIFF_DST, diff_dst_},
+                                     {DNNL_ARG_DIFF_SRC, diff_src_}});
+    ctx.cpu->stream().wait();
+  }
+
+ private:
+  dnnl::eltwise_forward::primitive_desc fwd_pd_;
+  dnnl::eltwise_forward fwd_;
+  dnnl::eltwise_backward::primitive_desc bwd_pd_;
+  dnnl::eltwise_backward bwd_;
+  memory src_, dst_, diff_dst_, diff_src_;
+};
+
+}  // namespace
+
+std::unique_ptr<Operator> MakeDnnlOperator(const Node& node) {
+  switch (node.op) {
+    case OpType::kConvolution: return std::make_unique<DnnlConvolution>(node);
+    case OpType::kPooling: return std::make_unique<DnnlPooling>(node);
+    case OpType::kFullyConnected: return std::make_unique<DnnlFullyConnected>(node);
+    case OpType::kBatchNorm: return std::make_unique<DnnlBatchNorm>(node);
+    case OpType::kActivation: return std::make_unique<DnnlActivation>(node);
+    default: return nullptr;
+  }
+}
 
 }  // namespace pstrain::internal
