@@ -26,6 +26,9 @@ int RunVersion(int argc, char** argv);
 int RunSchedulerCmd(int argc, char** argv);
 int RunServerCmd(int argc, char** argv);
 int RunKvbench(int argc, char** argv);
+// training (tools/train_cmd.cc, tools/summary_cmd.cc):
+int RunSummary(int argc, char** argv);
+int RunTrain(int argc, char** argv);
 
 }  // namespace pstrain
 

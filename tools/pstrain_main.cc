@@ -33,6 +33,9 @@ const Command kCommands[] = {
     // image pipeline (data/):
 
     // training (nn/, models/, worker/):
+    {"summary", "print a model's layers, output shapes and parameter counts", RunSummary,
+     "fit_flags.cc"},
+    {"train", "train a network (MXNet fit.py flags; --config FILE)", RunTrain, "fit_flags.cc"},
 
     {"version", "print the version and build configuration", RunVersion, ""},
 };

@@ -1,0 +1,72 @@
+// `pstrain summary` and `pstrain train` as a user runs them.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+
+#include "tests/test_util.h"
+
+namespace pstrain {
+namespace {
+
+// Runs `pstrain <args>` with stderr folded into stdout; returns the exit code.
+int RunPstrain(const std::string& args, std::string* output) {
+  const std::string cmd = testing::PstrainBinary() + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[4096];
+  output->clear();
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) output->append(buf, n);
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST(SummaryCmdTest, PrintsLayersAndTotal) {
+  std::string out;
+  ASSERT_EQ(RunPstrain("summary --network lenet", &out), 0) << out;
+  EXPECT_NE(out.find("conv1"), std::string::npos) << out;
+  EXPECT_NE(out.find("(20,24,24)"), std::string::npos) << out;
+  EXPECT_NE(out.find("\ntotal parameters: 431080\n"), std::string::npos) << out;
+  ASSERT_EQ(RunPstrain("summary --network mlp", &out), 0) << out;
+  EXPECT_NE(out.find("\ntotal parameters: 109386\n"), std::string::npos) << out;
+  EXPECT_EQ(RunPstrain("summary --network no-such-net", &out), 2);
+  EXPECT_NE(out.find("no-such-net"), std::string::npos) << out;
+}
+
+TEST(TrainCmdTest, FlagsOverrideTheConfigAndTheEffectiveConfigIsLogged) {
+  auto path = std::filesystem::temp_directory_path() /
+              ("pstrain_train_cmd_" + std::to_string(::getpid()) + ".cfg");
+  {
+    std::ofstream out(path);
+    out << "data_dir: \"" << testing::SharedDataDir() << "/mnist\"\n"
+        << "test_io: 1\ndisp_batches: 100\nbatch_size: 100\n";
+  }
+  std::string out;
+  int rc = RunPstrain("train --config " + path.string() + " --disp-batches 200", &out);
+  std::filesystem::remove(path);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("INFO:root:start with arguments "), std::string::npos) << out;
+  EXPECT_NE(out.find("disp_batches: 200;"), std::string::npos) << out;
+  EXPECT_NE(out.find("batch_size: 100;"), std::string::npos) << out;
+  // 600 batches of 100: reports after batches 199, 399, 599.
+  EXPECT_NE(out.find("INFO:root:Batch [599]\tSpeed: "), std::string::npos) << out;
+  EXPECT_EQ(out.find("INFO:root:Batch [99]\t"), std::string::npos) << out;
+}
+
+TEST(TrainCmdTest, BadInputIsAClearErrorNotACrash) {
+  std::string out;
+  EXPECT_EQ(RunPstrain("train --network lenet --data-dir /tmp --batch-size 0", &out), 2);
+  EXPECT_NE(out.find("--batch-size=0 must be >= 1"), std::string::npos) << out;
+  EXPECT_EQ(RunPstrain("train --network lenet --data-dir /nonexistent-dir --num-epochs 1", &out), 1);
+  EXPECT_NE(out.find("/nonexistent-dir"), std::string::npos) << out;
+  EXPECT_EQ(RunPstrain("train --config /nonexistent.cfg", &out), 2);
+  EXPECT_NE(out.find("/nonexistent.cfg"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -1,0 +1,178 @@
+// The job config: text files, flag overrides, validation, fit.py's derived
+// optimizer settings.
+#include "worker/train_config.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "tests/test_util.h"
+
+namespace pstrain {
+namespace {
+
+TrainConfig Valid() {
+  TrainConfig cfg;
+  cfg.set_network("lenet");
+  cfg.set_data_dir("/data/mnist");
+  return cfg;
+}
+
+TEST(TrainConfigTest, DefaultsAreFitPys) {
+  TrainConfig cfg;
+  EXPECT_EQ(cfg.version(), 1);
+  EXPECT_EQ(cfg.num_epochs(), 100);
+  EXPECT_EQ(cfg.batch_size(), 128);
+  EXPECT_FLOAT_EQ(cfg.lr(), 0.1f);
+  EXPECT_FLOAT_EQ(cfg.lr_factor(), 0.1f);
+  EXPECT_FLOAT_EQ(cfg.mom(), 0.9f);
+  EXPECT_FLOAT_EQ(cfg.wd(), 0.0001f);
+  EXPECT_EQ(cfg.disp_batches(), 20);
+  EXPECT_EQ(cfg.kv_store(), "device");
+  EXPECT_EQ(cfg.optimizer(), "sgd");
+  EXPECT_EQ(cfg.initializer(), "default");
+  EXPECT_EQ(cfg.top_k(), 0);
+}
+
+TEST(TrainConfigTest, ParsesTextAndNamesSyntaxErrors) {
+  auto cfg = ParseTrainConfigText("network: \"mlp\"\nnum_epochs: 3\nlr: 0.05\n", "job.cfg");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->network(), "mlp");
+  EXPECT_EQ(cfg->num_epochs(), 3);
+  auto bad = ParseTrainConfigText("network: \"mlp\"\nnum_epoch: 3\n", "job.cfg");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("job.cfg:2:"), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("num_epoch"), std::string::npos) << bad.status();
+  auto newer = ParseTrainConfigText("version: 2\n", "job.cfg");
+  ASSERT_FALSE(newer.ok());
+  EXPECT_NE(newer.status().message().find("version 2"), std::string::npos);
+}
+
+TEST(TrainConfigTest, ReadsFilesAndReportsMissingOnes) {
+  auto path = std::filesystem::temp_directory_path() /
+              ("pstrain_cfg_" + std::to_string(::getpid()) + ".txt");
+  {
+    std::ofstream out(path);
+    out << "# a comment\nnetwork: \"lenet\"\nbatch_size: 64\n";
+  }
+  auto cfg = ReadTrainConfigFile(path.string());
+  std::filesystem::remove(path);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->batch_size(), 64);
+  auto missing = ReadTrainConfigFile(path.string());
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+}
+
+TEST(TrainConfigTest, OverridesWinAndAreTyped) {
+  auto cfg = ParseTrainConfigText("network: \"mlp\"\nnum_epochs: 3\nlr: 0.05\n", "f");
+  ASSERT_TRUE(cfg.ok());
+  ASSERT_OK(ApplyConfigOverrides({{"num-epochs", "7"}, {"network", "lenet"}, {"wd", "1e-5"},
+                                  {"seed", "42"}, {"num_examples", "1000"}},
+                                 &*cfg));
+  EXPECT_EQ(cfg->num_epochs(), 7);
+  EXPECT_EQ(cfg->network(), "lenet");
+  EXPECT_FLOAT_EQ(cfg->lr(), 0.05f);  // from the file, not overridden
+  EXPECT_FLOAT_EQ(cfg->wd(), 1e-5f);
+  EXPECT_EQ(cfg->seed(), 42u);
+  EXPECT_EQ(cfg->num_examples(), 1000);
+  Status s = ApplyConfigOverrides({{"num-epochs", "seven"}}, &*cfg);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("--num-epochs='seven' is not an integer"), std::string::npos) << s;
+  s = ApplyConfigOverrides({{"no-such-flag", "1"}}, &*cfg);
+  EXPECT_NE(s.message().find("--no-such-flag"), std::string::npos) << s;
+  s = ApplyConfigOverrides({{"lr", "0.1x"}}, &*cfg);
+  EXPECT_NE(s.message().find("is not a number"), std::string::npos) << s;
+}
+
+TEST(TrainConfigTest, ValidationNamesTheBadValue) {
+  EXPECT_OK(ValidateTrainConfig(Valid()));
+  auto expect_bad = [](TrainConfig cfg, const std::string& needle) {
+    Status s = ValidateTrainConfig(cfg);
+    EXPECT_FALSE(s.ok()) << needle;
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s;
+  };
+  TrainConfig c = Valid();
+  c.set_batch_size(0);
+  expect_bad(c, "--batch-size=0");
+  c = Valid();
+  c.set_kv_store("dist_foo");
+  expect_bad(c, "--kv-store='dist_foo'");
+  c = Valid();
+  c.set_image_shape("1,28");
+  expect_bad(c, "must be C,H,W");
+  c = Valid();
+  c.set_lr_step_epochs("10,5");
+  expect_bad(c, "increasing");
+  c = Valid();
+  c.clear_network();
+  expect_bad(c, "--network is required");
+  c = Valid();
+  c.clear_data_dir();
+  expect_bad(c, "--data-dir is required");
+  c.set_benchmark(1);
+  expect_bad(c, "--image-shape");
+  c.set_image_shape("3,32,32");
+  EXPECT_OK(ValidateTrainConfig(c));
+  c = Valid();
+  c.set_load_epoch(2);
+  expect_bad(c, "--load-epoch needs --model-prefix");
+  c = Valid();
+  c.set_optimizer("adam");
+  expect_bad(c, "--optimizer='adam'");
+  c = Valid();
+  c.set_mom(1.5f);
+  expect_bad(c, "--mom=1.5");
+}
+
+TEST(TrainConfigTest, EffectiveTextListsEveryField) {
+  TrainConfig cfg = Valid();
+  std::string text = EffectiveConfigText(cfg);
+  EXPECT_NE(text.find("network: \"lenet\"\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("num_epochs: 100  # default\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("kv_store: \"device\"  # default\n"), std::string::npos) << text;
+}
+
+TEST(TrainConfigTest, EpochSizeIsMxnets) {
+  EXPECT_EQ(EpochSize(60000, 1, 128), 469);
+  EXPECT_EQ(EpochSize(60000, 7, 128), 67);  // floor(60000/7)=8571 -> ceil(8571/128)
+  EXPECT_EQ(EpochSize(100, 1, 100), 1);
+}
+
+TEST(TrainConfigTest, OptimizerConfigFollowsFitPy) {
+  TrainConfig cfg = Valid();
+  cfg.set_lr(0.1f);
+  cfg.set_lr_factor(0.5f);
+  cfg.set_lr_step_epochs("2,4");
+  auto opt = MakeOptimizerConfig(cfg, 100, 1);
+  ASSERT_TRUE(opt.ok());
+  EXPECT_FLOAT_EQ(opt->learning_rate(), 0.1f);
+  EXPECT_FLOAT_EQ(opt->rescale_grad(), 1.0f / 128);
+  EXPECT_FLOAT_EQ(opt->momentum(), 0.9f);
+  EXPECT_FLOAT_EQ(opt->wd(), 0.0001f);
+  ASSERT_EQ(opt->lr_scheduler().type(), LrSchedulerConfig::MULTI_FACTOR);
+  EXPECT_EQ(opt->lr_scheduler().steps_size(), 2);
+  EXPECT_EQ(opt->lr_scheduler().steps(0), 200);
+  EXPECT_EQ(opt->lr_scheduler().steps(1), 400);
+  // Resuming after epoch 3: one drop already happened; steps are relative.
+  cfg.set_model_prefix("m");
+  cfg.set_load_epoch(3);
+  opt = MakeOptimizerConfig(cfg, 100, 1);
+  ASSERT_TRUE(opt.ok());
+  EXPECT_FLOAT_EQ(opt->learning_rate(), 0.05f);
+  ASSERT_EQ(opt->lr_scheduler().steps_size(), 1);
+  EXPECT_EQ(opt->lr_scheduler().steps(0), 100);
+  // dist_sync rescales by the global batch; lr_factor 1 means no schedule.
+  cfg.set_kv_store("dist_sync");
+  cfg.set_lr_factor(1.0f);
+  opt = MakeOptimizerConfig(cfg, 100, 4);
+  ASSERT_TRUE(opt.ok());
+  EXPECT_FLOAT_EQ(opt->rescale_grad(), 1.0f / 512);
+  EXPECT_FALSE(opt->has_lr_scheduler());
+}
+
+}  // namespace
+}  // namespace pstrain

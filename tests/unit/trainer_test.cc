@@ -1,0 +1,173 @@
+// The training loop end to end on real MNIST: it learns, prints MXNet's lines,
+// checkpoints and resumes on the same curve, and --test-io only reads.
+#include "worker/trainer.h"
+
+#include <filesystem>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tests/test_util.h"
+#include "worker/checkpoint.h"
+
+namespace pstrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A small MLP (784-64-10) built here so the loop is tested on its own.
+StatusOr<Graph> SmallMlp(const ModelOptions& mo) {
+  Graph g;
+  NodeId x = g.Input("data", mo.image_shape);
+  x = g.Flatten("flatten", x);
+  FcParam fc1;
+  fc1.num_hidden = 64;
+  x = g.FullyConnected("fc1", x, fc1);
+  x = g.Activation("relu1", x, ActType::kRelu);
+  FcParam fc2;
+  fc2.num_hidden = mo.num_classes;
+  x = g.FullyConnected("fc2", x, fc2);
+  g.SoftmaxOutput("softmax", x);
+  if (!g.status().ok()) return g.status();
+  return g;
+}
+
+class TrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("pstrain_trainer_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    cfg_.set_network("small-mlp");
+    cfg_.set_data_dir(testing::SharedDataDir() + "/mnist");
+    cfg_.set_num_examples(3840);  // 30 batches of 128 per epoch
+    cfg_.set_num_epochs(2);
+    cfg_.set_disp_batches(10);
+    cfg_.set_kv_store("local");
+    cfg_.set_num_threads(1);
+    cfg_.set_seed(3);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  StatusOr<std::unique_ptr<Trainer>> Make(const TrainConfig& cfg) {
+    TrainerEnv env;
+    env.log = &log_;
+    env.build_model = SmallMlp;
+    return Trainer::Create(cfg, env);
+  }
+  std::vector<std::string> Matching(const std::string& pattern) const {
+    std::vector<std::string> out;
+    std::regex re(pattern);
+    for (const auto& l : lines_) {
+      if (std::regex_match(l, re)) out.push_back(l);
+    }
+    return out;
+  }
+
+  fs::path dir_;
+  TrainConfig cfg_;
+  std::vector<std::string> lines_;
+  TrainLog log_{[this](const std::string& l) { lines_.push_back(l); }};
+};
+
+TEST_F(TrainerTest, LearnsMnistAndPrintsMxnetLines) {
+  auto t = Make(cfg_);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->epoch_size(), 30);
+  ASSERT_OK((*t)->Run());
+  const auto& h = (*t)->history();
+  ASSERT_EQ(h.size(), 2u);
+  EXPECT_GT(h[1].val[0].second, 0.85) << "validation accuracy after 7680 examples";
+  EXPECT_GT(h[1].train[0].second, 0.8);
+  // Speedometer at batches 10 and 20 of each epoch, then the epoch lines in order.
+  auto speed = Matching(
+      R"(INFO:root:Epoch\[[01]\] Batch \[[12]0\]\tSpeed: [0-9]+\.[0-9]{2} samples/sec\taccuracy=[01]\.[0-9]{6})");
+  EXPECT_EQ(speed.size(), 4u);
+  std::vector<std::string> epoch_lines;
+  std::regex epoch_re(R"(INFO:root:Epoch\[1\] (Train-accuracy=[01]\.[0-9]{6}|Time cost=[0-9]+\.[0-9]{3}|Validation-accuracy=[01]\.[0-9]{6}))");
+  for (const auto& l : lines_) {
+    if (std::regex_match(l, epoch_re)) epoch_lines.push_back(l.substr(19, 5));
+  }
+  EXPECT_EQ(epoch_lines, (std::vector<std::string>{"Train", "Time ", "Valid"}));
+}
+
+TEST_F(TrainerTest, ResumeContinuesTheSameCurve) {
+  TrainConfig straight = cfg_;
+  straight.set_model_prefix((dir_ / "a").string());
+  auto a = Make(straight);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_OK((*a)->Run());
+  ASSERT_TRUE(fs::exists(dir_ / "a-0001.params"));
+  ASSERT_TRUE(fs::exists(dir_ / "a-0002.params"));
+  ASSERT_TRUE(fs::exists(dir_ / "a-0001.states"));
+  EXPECT_EQ(Matching(R"(INFO:root:Saved checkpoint to ".*a-0002\.params")").size(), 1u);
+
+  TrainConfig resumed = straight;
+  resumed.set_load_epoch(1);
+  auto b = Make(resumed);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_OK((*b)->Run());
+  ASSERT_EQ((*b)->history().size(), 1u);
+  EXPECT_EQ((*b)->history()[0].epoch, 1);
+  EXPECT_DOUBLE_EQ((*b)->history()[0].val[0].second, (*a)->history()[1].val[0].second);
+  EXPECT_DOUBLE_EQ((*b)->history()[0].train[0].second, (*a)->history()[1].train[0].second);
+  for (int i = 0; i < (*a)->executor().num_params(); ++i) {
+    const Tensor& pa = (*a)->executor().param(i);
+    const Tensor& pb = (*b)->executor().param(i);
+    for (int64_t k = 0; k < pa.num_elements(); ++k) {
+      ASSERT_EQ(pa.at(k), pb.at(k)) << "param " << i << " element " << k;
+    }
+  }
+}
+
+TEST_F(TrainerTest, BadCheckpointIsAClearError) {
+  TrainConfig cfg = cfg_;
+  cfg.set_model_prefix((dir_ / "missing").string());
+  cfg.set_load_epoch(1);
+  auto t = Make(cfg);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(t.status().message().find("missing-0001.params"), std::string::npos) << t.status();
+  NamedArray wrong;
+  wrong.name = "fc1_weight";
+  wrong.shape = {3};
+  wrong.data = {1, 2, 3};
+  ASSERT_OK(SaveArrays((dir_ / "missing-0001.params").string(), {wrong}));
+  t = Make(cfg);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("fc1_weight has shape (3)"), std::string::npos)
+      << t.status();
+}
+
+TEST_F(TrainerTest, TestIoOnlyReads) {
+  TrainConfig cfg = cfg_;
+  cfg.clear_network();
+  cfg.set_test_io(1);
+  cfg.set_disp_batches(100);
+  auto t = Make(cfg);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_OK((*t)->Run());
+  EXPECT_EQ(Matching(R"(INFO:root:Batch \[[0-9]*99\]\tSpeed: [0-9]+\.[0-9]{2} samples/sec)").size(),
+            4u);  // 469 batches: 99, 199, 299, 399
+  EXPECT_GT((*t)->test_io_speed(), 0.0);
+  EXPECT_TRUE((*t)->history().empty());
+}
+
+TEST_F(TrainerTest, SyntheticBenchmarkTrains) {
+  TrainConfig cfg = cfg_;
+  cfg.clear_data_dir();
+  cfg.set_benchmark(1);
+  cfg.set_image_shape("3,8,8");
+  cfg.set_num_classes(5);
+  cfg.set_num_examples(512);
+  cfg.set_num_epochs(1);
+  auto t = Make(cfg);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_OK((*t)->Run());
+  ASSERT_EQ((*t)->history().size(), 1u);
+  EXPECT_TRUE((*t)->history()[0].val.empty());
+}
+
+}  // namespace
+}  // namespace pstrain

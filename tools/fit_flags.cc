@@ -1,0 +1,70 @@
+#include "tools/fit_flags.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gflags/gflags.h>
+
+#include "worker/train_config.h"
+
+// Names and defaults equal the TrainConfig fields (fit_flags_test checks it).
+DEFINE_string(config, "", "protobuf text file with TrainConfig fields; flags given override it");
+DEFINE_string(network, "", "the network: mlp, lenet, resnet, inception-bn, ... (required)");
+DEFINE_int32(num_layers, 0, "number of layers (resnet); 0: the network's default");
+DEFINE_string(image_shape, "", "C,H,W of the input images; empty: the data set's");
+DEFINE_int32(num_classes, 0, "number of classes; 0: the data set's (10)");
+DEFINE_string(initializer, "default",
+              "default (Xavier(gaussian,in,2)), xavier(rnd,factor,magnitude), uniform(s), normal(s)");
+DEFINE_string(data_dir, "", "directory with MNIST idx files or CIFAR-10 binary batches");
+DEFINE_int64(num_examples, 0, "training examples per epoch over all workers; 0: all");
+DEFINE_int32(benchmark, 0, "1: train on synthetic data of --image-shape");
+DEFINE_int32(test_io, 0, "1: only read the training data and log its speed");
+DEFINE_uint64(seed, 0, "seed of shuffling and initialization");
+DEFINE_int32(num_epochs, 100, "max number of epochs");
+DEFINE_int32(batch_size, 128, "batch size per worker");
+DEFINE_string(optimizer, "sgd", "the optimizer (sgd)");
+DEFINE_double(lr, 0.1, "initial learning rate");
+DEFINE_double(lr_factor, 0.1, "multiply the learning rate by this at each of --lr-step-epochs");
+DEFINE_string(lr_step_epochs, "", "epochs at which the learning rate drops, e.g. 30,60");
+DEFINE_double(mom, 0.9, "momentum of sgd");
+DEFINE_double(wd, 0.0001, "weight decay (applied to *_weight and *_gamma)");
+DEFINE_double(clip_gradient, -1, "clip each rescaled gradient to [-c, c]; <= 0: off");
+DEFINE_int32(disp_batches, 20, "log speed and metrics every this many batches");
+DEFINE_int32(top_k, 0, "also report top-k accuracy when > 0");
+DEFINE_string(model_prefix, "", "save parameters to <prefix>-%04d.params every --save-period");
+DEFINE_int32(save_period, 1, "epochs between checkpoints");
+DEFINE_int32(load_epoch, 0, "resume from <prefix>-%04d.params of this epoch");
+DEFINE_string(kv_store, "device", "local, device, dist_sync, dist_async, dist_device_sync");
+DEFINE_string(gpus, "", "GPUs to use, e.g. 0,1; empty: the CPU");
+DEFINE_int32(num_threads, 0, "CPU threads of the kernels; 0: all cores");
+
+namespace pstrain {
+namespace {
+
+bool DefinedHere(const gflags::CommandLineFlagInfo& f) {
+  const std::string me = "fit_flags.cc";
+  return f.filename.size() >= me.size() &&
+         f.filename.compare(f.filename.size() - me.size(), me.size(), me) == 0;
+}
+
+}  // namespace
+
+StatusOr<TrainConfig> TrainConfigFromFlags() {
+  TrainConfig cfg;
+  if (!FLAGS_config.empty()) {
+    ASSIGN_OR_RETURN(cfg, ReadTrainConfigFile(FLAGS_config));
+  }
+  std::vector<std::pair<std::string, std::string>> given;
+  std::vector<gflags::CommandLineFlagInfo> flags;
+  gflags::GetAllFlags(&flags);
+  for (const auto& f : flags) {
+    if (!DefinedHere(f) || f.name == "config" || f.is_default) continue;
+    given.emplace_back(f.name, f.current_value);
+  }
+  RETURN_IF_ERROR(ApplyConfigOverrides(given, &cfg));
+  RETURN_IF_ERROR(ValidateTrainConfig(cfg));
+  return cfg;
+}
+
+}  // namespace pstrain

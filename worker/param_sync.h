@@ -1,0 +1,82 @@
+// ParamSync: the seam between the training loop and whatever keeps the
+// parameters (the local optimizer now; the parameter-server KV client in dist
+// modes).
+//
+// Per step, the executor drives it from its own thread:
+//   Backward fires OnGradReady(i) the moment parameter i's gradient is complete
+//   (last layer first): a sync may start pushing it at once;
+//   the next Forward calls WaitParam(i) just before the first node that reads
+//   parameter i: a sync blocks there until i's new weights are in place, so
+//   the first layers compute while later layers' pulls are still in flight.
+//
+// Errors (a dead server, a deadline) cannot be returned through the executor's
+// callbacks, so a sync records the first one and reports it from
+// TakeError(), which the loop checks after every Forward and Backward.
+#ifndef PSTRAIN_WORKER_PARAM_SYNC_H_
+#define PSTRAIN_WORKER_PARAM_SYNC_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "nn/executor.h"
+#include "nn/optimizer.h"
+#include "proto/optimizer.pb.h"
+#include "worker/checkpoint.h"
+
+namespace pstrain {
+
+class ParamSync {
+ public:
+  virtual ~ParamSync() = default;
+
+  // Binds to `exec` (not owned; outlives this object) after its parameters are
+  // initialized or loaded. A dist sync pushes rank 0's initial values here.
+  virtual Status Init(Executor* exec) = 0;
+  // Executor thread, during Backward: grad(i) is complete and param(i) is no
+  // longer read by this Backward.
+  virtual void OnGradReady(int param_index) = 0;
+  // Executor thread, during Forward: returns when param(i) holds the weights
+  // after every update this worker's earlier gradients caused.
+  virtual void WaitParam(int param_index) = 0;
+  // The first error since the last call (then cleared); ok if none.
+  virtual Status TakeError() = 0;
+
+  // Optimizer state for checkpoints: arrays of kind kOptimizerState named
+  // "<param>_momentum". A sync whose state lives elsewhere returns none.
+  virtual std::vector<NamedArray> SaveState() const = 0;
+  // Restores what SaveState wrote. InvalidArgument naming the array on a
+  // name or size mismatch.
+  virtual Status LoadState(const std::vector<NamedArray>& arrays) = 0;
+};
+
+// `--kv-store local` (and `device` with no GPUs) in one process: the optimizer
+// is applied in OnGradReady on the executor's thread, right when each gradient
+// is ready, so WaitParam never waits. MXNet's 1.x weight-decay rule: only
+// parameters named *_weight or *_gamma are decayed.
+class LocalParamSync : public ParamSync {
+ public:
+  // InvalidArgument for a bad optimizer config.
+  static StatusOr<std::unique_ptr<LocalParamSync>> Create(const OptimizerConfig& cfg);
+
+  Status Init(Executor* exec) override;
+  void OnGradReady(int param_index) override;
+  void WaitParam(int param_index) override {}
+  Status TakeError() override { return Status::Ok(); }
+  std::vector<NamedArray> SaveState() const override;
+  Status LoadState(const std::vector<NamedArray>& arrays) override;
+
+  const Optimizer& optimizer() const { return *optimizer_; }
+
+ private:
+  explicit LocalParamSync(std::unique_ptr<Optimizer> opt) : optimizer_(std::move(opt)) {}
+
+  std::unique_ptr<Optimizer> optimizer_;
+  Executor* exec_ = nullptr;
+  std::vector<ParamState> states_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_PARAM_SYNC_H_

@@ -1,0 +1,279 @@
+#include "worker/train_config.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
+namespace pstrain {
+
+namespace pb = google::protobuf;
+
+namespace {
+
+class ErrorCollector : public pb::io::ErrorCollector {
+ public:
+  explicit ErrorCollector(std::string source) : source_(std::move(source)) {}
+  void AddError(int line, pb::io::ColumnNumber column, const std::string& message) override {
+    if (first_.empty()) first_ = StrCat(source_, ":", line + 1, ":", column + 1, ": ", message);
+  }
+  const std::string& first() const { return first_; }
+
+ private:
+  std::string source_;
+  std::string first_;
+};
+
+bool ParseInt64(const std::string& s, int64_t* out) {
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || errno != 0 || *end != '\0') return false;
+  *out = v;
+  return true;
+}
+
+bool ParseDouble(const std::string& s, double* out) {
+  errno = 0;
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || errno != 0 || *end != '\0' || !std::isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+}  // namespace
+
+StatusOr<TrainConfig> ParseTrainConfigText(const std::string& text, const std::string& source) {
+  TrainConfig cfg;
+  ErrorCollector errors(source);
+  pb::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text, &cfg)) {
+    return Status::InvalidArgument(errors.first().empty() ? source + ": cannot parse config"
+                                                          : errors.first());
+  }
+  if (cfg.version() < 1 || cfg.version() > kTrainConfigVersion) {
+    return Status::InvalidArgument(StrCat(source, ": config version ", cfg.version(),
+                                          " is not supported (this build reads 1..",
+                                          kTrainConfigVersion, ")"));
+  }
+  return cfg;
+}
+
+StatusOr<TrainConfig> ReadTrainConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::NotFound(StrCat("config file ", path, " cannot be opened"));
+  std::stringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return Status::IOError(StrCat("config file ", path, ": read error"));
+  return ParseTrainConfigText(text.str(), path);
+}
+
+Status ApplyConfigOverrides(const std::vector<std::pair<std::string, std::string>>& values,
+                            TrainConfig* cfg) {
+  const pb::Descriptor* desc = cfg->GetDescriptor();
+  const pb::Reflection* refl = cfg->GetReflection();
+  for (const auto& [raw_name, value] : values) {
+    std::string name = raw_name;
+    for (char& c : name) {
+      if (c == '-') c = '_';
+    }
+    const pb::FieldDescriptor* f = desc->FindFieldByName(name);
+    if (f == nullptr || f->is_repeated()) {
+      return Status::InvalidArgument(StrCat("--", raw_name, " is not a training config field"));
+    }
+    auto bad = [&](const char* type) {
+      return Status::InvalidArgument(
+          StrCat("--", raw_name, "='", value, "' is not ", type));
+    };
+    int64_t i = 0;
+    double d = 0;
+    switch (f->cpp_type()) {
+      case pb::FieldDescriptor::CPPTYPE_STRING:
+        refl->SetString(cfg, f, value);
+        break;
+      case pb::FieldDescriptor::CPPTYPE_INT32:
+        if (!ParseInt64(value, &i) || i < INT32_MIN || i > INT32_MAX) return bad("an integer");
+        refl->SetInt32(cfg, f, static_cast<int32_t>(i));
+        break;
+      case pb::FieldDescriptor::CPPTYPE_INT64:
+        if (!ParseInt64(value, &i)) return bad("an integer");
+        refl->SetInt64(cfg, f, i);
+        break;
+      case pb::FieldDescriptor::CPPTYPE_UINT64:
+        if (!ParseInt64(value, &i) || i < 0) return bad("a non-negative integer");
+        refl->SetUInt64(cfg, f, static_cast<uint64_t>(i));
+        break;
+      case pb::FieldDescriptor::CPPTYPE_FLOAT:
+        if (!ParseDouble(value, &d)) return bad("a number");
+        refl->SetFloat(cfg, f, static_cast<float>(d));
+        break;
+      case pb::FieldDescriptor::CPPTYPE_DOUBLE:
+        if (!ParseDouble(value, &d)) return bad("a number");
+        refl->SetDouble(cfg, f, d);
+        break;
+      default:
+        return Status::Internal(StrCat("config field ", name, " has an unsupported type"));
+    }
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::vector<int64_t>> ParseIntList(const std::string& text, const std::string& what) {
+  std::vector<int64_t> out;
+  if (text.empty()) return out;
+  size_t start = 0;
+  while (true) {
+    size_t comma = text.find(',', start);
+    std::string part = text.substr(start, comma == std::string::npos ? std::string::npos
+                                                                     : comma - start);
+    while (!part.empty() && part.front() == ' ') part.erase(part.begin());
+    while (!part.empty() && part.back() == ' ') part.pop_back();
+    int64_t v = 0;
+    if (!ParseInt64(part, &v)) {
+      return Status::InvalidArgument(
+          StrCat(what, "='", text, "': '", part, "' is not an integer"));
+    }
+    out.push_back(v);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+Status ValidateTrainConfig(const TrainConfig& cfg) {
+  auto positive = [](const char* name, int64_t v) -> Status {
+    if (v < 1) return Status::InvalidArgument(StrCat("--", name, "=", v, " must be >= 1"));
+    return Status::Ok();
+  };
+  RETURN_IF_ERROR(positive("batch-size", cfg.batch_size()));
+  RETURN_IF_ERROR(positive("num-epochs", cfg.num_epochs()));
+  RETURN_IF_ERROR(positive("disp-batches", cfg.disp_batches()));
+  RETURN_IF_ERROR(positive("save-period", cfg.save_period()));
+  if (cfg.num_examples() < 0 || cfg.num_layers() < 0 || cfg.num_classes() < 0 ||
+      cfg.top_k() < 0 || cfg.load_epoch() < 0 || cfg.num_threads() < 0) {
+    return Status::InvalidArgument(
+        "--num-examples, --num-layers, --num-classes, --top-k, --load-epoch and --num-threads "
+        "must be >= 0");
+  }
+  if (cfg.optimizer() != "sgd") {
+    return Status::InvalidArgument(
+        StrCat("--optimizer='", cfg.optimizer(), "' is not supported (known: sgd)"));
+  }
+  if (!(cfg.lr() >= 0)) return Status::InvalidArgument(StrCat("--lr=", cfg.lr(), " must be >= 0"));
+  if (!(cfg.mom() >= 0 && cfg.mom() < 1)) {
+    return Status::InvalidArgument(StrCat("--mom=", cfg.mom(), " must be in [0, 1)"));
+  }
+  if (!(cfg.wd() >= 0)) return Status::InvalidArgument(StrCat("--wd=", cfg.wd(), " must be >= 0"));
+  if (!(cfg.lr_factor() > 0 && cfg.lr_factor() <= 1)) {
+    return Status::InvalidArgument(StrCat("--lr-factor=", cfg.lr_factor(), " must be in (0, 1]"));
+  }
+  const std::string& kv = cfg.kv_store();
+  if (kv != "local" && kv != "device" && kv != "dist_sync" && kv != "dist_async" &&
+      kv != "dist_device_sync") {
+    return Status::InvalidArgument(StrCat(
+        "--kv-store='", kv,
+        "' is not one of local, device, dist_sync, dist_async, dist_device_sync"));
+  }
+  ASSIGN_OR_RETURN(auto shape, ParseIntList(cfg.image_shape(), "--image-shape"));
+  if (!shape.empty()) {
+    if (shape.size() != 3) {
+      return Status::InvalidArgument(
+          StrCat("--image-shape='", cfg.image_shape(), "' must be C,H,W"));
+    }
+    for (int64_t d : shape) {
+      if (d < 1) {
+        return Status::InvalidArgument(
+            StrCat("--image-shape='", cfg.image_shape(), "' has a dimension < 1"));
+      }
+    }
+  }
+  ASSIGN_OR_RETURN(auto steps, ParseIntList(cfg.lr_step_epochs(), "--lr-step-epochs"));
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (steps[i] < 1 || (i > 0 && steps[i] <= steps[i - 1])) {
+      return Status::InvalidArgument(StrCat("--lr-step-epochs='", cfg.lr_step_epochs(),
+                                            "' must be positive and increasing"));
+    }
+  }
+  ASSIGN_OR_RETURN(auto gpus, ParseIntList(cfg.gpus(), "--gpus"));
+  if (!gpus.empty()) {
+    return Status::Unimplemented(StrCat(
+        "--gpus='", cfg.gpus(), "': this build trains on the CPU only (no CUDA backend yet)"));
+  }
+  if (cfg.test_io() == 0 && cfg.network().empty()) {
+    return Status::InvalidArgument("--network is required (e.g. mlp, lenet)");
+  }
+  if (cfg.benchmark() == 0 && cfg.data_dir().empty()) {
+    return Status::InvalidArgument("--data-dir is required unless --benchmark 1");
+  }
+  if (cfg.benchmark() != 0 && shape.empty()) {
+    return Status::InvalidArgument("--benchmark 1 needs --image-shape C,H,W");
+  }
+  if (cfg.load_epoch() > 0 && cfg.model_prefix().empty()) {
+    return Status::InvalidArgument("--load-epoch needs --model-prefix");
+  }
+  if (cfg.load_epoch() >= cfg.num_epochs()) {
+    return Status::InvalidArgument(StrCat("--load-epoch=", cfg.load_epoch(),
+                                          " leaves nothing to train with --num-epochs=",
+                                          cfg.num_epochs()));
+  }
+  return Status::Ok();
+}
+
+std::string EffectiveConfigText(const TrainConfig& cfg) {
+  const pb::Descriptor* desc = cfg.GetDescriptor();
+  const pb::Reflection* refl = cfg.GetReflection();
+  std::ostringstream out;
+  for (int i = 0; i < desc->field_count(); ++i) {
+    const pb::FieldDescriptor* f = desc->field(i);
+    std::string value;
+    pb::TextFormat::PrintFieldValueToString(cfg, f, -1, &value);
+    out << f->name() << ": " << value << (refl->HasField(cfg, f) ? "" : "  # default") << "\n";
+  }
+  return out.str();
+}
+
+int64_t EpochSize(int64_t num_examples, int num_workers, int64_t batch_size) {
+  const int64_t per_worker = num_examples / std::max(1, num_workers);
+  return (per_worker + batch_size - 1) / batch_size;
+}
+
+StatusOr<OptimizerConfig> MakeOptimizerConfig(const TrainConfig& cfg, int64_t epoch_size,
+                                              int num_workers) {
+  OptimizerConfig opt;
+  opt.set_type(OptimizerConfig::SGD);
+  opt.set_momentum(cfg.mom());
+  opt.set_wd(cfg.wd());
+  opt.set_clip_gradient(cfg.clip_gradient());
+  const bool sync = cfg.kv_store().find("dist") != std::string::npos &&
+                    cfg.kv_store().find("sync") != std::string::npos;
+  opt.set_rescale_grad(1.0f / (static_cast<float>(cfg.batch_size()) * (sync ? num_workers : 1)));
+  ASSIGN_OR_RETURN(auto step_epochs, ParseIntList(cfg.lr_step_epochs(), "--lr-step-epochs"));
+  double lr = cfg.lr();
+  if (cfg.lr_factor() < 1 && !step_epochs.empty()) {
+    LrSchedulerConfig* sched = opt.mutable_lr_scheduler();
+    const int64_t begin = cfg.load_epoch();
+    for (int64_t e : step_epochs) {
+      if (begin >= e) lr *= cfg.lr_factor();
+    }
+    for (int64_t e : step_epochs) {
+      if (e - begin > 0) sched->add_steps(epoch_size * (e - begin));
+    }
+    if (sched->steps_size() > 0) {
+      sched->set_type(LrSchedulerConfig::MULTI_FACTOR);
+      sched->set_factor(cfg.lr_factor());
+    } else {
+      opt.clear_lr_scheduler();
+    }
+  }
+  opt.set_learning_rate(static_cast<float>(lr));
+  return opt;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,57 @@
+// The training job config (proto/train_config.proto): reading it from a text
+// file, overriding fields from command-line flags, validating it, and deriving
+// the optimizer config from it the way MXNet's fit.py does.
+#ifndef PSTRAIN_WORKER_TRAIN_CONFIG_H_
+#define PSTRAIN_WORKER_TRAIN_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "proto/optimizer.pb.h"
+#include "proto/train_config.pb.h"
+
+namespace pstrain {
+
+inline constexpr int kTrainConfigVersion = 1;
+
+// Parses a protobuf text file. NotFound / IOError for the file, InvalidArgument
+// naming file:line:column for a syntax error or unknown field, and for a
+// version newer than kTrainConfigVersion.
+StatusOr<TrainConfig> ReadTrainConfigFile(const std::string& path);
+StatusOr<TrainConfig> ParseTrainConfigText(const std::string& text, const std::string& source);
+
+// Sets each named field from its text value, in order (later wins). Names are
+// field names ("num_epochs"; dashes are accepted). InvalidArgument naming the
+// flag for an unknown name or a value that does not parse as the field's type.
+Status ApplyConfigOverrides(const std::vector<std::pair<std::string, std::string>>& values,
+                            TrainConfig* cfg);
+
+// Checks ranges and names: positive batch size, epochs, disp_batches; known
+// optimizer and kv_store; image_shape, lr_step_epochs and gpus parse; a network
+// unless test_io; a data_dir unless benchmark; load_epoch needs model_prefix.
+Status ValidateTrainConfig(const TrainConfig& cfg);
+
+// "1,28,28" -> {1, 28, 28}; "" -> {}. InvalidArgument naming `what` otherwise.
+StatusOr<std::vector<int64_t>> ParseIntList(const std::string& text, const std::string& what);
+
+// Every field with its effective value (set or default), one "name: value" per
+// line in field order: what `train` logs at start.
+std::string EffectiveConfigText(const TrainConfig& cfg);
+
+// Batches per epoch per worker, as MXNet: ceil(floor(num_examples / num_workers) / batch).
+int64_t EpochSize(int64_t num_examples, int num_workers, int64_t batch_size);
+
+// The optimizer config fit.py builds: SGD with lr, mom, wd, clip; rescale_grad
+// = 1 / (batch_size * (num_workers if dist_sync else 1)); when lr_factor < 1
+// and lr_step_epochs are given, a multi-factor schedule whose steps are
+// epoch_size * (e - begin_epoch) for the epochs after begin_epoch = load_epoch,
+// with the lr already decayed for the steps before it.
+StatusOr<OptimizerConfig> MakeOptimizerConfig(const TrainConfig& cfg, int64_t epoch_size,
+                                              int num_workers);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_TRAIN_CONFIG_H_

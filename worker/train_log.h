@@ -1,0 +1,51 @@
+// The log lines of training, exactly in MXNet's formats (mxnet_facts.md 3.5,
+// v0.10-1.3 Speedometer), so MXNet's parse_log.py and `pstrain parse-log`
+// read our logs:
+//
+//   Epoch[%d] Batch [%d]\tSpeed: %.2f samples/sec\taccuracy=%f
+//   Epoch[%d] Train-accuracy=%f
+//   Epoch[%d] Time cost=%.3f
+//   Saved checkpoint to "%s"
+//   Epoch[%d] Validation-accuracy=%f
+//   Batch [%d]\tSpeed: %.2f samples/sec              (--test-io)
+//
+// Epochs are 0-based. The Format* functions return the message alone; a
+// TrainLog writes each message as one line "INFO:root:<message>" (the prefix of
+// every saved MXNet log) to its sink.
+#ifndef PSTRAIN_WORKER_TRAIN_LOG_H_
+#define PSTRAIN_WORKER_TRAIN_LOG_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pstrain {
+
+using MetricValues = std::vector<std::pair<std::string, double>>;
+
+std::string FormatSpeedLine(int epoch, int64_t batch, double samples_per_sec,
+                            const MetricValues& metrics);
+// One line per metric: "Epoch[%d] Train-<name>=%f".
+std::vector<std::string> FormatEpochMetricLines(int epoch, const std::string& prefix,
+                                                const MetricValues& metrics);
+std::string FormatTimeCostLine(int epoch, double seconds);
+std::string FormatSavedCheckpointLine(const std::string& path);
+std::string FormatTestIoLine(int64_t batch, double samples_per_sec);
+
+// Where the trainer's MXNet-format lines go. Thread-compatible (one thread).
+class TrainLog {
+ public:
+  // `sink` receives whole lines without the trailing newline; an empty sink
+  // writes to stderr (like Python's logging) and flushes.
+  explicit TrainLog(std::function<void(const std::string&)> sink = nullptr);
+  void Info(const std::string& message);
+
+ private:
+  std::function<void(const std::string&)> sink_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_TRAIN_LOG_H_

@@ -1,0 +1,291 @@
+#include "worker/trainer.h"
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "nn/initializer.h"
+#include "worker/checkpoint.h"
+#include "worker/metrics.h"
+#include "worker/train_config.h"
+
+namespace pstrain {
+namespace {
+
+double SecondsSince(SteadyClock::time_point t) {
+  return std::chrono::duration<double>(SteadyClock::now() - t).count();
+}
+
+StatusOr<InitializerSpec> ParseInitializer(const std::string& text) {
+  // fit.py's "default": Xavier(rnd_type='gaussian', factor_type='in', magnitude=2).
+  return InitializerSpec::Parse(text == "default" ? "xavier(gaussian,in,2)" : text);
+}
+
+}  // namespace
+
+Trainer::Trainer(const TrainConfig& cfg, TrainerEnv env) : cfg_(cfg), env_(std::move(env)) {}
+Trainer::~Trainer() = default;
+
+StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& cfg, TrainerEnv env) {
+  CHECK(env.log != nullptr);
+  CHECK(env.build_model != nullptr);
+  RETURN_IF_ERROR(ValidateTrainConfig(cfg));
+  if (env.num_workers < 1 || env.rank < 0 || env.rank >= env.num_workers) {
+    return Status::InvalidArgument(
+        StrCat("worker rank ", env.rank, " of ", env.num_workers, " is out of range"));
+  }
+  std::unique_ptr<Trainer> t(new Trainer(cfg, std::move(env)));
+  RETURN_IF_ERROR(t->Init());
+  return t;
+}
+
+Status Trainer::Init() {
+  ASSIGN_OR_RETURN(data_, OpenTrainData(cfg_, env_.rank, env_.num_workers));
+  const int64_t n = cfg_.num_examples() > 0 ? cfg_.num_examples() : data_.total_train_examples;
+  epoch_size_ = EpochSize(n, env_.num_workers, cfg_.batch_size());
+  if (epoch_size_ < 1) {
+    return Status::InvalidArgument(StrCat(n, " examples over ", env_.num_workers,
+                                          " workers make no batch of ", cfg_.batch_size()));
+  }
+  env_.log->Info(StrCat("train data: ", data_.train->Describe(), "; ", epoch_size_,
+                        " batches per epoch"));
+  if (data_.val) env_.log->Info(StrCat("validation data: ", data_.val->Describe()));
+  if (cfg_.test_io() != 0) return Status::Ok();
+
+  ModelOptions mo;
+  mo.name = cfg_.network();
+  mo.num_layers = cfg_.num_layers();
+  mo.image_shape = Shape(data_.image_shape);
+  mo.num_classes = data_.num_classes;
+  ASSIGN_OR_RETURN(graph_, env_.build_model(mo));
+  ExecutorOptions eo;
+  eo.batch_size = cfg_.batch_size();
+  eo.num_threads = cfg_.num_threads();
+  eo.seed = cfg_.seed() + 1;
+  ASSIGN_OR_RETURN(exec_, Executor::Create(graph_, eo));
+  const Shape out_shape = exec_->output().shape();
+  num_classes_ = static_cast<int>(out_shape.ProductFrom(1));
+  env_.log->Info(StrCat("network ", cfg_.network(), ": ", graph_.params().size(),
+                        " parameter arrays, ", graph_.NumParams(), " parameters, output ",
+                        out_shape.ToString()));
+
+  ASSIGN_OR_RETURN(InitializerSpec init, ParseInitializer(cfg_.initializer()));
+  InitializeExecutor(init, cfg_.seed(), exec_.get());
+
+  ASSIGN_OR_RETURN(OptimizerConfig opt, MakeOptimizerConfig(cfg_, epoch_size_, env_.num_workers));
+  if (env_.make_sync) {
+    ASSIGN_OR_RETURN(sync_, env_.make_sync(opt));
+  } else if (cfg_.kv_store() == "local" || cfg_.kv_store() == "device") {
+    ASSIGN_OR_RETURN(std::unique_ptr<LocalParamSync> local, LocalParamSync::Create(opt));
+    sync_ = std::move(local);
+  } else {
+    return Status::FailedPrecondition(StrCat("--kv-store ", cfg_.kv_store(),
+                                             " needs a cluster (start it with `pstrain launch`)"));
+  }
+  if (cfg_.load_epoch() > 0) {
+    RETURN_IF_ERROR(LoadCheckpoint(cfg_.load_epoch()));
+  }
+  RETURN_IF_ERROR(sync_->Init(exec_.get()));
+  if (cfg_.load_epoch() > 0) {
+    const std::string states = CheckpointStatesPath(cfg_.model_prefix(), cfg_.load_epoch());
+    auto arrays = LoadArrays(states);
+    if (arrays.ok()) {
+      RETURN_IF_ERROR(sync_->LoadState(*arrays).WithContext(states));
+    } else if (arrays.status().code() != StatusCode::kNotFound) {
+      return arrays.status();
+    }
+  }
+  ParamSync* sync = sync_.get();
+  exec_->SetGradReadyCallback([sync](int i) { sync->OnGradReady(i); });
+  exec_->SetParamNeededCallback([sync](int i) { sync->WaitParam(i); });
+  env_.log->Info(StrCat("optimizer: ", opt.ShortDebugString()));
+  return Status::Ok();
+}
+
+Status Trainer::Run() {
+  if (cfg_.test_io() != 0) return RunTestIo();
+  // The reader draws epoch e's order at its (e+1)-th Reset; skip the epochs a
+  // resumed run has already done so it sees the same orders as an unbroken one.
+  for (int e = 0; e < cfg_.load_epoch(); ++e) data_.train->Reset();
+  for (int epoch = cfg_.load_epoch(); epoch < cfg_.num_epochs(); ++epoch) {
+    RETURN_IF_ERROR(TrainEpoch(epoch));
+  }
+  return Status::Ok();
+}
+
+Status Trainer::RunTestIo() {
+  data_.train->Reset();
+  Batch batch;
+  auto start = SteadyClock::now();
+  auto tic = start;
+  int64_t samples = 0;
+  for (int64_t i = 0;; ++i) {
+    ASSIGN_OR_RETURN(bool more, data_.train->Next(&batch));
+    if (!more) break;
+    samples += batch.batch_size();
+    if ((i + 1) % cfg_.disp_batches() == 0) {
+      const double speed = cfg_.disp_batches() * cfg_.batch_size() / SecondsSince(tic);
+      env_.log->Info(FormatTestIoLine(i, speed));
+      tic = SteadyClock::now();
+    }
+  }
+  const double secs = SecondsSince(start);
+  test_io_speed_ = secs > 0 ? samples / secs : 0;
+  env_.log->Info(StrCat("test-io: ", samples, " images in ", secs, " s: ", test_io_speed_,
+                        " images/sec"));
+  return Status::Ok();
+}
+
+Status Trainer::NextTrainBatch(Batch* batch) {
+  ASSIGN_OR_RETURN(bool more, data_.train->Next(batch));
+  if (more) return Status::Ok();
+  // Fewer batches in this part than epoch_size: go round again (MXNet's ResizeIter).
+  data_.train->Reset();
+  ASSIGN_OR_RETURN(more, data_.train->Next(batch));
+  if (!more) return Status::FailedPrecondition(StrCat(data_.train->Describe(), " is empty"));
+  return Status::Ok();
+}
+
+Status Trainer::CopyBatchIn(const Batch& batch) {
+  const Tensor data = exec_->data();
+  const Tensor label = exec_->label();
+  if (static_cast<int64_t>(batch.data.size()) != data.num_elements() ||
+      static_cast<int64_t>(batch.label.size()) < label.num_elements()) {
+    return Status::InvalidArgument(StrCat("batch of ", batch.data.size(), " values and ",
+                                          batch.label.size(), " labels does not fit the network's ",
+                                          data.shape().ToString(), " input"));
+  }
+  std::memcpy(data.data(), batch.data.data(), data.bytes());
+  std::memcpy(label.data(), batch.label.data(), label.bytes());
+  return Status::Ok();
+}
+
+Status Trainer::TrainEpoch(int epoch) {
+  const auto epoch_start = SteadyClock::now();
+  data_.train->Reset();
+  ClassificationMetrics metrics(cfg_.top_k());
+  Batch batch;
+  auto speed_tic = SteadyClock::now();
+  for (int64_t nbatch = 0; nbatch < epoch_size_; ++nbatch) {
+    RETURN_IF_ERROR(NextTrainBatch(&batch));
+    RETURN_IF_ERROR(CopyBatchIn(batch));
+    exec_->Forward(/*is_train=*/true);
+    RETURN_IF_ERROR(sync_->TakeError());
+    const Tensor out = exec_->output();
+    metrics.Update(out.data(), batch.label.data(), batch.batch_size() - batch.pad, num_classes_);
+    exec_->Backward();
+    RETURN_IF_ERROR(sync_->TakeError());
+    // Speedometer (MXNet v0.10-1.3): starts its clock at the first batch,
+    // reports every `disp_batches` batches, then resets the metrics.
+    if (nbatch == 0) {
+      speed_tic = SteadyClock::now();
+    } else if (nbatch % cfg_.disp_batches() == 0) {
+      const double speed = cfg_.disp_batches() * cfg_.batch_size() / SecondsSince(speed_tic);
+      env_.log->Info(FormatSpeedLine(epoch, nbatch, speed, metrics.Get()));
+      metrics.Reset();
+      speed_tic = SteadyClock::now();
+    }
+  }
+  EpochResult result;
+  result.epoch = epoch;
+  result.train = metrics.Get();
+  result.seconds = SecondsSince(epoch_start);
+  result.samples = epoch_size_ * cfg_.batch_size();
+  for (const std::string& line : FormatEpochMetricLines(epoch, "Train", result.train)) {
+    env_.log->Info(line);
+  }
+  env_.log->Info(FormatTimeCostLine(epoch, result.seconds));
+  if (!cfg_.model_prefix().empty() && (epoch + 1) % cfg_.save_period() == 0) {
+    RETURN_IF_ERROR(SaveCheckpoint(epoch + 1));
+  }
+  RETURN_IF_ERROR(Validate(epoch, &result));
+  history_.push_back(std::move(result));
+  return Status::Ok();
+}
+
+Status Trainer::Validate(int epoch, EpochResult* result) {
+  if (data_.val == nullptr) return Status::Ok();
+  data_.val->Reset();
+  ClassificationMetrics metrics(cfg_.top_k());
+  Batch batch;
+  while (true) {
+    ASSIGN_OR_RETURN(bool more, data_.val->Next(&batch));
+    if (!more) break;
+    RETURN_IF_ERROR(CopyBatchIn(batch));
+    exec_->Forward(/*is_train=*/false);
+    RETURN_IF_ERROR(sync_->TakeError());
+    metrics.Update(exec_->output().data(), batch.label.data(), batch.batch_size() - batch.pad,
+                   num_classes_);
+  }
+  result->val = metrics.Get();
+  for (const std::string& line : FormatEpochMetricLines(epoch, "Validation", result->val)) {
+    env_.log->Info(line);
+  }
+  return Status::Ok();
+}
+
+Status Trainer::SaveCheckpoint(int epoch_done) {
+  // Rank r > 0 saves to prefix-<r>, as fit.py does.
+  const std::string prefix =
+      env_.rank == 0 ? cfg_.model_prefix() : StrCat(cfg_.model_prefix(), "-", env_.rank);
+  std::vector<NamedArray> arrays;
+  const auto& params = graph_.params();
+  for (int i = 0; i < exec_->num_params(); ++i) {
+    NamedArray a;
+    a.kind = NamedArray::Kind::kParam;
+    a.name = params[i].name;
+    a.shape = exec_->param(i).shape().dims();
+    a.data.resize(exec_->param(i).num_elements());
+    RETURN_IF_ERROR(exec_->ReadParam(i, a.data.data(), a.data.size()));
+    arrays.push_back(std::move(a));
+  }
+  const auto& aux = graph_.aux_states();
+  for (int i = 0; i < exec_->num_aux(); ++i) {
+    NamedArray a;
+    a.kind = NamedArray::Kind::kAux;
+    a.name = aux[i].name;
+    a.shape = exec_->aux(i).shape().dims();
+    a.data.resize(exec_->aux(i).num_elements());
+    RETURN_IF_ERROR(exec_->ReadAux(i, a.data.data(), a.data.size()));
+    arrays.push_back(std::move(a));
+  }
+  const std::string path = CheckpointParamsPath(prefix, epoch_done);
+  RETURN_IF_ERROR(SaveArrays(path, arrays));
+  std::vector<NamedArray> states = sync_->SaveState();
+  if (!states.empty()) {
+    RETURN_IF_ERROR(SaveArrays(CheckpointStatesPath(prefix, epoch_done), states));
+  }
+  env_.log->Info(FormatSavedCheckpointLine(path));
+  return Status::Ok();
+}
+
+Status Trainer::LoadCheckpoint(int epoch) {
+  const std::string path = CheckpointParamsPath(cfg_.model_prefix(), epoch);
+  ASSIGN_OR_RETURN(std::vector<NamedArray> arrays, LoadArrays(path));
+  std::map<std::string, const NamedArray*> by_name;
+  for (const NamedArray& a : arrays) by_name[a.name] = &a;
+  auto restore = [&](const ParamInfo& info, const Tensor& t, bool aux, int i) -> Status {
+    auto it = by_name.find(info.name);
+    if (it == by_name.end()) {
+      return Status::InvalidArgument(StrCat(path, " has no array ", info.name));
+    }
+    if (it->second->shape != t.shape().dims()) {
+      return Status::InvalidArgument(StrCat(path, ": ", info.name, " has shape ",
+                                            Shape(it->second->shape).ToString(),
+                                            ", the network wants ", t.shape().ToString()));
+    }
+    const auto& d = it->second->data;
+    return aux ? exec_->WriteAux(i, d.data(), d.size()) : exec_->WriteParam(i, d.data(), d.size());
+  };
+  for (int i = 0; i < exec_->num_params(); ++i) {
+    RETURN_IF_ERROR(restore(graph_.params()[i], exec_->param(i), false, i));
+  }
+  for (int i = 0; i < exec_->num_aux(); ++i) {
+    RETURN_IF_ERROR(restore(graph_.aux_states()[i], exec_->aux(i), true, i));
+  }
+  env_.log->Info(StrCat("Loaded parameters from \"", path, "\""));
+  return Status::Ok();
+}
+
+}  // namespace pstrain

@@ -1,0 +1,99 @@
+// Trainer: MXNet fit.py's loop for one worker (mxnet_facts.md 3.3, 3.5).
+//
+// Per epoch e (0-based, from --load-epoch): reset the training reader, run
+// epoch_size = ceil(floor(N / W) / batch) batches (resetting the reader if it
+// runs out first, so every worker runs the same number of batches), each one
+// forward -> backward, with parameters exchanged through a ParamSync (gradient
+// i handed over the moment Backward completes it; the next Forward waits for
+// parameter i only before its first use). A Speedometer logs every
+// --disp-batches batches and resets the metrics (MXNet's auto_reset), then per
+// epoch: Train-<metric>, Time cost, the checkpoint (every --save-period
+// epochs), and Validation-<metric> over the whole validation reader.
+//
+// --test-io 1 only iterates the training reader once and logs its speed.
+//
+// Threads: Run() on one thread; the ParamSync callbacks run on it too.
+#ifndef PSTRAIN_WORKER_TRAINER_H_
+#define PSTRAIN_WORKER_TRAINER_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "nn/executor.h"
+#include "models/models.h"
+#include "nn/graph.h"
+#include "proto/optimizer.pb.h"
+#include "proto/train_config.pb.h"
+#include "worker/param_sync.h"
+#include "worker/train_data.h"
+#include "worker/train_log.h"
+
+namespace pstrain {
+
+// What the process around the trainer provides.
+struct TrainerEnv {
+  int rank = 0;
+  int num_workers = 1;
+  TrainLog* log = nullptr;  // REQUIRED; not owned
+  // Builds the network (REQUIRED; `pstrain train` passes models/ BuildModel).
+  // Called with the data set's image shape and class count.
+  std::function<StatusOr<Graph>(const ModelOptions&)> build_model;
+  // Creates the parameter sync for the config's kv_store from the optimizer
+  // config fit.py would build. Empty: LocalParamSync, which serves `local` and
+  // `device`; other kv_stores then fail with FailedPrecondition.
+  std::function<StatusOr<std::unique_ptr<ParamSync>>(const OptimizerConfig&)> make_sync;
+};
+
+struct EpochResult {
+  int epoch = 0;
+  MetricValues train;  // since the last Speedometer reset, as MXNet prints it
+  MetricValues val;    // empty without a validation set
+  double seconds = 0;
+  int64_t samples = 0;  // training examples processed (batches * batch size)
+};
+
+class Trainer {
+ public:
+  // Validates the config, opens the data, builds the model and its executor,
+  // initializes (or, with --load-epoch, loads) the parameters.
+  static StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& cfg, TrainerEnv env);
+  ~Trainer();
+
+  // Trains epochs [load_epoch, num_epochs), or runs --test-io.
+  Status Run();
+
+  const std::vector<EpochResult>& history() const { return history_; }
+  // Examples per second over the whole --test-io pass (0 before Run).
+  double test_io_speed() const { return test_io_speed_; }
+  const Executor& executor() const { return *exec_; }
+  int64_t epoch_size() const { return epoch_size_; }
+
+ private:
+  Trainer(const TrainConfig& cfg, TrainerEnv env);
+  Status Init();
+  Status RunTestIo();
+  Status TrainEpoch(int epoch);
+  Status Validate(int epoch, EpochResult* result);
+  Status SaveCheckpoint(int epoch_done);
+  Status LoadCheckpoint(int epoch);
+  Status CopyBatchIn(const Batch& batch);
+  Status NextTrainBatch(Batch* batch);
+
+  TrainConfig cfg_;
+  TrainerEnv env_;
+  TrainData data_;
+  Graph graph_;
+  std::unique_ptr<Executor> exec_;
+  std::unique_ptr<ParamSync> sync_;
+  int64_t epoch_size_ = 0;
+  int num_classes_ = 0;
+  std::vector<EpochResult> history_;
+  double test_io_speed_ = 0;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_TRAINER_H_
