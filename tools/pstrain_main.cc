@@ -25,6 +25,10 @@ const Command kCommands[] = {
     // parameter server (scheduler/, server/, worker/):
 
     // image pipeline (data/):
+    {"im2rec", "make .lst files from image folders; pack them into RecordIO .rec + .idx",
+     RunIm2rec, "im2rec_cmd.cc"},
+    {"imageio", "read a .rec through the image pipeline and report images/s", RunImageIo,
+     "imageio_cmd.cc,image_flags.cc"},
 
     // training (nn/, models/, worker/):
 
