@@ -114,55 +114,75 @@ void WriteNormalized(const AugmentConfig& cfg, const Image& src, Rect window, bo
         window.y + window.height <= src.height);
   const size_t plane = static_cast<size_t>(oh) * ow;
   const Affine af = MakeAffine(cfg);
-  const bool same_size = window.width == ow && window.height == oh;
 
-  // Source column (relative to the window) and weight for every output column.
-  std::vector<int> x0(ow);
-  std::vector<float> wx(ow);
-  const float sx = static_cast<float>(window.width) / ow;
-  for (int x = 0; x < ow; ++x) {
-    const int ox = mirror ? ow - 1 - x : x;
-    if (same_size) {
-      x0[x] = ox;
-      wx[x] = 0.0f;
-      continue;
-    }
-    float f = (ox + 0.5f) * sx - 0.5f;
-    int i = static_cast<int>(std::floor(f));
-    float a = f - i;
-    if (i < 0) i = 0, a = 0;
-    if (i >= window.width - 1) i = window.width - 1, a = 0;
-    x0[x] = i;
-    wx[x] = a;
-  }
-  const float sy = static_cast<float>(window.height) / oh;
-  for (int y = 0; y < oh; ++y) {
-    float* dst[3];
-    for (int c = 0; c < C; ++c) dst[c] = out + c * plane + static_cast<size_t>(y) * ow;
-    if (same_size) {
+  if (window.width == ow && window.height == oh) {
+    for (int y = 0; y < oh; ++y) {
       const uint8_t* row = src.row(window.y + y) + static_cast<size_t>(window.x) * C;
-      for (int x = 0; x < ow; ++x) {
-        const uint8_t* p = row + x0[x] * C;
-        for (int c = 0; c < C; ++c) dst[c][x] = p[c] * af.k[c] + af.b[c];
+      for (int c = 0; c < C; ++c) {
+        float* dst = out + c * plane + static_cast<size_t>(y) * ow;
+        const uint8_t* p = row + c;
+        const float k = af.k[c], b = af.b[c];
+        if (mirror) {
+          for (int x = 0; x < ow; ++x) dst[x] = p[(ow - 1 - x) * C] * k + b;
+        } else {
+          for (int x = 0; x < ow; ++x) dst[x] = p[x * C] * k + b;
+        }
       }
-    } else {
+    }
+  } else {
+    // Separable bilinear (OpenCV's INTER_LINEAR rule): each source row of the
+    // window is resized horizontally once, into planar floats (mirror folded
+    // in), and output rows blend two such rows.
+    std::vector<int> xa(ow), xb(ow);
+    std::vector<float> wx(ow);
+    const float sx = static_cast<float>(window.width) / ow;
+    for (int x = 0; x < ow; ++x) {
+      const int ox = mirror ? ow - 1 - x : x;
+      float f = (ox + 0.5f) * sx - 0.5f;
+      int i = static_cast<int>(std::floor(f));
+      float a = f - i;
+      if (i < 0) i = 0, a = 0;
+      if (i >= window.width - 1) i = window.width - 1, a = 0;
+      xa[x] = (window.x + i) * C;
+      xb[x] = (window.x + std::min(i + 1, window.width - 1)) * C;
+      wx[x] = a;
+    }
+    const size_t hrow = static_cast<size_t>(C) * ow;
+    std::vector<float> hbuf(2 * hrow);
+    int tag[2] = {-1, -1};
+    auto horizontal = [&](int r, int avoid_slot) -> const float* {
+      for (int s = 0; s < 2; ++s) {
+        if (tag[s] == r) return hbuf.data() + s * hrow;
+      }
+      const int s = avoid_slot == 0 ? 1 : 0;
+      tag[s] = r;
+      float* h = hbuf.data() + s * hrow;
+      const uint8_t* p = src.row(window.y + r);
+      for (int c = 0; c < C; ++c) {
+        float* hc = h + static_cast<size_t>(c) * ow;
+        for (int x = 0; x < ow; ++x) {
+          const float v0 = p[xa[x] + c], v1 = p[xb[x] + c];
+          hc[x] = v0 + wx[x] * (v1 - v0);
+        }
+      }
+      return h;
+    };
+    const float sy = static_cast<float>(window.height) / oh;
+    for (int y = 0; y < oh; ++y) {
       float f = (y + 0.5f) * sy - 0.5f;
       int i = static_cast<int>(std::floor(f));
       float b = f - i;
       if (i < 0) i = 0, b = 0;
       if (i >= window.height - 1) i = window.height - 1, b = 0;
-      const int i1 = std::min(i + 1, window.height - 1);
-      const uint8_t* r0 = src.row(window.y + i) + static_cast<size_t>(window.x) * C;
-      const uint8_t* r1 = src.row(window.y + i1) + static_cast<size_t>(window.x) * C;
-      for (int x = 0; x < ow; ++x) {
-        const int a0 = x0[x] * C;
-        const int a1 = std::min(x0[x] + 1, window.width - 1) * C;
-        const float a = wx[x];
-        for (int c = 0; c < C; ++c) {
-          float top = r0[a0 + c] + a * (r0[a1 + c] - r0[a0 + c]);
-          float bot = r1[a0 + c] + a * (r1[a1 + c] - r1[a0 + c]);
-          dst[c][x] = (top + b * (bot - top)) * af.k[c] + af.b[c];
-        }
+      const float* h0 = horizontal(i, -1);
+      const int slot0 = h0 == hbuf.data() ? 0 : 1;
+      const float* h1 = b == 0.0f ? h0 : horizontal(std::min(i + 1, window.height - 1), slot0);
+      for (int c = 0; c < C; ++c) {
+        const float* r0 = h0 + static_cast<size_t>(c) * ow;
+        const float* r1 = h1 + static_cast<size_t>(c) * ow;
+        float* dst = out + c * plane + static_cast<size_t>(y) * ow;
+        const float k = af.k[c], bias = af.b[c];
+        for (int x = 0; x < ow; ++x) dst[x] = (r0[x] + b * (r1[x] - r0[x])) * k + bias;
       }
     }
   }
