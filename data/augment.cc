@@ -15,8 +15,8 @@ Status AugmentConfig::Validate() const {
         StrCat("data shape: height and width must be positive, got ", out_height, "x", out_width));
   }
   if (resize < 0 || pad < 0) {
-    return Status::InvalidArgument(StrCat("resize (", resize, ") and pad size (", pad,
-                                          ") must not be negative"));
+    return Status::InvalidArgument(
+        StrCat("resize (", resize, ") and pad size (", pad, ") must not be negative"));
   }
   if (fill_value < 0 || fill_value > 255) {
     return Status::InvalidArgument(StrCat("fill value must be in [0, 255], got ", fill_value));
@@ -209,8 +209,8 @@ Status AugmentImage(const AugmentConfig& cfg, std::string_view encoded, std::str
     // than the output.
     RETURN_IF_ERROR(PlanCrop(cfg, h, w, rng, where, &plan));
     RETURN_IF_ERROR(scratch->decoder.DecodeRegion(encoded, where, cfg.channels, plan.window,
-                                                  cfg.out_height, cfg.out_width,
-                                                  &scratch->decoded, &scale));
+                                                  cfg.out_height, cfg.out_width, &scratch->decoded,
+                                                  &scale));
     const Image& d = scratch->decoded;
     WriteNormalized(cfg, d, Rect{0, 0, d.width, d.height}, plan.mirror, out);
     return Status::Ok();

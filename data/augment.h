@@ -80,7 +80,7 @@ class Rng {
 // The crop and flip chosen for one image of in_height x in_width (after
 // resize and pad).
 struct CropPlan {
-  Rect window;          // in the resized, padded image
+  Rect window;  // in the resized, padded image
   bool mirror = false;
 };
 

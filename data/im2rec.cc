@@ -20,7 +20,8 @@ namespace {
 
 bool HasExt(const fs::path& p, const std::vector<std::string>& exts) {
   std::string ext = p.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
   return std::find(exts.begin(), exts.end(), ext) != exts.end();
 }
 
@@ -70,8 +71,7 @@ StatusOr<std::vector<ImageListEntry>> ListImageFolder(const std::string& root, b
   if (ec) return Status::IOError(StrCat("listing ", root, ": ", ec.message()));
   std::sort(files.begin(), files.end());
   for (const fs::path& f : files) {
-    out.push_back(ImageListEntry{static_cast<int64_t>(out.size()), {0.0f},
-                                 f.filename().string()});
+    out.push_back(ImageListEntry{static_cast<int64_t>(out.size()), {0.0f}, f.filename().string()});
   }
   return out;
 }
@@ -117,10 +117,12 @@ StatusOr<std::vector<ImageListEntry>> ReadImageList(const std::string& path) {
     ImageListEntry e;
     char* end = nullptr;
     e.index = std::strtoll(fields[0].c_str(), &end, 10);
-    if (fields[0].empty() || *end != '\0') return bad("index '" + fields[0] + "' is not an integer");
+    if (fields[0].empty() || *end != '\0')
+      return bad("index '" + fields[0] + "' is not an integer");
     for (size_t i = 1; i + 1 < fields.size(); ++i) {
       float v = std::strtof(fields[i].c_str(), &end);
-      if (fields[i].empty() || *end != '\0') return bad("label '" + fields[i] + "' is not a number");
+      if (fields[i].empty() || *end != '\0')
+        return bad("label '" + fields[i] + "' is not a number");
       e.labels.push_back(v);
     }
     e.path = fields.back();
@@ -218,8 +220,8 @@ Status PackImageList(const std::string& lst_path, const std::string& root,
                      const std::string& rec_path, const std::string& idx_path,
                      const PackOptions& options, PackStats* stats) {
   if (options.num_threads < 1 || options.num_threads > 256) {
-    return Status::InvalidArgument(StrCat("im2rec threads must be in [1, 256], got ",
-                                          options.num_threads));
+    return Status::InvalidArgument(
+        StrCat("im2rec threads must be in [1, 256], got ", options.num_threads));
   }
   if (options.resize < 0 || options.quality < 1 || options.quality > 100) {
     return Status::InvalidArgument(StrCat("resize ", options.resize, " must be >= 0 and quality ",
@@ -251,8 +253,8 @@ Status PackImageList(const std::string& lst_path, const std::string& root,
         ++stats->skipped;
         continue;
       }
-      index.push_back(RecordIndexEntry{static_cast<uint64_t>(entries[base + i].index),
-                                       writer->Tell()});
+      index.push_back(
+          RecordIndexEntry{static_cast<uint64_t>(entries[base + i].index), writer->Tell()});
       RETURN_IF_ERROR(writer->Write(payloads[i]));
       ++stats->written;
     }

@@ -50,11 +50,11 @@ StatusOr<std::vector<std::string>> MakeImageLists(const std::string& prefix,
                                                   const MakeListOptions& options);
 
 struct PackOptions {
-  int resize = 0;            // shorter side in pixels; 0 keeps the size
-  int quality = 95;          // JPEG quality of re-encoded images
-  bool center_crop = false;  // crop the centre square before resizing
-  bool pass_through = false; // store the file's bytes unchanged (no decode)
-  bool pack_label = false;   // store every label of the line (flag = count)
+  int resize = 0;             // shorter side in pixels; 0 keeps the size
+  int quality = 95;           // JPEG quality of re-encoded images
+  bool center_crop = false;   // crop the centre square before resizing
+  bool pass_through = false;  // store the file's bytes unchanged (no decode)
+  bool pack_label = false;    // store every label of the line (flag = count)
   int num_threads = 1;
 };
 

@@ -1,18 +1,18 @@
 #include "data/image_codec.h"
 
-// jpeglib.h needs size_t and FILE declared first.
+#include <algorithm>
+#include <cmath>
 #include <csetjmp>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
+// jpeglib.h needs FILE and size_t declared before it; jerror.h comes after it.
+// clang-format off
+#include <cstdio>
 #include <jpeglib.h>
-// jerror.h after jpeglib.h: the warning codes.
 #include <jerror.h>
+// clang-format on
 #include <png.h>
-
-#include <algorithm>
-#include <cmath>
 
 namespace pstrain {
 namespace {
@@ -91,7 +91,8 @@ Status CheckChannels(int channels, std::string_view where) {
 
 ImageFormat DetectImageFormat(std::string_view bytes) {
   if (bytes.size() >= 3 && static_cast<unsigned char>(bytes[0]) == 0xFF &&
-      static_cast<unsigned char>(bytes[1]) == 0xD8 && static_cast<unsigned char>(bytes[2]) == 0xFF) {
+      static_cast<unsigned char>(bytes[1]) == 0xD8 &&
+      static_cast<unsigned char>(bytes[2]) == 0xFF) {
     return ImageFormat::kJpeg;
   }
   static const unsigned char kPngSig[8] = {0x89, 'P', 'N', 'G', 0x0D, 0x0A, 0x1A, 0x0A};
@@ -161,8 +162,8 @@ Status ImageDecoder::DecodeRegion(std::string_view bytes, std::string_view where
     RETURN_IF_ERROR(DecodePng(bytes, where, channels, &full));
     if (region.x < 0 || region.y < 0 || region.width <= 0 || region.height <= 0 ||
         region.x + region.width > full.width || region.y + region.height > full.height) {
-      return Status::InvalidArgument(StrCat(where, ": region outside the ", full.width, "x",
-                                            full.height, " image"));
+      return Status::InvalidArgument(
+          StrCat(where, ": region outside the ", full.width, "x", full.height, " image"));
     }
     out->Resize(region.height, region.width, channels);
     for (int y = 0; y < region.height; ++y) {
@@ -189,9 +190,9 @@ Status ImageDecoder::DecodeRegion(std::string_view bytes, std::string_view where
   if (region.x < 0 || region.y < 0 || region.width <= 0 || region.height <= 0 ||
       region.x + region.width > full_w || region.y + region.height > full_h) {
     jpeg_abort_decompress(cinfo);
-    return Status::InvalidArgument(StrCat(where, ": region ", region.width, "x", region.height,
-                                          "+", region.x, "+", region.y, " outside the ", full_w,
-                                          "x", full_h, " image"));
+    return Status::InvalidArgument(StrCat(where, ": region ", region.width, "x", region.height, "+",
+                                          region.x, "+", region.y, " outside the ", full_w, "x",
+                                          full_h, " image"));
   }
   int s = 8;
   for (int c = 1; c < 8; ++c) {
@@ -231,8 +232,8 @@ Status ImageDecoder::DecodeRegion(std::string_view bytes, std::string_view where
   }
   jpeg_abort_decompress(cinfo);  // the rows below the region are never decoded
   if (jpeg_->err.truncated) {
-    return Status::Corruption(StrCat(where, ": truncated JPEG (", bytes.size(),
-                                     " bytes end inside the image data)"));
+    return Status::Corruption(
+        StrCat(where, ": truncated JPEG (", bytes.size(), " bytes end inside the image data)"));
   }
   *scale = s / 8.0;
   return Status::Ok();

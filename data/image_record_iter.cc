@@ -51,8 +51,8 @@ StatusOr<std::unique_ptr<ImageRecordIter>> ImageRecordIter::Create(
     for (const RecordIndexEntry& e : idx) {
       if (e.offset >= it->file_->size()) {
         return Status::Corruption(StrCat(config.path_imgidx, ": key ", e.key, " has offset ",
-                                         e.offset, " past the end of ", config.path_imgrec,
-                                         " (", it->file_->size(), " bytes)"));
+                                         e.offset, " past the end of ", config.path_imgrec, " (",
+                                         it->file_->size(), " bytes)"));
       }
       if (e.offset >= range.first && e.offset < range.second) it->offsets_.push_back(e.offset);
     }
@@ -61,8 +61,8 @@ StatusOr<std::unique_ptr<ImageRecordIter>> ImageRecordIter::Create(
     ASSIGN_OR_RETURN(it->offsets_, it->file_->ScanRecordStarts(range.first, range.second));
   }
   if (it->offsets_.empty()) {
-    return Status::InvalidArgument(StrCat(config.path_imgrec, ": part ", config.part_index,
-                                          " of ", config.num_parts, " (bytes ", range.first, "-",
+    return Status::InvalidArgument(StrCat(config.path_imgrec, ": part ", config.part_index, " of ",
+                                          config.num_parts, " (bytes ", range.first, "-",
                                           range.second, ") holds no records"));
   }
   it->num_batches_ =
@@ -195,14 +195,14 @@ Status ImageRecordIter::FillBatch(int64_t seq, int64_t pass, const std::vector<i
     RETURN_IF_ERROR(file_->ReadAt(offset, &payload, &scratch_record, nullptr));
     RETURN_IF_ERROR(ParseImageRecord(payload, where, &rec));
     if (static_cast<int>(rec.labels.size()) < lw) {
-      return Status::Corruption(StrCat(where, ": record has ", rec.labels.size(),
-                                       " labels, the label width is ", lw));
+      return Status::Corruption(
+          StrCat(where, ": record has ", rec.labels.size(), " labels, the label width is ", lw));
     }
     std::copy(rec.labels.begin(), rec.labels.begin() + lw, batch->label.begin() + i * lw);
     batch->index[i] = static_cast<int64_t>(rec.header.id);
     Rng rng(Mix(Mix(config_.seed, static_cast<uint64_t>(pass)), static_cast<uint64_t>(ex)));
-    RETURN_IF_ERROR(AugmentImage(aug, rec.image, where, &rng, scratch,
-                                 batch->data.data() + i * example));
+    RETURN_IF_ERROR(
+        AugmentImage(aug, rec.image, where, &rng, scratch, batch->data.data() + i * example));
   }
   return Status::Ok();
 }
@@ -244,9 +244,9 @@ std::vector<int64_t> ImageRecordIter::batch_shape() const {
 
 std::string ImageRecordIter::Describe() const {
   return StrCat("ImageRecordIter ", config_.path_imgrec, " part ", config_.part_index, "/",
-                config_.num_parts, " (bytes ", part_begin_, "-", part_end_, "), ",
-                offsets_.size(), " examples, batch ", config_.batch_size, ", ",
-                config_.preprocess_threads, " threads");
+                config_.num_parts, " (bytes ", part_begin_, "-", part_end_, "), ", offsets_.size(),
+                " examples, batch ", config_.batch_size, ", ", config_.preprocess_threads,
+                " threads");
 }
 
 }  // namespace pstrain

@@ -44,8 +44,8 @@ RecordIOWriter::~RecordIOWriter() {
 Status RecordIOWriter::WriteBytes(const void* data, size_t size) {
   if (size == 0) return Status::Ok();
   if (std::fwrite(data, 1, size, file_) != size) {
-    return Status::IOError(StrCat("write to ", path_, " at byte ", offset_, " failed: ",
-                                  std::strerror(errno)));
+    return Status::IOError(
+        StrCat("write to ", path_, " at byte ", offset_, " failed: ", std::strerror(errno)));
   }
   offset_ += size;
   return Status::Ok();
@@ -190,8 +190,7 @@ Status RecordIOFile::ReadAt(uint64_t offset, std::string_view* record, std::stri
   return Status::Ok();
 }
 
-StatusOr<std::vector<uint64_t>> RecordIOFile::ScanRecordStarts(uint64_t begin,
-                                                               uint64_t end) const {
+StatusOr<std::vector<uint64_t>> RecordIOFile::ScanRecordStarts(uint64_t begin, uint64_t end) const {
   std::vector<uint64_t> starts;
   end = std::min(end, size_);
   uint64_t pos = begin;

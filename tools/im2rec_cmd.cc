@@ -1,13 +1,13 @@
 // pstrain im2rec: MXNet's tools/im2rec.py. With --list it writes .lst files for
 // the images under ROOT; otherwise it packs PREFIX.lst (or every PREFIX*.lst)
 // into .rec + .idx files beside it.
+#include <gflags/gflags.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
-
-#include <gflags/gflags.h>
 
 #include "data/im2rec.h"
 #include "tools/commands.h"

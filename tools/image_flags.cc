@@ -1,8 +1,8 @@
 #include "tools/image_flags.h"
 
-#include <cstdlib>
-
 #include <gflags/gflags.h>
+
+#include <cstdlib>
 
 DEFINE_string(data_train, "", "the training data: a RecordIO .rec file of image records");
 DEFINE_string(data_train_idx, "", "the .idx file of --data-train (optional; else it is scanned)");
@@ -16,12 +16,15 @@ DEFINE_int32(random_crop, 0, "1: crop at a random position (else the centre)");
 DEFINE_int32(random_mirror, 0, "1: flip horizontally with probability 0.5");
 DEFINE_int32(random_resized_crop, 0,
              "1: crop a random area and aspect ratio, then resize to the image shape");
-DEFINE_double(min_random_area, 1.0, "smallest crop area (fraction of the image) with "
+DEFINE_double(min_random_area, 1.0,
+              "smallest crop area (fraction of the image) with "
               "--random-resized-crop");
 DEFINE_double(max_random_area, 1.0, "largest crop area with --random-resized-crop");
-DEFINE_double(min_random_aspect_ratio, 0.0, "smallest aspect ratio (w/h) with "
+DEFINE_double(min_random_aspect_ratio, 0.0,
+              "smallest aspect ratio (w/h) with "
               "--random-resized-crop; 0: the range is 1 -/+ --max-random-aspect-ratio");
-DEFINE_double(max_random_aspect_ratio, 0.0, "largest aspect ratio (w/h); when "
+DEFINE_double(max_random_aspect_ratio, 0.0,
+              "largest aspect ratio (w/h); when "
               "--min-random-aspect-ratio is 0, the largest change of the ratio from 1");
 DEFINE_int32(data_nthreads, 4, "threads that decode and augment images");
 
@@ -44,17 +47,16 @@ Status ParseFloatTriple(const std::string& flag, const std::string& value, float
     char* end = nullptr;
     out[i] = std::strtof(part.c_str(), &end);
     if (part.empty() || *end != '\0') {
-      return Status::InvalidArgument(StrCat("--", flag, "=", value, ": '", part,
-                                            "' is not a number"));
+      return Status::InvalidArgument(
+          StrCat("--", flag, "=", value, ": '", part, "' is not a number"));
     }
     start = comma + 1;
   }
   return Status::Ok();
 }
 
-StatusOr<ImageRecordIterConfig> ImageRecordIterConfigFromFlags(ImageDataSplit split,
-                                                               int batch_size, int channels,
-                                                               int height, int width,
+StatusOr<ImageRecordIterConfig> ImageRecordIterConfigFromFlags(ImageDataSplit split, int batch_size,
+                                                               int channels, int height, int width,
                                                                int part_index, int num_parts,
                                                                uint64_t seed) {
   const bool train = split == ImageDataSplit::kTrain;

@@ -6,10 +6,10 @@
 #ifndef PSTRAIN_TOOLS_IMAGE_FLAGS_H_
 #define PSTRAIN_TOOLS_IMAGE_FLAGS_H_
 
+#include <gflags/gflags_declare.h>
+
 #include <cstdint>
 #include <string>
-
-#include <gflags/gflags_declare.h>
 
 #include "common/status.h"
 #include "data/image_record_iter.h"
@@ -44,9 +44,8 @@ bool DataTrainIsRecordIO();
 // this worker's `part_index`, as fit.py does. `channels`, `height` and `width`
 // are the output image shape (--image-shape). A malformed flag value is
 // InvalidArgument naming the flag; an empty --data-val is NotFound.
-StatusOr<ImageRecordIterConfig> ImageRecordIterConfigFromFlags(ImageDataSplit split,
-                                                               int batch_size, int channels,
-                                                               int height, int width,
+StatusOr<ImageRecordIterConfig> ImageRecordIterConfigFromFlags(ImageDataSplit split, int batch_size,
+                                                               int channels, int height, int width,
                                                                int part_index, int num_parts,
                                                                uint64_t seed);
 

@@ -1,10 +1,10 @@
 // pstrain imageio: reads --data-train through the ImageRecordIter with the
 // augmentation flags of image_flags.cc and reports images/s of the pipeline
 // alone, like fit.py's --test-io (which `pstrain train` answers the same way).
+#include <gflags/gflags.h>
+
 #include <chrono>
 #include <cstdio>
-
-#include <gflags/gflags.h>
 
 #include "data/image_record_iter.h"
 #include "tools/commands.h"
@@ -27,10 +27,10 @@ int RunImageIo(int argc, char** argv) {
     std::fprintf(stderr, "imageio: %s\n", s.ToString().c_str());
     return 2;
   }
-  auto cfg = ImageRecordIterConfigFromFlags(
-      ImageDataSplit::kTrain, FLAGS_io_batch_size, static_cast<int>(shape[0]),
-      static_cast<int>(shape[1]), static_cast<int>(shape[2]), FLAGS_io_part_index,
-      FLAGS_io_num_parts, FLAGS_io_seed);
+  auto cfg = ImageRecordIterConfigFromFlags(ImageDataSplit::kTrain, FLAGS_io_batch_size,
+                                            static_cast<int>(shape[0]), static_cast<int>(shape[1]),
+                                            static_cast<int>(shape[2]), FLAGS_io_part_index,
+                                            FLAGS_io_num_parts, FLAGS_io_seed);
   if (!cfg.ok()) {
     std::fprintf(stderr, "imageio: %s\n", cfg.status().ToString().c_str());
     return 2;

@@ -1,12 +1,11 @@
 // JPEG/PNG codec, crop planning and the augmenter's output properties.
-#include "data/augment.h"
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
+#include "data/augment.h"
 #include "data/image_codec.h"
 #include "tests/test_util.h"
 
@@ -281,8 +280,7 @@ TEST(AugmentTest, ImageSmallerThanTheCropIsAnError) {
   AugmentScratch scratch;
   std::vector<float> out(3 * 28 * 28);
   Rng rng(0);
-  Status s = AugmentImage(cfg, Jpeg(Pattern(20, 40)), "cifar.rec:1234", &rng, &scratch,
-                          out.data());
+  Status s = AugmentImage(cfg, Jpeg(Pattern(20, 40)), "cifar.rec:1234", &rng, &scratch, out.data());
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("cifar.rec:1234"));
   EXPECT_THAT(s.message(), HasSubstr("smaller than the 28x28 crop"));

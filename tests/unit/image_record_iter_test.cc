@@ -2,6 +2,8 @@
 // packs a few hundred CIFAR-10 JPEGs that the iterator reads back augmented.
 #include "data/image_record_iter.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -10,9 +12,6 @@
 #include <fstream>
 #include <map>
 #include <set>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "data/im2rec.h"
 #include "data/image_codec.h"
@@ -208,8 +207,7 @@ TEST_F(ImageRecordIterTest, RecordThatIsNotAnImageFailsItsBatchWithFileAndOffset
   auto second = (*it)->Next(&b);
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), StatusCode::kCorruption);
-  EXPECT_THAT(second.status().message(),
-              HasSubstr("bad.rec:" + std::to_string(offsets[13])));
+  EXPECT_THAT(second.status().message(), HasSubstr("bad.rec:" + std::to_string(offsets[13])));
   auto third = (*it)->Next(&b);  // the pipeline goes on with the next batch
   ASSERT_TRUE(third.ok()) << third.status();
   EXPECT_EQ(b.index[0], 20);
@@ -279,8 +277,8 @@ TEST_F(ImageRecordIterTest, ResetMidPassStartsOver) {
 TEST(ImageRecordIterEndToEnd, Im2recPacksCifarJpegsThatTheIteratorReads) {
   const std::string tarball = testing::SharedDataDir() + "/cifar10_jpeg/cifar10-jpeg.tar.gz";
   if (!std::filesystem::exists(tarball)) GTEST_SKIP() << "no " << tarball;
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("pstrain_im2rec_e2e_" + std::to_string(::getpid()));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("pstrain_im2rec_e2e_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const std::string d = dir.string();
   const std::string untar = "tar -xzf '" + tarball + "' -C '" + d +
@@ -291,8 +289,8 @@ TEST(ImageRecordIterEndToEnd, Im2recPacksCifarJpegsThatTheIteratorReads) {
   const std::string list = bin + " im2rec --list --recursive --train-ratio 0.8 '" + d +
                            "/cifar' '" + d + "/test' > /dev/null";
   ASSERT_EQ(std::system(list.c_str()), 0) << list;
-  const std::string pack = bin + " im2rec --num-thread 2 --quality 90 '" + d +
-                           "/cifar' '" + d + "/test' > /dev/null";
+  const std::string pack =
+      bin + " im2rec --num-thread 2 --quality 90 '" + d + "/cifar' '" + d + "/test' > /dev/null";
   ASSERT_EQ(std::system(pack.c_str()), 0) << pack;
   ASSERT_TRUE(std::filesystem::exists(d + "/cifar_train.rec"));
   ASSERT_TRUE(std::filesystem::exists(d + "/cifar_val.idx"));
@@ -305,8 +303,8 @@ TEST(ImageRecordIterEndToEnd, Im2recPacksCifarJpegsThatTheIteratorReads) {
     for (const ImageListEntry& e : *lst) {
       label_of[e.index] = e.labels[0];
       const std::string cls = e.path.substr(0, e.path.find('/'));
-      static const char* kClasses[] = {"airplane", "automobile", "bird", "cat", "deer",
-                                       "dog", "frog", "horse", "ship", "truck"};
+      static const char* kClasses[] = {"airplane", "automobile", "bird",  "cat",  "deer",
+                                       "dog",      "frog",       "horse", "ship", "truck"};
       EXPECT_EQ(cls, kClasses[static_cast<int>(e.labels[0])]);
     }
   }

@@ -1,6 +1,8 @@
 // RecordIO container, .idx files, part splitting and the image record header.
 #include "data/recordio.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -8,9 +10,6 @@
 #include <fstream>
 #include <random>
 #include <set>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "data/image_recordio.h"
 #include "tests/test_util.h"
@@ -94,7 +93,7 @@ TEST_F(RecordIOTest, AlignedMagicIsSplitIntoContinuationPieces) {
   ASSERT_OK((*writer)->Write(payload));
   EXPECT_EQ((*writer)->num_escaped(), 2);
   ASSERT_OK((*writer)->Close());
-  std::string expected = m + Word(1u << 29 | 0)              // first piece: empty
+  std::string expected = m + Word(1u << 29 | 0)             // first piece: empty
                          + m + Word(2u << 29 | 4) + "abcd"  // middle piece
                          + m + Word(3u << 29 | 7) + "x" + m + "yz" + std::string(1, '\0');
   EXPECT_EQ(ReadAll(path), expected);
