@@ -249,4 +249,34 @@ std::string ImageRecordIter::Describe() const {
                 " threads");
 }
 
+StatusOr<std::vector<float>> ComputeMeanImage(const ImageRecordIterConfig& config) {
+  ImageRecordIterConfig cfg = config;
+  cfg.shuffle = false;
+  AugmentConfig& aug = cfg.aug;
+  aug.rand_crop = aug.rand_mirror = aug.random_resized_crop = false;
+  aug.mean_image.clear();
+  for (int c = 0; c < 3; ++c) {
+    aug.mean_rgb[c] = 0.0f;
+    aug.std_rgb[c] = 1.0f;
+  }
+  aug.scale = 1.0f;
+  ASSIGN_OR_RETURN(std::unique_ptr<ImageRecordIter> it, ImageRecordIter::Create(cfg));
+  const size_t example = static_cast<size_t>(aug.channels) * aug.out_height * aug.out_width;
+  std::vector<double> sum(example, 0.0);
+  int64_t count = 0;
+  Batch batch;
+  while (true) {
+    ASSIGN_OR_RETURN(bool more, it->Next(&batch));
+    if (!more) break;
+    for (int64_t e = 0; e < batch.batch_size() - batch.pad; ++e) {
+      const float* x = batch.data.data() + e * example;
+      for (size_t i = 0; i < example; ++i) sum[i] += x[i];
+      ++count;
+    }
+  }
+  std::vector<float> mean(example);
+  for (size_t i = 0; i < example; ++i) mean[i] = static_cast<float>(sum[i] / count);
+  return mean;
+}
+
 }  // namespace pstrain

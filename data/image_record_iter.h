@@ -111,6 +111,12 @@ class ImageRecordIter : public DataIter {
   std::vector<std::thread> workers_;
 };
 
+// The per-pixel mean image (C x H x W of config.aug's output shape) of the
+// part `config` reads, over one pass with centre crops and no mirror, resize
+// and pad kept, as MXNet computes `mean_img` when its file is missing. Set it
+// as AugmentConfig::mean_image to subtract it.
+StatusOr<std::vector<float>> ComputeMeanImage(const ImageRecordIterConfig& config);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_DATA_IMAGE_RECORD_ITER_H_

@@ -1,9 +1,11 @@
 // JPEG/PNG codec, crop planning and the augmenter's output properties.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <png.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "data/augment.h"
 #include "data/image_codec.h"
@@ -70,6 +72,30 @@ TEST(ImageCodecTest, JpegRoundTripIsClose) {
   Image gray;
   ASSERT_OK(dec.Decode(Jpeg(src), "mem", 1, &gray));
   EXPECT_EQ(gray.channels, 1);
+}
+
+TEST(ImageCodecTest, PngDecodesExactly) {
+  Image src = Ramp(9, 11);
+  png_image img;
+  std::memset(&img, 0, sizeof(img));
+  img.version = PNG_IMAGE_VERSION;
+  img.width = 11;
+  img.height = 9;
+  img.format = PNG_FORMAT_RGB;
+  png_alloc_size_t size = 0;
+  ASSERT_TRUE(png_image_write_get_memory_size(img, size, 0, src.pixels.data(), 0, nullptr));
+  std::string png(size, '\0');
+  ASSERT_TRUE(png_image_write_to_memory(&img, png.data(), &size, 0, src.pixels.data(), 0, nullptr));
+  png.resize(size);
+  EXPECT_EQ(DetectImageFormat(png), ImageFormat::kPng);
+  ImageDecoder dec;
+  Image out;
+  ASSERT_OK(dec.Decode(png, "mem", 3, &out));
+  EXPECT_EQ(out.pixels, src.pixels);
+  double scale = 0;
+  ASSERT_OK(dec.DecodeRegion(png, "mem", 3, Rect{2, 3, 5, 4}, 4, 5, &out, &scale));
+  ASSERT_EQ(out.width, 5);
+  EXPECT_EQ(out.row(1)[0], src.row(4)[6]);
 }
 
 TEST(ImageCodecTest, RegionDecodeMatchesFullDecode) {

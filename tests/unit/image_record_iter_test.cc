@@ -272,6 +272,38 @@ TEST_F(ImageRecordIterTest, ResetMidPassStartsOver) {
   for (int i = 0; i < 64; ++i) EXPECT_EQ(ids[i], i);
 }
 
+TEST_F(ImageRecordIterTest, MeanImageAveragesTheCentreCrops) {
+  WriteRec("mean", 50);
+  ImageRecordIterConfig cfg = Config("mean", 16);
+  cfg.aug.rand_mirror = true;  // ignored for the mean
+  auto mean = ComputeMeanImage(cfg);
+  ASSERT_TRUE(mean.ok()) << mean.status();
+  ASSERT_EQ(mean->size(), 3u * 64);
+  double red = 0, green = 0;
+  for (int i = 0; i < 50; ++i) {
+    red += Red(i) / 50.0;
+    green += Green(i) / 50.0;
+  }
+  EXPECT_NEAR((*mean)[10], red, 1.0);
+  EXPECT_NEAR((*mean)[64 + 10], green, 1.0);
+  EXPECT_NEAR((*mean)[128 + 10], 100.0, 1.0);
+  // Subtracting it centres the data.
+  cfg.aug.mean_image = *mean;
+  auto it = ImageRecordIter::Create(cfg);
+  ASSERT_TRUE(it.ok()) << it.status();
+  std::vector<Batch> batches;
+  ReadPass(it->get(), &batches);
+  double sum = 0;
+  int64_t n = 0;
+  for (const Batch& b : batches) {
+    for (int64_t e = 0; e < b.batch_size() - b.pad; ++e) {
+      for (int i = 0; i < 3 * 64; ++i) sum += b.data[e * 3 * 64 + i];
+      n += 3 * 64;
+    }
+  }
+  EXPECT_NEAR(sum / n, 0.0, 0.05);
+}
+
 // End to end: extract 300 CIFAR-10 test JPEGs, `pstrain im2rec` them, read
 // them back with random crop, mirror and normalization.
 TEST(ImageRecordIterEndToEnd, Im2recPacksCifarJpegsThatTheIteratorReads) {
