@@ -113,7 +113,8 @@ StatusOr<std::unique_ptr<RecordIOFile>> RecordIOFile::Open(const std::string& pa
       ::close(fd);
       return Status::IOError(StrCat("cannot map ", path, ": ", std::strerror(err)));
     }
-    ::madvise(p, size, MADV_WILLNEED);
+    // No MADV_WILLNEED: an ImageNet .rec is larger than memory; the kernel's
+    // read-around serves both a part's sequential scan and shuffled reads.
     data = static_cast<const uint8_t*>(p);
   }
   ::close(fd);  // the mapping stays valid
