@@ -30,6 +30,10 @@ int RunKvbench(int argc, char** argv);
 int RunSummary(int argc, char** argv);
 int RunTrain(int argc, char** argv);
 
+// image pipeline (tools/im2rec_cmd.cc, tools/imageio_cmd.cc)
+int RunIm2rec(int argc, char** argv);
+int RunImageIo(int argc, char** argv);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_TOOLS_COMMANDS_H_

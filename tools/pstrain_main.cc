@@ -31,6 +31,10 @@ const Command kCommands[] = {
      "cluster_role.cc"},
 
     // image pipeline (data/):
+    {"im2rec", "make .lst files from image folders; pack them into RecordIO .rec + .idx",
+     RunIm2rec, "im2rec_cmd.cc"},
+    {"imageio", "read a .rec through the image pipeline and report images/s", RunImageIo,
+     "imageio_cmd.cc,image_flags.cc"},
 
     // training (nn/, models/, worker/):
     {"summary", "print a model's layers, output shapes and parameter counts", RunSummary,

@@ -1,0 +1,266 @@
+#include "data/im2rec.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "data/augment.h"
+#include "data/image_codec.h"
+#include "data/image_recordio.h"
+#include "data/recordio.h"
+
+namespace pstrain {
+namespace fs = std::filesystem;
+namespace {
+
+bool HasExt(const fs::path& p, const std::vector<std::string>& exts) {
+  std::string ext = p.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  return std::find(exts.begin(), exts.end(), ext) != exts.end();
+}
+
+// os.walk order: a folder's files (sorted), then each sub-folder (sorted), depth first.
+Status Walk(const fs::path& root, const fs::path& dir, const std::vector<std::string>& exts,
+            std::map<std::string, int>* classes, std::vector<ImageListEntry>* out) {
+  std::vector<fs::path> files, dirs;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->is_directory(ec)) {
+      dirs.push_back(it->path());
+    } else if (it->is_regular_file(ec) && HasExt(it->path(), exts)) {
+      files.push_back(it->path());
+    }
+  }
+  if (ec) return Status::IOError(StrCat("listing ", dir.string(), ": ", ec.message()));
+  std::sort(files.begin(), files.end());
+  std::sort(dirs.begin(), dirs.end());
+  for (const fs::path& f : files) {
+    auto inserted = classes->emplace(dir.string(), static_cast<int>(classes->size()));
+    ImageListEntry e;
+    e.index = static_cast<int64_t>(out->size());
+    e.labels = {static_cast<float>(inserted.first->second)};
+    e.path = fs::relative(f, root).string();
+    out->push_back(std::move(e));
+  }
+  for (const fs::path& d : dirs) RETURN_IF_ERROR(Walk(root, d, exts, classes, out));
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<std::vector<ImageListEntry>> ListImageFolder(const std::string& root, bool recursive,
+                                                      const std::vector<std::string>& exts) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return Status::NotFound(StrCat("no image folder ", root));
+  std::vector<ImageListEntry> out;
+  if (recursive) {
+    std::map<std::string, int> classes;
+    RETURN_IF_ERROR(Walk(root, root, exts, &classes, &out));
+    return out;
+  }
+  std::vector<fs::path> files;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->is_regular_file(ec) && HasExt(it->path(), exts)) files.push_back(it->path());
+  }
+  if (ec) return Status::IOError(StrCat("listing ", root, ": ", ec.message()));
+  std::sort(files.begin(), files.end());
+  for (const fs::path& f : files) {
+    out.push_back(ImageListEntry{static_cast<int64_t>(out.size()), {0.0f}, f.filename().string()});
+  }
+  return out;
+}
+
+Status WriteImageList(const std::string& path, const std::vector<ImageListEntry>& entries) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    return Status::IOError(StrCat("cannot create ", path, ": ", std::strerror(errno)));
+  }
+  for (const ImageListEntry& e : entries) {
+    std::fprintf(f, "%lld\t", static_cast<long long>(e.index));
+    for (float l : e.labels) std::fprintf(f, "%f\t", l);
+    std::fprintf(f, "%s\n", e.path.c_str());
+  }
+  if (std::fclose(f) != 0) {
+    return Status::IOError(StrCat("writing ", path, " failed: ", std::strerror(errno)));
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::vector<ImageListEntry>> ReadImageList(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::NotFound(StrCat("cannot open list file ", path));
+  std::vector<ImageListEntry> out;
+  std::string line;
+  int line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    std::vector<std::string> fields;
+    size_t start = 0;
+    while (true) {
+      size_t tab = line.find('\t', start);
+      fields.push_back(line.substr(start, tab == std::string::npos ? tab : tab - start));
+      if (tab == std::string::npos) break;
+      start = tab + 1;
+    }
+    auto bad = [&](const std::string& why) {
+      return Status::InvalidArgument(StrCat(path, ":", line_no, ": ", why, " in '", line, "'"));
+    };
+    if (fields.size() < 3) return bad("expected index<TAB>label[<TAB>label...]<TAB>path");
+    ImageListEntry e;
+    char* end = nullptr;
+    e.index = std::strtoll(fields[0].c_str(), &end, 10);
+    if (fields[0].empty() || *end != '\0')
+      return bad("index '" + fields[0] + "' is not an integer");
+    for (size_t i = 1; i + 1 < fields.size(); ++i) {
+      float v = std::strtof(fields[i].c_str(), &end);
+      if (fields[i].empty() || *end != '\0')
+        return bad("label '" + fields[i] + "' is not a number");
+      e.labels.push_back(v);
+    }
+    e.path = fields.back();
+    if (e.path.empty()) return bad("empty path");
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+StatusOr<std::vector<std::string>> MakeImageLists(const std::string& prefix,
+                                                  const std::string& root,
+                                                  const MakeListOptions& options) {
+  if (options.train_ratio < 0 || options.test_ratio < 0 ||
+      options.train_ratio + options.test_ratio > 1.0 + 1e-9) {
+    return Status::InvalidArgument(StrCat("train ratio ", options.train_ratio, " and test ratio ",
+                                          options.test_ratio, " must be >= 0 and sum to <= 1"));
+  }
+  ASSIGN_OR_RETURN(std::vector<ImageListEntry> all,
+                   ListImageFolder(root, options.recursive, options.exts));
+  if (all.empty()) return Status::NotFound(StrCat("no images under ", root));
+  if (options.shuffle) {
+    Rng rng(options.seed);
+    for (size_t i = all.size(); i > 1; --i) std::swap(all[i - 1], all[rng.Next() % i]);
+  }
+  std::vector<std::string> written;
+  auto write = [&](const std::string& path, size_t begin, size_t end) -> Status {
+    std::vector<ImageListEntry> part(all.begin() + begin, all.begin() + end);
+    RETURN_IF_ERROR(WriteImageList(path, part));
+    written.push_back(path);
+    return Status::Ok();
+  };
+  const size_t n = all.size();
+  if (options.train_ratio == 1.0) {
+    RETURN_IF_ERROR(write(prefix + ".lst", 0, n));
+    return written;
+  }
+  const size_t sep = static_cast<size_t>(n * options.train_ratio);
+  const size_t sep_test = static_cast<size_t>(n * options.test_ratio);
+  if (options.test_ratio > 0) RETURN_IF_ERROR(write(prefix + "_test.lst", 0, sep_test));
+  if (options.train_ratio + options.test_ratio < 1.0) {
+    RETURN_IF_ERROR(write(prefix + "_val.lst", std::min(n, sep_test + sep), n));
+  }
+  RETURN_IF_ERROR(write(prefix + "_train.lst", sep_test, std::min(n, sep_test + sep)));
+  return written;
+}
+
+namespace {
+
+// Reads, and unless passing through, decodes / crops / resizes / re-encodes one
+// image into a record payload. An error means "skip this image".
+Status EncodeOne(const ImageListEntry& e, const std::string& root, const PackOptions& options,
+                 ImageDecoder* decoder, std::string* payload) {
+  const std::string file = (fs::path(root) / e.path).string();
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return Status::NotFound(StrCat("cannot open image ", file));
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<float> labels = e.labels;
+  if (!options.pack_label) labels.resize(1);
+  std::string encoded;
+  if (options.pass_through) {
+    encoded = std::move(bytes);
+  } else {
+    Image img, work;
+    RETURN_IF_ERROR(decoder->Decode(bytes, file, 3, &img));
+    if (options.center_crop && img.height != img.width) {
+      const int side = std::min(img.height, img.width);
+      const int x0 = (img.width - side) / 2, y0 = (img.height - side) / 2;
+      work.Resize(side, side, 3);
+      for (int y = 0; y < side; ++y) {
+        std::memcpy(work.row(y), img.row(y0 + y) + x0 * 3, static_cast<size_t>(side) * 3);
+      }
+      std::swap(img, work);
+    }
+    if (options.resize > 0) {
+      int nh, nw;
+      if (img.height > img.width) {
+        nw = options.resize;
+        nh = static_cast<int>(int64_t{img.height} * options.resize / img.width);
+      } else {
+        nh = options.resize;
+        nw = static_cast<int>(int64_t{img.width} * options.resize / img.height);
+      }
+      ResizeBilinear(img, nh, nw, &work);
+      std::swap(img, work);
+    }
+    RETURN_IF_ERROR(EncodeJpeg(img, options.quality, &encoded));
+  }
+  *payload = PackImageRecord(static_cast<uint64_t>(e.index), labels, encoded);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status PackImageList(const std::string& lst_path, const std::string& root,
+                     const std::string& rec_path, const std::string& idx_path,
+                     const PackOptions& options, PackStats* stats) {
+  if (options.num_threads < 1 || options.num_threads > 256) {
+    return Status::InvalidArgument(
+        StrCat("im2rec threads must be in [1, 256], got ", options.num_threads));
+  }
+  if (options.resize < 0 || options.quality < 1 || options.quality > 100) {
+    return Status::InvalidArgument(StrCat("resize ", options.resize, " must be >= 0 and quality ",
+                                          options.quality, " in [1, 100]"));
+  }
+  ASSIGN_OR_RETURN(std::vector<ImageListEntry> entries, ReadImageList(lst_path));
+  ASSIGN_OR_RETURN(std::unique_ptr<RecordIOWriter> writer, RecordIOWriter::Create(rec_path));
+  std::vector<RecordIndexEntry> index;
+  *stats = PackStats();
+  // Blocks of images are encoded in parallel, then written in list order.
+  const size_t kBlock = 256 * static_cast<size_t>(options.num_threads);
+  std::vector<std::string> payloads(kBlock);
+  std::vector<Status> results(kBlock);
+  std::vector<ImageDecoder> decoders(options.num_threads);
+  for (size_t base = 0; base < entries.size(); base += kBlock) {
+    const size_t count = std::min(kBlock, entries.size() - base);
+    auto work = [&](int t) {
+      for (size_t i = t; i < count; i += options.num_threads) {
+        results[i] = EncodeOne(entries[base + i], root, options, &decoders[t], &payloads[i]);
+      }
+    };
+    std::vector<std::thread> threads;
+    for (int t = 1; t < options.num_threads; ++t) threads.emplace_back(work, t);
+    work(0);
+    for (std::thread& th : threads) th.join();
+    for (size_t i = 0; i < count; ++i) {
+      if (!results[i].ok()) {
+        LOG(WARNING) << "im2rec: skipping " << entries[base + i].path << ": " << results[i];
+        ++stats->skipped;
+        continue;
+      }
+      index.push_back(
+          RecordIndexEntry{static_cast<uint64_t>(entries[base + i].index), writer->Tell()});
+      RETURN_IF_ERROR(writer->Write(payloads[i]));
+      ++stats->written;
+    }
+  }
+  RETURN_IF_ERROR(writer->Close());
+  return WriteRecordIndex(idx_path, index);
+}
+
+}  // namespace pstrain

@@ -1,0 +1,328 @@
+#include "data/image_codec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <csetjmp>
+#include <cstdlib>
+#include <cstring>
+
+// jpeglib.h needs FILE and size_t declared before it; jerror.h comes after it.
+// clang-format off
+#include <cstdio>
+#include <jpeglib.h>
+#include <jerror.h>
+// clang-format on
+#include <png.h>
+
+namespace pstrain {
+namespace {
+
+// libjpeg reports errors by calling error_exit, which must not return: we
+// longjmp back to the call that set `jump`. Code between setjmp and a possible
+// longjmp creates no objects with destructors.
+struct JpegError {
+  jpeg_error_mgr pub;
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+  bool truncated;  // libjpeg warned that the data ended early
+};
+
+void JpegErrorExit(j_common_ptr cinfo) {
+  auto* err = reinterpret_cast<JpegError*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, err->message);
+  std::longjmp(err->jump, 1);
+}
+
+// Warnings about stray bytes are not fatal (as in OpenCV and PIL); data that
+// ends before the image does is remembered and reported as corruption.
+void JpegEmitMessage(j_common_ptr cinfo, int level) {
+  auto* err = reinterpret_cast<JpegError*>(cinfo->err);
+  if (level < 0) {
+    ++err->pub.num_warnings;
+    if (err->pub.msg_code == JWRN_JPEG_EOF) err->truncated = true;
+  }
+}
+
+void InitJpegError(JpegError* err) {
+  jpeg_std_error(&err->pub);
+  err->pub.error_exit = JpegErrorExit;
+  err->pub.emit_message = JpegEmitMessage;
+  err->message[0] = '\0';
+  err->truncated = false;
+}
+
+std::string FirstBytesHex(std::string_view bytes) {
+  std::string out;
+  char buf[4];
+  for (size_t i = 0; i < std::min<size_t>(bytes.size(), 4); ++i) {
+    std::snprintf(buf, sizeof(buf), "%02x", static_cast<unsigned char>(bytes[i]));
+    if (!out.empty()) out += ' ';
+    out += buf;
+  }
+  return out.empty() ? "none" : out;
+}
+
+Status DecodePng(std::string_view bytes, std::string_view where, int channels, Image* out) {
+  png_image img;
+  std::memset(&img, 0, sizeof(img));
+  img.version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_memory(&img, bytes.data(), bytes.size())) {
+    return Status::Corruption(StrCat(where, ": PNG header: ", img.message));
+  }
+  img.format = channels == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB;
+  out->Resize(static_cast<int>(img.height), static_cast<int>(img.width), channels);
+  if (!png_image_finish_read(&img, nullptr, out->pixels.data(), 0, nullptr)) {
+    std::string msg = img.message;
+    png_image_free(&img);
+    return Status::Corruption(StrCat(where, ": PNG decode: ", msg));
+  }
+  return Status::Ok();
+}
+
+Status CheckChannels(int channels, std::string_view where) {
+  if (channels != 1 && channels != 3) {
+    return Status::InvalidArgument(
+        StrCat(where, ": images decode to 1 or 3 channels, not ", channels));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+ImageFormat DetectImageFormat(std::string_view bytes) {
+  if (bytes.size() >= 3 && static_cast<unsigned char>(bytes[0]) == 0xFF &&
+      static_cast<unsigned char>(bytes[1]) == 0xD8 &&
+      static_cast<unsigned char>(bytes[2]) == 0xFF) {
+    return ImageFormat::kJpeg;
+  }
+  static const unsigned char kPngSig[8] = {0x89, 'P', 'N', 'G', 0x0D, 0x0A, 0x1A, 0x0A};
+  if (bytes.size() >= 8 && std::memcmp(bytes.data(), kPngSig, 8) == 0) return ImageFormat::kPng;
+  return ImageFormat::kUnknown;
+}
+
+struct ImageDecoder::Jpeg {
+  jpeg_decompress_struct cinfo;
+  JpegError err;
+};
+
+ImageDecoder::ImageDecoder() : jpeg_(new Jpeg) {
+  InitJpegError(&jpeg_->err);
+  jpeg_->cinfo.err = &jpeg_->err.pub;
+  jpeg_create_decompress(&jpeg_->cinfo);
+}
+
+ImageDecoder::~ImageDecoder() { jpeg_destroy_decompress(&jpeg_->cinfo); }
+
+Status ImageDecoder::ReadSize(std::string_view bytes, std::string_view where, int* height,
+                              int* width) {
+  ImageFormat fmt = DetectImageFormat(bytes);
+  if (fmt == ImageFormat::kPng) {
+    if (bytes.size() < 24) return Status::Corruption(StrCat(where, ": truncated PNG header"));
+    auto be32 = [&](size_t at) {
+      const auto* p = reinterpret_cast<const unsigned char*>(bytes.data() + at);
+      return static_cast<int>((uint32_t{p[0]} << 24) | (p[1] << 16) | (p[2] << 8) | p[3]);
+    };
+    *width = be32(16);
+    *height = be32(20);
+    return Status::Ok();
+  }
+  if (fmt != ImageFormat::kJpeg) {
+    return Status::Corruption(
+        StrCat(where, ": not a JPEG or PNG image (first bytes ", FirstBytesHex(bytes), ")"));
+  }
+  jpeg_decompress_struct* cinfo = &jpeg_->cinfo;
+  if (setjmp(jpeg_->err.jump)) {
+    jpeg_abort_decompress(cinfo);
+    return Status::Corruption(StrCat(where, ": JPEG header: ", jpeg_->err.message));
+  }
+  jpeg_mem_src(cinfo, reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size());
+  jpeg_read_header(cinfo, TRUE);
+  *height = static_cast<int>(cinfo->image_height);
+  *width = static_cast<int>(cinfo->image_width);
+  jpeg_abort_decompress(cinfo);
+  return Status::Ok();
+}
+
+Status ImageDecoder::Decode(std::string_view bytes, std::string_view where, int channels,
+                            Image* out) {
+  int h = 0, w = 0;
+  RETURN_IF_ERROR(ReadSize(bytes, where, &h, &w));
+  double scale = 1.0;
+  return DecodeRegion(bytes, where, channels, Rect{0, 0, w, h}, h, w, out, &scale);
+}
+
+Status ImageDecoder::DecodeRegion(std::string_view bytes, std::string_view where, int channels,
+                                  Rect region, int min_height, int min_width, Image* out,
+                                  double* scale) {
+  RETURN_IF_ERROR(CheckChannels(channels, where));
+  *scale = 1.0;
+  ImageFormat fmt = DetectImageFormat(bytes);
+  if (fmt == ImageFormat::kPng) {
+    Image full;
+    RETURN_IF_ERROR(DecodePng(bytes, where, channels, &full));
+    if (region.x < 0 || region.y < 0 || region.width <= 0 || region.height <= 0 ||
+        region.x + region.width > full.width || region.y + region.height > full.height) {
+      return Status::InvalidArgument(
+          StrCat(where, ": region outside the ", full.width, "x", full.height, " image"));
+    }
+    out->Resize(region.height, region.width, channels);
+    for (int y = 0; y < region.height; ++y) {
+      std::memcpy(out->row(y), full.row(region.y + y) + region.x * channels,
+                  static_cast<size_t>(region.width) * channels);
+    }
+    return Status::Ok();
+  }
+  if (fmt != ImageFormat::kJpeg) {
+    return Status::Corruption(
+        StrCat(where, ": not a JPEG or PNG image (first bytes ", FirstBytesHex(bytes), ")"));
+  }
+
+  jpeg_decompress_struct* cinfo = &jpeg_->cinfo;
+  jpeg_->err.truncated = false;
+  if (setjmp(jpeg_->err.jump)) {
+    jpeg_abort_decompress(cinfo);
+    return Status::Corruption(StrCat(where, ": JPEG decode: ", jpeg_->err.message));
+  }
+  jpeg_mem_src(cinfo, reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size());
+  jpeg_read_header(cinfo, TRUE);
+  const int full_w = static_cast<int>(cinfo->image_width);
+  const int full_h = static_cast<int>(cinfo->image_height);
+  if (region.x < 0 || region.y < 0 || region.width <= 0 || region.height <= 0 ||
+      region.x + region.width > full_w || region.y + region.height > full_h) {
+    jpeg_abort_decompress(cinfo);
+    return Status::InvalidArgument(StrCat(where, ": region ", region.width, "x", region.height, "+",
+                                          region.x, "+", region.y, " outside the ", full_w, "x",
+                                          full_h, " image"));
+  }
+  int s = 8;
+  for (int c = 1; c < 8; ++c) {
+    if (region.width * c >= min_width * 8 && region.height * c >= min_height * 8) {
+      s = c;
+      break;
+    }
+  }
+  cinfo->out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  cinfo->scale_num = s;
+  cinfo->scale_denom = 8;
+  jpeg_start_decompress(cinfo);
+  const int out_w = static_cast<int>(cinfo->output_width);
+  const int out_h = static_cast<int>(cinfo->output_height);
+  // The region in output (scaled) coordinates, clipped to the output.
+  const int rx = std::min(region.x * s / 8, out_w - 1);
+  const int ry = std::min(region.y * s / 8, out_h - 1);
+  const int rw = std::clamp((region.width * s + 7) / 8, 1, out_w - rx);
+  const int rh = std::clamp((region.height * s + 7) / 8, 1, out_h - ry);
+  JDIMENSION xoff = static_cast<JDIMENSION>(rx);
+  JDIMENSION crop_w = static_cast<JDIMENSION>(rw);
+  if (rw < out_w) jpeg_crop_scanline(cinfo, &xoff, &crop_w);
+  if (ry > 0) jpeg_skip_scanlines(cinfo, static_cast<JDIMENSION>(ry));
+  out->Resize(rh, rw, channels);
+  const bool direct = static_cast<int>(xoff) == rx && static_cast<int>(crop_w) == rw;
+  if (!direct) row_.resize(static_cast<size_t>(crop_w) * channels);
+  const size_t skip = static_cast<size_t>(rx - static_cast<int>(xoff)) * channels;
+  for (int y = 0; y < rh; ++y) {
+    JSAMPROW dst = direct ? out->row(y) : row_.data();
+    if (jpeg_read_scanlines(cinfo, &dst, 1) != 1) {
+      jpeg_abort_decompress(cinfo);
+      return Status::Corruption(StrCat(where, ": JPEG ended at scanline ", ry + y));
+    }
+    if (!direct) {
+      std::memcpy(out->row(y), row_.data() + skip, static_cast<size_t>(rw) * channels);
+    }
+  }
+  jpeg_abort_decompress(cinfo);  // the rows below the region are never decoded
+  if (jpeg_->err.truncated) {
+    return Status::Corruption(
+        StrCat(where, ": truncated JPEG (", bytes.size(), " bytes end inside the image data)"));
+  }
+  *scale = s / 8.0;
+  return Status::Ok();
+}
+
+Status EncodeJpeg(const Image& image, int quality, std::string* out) {
+  if (image.channels != 1 && image.channels != 3) {
+    return Status::InvalidArgument(StrCat("JPEG encode: ", image.channels, " channels"));
+  }
+  jpeg_compress_struct cinfo;
+  JpegError err;
+  InitJpegError(&err);
+  cinfo.err = &err.pub;
+  unsigned char* buffer = nullptr;
+  unsigned long size = 0;  // NOLINT: libjpeg's type
+  if (setjmp(err.jump)) {
+    jpeg_destroy_compress(&cinfo);
+    std::free(buffer);
+    return Status::Internal(StrCat("JPEG encode: ", err.message));
+  }
+  jpeg_create_compress(&cinfo);
+  jpeg_mem_dest(&cinfo, &buffer, &size);
+  cinfo.image_width = static_cast<JDIMENSION>(image.width);
+  cinfo.image_height = static_cast<JDIMENSION>(image.height);
+  cinfo.input_components = image.channels;
+  cinfo.in_color_space = image.channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  jpeg_set_defaults(&cinfo);
+  jpeg_set_quality(&cinfo, std::clamp(quality, 1, 100), TRUE);
+  jpeg_start_compress(&cinfo, TRUE);
+  while (cinfo.next_scanline < cinfo.image_height) {
+    JSAMPROW row = const_cast<JSAMPROW>(image.row(static_cast<int>(cinfo.next_scanline)));
+    jpeg_write_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_compress(&cinfo);
+  out->assign(reinterpret_cast<const char*>(buffer), size);
+  jpeg_destroy_compress(&cinfo);
+  std::free(buffer);
+  return Status::Ok();
+}
+
+void ResizeBilinear(const Image& src, int out_height, int out_width, Image* out) {
+  CHECK(src.height > 0 && src.width > 0 && out_height > 0 && out_width > 0);
+  const int c = src.channels;
+  out->Resize(out_height, out_width, c);
+  const float sx = static_cast<float>(src.width) / out_width;
+  const float sy = static_cast<float>(src.height) / out_height;
+  std::vector<int> x0(out_width);
+  std::vector<float> wx(out_width);
+  for (int x = 0; x < out_width; ++x) {
+    float f = (x + 0.5f) * sx - 0.5f;
+    int i = static_cast<int>(std::floor(f));
+    float a = f - i;
+    if (i < 0) {
+      i = 0;
+      a = 0;
+    }
+    if (i >= src.width - 1) {
+      i = src.width - 1;
+      a = 0;
+    }
+    x0[x] = i;
+    wx[x] = a;
+  }
+  for (int y = 0; y < out_height; ++y) {
+    float f = (y + 0.5f) * sy - 0.5f;
+    int i = static_cast<int>(std::floor(f));
+    float b = f - i;
+    if (i < 0) {
+      i = 0;
+      b = 0;
+    }
+    if (i >= src.height - 1) {
+      i = src.height - 1;
+      b = 0;
+    }
+    const uint8_t* r0 = src.row(i);
+    const uint8_t* r1 = src.row(std::min(i + 1, src.height - 1));
+    uint8_t* dst = out->row(y);
+    for (int x = 0; x < out_width; ++x) {
+      const int a0 = x0[x] * c;
+      const int a1 = std::min(x0[x] + 1, src.width - 1) * c;
+      const float a = wx[x];
+      for (int k = 0; k < c; ++k) {
+        float top = r0[a0 + k] + a * (r0[a1 + k] - r0[a0 + k]);
+        float bot = r1[a0 + k] + a * (r1[a1 + k] - r1[a0 + k]);
+        dst[x * c + k] = static_cast<uint8_t>(top + b * (bot - top) + 0.5f);
+      }
+    }
+  }
+}
+
+}  // namespace pstrain

@@ -1,0 +1,282 @@
+#include "data/image_record_iter.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "data/image_recordio.h"
+
+namespace pstrain {
+namespace {
+
+uint64_t Mix(uint64_t a, uint64_t b) {
+  Rng r(a * 0x9E3779B97F4A7C15ull + b);
+  r.Next();
+  return r.Next();
+}
+
+// Idle workers re-check for shutdown at this period; every wait is bounded.
+constexpr int64_t kWorkerPollMillis = 200;
+
+}  // namespace
+
+Status ImageRecordIterConfig::Validate() const {
+  if (path_imgrec.empty()) return Status::InvalidArgument("no .rec file given (--data-train)");
+  if (batch_size <= 0) return Status::InvalidArgument(StrCat("batch size ", batch_size));
+  if (label_width <= 0) return Status::InvalidArgument(StrCat("label width ", label_width));
+  if (num_parts <= 0 || part_index < 0 || part_index >= num_parts) {
+    return Status::InvalidArgument(
+        StrCat("part ", part_index, " of ", num_parts, " (need 0 <= part < parts)"));
+  }
+  if (preprocess_threads <= 0 || preprocess_threads > 256) {
+    return Status::InvalidArgument(
+        StrCat("data threads must be in [1, 256], got ", preprocess_threads));
+  }
+  if (prefetch_buffer <= 0) return Status::InvalidArgument(StrCat("prefetch ", prefetch_buffer));
+  if (batch_timeout_ms <= 0) return Status::InvalidArgument("batch timeout must be positive");
+  return aug.Validate();
+}
+
+ImageRecordIter::ImageRecordIter(const ImageRecordIterConfig& config) : config_(config) {}
+
+StatusOr<std::unique_ptr<ImageRecordIter>> ImageRecordIter::Create(
+    const ImageRecordIterConfig& config) {
+  RETURN_IF_ERROR(config.Validate());
+  std::unique_ptr<ImageRecordIter> it(new ImageRecordIter(config));
+  ASSIGN_OR_RETURN(it->file_, RecordIOFile::Open(config.path_imgrec));
+  auto range = it->file_->PartitionRange(config.part_index, config.num_parts);
+  it->part_begin_ = range.first;
+  it->part_end_ = range.second;
+  if (!config.path_imgidx.empty()) {
+    ASSIGN_OR_RETURN(std::vector<RecordIndexEntry> idx, ReadRecordIndex(config.path_imgidx));
+    for (const RecordIndexEntry& e : idx) {
+      if (e.offset >= it->file_->size()) {
+        return Status::Corruption(StrCat(config.path_imgidx, ": key ", e.key, " has offset ",
+                                         e.offset, " past the end of ", config.path_imgrec, " (",
+                                         it->file_->size(), " bytes)"));
+      }
+      if (e.offset >= range.first && e.offset < range.second) it->offsets_.push_back(e.offset);
+    }
+    std::sort(it->offsets_.begin(), it->offsets_.end());
+  } else {
+    ASSIGN_OR_RETURN(it->offsets_, it->file_->ScanRecordStarts(range.first, range.second));
+  }
+  if (it->offsets_.empty()) {
+    return Status::InvalidArgument(StrCat(config.path_imgrec, ": part ", config.part_index, " of ",
+                                          config.num_parts, " (bytes ", range.first, "-",
+                                          range.second, ") holds no records"));
+  }
+  it->num_batches_ =
+      (static_cast<int64_t>(it->offsets_.size()) + config.batch_size - 1) / config.batch_size;
+  {
+    MutexLock lock(&it->mu_);
+    it->slots_.resize(std::max(config.prefetch_buffer, config.preprocess_threads));
+    it->StartPassLocked();
+  }
+  for (int w = 0; w < config.preprocess_threads; ++w) {
+    it->workers_.emplace_back([p = it.get(), w] { p->WorkerLoop(w); });
+  }
+  return it;
+}
+
+ImageRecordIter::~ImageRecordIter() {
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  cv_.SignalAll();
+  for (std::thread& t : workers_) t.join();
+}
+
+void ImageRecordIter::StartPassLocked() {
+  auto order = std::make_shared<std::vector<int64_t>>(offsets_.size());
+  std::iota(order->begin(), order->end(), 0);
+  if (config_.shuffle) {
+    Rng rng(Mix(config_.seed, static_cast<uint64_t>(pass_)));
+    for (size_t i = order->size(); i > 1; --i) {
+      std::swap((*order)[i - 1], (*order)[rng.Next() % i]);
+    }
+  }
+  order_ = std::move(order);
+  // Batches being filled for the old pass are freed by their worker.
+  for (Slot& s : slots_) {
+    if (s.state == SlotState::kReady) {
+      s.state = SlotState::kFree;
+      s.status = Status::Ok();
+    }
+  }
+  next_assign_ = 0;
+  next_deliver_ = 0;
+}
+
+void ImageRecordIter::Reset() {
+  {
+    MutexLock lock(&mu_);
+    if (next_deliver_ == 0) return;  // the pass has not started: keep it
+    ++pass_;
+    StartPassLocked();
+  }
+  cv_.SignalAll();
+}
+
+void ImageRecordIter::WorkerLoop(int worker) {
+  AugmentScratch scratch;
+  while (true) {
+    Slot* slot = nullptr;
+    int64_t seq = 0, pass = 0;
+    std::shared_ptr<const std::vector<int64_t>> order;
+    {
+      MutexLock lock(&mu_);
+      while (slot == nullptr) {
+        if (stop_) return;
+        if (next_assign_ < num_batches_) {
+          for (Slot& s : slots_) {
+            if (s.state == SlotState::kFree) {
+              slot = &s;
+              break;
+            }
+          }
+        }
+        if (slot == nullptr) {
+          cv_.WaitUntil(Deadline::InMillis(kWorkerPollMillis), [this]() REQUIRES(mu_) {
+            if (stop_) return true;
+            if (next_assign_ >= num_batches_) return false;
+            for (const Slot& s : slots_) {
+              if (s.state == SlotState::kFree) return true;
+            }
+            return false;
+          });
+        }
+      }
+      slot->state = SlotState::kFilling;
+      slot->seq = seq = next_assign_++;
+      pass = pass_;
+      order = order_;
+    }
+    Status status = FillBatch(seq, pass, *order, &scratch, &slot->batch);
+    {
+      MutexLock lock(&mu_);
+      if (pass == pass_) {
+        slot->state = SlotState::kReady;
+        slot->status = std::move(status);
+      } else {
+        slot->state = SlotState::kFree;
+      }
+    }
+    cv_.SignalAll();
+  }
+}
+
+Status ImageRecordIter::FillBatch(int64_t seq, int64_t pass, const std::vector<int64_t>& order,
+                                  AugmentScratch* scratch, Batch* batch) const {
+  const AugmentConfig& aug = config_.aug;
+  const int64_t B = config_.batch_size, n = static_cast<int64_t>(order.size());
+  const int64_t example = static_cast<int64_t>(aug.channels) * aug.out_height * aug.out_width;
+  const int lw = config_.label_width;
+  batch->shape = {B, aug.channels, aug.out_height, aug.out_width};
+  batch->data.resize(static_cast<size_t>(B * example));
+  batch->label.resize(static_cast<size_t>(B * lw));
+  batch->index.resize(static_cast<size_t>(B));
+  batch->label_width = lw;
+  batch->pad = 0;
+  std::string scratch_record, where;
+  ImageRecordView rec;
+  for (int64_t i = 0; i < B; ++i) {
+    int64_t pos = seq * B + i;
+    if (pos >= n) {
+      ++batch->pad;
+      pos %= n;
+    }
+    const int64_t ex = order[pos];
+    const uint64_t offset = offsets_[ex];
+    where.assign(file_->path());
+    where += ':';
+    where += std::to_string(offset);
+    std::string_view payload;
+    RETURN_IF_ERROR(file_->ReadAt(offset, &payload, &scratch_record, nullptr));
+    RETURN_IF_ERROR(ParseImageRecord(payload, where, &rec));
+    if (static_cast<int>(rec.labels.size()) < lw) {
+      return Status::Corruption(
+          StrCat(where, ": record has ", rec.labels.size(), " labels, the label width is ", lw));
+    }
+    std::copy(rec.labels.begin(), rec.labels.begin() + lw, batch->label.begin() + i * lw);
+    batch->index[i] = static_cast<int64_t>(rec.header.id);
+    Rng rng(Mix(Mix(config_.seed, static_cast<uint64_t>(pass)), static_cast<uint64_t>(ex)));
+    RETURN_IF_ERROR(
+        AugmentImage(aug, rec.image, where, &rng, scratch, batch->data.data() + i * example));
+  }
+  return Status::Ok();
+}
+
+StatusOr<bool> ImageRecordIter::Next(Batch* batch) {
+  Status status;
+  {
+    MutexLock lock(&mu_);
+    if (next_deliver_ >= num_batches_) return false;
+    const int64_t want = next_deliver_;
+    Slot* ready = nullptr;
+    auto find = [&]() REQUIRES(mu_) {
+      for (Slot& s : slots_) {
+        if (s.state == SlotState::kReady && s.seq == want) {
+          ready = &s;
+          return true;
+        }
+      }
+      return false;
+    };
+    if (!cv_.WaitUntil(Deadline::InMillis(config_.batch_timeout_ms), find)) {
+      return Status::DeadlineExceeded(StrCat(Describe(), ": batch ", want, " not ready after ",
+                                             config_.batch_timeout_ms, " ms"));
+    }
+    std::swap(*batch, ready->batch);
+    status = std::move(ready->status);
+    ready->status = Status::Ok();
+    ready->state = SlotState::kFree;
+    ++next_deliver_;
+  }
+  cv_.SignalAll();
+  if (!status.ok()) return status;
+  return true;
+}
+
+std::vector<int64_t> ImageRecordIter::batch_shape() const {
+  return {config_.batch_size, config_.aug.channels, config_.aug.out_height, config_.aug.out_width};
+}
+
+std::string ImageRecordIter::Describe() const {
+  return StrCat("ImageRecordIter ", config_.path_imgrec, " part ", config_.part_index, "/",
+                config_.num_parts, " (bytes ", part_begin_, "-", part_end_, "), ", offsets_.size(),
+                " examples, batch ", config_.batch_size, ", ", config_.preprocess_threads,
+                " threads");
+}
+
+StatusOr<std::vector<float>> ComputeMeanImage(const ImageRecordIterConfig& config) {
+  ImageRecordIterConfig cfg = config;
+  cfg.shuffle = false;
+  AugmentConfig& aug = cfg.aug;
+  aug.rand_crop = aug.rand_mirror = aug.random_resized_crop = false;
+  aug.mean_image.clear();
+  for (int c = 0; c < 3; ++c) {
+    aug.mean_rgb[c] = 0.0f;
+    aug.std_rgb[c] = 1.0f;
+  }
+  aug.scale = 1.0f;
+  ASSIGN_OR_RETURN(std::unique_ptr<ImageRecordIter> it, ImageRecordIter::Create(cfg));
+  const size_t example = static_cast<size_t>(aug.channels) * aug.out_height * aug.out_width;
+  std::vector<double> sum(example, 0.0);
+  int64_t count = 0;
+  Batch batch;
+  while (true) {
+    ASSIGN_OR_RETURN(bool more, it->Next(&batch));
+    if (!more) break;
+    for (int64_t e = 0; e < batch.batch_size() - batch.pad; ++e) {
+      const float* x = batch.data.data() + e * example;
+      for (size_t i = 0; i < example; ++i) sum[i] += x[i];
+      ++count;
+    }
+  }
+  std::vector<float> mean(example);
+  for (size_t i = 0; i < example; ++i) mean[i] = static_cast<float>(sum[i] / count);
+  return mean;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,180 @@
+// im2rec: folder listing, .lst files, train/val/test splits and packing.
+#include "data/im2rec.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "data/image_codec.h"
+#include "data/image_recordio.h"
+#include "data/recordio.h"
+#include "tests/test_util.h"
+
+namespace pstrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+class Im2recTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("pstrain_im2rec_test_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_ / "root");
+    // Two classes in sorted order ("b_cats" before "c_dogs"), plus a file that
+    // is not an image and one that claims to be a JPEG but is not.
+    WriteJpeg("root/c_dogs/2.jpg", 20, 30, 10);
+    WriteJpeg("root/c_dogs/1.JPG", 20, 30, 20);
+    WriteJpeg("root/b_cats/9.jpeg", 40, 16, 30);
+    WriteJpeg("root/b_cats/a.jpg", 16, 16, 40);
+    WriteFile("root/b_cats/notes.txt", "hello");
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+
+  void WriteFile(const std::string& name, const std::string& bytes) {
+    std::filesystem::create_directories((dir_ / name).parent_path());
+    std::ofstream out(Path(name), std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  void WriteJpeg(const std::string& name, int h, int w, uint8_t value) {
+    Image img;
+    img.Resize(h, w, 3);
+    std::fill(img.pixels.begin(), img.pixels.end(), value);
+    std::string jpeg;
+    CHECK_OK(EncodeJpeg(img, 90, &jpeg));
+    WriteFile(name, jpeg);
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(Im2recTest, RecursiveListingNumbersFoldersInSortedOrder) {
+  auto list = ListImageFolder(Path("root"), true, {".jpg", ".jpeg"});
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->size(), 4u);
+  EXPECT_EQ((*list)[0].path, "b_cats/9.jpeg");
+  EXPECT_EQ((*list)[1].path, "b_cats/a.jpg");
+  EXPECT_EQ((*list)[2].path, "c_dogs/1.JPG");
+  EXPECT_EQ((*list)[3].path, "c_dogs/2.jpg");
+  EXPECT_EQ((*list)[0].labels, std::vector<float>{0});
+  EXPECT_EQ((*list)[3].labels, std::vector<float>{1});
+  EXPECT_EQ((*list)[3].index, 3);
+  auto flat = ListImageFolder(Path("root"), false, {".jpg"});
+  ASSERT_TRUE(flat.ok());
+  EXPECT_TRUE(flat->empty());
+  EXPECT_EQ(ListImageFolder(Path("nowhere"), true, {".jpg"}).status().code(),
+            StatusCode::kNotFound);
+}
+
+TEST_F(Im2recTest, ListFilesRoundTripAndRejectMalformedLines) {
+  std::vector<ImageListEntry> entries = {{0, {1.0f}, "a/x.jpg"}, {5, {2.0f, 0.5f}, "b/y.jpg"}};
+  ASSERT_OK(WriteImageList(Path("l.lst"), entries));
+  std::ifstream in(Path("l.lst"));
+  std::string first;
+  std::getline(in, first);
+  EXPECT_EQ(first, "0\t1.000000\ta/x.jpg");
+  auto read = ReadImageList(Path("l.lst"));
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->size(), 2u);
+  EXPECT_EQ((*read)[1].index, 5);
+  EXPECT_EQ((*read)[1].labels, (std::vector<float>{2.0f, 0.5f}));
+  EXPECT_EQ((*read)[1].path, "b/y.jpg");
+
+  WriteFile("bad.lst", "0\t1\ta.jpg\nseven\t1\tb.jpg\n");
+  auto bad = ReadImageList(Path("bad.lst"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("bad.lst:2"));
+  WriteFile("short.lst", "0\ta.jpg\n");
+  EXPECT_EQ(ReadImageList(Path("short.lst")).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(Im2recTest, SplitsAreDisjointAndCoverTheList) {
+  MakeListOptions opts;
+  opts.train_ratio = 0.5;
+  opts.test_ratio = 0.25;
+  auto written = MakeImageLists(Path("s"), Path("root"), opts);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(written->size(), 3u);
+  std::set<std::string> paths;
+  size_t total = 0;
+  for (const char* split : {"_train", "_val", "_test"}) {
+    auto lst = ReadImageList(Path(std::string("s") + split + ".lst"));
+    ASSERT_TRUE(lst.ok()) << lst.status();
+    EXPECT_EQ(lst->size(), split == std::string("_train") ? 2u : 1u) << split;
+    for (const ImageListEntry& e : *lst) paths.insert(e.path);
+    total += lst->size();
+  }
+  EXPECT_EQ(total, 4u);
+  EXPECT_EQ(paths.size(), 4u);
+  opts.train_ratio = 0.9;
+  EXPECT_EQ(MakeImageLists(Path("s"), Path("root"), opts).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST_F(Im2recTest, PackResizesSkipsBadImagesAndIndexesByListIndex) {
+  WriteFile("root/c_dogs/broken.jpg", "not a jpeg at all");
+  std::vector<ImageListEntry> entries = {{10, {0.0f, 7.0f}, "b_cats/9.jpeg"},
+                                         {11, {1.0f, 8.0f}, "c_dogs/broken.jpg"},
+                                         {12, {1.0f, 9.0f}, "c_dogs/1.JPG"},
+                                         {13, {1.0f, 6.0f}, "c_dogs/missing.jpg"}};
+  ASSERT_OK(WriteImageList(Path("p.lst"), entries));
+  PackOptions opts;
+  opts.resize = 8;
+  opts.pack_label = true;
+  opts.num_threads = 2;
+  PackStats stats;
+  ASSERT_OK(PackImageList(Path("p.lst"), Path("root"), Path("p.rec"), Path("p.idx"), opts, &stats));
+  EXPECT_EQ(stats.written, 2);
+  EXPECT_EQ(stats.skipped, 2);
+  auto idx = ReadRecordIndex(Path("p.idx"));
+  ASSERT_TRUE(idx.ok());
+  ASSERT_EQ(idx->size(), 2u);
+  EXPECT_EQ((*idx)[0].key, 10u);
+  EXPECT_EQ((*idx)[1].key, 12u);
+  auto file = RecordIOFile::Open(Path("p.rec"));
+  ASSERT_TRUE(file.ok());
+  ImageDecoder dec;
+  const int expect_h[] = {20, 8}, expect_w[] = {8, 12};  // 40x16 and 20x30, shorter side 8
+  for (int r = 0; r < 2; ++r) {
+    std::string_view payload;
+    std::string scratch;
+    ASSERT_OK((*file)->ReadAt((*idx)[r].offset, &payload, &scratch, nullptr));
+    ImageRecordView view;
+    ASSERT_OK(ParseImageRecord(payload, "p.rec", &view));
+    EXPECT_EQ(view.header.flag, 2u);
+    EXPECT_EQ(view.labels[1], r == 0 ? 7.0f : 9.0f);
+    EXPECT_EQ(view.header.id, (*idx)[r].key);
+    int h = 0, w = 0;
+    ASSERT_OK(dec.ReadSize(view.image, "p.rec", &h, &w));
+    EXPECT_EQ(h, expect_h[r]);
+    EXPECT_EQ(w, expect_w[r]);
+  }
+}
+
+TEST_F(Im2recTest, PassThroughStoresTheFileBytes) {
+  std::vector<ImageListEntry> entries = {{0, {3.0f}, "b_cats/a.jpg"}};
+  ASSERT_OK(WriteImageList(Path("t.lst"), entries));
+  PackOptions opts;
+  opts.pass_through = true;
+  PackStats stats;
+  ASSERT_OK(PackImageList(Path("t.lst"), Path("root"), Path("t.rec"), Path("t.idx"), opts, &stats));
+  auto file = RecordIOFile::Open(Path("t.rec"));
+  ASSERT_TRUE(file.ok());
+  std::string_view payload;
+  ASSERT_OK((*file)->ReadAt(0, &payload, nullptr, nullptr));
+  ImageRecordView view;
+  ASSERT_OK(ParseImageRecord(payload, "t.rec", &view));
+  EXPECT_EQ(view.header.flag, 0u);
+  EXPECT_EQ(view.header.label, 3.0f);
+  std::ifstream in(Path("root/b_cats/a.jpg"), std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(view.image, bytes);
+}
+
+}  // namespace
+}  // namespace pstrain

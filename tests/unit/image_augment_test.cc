@@ -1,0 +1,378 @@
+// JPEG/PNG codec, crop planning and the augmenter's output properties.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <png.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "data/augment.h"
+#include "data/image_codec.h"
+#include "tests/test_util.h"
+
+namespace pstrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A smooth RGB test pattern (JPEG keeps it to within a few levels).
+Image Pattern(int h, int w) {
+  Image img;
+  img.Resize(h, w, 3);
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) {
+      uint8_t* p = img.row(y) + x * 3;
+      p[0] = static_cast<uint8_t>(40 + 160 * x / std::max(1, w - 1));
+      p[1] = static_cast<uint8_t>(40 + 160 * y / std::max(1, h - 1));
+      p[2] = static_cast<uint8_t>(128 + 60 * std::sin(0.05 * (x + y)));
+    }
+  }
+  return img;
+}
+
+// An image whose every pixel value is distinct enough to check exact indexing.
+Image Ramp(int h, int w) {
+  Image img;
+  img.Resize(h, w, 3);
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) {
+      for (int c = 0; c < 3; ++c) img.row(y)[x * 3 + c] = static_cast<uint8_t>(x + 16 * y + c);
+    }
+  }
+  return img;
+}
+
+std::string Jpeg(const Image& img, int quality = 95) {
+  std::string out;
+  CHECK_OK(EncodeJpeg(img, quality, &out));
+  return out;
+}
+
+AugmentConfig Config(int h, int w) {
+  AugmentConfig cfg;
+  cfg.out_height = h;
+  cfg.out_width = w;
+  return cfg;
+}
+
+TEST(ImageCodecTest, JpegRoundTripIsClose) {
+  Image src = Pattern(48, 64);
+  ImageDecoder dec;
+  Image out;
+  ASSERT_OK(dec.Decode(Jpeg(src), "mem", 3, &out));
+  ASSERT_EQ(out.height, 48);
+  ASSERT_EQ(out.width, 64);
+  ASSERT_EQ(out.channels, 3);
+  int max_diff = 0;
+  for (size_t i = 0; i < src.pixels.size(); ++i) {
+    max_diff = std::max(max_diff, std::abs(int{src.pixels[i]} - int{out.pixels[i]}));
+  }
+  EXPECT_LE(max_diff, 12);
+  Image gray;
+  ASSERT_OK(dec.Decode(Jpeg(src), "mem", 1, &gray));
+  EXPECT_EQ(gray.channels, 1);
+}
+
+TEST(ImageCodecTest, PngDecodesExactly) {
+  Image src = Ramp(9, 11);
+  png_image img;
+  std::memset(&img, 0, sizeof(img));
+  img.version = PNG_IMAGE_VERSION;
+  img.width = 11;
+  img.height = 9;
+  img.format = PNG_FORMAT_RGB;
+  png_alloc_size_t size = 0;
+  ASSERT_TRUE(png_image_write_get_memory_size(img, size, 0, src.pixels.data(), 0, nullptr));
+  std::string png(size, '\0');
+  ASSERT_TRUE(png_image_write_to_memory(&img, png.data(), &size, 0, src.pixels.data(), 0, nullptr));
+  png.resize(size);
+  EXPECT_EQ(DetectImageFormat(png), ImageFormat::kPng);
+  ImageDecoder dec;
+  Image out;
+  ASSERT_OK(dec.Decode(png, "mem", 3, &out));
+  EXPECT_EQ(out.pixels, src.pixels);
+  double scale = 0;
+  ASSERT_OK(dec.DecodeRegion(png, "mem", 3, Rect{2, 3, 5, 4}, 4, 5, &out, &scale));
+  ASSERT_EQ(out.width, 5);
+  EXPECT_EQ(out.row(1)[0], src.row(4)[6]);
+}
+
+TEST(ImageCodecTest, RegionDecodeMatchesFullDecode) {
+  const std::string jpeg = Jpeg(Pattern(100, 120));
+  ImageDecoder dec;
+  Image full, region;
+  ASSERT_OK(dec.Decode(jpeg, "mem", 3, &full));
+  const Rect r{37, 21, 50, 44};
+  double scale = 0;
+  ASSERT_OK(dec.DecodeRegion(jpeg, "mem", 3, r, r.height, r.width, &region, &scale));
+  EXPECT_EQ(scale, 1.0);
+  ASSERT_EQ(region.height, r.height);
+  ASSERT_EQ(region.width, r.width);
+  int max_diff = 0;
+  for (int y = 0; y < r.height; ++y) {
+    for (int x = 0; x < r.width * 3; ++x) {
+      int a = region.row(y)[x], b = full.row(r.y + y)[r.x * 3 + x];
+      max_diff = std::max(max_diff, std::abs(a - b));
+    }
+  }
+  EXPECT_LE(max_diff, 2);  // libjpeg-turbo may upsample chroma differently at crop edges
+}
+
+TEST(ImageCodecTest, ScaledDecodeKeepsAtLeastTheOutputSize) {
+  const std::string jpeg = Jpeg(Pattern(256, 320));
+  ImageDecoder dec;
+  Image out;
+  double scale = 0;
+  ASSERT_OK(dec.DecodeRegion(jpeg, "mem", 3, Rect{0, 0, 320, 256}, 60, 70, &out, &scale));
+  EXPECT_EQ(scale, 2.0 / 8.0);  // 1/8 would give 32x40 < 60x70
+  EXPECT_EQ(out.height, 64);
+  EXPECT_EQ(out.width, 80);
+}
+
+TEST(ImageCodecTest, NotAnImageIsCorruptionNamingTheSource) {
+  ImageDecoder dec;
+  Image out;
+  Status s = dec.Decode("GIF89a not a jpeg", "data.rec:4096", 3, &out);
+  EXPECT_EQ(s.code(), StatusCode::kCorruption);
+  EXPECT_THAT(s.message(), HasSubstr("data.rec:4096"));
+  EXPECT_THAT(s.message(), HasSubstr("not a JPEG"));
+}
+
+TEST(ImageCodecTest, TruncatedAndGarbledJpegsAreCorruption) {
+  const std::string jpeg = Jpeg(Pattern(64, 64));
+  ImageDecoder dec;
+  Image out;
+  Status s = dec.Decode(jpeg.substr(0, jpeg.size() / 2), "t.rec:8", 3, &out);
+  EXPECT_EQ(s.code(), StatusCode::kCorruption);
+  EXPECT_THAT(s.message(), HasSubstr("t.rec:8"));
+  s = dec.Decode(jpeg.substr(0, 20), "t.rec:16", 3, &out);
+  EXPECT_EQ(s.code(), StatusCode::kCorruption);
+  std::string garbled = jpeg;
+  for (size_t i = 2; i < 200 && i < garbled.size(); ++i) garbled[i] = static_cast<char>(0x5A);
+  s = dec.Decode(garbled, "t.rec:24", 3, &out);
+  EXPECT_EQ(s.code(), StatusCode::kCorruption);
+  // The decoder is still usable afterwards.
+  ASSERT_OK(dec.Decode(jpeg, "t.rec:32", 3, &out));
+  EXPECT_EQ(out.width, 64);
+}
+
+TEST(AugmentTest, CenterCropTakesTheMiddle) {
+  Image src = Ramp(10, 12);
+  AugmentConfig cfg = Config(6, 8);
+  Rng rng(1);
+  CropPlan plan;
+  ASSERT_OK(PlanCrop(cfg, src.height, src.width, &rng, "x", &plan));
+  EXPECT_EQ(plan.window.x, 2);
+  EXPECT_EQ(plan.window.y, 2);
+  EXPECT_FALSE(plan.mirror);
+  std::vector<float> out(3 * 6 * 8);
+  WriteNormalized(cfg, src, plan.window, plan.mirror, out.data());
+  for (int c = 0; c < 3; ++c) {
+    for (int y = 0; y < 6; ++y) {
+      for (int x = 0; x < 8; ++x) {
+        ASSERT_EQ(out[(c * 6 + y) * 8 + x], src.row(y + 2)[(x + 2) * 3 + c]);
+      }
+    }
+  }
+}
+
+TEST(AugmentTest, RandomCropStaysInBoundsAndReachesTheEdges) {
+  AugmentConfig cfg = Config(28, 28);
+  cfg.rand_crop = true;
+  int min_x = 100, max_x = -1, min_y = 100, max_y = -1;
+  for (uint64_t seed = 0; seed < 500; ++seed) {
+    Rng rng(seed);
+    CropPlan plan;
+    ASSERT_OK(PlanCrop(cfg, 32, 36, &rng, "x", &plan));
+    ASSERT_EQ(plan.window.width, 28);
+    ASSERT_EQ(plan.window.height, 28);
+    min_x = std::min(min_x, plan.window.x);
+    max_x = std::max(max_x, plan.window.x);
+    min_y = std::min(min_y, plan.window.y);
+    max_y = std::max(max_y, plan.window.y);
+  }
+  EXPECT_EQ(min_x, 0);
+  EXPECT_EQ(max_x, 8);
+  EXPECT_EQ(min_y, 0);
+  EXPECT_EQ(max_y, 4);
+}
+
+TEST(AugmentTest, MirrorFlipsRowsAndHappensAboutHalfTheTime) {
+  Image src = Ramp(8, 9);
+  AugmentConfig cfg = Config(8, 9);
+  std::vector<float> plain(3 * 8 * 9), flipped(3 * 8 * 9);
+  WriteNormalized(cfg, src, Rect{0, 0, 9, 8}, false, plain.data());
+  WriteNormalized(cfg, src, Rect{0, 0, 9, 8}, true, flipped.data());
+  for (int c = 0; c < 3; ++c) {
+    for (int y = 0; y < 8; ++y) {
+      for (int x = 0; x < 9; ++x) {
+        ASSERT_EQ(flipped[(c * 8 + y) * 9 + x], plain[(c * 8 + y) * 9 + (8 - x)]);
+      }
+    }
+  }
+  cfg.rand_mirror = true;
+  int mirrored = 0;
+  for (uint64_t seed = 0; seed < 1000; ++seed) {
+    Rng rng(seed);
+    CropPlan plan;
+    ASSERT_OK(PlanCrop(cfg, 8, 9, &rng, "x", &plan));
+    mirrored += plan.mirror;
+  }
+  EXPECT_GT(mirrored, 420);
+  EXPECT_LT(mirrored, 580);
+}
+
+TEST(AugmentTest, NormalizationUsesMeanStdAndScale) {
+  Image src = Ramp(4, 4);
+  AugmentConfig cfg = Config(4, 4);
+  cfg.mean_rgb[0] = 10;
+  cfg.mean_rgb[1] = 20;
+  cfg.mean_rgb[2] = 30;
+  cfg.std_rgb[0] = 2;
+  cfg.std_rgb[1] = 4;
+  cfg.std_rgb[2] = 8;
+  cfg.scale = 0.5f;
+  std::vector<float> out(3 * 16);
+  WriteNormalized(cfg, src, Rect{0, 0, 4, 4}, false, out.data());
+  for (int c = 0; c < 3; ++c) {
+    for (int i = 0; i < 16; ++i) {
+      float p = src.row(i / 4)[(i % 4) * 3 + c];
+      EXPECT_FLOAT_EQ(out[c * 16 + i], (p - cfg.mean_rgb[c]) / cfg.std_rgb[c] * 0.5f);
+    }
+  }
+  cfg.mean_image.assign(3 * 16, 0.0f);
+  for (size_t i = 0; i < cfg.mean_image.size(); ++i) cfg.mean_image[i] = static_cast<float>(i);
+  ASSERT_OK(cfg.Validate());
+  WriteNormalized(cfg, src, Rect{0, 0, 4, 4}, false, out.data());
+  for (int c = 0; c < 3; ++c) {
+    for (int i = 0; i < 16; ++i) {
+      float p = src.row(i / 4)[(i % 4) * 3 + c];
+      EXPECT_FLOAT_EQ(out[c * 16 + i], (p - (c * 16 + i)) / cfg.std_rgb[c] * 0.5f);
+    }
+  }
+}
+
+TEST(AugmentTest, RandomResizedCropRespectsAreaAndAspectRanges) {
+  AugmentConfig cfg = Config(32, 32);
+  cfg.random_resized_crop = true;
+  cfg.min_random_area = 0.08f;
+  cfg.max_random_area = 1.0f;
+  cfg.min_aspect_ratio = 3.0f / 4.0f;
+  cfg.max_aspect_ratio = 4.0f / 3.0f;
+  ASSERT_OK(cfg.Validate());
+  const int H = 200, W = 300;
+  double min_area = 1, max_area = 0;
+  for (uint64_t seed = 0; seed < 2000; ++seed) {
+    Rng rng(seed);
+    CropPlan plan;
+    ASSERT_OK(PlanCrop(cfg, H, W, &rng, "x", &plan));
+    const Rect& r = plan.window;
+    ASSERT_GE(r.x, 0);
+    ASSERT_GE(r.y, 0);
+    ASSERT_LE(r.x + r.width, W);
+    ASSERT_LE(r.y + r.height, H);
+    double area = static_cast<double>(r.width) * r.height / (H * W);
+    double aspect = static_cast<double>(r.width) / r.height;
+    min_area = std::min(min_area, area);
+    max_area = std::max(max_area, area);
+    // Rounding to whole pixels moves both a little.
+    EXPECT_GE(area, 0.075);
+    EXPECT_LE(area, 1.0);
+    EXPECT_GE(aspect, 0.75 * 0.95);
+    EXPECT_LE(aspect, 4.0 / 3.0 * 1.05);
+  }
+  EXPECT_LT(min_area, 0.12);
+  EXPECT_GT(max_area, 0.6);
+}
+
+TEST(AugmentTest, RandomResizedCropFallsBackToACentredWindow) {
+  AugmentConfig cfg = Config(16, 16);
+  cfg.random_resized_crop = true;
+  cfg.min_random_area = cfg.max_random_area = 1.0f;
+  cfg.min_aspect_ratio = cfg.max_aspect_ratio = 1.0f;
+  Rng rng(3);
+  CropPlan plan;
+  ASSERT_OK(PlanCrop(cfg, 40, 100, &rng, "x", &plan));  // a 1:1 window of full area never fits
+  EXPECT_EQ(plan.window.width, 40);
+  EXPECT_EQ(plan.window.height, 40);
+  EXPECT_EQ(plan.window.x, 30);
+  EXPECT_EQ(plan.window.y, 0);
+}
+
+TEST(AugmentTest, ImageSmallerThanTheCropIsAnError) {
+  AugmentConfig cfg = Config(28, 28);
+  cfg.rand_crop = true;
+  AugmentScratch scratch;
+  std::vector<float> out(3 * 28 * 28);
+  Rng rng(0);
+  Status s = AugmentImage(cfg, Jpeg(Pattern(20, 40)), "cifar.rec:1234", &rng, &scratch, out.data());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("cifar.rec:1234"));
+  EXPECT_THAT(s.message(), HasSubstr("smaller than the 28x28 crop"));
+}
+
+TEST(AugmentTest, PadSurroundsTheImageWithTheFillValue) {
+  AugmentConfig cfg = Config(40, 40);
+  cfg.pad = 4;
+  cfg.fill_value = 127;
+  AugmentScratch scratch;
+  std::vector<float> out(3 * 40 * 40);
+  Rng rng(0);
+  ASSERT_OK(AugmentImage(cfg, Jpeg(Pattern(32, 32)), "m", &rng, &scratch, out.data()));
+  for (int c = 0; c < 3; ++c) {
+    for (int i = 0; i < 40; ++i) {
+      EXPECT_EQ(out[(c * 40 + 0) * 40 + i], 127.0f);
+      EXPECT_EQ(out[(c * 40 + 39) * 40 + i], 127.0f);
+      EXPECT_EQ(out[(c * 40 + i) * 40 + 3], 127.0f);
+      EXPECT_EQ(out[(c * 40 + i) * 40 + 36], 127.0f);
+    }
+  }
+  EXPECT_NE(out[(0 * 40 + 20) * 40 + 20], 127.0f);
+}
+
+TEST(AugmentTest, ResizeMakesTheShorterSideTheGivenLength) {
+  AugmentConfig cfg = Config(20, 30);
+  cfg.resize = 20;  // 40x80 -> 20x40, centre crop 20x30
+  AugmentScratch scratch;
+  std::vector<float> out(3 * 20 * 30);
+  Rng rng(0);
+  ASSERT_OK(AugmentImage(cfg, Jpeg(Pattern(40, 80)), "m", &rng, &scratch, out.data()));
+  // Red grows left to right across the crop: 40 + 160 * x / 79 at full size.
+  EXPECT_LT(out[0], out[29]);
+  EXPECT_NEAR(out[15], 40 + 160.0 * 40 / 79, 6.0);
+}
+
+TEST(AugmentTest, SameSeedSameOutputAcrossScratchSpaces) {
+  AugmentConfig cfg = Config(24, 24);
+  cfg.random_resized_crop = true;
+  cfg.min_random_area = 0.2f;
+  cfg.min_aspect_ratio = 0.75f;
+  cfg.max_aspect_ratio = 1.333f;
+  cfg.rand_mirror = true;
+  const std::string jpeg = Jpeg(Pattern(64, 80));
+  AugmentScratch s1, s2;
+  std::vector<float> a(3 * 24 * 24), b(a.size()), c(a.size());
+  Rng r1(77), r2(77), r3(78);
+  ASSERT_OK(AugmentImage(cfg, jpeg, "m", &r1, &s1, a.data()));
+  ASSERT_OK(AugmentImage(cfg, jpeg, "m", &r2, &s2, b.data()));
+  ASSERT_OK(AugmentImage(cfg, jpeg, "m", &r3, &s2, c.data()));
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+}
+
+TEST(AugmentTest, ValidateRejectsBadRanges) {
+  AugmentConfig cfg = Config(8, 8);
+  cfg.random_resized_crop = true;
+  cfg.min_random_area = 0.5f;
+  cfg.max_random_area = 0.1f;
+  EXPECT_EQ(cfg.Validate().code(), StatusCode::kInvalidArgument);
+  cfg = Config(0, 8);
+  EXPECT_EQ(cfg.Validate().code(), StatusCode::kInvalidArgument);
+  cfg = Config(8, 8);
+  cfg.std_rgb[1] = 0;
+  EXPECT_EQ(cfg.Validate().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pstrain

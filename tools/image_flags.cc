@@ -1,0 +1,110 @@
+#include "tools/image_flags.h"
+
+#include <gflags/gflags.h>
+
+#include <cstdlib>
+
+DEFINE_string(data_train, "", "the training data: a RecordIO .rec file of image records");
+DEFINE_string(data_train_idx, "", "the .idx file of --data-train (optional; else it is scanned)");
+DEFINE_string(data_val, "", "the validation data: a RecordIO .rec file");
+DEFINE_string(data_val_idx, "", "the .idx file of --data-val (optional)");
+DEFINE_string(rgb_mean, "123.68,116.779,103.939", "per-channel mean subtracted, R,G,B");
+DEFINE_string(rgb_std, "1,1,1", "per-channel standard deviation divided by, R,G,B");
+DEFINE_int32(pad_size, 0, "pixels of --fill-value padded on every side before cropping");
+DEFINE_int32(fill_value, 127, "value of the padding pixels, 0..255");
+DEFINE_int32(random_crop, 0, "1: crop at a random position (else the centre)");
+DEFINE_int32(random_mirror, 0, "1: flip horizontally with probability 0.5");
+DEFINE_int32(random_resized_crop, 0,
+             "1: crop a random area and aspect ratio, then resize to the image shape");
+DEFINE_double(min_random_area, 1.0,
+              "smallest crop area (fraction of the image) with "
+              "--random-resized-crop");
+DEFINE_double(max_random_area, 1.0, "largest crop area with --random-resized-crop");
+DEFINE_double(min_random_aspect_ratio, 0.0,
+              "smallest aspect ratio (w/h) with "
+              "--random-resized-crop; 0: the range is 1 -/+ --max-random-aspect-ratio");
+DEFINE_double(max_random_aspect_ratio, 0.0,
+              "largest aspect ratio (w/h); when "
+              "--min-random-aspect-ratio is 0, the largest change of the ratio from 1");
+DEFINE_int32(data_nthreads, 4, "threads that decode and augment images");
+
+namespace pstrain {
+
+bool DataTrainIsRecordIO() {
+  const std::string& p = FLAGS_data_train;
+  return p.size() > 4 && p.compare(p.size() - 4, 4, ".rec") == 0;
+}
+
+Status ParseFloatTriple(const std::string& flag, const std::string& value, float out[3]) {
+  size_t start = 0;
+  for (int i = 0; i < 3; ++i) {
+    size_t comma = value.find(',', start);
+    if ((i < 2) != (comma != std::string::npos)) {
+      return Status::InvalidArgument(
+          StrCat("--", flag, "=", value, ": expected three comma-separated numbers"));
+    }
+    std::string part = value.substr(start, comma == std::string::npos ? comma : comma - start);
+    char* end = nullptr;
+    out[i] = std::strtof(part.c_str(), &end);
+    if (part.empty() || *end != '\0') {
+      return Status::InvalidArgument(
+          StrCat("--", flag, "=", value, ": '", part, "' is not a number"));
+    }
+    start = comma + 1;
+  }
+  return Status::Ok();
+}
+
+StatusOr<ImageRecordIterConfig> ImageRecordIterConfigFromFlags(ImageDataSplit split, int batch_size,
+                                                               int channels, int height, int width,
+                                                               int part_index, int num_parts,
+                                                               uint64_t seed) {
+  const bool train = split == ImageDataSplit::kTrain;
+  ImageRecordIterConfig cfg;
+  cfg.path_imgrec = train ? FLAGS_data_train : FLAGS_data_val;
+  cfg.path_imgidx = train ? FLAGS_data_train_idx : FLAGS_data_val_idx;
+  if (cfg.path_imgrec.empty()) {
+    return Status::NotFound(train ? "--data-train is empty" : "--data-val is empty");
+  }
+  cfg.batch_size = batch_size;
+  cfg.shuffle = train;
+  cfg.seed = seed;
+  cfg.part_index = part_index;
+  cfg.num_parts = num_parts;
+  cfg.preprocess_threads = FLAGS_data_nthreads;
+  AugmentConfig& aug = cfg.aug;
+  aug.channels = channels;
+  aug.out_height = height;
+  aug.out_width = width;
+  RETURN_IF_ERROR(ParseFloatTriple("rgb-mean", FLAGS_rgb_mean, aug.mean_rgb));
+  RETURN_IF_ERROR(ParseFloatTriple("rgb-std", FLAGS_rgb_std, aug.std_rgb));
+  if (channels == 1) {  // gray images use the first mean and std
+    aug.mean_rgb[1] = aug.mean_rgb[2] = aug.mean_rgb[0];
+    aug.std_rgb[1] = aug.std_rgb[2] = aug.std_rgb[0];
+  }
+  aug.fill_value = FLAGS_fill_value;
+  if (train) {
+    aug.pad = FLAGS_pad_size;
+    aug.rand_crop = FLAGS_random_crop != 0;
+    aug.rand_mirror = FLAGS_random_mirror != 0;
+    aug.random_resized_crop = FLAGS_random_resized_crop != 0;
+    aug.min_random_area = static_cast<float>(FLAGS_min_random_area);
+    aug.max_random_area = static_cast<float>(FLAGS_max_random_area);
+    if (FLAGS_min_random_aspect_ratio > 0) {
+      aug.min_aspect_ratio = static_cast<float>(FLAGS_min_random_aspect_ratio);
+      aug.max_aspect_ratio = static_cast<float>(FLAGS_max_random_aspect_ratio);
+    } else {
+      if (FLAGS_max_random_aspect_ratio < 0 || FLAGS_max_random_aspect_ratio >= 1) {
+        return Status::InvalidArgument(
+            StrCat("--max-random-aspect-ratio=", FLAGS_max_random_aspect_ratio,
+                   ": without --min-random-aspect-ratio it is a change of the ratio in [0, 1)"));
+      }
+      aug.min_aspect_ratio = static_cast<float>(1 - FLAGS_max_random_aspect_ratio);
+      aug.max_aspect_ratio = static_cast<float>(1 + FLAGS_max_random_aspect_ratio);
+    }
+  }
+  RETURN_IF_ERROR(cfg.Validate());
+  return cfg;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,57 @@
+// The data and augmentation flags of MXNet's image-classification scripts
+// (common/data.py: add_data_args, add_data_aug_args) that the image pipeline
+// implements, and the one function that turns them into an ImageRecordIter
+// configuration. Batch size, image shape, rank and seed belong to the training
+// command's flags and come in as parameters.
+#ifndef PSTRAIN_TOOLS_IMAGE_FLAGS_H_
+#define PSTRAIN_TOOLS_IMAGE_FLAGS_H_
+
+#include <gflags/gflags_declare.h>
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+#include "data/image_record_iter.h"
+
+DECLARE_string(data_train);
+DECLARE_string(data_train_idx);
+DECLARE_string(data_val);
+DECLARE_string(data_val_idx);
+DECLARE_string(rgb_mean);
+DECLARE_string(rgb_std);
+DECLARE_int32(pad_size);
+DECLARE_int32(fill_value);
+DECLARE_int32(random_crop);
+DECLARE_int32(random_mirror);
+DECLARE_int32(random_resized_crop);
+DECLARE_double(min_random_area);
+DECLARE_double(max_random_area);
+DECLARE_double(min_random_aspect_ratio);
+DECLARE_double(max_random_aspect_ratio);
+DECLARE_int32(data_nthreads);
+
+namespace pstrain {
+
+enum class ImageDataSplit { kTrain, kVal };
+
+// True when --data-train names a RecordIO file (ends in ".rec").
+bool DataTrainIsRecordIO();
+
+// The ImageRecordIter configuration for --data-train (kTrain: shuffled,
+// random crop / resized crop / mirror / pad as flagged) or --data-val (kVal:
+// centre crop, no mirror, no shuffle), both partitioned into `num_parts` with
+// this worker's `part_index`, as fit.py does. `channels`, `height` and `width`
+// are the output image shape (--image-shape). A malformed flag value is
+// InvalidArgument naming the flag; an empty --data-val is NotFound.
+StatusOr<ImageRecordIterConfig> ImageRecordIterConfigFromFlags(ImageDataSplit split, int batch_size,
+                                                               int channels, int height, int width,
+                                                               int part_index, int num_parts,
+                                                               uint64_t seed);
+
+// Parses "a,b,c" into exactly three floats (--rgb-mean, --rgb-std).
+Status ParseFloatTriple(const std::string& flag, const std::string& value, float out[3]);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_TOOLS_IMAGE_FLAGS_H_
