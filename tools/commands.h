@@ -22,6 +22,9 @@ struct Command {
 };
 
 int RunVersion(int argc, char** argv);
+// launchers and logs (tracker/, logtools/):
+int RunLaunch(int argc, char** argv);
+int RunParseLog(int argc, char** argv);
 
 }  // namespace pstrain
 
