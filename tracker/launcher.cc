@@ -256,12 +256,15 @@ std::string RemoteCommand(const std::string& dir, const std::map<std::string, st
                           const std::vector<std::string>& command) {
   // $1 is the directory; the rest is "K=V ... COMMAND ARGS" for env(1). The job
   // leads its own process group; the watcher kills that group when the ssh
-  // session's stdin ends (launcher stopped or gone), and the wrapper kills
-  // whatever the job left in it when the job ends.
+  // session's stdin ends (launcher stopped or gone): SIGTERM, then SIGKILL
+  // after 5 s. The wrapper kills whatever the job left in its group when the
+  // job ends, and exits with the job's status.
   static const char kScript[] =
       "d=$1; shift; cd \"$d\" || exit 127; exec 3<&0; "
       "setsid env -- \"$@\" </dev/null & p=$!; "
-      "( while read -r _ <&3; do :; done; kill -TERM -\"$p\"; sleep 3; kill -KILL -\"$p\" ) "
+      "( while read -r _ <&3; do :; done; kill -TERM -\"$p\"; i=0; "
+      "while [ $i -lt 50 ] && kill -0 -\"$p\"; do sleep 0.1; i=$((i+1)); done; "
+      "kill -KILL -\"$p\" ) "
       ">/dev/null 2>&1 & w=$!; exec 3<&-; "
       "wait \"$p\"; r=$?; kill -KILL -\"$p\" 2>/dev/null; kill \"$w\" 2>/dev/null; exit \"$r\"";
   std::vector<std::string> words = {"/bin/sh", "-c", kScript, "pstrain-remote", dir};

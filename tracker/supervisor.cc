@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <memory>
 
@@ -80,7 +81,18 @@ struct Running {
   std::unique_ptr<Subprocess> proc;
   std::string pending[2];  // partial last line of stdout, stderr
   bool signalled = false;
+  int failed_rank = -1;  // groups: the rank mpirun reported as the first to fail
 };
+
+// Open MPI's abort notice names the failed process "Process name: [[job,1],RANK]".
+int FailedRankFromNotice(const std::string& line) {
+  size_t at = line.find("Process name: [[");
+  if (at == std::string::npos) return -1;
+  size_t comma = line.find("],", at);
+  if (comma == std::string::npos) return -1;
+  int rank = std::atoi(line.c_str() + comma + 2);
+  return rank >= 0 ? rank : -1;
+}
 
 class Job {
  public:
@@ -116,6 +128,7 @@ class Job {
         text = stripped;
       } else {
         name = r.task.role + "-mpirun";
+        if (int failed = FailedRankFromNotice(line); failed >= 0) r.failed_rank = failed;
       }
     }
     logs_.Write(name, text);
@@ -196,6 +209,31 @@ class Job {
     }
   }
 
+  // Reads what is already in `r`'s pipes, without waiting.
+  void DrainNow(Running& r) {
+    char buf[16384];
+    for (int stream = 0; stream < 2; ++stream) {
+      for (int rounds = 0; rounds < 64; ++rounds) {
+        int fd = stream == 0 ? r.proc->stdout_fd() : r.proc->stderr_fd();
+        if (fd < 0) break;
+        ssize_t got = read(fd, buf, sizeof(buf));
+        if (got > 0) {
+          Consume(r, stream, buf, static_cast<size_t>(got));
+          continue;
+        }
+        if (got == 0) {
+          FlushPartial(r, stream);
+          if (stream == 0) {
+            r.proc->CloseStdout();
+          } else {
+            r.proc->CloseStderr();
+          }
+        }
+        break;
+      }
+    }
+  }
+
   void Fail(const std::string& reason, int exit_code) {
     if (stopping_) return;
     result_.success = false;
@@ -245,12 +283,18 @@ class Job {
         all = false;
         continue;
       }
+      // What it wrote before exiting is in the pipes now (mpirun's notice
+      // names the failed rank); read it before judging.
+      DrainNow(r);
       // Whatever the job's process left in its group goes with it.
       r.proc->SignalGroup(SIGKILL);
       if (!r.proc->succeeded() && !stopping_) {
-        Fail(StrCat(Name(r.task, r.task.rank), " on ", r.task.host, " (pid ", r.proc->pid(), ") ",
-                    r.proc->ExitDescription()),
-             1);
+        std::string who = StrCat(Name(r.task, r.task.rank), " on ", r.task.host);
+        if (r.task.tags != OutputTags::kNone) {
+          who = StrCat(r.task.role, "s (", r.task.host, ")");
+          if (r.failed_rank >= 0) who = StrCat(Name(r.task, r.failed_rank), " of the ", who);
+        }
+        Fail(StrCat(who, " (pid ", r.proc->pid(), ") ", r.proc->ExitDescription()), 1);
       }
     }
     return all;
