@@ -5,10 +5,13 @@
 //
 //   env_probe --out=DIR [--sleep=SECONDS] [--fail=ROLE:RANK:CODE] [--show=VAR,...] [ARGS...]
 //
+// --fail makes that one process exit with CODE once every process has written
+// its report.
 // As scheduler it accepts DMLC_NUM_SERVER + DMLC_NUM_WORKER connections and
 // exits only after all of them have closed (the others have exited), so the
 // job ends with the scheduler, as in MXNet. Every wait is bounded.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -110,6 +113,18 @@ int CheckIn(const pstrain::JobEnv& job, const std::string& hello, std::string* e
   return -1;
 }
 
+size_t CountReports(const std::string& dir) {
+  size_t n = 0;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      std::string name = e->d_name;
+      if (name.size() > 4 && name.compare(name.size() - 4, 4, ".txt") == 0) ++n;
+    }
+    closedir(d);
+  }
+  return n;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -201,6 +216,12 @@ int main(int argc, char** argv) {
     int want_rank = std::atoi(rest.c_str());
     int code = std::atoi(rest.substr(rest.find(':') + 1).c_str());
     if (want_role == role && want_rank == rank) {
+      // Fail only once every process has reported, so the test knows all pids.
+      size_t everyone = static_cast<size_t>(1 + job->num_servers + job->num_workers);
+      Deadline deadline = Deadline::InMillis(kWaitMs);
+      while (CountReports(out_dir) < everyone && !deadline.Expired()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
       std::fprintf(stderr, "%s: failing with exit code %d as asked\n", name.c_str(), code);
       return code;
     }
