@@ -137,9 +137,9 @@ StatusOr<ParsedLog> ReadLog(const std::string& path, const std::vector<std::stri
   if (acc.log().lines_matched == 0) {
     std::string names;
     for (const std::string& m : metrics) names += (names.empty() ? "" : ",") + m;
-    return Status::InvalidArgument(
-        StrCat("'", path, "' has no epoch results (Epoch[N] Train-/Validation-{", names,
-               "}= or Time cost=)"));
+    return Status::InvalidArgument(StrCat("'", path,
+                                          "' has no epoch results (Epoch[N] Train-/Validation-{",
+                                          names, "}= or Time cost=)"));
   }
   return acc.Release();
 }

@@ -33,9 +33,9 @@ struct EpochValues {
 };
 
 struct ParsedLog {
-  std::string name;                    // the path it was read from
-  std::vector<std::string> metrics;    // the metric names looked for
-  std::map<int, EpochValues> epochs;   // key: epoch as logged (0-based)
+  std::string name;                   // the path it was read from
+  std::vector<std::string> metrics;   // the metric names looked for
+  std::map<int, EpochValues> epochs;  // key: epoch as logged (0-based)
   int lines_matched = 0;
 };
 
@@ -64,7 +64,7 @@ enum class Op { kAvg, kMax };
 StatusOr<Op> ParseOp(const std::string& s);
 
 struct TableRow {
-  int epoch = 0;  // 1-based
+  int epoch = 0;                             // 1-based
   std::vector<std::optional<double>> train;  // per metric; nullopt: not logged
   std::vector<std::optional<double>> valid;
   std::optional<double> time;

@@ -23,11 +23,20 @@ std::string Escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -152,13 +161,12 @@ std::string PlotSvg(const std::vector<std::pair<std::string, std::vector<TableRo
         s += "<circle cx=\"" + points.substr(0, comma) + "\" cy=\"" + points.substr(comma + 1) +
              "\" r=\"3\" fill=\"" + colour + "\"/>\n";
       } else {
-        s += std::string("<polyline fill=\"none\" stroke=\"") + colour +
-             "\" stroke-width=\"2\"" + dash + " points=\"" + points + "\"/>\n";
+        s += std::string("<polyline fill=\"none\" stroke=\"") + colour + "\" stroke-width=\"2\"" +
+             dash + " points=\"" + points + "\"/>\n";
       }
       double lx = kLeft + pw + 15;
-      s += "<line x1=\"" + Num(lx) + "\" y1=\"" + Num(ly) + "\" x2=\"" + Num(lx + 28) +
-           "\" y2=\"" + Num(ly) + "\" stroke=\"" + colour + "\" stroke-width=\"2\"" + dash +
-           "/>\n";
+      s += "<line x1=\"" + Num(lx) + "\" y1=\"" + Num(ly) + "\" x2=\"" + Num(lx + 28) + "\" y2=\"" +
+           Num(ly) + "\" stroke=\"" + colour + "\" stroke-width=\"2\"" + dash + "/>\n";
       std::string label = name.substr(common);
       if (label.size() > 24) label = "..." + label.substr(label.size() - 21);
       s += "<text x=\"" + Num(lx + 34) + "\" y=\"" + Num(ly + 4) + "\">" + Escape(label) +

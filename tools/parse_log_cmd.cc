@@ -1,12 +1,12 @@
 // pstrain parse-log FILE_OR_JOB_DIR...: accuracy-per-epoch tables from
 // training logs (ours or MXNet's), and optionally an SVG chart.
+#include <gflags/gflags.h>
+
 #include <cstdio>
 #include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <gflags/gflags.h>
 
 #include "logtools/log_table.h"
 #include "tools/commands.h"

@@ -28,8 +28,8 @@ StatusOr<std::vector<Host>> ParseHostList(const std::string& text, const std::st
       h.name = word.substr(1, close - 1);
       if (close + 1 < word.size()) {
         if (word[close + 1] != ':') {
-          return Status::InvalidArgument(StrCat(where, ": expected ':port' after ']' in '", word,
-                                                "'"));
+          return Status::InvalidArgument(
+              StrCat(where, ": expected ':port' after ']' in '", word, "'"));
         }
         port = word.substr(close + 2);
       }

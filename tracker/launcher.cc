@@ -43,8 +43,7 @@ StatusOr<int> ParseCount(const std::string& flag, const std::string& value, int 
   errno = 0;
   long v = std::strtol(value.c_str(), &end, 10);
   if (value.empty() || *end != '\0' || errno != 0 || v < min || v > 100000) {
-    return Status::InvalidArgument(
-        StrCat(flag, " '", value, "' is not an integer >= ", min));
+    return Status::InvalidArgument(StrCat(flag, " '", value, "' is not an integer >= ", min));
   }
   return static_cast<int>(v);
 }
@@ -80,18 +79,20 @@ StatusOr<MpiFlavour> DetectMpi(const std::string& mpirun,
   if (lower.find("mpich") != std::string::npos || lower.find("hydra") != std::string::npos) {
     return MpiFlavour::kMpich;
   }
-  return Status::FailedPrecondition(StrCat("'", mpirun,
-                                           " --version' names neither Open MPI nor MPICH: ",
-                                           out.substr(0, 200)));
+  return Status::FailedPrecondition(
+      StrCat("'", mpirun, " --version' names neither Open MPI nor MPICH: ", out.substr(0, 200)));
 }
 
 }  // namespace
 
 const char* LauncherName(LauncherKind kind) {
   switch (kind) {
-    case LauncherKind::kLocal: return "local";
-    case LauncherKind::kSsh: return "ssh";
-    case LauncherKind::kMpi: return "mpi";
+    case LauncherKind::kLocal:
+      return "local";
+    case LauncherKind::kSsh:
+      return "ssh";
+    case LauncherKind::kMpi:
+      return "mpi";
   }
   return "?";
 }
@@ -425,8 +426,8 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
   if (plan.launcher == LauncherKind::kSsh) {
     std::vector<std::string> ssh_base = {o.ssh, "-T", "-o", "BatchMode=yes"};
     if (o.no_host_key_check) {
-      for (const char* opt : {"StrictHostKeyChecking=no", "UserKnownHostsFile=/dev/null",
-                              "LogLevel=ERROR"}) {
+      for (const char* opt :
+           {"StrictHostKeyChecking=no", "UserKnownHostsFile=/dev/null", "LogLevel=ERROR"}) {
         ssh_base.push_back("-o");
         ssh_base.push_back(opt);
       }
@@ -527,12 +528,12 @@ StatusOr<JobResult> ExecutePlan(LaunchPlan plan, const LaunchOptions& options,
   for (const auto& cmd : plan.sync_commands) {
     std::string out;
     int status = 0;
-    Status s = RunAndCapture(cmd, plan.tasks.front().spec.env, options.sync_timeout_s * 1000,
-                             &out, &status);
+    Status s = RunAndCapture(cmd, plan.tasks.front().spec.env, options.sync_timeout_s * 1000, &out,
+                             &status);
     if (!s.ok()) return s.WithContext("--sync-dst-dir");
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      return Status::Unavailable(StrCat("--sync-dst-dir: '", ShellJoin(cmd), "' failed (status ",
-                                        status, "): ", out));
+      return Status::Unavailable(
+          StrCat("--sync-dst-dir: '", ShellJoin(cmd), "' failed (status ", status, "): ", out));
     }
   }
   SupervisorOptions sup = supervisor;

@@ -28,8 +28,8 @@ enum class LauncherKind { kLocal, kSsh, kMpi };
 const char* LauncherName(LauncherKind kind);
 
 struct LaunchOptions {
-  int num_workers = 0;   // -n: required, >= 1
-  int num_servers = -1;  // -s: default = num_workers
+  int num_workers = 0;                   // -n: required, >= 1
+  int num_servers = -1;                  // -s: default = num_workers
   std::optional<LauncherKind> launcher;  // default: ssh with -H, else local
   std::string hostfile;                  // -H
   std::string sync_dst_dir;              // ssh: rsync the working directory here first
@@ -44,9 +44,9 @@ struct LaunchOptions {
   std::string mpirun = "mpirun";
   std::string ssh = "ssh";
   std::string rsync = "rsync";
-  int timeout_s = 0;       // stop the job after this long; 0: no limit
+  int timeout_s = 0;  // stop the job after this long; 0: no limit
   int sync_timeout_s = 600;
-  bool quiet = false;      // do not copy the processes' output to the terminal
+  bool quiet = false;  // do not copy the processes' output to the terminal
   bool help = false;
   std::vector<std::string> command;  // the job: run by every process
 };
@@ -65,8 +65,8 @@ struct LaunchPlan {
   std::string log_dir;
   std::string root_uri;
   int root_port = 0;
-  std::vector<Host> hosts;       // ssh: the host file; mpi: empty
-  std::vector<Task> tasks;       // scheduler first, then servers, then workers (or groups)
+  std::vector<Host> hosts;  // ssh: the host file; mpi: empty
+  std::vector<Task> tasks;  // scheduler first, then servers, then workers (or groups)
   std::vector<std::vector<std::string>> sync_commands;  // rsync per host, run before the tasks
 };
 

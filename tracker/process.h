@@ -18,9 +18,9 @@
 namespace pstrain::tracker {
 
 struct ProcessSpec {
-  std::vector<std::string> argv;            // argv[0] is looked up in PATH
-  std::map<std::string, std::string> env;   // the child's complete environment
-  std::string cwd;                          // empty: the caller's working directory
+  std::vector<std::string> argv;           // argv[0] is looked up in PATH
+  std::map<std::string, std::string> env;  // the child's complete environment
+  std::string cwd;                         // empty: the caller's working directory
   // True: the caller holds a pipe to the child's stdin (CloseStdin() sends EOF).
   // False: stdin is /dev/null.
   bool pipe_stdin = false;

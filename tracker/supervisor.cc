@@ -44,8 +44,8 @@ Status MakeDirs(const std::string& path) {
     partial = path.substr(0, pos);
     if (partial.empty()) continue;
     if (mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
-      return Status::IOError(StrCat("cannot create log directory '", partial, "': ",
-                                    strerror(errno)));
+      return Status::IOError(
+          StrCat("cannot create log directory '", partial, "': ", strerror(errno)));
     }
   }
   return Status::Ok();
@@ -239,8 +239,7 @@ class Job {
     result_.success = false;
     result_.reason = reason;
     result_.exit_code = exit_code;
-    WriteAll(options_.terminal_err_fd,
-             StrCat("pstrain launch: ", reason, "; stopping the job\n"));
+    WriteAll(options_.terminal_err_fd, StrCat("pstrain launch: ", reason, "; stopping the job\n"));
     StopAll();
   }
 
@@ -260,17 +259,17 @@ class Job {
 
   // Escalation while stopping: SIGTERM after stdin_grace, SIGKILL after term_grace.
   void Escalate() {
-    auto since = std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() -
-                                                                       stop_started_)
-                     .count();
+    auto since =
+        std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - stop_started_)
+            .count();
     for (Running& r : running_) {
       if (r.proc->exited()) continue;
       if (!r.signalled && since >= options_.stdin_grace_ms) {
         r.proc->SignalGroup(SIGTERM);
         r.signalled = true;
       }
-      int kill_after = options_.term_grace_ms +
-                       (r.task.stop_by_closing_stdin ? options_.stdin_grace_ms : 0);
+      int kill_after =
+          options_.term_grace_ms + (r.task.stop_by_closing_stdin ? options_.stdin_grace_ms : 0);
       if (since >= kill_after) r.proc->SignalGroup(SIGKILL);
     }
   }

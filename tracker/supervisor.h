@@ -44,15 +44,15 @@ struct Task {
 };
 
 struct SupervisorOptions {
-  std::string log_dir;   // created if missing; must be set
-  bool echo = true;      // copy prefixed lines to the terminal
+  std::string log_dir;  // created if missing; must be set
+  bool echo = true;     // copy prefixed lines to the terminal
   int terminal_out_fd = 1;
   int terminal_err_fd = 2;
   // Readable means: stop the job. One byte is read: the signal number that
   // asked for it (0 if none). -1: no stop requests.
   int stop_fd = -1;
-  int stdin_grace_ms = 5000;  // after closing stdin, before SIGTERM
-  int term_grace_ms = 5000;   // after SIGTERM, before SIGKILL
+  int stdin_grace_ms = 5000;              // after closing stdin, before SIGTERM
+  int term_grace_ms = 5000;               // after SIGTERM, before SIGKILL
   Deadline deadline = Deadline::Never();  // the whole job (then it is stopped)
 };
 

@@ -158,8 +158,8 @@ int main(int argc, char** argv) {
   char cwd[4096] = "?";
   if (getcwd(cwd, sizeof(cwd)) == nullptr) cwd[0] = '\0';
   std::string report;
-  report += "role=" + role + "\nrank=" + std::to_string(rank) + "\npid=" +
-            std::to_string(getpid()) + "\ncwd=" + cwd + "\n";
+  report += "role=" + role + "\nrank=" + std::to_string(rank) +
+            "\npid=" + std::to_string(getpid()) + "\ncwd=" + cwd + "\n";
   report += "DMLC_PS_ROOT_URI=" + job->root_uri + "\n";
   report += "DMLC_PS_ROOT_PORT=" + std::to_string(job->root_port) + "\n";
   report += "DMLC_NUM_SERVER=" + std::to_string(job->num_servers) + "\n";
@@ -203,8 +203,9 @@ int main(int argc, char** argv) {
   if (job->role == pstrain::Role::kWorker) {
     for (int e = 0; e < 2; ++e) {
       double acc = 0.5 + 0.1 * e + 0.01 * rank;
-      std::fprintf(stderr, "INFO:root:Epoch[%d] Batch [10]\tSpeed: 100.00 samples/sec\taccuracy=%f\n",
-                   e, acc);
+      std::fprintf(stderr,
+                   "INFO:root:Epoch[%d] Batch [10]\tSpeed: 100.00 samples/sec\taccuracy=%f\n", e,
+                   acc);
       std::fprintf(stderr, "INFO:root:Epoch[%d] Train-accuracy=%f\n", e, acc);
       std::fprintf(stderr, "INFO:root:Epoch[%d] Time cost=%.3f\n", e, 1.5 + rank);
       std::fprintf(stderr, "INFO:root:Epoch[%d] Validation-accuracy=%f\n", e, acc - 0.05);

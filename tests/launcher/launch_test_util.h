@@ -5,6 +5,7 @@
 #define PSTRAIN_TESTS_LAUNCHER_LAUNCH_TEST_UTIL_H_
 
 #include <dirent.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -20,8 +21,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "common/deadline.h"
 #include "common/env.h"
@@ -42,8 +41,7 @@ class TempDir {
     if (!path_.empty()) {
       std::string out;
       int status = 0;
-      (void)tracker::RunAndCapture({"rm", "-rf", path_}, Environment().All(), 30000, &out,
-                                   &status);
+      (void)tracker::RunAndCapture({"rm", "-rf", path_}, Environment().All(), 30000, &out, &status);
     }
   }
   const std::string& path() const { return path_; }
@@ -217,7 +215,7 @@ inline void ExpectJobReports(const Reports& reports, int s, int w, const std::st
   ASSERT_EQ(reports.size(), static_cast<size_t>(1 + s + w)) << "reports from every process";
   std::string uri, port, job_id;
   for (int i = 0; i < 1 + s + w; ++i) {
-    std::string name = i == 0 ? "scheduler-0"
+    std::string name = i == 0   ? "scheduler-0"
                        : i <= s ? "server-" + std::to_string(i - 1)
                                 : "worker-" + std::to_string(i - 1 - s);
     SCOPED_TRACE(name);

@@ -1,7 +1,6 @@
 // The local launcher: a 2-server 2-worker job of env_probe on this host.
-#include <signal.h>
-
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include "logtools/log_table.h"
 #include "tests/launcher/launch_test_util.h"
@@ -17,11 +16,14 @@ std::vector<std::string> ProbeCommand(const TempDir& dir, std::vector<std::strin
 }
 
 std::vector<std::string> Args(const TempDir& dir, std::vector<std::string> extra) {
-  std::vector<std::string> args = {"-n", "2", "-s", "2", "--launcher", "local",
-                                   "--log-dir", dir.Sub("logs"), "--timeout", "60",
-                                   "--env", "PROBE_SPACEY=" + kSpacey,
-                                   "--env", "PROBE_FORWARDED",
-                                   "--env", "PROBE_COLON:a:b"};
+  std::vector<std::string> args = {"-n",         "2",
+                                   "-s",         "2",
+                                   "--launcher", "local",
+                                   "--log-dir",  dir.Sub("logs"),
+                                   "--timeout",  "60",
+                                   "--env",      "PROBE_SPACEY=" + kSpacey,
+                                   "--env",      "PROBE_FORWARDED",
+                                   "--env",      "PROBE_COLON:a:b"};
   auto cmd = ProbeCommand(dir, std::move(extra));
   args.insert(args.end(), cmd.begin(), cmd.end());
   return args;
@@ -98,8 +100,8 @@ TEST_F(LocalLauncherTest, InterruptStopsEveryProcess) {
     TempDir dir;
     ASSERT_EQ(mkdir(dir.Sub("reports").c_str(), 0755), 0);
     Launch launch(Args(dir, {"--sleep=60"}), dir.path(), env_);
-    ASSERT_TRUE(launch.PumpUntil([&] { return ReadReports(dir.Sub("reports")).size() == 5; },
-                                 30000))
+    ASSERT_TRUE(
+        launch.PumpUntil([&] { return ReadReports(dir.Sub("reports")).size() == 5; }, 30000))
         << launch.output();
     Reports reports = ReadReports(dir.Sub("reports"));
     ASSERT_EQ(kill(launch.pid(), sig), 0);
@@ -112,8 +114,8 @@ TEST_F(LocalLauncherTest, InterruptStopsEveryProcess) {
 }
 
 TEST_F(LocalLauncherTest, CommandThatCannotRunIsAnError) {
-  LaunchRun run = RunLaunch({"-n", "1", "--launcher", "local", "--log-dir", dir_.Sub("logs"),
-                             "--", dir_.Sub("no-such-program")},
+  LaunchRun run = RunLaunch({"-n", "1", "--launcher", "local", "--log-dir", dir_.Sub("logs"), "--",
+                             dir_.Sub("no-such-program")},
                             dir_.path(), 20000);
   EXPECT_EQ(run.exit_code(), 1) << run.output;
   EXPECT_NE(run.output.find("no-such-program"), std::string::npos) << run.output;

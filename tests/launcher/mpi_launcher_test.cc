@@ -1,10 +1,9 @@
 // The mpi launcher with real Open MPI (or MPICH): one mpirun per role on this
 // host (--oversubscribe; --allow-run-as-root when the tests run as root).
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include "tests/launcher/launch_test_util.h"
 
@@ -16,8 +15,8 @@ class MpiLauncherTest : public ::testing::Test {
   void SetUp() override {
     std::string out;
     int status = 0;
-    Status s = tracker::RunAndCapture({"mpirun", "--version"}, Environment().All(), 20000, &out,
-                                      &status);
+    Status s =
+        tracker::RunAndCapture({"mpirun", "--version"}, Environment().All(), 20000, &out, &status);
     ASSERT_TRUE(s.ok() && status == 0) << "mpirun is required (openmpi-bin): " << s << out;
     open_mpi_ = out.find("Open MPI") != std::string::npos;
     ASSERT_EQ(mkdir(dir_.Sub("reports").c_str(), 0755), 0);
@@ -25,9 +24,13 @@ class MpiLauncherTest : public ::testing::Test {
   }
 
   std::vector<std::string> Args(std::vector<std::string> probe_extra) {
-    std::vector<std::string> args = {"-n", "2", "-s", "2", "--launcher", "mpi",
-                                     "-H", dir_.Sub("hosts"), "--log-dir", dir_.Sub("logs"),
-                                     "--timeout", "60", "--env", "PROBE_SPACEY=" + kSpacey};
+    std::vector<std::string> args = {"-n",         "2",
+                                     "-s",         "2",
+                                     "--launcher", "mpi",
+                                     "-H",         dir_.Sub("hosts"),
+                                     "--log-dir",  dir_.Sub("logs"),
+                                     "--timeout",  "60",
+                                     "--env",      "PROBE_SPACEY=" + kSpacey};
     if (open_mpi_) {
       args.insert(args.end(), {"--mpi-option", "--oversubscribe"});
       if (geteuid() == 0) args.insert(args.end(), {"--mpi-option", "--allow-run-as-root"});
@@ -80,8 +83,7 @@ TEST_F(MpiLauncherTest, FailingRankStopsTheJob) {
 
 TEST_F(MpiLauncherTest, InterruptStopsEveryRank) {
   Launch launch(Args({"--sleep=60"}), dir_.path());
-  ASSERT_TRUE(
-      launch.PumpUntil([&] { return ReadReports(dir_.Sub("reports")).size() == 5; }, 60000))
+  ASSERT_TRUE(launch.PumpUntil([&] { return ReadReports(dir_.Sub("reports")).size() == 5; }, 60000))
       << launch.output();
   Reports reports = ReadReports(dir_.Sub("reports"));
   ASSERT_EQ(kill(launch.pid(), SIGINT), 0);

@@ -1,11 +1,10 @@
 // The ssh launcher against a real OpenSSH server that the test starts on
 // 127.0.0.1 on a free port, with throw-away host and user keys and a
 // known_hosts file, so host-key checking stays on.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include "tests/launcher/launch_test_util.h"
 #include "tracker/launcher.h"
@@ -47,8 +46,8 @@ class SshLauncherTest : public ::testing::Test {
                      "PermitRootLogin yes\nMaxStartups 100\nMaxSessions 100\n"));
     std::string host_key = ReadFile(d + "/hostkey.pub");
     host_key = host_key.substr(0, host_key.find(' ', host_key.find(' ') + 1));
-    WriteFile(d + "/known_hosts", StrCat("[127.0.0.1]:", port_, " ", host_key, "\n[localhost]:",
-                                         port_, " ", host_key, "\n"));
+    WriteFile(d + "/known_hosts", StrCat("[127.0.0.1]:", port_, " ", host_key,
+                                         "\n[localhost]:", port_, " ", host_key, "\n"));
     WriteFile(d + "/empty_known_hosts", "");
     WriteFile(d + "/hosts", StrCat("# two names for this host\n127.0.0.1:", port_,
                                    "\n\nlocalhost:", port_, "  slots=2\n"));
@@ -65,9 +64,9 @@ class SshLauncherTest : public ::testing::Test {
     // Ready when a real ssh login works.
     Deadline deadline = Deadline::InMillis(20000);
     while (!deadline.Expired()) {
-      if (run({"ssh", "-T", "-o", "BatchMode=yes", "-o", "IdentityFile=" + d + "/userkey",
-               "-o", "UserKnownHostsFile=" + d + "/known_hosts", "-p", std::to_string(port_),
-               "127.0.0.1", "true"})
+      if (run({"ssh", "-T", "-o", "BatchMode=yes", "-o", "IdentityFile=" + d + "/userkey", "-o",
+               "UserKnownHostsFile=" + d + "/known_hosts", "-p", std::to_string(port_), "127.0.0.1",
+               "true"})
               .empty()) {
         return;
       }
@@ -97,13 +96,16 @@ class SshLauncherTest : public ::testing::Test {
                                 std::vector<std::string> probe_extra,
                                 const std::string& known_hosts = "known_hosts") {
     const std::string& d = keys_->path();
-    std::vector<std::string> args = {"-n", "2", "-s", "2", "-H", d + "/hosts",
-                                     "--log-dir", dir_.Sub("logs"), "--timeout", "60",
+    std::vector<std::string> args = {"-n",           "2",
+                                     "-s",           "2",
+                                     "-H",           d + "/hosts",
+                                     "--log-dir",    dir_.Sub("logs"),
+                                     "--timeout",    "60",
                                      "--ssh-option", "IdentityFile=" + d + "/userkey",
                                      "--ssh-option", "IdentitiesOnly=yes",
                                      "--ssh-option", "UserKnownHostsFile=" + d + "/" + known_hosts,
-                                     "--env", "PROBE_SPACEY=" + kSpacey,
-                                     "--env", "PROBE_FORWARDED"};
+                                     "--env",        "PROBE_SPACEY=" + kSpacey,
+                                     "--env",        "PROBE_FORWARDED"};
     args.insert(args.end(), launcher_extra.begin(), launcher_extra.end());
     std::vector<std::string> cmd = {"--", EnvProbe(), "--out=" + dir_.Sub("reports"),
                                     "--show=PROBE_SPACEY,PROBE_FORWARDED,PSTRAIN_PROBE_AUTO"};
@@ -156,8 +158,8 @@ TEST_F(SshLauncherTest, TwoServersTwoWorkersOverSsh) {
 
 TEST_F(SshLauncherTest, SyncDstDirCopiesTheWorkingDirectoryFirst) {
   WriteFile(dir_.Sub("work") + "/marker file.txt", "synced");
-  LaunchRun run = RunLaunch(Args({"--sync-dst-dir", dir_.Sub("remote dir")}, {}),
-                            dir_.Sub("work"), 60000, env_);
+  LaunchRun run = RunLaunch(Args({"--sync-dst-dir", dir_.Sub("remote dir")}, {}), dir_.Sub("work"),
+                            60000, env_);
   ASSERT_EQ(run.exit_code(), 0) << run.output;
   EXPECT_EQ(ReadFile(dir_.Sub("remote dir") + "/marker file.txt"), "synced");
   Reports reports = ReadReports(dir_.Sub("reports"));
@@ -181,8 +183,7 @@ TEST_F(SshLauncherTest, FailingRemoteProcessStopsTheJob) {
 
 TEST_F(SshLauncherTest, InterruptStopsRemoteProcesses) {
   Launch launch(Args({}, {"--sleep=60"}), dir_.Sub("work"), env_);
-  ASSERT_TRUE(
-      launch.PumpUntil([&] { return ReadReports(dir_.Sub("reports")).size() == 5; }, 30000))
+  ASSERT_TRUE(launch.PumpUntil([&] { return ReadReports(dir_.Sub("reports")).size() == 5; }, 30000))
       << launch.output();
   Reports reports = ReadReports(dir_.Sub("reports"));
   ASSERT_EQ(kill(launch.pid(), SIGINT), 0);
@@ -194,8 +195,7 @@ TEST_F(SshLauncherTest, InterruptStopsRemoteProcesses) {
 
 TEST_F(SshLauncherTest, KilledLauncherLeavesNoRemoteProcess) {
   Launch launch(Args({}, {"--sleep=60"}), dir_.Sub("work"), env_);
-  ASSERT_TRUE(
-      launch.PumpUntil([&] { return ReadReports(dir_.Sub("reports")).size() == 5; }, 30000))
+  ASSERT_TRUE(launch.PumpUntil([&] { return ReadReports(dir_.Sub("reports")).size() == 5; }, 30000))
       << launch.output();
   Reports reports = ReadReports(dir_.Sub("reports"));
   ASSERT_EQ(kill(launch.pid(), SIGKILL), 0);
@@ -206,8 +206,7 @@ TEST_F(SshLauncherTest, KilledLauncherLeavesNoRemoteProcess) {
 }
 
 TEST_F(SshLauncherTest, UnknownHostKeyIsRefusedUnlessCheckingIsTurnedOff) {
-  LaunchRun refused =
-      RunLaunch(Args({}, {}, "empty_known_hosts"), dir_.Sub("work"), 60000, env_);
+  LaunchRun refused = RunLaunch(Args({}, {}, "empty_known_hosts"), dir_.Sub("work"), 60000, env_);
   EXPECT_NE(refused.exit_code(), 0) << refused.output;
   EXPECT_NE(refused.output.find("Host key verification failed"), std::string::npos)
       << refused.output;

@@ -2,13 +2,12 @@
 // formats, and the SVG chart.
 #include "logtools/log_table.h"
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <cstdio>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "common/env.h"
 #include "tests/test_util.h"
@@ -37,36 +36,47 @@ struct SeedTable {
 // Every table of seed 001 (MXNet's example/distributed-training README, 2015).
 const SeedTable kSeedTables[] = {
     {"cifar10/incept_2", Op::kAvg, {"10 0.904931 0.867488", "20 0.953142 0.873598"}},
-    {"cifar10/incept_3", Op::kAvg,
+    {"cifar10/incept_3",
+     Op::kAvg,
      {"10 0.905315 0.867288", "20 0.954310 0.889022", "30 0.973641 0.898237",
       "40 0.982739 0.899940"}},
-    {"cifar10/incept_5", Op::kAvg,
+    {"cifar10/incept_5",
+     Op::kAvg,
      {"10 0.828193 0.804980", "20 0.901002 0.831250", "30 0.938349 0.860444",
       "40 0.953838 0.859629"}},
-    {"cifar10/incept_6", Op::kAvg,
+    {"cifar10/incept_6",
+     Op::kAvg,
      {"10 0.799032 0.763262", "20 0.903737 0.847594", "30 0.945143 0.854461",
       "40 0.962789 0.869531"}},
-    {"cifar10/incept_7", Op::kAvg,
+    {"cifar10/incept_7",
+     Op::kAvg,
      {"10 0.863264 0.824479", "20 0.923930 0.858333", "30 0.951104 0.862540",
       "40 0.968971 0.873658"}},
-    {"cifar10/incept_4", Op::kAvg,
+    {"cifar10/incept_4",
+     Op::kAvg,
      {"10 0.867188 0.837039", "20 0.931913 0.869331", "30 0.959867 0.874098",
       "40 0.975832 0.888101"}},
-    {"ilsvrc12/incept_1", Op::kAvg,
+    {"ilsvrc12/incept_1",
+     Op::kAvg,
      {"5 0.532555 0.526332", "10 0.596858 0.568018", "15 0.621247 0.578255",
       "20 0.634014 0.588112"}},
-    {"ilsvrc12/incept_6", Op::kAvg,
+    {"ilsvrc12/incept_6",
+     Op::kAvg,
      {"5 0.517945 0.509897", "10 0.579599 0.548764", "15 0.604185 0.570897"}},
-    {"ilsvrc12/incept_2", Op::kAvg,
+    {"ilsvrc12/incept_2",
+     Op::kAvg,
      {"5 0.547913 0.535645", "10 0.647100 0.600572", "15 0.693372 0.621829",
       "19 0.717419 0.631606"}},
-    {"ilsvrc12/incept_5", Op::kAvg,
+    {"ilsvrc12/incept_5",
+     Op::kAvg,
      {"5 0.548047 0.531654", "10 0.646048 0.589231", "15 0.691162 0.609613",
       "20 0.718662 0.615359"}},
-    {"ilsvrc12/incept_4", Op::kMax,
+    {"ilsvrc12/incept_4",
+     Op::kMax,
      {"5 0.528214 0.502539", "10 0.623501 0.569418", "15 0.660391 0.597289",
       "20 0.714859 0.605626"}},
-    {"ilsvrc12/incept_3", Op::kMax,
+    {"ilsvrc12/incept_3",
+     Op::kMax,
      {"5 0.518088 0.505218", "10 0.602544 0.565539", "15 0.632609 0.584213",
       "20 0.669050 0.595749"}},
     {"ilsvrc12/incept_7", Op::kAvg, {"5 0.516417 0.506337"}},
@@ -98,10 +108,9 @@ TEST(LogTableTest, MarkdownMatchesParseLogPy) {
       "|  1 | ";
   EXPECT_EQ(table.substr(0, head.size()), head);
   // The seed's only table with times: epochs 5, 10, 15, 19, averaged over 5 workers.
-  for (const char* row : {"|  5 | 0.547913 | 0.535645 | 3013.3 |\n",
-                          "| 10 | 0.647100 | 0.600572 | 3040.4 |\n",
-                          "| 15 | 0.693372 | 0.621829 | 3039.6 |\n",
-                          "| 19 | 0.717419 | 0.631606 | 3042.3 |\n"}) {
+  for (const char* row :
+       {"|  5 | 0.547913 | 0.535645 | 3013.3 |\n", "| 10 | 0.647100 | 0.600572 | 3040.4 |\n",
+        "| 15 | 0.693372 | 0.621829 | 3039.6 |\n", "| 19 | 0.717419 | 0.631606 | 3042.3 |\n"}) {
     EXPECT_NE(table.find(row), std::string::npos) << row << " in\n" << table;
   }
 }
@@ -131,12 +140,12 @@ TEST(LogTableTest, OurLinesWithPrefixesBatchLinesAndSeveralMetrics) {
             "| --- | --- | --- | --- | --- | --- |\n"
             "|  1 | 0.500000 | 0.900000 | 0.350000 | - | 11.0 |\n"
             "|  2 | 0.700000 | - | - | - | - |\n");
-  EXPECT_EQ(FormatTable(Summarize(log, Op::kMax), {"accuracy", "top_k_accuracy_5"},
-                        TableFormat::kTsv),
-            "epoch\ttrain-accuracy\ttrain-top_k_accuracy_5\tvalid-accuracy\t"
-            "valid-top_k_accuracy_5\ttime\n"
-            "1\t0.600000\t0.900000\t0.350000\t\t11.0\n"
-            "2\t0.700000\t\t\t\t\n");
+  EXPECT_EQ(
+      FormatTable(Summarize(log, Op::kMax), {"accuracy", "top_k_accuracy_5"}, TableFormat::kTsv),
+      "epoch\ttrain-accuracy\ttrain-top_k_accuracy_5\tvalid-accuracy\t"
+      "valid-top_k_accuracy_5\ttime\n"
+      "1\t0.600000\t0.900000\t0.350000\t\t11.0\n"
+      "2\t0.700000\t\t\t\t\n");
   EXPECT_EQ(FormatTable(rows, log.metrics, TableFormat::kCsv).substr(0, 20),
             "epoch,train-accuracy");
 }
@@ -185,15 +194,14 @@ TEST(LogTableTest, SvgHasOneCurvePerLogAndSplit) {
 TEST(LogTableTest, CommandLine) {
   std::string out;
   int status = 0;
-  ASSERT_OK(tracker::RunAndCapture({pstrain::testing::PstrainBinary(), "parse-log",
-                                    MxnetLog("ilsvrc12/incept_4"), "--op", "max", "--format",
-                                    "csv"},
-                                   Environment().All(), 30000, &out, &status));
+  ASSERT_OK(
+      tracker::RunAndCapture({pstrain::testing::PstrainBinary(), "parse-log",
+                              MxnetLog("ilsvrc12/incept_4"), "--op", "max", "--format", "csv"},
+                             Environment().All(), 30000, &out, &status));
   ASSERT_EQ(WEXITSTATUS(status), 0) << out;
   EXPECT_EQ(out.substr(0, 37), "epoch,train-accuracy,valid-accuracy,t");
   EXPECT_NE(out.find("\n20,0.714859,0.605626,"), std::string::npos) << out;
-  ASSERT_OK(tracker::RunAndCapture({pstrain::testing::PstrainBinary(), "parse-log",
-                                    "/nonexistent"},
+  ASSERT_OK(tracker::RunAndCapture({pstrain::testing::PstrainBinary(), "parse-log", "/nonexistent"},
                                    Environment().All(), 30000, &out, &status));
   EXPECT_EQ(WEXITSTATUS(status), 1);
   EXPECT_NE(out.find("no such log: '/nonexistent'"), std::string::npos) << out;

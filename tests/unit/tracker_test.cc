@@ -2,6 +2,7 @@
 // /bin/sh, the ssh wrapper script, launch.py-style arguments, placement, and
 // MPI output tags.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,8 +10,6 @@
 #include <cstdio>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "common/env.h"
 #include "tests/test_util.h"
@@ -118,8 +117,8 @@ TEST(RemoteCommandTest, EndOfStdinKillsTheJobsProcessGroup) {
 }
 
 TEST(LaunchArgsTest, LaunchPyStyle) {
-  auto o = ParseLaunchArgs({"-n", "3", "-H", "hosts", "--env", "A=1=2", "--env", "B:x:y",
-                            "--env", "C", "python", "train.py", "--lr", "0.1", "-n", "9"});
+  auto o = ParseLaunchArgs({"-n", "3", "-H", "hosts", "--env", "A=1=2", "--env", "B:x:y", "--env",
+                            "C", "python", "train.py", "--lr", "0.1", "-n", "9"});
   ASSERT_OK(o.status());
   EXPECT_EQ(o->num_workers, 3);
   EXPECT_EQ(o->num_servers, 3) << "servers default to workers";
@@ -158,8 +157,8 @@ TEST(PlanTest, SshPlacementFollowsMxnet) {
   ASSERT_NE(f, nullptr);
   std::fputs("h1\nh2:2200\nh3\nh4\nh5\n", f);
   std::fclose(f);
-  auto o = ParseLaunchArgs({"-n", "3", "-H", hosts, "--host-ip", "127.0.0.1", "--env", "K=v",
-                            "prog", "arg"});
+  auto o = ParseLaunchArgs(
+      {"-n", "3", "-H", hosts, "--host-ip", "127.0.0.1", "--env", "K=v", "prog", "arg"});
   ASSERT_OK(o.status());
   auto plan = PlanLaunch(*o, Environment::Isolated({{"OMP_NUM_THREADS", "4"}, {"SECRET", "x"}}));
   ASSERT_OK(plan.status());
@@ -192,8 +191,8 @@ TEST(PlanTest, SshPlacementFollowsMxnet) {
     EXPECT_NE(remote.find("'prog' 'arg'"), std::string::npos);
     EXPECT_TRUE(t.stop_by_closing_stdin);
   }
-  auto insecure = ParseLaunchArgs({"-n", "1", "-H", hosts, "--host-ip", "127.0.0.1",
-                                   "--no-host-key-check", "prog"});
+  auto insecure = ParseLaunchArgs(
+      {"-n", "1", "-H", hosts, "--host-ip", "127.0.0.1", "--no-host-key-check", "prog"});
   ASSERT_OK(insecure.status());
   auto plan2 = PlanLaunch(*insecure, Environment::Isolated({}));
   ASSERT_OK(plan2.status());
