@@ -167,12 +167,8 @@ StatusOr<JobEnv> ReadJobEnv(const Environment& env, bool cluster_required) {
 
 StatusOr<LaunchInfo> ReadLaunchInfo(const Environment& env) {
   LaunchInfo info;
-  for (const char* name : {"PSTRAIN_LAUNCH_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}) {
-    if (!env.Get(name)) continue;
-    ASSIGN_OR_RETURN(int64_t rank, env.RequireInt(name, 0, INT32_MAX));
-    info.role_rank = static_cast<int>(rank);
-    break;
-  }
+  ASSIGN_OR_RETURN(int64_t rank, env.GetInt("PSTRAIN_LAUNCH_RANK", -1, 0, INT32_MAX));
+  info.role_rank = static_cast<int>(rank);
   ASSIGN_OR_RETURN(int64_t task, env.GetInt("DMLC_TASK_ID", -1, 0, INT32_MAX));
   info.task_id = static_cast<int>(task);
   info.cluster = env.Get("DMLC_JOB_CLUSTER").value_or("");

@@ -75,12 +75,10 @@ struct JobEnv {
 // error naming the variable.
 StatusOr<JobEnv> ReadJobEnv(const Environment& env, bool cluster_required = true);
 
-// What a launcher (pstrain launch, or MPI under it) told this process about its
-// place in the job. Rank within the role comes from PSTRAIN_LAUNCH_RANK (local
-// and ssh launchers), else OMPI_COMM_WORLD_RANK (Open MPI), else PMI_RANK
-// (MPICH); -1 when none is set.
+// What `pstrain launch` told this process about its place in the job (all
+// launchers set these; a job started by hand may not).
 struct LaunchInfo {
-  int role_rank = -1;      // rank among the processes of this role
+  int role_rank = -1;      // PSTRAIN_LAUNCH_RANK: rank among the processes of its role
   int task_id = -1;        // DMLC_TASK_ID: index of the task in the job (-1: unset)
   std::string cluster;     // DMLC_JOB_CLUSTER: local, ssh or mpi ("" when unset)
   std::string job_id;      // PSTRAIN_JOB_ID: the launcher's job id ("" when unset)

@@ -492,34 +492,48 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
     return plan;
   }
 
-  // mpi: one mpirun per role, as dmlc-core's mpi tracker; ranks come from MPI.
+  // mpi: one mpirun for all servers and workers; a constant /bin/sh wrapper
+  // turns the MPI rank into the role (rank r < S is server r, else worker
+  // r - S). Two concurrent mpiruns, as dmlc-core's mpi tracker starts, race
+  // on Open MPI's session directory on a shared host, so there is one.
   ASSIGN_OR_RETURN(MpiFlavour flavour, DetectMpi(o.mpirun, local_env));
-  for (const char* role : {"server", "worker"}) {
-    int n = std::string(role) == "server" ? o.num_servers : o.num_workers;
-    Task t;
-    t.role = role;
-    t.rank = 0;
-    t.host = o.hostfile.empty() ? "mpirun (this host)" : "mpirun -H " + o.hostfile;
-    t.spec.argv = {o.mpirun, "-n", std::to_string(n)};
-    if (!o.hostfile.empty()) {
-      t.spec.argv.push_back(flavour == MpiFlavour::kOpenMpi ? "--hostfile" : "-f");
-      t.spec.argv.push_back(o.hostfile);
-    }
-    t.spec.argv.push_back(flavour == MpiFlavour::kOpenMpi ? "--tag-output" : "-prepend-rank");
-    for (const auto& [k, v] : job_vars(role)) {
-      if (flavour == MpiFlavour::kOpenMpi) {
-        t.spec.argv.push_back("-x");
-        t.spec.argv.push_back(k + "=" + v);
-      } else {
-        t.spec.argv.insert(t.spec.argv.end(), {"-env", k, v});
-      }
-    }
-    for (const std::string& a : o.mpi_options) t.spec.argv.push_back(a);
-    for (const std::string& c : o.command) t.spec.argv.push_back(c);
-    t.spec.env = local_env;
-    t.tags = flavour == MpiFlavour::kOpenMpi ? OutputTags::kOpenMpi : OutputTags::kMpich;
-    plan.tasks.push_back(std::move(t));
+  static const char kRoleScript[] =
+      "r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}; s=$1; shift; "
+      "[ -n \"$r\" ] || { echo 'pstrain launch: no MPI rank in the environment' >&2; exit 127; }; "
+      "if [ \"$r\" -lt \"$s\" ]; then DMLC_ROLE=server; PSTRAIN_LAUNCH_RANK=$r; "
+      "else DMLC_ROLE=worker; PSTRAIN_LAUNCH_RANK=$((r - s)); fi; DMLC_TASK_ID=$r; "
+      "export DMLC_ROLE PSTRAIN_LAUNCH_RANK DMLC_TASK_ID; exec \"$@\"";
+  Task t;
+  t.role = "mpirun";
+  t.rank = 0;
+  t.host = o.hostfile.empty() ? "this host" : "-H " + o.hostfile;
+  t.spec.argv = {o.mpirun, "-n", std::to_string(total)};
+  if (!o.hostfile.empty()) {
+    t.spec.argv.push_back(flavour == MpiFlavour::kOpenMpi ? "--hostfile" : "-f");
+    t.spec.argv.push_back(o.hostfile);
   }
+  t.spec.argv.push_back(flavour == MpiFlavour::kOpenMpi ? "--tag-output" : "-prepend-rank");
+  auto vars = job_vars("");
+  vars.erase("DMLC_ROLE");
+  for (const auto& [k, v] : vars) {
+    if (flavour == MpiFlavour::kOpenMpi) {
+      t.spec.argv.push_back("-x");
+      t.spec.argv.push_back(k + "=" + v);
+    } else {
+      t.spec.argv.insert(t.spec.argv.end(), {"-env", k, v});
+    }
+  }
+  for (const std::string& a : o.mpi_options) t.spec.argv.push_back(a);
+  t.spec.argv.insert(t.spec.argv.end(),
+                     {"/bin/sh", "-c", kRoleScript, "pstrain-mpi", std::to_string(o.num_servers)});
+  for (const std::string& c : o.command) t.spec.argv.push_back(c);
+  t.spec.env = local_env;
+  t.tags = flavour == MpiFlavour::kOpenMpi ? OutputTags::kOpenMpi : OutputTags::kMpich;
+  for (int r = 0; r < total; ++r) {
+    t.rank_names.push_back(r < o.num_servers ? StrCat("server-", r)
+                                             : StrCat("worker-", r - o.num_servers));
+  }
+  plan.tasks.push_back(std::move(t));
   return plan;
 }
 

@@ -5,7 +5,7 @@
 // Every process gets MXNet's environment: DMLC_ROLE, DMLC_PS_ROOT_URI,
 // DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER, DMLC_NUM_WORKER, DMLC_NODE_HOST (local
 // and ssh), DMLC_TASK_ID and DMLC_JOB_CLUSTER as dmlc-core's tracker sets them,
-// plus PSTRAIN_LAUNCH_RANK (rank within the role; local and ssh) and
+// plus PSTRAIN_LAUNCH_RANK (rank within the role) and
 // PSTRAIN_JOB_ID, plus the variables given with --env. The scheduler always
 // runs on the launching host.
 #ifndef PSTRAIN_TRACKER_LAUNCHER_H_

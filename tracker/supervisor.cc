@@ -115,6 +115,9 @@ class Job {
 
  private:
   static std::string Name(const Task& t, int rank) { return StrCat(t.role, "-", rank); }
+  static std::string RankName(const Task& t, int rank) {
+    return static_cast<size_t>(rank) < t.rank_names.size() ? t.rank_names[rank] : Name(t, rank);
+  }
 
   // Forwards one complete line (with its newline) of task `r`.
   void EmitLine(Running& r, int stream, const std::string& line) {
@@ -124,10 +127,10 @@ class Job {
       int rank = 0;
       std::string stripped;
       if (SplitRankTag(r.task.tags, line, &rank, &stripped)) {
-        name = Name(r.task, rank);
+        name = RankName(r.task, rank);
         text = stripped;
       } else {
-        name = r.task.role + "-mpirun";
+        name = r.task.role;
         if (int failed = FailedRankFromNotice(line); failed >= 0) r.failed_rank = failed;
       }
     }
@@ -290,8 +293,11 @@ class Job {
       if (!r.proc->succeeded() && !stopping_) {
         std::string who = StrCat(Name(r.task, r.task.rank), " on ", r.task.host);
         if (r.task.tags != OutputTags::kNone) {
-          who = StrCat(r.task.role, "s (", r.task.host, ")");
-          if (r.failed_rank >= 0) who = StrCat(Name(r.task, r.failed_rank), " of the ", who);
+          who = StrCat(r.task.role, " (", r.task.host, ")");
+          if (r.failed_rank >= 0) {
+            who = StrCat(RankName(r.task, r.failed_rank), " (MPI rank ", r.failed_rank, ") under ",
+                         who);
+          }
         }
         Fail(StrCat(who, " (pid ", r.proc->pid(), ") ", r.proc->ExitDescription()), 1);
       }

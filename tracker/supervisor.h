@@ -33,11 +33,15 @@ enum class OutputTags {
 };
 
 struct Task {
-  std::string role;  // "scheduler", "server", "worker"
+  std::string role;  // "scheduler", "server", "worker"; "mpirun" for an MPI group
   int rank = 0;      // rank within the role; ignored when tags != kNone
   std::string host;  // where it runs, for messages
   ProcessSpec spec;
   OutputTags tags = OutputTags::kNone;
+  // With tags: the name of the process behind each rank tag ("server-0", ...);
+  // a rank outside the list is "<role>-<rank>". Untagged lines (mpirun's own)
+  // go to "<role>".
+  std::vector<std::string> rank_names;
   // Stop by closing stdin first (the ssh wrapper kills the remote process group
   // on EOF), and signal only if that has not ended it within stdin_grace_ms.
   bool stop_by_closing_stdin = false;

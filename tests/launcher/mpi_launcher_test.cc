@@ -1,5 +1,6 @@
-// The mpi launcher with real Open MPI (or MPICH): one mpirun per role on this
-// host (--oversubscribe; --allow-run-as-root when the tests run as root).
+// The mpi launcher with real Open MPI (or MPICH): one mpirun for the servers and
+// workers on this host, roles from the MPI rank (--oversubscribe;
+// --allow-run-as-root when the tests run as root).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -57,6 +58,9 @@ TEST_F(MpiLauncherTest, TwoServersTwoWorkersUnderMpirun) {
     EXPECT_EQ(kv.at("arg0"), "plain");
     EXPECT_EQ(kv.at("arg1"), kSpacey);
   }
+  // Rank r < S is server r, else worker r - S.
+  EXPECT_EQ(reports["server-1"]["DMLC_TASK_ID"], "1");
+  EXPECT_EQ(reports["worker-0"]["DMLC_TASK_ID"], "2");
   // mpirun's rank tags split the output into one log per process.
   for (const char* name : {"server-0", "server-1", "worker-0", "worker-1"}) {
     std::string log = ReadFile(dir_.Sub("logs") + "/" + name + ".log");
@@ -72,9 +76,10 @@ TEST_F(MpiLauncherTest, FailingRankStopsTheJob) {
   LaunchRun run = RunLaunch(Args({"--sleep=60", "--fail=worker:1:3"}), dir_.path(), 90000);
   EXPECT_NE(run.exit_code(), 0) << run.output;
   EXPECT_LT(run.seconds, 30) << run.output;
-  // The group is named; the rank too when mpirun's notice names it in time.
-  EXPECT_NE(run.output.find("workers (mpirun"), std::string::npos) << run.output;
-  EXPECT_EQ(run.output.find("pstrain launch: worker-0 of"), std::string::npos) << run.output;
+  // mpirun is named; the process too when mpirun's notice names its rank in time.
+  EXPECT_NE(run.output.find("mpirun (-H " + dir_.Sub("hosts") + ")"), std::string::npos)
+      << run.output;
+  EXPECT_EQ(run.output.find("pstrain launch: worker-0 (MPI rank"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("exited with code 3"), std::string::npos) << run.output;
   Reports reports = ReadReports(dir_.Sub("reports"));
   EXPECT_EQ(reports.size(), 5u) << run.output;
