@@ -4,6 +4,9 @@
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
+
+extern char** environ;  // POSIX: the process environment, read only in this file
 
 namespace pstrain {
 
@@ -91,6 +94,25 @@ StatusOr<double> Environment::GetDouble(const std::string& name, double default_
   return d;
 }
 
+std::map<std::string, std::string> Environment::All() const {
+  std::map<std::string, std::string> all;
+  if (!isolated_) {
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+      const char* eq = std::strchr(*e, '=');
+      if (eq == nullptr) continue;
+      all[std::string(*e, eq - *e)] = std::string(eq + 1);
+    }
+  }
+  for (const auto& [name, value] : overrides_) {
+    if (value.empty()) {
+      all.erase(name);
+    } else {
+      all[name] = value;
+    }
+  }
+  return all;
+}
+
 const char* RoleName(Role role) {
   switch (role) {
     case Role::kScheduler: return "scheduler";
@@ -152,6 +174,17 @@ StatusOr<JobEnv> ReadJobEnv(const Environment& env, bool cluster_required) {
   }
   ASSIGN_OR_RETURN(job.chunk_elems, env.GetInt("PSTRAIN_CHUNK_ELEMS", job.chunk_elems, 1));
   return job;
+}
+
+StatusOr<LaunchInfo> ReadLaunchInfo(const Environment& env) {
+  LaunchInfo info;
+  ASSIGN_OR_RETURN(int64_t rank, env.GetInt("PSTRAIN_LAUNCH_RANK", -1, 0, INT32_MAX));
+  info.role_rank = static_cast<int>(rank);
+  ASSIGN_OR_RETURN(int64_t task, env.GetInt("DMLC_TASK_ID", -1, 0, INT32_MAX));
+  info.task_id = static_cast<int>(task);
+  info.cluster = env.Get("DMLC_JOB_CLUSTER").value_or("");
+  info.job_id = env.Get("PSTRAIN_JOB_ID").value_or("");
+  return info;
 }
 
 }  // namespace pstrain

@@ -36,6 +36,11 @@ class Environment {
   StatusOr<bool> GetBool(const std::string& name, bool default_value) const;
   StatusOr<double> GetDouble(const std::string& name, double default_value) const;
 
+  // Every variable: the process environment (unless isolated) with the
+  // overrides applied on top; an override with an empty value removes the
+  // variable. For launchers that start child processes with this environment.
+  std::map<std::string, std::string> All() const;
+
  private:
   std::map<std::string, std::string> overrides_;
   bool isolated_ = false;
@@ -75,6 +80,16 @@ struct JobEnv {
 // DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER or DMLC_NUM_WORKER is an
 // error naming the variable.
 StatusOr<JobEnv> ReadJobEnv(const Environment& env, bool cluster_required = true);
+
+// What `pstrain launch` told this process about its place in the job (all
+// launchers set these; a job started by hand may not).
+struct LaunchInfo {
+  int role_rank = -1;      // PSTRAIN_LAUNCH_RANK: rank among the processes of its role
+  int task_id = -1;        // DMLC_TASK_ID: index of the task in the job (-1: unset)
+  std::string cluster;     // DMLC_JOB_CLUSTER: local, ssh or mpi ("" when unset)
+  std::string job_id;      // PSTRAIN_JOB_ID: the launcher's job id ("" when unset)
+};
+StatusOr<LaunchInfo> ReadLaunchInfo(const Environment& env);
 
 }  // namespace pstrain
 

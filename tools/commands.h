@@ -33,6 +33,9 @@ int RunTrain(int argc, char** argv);
 // image pipeline (tools/im2rec_cmd.cc, tools/imageio_cmd.cc)
 int RunIm2rec(int argc, char** argv);
 int RunImageIo(int argc, char** argv);
+// launchers and logs (tracker/, logtools/):
+int RunLaunch(int argc, char** argv);
+int RunParseLog(int argc, char** argv);
 
 }  // namespace pstrain
 

@@ -21,6 +21,9 @@ namespace {
 // Each area adds its rows under its own comment (see docs/architecture.md).
 const Command kCommands[] = {
     // launchers and logs (tracker/):
+    {"launch", "start a job: scheduler, servers, workers (local, ssh, mpi)", RunLaunch, "", true},
+    {"parse-log", "accuracy-per-epoch tables (and SVG plots) from training logs", RunParseLog,
+     "parse_log_cmd.cc"},
 
     // parameter server (scheduler/, server/, worker/):
     {"kvbench", "push/pull throughput of the parameter server (--verify: conformance check)",

@@ -1,0 +1,218 @@
+#include "logtools/log_table.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+namespace pstrain::logtools {
+namespace {
+
+// Parses a number at the start of `s` (strtod syntax); false if there is none.
+bool ParseNumber(std::string_view s, double* out) {
+  std::string buf(s.substr(0, std::min<size_t>(s.size(), 64)));
+  char* end = nullptr;
+  double v = std::strtod(buf.c_str(), &end);
+  if (end == buf.c_str()) return false;
+  *out = v;
+  return true;
+}
+
+bool StartsWith(std::string_view s, std::string_view prefix) {
+  return s.substr(0, prefix.size()) == prefix;
+}
+
+std::string Fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
+}
+
+}  // namespace
+
+LogAccumulator::LogAccumulator(std::string name, std::vector<std::string> metrics) {
+  log_.name = std::move(name);
+  log_.metrics = std::move(metrics);
+}
+
+EpochValues& LogAccumulator::Epoch(int epoch) {
+  EpochValues& e = log_.epochs[epoch];
+  if (e.train.empty()) {
+    e.train.resize(log_.metrics.size());
+    e.valid.resize(log_.metrics.size());
+  }
+  return e;
+}
+
+void LogAccumulator::AddLine(std::string_view line) {
+  static constexpr std::string_view kEpoch = "Epoch[";
+  size_t pos = 0;
+  while ((pos = line.find(kEpoch, pos)) != std::string_view::npos) {
+    size_t p = pos + kEpoch.size();
+    pos = p;
+    size_t digits_end = p;
+    while (digits_end < line.size() && line[digits_end] >= '0' && line[digits_end] <= '9') {
+      ++digits_end;
+    }
+    if (digits_end == p || digits_end - p > 9 || digits_end + 1 >= line.size() ||
+        line[digits_end] != ']' || line[digits_end + 1] != ' ') {
+      continue;
+    }
+    int epoch = std::atoi(std::string(line.substr(p, digits_end - p)).c_str());
+    std::string_view rest = line.substr(digits_end + 2);
+    double value = 0;
+    if (StartsWith(rest, "Time cost=")) {
+      if (!ParseNumber(rest.substr(10), &value)) continue;
+      Epoch(epoch).time.push_back(value);
+      ++log_.lines_matched;
+      return;
+    }
+    bool train = StartsWith(rest, "Train-");
+    bool valid = StartsWith(rest, "Validation-");
+    if (!train && !valid) continue;
+    rest.remove_prefix(train ? 6 : 11);
+    size_t eq = rest.find('=');
+    if (eq == std::string_view::npos) continue;
+    std::string_view metric = rest.substr(0, eq);
+    auto it = std::find(log_.metrics.begin(), log_.metrics.end(), metric);
+    if (it == log_.metrics.end() || !ParseNumber(rest.substr(eq + 1), &value)) continue;
+    size_t m = static_cast<size_t>(it - log_.metrics.begin());
+    EpochValues& e = Epoch(epoch);
+    (train ? e.train : e.valid)[m].push_back(value);
+    ++log_.lines_matched;
+    return;
+  }
+}
+
+void LogAccumulator::AddText(std::string_view text) {
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t nl = text.find('\n', start);
+    if (nl == std::string_view::npos) nl = text.size();
+    std::string_view line = text.substr(start, nl - start);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    AddLine(line);
+    start = nl + 1;
+  }
+}
+
+StatusOr<ParsedLog> ReadLog(const std::string& path, const std::vector<std::string>& metrics) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return Status::NotFound(StrCat("no such log: '", path, "'"));
+  std::vector<std::string> files;
+  if (S_ISDIR(st.st_mode)) {
+    std::vector<std::string> workers, all;
+    DIR* dir = opendir(path.c_str());
+    if (dir == nullptr) return Status::IOError(StrCat("cannot list '", path, "'"));
+    while (dirent* ent = readdir(dir)) {
+      std::string name = ent->d_name;
+      if (name.size() < 5 || name.compare(name.size() - 4, 4, ".log") != 0) continue;
+      all.push_back(path + "/" + name);
+      if (name.rfind("worker-", 0) == 0) workers.push_back(path + "/" + name);
+    }
+    closedir(dir);
+    files = workers.empty() ? all : workers;
+    std::sort(files.begin(), files.end());
+    if (files.empty()) {
+      return Status::NotFound(StrCat("job directory '", path, "' has no *.log files"));
+    }
+  } else {
+    files.push_back(path);
+  }
+  std::string name = path;
+  while (name.size() > 1 && name.back() == '/') name.pop_back();
+  LogAccumulator acc(name, metrics);
+  for (const std::string& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    if (!in) return Status::IOError(StrCat("cannot read '", f, "'"));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    acc.AddText(ss.str());
+  }
+  if (acc.log().lines_matched == 0) {
+    std::string names;
+    for (const std::string& m : metrics) names += (names.empty() ? "" : ",") + m;
+    return Status::InvalidArgument(StrCat("'", path,
+                                          "' has no epoch results (Epoch[N] Train-/Validation-{",
+                                          names, "}= or Time cost=)"));
+  }
+  return acc.Release();
+}
+
+StatusOr<Op> ParseOp(const std::string& s) {
+  if (s == "avg" || s == "mean") return Op::kAvg;
+  if (s == "max") return Op::kMax;
+  return Status::InvalidArgument(StrCat("--op '", s, "' is not avg or max"));
+}
+
+StatusOr<TableFormat> ParseTableFormat(const std::string& s) {
+  if (s == "markdown" || s == "md") return TableFormat::kMarkdown;
+  if (s == "tsv" || s == "none") return TableFormat::kTsv;
+  if (s == "csv") return TableFormat::kCsv;
+  return Status::InvalidArgument(StrCat("--format '", s, "' is not markdown, tsv or csv"));
+}
+
+std::vector<TableRow> Summarize(const ParsedLog& log, Op op) {
+  auto mean = [](const std::vector<double>& v) -> std::optional<double> {
+    if (v.empty()) return std::nullopt;
+    double sum = 0;
+    for (double x : v) sum += x;  // in reading order, as parse_log.py sums
+    return sum / static_cast<double>(v.size());
+  };
+  auto agg = [&](const std::vector<double>& v) -> std::optional<double> {
+    if (v.empty()) return std::nullopt;
+    if (op == Op::kMax) return *std::max_element(v.begin(), v.end());
+    return mean(v);
+  };
+  std::vector<TableRow> rows;
+  for (const auto& [epoch, e] : log.epochs) {
+    TableRow r;
+    r.epoch = epoch + 1;
+    for (const auto& v : e.train) r.train.push_back(agg(v));
+    for (const auto& v : e.valid) r.valid.push_back(agg(v));
+    r.time = mean(e.time);
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+std::string FormatTable(const std::vector<TableRow>& rows, const std::vector<std::string>& metrics,
+                        TableFormat format) {
+  std::vector<std::string> header = {"epoch"};
+  for (const std::string& m : metrics) header.push_back("train-" + m);
+  for (const std::string& m : metrics) header.push_back("valid-" + m);
+  header.push_back("time");
+  const bool md = format == TableFormat::kMarkdown;
+  const std::string sep = format == TableFormat::kCsv ? "," : "\t";
+  const std::string missing = md ? "-" : "";
+  std::string out;
+  auto emit = [&](const std::vector<std::string>& cells) {
+    if (md) {
+      out += "|";
+      for (const std::string& c : cells) out += " " + c + " |";
+    } else {
+      for (size_t i = 0; i < cells.size(); ++i) out += (i ? sep : "") + cells[i];
+    }
+    out += "\n";
+  };
+  emit(header);
+  if (md) emit(std::vector<std::string>(header.size(), "---"));
+  for (const TableRow& r : rows) {
+    std::vector<std::string> cells;
+    char epoch[16];
+    std::snprintf(epoch, sizeof(epoch), md ? "%2d" : "%d", r.epoch);
+    cells.push_back(epoch);
+    for (const auto& v : r.train) cells.push_back(v ? Fixed(*v, 6) : missing);
+    for (const auto& v : r.valid) cells.push_back(v ? Fixed(*v, 6) : missing);
+    cells.push_back(r.time ? Fixed(*r.time, 1) : missing);
+    emit(cells);
+  }
+  return out;
+}
+
+}  // namespace pstrain::logtools

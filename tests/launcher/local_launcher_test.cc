@@ -1,0 +1,134 @@
+// The local launcher: a 2-server 2-worker job of env_probe on this host.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include "logtools/log_table.h"
+#include "tests/launcher/launch_test_util.h"
+
+namespace pstrain::testing {
+namespace {
+
+std::vector<std::string> ProbeCommand(const TempDir& dir, std::vector<std::string> extra) {
+  std::vector<std::string> cmd = {"--", EnvProbe(), "--out=" + dir.Sub("reports"),
+                                  "--show=PROBE_SPACEY,PROBE_FORWARDED,PROBE_COLON"};
+  cmd.insert(cmd.end(), extra.begin(), extra.end());
+  return cmd;
+}
+
+std::vector<std::string> Args(const TempDir& dir, std::vector<std::string> extra) {
+  std::vector<std::string> args = {"-n",         "2",
+                                   "-s",         "2",
+                                   "--launcher", "local",
+                                   "--log-dir",  dir.Sub("logs"),
+                                   "--timeout",  "60",
+                                   "--env",      "PROBE_SPACEY=" + kSpacey,
+                                   "--env",      "PROBE_FORWARDED",
+                                   "--env",      "PROBE_COLON:a:b"};
+  auto cmd = ProbeCommand(dir, std::move(extra));
+  args.insert(args.end(), cmd.begin(), cmd.end());
+  return args;
+}
+
+class LocalLauncherTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(dir_.path().empty());
+    ASSERT_EQ(mkdir(dir_.Sub("reports").c_str(), 0755), 0);
+  }
+  TempDir dir_;
+  std::map<std::string, std::string> env_ = {{"PROBE_FORWARDED", "from the launcher"}};
+};
+
+TEST_F(LocalLauncherTest, TwoServersTwoWorkersSucceed) {
+  LaunchRun run =
+      RunLaunch(Args(dir_, {"plain", kSpacey, "$PATH", "it's"}), dir_.path(), 60000, env_);
+  ASSERT_EQ(run.exit_code(), 0) << run.output;
+  Reports reports = ReadReports(dir_.Sub("reports"));
+  ExpectJobReports(reports, 2, 2, "local");
+  for (const auto& [name, kv] : reports) {
+    SCOPED_TRACE(name);
+    EXPECT_EQ(kv.at("DMLC_PS_ROOT_URI"), "127.0.0.1");
+    EXPECT_EQ(kv.at("DMLC_NODE_HOST"), "127.0.0.1");
+    EXPECT_EQ(kv.at("PROBE_SPACEY"), kSpacey);
+    EXPECT_EQ(kv.at("PROBE_FORWARDED"), "from the launcher");
+    EXPECT_EQ(kv.at("PROBE_COLON"), "a:b");
+    EXPECT_EQ(kv.at("arg0"), "plain");
+    EXPECT_EQ(kv.at("arg1"), kSpacey);
+    EXPECT_EQ(kv.at("arg2"), "$PATH");
+    EXPECT_EQ(kv.at("arg3"), "it's");
+  }
+  // dmlc-core's local numbering: workers are tasks 0..W-1, servers follow.
+  EXPECT_EQ(reports["worker-1"]["DMLC_TASK_ID"], "1");
+  EXPECT_EQ(reports["server-0"]["DMLC_TASK_ID"], "2");
+  // Output: prefixed on the terminal, raw in <role>-<rank>.log.
+  EXPECT_NE(run.output.find("[worker-1] worker-1: pid"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("[scheduler-0] scheduler: everyone has exited"), std::string::npos);
+  for (const char* name : {"scheduler-0", "server-0", "server-1", "worker-0", "worker-1"}) {
+    std::string log = ReadFile(dir_.Sub("logs") + "/" + name + ".log");
+    EXPECT_NE(log.find(std::string(name) + ": pid"), std::string::npos) << name << ":\n" << log;
+    EXPECT_EQ(log.find("[" + std::string(name) + "]"), std::string::npos) << "log files are raw";
+  }
+  EXPECT_TRUE(Survivors(reports).empty());
+
+  // The job directory is a log parse-log reads: the workers' epochs, averaged.
+  auto log = logtools::ReadLog(dir_.Sub("logs"), {"accuracy"});
+  ASSERT_OK(log.status());
+  std::string table = logtools::FormatTable(logtools::Summarize(*log, logtools::Op::kAvg),
+                                            {"accuracy"}, logtools::TableFormat::kMarkdown);
+  EXPECT_EQ(table,
+            "| epoch | train-accuracy | valid-accuracy | time |\n"
+            "| --- | --- | --- | --- |\n"
+            "|  1 | 0.505000 | 0.455000 | 2.0 |\n"
+            "|  2 | 0.605000 | 0.555000 | 2.0 |\n");
+}
+
+TEST_F(LocalLauncherTest, FailingProcessStopsTheJob) {
+  LaunchRun run =
+      RunLaunch(Args(dir_, {"--sleep=60", "--fail=worker:1:3"}), dir_.path(), 30000, env_);
+  EXPECT_NE(run.exit_code(), 0) << run.output;
+  EXPECT_LT(run.seconds, 15) << run.output;
+  EXPECT_NE(run.output.find("worker-1 on 127.0.0.1"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("exited with code 3"), std::string::npos) << run.output;
+  Reports reports = ReadReports(dir_.Sub("reports"));
+  EXPECT_EQ(reports.size(), 5u) << run.output;
+  EXPECT_EQ(Survivors(reports), std::vector<std::string>{}) << run.output;
+}
+
+TEST_F(LocalLauncherTest, InterruptStopsEveryProcess) {
+  for (int sig : {SIGINT, SIGTERM}) {
+    SCOPED_TRACE(sig);
+    TempDir dir;
+    ASSERT_EQ(mkdir(dir.Sub("reports").c_str(), 0755), 0);
+    Launch launch(Args(dir, {"--sleep=60"}), dir.path(), env_);
+    ASSERT_TRUE(
+        launch.PumpUntil([&] { return ReadReports(dir.Sub("reports")).size() == 5; }, 30000))
+        << launch.output();
+    Reports reports = ReadReports(dir.Sub("reports"));
+    ASSERT_EQ(kill(launch.pid(), sig), 0);
+    LaunchRun run = launch.Wait(20000);
+    EXPECT_EQ(run.exit_code(), 128 + sig) << run.output;
+    EXPECT_LT(run.seconds, 20);
+    EXPECT_NE(run.output.find("interrupted by SIG"), std::string::npos) << run.output;
+    EXPECT_EQ(Survivors(reports), std::vector<std::string>{}) << run.output;
+  }
+}
+
+TEST_F(LocalLauncherTest, CommandThatCannotRunIsAnError) {
+  LaunchRun run = RunLaunch({"-n", "1", "--launcher", "local", "--log-dir", dir_.Sub("logs"), "--",
+                             dir_.Sub("no-such-program")},
+                            dir_.path(), 20000);
+  EXPECT_EQ(run.exit_code(), 1) << run.output;
+  EXPECT_NE(run.output.find("no-such-program"), std::string::npos) << run.output;
+}
+
+TEST_F(LocalLauncherTest, BadArgumentsPrintUsage) {
+  LaunchRun run = RunLaunch({"--launcher", "local", "--", "true"}, dir_.path(), 20000);
+  EXPECT_EQ(run.exit_code(), 2);
+  EXPECT_NE(run.output.find("-n/--num-workers is required"), std::string::npos) << run.output;
+  LaunchRun help = RunLaunch({"--help"}, dir_.path(), 20000);
+  EXPECT_EQ(help.exit_code(), 0);
+  EXPECT_NE(help.output.find("usage: pstrain launch"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pstrain::testing

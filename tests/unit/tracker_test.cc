@@ -1,0 +1,228 @@
+// Tracker pieces without a cluster: host files, quoting through a real
+// /bin/sh, the ssh wrapper script, launch.py-style arguments, placement, and
+// MPI output tags.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "common/env.h"
+#include "tests/test_util.h"
+#include "tracker/hostfile.h"
+#include "tracker/launcher.h"
+#include "tracker/process.h"
+#include "tracker/shell.h"
+#include "tracker/supervisor.h"
+
+namespace pstrain::tracker {
+namespace {
+
+const std::string kTricky = "a b  'c' \"d\" $HOME `id` $(id) \\ ; & | * \n x";
+
+TEST(HostFileTest, HostsPortsCommentsAndErrors) {
+  auto hosts = ParseHostList(
+      "# cluster\n\nnode1\nnode2:2222  slots=4 # fast one\n  [::1]:23\n10.0.0.7\n", "hosts");
+  ASSERT_OK(hosts.status());
+  ASSERT_EQ(hosts->size(), 4u);
+  EXPECT_EQ((*hosts)[0].name, "node1");
+  EXPECT_EQ((*hosts)[0].port, 22);
+  EXPECT_EQ((*hosts)[1].name, "node2");
+  EXPECT_EQ((*hosts)[1].port, 2222);
+  EXPECT_EQ((*hosts)[2].name, "::1");
+  EXPECT_EQ((*hosts)[2].port, 23);
+  EXPECT_EQ((*hosts)[3].name, "10.0.0.7");
+
+  auto bad = ParseHostList("a\nb:99999\n", "my_hosts");
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("my_hosts:2"), std::string::npos) << bad.status();
+  EXPECT_FALSE(ParseHostList("# nothing\n\n", "empty").ok());
+  EXPECT_FALSE(ParseHostList("-oProxyCommand=x\n", "evil").ok());
+  EXPECT_EQ(ReadHostFile("/nonexistent/hosts").status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(IsLoopbackHost("localhost"));
+  EXPECT_TRUE(IsLoopbackHost("127.0.1.1"));
+  EXPECT_FALSE(IsLoopbackHost("10.0.0.1"));
+}
+
+TEST(ShellTest, QuotedWordsSurviveARealShell) {
+  std::vector<std::string> words = {kTricky, "it's", "", "plain", "--flag=$x"};
+  std::string out;
+  int status = 0;
+  ASSERT_OK(RunAndCapture({"/bin/sh", "-c", "printf '[%s]' " + ShellJoin(words)},
+                          Environment().All(), 10000, &out, &status));
+  EXPECT_EQ(out, "[" + kTricky + "][it's][][plain][--flag=$x]");
+}
+
+// Runs `command_line` with /bin/sh -c, holding its stdin open like an ssh session.
+std::string RunWithOpenStdin(const std::string& command_line) {
+  ProcessSpec spec;
+  spec.argv = {"/bin/sh", "-c", command_line};
+  spec.env = Environment().All();
+  spec.pipe_stdin = true;
+  auto p = Subprocess::Start(spec);
+  EXPECT_TRUE(p.ok()) << p.status();
+  if (!p.ok()) return "";
+  std::string out;
+  Deadline deadline = Deadline::InMillis(10000);
+  while (!deadline.Expired() && (*p)->stdout_fd() >= 0) {
+    pollfd fd = {(*p)->stdout_fd(), POLLIN, 0};
+    poll(&fd, 1, 100);
+    char buf[4096];
+    ssize_t n = read((*p)->stdout_fd(), buf, sizeof(buf));
+    if (n > 0) out.append(buf, static_cast<size_t>(n));
+    if (n == 0) (*p)->CloseStdout();
+  }
+  return out;
+}
+
+TEST(RemoteCommandTest, RunsInDirWithVariablesAndArguments) {
+  std::string cmd = RemoteCommand(
+      "/tmp", {{"PROBE_V", kTricky}, {"DMLC_ROLE", "worker"}},
+      {"/bin/sh", "-c", "printf '%s|%s|%s|%s' \"$PROBE_V\" \"$DMLC_ROLE\" \"$1\" \"$PWD\"", "x",
+       kTricky});
+  EXPECT_EQ(RunWithOpenStdin(cmd), kTricky + "|worker|" + kTricky + "|/tmp");
+}
+
+TEST(RemoteCommandTest, EndOfStdinKillsTheJobsProcessGroup) {
+  std::string cmd = RemoteCommand("/", {}, {"/bin/sh", "-c", "sleep 30 & echo $!; wait"});
+  ProcessSpec spec;
+  spec.argv = {"/bin/sh", "-c", cmd};
+  spec.env = Environment().All();
+  spec.pipe_stdin = true;
+  auto p = Subprocess::Start(spec);
+  ASSERT_OK(p.status());
+  std::string out;
+  Deadline deadline = Deadline::InMillis(10000);
+  while (out.find('\n') == std::string::npos && !deadline.Expired()) {
+    pollfd fd = {(*p)->stdout_fd(), POLLIN, 0};
+    poll(&fd, 1, 100);
+    char buf[256];
+    ssize_t n = read((*p)->stdout_fd(), buf, sizeof(buf));
+    if (n > 0) out.append(buf, static_cast<size_t>(n));
+  }
+  int sleeper = std::atoi(out.c_str());
+  ASSERT_GT(sleeper, 0) << out;
+  EXPECT_EQ(kill(sleeper, 0), 0);
+  (*p)->CloseStdin();  // what the launcher does to stop a remote task
+  while (!(*p)->Poll() && !deadline.Expired()) usleep(20000);
+  ASSERT_TRUE((*p)->exited());
+  EXPECT_FALSE((*p)->succeeded());
+  Deadline gone = Deadline::InMillis(3000);
+  while (kill(sleeper, 0) == 0 && !gone.Expired()) usleep(20000);
+  EXPECT_NE(kill(sleeper, 0), 0) << "the job's child must die with the session";
+}
+
+TEST(LaunchArgsTest, LaunchPyStyle) {
+  auto o = ParseLaunchArgs({"-n", "3", "-H", "hosts", "--env", "A=1=2", "--env", "B:x:y", "--env",
+                            "C", "python", "train.py", "--lr", "0.1", "-n", "9"});
+  ASSERT_OK(o.status());
+  EXPECT_EQ(o->num_workers, 3);
+  EXPECT_EQ(o->num_servers, 3) << "servers default to workers";
+  EXPECT_EQ(*o->launcher, LauncherKind::kSsh) << "a host file means ssh";
+  ASSERT_EQ(o->env.size(), 3u);
+  EXPECT_EQ(o->env[0].first, "A");
+  EXPECT_EQ(*o->env[0].second, "1=2");
+  EXPECT_EQ(o->env[1].first, "B");
+  EXPECT_EQ(*o->env[1].second, "x:y");
+  EXPECT_FALSE(o->env[2].second.has_value());
+  EXPECT_EQ(o->command, (std::vector<std::string>{"python", "train.py", "--lr", "0.1", "-n", "9"}));
+
+  auto local = ParseLaunchArgs({"-n2", "-s1", "--log-dir=x", "--", "--weird", "cmd"});
+  ASSERT_OK(local.status());
+  EXPECT_EQ(local->num_workers, 2);
+  EXPECT_EQ(local->num_servers, 1);
+  EXPECT_EQ(*local->launcher, LauncherKind::kLocal);
+  EXPECT_EQ(local->log_dir, "x");
+  EXPECT_EQ(local->command, (std::vector<std::string>{"--weird", "cmd"}));
+
+  EXPECT_FALSE(ParseLaunchArgs({"--", "cmd"}).ok()) << "-n is required";
+  EXPECT_FALSE(ParseLaunchArgs({"-n", "2"}).ok()) << "no command";
+  EXPECT_FALSE(ParseLaunchArgs({"-n", "0", "cmd"}).ok());
+  EXPECT_FALSE(ParseLaunchArgs({"-n", "2", "--launcher", "ssh", "cmd"}).ok()) << "needs -H";
+  EXPECT_FALSE(ParseLaunchArgs({"-n", "2", "--launcher", "yarn", "cmd"}).ok());
+  EXPECT_FALSE(ParseLaunchArgs({"-n", "2", "--sync-dst-dir", "/x", "cmd"}).ok());
+  EXPECT_FALSE(ParseLaunchArgs({"-n", "2", "--env", "1BAD=x", "cmd"}).ok());
+  auto unknown = ParseLaunchArgs({"-n", "2", "--bogus", "cmd"});
+  EXPECT_NE(unknown.status().message().find("--bogus"), std::string::npos);
+  EXPECT_TRUE(ParseLaunchArgs({"--help"})->help);
+}
+
+TEST(PlanTest, SshPlacementFollowsMxnet) {
+  std::string hosts = ::testing::TempDir() + "/plan_hosts";
+  std::FILE* f = std::fopen(hosts.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("h1\nh2:2200\nh3\nh4\nh5\n", f);
+  std::fclose(f);
+  auto o = ParseLaunchArgs(
+      {"-n", "3", "-H", hosts, "--host-ip", "127.0.0.1", "--env", "K=v", "prog", "arg"});
+  ASSERT_OK(o.status());
+  auto plan = PlanLaunch(*o, Environment::Isolated({{"OMP_NUM_THREADS", "4"}, {"SECRET", "x"}}));
+  ASSERT_OK(plan.status());
+  ASSERT_EQ(plan->tasks.size(), 7u);
+  EXPECT_EQ(plan->tasks[0].role, "scheduler");
+  EXPECT_EQ(plan->tasks[0].spec.argv, (std::vector<std::string>{"prog", "arg"}));
+  EXPECT_EQ(plan->tasks[0].spec.env.at("DMLC_ROLE"), "scheduler");
+  EXPECT_EQ(plan->tasks[0].spec.env.at("SECRET"), "x") << "the scheduler runs here, with our env";
+  // The docs' example: 5 hosts, n = s = 3: servers on hosts 1-3, workers on 4, 5, 1.
+  const char* want[][3] = {{"server", "0", "h1"}, {"server", "1", "h2"}, {"server", "2", "h3"},
+                           {"worker", "0", "h4"}, {"worker", "1", "h5"}, {"worker", "2", "h1"}};
+  for (int i = 0; i < 6; ++i) {
+    const Task& t = plan->tasks[static_cast<size_t>(i) + 1];
+    SCOPED_TRACE(i);
+    EXPECT_EQ(t.role, want[i][0]);
+    EXPECT_EQ(std::to_string(t.rank), want[i][1]);
+    const std::vector<std::string>& argv = t.spec.argv;
+    ASSERT_GE(argv.size(), 4u);
+    EXPECT_EQ(argv[0], "ssh");
+    EXPECT_EQ(argv[argv.size() - 2], want[i][2]);
+    EXPECT_EQ(argv[argv.size() - 3], i == 1 ? "2200" : "22");
+    EXPECT_EQ(std::find(argv.begin(), argv.end(), "StrictHostKeyChecking=no"), argv.end())
+        << "host keys are checked by default";
+    const std::string& remote = argv.back();
+    EXPECT_NE(remote.find("'DMLC_NODE_HOST=" + std::string(want[i][2]) + "'"), std::string::npos);
+    EXPECT_NE(remote.find("'DMLC_ROLE=" + std::string(want[i][0]) + "'"), std::string::npos);
+    EXPECT_NE(remote.find("'OMP_NUM_THREADS=4'"), std::string::npos) << "forwarded like dmlc";
+    EXPECT_NE(remote.find("'K=v'"), std::string::npos);
+    EXPECT_EQ(remote.find("SECRET"), std::string::npos) << "only listed variables travel";
+    EXPECT_NE(remote.find("'prog' 'arg'"), std::string::npos);
+    EXPECT_TRUE(t.stop_by_closing_stdin);
+  }
+  auto insecure = ParseLaunchArgs(
+      {"-n", "1", "-H", hosts, "--host-ip", "127.0.0.1", "--no-host-key-check", "prog"});
+  ASSERT_OK(insecure.status());
+  auto plan2 = PlanLaunch(*insecure, Environment::Isolated({}));
+  ASSERT_OK(plan2.status());
+  const auto& argv = plan2->tasks[1].spec.argv;
+  EXPECT_NE(std::find(argv.begin(), argv.end(), "StrictHostKeyChecking=no"), argv.end());
+}
+
+TEST(PlanTest, MissingForwardedVariableIsAnError) {
+  auto o = ParseLaunchArgs({"-n", "1", "--env", "NOT_SET_ANYWHERE", "prog"});
+  ASSERT_OK(o.status());
+  auto plan = PlanLaunch(*o, Environment::Isolated({}));
+  EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(plan.status().message().find("NOT_SET_ANYWHERE"), std::string::npos);
+}
+
+TEST(RankTagTest, OpenMpiAndMpich) {
+  int rank = -1;
+  std::string text;
+  EXPECT_TRUE(SplitRankTag(OutputTags::kOpenMpi, "[1,3]<stdout>:hello [x]\n", &rank, &text));
+  EXPECT_EQ(rank, 3);
+  EXPECT_EQ(text, "hello [x]\n");
+  EXPECT_TRUE(SplitRankTag(OutputTags::kOpenMpi, "[12345,0]<stderr>:", &rank, &text));
+  EXPECT_EQ(rank, 0);
+  EXPECT_FALSE(SplitRankTag(OutputTags::kOpenMpi, "----------\n", &rank, &text));
+  EXPECT_FALSE(SplitRankTag(OutputTags::kOpenMpi, "[a,b]<stdout>:x", &rank, &text));
+  EXPECT_TRUE(SplitRankTag(OutputTags::kMpich, "[2] Epoch[1] Train-accuracy=0.5\n", &rank, &text));
+  EXPECT_EQ(rank, 2);
+  EXPECT_EQ(text, "Epoch[1] Train-accuracy=0.5\n");
+  EXPECT_FALSE(SplitRankTag(OutputTags::kNone, "[2] x", &rank, &text));
+}
+
+}  // namespace
+}  // namespace pstrain::tracker

@@ -1,0 +1,85 @@
+// pstrain launch: parses launch.py-style arguments itself (raw_args) and runs
+// the job through tracker/launcher.h. SIGINT, SIGTERM and SIGHUP stop the job.
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "common/env.h"
+#include "tools/commands.h"
+#include "tracker/launcher.h"
+
+namespace pstrain {
+namespace {
+
+int g_stop_pipe[2] = {-1, -1};  // the signal handler writes the signal number here
+
+void OnStopSignal(int sig) {
+  int saved = errno;
+  unsigned char b = static_cast<unsigned char>(sig);
+  if (write(g_stop_pipe[1], &b, 1) < 0) {
+    // The pipe is full: a stop is already pending.
+  }
+  errno = saved;
+}
+
+}  // namespace
+
+int RunLaunch(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  auto parsed = tracker::ParseLaunchArgs(args);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "pstrain launch: %s\n\n%s", parsed.status().message().c_str(),
+                 tracker::LaunchUsage().c_str());
+    return 2;
+  }
+  tracker::LaunchOptions options = std::move(parsed).value();
+  if (options.help) {
+    std::fputs(tracker::LaunchUsage().c_str(), stdout);
+    return 0;
+  }
+  auto plan = tracker::PlanLaunch(options, Environment());
+  if (!plan.ok()) {
+    std::fprintf(stderr, "pstrain launch: %s\n", plan.status().ToString().c_str());
+    return 1;
+  }
+  std::string job_id = plan->job_id, log_dir = plan->log_dir;
+  std::fprintf(stderr,
+               "pstrain launch: job %s: 1 scheduler at %s:%d, %d servers, %d workers (%s); "
+               "logs in %s\n",
+               job_id.c_str(), plan->root_uri.c_str(), plan->root_port, options.num_servers,
+               options.num_workers, tracker::LauncherName(plan->launcher), log_dir.c_str());
+
+  if (pipe2(g_stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    std::perror("pstrain launch: pipe");
+    return 1;
+  }
+  struct sigaction sa = {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  tracker::SupervisorOptions sup;
+  sup.stop_fd = g_stop_pipe[0];
+  auto result = tracker::ExecutePlan(std::move(plan).value(), options, sup);
+  if (!result.ok()) {
+    std::fprintf(stderr, "pstrain launch: job %s: %s\n", job_id.c_str(),
+                 result.status().ToString().c_str());
+    return 1;
+  }
+  if (result->success) {
+    std::fprintf(stderr, "pstrain launch: job %s finished: all %zu processes exited 0\n",
+                 job_id.c_str(), result->pids.size());
+    return 0;
+  }
+  std::fprintf(stderr, "pstrain launch: job %s failed: %s (logs in %s)\n", job_id.c_str(),
+               result->reason.c_str(), log_dir.c_str());
+  return result->exit_code != 0 ? result->exit_code : 1;
+}
+
+}  // namespace pstrain

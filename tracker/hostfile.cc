@@ -1,0 +1,71 @@
+#include "tracker/hostfile.h"
+
+#include <fstream>
+#include <sstream>
+
+namespace pstrain::tracker {
+
+StatusOr<std::vector<Host>> ParseHostList(const std::string& text, const std::string& origin) {
+  std::vector<Host> hosts;
+  std::istringstream in(text);
+  std::string line;
+  int lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    size_t hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    std::istringstream words(line);
+    std::string word;
+    if (!(words >> word)) continue;
+    Host h;
+    std::string where = StrCat(origin, ":", lineno);
+    std::string port;
+    if (word[0] == '[') {
+      size_t close = word.find(']');
+      if (close == std::string::npos) {
+        return Status::InvalidArgument(StrCat(where, ": unterminated '[' in host '", word, "'"));
+      }
+      h.name = word.substr(1, close - 1);
+      if (close + 1 < word.size()) {
+        if (word[close + 1] != ':') {
+          return Status::InvalidArgument(
+              StrCat(where, ": expected ':port' after ']' in '", word, "'"));
+        }
+        port = word.substr(close + 2);
+      }
+    } else {
+      size_t colon = word.find(':');
+      h.name = word.substr(0, colon);
+      if (colon != std::string::npos) port = word.substr(colon + 1);
+    }
+    if (h.name.empty() || h.name[0] == '-') {
+      return Status::InvalidArgument(StrCat(where, ": bad host name '", h.name, "'"));
+    }
+    if (!port.empty() || word.back() == ':') {
+      char* end = nullptr;
+      long p = std::strtol(port.c_str(), &end, 10);
+      if (port.empty() || *end != '\0' || p < 1 || p > 65535) {
+        return Status::InvalidArgument(
+            StrCat(where, ": port '", port, "' of host '", h.name, "' is not in 1..65535"));
+      }
+      h.port = static_cast<int>(p);
+    }
+    hosts.push_back(h);
+  }
+  if (hosts.empty()) return Status::InvalidArgument(StrCat(origin, ": no hosts listed"));
+  return hosts;
+}
+
+StatusOr<std::vector<Host>> ReadHostFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::NotFound(StrCat("cannot open host file '", path, "'"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseHostList(ss.str(), path);
+}
+
+bool IsLoopbackHost(const std::string& name) {
+  return name == "localhost" || name == "::1" || name.rfind("127.", 0) == 0;
+}
+
+}  // namespace pstrain::tracker

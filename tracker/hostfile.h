@@ -1,0 +1,29 @@
+// Host files for the ssh and mpi launchers.
+#ifndef PSTRAIN_TRACKER_HOSTFILE_H_
+#define PSTRAIN_TRACKER_HOSTFILE_H_
+
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace pstrain::tracker {
+
+struct Host {
+  std::string name;  // host name or address, as written
+  int port = 22;     // ssh port
+};
+
+// One host per line: "name" or "name:port" ("[v6addr]:port" for IPv6). Text
+// after '#' is a comment; blank lines are skipped; MPI-style words after the
+// host ("slots=4") are ignored. `origin` names the file in errors, which
+// carry its line number. An empty list is an error.
+StatusOr<std::vector<Host>> ParseHostList(const std::string& text, const std::string& origin);
+StatusOr<std::vector<Host>> ReadHostFile(const std::string& path);
+
+// True for localhost, 127.0.0.0/8 and ::1.
+bool IsLoopbackHost(const std::string& name);
+
+}  // namespace pstrain::tracker
+
+#endif  // PSTRAIN_TRACKER_HOSTFILE_H_

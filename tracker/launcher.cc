@@ -1,0 +1,560 @@
+#include "tracker/launcher.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <set>
+
+#include "tracker/process.h"
+#include "tracker/shell.h"
+
+namespace pstrain::tracker {
+namespace {
+
+// Variables the ssh launcher forwards from the launcher's environment, as
+// dmlc-core's ssh tracker does, plus our own and MXNet's knobs.
+bool Forwarded(const std::string& name) {
+  static const char* const kNames[] = {"OMP_NUM_THREADS", "KMP_AFFINITY", "LD_LIBRARY_PATH",
+                                       "DMLC_INTERFACE", "PS_VERBOSE"};
+  for (const char* n : kNames) {
+    if (name == n) return true;
+  }
+  return name.rfind("PSTRAIN_", 0) == 0 || name.rfind("MXNET_", 0) == 0;
+}
+
+bool ValidEnvName(const std::string& name) {
+  if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) return false;
+  for (char c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+  }
+  return true;
+}
+
+StatusOr<int> ParseCount(const std::string& flag, const std::string& value, int min) {
+  char* end = nullptr;
+  errno = 0;
+  long v = std::strtol(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || errno != 0 || v < min || v > 100000) {
+    return Status::InvalidArgument(StrCat(flag, " '", value, "' is not an integer >= ", min));
+  }
+  return static_cast<int>(v);
+}
+
+std::string DefaultJobId() {
+  time_t now = time(nullptr);
+  struct tm tm_utc;
+  gmtime_r(&now, &tm_utc);
+  char buf[32];
+  strftime(buf, sizeof(buf), "%Y%m%d-%H%M%S", &tm_utc);
+  return StrCat(buf, "-", getpid());
+}
+
+std::string CurrentDir() {
+  char buf[4096];
+  if (getcwd(buf, sizeof(buf)) == nullptr) return ".";
+  return buf;
+}
+
+enum class MpiFlavour { kOpenMpi, kMpich };
+
+StatusOr<MpiFlavour> DetectMpi(const std::string& mpirun,
+                               const std::map<std::string, std::string>& env) {
+  std::string out;
+  int status = 0;
+  Status s = RunAndCapture({mpirun, "--version"}, env, 10000, &out, &status);
+  if (!s.ok()) return s.WithContext("detecting the MPI flavour");
+  if (out.find("Open MPI") != std::string::npos || out.find("OpenRTE") != std::string::npos) {
+    return MpiFlavour::kOpenMpi;
+  }
+  std::string lower = out;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower.find("mpich") != std::string::npos || lower.find("hydra") != std::string::npos) {
+    return MpiFlavour::kMpich;
+  }
+  return Status::FailedPrecondition(
+      StrCat("'", mpirun, " --version' names neither Open MPI nor MPICH: ", out.substr(0, 200)));
+}
+
+}  // namespace
+
+const char* LauncherName(LauncherKind kind) {
+  switch (kind) {
+    case LauncherKind::kLocal:
+      return "local";
+    case LauncherKind::kSsh:
+      return "ssh";
+    case LauncherKind::kMpi:
+      return "mpi";
+  }
+  return "?";
+}
+
+std::string LaunchUsage() {
+  return R"(usage: pstrain launch -n W [-s S] [--launcher local|ssh|mpi] [-H HOSTFILE]
+                      [--sync-dst-dir DIR] [--log-dir DIR] [--env K[=V] ...] [options]
+                      [--] COMMAND [ARGS...]
+
+Starts 1 scheduler (on this host), S servers and W workers, each running COMMAND
+with MXNet's environment (DMLC_ROLE, DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT,
+DMLC_NUM_SERVER, DMLC_NUM_WORKER, DMLC_NODE_HOST, ...), like MXNet's launch.py.
+Each process's output is prefixed "[role-rank]" here and written to
+LOG_DIR/<role>-<rank>.log. If one process fails, all are stopped and the
+launcher exits non-zero naming it; Ctrl-C stops every process on every host.
+
+  -n, --num-workers W     number of workers (required)
+  -s, --num-servers S     number of servers (default: W)
+  --launcher KIND         local, ssh or mpi (default: ssh with -H, else local)
+  -H, --hostfile FILE     hosts, one per line, optional :port (ssh, mpi)
+  --sync-dst-dir DIR      ssh: rsync the working directory to DIR on every host
+                          first and run there (default: the same path as here)
+  --log-dir DIR           where the logs go (default: logs/<job-id>)
+  --job-id ID             name of the job (default: UTC time and launcher pid)
+  --env K=V | K:V | K     set K for every process (K alone: its value here);
+                          repeatable
+  --host-ip IP            scheduler address the others connect to
+                          (default: auto-detected)
+  --ssh-option OPT        pass -o OPT to ssh and rsync (repeatable)
+  --no-host-key-check     ssh: StrictHostKeyChecking=no (checking is on by default)
+  --mpi-option ARG        extra mpirun argument, e.g. --oversubscribe (repeatable)
+  --mpirun PATH           mpirun to use (default: mpirun; Open MPI or MPICH)
+  --timeout SECONDS       stop the job after this long (default: no limit)
+  --quiet                 write output only to the log files
+  -h, --help              this text
+)";
+}
+
+StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args) {
+  LaunchOptions o;
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    std::string a = args[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a.empty() || a[0] != '-' || a == "-") break;
+    std::string name = a, value;
+    bool has_value = false;
+    size_t eq = a.find('=');
+    if (a.rfind("--", 0) == 0 && eq != std::string::npos) {
+      name = a.substr(0, eq);
+      value = a.substr(eq + 1);
+      has_value = true;
+    } else if (a.size() > 2 && a[1] != '-' &&
+               (a[1] == 'n' || a[1] == 's' || a[1] == 'H')) {  // -n2, -Hhosts
+      name = a.substr(0, 2);
+      value = a.substr(2);
+      has_value = true;
+    }
+    auto take = [&](std::string* out) -> Status {
+      if (has_value) {
+        *out = value;
+        return Status::Ok();
+      }
+      if (i + 1 >= args.size()) return Status::InvalidArgument(StrCat(name, " needs a value"));
+      *out = args[++i];
+      return Status::Ok();
+    };
+    auto no_value = [&]() -> Status {
+      if (has_value) return Status::InvalidArgument(StrCat(name, " takes no value"));
+      return Status::Ok();
+    };
+    std::string v;
+    if (name == "-h" || name == "--help") {
+      RETURN_IF_ERROR(no_value());
+      o.help = true;
+    } else if (name == "-n" || name == "--num-workers") {
+      RETURN_IF_ERROR(take(&v));
+      ASSIGN_OR_RETURN(o.num_workers, ParseCount(name, v, 1));
+    } else if (name == "-s" || name == "--num-servers") {
+      RETURN_IF_ERROR(take(&v));
+      ASSIGN_OR_RETURN(o.num_servers, ParseCount(name, v, 1));
+    } else if (name == "-H" || name == "--hostfile" || name == "--host-file") {
+      RETURN_IF_ERROR(take(&o.hostfile));
+    } else if (name == "--launcher" || name == "--cluster") {
+      RETURN_IF_ERROR(take(&v));
+      if (v == "local") {
+        o.launcher = LauncherKind::kLocal;
+      } else if (v == "ssh") {
+        o.launcher = LauncherKind::kSsh;
+      } else if (v == "mpi" || v == "mpirun") {
+        o.launcher = LauncherKind::kMpi;
+      } else {
+        return Status::InvalidArgument(
+            StrCat("--launcher '", v, "' is not one of local, ssh, mpi"));
+      }
+    } else if (name == "--sync-dst-dir" || name == "--sync-dir") {
+      RETURN_IF_ERROR(take(&o.sync_dst_dir));
+    } else if (name == "--log-dir") {
+      RETURN_IF_ERROR(take(&o.log_dir));
+    } else if (name == "--job-id") {
+      RETURN_IF_ERROR(take(&o.job_id));
+      if (o.job_id.empty() || o.job_id.find('/') != std::string::npos) {
+        return Status::InvalidArgument(StrCat("--job-id '", o.job_id, "' must be a plain name"));
+      }
+    } else if (name == "--host-ip") {
+      RETURN_IF_ERROR(take(&o.host_ip));
+    } else if (name == "--env") {
+      RETURN_IF_ERROR(take(&v));
+      size_t sep = v.find('=');
+      if (sep == std::string::npos) sep = v.find(':');
+      std::string key = v.substr(0, sep);
+      if (!ValidEnvName(key)) {
+        return Status::InvalidArgument(
+            StrCat("--env '", v, "': '", key, "' is not a variable name"));
+      }
+      if (sep == std::string::npos) {
+        o.env.emplace_back(key, std::nullopt);
+      } else {
+        o.env.emplace_back(key, v.substr(sep + 1));
+      }
+    } else if (name == "--ssh-option") {
+      RETURN_IF_ERROR(take(&v));
+      o.ssh_options.push_back(v);
+    } else if (name == "--no-host-key-check") {
+      RETURN_IF_ERROR(no_value());
+      o.no_host_key_check = true;
+    } else if (name == "--mpi-option") {
+      RETURN_IF_ERROR(take(&v));
+      o.mpi_options.push_back(v);
+    } else if (name == "--mpirun") {
+      RETURN_IF_ERROR(take(&o.mpirun));
+    } else if (name == "--timeout") {
+      RETURN_IF_ERROR(take(&v));
+      ASSIGN_OR_RETURN(o.timeout_s, ParseCount(name, v, 0));
+    } else if (name == "--quiet") {
+      RETURN_IF_ERROR(no_value());
+      o.quiet = true;
+    } else {
+      return Status::InvalidArgument(
+          StrCat("unknown option '", a, "' (see pstrain launch --help; put the command after --)"));
+    }
+  }
+  for (; i < args.size(); ++i) o.command.push_back(args[i]);
+  if (o.help) return o;
+  if (o.num_workers < 1) return Status::InvalidArgument("-n/--num-workers is required");
+  if (o.num_servers < 0) o.num_servers = o.num_workers;
+  if (o.command.empty()) return Status::InvalidArgument("no command to launch (give it after --)");
+  if (!o.launcher) o.launcher = o.hostfile.empty() ? LauncherKind::kLocal : LauncherKind::kSsh;
+  if (*o.launcher == LauncherKind::kSsh && o.hostfile.empty()) {
+    return Status::InvalidArgument("--launcher ssh needs a host file (-H FILE)");
+  }
+  if (!o.sync_dst_dir.empty() && *o.launcher != LauncherKind::kSsh) {
+    return Status::InvalidArgument("--sync-dst-dir works only with --launcher ssh");
+  }
+  return o;
+}
+
+std::string RemoteCommand(const std::string& dir, const std::map<std::string, std::string>& vars,
+                          const std::vector<std::string>& command) {
+  // $1 is the directory; the rest is "K=V ... COMMAND ARGS" for env(1). The job
+  // leads its own process group; the watcher kills that group when the ssh
+  // session's stdin ends (launcher stopped or gone): SIGTERM, then SIGKILL
+  // after 5 s. The wrapper kills whatever the job left in its group when the
+  // job ends, and exits with the job's status.
+  static const char kScript[] =
+      "d=$1; shift; cd \"$d\" || exit 127; exec 3<&0; "
+      "setsid env -- \"$@\" </dev/null & p=$!; "
+      "( while read -r _ <&3; do :; done; kill -TERM -\"$p\"; i=0; "
+      "while [ $i -lt 50 ] && kill -0 -\"$p\"; do sleep 0.1; i=$((i+1)); done; "
+      "kill -KILL -\"$p\" ) "
+      ">/dev/null 2>&1 & w=$!; exec 3<&-; "
+      "wait \"$p\"; r=$?; kill -KILL -\"$p\" 2>/dev/null; kill \"$w\" 2>/dev/null; exit \"$r\"";
+  std::vector<std::string> words = {"/bin/sh", "-c", kScript, "pstrain-remote", dir};
+  for (const auto& [k, v] : vars) words.push_back(k + "=" + v);
+  for (const std::string& c : command) words.push_back(c);
+  return "exec " + ShellJoin(words);
+}
+
+StatusOr<std::string> DetectHostIp(const std::vector<Host>& hosts) {
+  bool all_loopback = true;
+  for (const Host& h : hosts) all_loopback = all_loopback && IsLoopbackHost(h.name);
+  if (all_loopback) return std::string("127.0.0.1");
+  char name[256] = {0};
+  if (gethostname(name, sizeof(name) - 1) == 0) {
+    addrinfo hints{};
+    hints.ai_family = AF_INET;
+    addrinfo* res = nullptr;
+    if (getaddrinfo(name, nullptr, &hints, &res) == 0) {
+      std::string found;
+      for (addrinfo* a = res; a != nullptr && found.empty(); a = a->ai_next) {
+        char buf[INET_ADDRSTRLEN];
+        auto* sin = reinterpret_cast<sockaddr_in*>(a->ai_addr);
+        if (inet_ntop(AF_INET, &sin->sin_addr, buf, sizeof(buf)) && !IsLoopbackHost(buf)) {
+          found = buf;
+        }
+      }
+      freeaddrinfo(res);
+      if (!found.empty()) return found;
+    }
+  }
+  // The address routing would use towards the outside (no packet is sent).
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    sockaddr_in dst{};
+    dst.sin_family = AF_INET;
+    dst.sin_port = htons(1);
+    inet_pton(AF_INET, "10.255.255.255", &dst.sin_addr);
+    sockaddr_in self{};
+    socklen_t len = sizeof(self);
+    bool ok = connect(fd, reinterpret_cast<sockaddr*>(&dst), sizeof(dst)) == 0 &&
+              getsockname(fd, reinterpret_cast<sockaddr*>(&self), &len) == 0;
+    close(fd);
+    char buf[INET_ADDRSTRLEN];
+    if (ok && inet_ntop(AF_INET, &self.sin_addr, buf, sizeof(buf)) && !IsLoopbackHost(buf)) {
+      return std::string(buf);
+    }
+  }
+  return Status::NotFound(
+      "cannot find an address of this host that other hosts can reach; pass --host-ip");
+}
+
+StatusOr<int> FindFreePort(const std::string& ip) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::IOError(StrCat("socket: ", strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = 0;
+  if (inet_pton(AF_INET, ip.c_str(), &addr.sin_addr) != 1) {
+    close(fd);
+    return Status::InvalidArgument(StrCat("scheduler address '", ip, "' is not an IPv4 address"));
+  }
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    int err = errno;
+    close(fd);
+    return Status::IOError(StrCat("cannot bind a port on ", ip, ": ", strerror(err)));
+  }
+  close(fd);
+  return static_cast<int>(ntohs(addr.sin_port));
+}
+
+StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) {
+  LaunchPlan plan;
+  plan.launcher = o.launcher.value_or(LauncherKind::kLocal);
+  plan.job_id = o.job_id.empty() ? DefaultJobId() : o.job_id;
+  plan.log_dir = o.log_dir.empty() ? "logs/" + plan.job_id : o.log_dir;
+  if (plan.launcher == LauncherKind::kSsh) {
+    ASSIGN_OR_RETURN(plan.hosts, ReadHostFile(o.hostfile));
+  } else if (plan.launcher == LauncherKind::kMpi && !o.hostfile.empty()) {
+    // mpirun reads the file itself; read it here for the scheduler address only.
+    ASSIGN_OR_RETURN(std::vector<Host> hosts, ReadHostFile(o.hostfile));
+    for (const Host& h : hosts) plan.hosts.push_back(h);
+  }
+  if (!o.host_ip.empty()) {
+    plan.root_uri = o.host_ip;
+  } else {
+    ASSIGN_OR_RETURN(plan.root_uri, DetectHostIp(plan.hosts));
+  }
+  ASSIGN_OR_RETURN(plan.root_port, FindFreePort(plan.root_uri));
+
+  const std::map<std::string, std::string> local_env = env.All();
+  std::map<std::string, std::string> user_vars;
+  for (const auto& [k, v] : o.env) {
+    if (v) {
+      user_vars[k] = *v;
+      continue;
+    }
+    auto it = local_env.find(k);
+    if (it == local_env.end()) {
+      return Status::InvalidArgument(
+          StrCat("--env ", k, ": ", k, " is not set in the launcher's environment"));
+    }
+    user_vars[k] = it->second;
+  }
+  const char* cluster = LauncherName(plan.launcher);
+  auto job_vars = [&](const std::string& role) {
+    std::map<std::string, std::string> v = user_vars;
+    v["DMLC_ROLE"] = role;
+    v["DMLC_PS_ROOT_URI"] = plan.root_uri;
+    v["DMLC_PS_ROOT_PORT"] = std::to_string(plan.root_port);
+    v["DMLC_NUM_SERVER"] = std::to_string(o.num_servers);
+    v["DMLC_NUM_WORKER"] = std::to_string(o.num_workers);
+    v["DMLC_JOB_CLUSTER"] = cluster;
+    v["PSTRAIN_JOB_ID"] = plan.job_id;
+    return v;
+  };
+  auto merged = [&](std::map<std::string, std::string> base,
+                    const std::map<std::string, std::string>& top) {
+    for (const auto& [k, v] : top) base[k] = v;
+    return base;
+  };
+
+  // The scheduler: always here, as in dmlc-core's tracker.
+  Task sched;
+  sched.role = "scheduler";
+  sched.rank = 0;
+  sched.host = plan.root_uri;
+  auto sched_vars = job_vars("scheduler");
+  sched_vars["DMLC_NODE_HOST"] = plan.root_uri;
+  sched_vars["PSTRAIN_LAUNCH_RANK"] = "0";
+  sched.spec.argv = o.command;
+  sched.spec.env = merged(local_env, sched_vars);
+  plan.tasks.push_back(std::move(sched));
+
+  const int total = o.num_servers + o.num_workers;
+  if (plan.launcher == LauncherKind::kLocal) {
+    // dmlc-core's local tracker numbers workers first: task i < W is a worker.
+    for (int i = 0; i < total; ++i) {
+      bool server = i < o.num_servers;
+      int rank = server ? i : i - o.num_servers;
+      int task_id = server ? o.num_workers + rank : rank;
+      Task t;
+      t.role = server ? "server" : "worker";
+      t.rank = rank;
+      t.host = plan.root_uri;
+      auto vars = job_vars(t.role);
+      vars["DMLC_NODE_HOST"] = plan.root_uri;
+      vars["DMLC_TASK_ID"] = std::to_string(task_id);
+      vars["PSTRAIN_LAUNCH_RANK"] = std::to_string(rank);
+      t.spec.argv = o.command;
+      t.spec.env = merged(local_env, vars);
+      plan.tasks.push_back(std::move(t));
+    }
+    return plan;
+  }
+
+  if (plan.launcher == LauncherKind::kSsh) {
+    std::vector<std::string> ssh_base = {o.ssh, "-T", "-o", "BatchMode=yes"};
+    if (o.no_host_key_check) {
+      for (const char* opt :
+           {"StrictHostKeyChecking=no", "UserKnownHostsFile=/dev/null", "LogLevel=ERROR"}) {
+        ssh_base.push_back("-o");
+        ssh_base.push_back(opt);
+      }
+    }
+    for (const std::string& opt : o.ssh_options) {
+      ssh_base.push_back("-o");
+      ssh_base.push_back(opt);
+    }
+    std::map<std::string, std::string> forwarded;
+    for (const auto& [k, v] : local_env) {
+      if (Forwarded(k)) forwarded[k] = v;
+    }
+    const std::string dir = o.sync_dst_dir.empty() ? CurrentDir() : o.sync_dst_dir;
+    if (!o.sync_dst_dir.empty()) {
+      std::set<std::pair<std::string, int>> seen;
+      for (const Host& h : plan.hosts) {
+        if (!seen.insert({h.name, h.port}).second) continue;
+        // rsync splits -e on spaces and honours quotes (not backslashes).
+        std::string rsh;
+        for (size_t k = 0; k < ssh_base.size(); ++k) {
+          const std::string& w = ssh_base[k];
+          if (w.find_first_of(" \t'\"") == std::string::npos) {
+            rsh += w;
+          } else if (w.find('\'') == std::string::npos) {
+            rsh += "'" + w + "'";
+          } else if (w.find('"') == std::string::npos) {
+            rsh += "\"" + w + "\"";
+          } else {
+            return Status::InvalidArgument(
+                StrCat("ssh argument '", w, "' has both quote kinds; rsync -e cannot carry it"));
+          }
+          rsh += " ";
+        }
+        rsh += "-p " + std::to_string(h.port);
+        std::string target = h.name.find(':') != std::string::npos ? "[" + h.name + "]" : h.name;
+        plan.sync_commands.push_back({o.rsync, "-az", "--mkpath", "-e", rsh, CurrentDir() + "/",
+                                      target + ":" + o.sync_dst_dir + "/"});
+      }
+    }
+    // MXNet placement: task i < S is server i, else worker i - S; host i mod H.
+    for (int i = 0; i < total; ++i) {
+      const Host& h = plan.hosts[static_cast<size_t>(i) % plan.hosts.size()];
+      bool server = i < o.num_servers;
+      Task t;
+      t.role = server ? "server" : "worker";
+      t.rank = server ? i : i - o.num_servers;
+      t.host = h.name + (h.port != 22 ? ":" + std::to_string(h.port) : "");
+      auto vars = merged(forwarded, job_vars(t.role));
+      vars["DMLC_NODE_HOST"] = h.name;
+      vars["DMLC_TASK_ID"] = std::to_string(i);
+      vars["PSTRAIN_LAUNCH_RANK"] = std::to_string(t.rank);
+      t.spec.argv = ssh_base;
+      t.spec.argv.push_back("-p");
+      t.spec.argv.push_back(std::to_string(h.port));
+      t.spec.argv.push_back(h.name);
+      t.spec.argv.push_back(RemoteCommand(dir, vars, o.command));
+      t.spec.env = local_env;
+      t.spec.pipe_stdin = true;
+      t.stop_by_closing_stdin = true;
+      plan.tasks.push_back(std::move(t));
+    }
+    return plan;
+  }
+
+  // mpi: one mpirun for all servers and workers; a constant /bin/sh wrapper
+  // turns the MPI rank into the role (rank r < S is server r, else worker
+  // r - S). Two concurrent mpiruns, as dmlc-core's mpi tracker starts, race
+  // on Open MPI's session directory on a shared host, so there is one.
+  ASSIGN_OR_RETURN(MpiFlavour flavour, DetectMpi(o.mpirun, local_env));
+  static const char kRoleScript[] =
+      "r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}; s=$1; shift; "
+      "[ -n \"$r\" ] || { echo 'pstrain launch: no MPI rank in the environment' >&2; exit 127; }; "
+      "if [ \"$r\" -lt \"$s\" ]; then DMLC_ROLE=server; PSTRAIN_LAUNCH_RANK=$r; "
+      "else DMLC_ROLE=worker; PSTRAIN_LAUNCH_RANK=$((r - s)); fi; DMLC_TASK_ID=$r; "
+      "export DMLC_ROLE PSTRAIN_LAUNCH_RANK DMLC_TASK_ID; exec \"$@\"";
+  Task t;
+  t.role = "mpirun";
+  t.rank = 0;
+  t.host = o.hostfile.empty() ? "this host" : "-H " + o.hostfile;
+  t.spec.argv = {o.mpirun, "-n", std::to_string(total)};
+  if (!o.hostfile.empty()) {
+    t.spec.argv.push_back(flavour == MpiFlavour::kOpenMpi ? "--hostfile" : "-f");
+    t.spec.argv.push_back(o.hostfile);
+  }
+  t.spec.argv.push_back(flavour == MpiFlavour::kOpenMpi ? "--tag-output" : "-prepend-rank");
+  auto vars = job_vars("");
+  vars.erase("DMLC_ROLE");
+  for (const auto& [k, v] : vars) {
+    if (flavour == MpiFlavour::kOpenMpi) {
+      t.spec.argv.push_back("-x");
+      t.spec.argv.push_back(k + "=" + v);
+    } else {
+      t.spec.argv.insert(t.spec.argv.end(), {"-env", k, v});
+    }
+  }
+  for (const std::string& a : o.mpi_options) t.spec.argv.push_back(a);
+  t.spec.argv.insert(t.spec.argv.end(),
+                     {"/bin/sh", "-c", kRoleScript, "pstrain-mpi", std::to_string(o.num_servers)});
+  for (const std::string& c : o.command) t.spec.argv.push_back(c);
+  t.spec.env = local_env;
+  t.tags = flavour == MpiFlavour::kOpenMpi ? OutputTags::kOpenMpi : OutputTags::kMpich;
+  for (int r = 0; r < total; ++r) {
+    t.rank_names.push_back(r < o.num_servers ? StrCat("server-", r)
+                                             : StrCat("worker-", r - o.num_servers));
+  }
+  plan.tasks.push_back(std::move(t));
+  return plan;
+}
+
+StatusOr<JobResult> ExecutePlan(LaunchPlan plan, const LaunchOptions& options,
+                                const SupervisorOptions& supervisor) {
+  for (const auto& cmd : plan.sync_commands) {
+    std::string out;
+    int status = 0;
+    Status s = RunAndCapture(cmd, plan.tasks.front().spec.env, options.sync_timeout_s * 1000, &out,
+                             &status);
+    if (!s.ok()) return s.WithContext("--sync-dst-dir");
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      return Status::Unavailable(
+          StrCat("--sync-dst-dir: '", ShellJoin(cmd), "' failed (status ", status, "): ", out));
+    }
+  }
+  SupervisorOptions sup = supervisor;
+  if (sup.log_dir.empty()) sup.log_dir = plan.log_dir;
+  if (options.timeout_s > 0) sup.deadline = Deadline::In(std::chrono::seconds(options.timeout_s));
+  sup.echo = sup.echo && !options.quiet;
+  return RunJob(std::move(plan.tasks), sup);
+}
+
+}  // namespace pstrain::tracker

@@ -1,0 +1,97 @@
+// pstrain launch: starts a parameter-server job (1 scheduler, S servers,
+// W workers) with MXNet's tracker semantics (../shared/reference/mxnet_facts.md
+// section 2) on this host, over ssh from a host file, or under mpirun.
+//
+// Every process gets MXNet's environment: DMLC_ROLE, DMLC_PS_ROOT_URI,
+// DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER, DMLC_NUM_WORKER, DMLC_NODE_HOST (local
+// and ssh), DMLC_TASK_ID and DMLC_JOB_CLUSTER as dmlc-core's tracker sets them,
+// plus PSTRAIN_LAUNCH_RANK (rank within the role) and
+// PSTRAIN_JOB_ID, plus the variables given with --env. The scheduler always
+// runs on the launching host.
+#ifndef PSTRAIN_TRACKER_LAUNCHER_H_
+#define PSTRAIN_TRACKER_LAUNCHER_H_
+
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/env.h"
+#include "common/status.h"
+#include "tracker/hostfile.h"
+#include "tracker/supervisor.h"
+
+namespace pstrain::tracker {
+
+enum class LauncherKind { kLocal, kSsh, kMpi };
+const char* LauncherName(LauncherKind kind);
+
+struct LaunchOptions {
+  int num_workers = 0;                   // -n: required, >= 1
+  int num_servers = -1;                  // -s: default = num_workers
+  std::optional<LauncherKind> launcher;  // default: ssh with -H, else local
+  std::string hostfile;                  // -H
+  std::string sync_dst_dir;              // ssh: rsync the working directory here first
+  std::string log_dir;                   // default logs/<job-id>
+  std::string job_id;                    // default <UTC time>-<pid>
+  std::string host_ip;                   // scheduler address; default auto-detected
+  // --env K=V, --env K:V (MXNet's form) or --env K (value from the launcher's environment).
+  std::vector<std::pair<std::string, std::optional<std::string>>> env;
+  std::vector<std::string> ssh_options;  // each passed to ssh as -o OPT
+  bool no_host_key_check = false;        // ssh -o StrictHostKeyChecking=no
+  std::vector<std::string> mpi_options;  // extra mpirun arguments
+  std::string mpirun = "mpirun";
+  std::string ssh = "ssh";
+  std::string rsync = "rsync";
+  int timeout_s = 0;  // stop the job after this long; 0: no limit
+  int sync_timeout_s = 600;
+  bool quiet = false;  // do not copy the processes' output to the terminal
+  bool help = false;
+  std::vector<std::string> command;  // the job: run by every process
+};
+
+// Parses launch.py-style arguments (args[0] is the first argument, not the
+// program name). Options come first; the command starts at the first word that
+// is not an option, or after "--"; everything after it belongs to the command.
+StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args);
+// The --help text.
+std::string LaunchUsage();
+
+// The process plan of a job, before anything runs (tests inspect it).
+struct LaunchPlan {
+  LauncherKind launcher = LauncherKind::kLocal;
+  std::string job_id;
+  std::string log_dir;
+  std::string root_uri;
+  int root_port = 0;
+  std::vector<Host> hosts;  // ssh: the host file; mpi: empty
+  std::vector<Task> tasks;  // scheduler first, then servers, then workers (or groups)
+  std::vector<std::vector<std::string>> sync_commands;  // rsync per host, run before the tasks
+};
+
+// Builds the plan: reads the host file, picks the scheduler address and a free
+// port, detects the MPI flavour, quotes the remote commands. `env` is the
+// launcher's environment (copied to local processes, forwarded in part).
+StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& options, const Environment& env);
+
+// Runs the rsync commands, then the job. See RunJob for the result.
+StatusOr<JobResult> ExecutePlan(LaunchPlan plan, const LaunchOptions& options,
+                                const SupervisorOptions& supervisor);
+
+// The remote command the ssh launcher runs: a constant /bin/sh script that
+// starts `command` with `vars` in `dir` as its own process group, and kills
+// that group when its stdin (the ssh session) closes. Every word is quoted.
+std::string RemoteCommand(const std::string& dir, const std::map<std::string, std::string>& vars,
+                          const std::vector<std::string>& command);
+
+// An address of this host for the scheduler: 127.0.0.1 when every host is a
+// loopback name (or there are none); else the address the host name resolves
+// to, or the one routing picks towards the outside (dmlc-core's rule).
+StatusOr<std::string> DetectHostIp(const std::vector<Host>& hosts);
+// A TCP port free on `ip` right now.
+StatusOr<int> FindFreePort(const std::string& ip);
+
+}  // namespace pstrain::tracker
+
+#endif  // PSTRAIN_TRACKER_LAUNCHER_H_

@@ -1,0 +1,221 @@
+#include "tracker/process.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "common/deadline.h"
+
+namespace pstrain::tracker {
+namespace {
+
+void CloseFd(int* fd) {
+  if (*fd >= 0) {
+    close(*fd);
+    *fd = -1;
+  }
+}
+
+// Writes all of `len` bytes, retrying on EINTR; used only in the forked child.
+void WriteAll(int fd, const void* data, size_t len) {
+  const char* p = static_cast<const char*>(data);
+  while (len > 0) {
+    ssize_t n = write(fd, p, len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    p += n;
+    len -= static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Subprocess>> Subprocess::Start(const ProcessSpec& spec) {
+  if (spec.argv.empty()) return Status::InvalidArgument("empty command");
+  // Everything the child needs is prepared before fork: after it only
+  // async-signal-safe calls are allowed.
+  std::vector<char*> argv;
+  for (const std::string& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<std::string> env_strings;
+  for (const auto& [k, v] : spec.env) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (std::string& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+
+  int in_pipe[2] = {-1, -1}, out_pipe[2], err_pipe[2], exec_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0) return Status::IOError(StrCat("pipe: ", strerror(errno)));
+  if (pipe2(err_pipe, O_CLOEXEC) != 0 || pipe2(exec_pipe, O_CLOEXEC) != 0 ||
+      (spec.pipe_stdin && pipe2(in_pipe, O_CLOEXEC) != 0)) {
+    return Status::IOError(StrCat("pipe: ", strerror(errno)));
+  }
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) return Status::IOError(StrCat("fork for '", spec.argv[0], "': ", strerror(errno)));
+  if (pid == 0) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(127);  // the launcher died before prctl
+    int in = spec.pipe_stdin ? in_pipe[0] : open("/dev/null", O_RDONLY);
+    dup2(in, STDIN_FILENO);
+    dup2(out_pipe[1], STDOUT_FILENO);
+    dup2(err_pipe[1], STDERR_FILENO);
+    signal(SIGPIPE, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (!spec.cwd.empty() && chdir(spec.cwd.c_str()) != 0) {
+      int err = errno;
+      WriteAll(exec_pipe[1], "c", 1);
+      WriteAll(exec_pipe[1], &err, sizeof(err));
+      _exit(127);
+    }
+    execvpe(argv[0], argv.data(), envp.data());
+    int err = errno;
+    WriteAll(exec_pipe[1], "e", 1);
+    WriteAll(exec_pipe[1], &err, sizeof(err));
+    _exit(127);
+  }
+  // Also in the parent, so that a signal sent right after Start reaches the group.
+  setpgid(pid, pid);
+  std::unique_ptr<Subprocess> p(new Subprocess());
+  p->pid_ = pid;
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  close(exec_pipe[1]);
+  if (spec.pipe_stdin) {
+    close(in_pipe[0]);
+    p->in_fd_ = in_pipe[1];
+  }
+  p->out_fd_ = out_pipe[0];
+  p->err_fd_ = err_pipe[0];
+  fcntl(p->out_fd_, F_SETFL, O_NONBLOCK);
+  fcntl(p->err_fd_, F_SETFL, O_NONBLOCK);
+
+  char what = 0;
+  int err = 0;
+  ssize_t n;
+  do {
+    n = read(exec_pipe[0], &what, 1);
+  } while (n < 0 && errno == EINTR);
+  if (n == 1) {
+    ssize_t m;
+    do {
+      m = read(exec_pipe[0], &err, sizeof(err));
+    } while (m < 0 && errno == EINTR);
+  }
+  close(exec_pipe[0]);
+  if (n == 1) {
+    waitpid(pid, nullptr, 0);
+    p->exited_ = true;
+    if (what == 'c') {
+      return Status::NotFound(StrCat("cannot change to directory '", spec.cwd, "' to run '",
+                                     spec.argv[0], "': ", strerror(err)));
+    }
+    return Status::NotFound(StrCat("cannot execute '", spec.argv[0], "': ", strerror(err)));
+  }
+  return p;
+}
+
+Subprocess::~Subprocess() {
+  if (!exited_ && pid_ > 0) {
+    kill(-pid_, SIGKILL);
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  CloseFd(&in_fd_);
+  CloseFd(&out_fd_);
+  CloseFd(&err_fd_);
+}
+
+void Subprocess::CloseStdout() { CloseFd(&out_fd_); }
+void Subprocess::CloseStderr() { CloseFd(&err_fd_); }
+void Subprocess::CloseStdin() { CloseFd(&in_fd_); }
+
+bool Subprocess::Poll() {
+  if (exited_) return true;
+  int status = 0;
+  pid_t r = waitpid(pid_, &status, WNOHANG);
+  if (r == pid_) {
+    exited_ = true;
+    wait_status_ = status;
+  } else if (r < 0 && errno == ECHILD) {
+    // Reaped elsewhere; nothing more can be learnt about it.
+    exited_ = true;
+    wait_status_ = 0xff00;  // "exited with code 255"
+  }
+  return exited_;
+}
+
+bool Subprocess::succeeded() const {
+  return WIFEXITED(wait_status_) && WEXITSTATUS(wait_status_) == 0;
+}
+
+std::string Subprocess::ExitDescription() const {
+  if (WIFEXITED(wait_status_)) return StrCat("exited with code ", WEXITSTATUS(wait_status_));
+  if (WIFSIGNALED(wait_status_)) {
+    int sig = WTERMSIG(wait_status_);
+    return StrCat("killed by signal ", sig, " (", strsignal(sig), ")");
+  }
+  return StrCat("ended with wait status ", wait_status_);
+}
+
+void Subprocess::SignalGroup(int sig) {
+  if (exited_ || pid_ <= 0) return;
+  if (kill(-pid_, sig) != 0) kill(pid_, sig);
+}
+
+Status RunAndCapture(const std::vector<std::string>& argv,
+                     const std::map<std::string, std::string>& env, int timeout_ms,
+                     std::string* output, int* wait_status) {
+  ProcessSpec spec;
+  spec.argv = argv;
+  spec.env = env;
+  ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> p, Subprocess::Start(spec));
+  Deadline deadline = Deadline::InMillis(timeout_ms);
+  output->clear();
+  char buf[4096];
+  while (p->stdout_fd() >= 0 || p->stderr_fd() >= 0 || !p->Poll()) {
+    if (deadline.Expired()) {
+      return Status::DeadlineExceeded(
+          StrCat("'", argv[0], "' did not finish within ", timeout_ms, " ms"));
+    }
+    pollfd fds[2];
+    int nfds = 0;
+    for (int fd : {p->stdout_fd(), p->stderr_fd()}) {
+      if (fd >= 0) fds[nfds++] = {fd, POLLIN, 0};
+    }
+    if (nfds == 0) {
+      usleep(10000);
+      continue;
+    }
+    poll(fds, nfds, static_cast<int>(std::min<int64_t>(deadline.RemainingMillis(), 100)));
+    for (int i = 0; i < nfds; ++i) {
+      if (fds[i].revents == 0) continue;
+      ssize_t n = read(fds[i].fd, buf, sizeof(buf));
+      if (n > 0) {
+        output->append(buf, static_cast<size_t>(n));
+      } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+        if (fds[i].fd == p->stdout_fd()) {
+          p->CloseStdout();
+        } else {
+          p->CloseStderr();
+        }
+      }
+    }
+  }
+  *wait_status = p->wait_status();
+  return Status::Ok();
+}
+
+}  // namespace pstrain::tracker

@@ -1,0 +1,83 @@
+// Subprocess: one child process started with an explicit argv and environment
+// (never through a shell), in its own process group, with its stdout and
+// stderr on pipes the caller reads.
+//
+// Thread safety: a Subprocess is used by one thread at a time.
+#ifndef PSTRAIN_TRACKER_PROCESS_H_
+#define PSTRAIN_TRACKER_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace pstrain::tracker {
+
+struct ProcessSpec {
+  std::vector<std::string> argv;           // argv[0] is looked up in PATH
+  std::map<std::string, std::string> env;  // the child's complete environment
+  std::string cwd;                         // empty: the caller's working directory
+  // True: the caller holds a pipe to the child's stdin (CloseStdin() sends EOF).
+  // False: stdin is /dev/null.
+  bool pipe_stdin = false;
+};
+
+class Subprocess {
+ public:
+  // Forks and execs `spec`. The child leads a new process group (so the whole
+  // tree it starts can be signalled) and gets SIGTERM if the caller dies.
+  // Returns NotFound/IOError naming argv[0] when it cannot be executed.
+  static StatusOr<std::unique_ptr<Subprocess>> Start(const ProcessSpec& spec);
+
+  // Kills the process group with SIGKILL and reaps the child if it still runs.
+  ~Subprocess();
+  Subprocess(const Subprocess&) = delete;
+  Subprocess& operator=(const Subprocess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // Read ends of the child's stdout/stderr (non-blocking); -1 once closed.
+  int stdout_fd() const { return out_fd_; }
+  int stderr_fd() const { return err_fd_; }
+  void CloseStdout();
+  void CloseStderr();
+  // Sends EOF to the child's stdin (no-op without pipe_stdin).
+  void CloseStdin();
+
+  // Reaps the child without blocking; true once it has exited.
+  bool Poll();
+  bool exited() const { return exited_; }
+  // The raw waitpid status. REQUIRES: exited().
+  int wait_status() const { return wait_status_; }
+  // True when it exited with code 0. REQUIRES: exited().
+  bool succeeded() const;
+  // "exited with code 3", "killed by signal 9 (Killed)". REQUIRES: exited().
+  std::string ExitDescription() const;
+
+  // Sends `sig` to the child's process group (no-op once reaped).
+  void SignalGroup(int sig);
+
+ private:
+  Subprocess() = default;
+
+  pid_t pid_ = -1;
+  int in_fd_ = -1;
+  int out_fd_ = -1;
+  int err_fd_ = -1;
+  bool exited_ = false;
+  int wait_status_ = 0;
+};
+
+// Runs `argv` to completion (stdin /dev/null), collecting stdout and stderr
+// together into *output. Kills it and returns DeadlineExceeded past `timeout_ms`.
+// The exit status is in *wait_status.
+Status RunAndCapture(const std::vector<std::string>& argv,
+                     const std::map<std::string, std::string>& env, int timeout_ms,
+                     std::string* output, int* wait_status);
+
+}  // namespace pstrain::tracker
+
+#endif  // PSTRAIN_TRACKER_PROCESS_H_

@@ -1,0 +1,395 @@
+#include "tracker/supervisor.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <memory>
+
+namespace pstrain::tracker {
+namespace {
+
+constexpr size_t kMaxLine = 64 * 1024;  // a longer "line" is cut and forwarded in pieces
+constexpr int kDrainMs = 1000;          // output still arriving after every process exited
+
+void WriteAll(int fd, const std::string& s) {
+  const char* p = s.data();
+  size_t left = s.size();
+  while (left > 0) {
+    ssize_t n = write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // a closed terminal must not stop the job
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+std::string SignalName(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev != nullptr ? StrCat("SIG", abbrev) : StrCat("signal ", sig);
+}
+
+Status MakeDirs(const std::string& path) {
+  std::string partial;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = path.find('/', pos + 1);
+    partial = path.substr(0, pos);
+    if (partial.empty()) continue;
+    if (mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+      return Status::IOError(
+          StrCat("cannot create log directory '", partial, "': ", strerror(errno)));
+    }
+  }
+  return Status::Ok();
+}
+
+// Log files, opened on first use, one per <role>-<rank>.
+class LogSink {
+ public:
+  explicit LogSink(std::string dir) : dir_(std::move(dir)) {}
+  ~LogSink() {
+    for (auto& [name, fd] : files_) close(fd);
+  }
+  void Write(const std::string& name, const std::string& line) {
+    auto it = files_.find(name);
+    if (it == files_.end()) {
+      std::string path = dir_ + "/" + name + ".log";
+      int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (fd < 0) {
+        WriteAll(2, StrCat("pstrain launch: cannot write '", path, "': ", strerror(errno), "\n"));
+      }
+      it = files_.emplace(name, fd).first;
+    }
+    if (it->second >= 0) WriteAll(it->second, line);
+  }
+
+ private:
+  std::string dir_;
+  std::map<std::string, int> files_;
+};
+
+struct Running {
+  Task task;
+  std::unique_ptr<Subprocess> proc;
+  std::string pending[2];  // partial last line of stdout, stderr
+  bool signalled = false;
+  int failed_rank = -1;  // groups: the rank mpirun reported as the first to fail
+};
+
+// Open MPI's abort notice names the failed process "Process name: [[job,1],RANK]".
+int FailedRankFromNotice(const std::string& line) {
+  size_t at = line.find("Process name: [[");
+  if (at == std::string::npos) return -1;
+  size_t comma = line.find("],", at);
+  if (comma == std::string::npos) return -1;
+  int rank = std::atoi(line.c_str() + comma + 2);
+  return rank >= 0 ? rank : -1;
+}
+
+class Job {
+ public:
+  Job(const SupervisorOptions& options) : options_(options), logs_(options.log_dir) {}
+
+  StatusOr<JobResult> Run(std::vector<Task> tasks) {
+    for (Task& t : tasks) {
+      auto proc = Subprocess::Start(t.spec);
+      if (!proc.ok()) {
+        StopAll();
+        WaitAllExited(Deadline::InMillis(options_.term_grace_ms + 2000));
+        return proc.status().WithContext(StrCat("starting ", Name(t, t.rank), " on ", t.host));
+      }
+      result_.pids.push_back((*proc)->pid());
+      running_.push_back(Running{std::move(t), std::move(proc).value(), {}, false});
+    }
+    Loop();
+    return result_;
+  }
+
+ private:
+  static std::string Name(const Task& t, int rank) { return StrCat(t.role, "-", rank); }
+  static std::string RankName(const Task& t, int rank) {
+    return static_cast<size_t>(rank) < t.rank_names.size() ? t.rank_names[rank] : Name(t, rank);
+  }
+
+  // Forwards one complete line (with its newline) of task `r`.
+  void EmitLine(Running& r, int stream, const std::string& line) {
+    std::string name = Name(r.task, r.task.rank);
+    std::string text = line;
+    if (r.task.tags != OutputTags::kNone) {
+      int rank = 0;
+      std::string stripped;
+      if (SplitRankTag(r.task.tags, line, &rank, &stripped)) {
+        name = RankName(r.task, rank);
+        text = stripped;
+      } else {
+        name = r.task.role;
+        if (int failed = FailedRankFromNotice(line); failed >= 0) r.failed_rank = failed;
+      }
+    }
+    logs_.Write(name, text);
+    if (options_.echo) {
+      WriteAll(stream == 0 ? options_.terminal_out_fd : options_.terminal_err_fd,
+               "[" + name + "] " + text);
+    }
+  }
+
+  void Consume(Running& r, int stream, const char* data, size_t n) {
+    std::string& buf = r.pending[stream];
+    buf.append(data, n);
+    size_t start = 0;
+    for (;;) {
+      size_t nl = buf.find('\n', start);
+      if (nl == std::string::npos) break;
+      EmitLine(r, stream, buf.substr(start, nl + 1 - start));
+      start = nl + 1;
+    }
+    buf.erase(0, start);
+    if (buf.size() >= kMaxLine) {
+      EmitLine(r, stream, buf + "\n");
+      buf.clear();
+    }
+  }
+
+  void FlushPartial(Running& r, int stream) {
+    if (!r.pending[stream].empty()) EmitLine(r, stream, r.pending[stream] + "\n");
+    r.pending[stream].clear();
+  }
+
+  // One poll round over the output pipes (and the stop fd); at most timeout_ms.
+  void PumpOutput(int timeout_ms, bool watch_stop) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<size_t, int>> owners;  // (running index, stream) per fd
+    for (size_t i = 0; i < running_.size(); ++i) {
+      Subprocess& p = *running_[i].proc;
+      if (p.stdout_fd() >= 0) {
+        fds.push_back({p.stdout_fd(), POLLIN, 0});
+        owners.push_back({i, 0});
+      }
+      if (p.stderr_fd() >= 0) {
+        fds.push_back({p.stderr_fd(), POLLIN, 0});
+        owners.push_back({i, 1});
+      }
+    }
+    bool stop_polled = watch_stop && options_.stop_fd >= 0;
+    if (stop_polled) fds.push_back({options_.stop_fd, POLLIN, 0});
+    if (fds.empty()) {
+      usleep(static_cast<useconds_t>(timeout_ms) * 1000);
+      return;
+    }
+    int n = poll(fds.data(), fds.size(), timeout_ms);
+    if (n <= 0) return;
+    char buf[16384];
+    for (size_t k = 0; k < owners.size(); ++k) {
+      if (fds[k].revents == 0) continue;
+      Running& r = running_[owners[k].first];
+      int stream = owners[k].second;
+      ssize_t got = read(fds[k].fd, buf, sizeof(buf));
+      if (got > 0) {
+        Consume(r, stream, buf, static_cast<size_t>(got));
+      } else if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
+        FlushPartial(r, stream);
+        if (stream == 0) {
+          r.proc->CloseStdout();
+        } else {
+          r.proc->CloseStderr();
+        }
+      }
+    }
+    if (stop_polled && fds.back().revents != 0) {
+      unsigned char sig = 0;
+      if (read(options_.stop_fd, &sig, 1) == 1 && !stopping_) {
+        Fail(sig != 0 ? "interrupted by " + SignalName(sig) : std::string("stop requested"),
+             sig != 0 ? 128 + sig : 1);
+      }
+    }
+  }
+
+  // Reads what is already in `r`'s pipes, without waiting.
+  void DrainNow(Running& r) {
+    char buf[16384];
+    for (int stream = 0; stream < 2; ++stream) {
+      for (int rounds = 0; rounds < 64; ++rounds) {
+        int fd = stream == 0 ? r.proc->stdout_fd() : r.proc->stderr_fd();
+        if (fd < 0) break;
+        ssize_t got = read(fd, buf, sizeof(buf));
+        if (got > 0) {
+          Consume(r, stream, buf, static_cast<size_t>(got));
+          continue;
+        }
+        if (got == 0) {
+          FlushPartial(r, stream);
+          if (stream == 0) {
+            r.proc->CloseStdout();
+          } else {
+            r.proc->CloseStderr();
+          }
+        }
+        break;
+      }
+    }
+  }
+
+  void Fail(const std::string& reason, int exit_code) {
+    if (stopping_) return;
+    result_.success = false;
+    result_.reason = reason;
+    result_.exit_code = exit_code;
+    WriteAll(options_.terminal_err_fd, StrCat("pstrain launch: ", reason, "; stopping the job\n"));
+    StopAll();
+  }
+
+  void StopAll() {
+    stopping_ = true;
+    stop_started_ = SteadyClock::now();
+    for (Running& r : running_) {
+      if (r.proc->exited()) continue;
+      if (r.task.stop_by_closing_stdin) {
+        r.proc->CloseStdin();
+      } else {
+        r.proc->SignalGroup(SIGTERM);
+        r.signalled = true;
+      }
+    }
+  }
+
+  // Escalation while stopping: SIGTERM after stdin_grace, SIGKILL after term_grace.
+  void Escalate() {
+    auto since =
+        std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - stop_started_)
+            .count();
+    for (Running& r : running_) {
+      if (r.proc->exited()) continue;
+      if (!r.signalled && since >= options_.stdin_grace_ms) {
+        r.proc->SignalGroup(SIGTERM);
+        r.signalled = true;
+      }
+      int kill_after =
+          options_.term_grace_ms + (r.task.stop_by_closing_stdin ? options_.stdin_grace_ms : 0);
+      if (since >= kill_after) r.proc->SignalGroup(SIGKILL);
+    }
+  }
+
+  bool ReapAll() {
+    bool all = true;
+    for (Running& r : running_) {
+      if (r.proc->exited()) continue;
+      if (!r.proc->Poll()) {
+        all = false;
+        continue;
+      }
+      // What it wrote before exiting is in the pipes now (mpirun's notice
+      // names the failed rank); read it before judging.
+      DrainNow(r);
+      // Whatever the job's process left in its group goes with it.
+      r.proc->SignalGroup(SIGKILL);
+      if (!r.proc->succeeded() && !stopping_) {
+        std::string who = StrCat(Name(r.task, r.task.rank), " on ", r.task.host);
+        if (r.task.tags != OutputTags::kNone) {
+          who = StrCat(r.task.role, " (", r.task.host, ")");
+          if (r.failed_rank >= 0) {
+            who = StrCat(RankName(r.task, r.failed_rank), " (MPI rank ", r.failed_rank, ") under ",
+                         who);
+          }
+        }
+        Fail(StrCat(who, " (pid ", r.proc->pid(), ") ", r.proc->ExitDescription()), 1);
+      }
+    }
+    return all;
+  }
+
+  void WaitAllExited(Deadline deadline) {
+    while (!deadline.Expired()) {
+      bool all = true;
+      for (Running& r : running_) all = r.proc->Poll() && all;
+      if (all) return;
+      usleep(20000);
+    }
+  }
+
+  void Loop() {
+    result_.success = true;
+    while (true) {
+      PumpOutput(100, !stopping_);
+      bool all_exited = ReapAll();
+      if (all_exited) break;
+      if (!stopping_ && options_.deadline.Expired()) {
+        Fail("the job ran past its --timeout", 1);
+      }
+      if (stopping_) {
+        Escalate();
+        auto since = std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() -
+                                                                           stop_started_);
+        if (since.count() > options_.stdin_grace_ms + options_.term_grace_ms + 3000) {
+          WriteAll(options_.terminal_err_fd,
+                   "pstrain launch: some processes did not exit after SIGKILL\n");
+          break;
+        }
+      }
+    }
+    // Output written just before the exits, or by processes the job left behind.
+    Deadline drain = Deadline::InMillis(kDrainMs);
+    auto open_fds = [this] {
+      for (Running& r : running_) {
+        if (r.proc->stdout_fd() >= 0 || r.proc->stderr_fd() >= 0) return true;
+      }
+      return false;
+    };
+    while (open_fds() && !drain.Expired()) PumpOutput(50, false);
+    for (Running& r : running_) {
+      FlushPartial(r, 0);
+      FlushPartial(r, 1);
+    }
+    if (result_.success) result_.exit_code = 0;
+  }
+
+  const SupervisorOptions& options_;
+  LogSink logs_;
+  std::vector<Running> running_;
+  JobResult result_;
+  bool stopping_ = false;
+  SteadyClock::time_point stop_started_;
+};
+
+}  // namespace
+
+bool SplitRankTag(OutputTags tags, const std::string& line, int* rank, std::string* text) {
+  if (tags == OutputTags::kNone || line.empty() || line[0] != '[') return false;
+  size_t close = line.find(']');
+  if (close == std::string::npos) return false;
+  std::string inside = line.substr(1, close - 1);
+  size_t rest = close + 1;
+  if (tags == OutputTags::kOpenMpi) {
+    size_t comma = inside.find(',');
+    if (comma == std::string::npos) return false;
+    inside = inside.substr(comma + 1);
+    size_t colon = line.find(">:", rest);
+    if (colon == std::string::npos || line[rest] != '<') return false;
+    rest = colon + 2;
+  } else if (rest < line.size() && line[rest] == ' ') {
+    ++rest;
+  }
+  if (inside.empty() || inside.size() > 9 ||
+      !std::all_of(inside.begin(), inside.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return false;
+  }
+  *rank = std::stoi(inside);
+  *text = line.substr(rest);
+  return true;
+}
+
+StatusOr<JobResult> RunJob(std::vector<Task> tasks, const SupervisorOptions& options) {
+  if (options.log_dir.empty()) return Status::InvalidArgument("no log directory given");
+  RETURN_IF_ERROR(MakeDirs(options.log_dir));
+  Job job(options);
+  return job.Run(std::move(tasks));
+}
+
+}  // namespace pstrain::tracker

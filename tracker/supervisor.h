@@ -1,0 +1,81 @@
+// Supervisor: runs the processes of one job, forwards their output, and stops
+// the whole job when one of them fails or when the launcher is told to stop.
+//
+// Output: every line a process writes goes to the launcher's terminal
+// (stdout lines to stdout, stderr lines to stderr) prefixed "[<role>-<rank>] ",
+// and unprefixed to <log_dir>/<role>-<rank>.log. A task that stands for a
+// group of processes (one mpirun) has its lines split by the MPI rank tag that
+// mpirun adds (Open MPI --tag-output, MPICH -prepend-rank).
+//
+// Policy: the job succeeds when every process exits with code 0. The first
+// process that exits non-zero or is killed fails the job: all others are
+// stopped (stdin closed first for tasks that ask for it, then SIGTERM to each
+// process group, then SIGKILL after a grace period) and the result names it.
+//
+// Thread safety: RunJob runs on the calling thread; nothing is shared.
+#ifndef PSTRAIN_TRACKER_SUPERVISOR_H_
+#define PSTRAIN_TRACKER_SUPERVISOR_H_
+
+#include <string>
+#include <vector>
+
+#include "common/deadline.h"
+#include "common/status.h"
+#include "tracker/process.h"
+
+namespace pstrain::tracker {
+
+// How the lines of a task's output name the process that wrote them.
+enum class OutputTags {
+  kNone,     // one process: every line is <role>-<rank>
+  kOpenMpi,  // "[<jobid>,<rank>]<stdout>:" prefix (mpirun --tag-output)
+  kMpich,    // "[<rank>] " prefix (mpirun -prepend-rank)
+};
+
+struct Task {
+  std::string role;  // "scheduler", "server", "worker"; "mpirun" for an MPI group
+  int rank = 0;      // rank within the role; ignored when tags != kNone
+  std::string host;  // where it runs, for messages
+  ProcessSpec spec;
+  OutputTags tags = OutputTags::kNone;
+  // With tags: the name of the process behind each rank tag ("server-0", ...);
+  // a rank outside the list is "<role>-<rank>". Untagged lines (mpirun's own)
+  // go to "<role>".
+  std::vector<std::string> rank_names;
+  // Stop by closing stdin first (the ssh wrapper kills the remote process group
+  // on EOF), and signal only if that has not ended it within stdin_grace_ms.
+  bool stop_by_closing_stdin = false;
+};
+
+struct SupervisorOptions {
+  std::string log_dir;  // created if missing; must be set
+  bool echo = true;     // copy prefixed lines to the terminal
+  int terminal_out_fd = 1;
+  int terminal_err_fd = 2;
+  // Readable means: stop the job. One byte is read: the signal number that
+  // asked for it (0 if none). -1: no stop requests.
+  int stop_fd = -1;
+  int stdin_grace_ms = 5000;              // after closing stdin, before SIGTERM
+  int term_grace_ms = 5000;               // after SIGTERM, before SIGKILL
+  Deadline deadline = Deadline::Never();  // the whole job (then it is stopped)
+};
+
+struct JobResult {
+  bool success = false;
+  int exit_code = 0;   // what the launcher should exit with: 0, 1, or 128+signal
+  std::string reason;  // empty on success; else what failed, e.g. "worker-1 ... exited with code 3"
+  std::vector<int> pids;  // every process started, in task order (for tests and logs)
+};
+
+// Starts `tasks` in order and supervises them to the end. Returns an error
+// only when the job could not be set up (log directory, a command that cannot
+// be executed); the processes already started are stopped first.
+StatusOr<JobResult> RunJob(std::vector<Task> tasks, const SupervisorOptions& options);
+
+// "[1,3]<stdout>:text" -> rank 3, text "text" (Open MPI); "[3] text" -> 3 (MPICH).
+// Returns false when `line` carries no tag of that kind.
+bool SplitRankTag(OutputTags tags, const std::string& line, int* rank, std::string* text);
+
+}  // namespace pstrain::tracker
+
+#endif  // PSTRAIN_TRACKER_SUPERVISOR_H_
