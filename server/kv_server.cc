@@ -338,6 +338,10 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   const float* grad = op.req->part_values[op.part];
   auto apply = [&](const float* g) {
     ks->MakeWritable();
+    if (cfg != nullptr) {
+      auto it = cfg->wd_mult().find(WireKeyUser(wire));
+      ks->state.wd_mult = it == cfg->wd_mult().end() ? 1.0f : it->second;
+    }
     if (auto opt = optimizer()) {
       opt->Update(g, ks->data, n, &ks->state);
     } else {

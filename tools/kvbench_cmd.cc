@@ -290,12 +290,7 @@ int RunWorker(const JobEnv& env) {
     LOG(ERROR) << "worker: " << node.status();
     return 1;
   }
-  KVClientOptions ko;
-  ko.placement = env.placement == "mxnet" ? Placement::kMxnet : Placement::kBalanced;
-  ko.bigarray_bound = env.bigarray_bound;
-  ko.chunk_elems = env.chunk_elems;
-  ko.request_timeout_ms = env.request_timeout_ms;
-  KVClient kv(node->get(), ko);
+  KVClient kv(node->get(), KVClientOptionsFromJobEnv(env));
   auto fail = [&](const Status& s) {
     LOG(ERROR) << (*node)->Self() << ": " << s;
     (*node)->Fail(s);

@@ -1,19 +1,36 @@
 // `pstrain train`: MXNet fit.py's training for one worker.
+//
+// Every process of a job runs this same command: the scheduler and the
+// servers leave through the cluster-role hook; a worker with a `dist_*`
+// --kv-store joins the cluster and exchanges its parameters with the servers;
+// `local` and `device` train in this process alone.
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include "models/models.h"
+#include "net/cluster_node.h"
+#include "tools/cluster_role.h"
 #include "tools/commands.h"
 #include "tools/fit_flags.h"
+#include "worker/dist_param_sync.h"
+#include "worker/kv_client.h"
 #include "worker/train_config.h"
 #include "worker/train_log.h"
 #include "worker/trainer.h"
 
 namespace pstrain {
+namespace {
+
+int Fail(const char* what, const Status& s) {
+  std::fprintf(stderr, "pstrain train: %s%s\n", what, s.ToString().c_str());
+  return 1;
+}
+
+}  // namespace
 
 int RunTrain(int argc, char** argv) {
-  // The cluster-role hook (tools/cluster_role.h, parameter-server area) runs
-  // first here once merged: a scheduler or server process never returns from it.
+  if (std::optional<int> code = RunClusterRole()) return *code;
   if (argc > 1) {
     std::fprintf(stderr, "pstrain train: unexpected argument '%s'\n", argv[1]);
     return 2;
@@ -31,15 +48,46 @@ int RunTrain(int argc, char** argv) {
   TrainerEnv env;
   env.log = &log;
   env.build_model = BuildModel;
-  auto trainer = Trainer::Create(*cfg, env);
-  if (!trainer.ok()) {
-    std::fprintf(stderr, "pstrain train: %s\n", trainer.status().ToString().c_str());
-    return 1;
+
+  // dist_sync, dist_async, dist_device_sync, ...: a worker of a cluster.
+  const bool dist = cfg->kv_store().find("dist") != std::string::npos;
+  std::unique_ptr<ClusterNode> node;
+  std::unique_ptr<KVClient> kv;
+  JobEnv job;
+  if (dist) {
+    auto read = ReadClusterEnv();
+    if (!read.ok()) return Fail("", read.status());
+    job = *read;
+    TuneMallocForMessages();
+    auto created = ClusterNode::Create(ClusterOptionsFromJobEnv(job));
+    if (!created.ok()) return Fail("", created.status());
+    node = std::move(created).value();
+    kv = std::make_unique<KVClient>(node.get(), KVClientOptionsFromJobEnv(job));
+    Status s = kv->Start();
+    if (!s.ok()) return Fail("joining the cluster: ", s);
+    env.rank = kv->rank();
+    env.num_workers = kv->num_workers();
+    const bool sync_mode = cfg->kv_store().find("async") == std::string::npos;
+    KVClient* client = kv.get();
+    env.make_sync = [client, sync_mode, job](const OptimizerConfig& opt)
+        -> StatusOr<std::unique_ptr<ParamSync>> {
+      return std::unique_ptr<ParamSync>(std::make_unique<DistParamSync>(
+          client, opt, sync_mode, job.request_timeout_ms, job.barrier_timeout_ms));
+    };
   }
+
+  auto fail_job = [&](const char* what, const Status& s) {
+    if (node != nullptr) node->Fail(s);  // the others learn of it at once
+    return Fail(what, s);
+  };
+  auto trainer = Trainer::Create(*cfg, env);
+  if (!trainer.ok()) return fail_job("", trainer.status());
   Status s = (*trainer)->Run();
-  if (!s.ok()) {
-    std::fprintf(stderr, "pstrain train: %s\n", s.ToString().c_str());
-    return 1;
+  if (!s.ok()) return fail_job("", s);
+  trainer->reset();  // settles the parameter exchanges before the client goes
+  if (kv != nullptr) {
+    s = kv->Finish(Deadline::InMillis(job.barrier_timeout_ms));
+    if (!s.ok()) return Fail("finishing the job: ", s);
   }
   return 0;
 }

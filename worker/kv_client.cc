@@ -24,6 +24,15 @@ struct KVClient::Sub {
   Deadline deadline = Deadline::Never();
 };
 
+KVClientOptions KVClientOptionsFromJobEnv(const JobEnv& env) {
+  KVClientOptions ko;
+  ko.placement = env.placement == "mxnet" ? Placement::kMxnet : Placement::kBalanced;
+  ko.bigarray_bound = env.bigarray_bound;
+  ko.chunk_elems = env.chunk_elems;
+  ko.request_timeout_ms = env.request_timeout_ms;
+  return ko;
+}
+
 KVClient::KVClient(ClusterNode* node, const KVClientOptions& options)
     : node_(node), options_(options) {
   CHECK(node->role() == Role::kWorker);

@@ -48,6 +48,10 @@ struct KVClientOptions {
   int request_timeout_ms = 600000;             // PSTRAIN_REQUEST_TIMEOUT_MS
 };
 
+// The options a worker gets from its environment (PSTRAIN_PLACEMENT,
+// MXNET_KVSTORE_BIGARRAY_BOUND, PSTRAIN_CHUNK_ELEMS, PSTRAIN_REQUEST_TIMEOUT_MS).
+KVClientOptions KVClientOptionsFromJobEnv(const JobEnv& env);
+
 class KVClient {
  public:
   using Key = uint64_t;

@@ -42,6 +42,9 @@ class ParamSync {
   virtual void WaitParam(int param_index) = 0;
   // The first error since the last call (then cleared); ok if none.
   virtual Status TakeError() = 0;
+  // Returns when every exchange started by OnGradReady has finished, so that
+  // every param(i) holds its newest weights (before a checkpoint, at the end).
+  virtual Status Drain() { return Status::Ok(); }
 
   // Optimizer state for checkpoints: arrays of kind kOptimizerState named
   // "<param>_momentum". A sync whose state lives elsewhere returns none.

@@ -187,6 +187,9 @@ Status Trainer::TrainEpoch(int epoch) {
       speed_tic = SteadyClock::now();
     }
   }
+  // The last exchanges of the epoch finish before its time is taken and a
+  // checkpoint reads the weights.
+  RETURN_IF_ERROR(sync_->Drain());
   EpochResult result;
   result.epoch = epoch;
   result.train = metrics.Get();

@@ -1,0 +1,121 @@
+#include "worker/dist_param_sync.h"
+
+#include <string>
+
+#include "proto/ps.pb.h"
+
+namespace pstrain {
+namespace {
+
+bool DecaysWeight(const std::string& name) {
+  auto ends_with = [&name](const char* suffix) {
+    const std::string s(suffix);
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  return ends_with("_weight") || ends_with("_gamma");
+}
+
+}  // namespace
+
+DistParamSync::DistParamSync(KVClient* client, const OptimizerConfig& optimizer, bool sync_mode,
+                             int request_timeout_ms, int barrier_timeout_ms)
+    : client_(client),
+      optimizer_(optimizer),
+      sync_mode_(sync_mode),
+      request_timeout_ms_(request_timeout_ms),
+      barrier_timeout_ms_(barrier_timeout_ms) {}
+
+DistParamSync::~DistParamSync() {
+  // The executor's buffers must not be written after it is gone: settle every
+  // exchange still in flight (bounded by the request deadline).
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    if (pending_[i] != 0) (void)client_->Wait(pending_[i], RequestDeadline());
+  }
+}
+
+Status DistParamSync::Init(Executor* exec) {
+  exec_ = exec;
+  const auto& params = exec->graph().params();
+  ServerConfig config;
+  config.set_sync_mode(sync_mode_);
+  *config.mutable_optimizer() = optimizer_;
+  keys_.clear();
+  lens_.clear();
+  for (size_t i = 0; i < params.size(); ++i) {
+    keys_.push_back(static_cast<KVClient::Key>(i));
+    lens_.push_back(exec->param(static_cast<int>(i)).num_elements());
+    if (!DecaysWeight(params[i].name)) (*config.mutable_wd_mult())[i] = 0.0f;
+  }
+  pending_.assign(params.size(), 0);
+  RETURN_IF_ERROR(
+      client_->SetServerConfig(config, RequestDeadline()).WithContext("configuring the servers"));
+
+  // Rank 0's initial values become everyone's (MXNet: init + worker barrier);
+  // the client sends only rank 0's. One call covers every key, one message per server.
+  std::vector<float> values;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& w = exec->param(static_cast<int>(i));
+    values.insert(values.end(), w.data(), w.data() + w.num_elements());
+  }
+  KVClient::Ticket t = client_->Init(keys_, lens_, values.data());
+  RETURN_IF_ERROR(client_->Wait(t, RequestDeadline()).WithContext("initializing the parameters"));
+  RETURN_IF_ERROR(client_->Barrier(Deadline::InMillis(barrier_timeout_ms_))
+                      .WithContext("worker barrier after initialization"));
+
+  std::vector<float> pulled;
+  int64_t total = 0;
+  for (int64_t n : lens_) total += n;
+  pulled.resize(static_cast<size_t>(total));
+  t = client_->Pull(keys_, lens_, pulled.data());
+  RETURN_IF_ERROR(client_->Wait(t, RequestDeadline()).WithContext("pulling the initial weights"));
+  const float* p = pulled.data();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& w = exec->param(static_cast<int>(i));
+    std::copy(p, p + w.num_elements(), w.data());
+    p += w.num_elements();
+  }
+  return Status::Ok();
+}
+
+void DistParamSync::OnGradReady(int i) {
+  if (!error_.ok()) return;
+  const Tensor& g = exec_->grad(i);
+  const Tensor& w = exec_->param(i);
+  pending_[i] = client_->PushPull({keys_[i]}, {lens_[i]}, g.data(), w.data(), /*priority=*/-i);
+}
+
+void DistParamSync::WaitParam(int i) {
+  if (pending_[i] == 0) return;
+  const KVClient::Ticket t = pending_[i];
+  pending_[i] = 0;
+  Record(client_->Wait(t, RequestDeadline())
+             .WithContext(StrCat("exchanging ", exec_->graph().params()[i].name)));
+}
+
+Status DistParamSync::Drain() {
+  for (size_t i = 0; i < pending_.size(); ++i) WaitParam(static_cast<int>(i));
+  return TakeError();
+}
+
+Status DistParamSync::TakeError() {
+  Status s = error_;
+  error_ = Status::Ok();
+  return s;
+}
+
+Status DistParamSync::LoadState(const std::vector<NamedArray>& arrays) {
+  for (const NamedArray& a : arrays) {
+    if (a.kind == NamedArray::Kind::kOptimizerState) {
+      LOG(WARNING) << "optimizer state " << a.name
+                   << " not restored: in dist modes it lives on the servers";
+      break;
+    }
+  }
+  return Status::Ok();
+}
+
+void DistParamSync::Record(const Status& s) {
+  if (error_.ok() && !s.ok()) error_ = s;
+}
+
+}  // namespace pstrain
