@@ -72,7 +72,24 @@ int RunServerRole(const JobEnv& env) {
 }
 
 std::optional<int> RunClusterRole() {
-  TuneMallocForMessages();
+  // The role alone first: a worker outside any cluster (`pstrain train
+  // --kv-store local`) needs no DMLC_* variables at all.
+  Environment process_env;
+  auto role_only = ReadJobEnv(process_env, /*cluster_required=*/false);
+  Role role = role_only.ok() ? role_only->role : Role::kWorker;
+  if (!role_only.ok()) {
+    LOG(ERROR) << role_only.status();
+    return 2;
+  }
+  if (!FLAGS_role.empty()) {
+    auto parsed = ParseRole(FLAGS_role);
+    if (!parsed.ok()) {
+      LOG(ERROR) << parsed.status();
+      return 2;
+    }
+    role = *parsed;
+  }
+  if (role == Role::kWorker) return std::nullopt;
   auto env = ReadClusterEnv();
   if (!env.ok()) {
     LOG(ERROR) << env.status();

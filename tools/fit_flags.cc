@@ -44,6 +44,8 @@ namespace {
 
 bool DefinedHere(const gflags::CommandLineFlagInfo& f) {
   const std::string me = "fit_flags.cc";
+  // The RecordIO paths are fields of the job config too (image_flags.cc defines the flags).
+  if (f.name == "data_train" || f.name == "data_val") return true;
   return f.filename.size() >= me.size() &&
          f.filename.compare(f.filename.size() - me.size(), me.size(), me) == 0;
 }

@@ -13,6 +13,7 @@
 #include "tools/cluster_role.h"
 #include "tools/commands.h"
 #include "tools/fit_flags.h"
+#include "tools/image_flags.h"
 #include "worker/dist_param_sync.h"
 #include "worker/kv_client.h"
 #include "worker/train_config.h"
@@ -21,6 +22,42 @@
 
 namespace pstrain {
 namespace {
+
+// Readers for --data-train / --data-val RecordIO files of images (the image
+// pipeline, data/image_record_iter.h), partitioned over the workers.
+StatusOr<TrainData> OpenRecordIOData(const TrainConfig& cfg, int rank, int num_workers) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> shape, ParseIntList(cfg.image_shape(), "--image-shape"));
+  if (shape.size() != 3) {
+    return Status::InvalidArgument(StrCat("--image-shape '", cfg.image_shape(),
+                                          "' must be C,H,W for RecordIO data (--data-train ",
+                                          FLAGS_data_train, ")"));
+  }
+  if (cfg.num_classes() <= 0) {
+    return Status::InvalidArgument(
+        StrCat("--num-classes is required with RecordIO data (--data-train ", FLAGS_data_train,
+               ")"));
+  }
+  TrainData out;
+  out.kind = "recordio";
+  out.image_shape = shape;
+  out.num_classes = cfg.num_classes();
+  auto open = [&](ImageDataSplit split) -> StatusOr<std::unique_ptr<DataIter>> {
+    ASSIGN_OR_RETURN(ImageRecordIterConfig ic,
+                     ImageRecordIterConfigFromFlags(
+                         split, cfg.batch_size(), static_cast<int>(shape[0]),
+                         static_cast<int>(shape[1]), static_cast<int>(shape[2]), rank,
+                         num_workers, static_cast<uint64_t>(cfg.seed())));
+    ASSIGN_OR_RETURN(std::unique_ptr<ImageRecordIter> it, ImageRecordIter::Create(ic));
+    return std::unique_ptr<DataIter>(std::move(it));
+  };
+  ASSIGN_OR_RETURN(out.train, open(ImageDataSplit::kTrain));
+  // Without --num-examples an epoch covers this part's records on every worker.
+  out.total_train_examples = out.train->num_examples() * num_workers;
+  if (!FLAGS_data_val.empty()) {
+    ASSIGN_OR_RETURN(out.val, open(ImageDataSplit::kVal));
+  }
+  return out;
+}
 
 int Fail(const char* what, const Status& s) {
   std::fprintf(stderr, "pstrain train: %s%s\n", what, s.ToString().c_str());
@@ -48,6 +85,15 @@ int RunTrain(int argc, char** argv) {
   TrainerEnv env;
   env.log = &log;
   env.build_model = BuildModel;
+  // --config may name the RecordIO files; the image flags read them from there too.
+  if (FLAGS_data_train.empty() && !cfg->data_train().empty()) FLAGS_data_train = cfg->data_train();
+  if (FLAGS_data_val.empty() && !cfg->data_val().empty()) FLAGS_data_val = cfg->data_val();
+  if (DataTrainIsRecordIO()) {
+    const TrainConfig& c = *cfg;
+    env.open_data = [&c](int rank, int num_workers) {
+      return OpenRecordIOData(c, rank, num_workers);
+    };
+  }
 
   // dist_sync, dist_async, dist_device_sync, ...: a worker of a cluster.
   const bool dist = cfg->kv_store().find("dist") != std::string::npos;

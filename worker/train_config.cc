@@ -209,8 +209,10 @@ Status ValidateTrainConfig(const TrainConfig& cfg) {
   if (cfg.test_io() == 0 && cfg.network().empty()) {
     return Status::InvalidArgument("--network is required (e.g. mlp, lenet)");
   }
-  if (cfg.benchmark() == 0 && cfg.data_dir().empty()) {
-    return Status::InvalidArgument("--data-dir is required unless --benchmark 1");
+  if (cfg.benchmark() == 0 && cfg.data_dir().empty() && cfg.data_train().empty()) {
+    return Status::InvalidArgument(
+        "--data-dir (MNIST, CIFAR-10 binary) or --data-train (RecordIO) is required unless "
+        "--benchmark 1");
   }
   if (cfg.benchmark() != 0 && shape.empty()) {
     return Status::InvalidArgument("--benchmark 1 needs --image-shape C,H,W");

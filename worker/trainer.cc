@@ -41,7 +41,11 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& cfg, Train
 }
 
 Status Trainer::Init() {
-  ASSIGN_OR_RETURN(data_, OpenTrainData(cfg_, env_.rank, env_.num_workers));
+  if (env_.open_data) {
+    ASSIGN_OR_RETURN(data_, env_.open_data(env_.rank, env_.num_workers));
+  } else {
+    ASSIGN_OR_RETURN(data_, OpenTrainData(cfg_, env_.rank, env_.num_workers));
+  }
   const int64_t n = cfg_.num_examples() > 0 ? cfg_.num_examples() : data_.total_train_examples;
   epoch_size_ = EpochSize(n, env_.num_workers, cfg_.batch_size());
   if (epoch_size_ < 1) {

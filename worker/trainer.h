@@ -45,6 +45,9 @@ struct TrainerEnv {
   // config fit.py would build. Empty: LocalParamSync, which serves `local` and
   // `device`; other kv_stores then fail with FailedPrecondition.
   std::function<StatusOr<std::unique_ptr<ParamSync>>(const OptimizerConfig&)> make_sync;
+  // Opens this worker's readers. Empty: OpenTrainData (MNIST, CIFAR-10 binary,
+  // synthetic); `pstrain train` sets it for RecordIO images (--data-train *.rec).
+  std::function<StatusOr<TrainData>(int rank, int num_workers)> open_data;
 };
 
 struct EpochResult {
