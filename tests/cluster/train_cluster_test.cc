@@ -1,0 +1,171 @@
+// End-to-end jobs through the real `pstrain` binary and the local launcher:
+// the parameter server's conformance check, distributed training on MNIST in
+// dist_sync and dist_async, and RecordIO images packed by im2rec feeding
+// training. Every process runs on 127.0.0.1.
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/env.h"
+#include "tests/test_util.h"
+#include "tracker/process.h"
+
+namespace pstrain {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::PstrainBinary;
+using testing::SharedDataDir;
+
+struct CmdRun {
+  int exit_code = -1;
+  std::string output;
+};
+
+CmdRun RunPstrain(const std::vector<std::string>& args, int timeout_ms) {
+  std::vector<std::string> argv = {PstrainBinary()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  CmdRun run;
+  int wait_status = 0;
+  Status s = tracker::RunAndCapture(argv, Environment().All(), timeout_ms, &run.output,
+                                    &wait_status);
+  EXPECT_TRUE(s.ok()) << s << "\n" << run.output;
+  if (s.ok() && WIFEXITED(wait_status)) run.exit_code = WEXITSTATUS(wait_status);
+  return run;
+}
+
+// Every value of `metric` ("Validation-accuracy") printed in `output`, in order.
+std::vector<double> MetricValues(const std::string& output, const std::string& metric) {
+  std::vector<double> values;
+  std::regex re("Epoch\\[\\d+\\] " + metric + "=([0-9.]+)");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), re);
+       it != std::sregex_iterator(); ++it) {
+    values.push_back(std::stod((*it)[1].str()));
+  }
+  return values;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/pstrain_train_cluster_XXXXXX";
+    path_ = mkdtemp(tmpl);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+TEST(TrainClusterTest, KvbenchVerifyUnderTheLocalLauncher) {
+  TempDir logs;
+  CmdRun run = RunPstrain({"launch", "-n", "2", "-s", "2", "--launcher", "local", "--log-dir",
+                        logs.path(), "--", PstrainBinary(), "kvbench", "--verify"},
+                       120000);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("verify dist_sync ok"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("all 5 processes exited 0"), std::string::npos) << run.output;
+}
+
+// Two workers and `servers` servers train the MLP on a slice of MNIST; both
+// workers must finish the same epochs and score well above chance.
+void TrainMlpDistributed(const std::string& kv_store, int servers) {
+  const std::string mnist = SharedDataDir() + "/mnist";
+  ASSERT_TRUE(fs::exists(mnist + "/train-images-idx3-ubyte.gz")) << mnist;
+  TempDir logs;
+  CmdRun run = RunPstrain({"launch", "-n", "2", "-s", std::to_string(servers), "--launcher", "local",
+                        "--log-dir", logs.path(), "--", PstrainBinary(), "train", "--network",
+                        "mlp", "--kv-store", kv_store, "--data-dir", mnist, "--num-examples",
+                        "12000", "--num-epochs", "2", "--batch-size", "100", "--lr", "0.1",
+                        "--disp-batches", "20"},
+                       240000);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string log_path = logs.path() + "/worker-" + std::to_string(rank) + ".log";
+    std::string log;
+    {
+      std::ifstream in(log_path);
+      log.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    std::vector<double> val = MetricValues(log, "Validation-accuracy");
+    ASSERT_EQ(val.size(), 2u) << log_path << ":\n" << log;
+    EXPECT_GT(val.back(), 0.88) << log_path << ":\n" << log;
+    EXPECT_EQ(MetricValues(log, "Train-accuracy").size(), 2u) << log;
+  }
+}
+
+TEST(TrainClusterTest, DistSyncTrainingLearns) { TrainMlpDistributed("dist_sync", 1); }
+
+TEST(TrainClusterTest, DistAsyncTrainingLearns) { TrainMlpDistributed("dist_async", 2); }
+
+TEST(TrainClusterTest, DistTrainingWithoutAClusterIsAClearError) {
+  CmdRun run = RunPstrain({"train", "--network", "mlp", "--kv-store", "dist_sync", "--data-dir",
+                        SharedDataDir() + "/mnist"},
+                       30000);
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.output.find("DMLC_PS_ROOT_URI"), std::string::npos) << run.output;
+}
+
+// Issue 5's end-to-end check: a few hundred CIFAR-10 JPEGs packed by im2rec
+// train a small net for a few batches, and --test-io reads the same file.
+TEST(TrainClusterTest, Im2recPackedImagesTrainANet) {
+  const std::string tarball = SharedDataDir() + "/cifar10_jpeg/cifar10-jpeg.tar.gz";
+  ASSERT_TRUE(fs::exists(tarball)) << tarball;
+  TempDir dir;
+  int wait_status = 0;
+  std::string out;
+  // 30 training images per class (0000-0029), 10 test images per class.
+  ASSERT_OK(tracker::RunAndCapture({"tar", "-xzf", tarball, "-C", dir.path(), "--wildcards",
+                                    "train/*/00[0-2]?.jpg", "test/*/000?.jpg"},
+                                   Environment().All(), 60000, &out, &wait_status));
+  ASSERT_EQ(wait_status, 0) << out;
+  const std::string train = dir.path() + "/train", test = dir.path() + "/test";
+  const std::string train_prefix = dir.path() + "/tr", test_prefix = dir.path() + "/te";
+  for (const auto& [prefix, root] : {std::pair{train_prefix, train}, std::pair{test_prefix, test}}) {
+    CmdRun list = RunPstrain({"im2rec", "--list", "--recursive", prefix, root}, 60000);
+    ASSERT_EQ(list.exit_code, 0) << list.output;
+    CmdRun pack = RunPstrain({"im2rec", "--num-thread", "2", prefix, root}, 60000);
+    ASSERT_EQ(pack.exit_code, 0) << pack.output;
+  }
+  CmdRun io = RunPstrain({"train", "--test-io", "1", "--data-train", train_prefix + ".rec",
+                       "--image-shape", "3,28,28", "--num-classes", "10", "--random-crop", "1",
+                       "--random-mirror", "1", "--batch-size", "50", "--disp-batches", "2"},
+                      60000);
+  ASSERT_EQ(io.exit_code, 0) << io.output;
+  EXPECT_NE(io.output.find("Batch [1]\tSpeed: "), std::string::npos) << io.output;
+  EXPECT_NE(io.output.find("300 images"), std::string::npos) << io.output;
+
+  CmdRun run = RunPstrain({"train", "--network", "lenet", "--data-train", train_prefix + ".rec",
+                        "--data-val", test_prefix + ".rec", "--image-shape", "3,28,28",
+                        "--num-classes", "10", "--random-crop", "1", "--random-mirror", "1",
+                        "--rgb-mean", "125.3,123.0,113.9", "--rgb-std", "51.6,50.8,51.3",
+                        "--batch-size", "50", "--num-epochs", "2", "--lr", "0.05",
+                        "--disp-batches", "2", "--kv-store", "local"},
+                       180000);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::vector<double> train_acc = MetricValues(run.output, "Train-accuracy");
+  std::vector<double> val_acc = MetricValues(run.output, "Validation-accuracy");
+  ASSERT_EQ(train_acc.size(), 2u) << run.output;
+  ASSERT_EQ(val_acc.size(), 2u) << run.output;
+  for (double v : val_acc) {
+    EXPECT_GE(v, 0.0);
+    EXPECT_LE(v, 1.0);
+  }
+  EXPECT_NE(run.output.find("Epoch[0] Batch [2]\tSpeed: "), std::string::npos) << run.output;
+}
+
+}  // namespace
+}  // namespace pstrain
