@@ -49,7 +49,7 @@ Status ValidateIterOptions(const IterOptions& opts, int64_t num_examples);
 // A DataIter over `examples` (shared, never modified). `what` starts the
 // Describe() text ("MNIST train").
 StatusOr<std::unique_ptr<DataIter>> NewInMemoryIter(std::shared_ptr<const ExampleSet> examples,
-                                                     const IterOptions& opts, std::string what);
+                                                    const IterOptions& opts, std::string what);
 
 }  // namespace pstrain
 

@@ -2,12 +2,12 @@
 // checkpoints and resumes on the same curve, and --test-io only reads.
 #include "worker/trainer.h"
 
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <regex>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "tests/test_util.h"
 #include "worker/checkpoint.h"
@@ -85,7 +85,8 @@ TEST_F(TrainerTest, LearnsMnistAndPrintsMxnetLines) {
       R"(INFO:root:Epoch\[[01]\] Batch \[[12]0\]\tSpeed: [0-9]+\.[0-9]{2} samples/sec\taccuracy=[01]\.[0-9]{6})");
   EXPECT_EQ(speed.size(), 4u);
   std::vector<std::string> epoch_lines;
-  std::regex epoch_re(R"(INFO:root:Epoch\[1\] (Train-accuracy=[01]\.[0-9]{6}|Time cost=[0-9]+\.[0-9]{3}|Validation-accuracy=[01]\.[0-9]{6}))");
+  std::regex epoch_re(
+      R"(INFO:root:Epoch\[1\] (Train-accuracy=[01]\.[0-9]{6}|Time cost=[0-9]+\.[0-9]{3}|Validation-accuracy=[01]\.[0-9]{6}))");
   for (const auto& l : lines_) {
     if (std::regex_match(l, epoch_re)) epoch_lines.push_back(l.substr(19, 5));
   }
@@ -136,8 +137,7 @@ TEST_F(TrainerTest, BadCheckpointIsAClearError) {
   ASSERT_OK(SaveArrays((dir_ / "missing-0001.params").string(), {wrong}));
   t = Make(cfg);
   ASSERT_FALSE(t.ok());
-  EXPECT_NE(t.status().message().find("fc1_weight has shape (3)"), std::string::npos)
-      << t.status();
+  EXPECT_NE(t.status().message().find("fc1_weight has shape (3)"), std::string::npos) << t.status();
 }
 
 TEST_F(TrainerTest, TestIoOnlyReads) {
