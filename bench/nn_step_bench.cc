@@ -99,6 +99,8 @@ int Run(int argc, char** argv) {
   std::printf("|---|---|---|---|---|---|---|\n");
   std::printf("| %s | %d | %s | %d | %.2f | %.2f | %.1f |\n", network.c_str(), batch,
               kernels.c_str(), threads, 1e3 * s / steps, 1e3 * cpu / steps, batch * steps / s);
+  std::printf("\nactivation memory: %.2f MB planned, %.2f MB with one buffer per tensor\n",
+              e->planned_bytes() / 1e6, e->unplanned_bytes() / 1e6);
   if (profile) {
     std::printf("\n| layer | op | forward ms | backward ms |\n|---|---|---|---|\n");
     for (const pstrain::NodeProfile& row : e->Profile()) {
