@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <limits>
 
@@ -58,6 +59,39 @@ std::vector<int64_t> PlaceItems(std::vector<Item>* items, bool share) {
   return size;
 }
 
+// Rough floating-point work of one node's forward for the batch.
+double NodeWork(const Graph& g, const Node& n, int64_t batch) {
+  const double out = static_cast<double>(n.out_shape.num_elements() * batch);
+  switch (n.op) {
+    case OpType::kConvolution: {
+      const Shape& in = g.node(n.inputs[0]).out_shape;
+      return 2.0 * out * static_cast<double>(in[0] / n.conv.num_group) * n.conv.kernel_h *
+             n.conv.kernel_w;
+    }
+    case OpType::kFullyConnected:
+      return 2.0 * out * static_cast<double>(g.node(n.inputs[0]).out_shape.num_elements());
+    case OpType::kPooling:
+      return out * n.pool.kernel_h * n.pool.kernel_w;
+    default: {
+      double in = 0;
+      for (NodeId i : n.inputs) in += static_cast<double>(g.node(i).out_shape.num_elements());
+      return 4.0 * (out + in * static_cast<double>(batch));
+    }
+  }
+}
+
+// Below this much work (about 2 ms of one core) a node runs on one thread.
+constexpr double kParallelWork = 1e8;
+
+std::vector<int> ThreadsPerNode(const Graph& g, int64_t batch, int requested) {
+  const int team = requested > 0 ? requested : omp_get_num_procs();
+  std::vector<int> threads(g.nodes().size(), 1);
+  for (const Node& n : g.nodes()) {
+    if (n.op != OpType::kInput && NodeWork(g, n, batch) >= kParallelWork) threads[n.id] = team;
+  }
+  return threads;
+}
+
 }  // namespace
 
 struct Executor::Impl {
@@ -69,6 +103,8 @@ struct Executor::Impl {
   std::vector<bool> runs_backward;             // per node
   // After node i's backward: add each (temp, target) pair: target += temp.
   std::vector<std::vector<std::pair<Tensor, Tensor>>> accumulate;
+  std::vector<double> fwd_s, bwd_s;  // per node, when profiling
+  std::vector<int> threads;          // per node: the OpenMP team size of its kernels
   NodeId softmax = kInvalidNode;
   NodeId label = kInvalidNode;
   bool forward_train_done = false;
@@ -86,6 +122,10 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(const Graph& graph,
     return Status::InvalidArgument(StrCat("batch size must be >= 1, got ", options.batch_size));
   }
   if (graph.nodes().empty()) return Status::InvalidArgument("graph has no nodes");
+  if (!options.device.is_cpu()) {
+    return Status::Unimplemented(StrCat("no kernels for ", options.device.ToString(),
+                                        ": this build has no CUDA backend"));
+  }
   std::unique_ptr<Executor> exec(new Executor(graph, options));
   RETURN_IF_ERROR(exec->Init());
   return exec;
@@ -104,7 +144,6 @@ Status Executor::Init() {
   m.rng.seed(options_.seed);
   m.ctx.rng = &m.rng;
   if (options_.device.is_cpu()) {
-    if (options_.num_threads > 0) omp_set_num_threads(options_.num_threads);
     m.cpu = std::make_unique<CpuEngine>();
     m.ctx.cpu = m.cpu.get();
   }
@@ -231,6 +270,9 @@ Status Executor::Init() {
   }
   for (const ParamInfo& a : graph_.aux_states()) aux_.push_back(Tensor::Zeros(a.shape));
   m.accumulate.resize(N);
+  m.threads = ThreadsPerNode(graph_, batch, options_.num_threads);
+  m.fwd_s.assign(N, 0.0);
+  m.bwd_s.assign(N, 0.0);
   for (int i = 0; i < N; ++i) {
     const Node& n = nodes[i];
     if (n.op == OpType::kInput) continue;
@@ -254,6 +296,8 @@ Status Executor::Init() {
       }
       if (i != m.softmax) t.out_grad = view(grad_item[i], n.out_shape);
     }
+    // oneDNN plans a primitive's work split for the team size at creation.
+    omp_set_num_threads(m.threads[i]);
     RETURN_IF_ERROR(m.ops[i]->Setup(m.ctx, t));
   }
   return Status::Ok();
@@ -274,7 +318,14 @@ void Executor::Forward(bool is_train) {
       for (int p : nodes[i].params) on_param_needed_(p);
     }
     MutexLock lock(&node_mu_[i]);
-    m.ops[i]->Forward(m.ctx);
+    omp_set_num_threads(m.threads[i]);
+    if (options_.profile) {
+      const auto t0 = std::chrono::steady_clock::now();
+      m.ops[i]->Forward(m.ctx);
+      m.fwd_s[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } else {
+      m.ops[i]->Forward(m.ctx);
+    }
   }
   m.forward_train_done = is_train;
 }
@@ -286,22 +337,37 @@ void Executor::Backward() {
   const std::vector<Node>& nodes = graph_.nodes();
   for (int i = static_cast<int>(nodes.size()) - 1; i >= 0; --i) {
     if (!m.runs_backward[i]) continue;
+    const auto t0 = std::chrono::steady_clock::now();
     {
       MutexLock lock(&node_mu_[i]);
+      omp_set_num_threads(m.threads[i]);
       m.ops[i]->Backward(m.ctx);
     }
     for (auto& [temp, target] : m.accumulate[i]) {
       float* t = target.data();
       const float* s = temp.data();
       const int64_t n = target.num_elements();
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > (1 << 15))
       for (int64_t k = 0; k < n; ++k) t[k] += s[k];
+    }
+    if (options_.profile) {
+      m.bwd_s[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     if (on_grad_ready_) {
       for (int p : nodes[i].params) on_grad_ready_(p);
     }
   }
   m.forward_train_done = false;
+}
+
+std::vector<NodeProfile> Executor::Profile() const {
+  std::vector<NodeProfile> rows;
+  if (!options_.profile) return rows;
+  for (const Node& n : graph_.nodes()) {
+    if (n.op == OpType::kInput) continue;
+    rows.push_back({n.name, OpTypeName(n.op), impl_->fwd_s[n.id], impl_->bwd_s[n.id]});
+  }
+  return rows;
 }
 
 Tensor Executor::input(const std::string& name) const {

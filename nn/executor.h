@@ -41,7 +41,9 @@ struct ExecutorOptions {
   int batch_size = 1;
   Device device = Device::Cpu();
   CpuKernels cpu_kernels = CpuKernels::kOneDnn;
-  // CPU threads for the kernels; 0 = all cores (std::thread::hardware_concurrency).
+  // CPU threads for the kernels; 0 = all cores (omp_get_num_procs). Small
+  // operators run on one thread whatever this says: on a shared machine a
+  // thread team's barrier can cost a scheduler time slice, more than the work.
   int num_threads = 0;
   // false: inference only (no gradient buffers, Backward is a CHECK failure,
   // forward buffers are reused as soon as their last reader ran).
@@ -50,6 +52,16 @@ struct ExecutorOptions {
   // tensor its own buffer (tests compare the two).
   bool plan_memory = true;
   uint64_t seed = 1;  // dropout masks
+  // Time every node's Forward/Backward (see Profile()); costs two clock reads per node.
+  bool profile = false;
+};
+
+// Seconds spent per node since creation (options.profile only).
+struct NodeProfile {
+  std::string name;
+  std::string op;
+  double forward_s = 0;
+  double backward_s = 0;
 };
 
 class Executor {
@@ -103,6 +115,9 @@ class Executor {
   // Same for aux state i (checkpoints).
   Status ReadAux(int i, float* dst, size_t n) const;
   Status WriteAux(int i, const float* src, size_t n);
+
+  // Per-node times, in node order (input nodes omitted); empty unless options.profile.
+  std::vector<NodeProfile> Profile() const;
 
   // Memory plan figures: bytes of activation + activation-gradient storage
   // actually allocated, and what one buffer per tensor would have needed.

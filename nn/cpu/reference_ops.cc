@@ -13,6 +13,10 @@
 namespace pstrain::internal {
 namespace {
 
+// Loops over fewer elements than this stay on one thread: waking the team
+// costs more than the work.
+constexpr int64_t kParallelMin = 1 << 15;
+
 class ConvolutionRef : public Operator {
  public:
   explicit ConvolutionRef(const Node& node) : Operator(node) {}
@@ -125,7 +129,7 @@ class PoolingRef : public Operator {
     const Shape& xs = t_.in[0].shape();
     const Shape& ys = t_.out.shape();
     const int64_t NC = xs[0] * xs[1], H = xs[2], W = xs[3], OH = ys[2], OW = ys[3];
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (NC * OH * OW > kParallelMin / 8)
     for (int64_t nc = 0; nc < NC; ++nc)
       for (int64_t oh = 0; oh < OH; ++oh) {
         const Window wh = PoolWindow(oh, p.stride_h, p.pad_h, p.kernel_h, H);
@@ -334,15 +338,15 @@ class ActivationRef : public Operator {
     const int64_t n = t_.out.num_elements();
     switch (node_.act) {
       case ActType::kRelu:
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
         for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
         break;
       case ActType::kTanh:
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
         for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
         break;
       case ActType::kSigmoid:
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
         for (int64_t i = 0; i < n; ++i) y[i] = 1.0f / (1.0f + std::exp(-x[i]));
         break;
     }
@@ -356,15 +360,15 @@ class ActivationRef : public Operator {
     const int64_t n = t_.out.num_elements();
     switch (node_.act) {
       case ActType::kRelu:
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
         for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
         break;
       case ActType::kTanh:
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
         for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * (1.0f - y[i] * y[i]);
         break;
       case ActType::kSigmoid:
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
         for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * y[i] * (1.0f - y[i]);
         break;
     }
@@ -384,7 +388,7 @@ class ConcatOp : public Operator {
       const int64_t len = part.shape().ProductFrom(1);
       const float* pd = part.data();
       float* wd = t_.out.data();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * len > kParallelMin)
       for (int64_t n = 0; n < N; ++n) {
         std::memcpy(wd + n * total + offset, pd + n * len, len * sizeof(float));
       }
@@ -400,7 +404,7 @@ class ConcatOp : public Operator {
       if (t_.in_grads[i].defined()) {
         float* pd = t_.in_grads[i].data();
         const float* wd = t_.out_grad.data();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * len > kParallelMin)
         for (int64_t n = 0; n < N; ++n) {
           std::memcpy(pd + n * len, wd + n * total + offset, len * sizeof(float));
         }
@@ -420,11 +424,11 @@ class AddOp : public Operator {
     float* y = t_.out.data();
     const int64_t n = t_.out.num_elements();
     const float* a = t_.in[0].data();
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
     for (int64_t i = 0; i < n; ++i) y[i] = a[i];
     for (size_t k = 1; k < t_.in.size(); ++k) {
       const float* b = t_.in[k].data();
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
       for (int64_t i = 0; i < n; ++i) y[i] += b[i];
     }
   }
@@ -471,7 +475,7 @@ class DropoutOp : public Operator {
         mask_[i] = r < threshold ? 0.0f : scale;
       }
     }
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
     for (int64_t j = 0; j < n; ++j) y[j] = x[j] * mask_[j];
   }
   void BackwardCpu(const OpContext& ctx) override {
@@ -479,7 +483,7 @@ class DropoutOp : public Operator {
     const float* dy = t_.out_grad.data();
     float* dx = t_.in_grads[0].data();
     const int64_t n = t_.out.num_elements();
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
     for (int64_t j = 0; j < n; ++j) dx[j] = dy[j] * mask_[j];
   }
 
@@ -512,7 +516,7 @@ class SoftmaxOutputOp : public Operator {
     const float* label = t_.in[1].data();
     float* y = t_.out.data();
     double loss = 0;
-#pragma omp parallel for schedule(static) reduction(+ : loss)
+#pragma omp parallel for schedule(static) reduction(+ : loss) if (N * K > kParallelMin)
     for (int64_t n = 0; n < N; ++n) {
       const float* xr = x + n * K;
       float* yr = y + n * K;

@@ -1,0 +1,235 @@
+// The executor on whole graphs: a DAG with concat, add and a tensor read by
+// several consumers, gradient-ready order, memory planning, parameter access,
+// and a short training run that must learn.
+#include <cmath>
+#include <random>
+#include <set>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "models/models.h"
+#include "nn/executor.h"
+#include "nn/initializer.h"
+#include "tests/test_util.h"
+#include "tests/unit/nn/op_harness.h"
+
+namespace pstrain {
+namespace {
+
+// data -> conv -> {sigmoid -> conv_a, avgpool(s1,p1) -> conv_b} -> concat
+//      -> add(concat, conv_c(data)) -> bn -> tanh -> fc -> softmax
+// conv's output feeds two branches and data feeds two convolutions. Smooth
+// operators only, so finite differences through the whole graph are exact to
+// O(h^2) (a kink of relu or max pooling anywhere would break that).
+Graph DagGraph() {
+  Graph g;
+  NodeId x = g.Input("data", {2, 6, 6});
+  ConvParam c3;
+  c3.num_filter = 3;
+  c3.kernel_h = c3.kernel_w = 3;
+  c3.pad_h = c3.pad_w = 1;
+  NodeId conv = g.Convolution("conv", x, c3);
+  NodeId a = g.Convolution("conv_a", g.Activation("sigmoid", conv, ActType::kSigmoid), c3);
+  PoolParam pp;
+  pp.type = PoolType::kAvg;
+  pp.kernel_h = pp.kernel_w = 3;
+  pp.pad_h = pp.pad_w = 1;
+  NodeId b = g.Convolution("conv_b", g.Pooling("pool", conv, pp), c3);
+  NodeId cat = g.Concat("concat", {a, b});
+  ConvParam c6 = c3;
+  c6.num_filter = 6;
+  NodeId sum = g.Add("add", {cat, g.Convolution("conv_c", x, c6)});
+  NodeId bn = g.BatchNorm("bn", sum, {1e-5f, 0.9f, false});
+  NodeId fc = g.FullyConnected("fc", g.Activation("tanh", bn, ActType::kTanh), {4, false});
+  g.SoftmaxOutput("softmax", fc);
+  return g;
+}
+
+std::unique_ptr<Executor> MakeExec(const Graph& g, CpuKernels k, bool plan, int batch = 4,
+                                   bool train = true) {
+  ExecutorOptions o;
+  o.batch_size = batch;
+  o.cpu_kernels = k;
+  o.plan_memory = plan;
+  o.for_training = train;
+  o.num_threads = 1;  // tiny tensors: threads would only add barrier waits
+  auto e = Executor::Create(g, o);
+  CHECK(e.ok()) << e.status();
+  InitializeExecutor(*InitializerSpec::Parse("xavier(gaussian,in,2)"), 5, e->get());
+  std::mt19937_64 rng(11);
+  testing::FillUniform(e.value()->data(), &rng, -1, 1);
+  if (train) {
+    Tensor l = e.value()->label();
+    for (int64_t i = 0; i < l.num_elements(); ++i) l.data()[i] = static_cast<float>(i % 4);
+  }
+  return std::move(e).value();
+}
+
+// Sum over the batch of the cross-entropy, as Backward differentiates it.
+double TotalLoss(Executor* e) {
+  e->Forward(true);
+  return e->Loss() * e->options().batch_size;
+}
+
+class ExecutorKernelsTest : public ::testing::TestWithParam<CpuKernels> {};
+
+TEST_P(ExecutorKernelsTest, DagGradientsMatchFiniteDifferences) {
+  Graph g = DagGraph();
+  ASSERT_OK(g.status());
+  auto e = MakeExec(g, GetParam(), true);
+  e->Forward(true);
+  e->Backward();
+  std::mt19937 pick(3);
+  for (int p = 0; p < e->num_params(); ++p) {
+    const Tensor w = e->param(p);
+    std::vector<float> grad(e->grad(p).data(), e->grad(p).data() + w.num_elements());
+    for (int k = 0; k < 6; ++k) {
+      const int64_t i = std::uniform_int_distribution<int64_t>(0, w.num_elements() - 1)(pick);
+      const float saved = w.data()[i];
+      const float h = 1e-2f;
+      w.data()[i] = saved + h;
+      const double plus = TotalLoss(e.get());
+      w.data()[i] = saved - h;
+      const double minus = TotalLoss(e.get());
+      w.data()[i] = saved;
+      const double numeric = (plus - minus) / (2 * h);
+      const double scale = std::max({std::fabs(numeric), std::fabs(double(grad[i])), 1.0});
+      EXPECT_NEAR(grad[i], numeric, 1e-2 * scale) << g.params()[p].name << "[" << i << "]";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, ExecutorKernelsTest,
+                         ::testing::Values(CpuKernels::kReference, CpuKernels::kOneDnn));
+
+TEST(ExecutorTest, PlannedMemoryGivesTheSameResultsWithLessMemory) {
+  Graph g = DagGraph();
+  auto planned = MakeExec(g, CpuKernels::kOneDnn, true);
+  auto separate = MakeExec(g, CpuKernels::kOneDnn, false);
+  EXPECT_LT(planned->planned_bytes(), separate->planned_bytes());
+  EXPECT_EQ(separate->planned_bytes(), separate->unplanned_bytes());
+  for (auto* e : {planned.get(), separate.get()}) {
+    e->Forward(true);
+    e->Backward();
+  }
+  for (int64_t i = 0; i < planned->output().num_elements(); ++i) {
+    ASSERT_EQ(planned->output().at(i), separate->output().at(i));
+  }
+  for (int p = 0; p < planned->num_params(); ++p) {
+    for (int64_t i = 0; i < planned->grad(p).num_elements(); ++i) {
+      ASSERT_EQ(planned->grad(p).at(i), separate->grad(p).at(i)) << g.params()[p].name;
+    }
+  }
+}
+
+TEST(ExecutorTest, LenetPlanReusesBuffers) {
+  StatusOr<Graph> g = BuildModel({"lenet", 0, Shape(), 0});
+  ASSERT_OK(g.status());
+  auto train = MakeExec(*g, CpuKernels::kOneDnn, true, 32);
+  auto infer = MakeExec(*g, CpuKernels::kOneDnn, true, 32, false);
+  EXPECT_LT(train->planned_bytes(), train->unplanned_bytes() * 3 / 4);
+  EXPECT_LT(infer->planned_bytes(), infer->unplanned_bytes() * 3 / 4);
+}
+
+TEST(ExecutorTest, GradReadyFiresOncePerParamLastLayerFirstWithFinalValues) {
+  Graph g = DagGraph();
+  auto e = MakeExec(g, CpuKernels::kOneDnn, true);
+  std::vector<int> order;
+  std::vector<std::vector<float>> at_callback(e->num_params());
+  e->SetGradReadyCallback([&](int p) {
+    order.push_back(p);
+    at_callback[p].assign(e->grad(p).data(), e->grad(p).data() + e->grad(p).num_elements());
+  });
+  std::vector<int> needed;
+  e->SetParamNeededCallback([&](int p) { needed.push_back(p); });
+  e->Forward(true);
+  e->Backward();
+  ASSERT_EQ(static_cast<int>(order.size()), e->num_params());
+  EXPECT_EQ(std::set<int>(order.begin(), order.end()).size(), order.size());
+  // Owning nodes complete in reverse creation order.
+  for (size_t i = 1; i < order.size(); ++i) {
+    EXPECT_GE(g.params()[order[i - 1]].node, g.params()[order[i]].node);
+  }
+  EXPECT_EQ(g.params()[order.front()].name, "fc_weight");
+  for (int p = 0; p < e->num_params(); ++p) {
+    for (int64_t i = 0; i < e->grad(p).num_elements(); ++i) {
+      ASSERT_EQ(at_callback[p][i], e->grad(p).at(i)) << g.params()[p].name;
+    }
+  }
+  std::vector<int> expect(e->num_params());
+  for (int p = 0; p < e->num_params(); ++p) expect[p] = p;
+  EXPECT_EQ(needed, expect);
+}
+
+TEST(ExecutorTest, ParamAccessChecksIndexAndSize) {
+  Graph g = DagGraph();
+  auto e = MakeExec(g, CpuKernels::kOneDnn, true);
+  std::vector<float> buf(e->param(0).num_elements(), 0.5f);
+  ASSERT_OK(e->WriteParam(0, buf.data(), buf.size()));
+  std::vector<float> back(buf.size());
+  ASSERT_OK(e->ReadParam(0, back.data(), back.size()));
+  EXPECT_EQ(back, buf);
+  EXPECT_FALSE(e->WriteParam(0, buf.data(), buf.size() + 1).ok());
+  EXPECT_FALSE(e->ReadParam(e->num_params(), back.data(), back.size()).ok());
+  EXPECT_FALSE(e->ReadAux(-1, back.data(), 1).ok());
+}
+
+TEST(ExecutorTest, BadOptionsAndGraphsAreErrors) {
+  Graph g = DagGraph();
+  ExecutorOptions o;
+  o.batch_size = 0;
+  EXPECT_FALSE(Executor::Create(g, o).ok());
+  o.batch_size = 2;
+  o.device = Device::Gpu(0);
+  StatusOr<std::unique_ptr<Executor>> gpu = Executor::Create(g, o);
+  ASSERT_FALSE(gpu.ok());
+  EXPECT_EQ(gpu.status().code(), StatusCode::kUnimplemented);
+  Graph bad;
+  bad.Convolution("c", bad.Input("data", {1, 2, 2}), ConvParam{4, 3, 3});
+  EXPECT_FALSE(bad.status().ok());
+  EXPECT_FALSE(Executor::Create(bad, ExecutorOptions()).ok());
+}
+
+// Ten classes, each a fixed random 28x28 pattern plus noise: LeNet with plain
+// SGD must drive the loss far down within 60 steps.
+TEST(ExecutorTest, LenetLearnsSyntheticClasses) {
+  StatusOr<Graph> g = BuildModel({"lenet", 0, Shape(), 0});
+  ASSERT_OK(g.status());
+  ExecutorOptions o;
+  o.batch_size = 32;
+  o.num_threads = 1;
+  auto made = Executor::Create(*g, o);
+  ASSERT_OK(made.status());
+  Executor* e = made->get();
+  InitializeExecutor(*InitializerSpec::Parse("xavier(gaussian,in,2)"), 1, e);
+  std::mt19937_64 rng(9);
+  std::vector<Tensor> patterns;
+  for (int c = 0; c < 10; ++c) {
+    patterns.push_back(Tensor::Empty({784}));
+    testing::FillUniform(patterns.back(), &rng, -0.5f, 0.5f);
+  }
+  std::normal_distribution<float> noise(0, 0.3f);
+  float first = 0, last = 0;
+  for (int step = 0; step < 60; ++step) {
+    for (int n = 0; n < 32; ++n) {
+      const int c = static_cast<int>(rng() % 10);
+      e->label().data()[n] = static_cast<float>(c);
+      for (int i = 0; i < 784; ++i) e->data().data()[n * 784 + i] = patterns[c].at(i) + noise(rng);
+    }
+    e->Forward(true);
+    e->Backward();
+    if (step == 0) first = e->Loss();
+    last = e->Loss();
+    for (int p = 0; p < e->num_params(); ++p) {
+      float* w = e->param(p).data();
+      const float* gr = e->grad(p).data();
+      for (int64_t i = 0; i < e->param(p).num_elements(); ++i) w[i] -= 0.05f / 32 * gr[i];
+    }
+  }
+  EXPECT_GT(first, 1.5f);
+  EXPECT_LT(last, 0.3f) << "first loss " << first;
+}
+
+}  // namespace
+}  // namespace pstrain
