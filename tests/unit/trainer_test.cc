@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "models/models.h"
 #include "tests/test_util.h"
 #include "worker/checkpoint.h"
 
@@ -91,6 +92,23 @@ TEST_F(TrainerTest, LearnsMnistAndPrintsMxnetLines) {
     if (std::regex_match(l, epoch_re)) epoch_lines.push_back(l.substr(19, 5));
   }
   EXPECT_EQ(epoch_lines, (std::vector<std::string>{"Train", "Time ", "Valid"}));
+}
+
+TEST_F(TrainerTest, ModelsLenetAndMlpLearn) {
+  for (const char* net : {"mlp", "lenet"}) {
+    TrainConfig cfg = cfg_;
+    cfg.set_network(net);
+    cfg.set_num_epochs(1);
+    cfg.set_num_threads(0);
+    TrainerEnv env;
+    env.log = &log_;
+    env.build_model = BuildModel;
+    auto t = Trainer::Create(cfg, env);
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_OK((*t)->Run());
+    ASSERT_EQ((*t)->history().size(), 1u);
+    EXPECT_GT((*t)->history()[0].val[0].second, 0.6) << net << " after 3840 examples";
+  }
 }
 
 TEST_F(TrainerTest, ResumeContinuesTheSameCurve) {
