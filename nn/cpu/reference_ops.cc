@@ -46,9 +46,9 @@ class ConvolutionRef : public Operator {
                 for (int64_t kw = 0; kw < p.kernel_w; ++kw) {
                   const int64_t iw = ow * p.stride_w - p.pad_w + kw;
                   if (iw < 0 || iw >= W) continue;
-                  acc += static_cast<double>(
-                             w[((f * Cg + c) * p.kernel_h + kh) * p.kernel_w + kw]) *
-                         x[((n * C + g * Cg + c) * H + ih) * W + iw];
+                  acc +=
+                      static_cast<double>(w[((f * Cg + c) * p.kernel_h + kh) * p.kernel_w + kw]) *
+                      x[((n * C + g * Cg + c) * H + ih) * W + iw];
                 }
               }
             y[((n * F + f) * OH + oh) * OW + ow] = static_cast<float>(acc);
@@ -564,17 +564,28 @@ class SoftmaxOutputOp : public Operator {
 
 std::unique_ptr<Operator> MakeReferenceOperator(const Node& node) {
   switch (node.op) {
-    case OpType::kInput: return nullptr;
-    case OpType::kConvolution: return std::make_unique<ConvolutionRef>(node);
-    case OpType::kPooling: return std::make_unique<PoolingRef>(node);
-    case OpType::kFullyConnected: return std::make_unique<FullyConnectedRef>(node);
-    case OpType::kBatchNorm: return std::make_unique<BatchNormRef>(node);
-    case OpType::kActivation: return std::make_unique<ActivationRef>(node);
-    case OpType::kConcat: return std::make_unique<ConcatOp>(node);
-    case OpType::kAdd: return std::make_unique<AddOp>(node);
-    case OpType::kDropout: return std::make_unique<DropoutOp>(node);
-    case OpType::kFlatten: return std::make_unique<FlattenOp>(node);
-    case OpType::kSoftmaxOutput: return std::make_unique<SoftmaxOutputOp>(node);
+    case OpType::kInput:
+      return nullptr;
+    case OpType::kConvolution:
+      return std::make_unique<ConvolutionRef>(node);
+    case OpType::kPooling:
+      return std::make_unique<PoolingRef>(node);
+    case OpType::kFullyConnected:
+      return std::make_unique<FullyConnectedRef>(node);
+    case OpType::kBatchNorm:
+      return std::make_unique<BatchNormRef>(node);
+    case OpType::kActivation:
+      return std::make_unique<ActivationRef>(node);
+    case OpType::kConcat:
+      return std::make_unique<ConcatOp>(node);
+    case OpType::kAdd:
+      return std::make_unique<AddOp>(node);
+    case OpType::kDropout:
+      return std::make_unique<DropoutOp>(node);
+    case OpType::kFlatten:
+      return std::make_unique<FlattenOp>(node);
+    case OpType::kSoftmaxOutput:
+      return std::make_unique<SoftmaxOutputOp>(node);
   }
   return nullptr;
 }

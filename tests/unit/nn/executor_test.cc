@@ -1,15 +1,16 @@
 // The executor on whole graphs: a DAG with concat, add and a tensor read by
 // several consumers, gradient-ready order, memory planning, parameter access,
 // and a short training run that must learn.
+#include "nn/executor.h"
+
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <random>
 #include <set>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "models/models.h"
-#include "nn/executor.h"
 #include "nn/initializer.h"
 #include "tests/test_util.h"
 #include "tests/unit/nn/op_harness.h"
