@@ -80,8 +80,8 @@ double NodeWork(const Graph& g, const Node& n, int64_t batch) {
   }
 }
 
-// Below this much work (about 2 ms of one core) a node runs on one thread.
-constexpr double kParallelWork = 1e8;
+// Below this much work (about 4 ms of one core) a node runs on one thread.
+constexpr double kParallelWork = 2e8;
 
 std::vector<int> ThreadsPerNode(const Graph& g, int64_t batch, int requested) {
   const int team = requested > 0 ? requested : omp_get_num_procs();

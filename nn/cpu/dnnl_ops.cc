@@ -8,6 +8,7 @@
 // than the NCHW ones, which pays for the reorders. The forward's reordered
 // source and weights are reused by the backward when the layouts agree.
 #include <algorithm>
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
 #include <unordered_map>
@@ -62,10 +63,21 @@ struct Staged {
     Init(cpu, other.user, want);
   }
   void In(dnnl::stream& s) {
-    if (to_prim) to_prim->execute(s, user, prim);
+    if (to_prim) Run(*to_prim, s, user, prim);
   }
   void Out(dnnl::stream& s) {
-    if (to_user) to_user->execute(s, prim, user);
+    if (to_user) Run(*to_user, s, prim, user);
+  }
+
+ private:
+  // Small reorders (weights, mostly) run on the calling thread: waking the
+  // team would cost more than copying.
+  static void Run(dnnl::reorder& r, dnnl::stream& s, memory& from, memory& to) {
+    const int team = omp_get_max_threads();
+    const bool small = from.get_desc().get_size() < (4u << 20);
+    if (small && team > 1) omp_set_num_threads(1);
+    r.execute(s, from, to);
+    if (small && team > 1) omp_set_num_threads(team);
   }
 };
 
