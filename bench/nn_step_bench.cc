@@ -4,10 +4,10 @@
 //   nn_step_bench [--network lenet] [--batch 128] [--steps 50] [--warmup 5]
 //                 [--kernels onednn|reference] [--threads 0] [--profile]
 #include <chrono>
-#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <string>
 

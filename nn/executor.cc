@@ -80,8 +80,8 @@ double NodeWork(const Graph& g, const Node& n, int64_t batch) {
   }
 }
 
-// Below this much work (about 2 ms of one core) a node runs on one thread.
-constexpr double kParallelWork = 1e8;
+// Below this much work (about 4 ms of one core) a node runs on one thread.
+constexpr double kParallelWork = 2e8;
 
 std::vector<int> ThreadsPerNode(const Graph& g, int64_t batch, int requested) {
   const int team = requested > 0 ? requested : omp_get_num_procs();
@@ -123,8 +123,8 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(const Graph& graph,
   }
   if (graph.nodes().empty()) return Status::InvalidArgument("graph has no nodes");
   if (!options.device.is_cpu()) {
-    return Status::Unimplemented(StrCat("no kernels for ", options.device.ToString(),
-                                        ": this build has no CUDA backend"));
+    return Status::Unimplemented(
+        StrCat("no kernels for ", options.device.ToString(), ": this build has no CUDA backend"));
   }
   std::unique_ptr<Executor> exec(new Executor(graph, options));
   RETURN_IF_ERROR(exec->Init());
@@ -223,8 +223,8 @@ Status Executor::Init() {
       if (!needs_grad[i] || i == m.softmax) continue;
       CHECK_GE(primary[i].first, 0) << "node " << nodes[i].name << " has no gradient source";
       grad_item[i] = static_cast<int>(items.size());
-      items.push_back(Item{nodes[i].out_shape.num_elements() * batch, bwd(primary[i].first),
-                           bwd(i)});
+      items.push_back(
+          Item{nodes[i].out_shape.num_elements() * batch, bwd(primary[i].first), bwd(i)});
     }
     for (int c = 0; c < N; ++c) {
       edge_item[c].assign(nodes[c].inputs.size(), -1);

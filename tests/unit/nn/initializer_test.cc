@@ -1,11 +1,12 @@
 // Initializers: MXNet's rules per parameter role, distributions, parsing.
-#include <cmath>
+#include "nn/initializer.h"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "models/models.h"
 #include "nn/executor.h"
-#include "nn/initializer.h"
 #include "tests/test_util.h"
 
 namespace pstrain {
