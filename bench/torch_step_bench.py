@@ -49,12 +49,14 @@ def main():
     for _ in range(a.warmup):
         step()
     t0 = time.perf_counter()
+    c0 = time.process_time()
     for _ in range(a.steps):
         step()
     s = time.perf_counter() - t0
-    print("| %s | %d | pytorch %s | %d | %.2f | %.1f |"
+    cpu = time.process_time() - c0
+    print("| %s | %d | pytorch %s | %d | %.2f | %.2f | %.1f |"
           % (a.network, a.batch, torch.__version__, a.threads, 1e3 * s / a.steps,
-             a.batch * a.steps / s))
+             1e3 * cpu / a.steps, a.batch * a.steps / s))
 
 
 if __name__ == "__main__":

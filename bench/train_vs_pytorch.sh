@@ -8,7 +8,10 @@
 # (default 3) on NUM_EXAMPLES training examples (default 30000), both on all
 # cores, and prints the best samples/sec of each and their ratio as a table.
 # Ours: from `Epoch[0] Time cost` (training only); PyTorch: bench/pytorch_mnist.py.
+# Both use libgomp; OMP_WAIT_POLICY (default here: passive) applies to both.
+# On a loaded machine the active (spinning) policy costs both several-fold.
 set -euo pipefail
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
 N=${2:-30000}
@@ -31,6 +34,7 @@ theirs() {
     --num-examples "$N" --threads "$THREADS" | sed 's/samples\/sec=\([0-9.]*\).*/\1/'
 }
 
+echo "OMP_WAIT_POLICY=$OMP_WAIT_POLICY threads=$THREADS examples=$N load: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "| network | pstrain samples/s | PyTorch samples/s | ratio | rounds |"
 echo "| --- | --- | --- | --- | --- |"
 for net in lenet mlp; do

@@ -26,10 +26,9 @@ StatusOr<ExampleSet> ReadCifar10(const std::vector<std::string>& files) {
     ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFileBytes(path));
     const int64_t size = static_cast<int64_t>(bytes.size());
     if (size % kRecordBytes != 0) {
-      return Status::Corruption(StrCat(path, ": truncated record at byte offset ",
-                                       size / kRecordBytes * kRecordBytes, ": file has ", size,
-                                       " bytes, not a multiple of the ", kRecordBytes,
-                                       "-byte record"));
+      return Status::Corruption(StrCat(
+          path, ": truncated record at byte offset ", size / kRecordBytes * kRecordBytes,
+          ": file has ", size, " bytes, not a multiple of the ", kRecordBytes, "-byte record"));
     }
     const int64_t n = size / kRecordBytes;
     const size_t base = set.pixels.size();
@@ -65,7 +64,7 @@ StatusOr<std::vector<std::string>> FindCifar10Files(const std::string& dir, bool
 }
 
 StatusOr<std::unique_ptr<DataIter>> NewCifar10Iter(const std::string& dir, bool train,
-                                                    const IterOptions& opts) {
+                                                   const IterOptions& opts) {
   ASSIGN_OR_RETURN(std::vector<std::string> files, FindCifar10Files(dir, train));
   ASSIGN_OR_RETURN(ExampleSet set, ReadCifar10(files));
   return NewInMemoryIter(std::make_shared<const ExampleSet>(std::move(set)), opts,

@@ -23,7 +23,7 @@ StatusOr<ExampleSet> ReadCifar10(const std::vector<std::string>& files);
 StatusOr<std::vector<std::string>> FindCifar10Files(const std::string& dir, bool train);
 
 StatusOr<std::unique_ptr<DataIter>> NewCifar10Iter(const std::string& dir, bool train,
-                                                    const IterOptions& opts);
+                                                   const IterOptions& opts);
 
 }  // namespace pstrain
 

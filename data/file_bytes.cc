@@ -1,12 +1,11 @@
 #include "data/file_bytes.h"
 
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-
-#include <sys/stat.h>
 
 namespace pstrain {
 
@@ -18,7 +17,8 @@ bool FileExists(const std::string& path) {
 namespace {
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 StatusOr<std::vector<uint8_t>> ReadGzip(const std::string& path) {
@@ -46,8 +46,9 @@ StatusOr<std::vector<uint8_t>> ReadGzip(const std::string& path) {
   std::string message = msg != nullptr ? msg : "";
   gzclose(f);
   if (err != Z_OK && err != Z_STREAM_END) {
-    return Status::Corruption(StrCat(path, ": truncated or corrupt gzip stream at uncompressed byte offset ",
-                                     out.size(), ": ", message));
+    return Status::Corruption(
+        StrCat(path, ": truncated or corrupt gzip stream at uncompressed byte offset ", out.size(),
+               ": ", message));
   }
   return out;
 }

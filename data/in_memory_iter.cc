@@ -99,7 +99,7 @@ class InMemoryIter : public DataIter {
 }  // namespace
 
 StatusOr<std::unique_ptr<DataIter>> NewInMemoryIter(std::shared_ptr<const ExampleSet> examples,
-                                                     const IterOptions& opts, std::string what) {
+                                                    const IterOptions& opts, std::string what) {
   if (examples == nullptr || examples->shape.size() != 3 || examples->example_size() <= 0) {
     return Status::InvalidArgument(StrCat(what, ": examples need a {C, H, W} shape"));
   }

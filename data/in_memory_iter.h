@@ -9,6 +9,10 @@
 //  - the last batch of a pass is filled up by wrapping around to the start of
 //    the pass; Batch::pad counts those filler examples.
 // Values are bytes * `scale` (MNISTIter uses 1/256); labels are floats.
+// Next() converts straight into the caller's Batch buffers (resized once, then
+// reused), so there is no copy besides the byte-to-float conversion itself;
+// there is no prefetch thread because that conversion costs microseconds.
+// Thread-compatible: one thread uses an iterator at a time.
 #ifndef PSTRAIN_DATA_IN_MEMORY_ITER_H_
 #define PSTRAIN_DATA_IN_MEMORY_ITER_H_
 
@@ -49,7 +53,7 @@ Status ValidateIterOptions(const IterOptions& opts, int64_t num_examples);
 // A DataIter over `examples` (shared, never modified). `what` starts the
 // Describe() text ("MNIST train").
 StatusOr<std::unique_ptr<DataIter>> NewInMemoryIter(std::shared_ptr<const ExampleSet> examples,
-                                                     const IterOptions& opts, std::string what);
+                                                    const IterOptions& opts, std::string what);
 
 }  // namespace pstrain
 

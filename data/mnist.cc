@@ -27,8 +27,8 @@ StatusOr<std::vector<uint32_t>> ReadHeader(const std::string& path,
   std::vector<uint32_t> header(words);
   for (int i = 0; i < words; ++i) header[i] = BigEndian32(bytes.data() + 4 * i);
   if (header[0] != magic) {
-    return Status::Corruption(StrCat(path, ": bad magic at byte offset 0: expected ", magic,
-                                     ", got ", header[0]));
+    return Status::Corruption(
+        StrCat(path, ": bad magic at byte offset 0: expected ", magic, ", got ", header[0]));
   }
   return header;
 }
@@ -40,13 +40,14 @@ StatusOr<ExampleSet> ReadMnist(const std::string& images_path, const std::string
   ASSIGN_OR_RETURN(std::vector<uint32_t> ih, ReadHeader(images_path, images, 4, kImagesMagic));
   const uint64_t count = ih[1], rows = ih[2], cols = ih[3];
   if (rows == 0 || cols == 0 || rows > 65536 || cols > 65536) {
-    return Status::Corruption(StrCat(images_path, ": implausible image size ", rows, "x", cols,
-                                     " at byte offset 8"));
+    return Status::Corruption(
+        StrCat(images_path, ": implausible image size ", rows, "x", cols, " at byte offset 8"));
   }
   const uint64_t want = 16 + count * rows * cols;
   if (images.size() != want) {
     return Status::Corruption(StrCat(
-        images_path, images.size() < want ? ": truncated at byte offset " : ": trailing bytes at byte offset ",
+        images_path,
+        images.size() < want ? ": truncated at byte offset " : ": trailing bytes at byte offset ",
         images.size() < want ? images.size() : want, ": header says ", count, " images of ", rows,
         "x", cols, " (", want, " bytes), file has ", images.size(), " bytes"));
   }
@@ -88,7 +89,7 @@ StatusOr<std::string> FindMnistFile(const std::string& dir, const std::string& n
 }
 
 StatusOr<std::unique_ptr<DataIter>> NewMnistIter(const std::string& dir, bool train,
-                                                  const IterOptions& opts) {
+                                                 const IterOptions& opts) {
   const std::string prefix = train ? "train" : "t10k";
   ASSIGN_OR_RETURN(std::string images, FindMnistFile(dir, prefix + "-images-idx3-ubyte"));
   ASSIGN_OR_RETURN(std::string labels, FindMnistFile(dir, prefix + "-labels-idx1-ubyte"));

@@ -24,7 +24,7 @@ StatusOr<std::string> FindMnistFile(const std::string& dir, const std::string& n
 
 // A reader over `dir`'s train-* (train = true) or t10k-* files.
 StatusOr<std::unique_ptr<DataIter>> NewMnistIter(const std::string& dir, bool train,
-                                                  const IterOptions& opts);
+                                                 const IterOptions& opts);
 
 }  // namespace pstrain
 

@@ -20,8 +20,8 @@ StatusOr<std::unique_ptr<DataIter>> NewSyntheticIter(const std::vector<int64_t>&
   auto set = std::make_shared<ExampleSet>();
   set->shape = shape;
   constexpr int64_t kPoolBytes = int64_t{64} << 20;
-  num_examples = std::min(num_examples,
-                          std::max<int64_t>(opts.batch_size, kPoolBytes / set->example_size()));
+  num_examples =
+      std::min(num_examples, std::max<int64_t>(opts.batch_size, kPoolBytes / set->example_size()));
   set->pixels.resize(num_examples * set->example_size());
   set->labels.resize(num_examples);
   std::mt19937_64 rng(opts.seed);

@@ -50,8 +50,7 @@ NodeId InceptionA(Graph* g, NodeId x, int n1, int n3r, int n3, int nd3r, int nd3
   return g->Concat("ch_concat_" + name + "_chconcat", {c1, c3, cd, p});
 }
 
-NodeId InceptionB(Graph* g, NodeId x, int n3r, int n3, int nd3r, int nd3,
-                  const std::string& name) {
+NodeId InceptionB(Graph* g, NodeId x, int n3r, int n3, int nd3r, int nd3, const std::string& name) {
   NodeId c3 = ConvFactory(g, x, name + "_3x3_reduce", Conv(n3r, 1, 1));
   c3 = ConvFactory(g, c3, name + "_3x3", Conv(n3, 3, 3, 2, 2, 1, 1));
   NodeId cd = ConvFactory(g, x, name + "_double_3x3_reduce", Conv(nd3r, 1, 1));
@@ -136,8 +135,8 @@ NodeId V3D(Graph* g, NodeId x, int n3r, int n3, int d7r, int d71, int d72, int d
   return g->Concat("ch_concat_" + name + "_chconcat", {t3, td, p});
 }
 
-NodeId V3E(Graph* g, NodeId x, int n1, int d3r, int d31, int d32, int t3r, int t3, int t31,
-           int t32, PoolType pool, int proj, const std::string& name) {
+NodeId V3E(Graph* g, NodeId x, int n1, int d3r, int d31, int d32, int t3r, int t3, int t31, int t32,
+           PoolType pool, int proj, const std::string& name) {
   NodeId a = V3Conv(g, x, name + "_conv", Conv(n1, 1, 1));
   NodeId d = V3Conv(g, x, name + "_tower_conv", Conv(d3r, 1, 1));
   NodeId da = V3Conv(g, d, name + "_tower_mixed_conv", Conv(d31, 1, 3, 1, 1, 0, 1));

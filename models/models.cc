@@ -77,8 +77,8 @@ StatusOr<Graph> BuildModel(const ModelOptions& options) {
   Status s = m->build(o, &g);
   if (s.ok()) s = g.status();
   if (!s.ok()) {
-    return s.WithContext(StrCat("network '", o.name, "' with image shape ",
-                                o.image_shape.ToString()));
+    return s.WithContext(
+        StrCat("network '", o.name, "' with image shape ", o.image_shape.ToString()));
   }
   return g;
 }

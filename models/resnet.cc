@@ -36,8 +36,7 @@ NodeId ResidualUnit(Graph* g, NodeId x, int filters, int stride, bool dim_match,
   }
   NodeId shortcut = x;
   if (!dim_match) {
-    shortcut = g->Convolution(name + "_sc", act1,
-                              Conv(filters, 1, 1, stride, stride, 0, 0, true));
+    shortcut = g->Convolution(name + "_sc", act1, Conv(filters, 1, 1, stride, stride, 0, 0, true));
   }
   return g->Add(name + "_plus", {y, shortcut});
 }
@@ -67,22 +66,38 @@ Status BuildResnet(const ModelOptions& o, Graph* g) {
     } else {
       return Status::InvalidArgument(StrCat(
           "resnet for images of height <= 32 needs num_layers = 6n+2 (< 164) or 9n+2 (>= 164), "
-          "got ", L));
+          "got ",
+          L));
     }
     units.assign(3, per_stage);
   } else {
     switch (L) {
-      case 18: units = {2, 2, 2, 2}; break;
-      case 34: units = {3, 4, 6, 3}; break;
-      case 50: units = {3, 4, 6, 3}; break;
-      case 101: units = {3, 4, 23, 3}; break;
-      case 152: units = {3, 8, 36, 3}; break;
-      case 200: units = {3, 24, 36, 3}; break;
-      case 269: units = {3, 30, 48, 8}; break;
+      case 18:
+        units = {2, 2, 2, 2};
+        break;
+      case 34:
+        units = {3, 4, 6, 3};
+        break;
+      case 50:
+        units = {3, 4, 6, 3};
+        break;
+      case 101:
+        units = {3, 4, 23, 3};
+        break;
+      case 152:
+        units = {3, 8, 36, 3};
+        break;
+      case 200:
+        units = {3, 24, 36, 3};
+        break;
+      case 269:
+        units = {3, 30, 48, 8};
+        break;
       default:
         return Status::InvalidArgument(StrCat(
             "resnet for ImageNet-sized images needs num_layers in 18, 34, 50, 101, 152, 200, "
-            "269; got ", L));
+            "269; got ",
+            L));
     }
     bottleneck = L >= 50;
     filters = bottleneck ? std::vector<int>{64, 256, 512, 1024, 2048}

@@ -59,6 +59,39 @@ std::vector<int64_t> PlaceItems(std::vector<Item>* items, bool share) {
   return size;
 }
 
+// Rough floating-point work of one node's forward for the batch.
+double NodeWork(const Graph& g, const Node& n, int64_t batch) {
+  const double out = static_cast<double>(n.out_shape.num_elements() * batch);
+  switch (n.op) {
+    case OpType::kConvolution: {
+      const Shape& in = g.node(n.inputs[0]).out_shape;
+      return 2.0 * out * static_cast<double>(in[0] / n.conv.num_group) * n.conv.kernel_h *
+             n.conv.kernel_w;
+    }
+    case OpType::kFullyConnected:
+      return 2.0 * out * static_cast<double>(g.node(n.inputs[0]).out_shape.num_elements());
+    case OpType::kPooling:
+      return out * n.pool.kernel_h * n.pool.kernel_w;
+    default: {
+      double in = 0;
+      for (NodeId i : n.inputs) in += static_cast<double>(g.node(i).out_shape.num_elements());
+      return 4.0 * (out + in * static_cast<double>(batch));
+    }
+  }
+}
+
+// Below this much work (about 4 ms of one core) a node runs on one thread.
+constexpr double kParallelWork = 2e8;
+
+std::vector<int> ThreadsPerNode(const Graph& g, int64_t batch, int requested) {
+  const int team = requested > 0 ? requested : omp_get_num_procs();
+  std::vector<int> threads(g.nodes().size(), 1);
+  for (const Node& n : g.nodes()) {
+    if (n.op != OpType::kInput && NodeWork(g, n, batch) >= kParallelWork) threads[n.id] = team;
+  }
+  return threads;
+}
+
 }  // namespace
 
 struct Executor::Impl {
@@ -71,6 +104,7 @@ struct Executor::Impl {
   // After node i's backward: add each (temp, target) pair: target += temp.
   std::vector<std::vector<std::pair<Tensor, Tensor>>> accumulate;
   std::vector<double> fwd_s, bwd_s;  // per node, when profiling
+  std::vector<int> threads;          // per node: the OpenMP team size of its kernels
   NodeId softmax = kInvalidNode;
   NodeId label = kInvalidNode;
   bool forward_train_done = false;
@@ -89,8 +123,8 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(const Graph& graph,
   }
   if (graph.nodes().empty()) return Status::InvalidArgument("graph has no nodes");
   if (!options.device.is_cpu()) {
-    return Status::Unimplemented(StrCat("no kernels for ", options.device.ToString(),
-                                        ": this build has no CUDA backend"));
+    return Status::Unimplemented(
+        StrCat("no kernels for ", options.device.ToString(), ": this build has no CUDA backend"));
   }
   std::unique_ptr<Executor> exec(new Executor(graph, options));
   RETURN_IF_ERROR(exec->Init());
@@ -110,7 +144,6 @@ Status Executor::Init() {
   m.rng.seed(options_.seed);
   m.ctx.rng = &m.rng;
   if (options_.device.is_cpu()) {
-    if (options_.num_threads > 0) omp_set_num_threads(options_.num_threads);
     m.cpu = std::make_unique<CpuEngine>();
     m.ctx.cpu = m.cpu.get();
   }
@@ -190,8 +223,8 @@ Status Executor::Init() {
       if (!needs_grad[i] || i == m.softmax) continue;
       CHECK_GE(primary[i].first, 0) << "node " << nodes[i].name << " has no gradient source";
       grad_item[i] = static_cast<int>(items.size());
-      items.push_back(Item{nodes[i].out_shape.num_elements() * batch, bwd(primary[i].first),
-                           bwd(i)});
+      items.push_back(
+          Item{nodes[i].out_shape.num_elements() * batch, bwd(primary[i].first), bwd(i)});
     }
     for (int c = 0; c < N; ++c) {
       edge_item[c].assign(nodes[c].inputs.size(), -1);
@@ -237,6 +270,7 @@ Status Executor::Init() {
   }
   for (const ParamInfo& a : graph_.aux_states()) aux_.push_back(Tensor::Zeros(a.shape));
   m.accumulate.resize(N);
+  m.threads = ThreadsPerNode(graph_, batch, options_.num_threads);
   m.fwd_s.assign(N, 0.0);
   m.bwd_s.assign(N, 0.0);
   for (int i = 0; i < N; ++i) {
@@ -262,6 +296,8 @@ Status Executor::Init() {
       }
       if (i != m.softmax) t.out_grad = view(grad_item[i], n.out_shape);
     }
+    // oneDNN plans a primitive's work split for the team size at creation.
+    omp_set_num_threads(m.threads[i]);
     RETURN_IF_ERROR(m.ops[i]->Setup(m.ctx, t));
   }
   return Status::Ok();
@@ -282,6 +318,7 @@ void Executor::Forward(bool is_train) {
       for (int p : nodes[i].params) on_param_needed_(p);
     }
     MutexLock lock(&node_mu_[i]);
+    omp_set_num_threads(m.threads[i]);
     if (options_.profile) {
       const auto t0 = std::chrono::steady_clock::now();
       m.ops[i]->Forward(m.ctx);
@@ -303,6 +340,7 @@ void Executor::Backward() {
     const auto t0 = std::chrono::steady_clock::now();
     {
       MutexLock lock(&node_mu_[i]);
+      omp_set_num_threads(m.threads[i]);
       m.ops[i]->Backward(m.ctx);
     }
     for (auto& [temp, target] : m.accumulate[i]) {

@@ -41,7 +41,9 @@ struct ExecutorOptions {
   int batch_size = 1;
   Device device = Device::Cpu();
   CpuKernels cpu_kernels = CpuKernels::kOneDnn;
-  // CPU threads for the kernels; 0 = all cores (std::thread::hardware_concurrency).
+  // CPU threads for the kernels; 0 = all cores (omp_get_num_procs). Small
+  // operators run on one thread whatever this says: on a shared machine a
+  // thread team's barrier can cost a scheduler time slice, more than the work.
   int num_threads = 0;
   // false: inference only (no gradient buffers, Backward is a CHECK failure,
   // forward buffers are reused as soon as their last reader ran).

@@ -7,17 +7,28 @@ namespace pstrain {
 
 const char* OpTypeName(OpType type) {
   switch (type) {
-    case OpType::kInput: return "Input";
-    case OpType::kConvolution: return "Convolution";
-    case OpType::kPooling: return "Pooling";
-    case OpType::kFullyConnected: return "FullyConnected";
-    case OpType::kBatchNorm: return "BatchNorm";
-    case OpType::kActivation: return "Activation";
-    case OpType::kConcat: return "Concat";
-    case OpType::kAdd: return "ElementWiseSum";
-    case OpType::kDropout: return "Dropout";
-    case OpType::kFlatten: return "Flatten";
-    case OpType::kSoftmaxOutput: return "SoftmaxOutput";
+    case OpType::kInput:
+      return "Input";
+    case OpType::kConvolution:
+      return "Convolution";
+    case OpType::kPooling:
+      return "Pooling";
+    case OpType::kFullyConnected:
+      return "FullyConnected";
+    case OpType::kBatchNorm:
+      return "BatchNorm";
+    case OpType::kActivation:
+      return "Activation";
+    case OpType::kConcat:
+      return "Concat";
+    case OpType::kAdd:
+      return "ElementWiseSum";
+    case OpType::kDropout:
+      return "Dropout";
+    case OpType::kFlatten:
+      return "Flatten";
+    case OpType::kSoftmaxOutput:
+      return "SoftmaxOutput";
   }
   return "?";
 }
@@ -81,13 +92,13 @@ NodeId Graph::Convolution(const std::string& name, NodeId in, const ConvParam& p
   if (!CheckInput(in, name)) return kInvalidNode;
   const Shape& x = nodes_[in].out_shape;
   if (x.ndim() != 3) {
-    Fail(StrCat("convolution '", name, "': input '", nodes_[in].name, "' has shape ",
-                x.ToString(), ", expected (C,H,W)"));
+    Fail(StrCat("convolution '", name, "': input '", nodes_[in].name, "' has shape ", x.ToString(),
+                ", expected (C,H,W)"));
     return kInvalidNode;
   }
-  if (p.num_filter < 1 || p.kernel_h < 1 || p.kernel_w < 1 || p.stride_h < 1 ||
-      p.stride_w < 1 || p.pad_h < 0 || p.pad_w < 0 || p.num_group < 1 ||
-      x[0] % p.num_group != 0 || p.num_filter % p.num_group != 0) {
+  if (p.num_filter < 1 || p.kernel_h < 1 || p.kernel_w < 1 || p.stride_h < 1 || p.stride_w < 1 ||
+      p.pad_h < 0 || p.pad_w < 0 || p.num_group < 1 || x[0] % p.num_group != 0 ||
+      p.num_filter % p.num_group != 0) {
     Fail(StrCat("convolution '", name, "': bad attributes (filters ", p.num_filter, ", groups ",
                 p.num_group, ", input channels ", x[0], ")"));
     return kInvalidNode;
@@ -103,8 +114,8 @@ NodeId Graph::Convolution(const std::string& name, NodeId in, const ConvParam& p
   n.name = name;
   n.inputs = {in};
   n.conv = p;
-  n.out_shape = Shape{p.num_filter, (hp - p.kernel_h) / p.stride_h + 1,
-                      (wp - p.kernel_w) / p.stride_w + 1};
+  n.out_shape =
+      Shape{p.num_filter, (hp - p.kernel_h) / p.stride_h + 1, (wp - p.kernel_w) / p.stride_w + 1};
   AddParam(&n, "weight", Shape{p.num_filter, x[0] / p.num_group, p.kernel_h, p.kernel_w},
            ParamRole::kWeight);
   if (!p.no_bias) AddParam(&n, "bias", Shape{p.num_filter}, ParamRole::kBias);
@@ -221,8 +232,8 @@ NodeId Graph::Concat(const std::string& name, const std::vector<NodeId>& ins) {
     bool same = s.ndim() == out.ndim();
     for (int d = 1; same && d < s.ndim(); ++d) same = s[d] == out[d];
     if (!same) {
-      Fail(StrCat("concat '", name, "': input '", nodes_[ins[i]].name, "' has shape ",
-                  s.ToString(), ", incompatible with '", nodes_[ins[0]].name, "' ",
+      Fail(StrCat("concat '", name, "': input '", nodes_[ins[i]].name, "' has shape ", s.ToString(),
+                  ", incompatible with '", nodes_[ins[0]].name, "' ",
                   nodes_[ins[0]].out_shape.ToString()));
       return kInvalidNode;
     }

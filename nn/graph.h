@@ -128,7 +128,7 @@ struct Node {
 struct LayerSummary {
   std::string name;
   std::string op;
-  Shape out_shape;  // per sample
+  Shape out_shape;         // per sample
   int64_t num_params = 0;  // trainable parameters (aux states not counted)
 };
 

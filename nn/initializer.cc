@@ -79,8 +79,8 @@ StatusOr<InitializerSpec> InitializerSpec::Parse(const std::string& text) {
       } else if (parts[1] == "out") {
         spec.factor_type = FactorType::kOut;
       } else {
-        return Status::InvalidArgument(StrCat("initializer '", text, "': factor_type '",
-                                              parts[1], "' is not avg, in or out"));
+        return Status::InvalidArgument(
+            StrCat("initializer '", text, "': factor_type '", parts[1], "' is not avg, in or out"));
       }
     }
     if (parts.size() > 2) {
@@ -98,13 +98,15 @@ StatusOr<InitializerSpec> InitializerSpec::Parse(const std::string& text) {
 
 std::string InitializerSpec::ToString() const {
   switch (kind) {
-    case Kind::kUniform: return StrCat("uniform(", scale, ")");
-    case Kind::kNormal: return StrCat("normal(", sigma, ")");
+    case Kind::kUniform:
+      return StrCat("uniform(", scale, ")");
+    case Kind::kNormal:
+      return StrCat("normal(", sigma, ")");
     case Kind::kXavier:
       return StrCat("xavier(", rnd_type == RndType::kUniform ? "uniform" : "gaussian", ",",
-                    factor_type == FactorType::kAvg   ? "avg"
+                    factor_type == FactorType::kAvg  ? "avg"
                     : factor_type == FactorType::kIn ? "in"
-                                                      : "out",
+                                                     : "out",
                     ",", magnitude, ")");
   }
   return "?";
@@ -136,8 +138,12 @@ void InitializeParam(const InitializerSpec& spec, ParamRole role, uint64_t seed,
     for (int64_t i = 0; i < n; ++i) p[i] = d(rng);
   };
   switch (spec.kind) {
-    case InitializerSpec::Kind::kUniform: uniform(spec.scale); return;
-    case InitializerSpec::Kind::kNormal: normal(spec.sigma); return;
+    case InitializerSpec::Kind::kUniform:
+      uniform(spec.scale);
+      return;
+    case InitializerSpec::Kind::kNormal:
+      normal(spec.sigma);
+      return;
     case InitializerSpec::Kind::kXavier: {
       const Shape& s = t.shape();
       const double fan_in = s.ndim() > 1 ? static_cast<double>(s.ProductFrom(1)) : 1.0;

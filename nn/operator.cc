@@ -12,8 +12,8 @@ StatusOr<std::unique_ptr<Operator>> Operator::Create(const Node& node, CpuKernel
   if (kernels == CpuKernels::kOneDnn) op = internal::MakeDnnlOperator(node);
   if (op == nullptr) op = internal::MakeReferenceOperator(node);
   if (op == nullptr) {
-    return Status::InvalidArgument(StrCat("node '", node.name, "': no operator for type ",
-                                          static_cast<int>(node.op)));
+    return Status::InvalidArgument(
+        StrCat("node '", node.name, "': no operator for type ", static_cast<int>(node.op)));
   }
   return op;
 }
@@ -22,10 +22,9 @@ Status Operator::Setup(const OpContext& ctx, const OpTensors& t) {
   const std::string where = StrCat(OpTypeName(node_.op), " '", node_.name, "'");
   if (t.in.size() != node_.inputs.size() || t.params.size() != node_.params.size() ||
       t.aux.size() != node_.aux.size()) {
-    return Status::InvalidArgument(StrCat(where, ": expected ", node_.inputs.size(), " inputs, ",
-                                          node_.params.size(), " params, ", node_.aux.size(),
-                                          " aux; got ", t.in.size(), ", ", t.params.size(),
-                                          ", ", t.aux.size()));
+    return Status::InvalidArgument(StrCat(
+        where, ": expected ", node_.inputs.size(), " inputs, ", node_.params.size(), " params, ",
+        node_.aux.size(), " aux; got ", t.in.size(), ", ", t.params.size(), ", ", t.aux.size()));
   }
   if (!t.out.defined() || t.out.shape().ndim() < 1 ||
       t.out.shape().WithoutBatch() != node_.out_shape) {
@@ -80,8 +79,8 @@ void Operator::Backward(const OpContext& ctx) {
 }
 
 Status Operator::SetupGpu(const OpContext& ctx) {
-  return Status::Unimplemented(StrCat("no GPU kernel for ", OpTypeName(node_.op), " '",
-                                      node_.name, "' on ", ctx.device.ToString(),
+  return Status::Unimplemented(StrCat("no GPU kernel for ", OpTypeName(node_.op), " '", node_.name,
+                                      "' on ", ctx.device.ToString(),
                                       " (this build has no CUDA backend)"));
 }
 
@@ -90,8 +89,7 @@ void Operator::ForwardGpu(const OpContext& ctx) {
 }
 
 void Operator::BackwardGpu(const OpContext& ctx) {
-  LOG(FATAL) << "no GPU backward kernel for " << OpTypeName(node_.op) << " '" << node_.name
-             << "'";
+  LOG(FATAL) << "no GPU backward kernel for " << OpTypeName(node_.op) << " '" << node_.name << "'";
 }
 
 }  // namespace pstrain

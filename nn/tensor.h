@@ -10,14 +10,14 @@
 #ifndef PSTRAIN_NN_TENSOR_H_
 #define PSTRAIN_NN_TENSOR_H_
 
+#include <glog/logging.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <glog/logging.h>
 
 namespace pstrain {
 

@@ -1,10 +1,10 @@
 #include "tools/fit_flags.h"
 
+#include <gflags/gflags.h>
+
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <gflags/gflags.h>
 
 #include "worker/train_config.h"
 
@@ -14,8 +14,9 @@ DEFINE_string(network, "", "the network: mlp, lenet, resnet, inception-bn, ... (
 DEFINE_int32(num_layers, 0, "number of layers (resnet); 0: the network's default");
 DEFINE_string(image_shape, "", "C,H,W of the input images; empty: the data set's");
 DEFINE_int32(num_classes, 0, "number of classes; 0: the data set's (10)");
-DEFINE_string(initializer, "default",
-              "default (Xavier(gaussian,in,2)), xavier(rnd,factor,magnitude), uniform(s), normal(s)");
+DEFINE_string(
+    initializer, "default",
+    "default (Xavier(gaussian,in,2)), xavier(rnd,factor,magnitude), uniform(s), normal(s)");
 DEFINE_string(data_dir, "", "directory with MNIST idx files or CIFAR-10 binary batches");
 DEFINE_int64(num_examples, 0, "training examples per epoch over all workers; 0: all");
 DEFINE_int32(benchmark, 0, "1: train on synthetic data of --image-shape");

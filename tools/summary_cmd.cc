@@ -1,8 +1,8 @@
 // `pstrain summary`: each layer's output shape and parameter count of a model.
+#include <gflags/gflags.h>
+
 #include <cstdio>
 #include <string>
-
-#include <gflags/gflags.h>
 
 #include "models/models.h"
 #include "tools/commands.h"

@@ -104,7 +104,8 @@ StatusOr<std::vector<NamedArray>> LoadArrays(const std::string& path) {
                                      ": too short for a checkpoint header"));
   }
   if (std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
-    return Status::Corruption(StrCat(path, ": bad magic at byte offset 0: not a pstrain checkpoint"));
+    return Status::Corruption(
+        StrCat(path, ": bad magic at byte offset 0: not a pstrain checkpoint"));
   }
   const size_t body = bytes.size() - 4;
   uint32_t stored_crc = 0;
@@ -115,8 +116,8 @@ StatusOr<std::vector<NamedArray>> LoadArrays(const std::string& path) {
   uint32_t version = 0, count = 0;
   RETURN_IF_ERROR(r.Get(&version, "version"));
   if (version != kVersion) {
-    return Status::Corruption(StrCat(path, ": version ", version, " at byte offset 8 (expected ",
-                                     kVersion, ")"));
+    return Status::Corruption(
+        StrCat(path, ": version ", version, " at byte offset 8 (expected ", kVersion, ")"));
   }
   RETURN_IF_ERROR(r.Get(&count, "array count"));
   std::vector<NamedArray> arrays;
@@ -126,8 +127,8 @@ StatusOr<std::vector<NamedArray>> LoadArrays(const std::string& path) {
     uint32_t kind = 0, name_len = 0, ndim = 0;
     RETURN_IF_ERROR(r.Get(&kind, "array kind"));
     if (kind > 2) {
-      return Status::Corruption(StrCat(path, ": array ", i, " at byte offset ", start,
-                                       " has unknown kind ", kind));
+      return Status::Corruption(
+          StrCat(path, ": array ", i, " at byte offset ", start, " has unknown kind ", kind));
     }
     a.kind = static_cast<NamedArray::Kind>(kind);
     RETURN_IF_ERROR(r.Get(&name_len, "name length"));
@@ -158,13 +159,13 @@ StatusOr<std::vector<NamedArray>> LoadArrays(const std::string& path) {
     arrays.push_back(std::move(a));
   }
   if (r.pos() != body) {
-    return Status::Corruption(StrCat(path, ": ", body - r.pos(), " unexpected bytes at byte offset ",
-                                     r.pos()));
+    return Status::Corruption(
+        StrCat(path, ": ", body - r.pos(), " unexpected bytes at byte offset ", r.pos()));
   }
   const uint32_t crc = static_cast<uint32_t>(crc32(0L, bytes.data(), static_cast<uInt>(body)));
   if (crc != stored_crc) {
-    return Status::Corruption(StrCat(path, ": CRC mismatch at byte offset ", body,
-                                     " (the file is damaged)"));
+    return Status::Corruption(
+        StrCat(path, ": CRC mismatch at byte offset ", body, " (the file is damaged)"));
   }
   return arrays;
 }

@@ -6,7 +6,8 @@ namespace pstrain {
 namespace {
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 }  // namespace
@@ -51,7 +52,8 @@ std::vector<NamedArray> LocalParamSync::SaveState() const {
 Status LocalParamSync::LoadState(const std::vector<NamedArray>& arrays) {
   std::map<std::string, int> index;
   const auto& params = exec_->graph().params();
-  for (size_t i = 0; i < params.size(); ++i) index[params[i].name + "_momentum"] = static_cast<int>(i);
+  for (size_t i = 0; i < params.size(); ++i)
+    index[params[i].name + "_momentum"] = static_cast<int>(i);
   for (const NamedArray& a : arrays) {
     if (a.kind != NamedArray::Kind::kOptimizerState) continue;
     auto it = index.find(a.name);
@@ -60,8 +62,8 @@ Status LocalParamSync::LoadState(const std::vector<NamedArray>& arrays) {
     }
     const int64_t n = exec_->param(it->second).num_elements();
     if (static_cast<int64_t>(a.data.size()) != n) {
-      return Status::InvalidArgument(StrCat("optimizer state ", a.name, " has ", a.data.size(),
-                                            " values, parameter has ", n));
+      return Status::InvalidArgument(
+          StrCat("optimizer state ", a.name, " has ", a.data.size(), " values, parameter has ", n));
     }
     states_[it->second].momentum = a.data;
   }

@@ -1,14 +1,14 @@
 #include "worker/train_config.h"
 
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
-
-#include <google/protobuf/descriptor.h>
-#include <google/protobuf/io/tokenizer.h>
-#include <google/protobuf/text_format.h>
 
 namespace pstrain {
 
@@ -89,8 +89,7 @@ Status ApplyConfigOverrides(const std::vector<std::pair<std::string, std::string
       return Status::InvalidArgument(StrCat("--", raw_name, " is not a training config field"));
     }
     auto bad = [&](const char* type) {
-      return Status::InvalidArgument(
-          StrCat("--", raw_name, "='", value, "' is not ", type));
+      return Status::InvalidArgument(StrCat("--", raw_name, "='", value, "' is not ", type));
     };
     int64_t i = 0;
     double d = 0;
@@ -131,14 +130,13 @@ StatusOr<std::vector<int64_t>> ParseIntList(const std::string& text, const std::
   size_t start = 0;
   while (true) {
     size_t comma = text.find(',', start);
-    std::string part = text.substr(start, comma == std::string::npos ? std::string::npos
-                                                                     : comma - start);
+    std::string part =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     while (!part.empty() && part.front() == ' ') part.erase(part.begin());
     while (!part.empty() && part.back() == ' ') part.pop_back();
     int64_t v = 0;
     if (!ParseInt64(part, &v)) {
-      return Status::InvalidArgument(
-          StrCat(what, "='", text, "': '", part, "' is not an integer"));
+      return Status::InvalidArgument(StrCat(what, "='", text, "': '", part, "' is not an integer"));
     }
     out.push_back(v);
     if (comma == std::string::npos) break;
@@ -156,8 +154,8 @@ Status ValidateTrainConfig(const TrainConfig& cfg) {
   RETURN_IF_ERROR(positive("num-epochs", cfg.num_epochs()));
   RETURN_IF_ERROR(positive("disp-batches", cfg.disp_batches()));
   RETURN_IF_ERROR(positive("save-period", cfg.save_period()));
-  if (cfg.num_examples() < 0 || cfg.num_layers() < 0 || cfg.num_classes() < 0 ||
-      cfg.top_k() < 0 || cfg.load_epoch() < 0 || cfg.num_threads() < 0) {
+  if (cfg.num_examples() < 0 || cfg.num_layers() < 0 || cfg.num_classes() < 0 || cfg.top_k() < 0 ||
+      cfg.load_epoch() < 0 || cfg.num_threads() < 0) {
     return Status::InvalidArgument(
         "--num-examples, --num-layers, --num-classes, --top-k, --load-epoch and --num-threads "
         "must be >= 0");
@@ -177,9 +175,9 @@ Status ValidateTrainConfig(const TrainConfig& cfg) {
   const std::string& kv = cfg.kv_store();
   if (kv != "local" && kv != "device" && kv != "dist_sync" && kv != "dist_async" &&
       kv != "dist_device_sync") {
-    return Status::InvalidArgument(StrCat(
-        "--kv-store='", kv,
-        "' is not one of local, device, dist_sync, dist_async, dist_device_sync"));
+    return Status::InvalidArgument(
+        StrCat("--kv-store='", kv,
+               "' is not one of local, device, dist_sync, dist_async, dist_device_sync"));
   }
   ASSIGN_OR_RETURN(auto shape, ParseIntList(cfg.image_shape(), "--image-shape"));
   if (!shape.empty()) {
@@ -197,8 +195,8 @@ Status ValidateTrainConfig(const TrainConfig& cfg) {
   ASSIGN_OR_RETURN(auto steps, ParseIntList(cfg.lr_step_epochs(), "--lr-step-epochs"));
   for (size_t i = 0; i < steps.size(); ++i) {
     if (steps[i] < 1 || (i > 0 && steps[i] <= steps[i - 1])) {
-      return Status::InvalidArgument(StrCat("--lr-step-epochs='", cfg.lr_step_epochs(),
-                                            "' must be positive and increasing"));
+      return Status::InvalidArgument(
+          StrCat("--lr-step-epochs='", cfg.lr_step_epochs(), "' must be positive and increasing"));
     }
   }
   ASSIGN_OR_RETURN(auto gpus, ParseIntList(cfg.gpus(), "--gpus"));
@@ -221,9 +219,9 @@ Status ValidateTrainConfig(const TrainConfig& cfg) {
     return Status::InvalidArgument("--load-epoch needs --model-prefix");
   }
   if (cfg.load_epoch() >= cfg.num_epochs()) {
-    return Status::InvalidArgument(StrCat("--load-epoch=", cfg.load_epoch(),
-                                          " leaves nothing to train with --num-epochs=",
-                                          cfg.num_epochs()));
+    return Status::InvalidArgument(
+        StrCat("--load-epoch=", cfg.load_epoch(),
+               " leaves nothing to train with --num-epochs=", cfg.num_epochs()));
   }
   return Status::Ok();
 }

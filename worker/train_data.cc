@@ -63,20 +63,21 @@ StatusOr<TrainData> OpenTrainData(const TrainConfig& cfg, int rank, int num_work
   out.image_shape = train_set->shape;
   if (!want_shape.empty() && want_shape != out.image_shape) {
     return Status::InvalidArgument(StrCat("--image-shape=", cfg.image_shape(), " but the ",
-                                          out.kind, " data in ", dir, " is ",
-                                          out.image_shape[0], ",", out.image_shape[1], ",",
-                                          out.image_shape[2], " (no cropping for this format)"));
+                                          out.kind, " data in ", dir, " is ", out.image_shape[0],
+                                          ",", out.image_shape[1], ",", out.image_shape[2],
+                                          " (no cropping for this format)"));
   }
   out.num_classes = cfg.num_classes() > 0 ? cfg.num_classes() : 10;
   out.total_train_examples = train_set->count();
   IterOptions train_opts = opts;
   train_opts.shuffle = true;
-  ASSIGN_OR_RETURN(out.train, NewInMemoryIter(train_set, train_opts,
-                                              out.kind == "mnist" ? "MNIST train" : "CIFAR-10 train"));
+  ASSIGN_OR_RETURN(out.train,
+                   NewInMemoryIter(train_set, train_opts,
+                                   out.kind == "mnist" ? "MNIST train" : "CIFAR-10 train"));
   if (val_set != nullptr) {
-    ASSIGN_OR_RETURN(out.val, NewInMemoryIter(val_set, opts,
-                                              out.kind == "mnist" ? "MNIST validation"
-                                                                  : "CIFAR-10 validation"));
+    ASSIGN_OR_RETURN(
+        out.val, NewInMemoryIter(val_set, opts,
+                                 out.kind == "mnist" ? "MNIST validation" : "CIFAR-10 validation"));
   }
   return out;
 }

@@ -21,7 +21,7 @@ namespace pstrain {
 
 struct TrainData {
   std::unique_ptr<DataIter> train;
-  std::unique_ptr<DataIter> val;  // null when there is no validation set
+  std::unique_ptr<DataIter> val;     // null when there is no validation set
   int64_t total_train_examples = 0;  // over all parts (fit.py's num_examples)
   std::vector<int64_t> image_shape;  // {C, H, W}
   int num_classes = 10;

@@ -52,8 +52,8 @@ Status Trainer::Init() {
     return Status::InvalidArgument(StrCat(n, " examples over ", env_.num_workers,
                                           " workers make no batch of ", cfg_.batch_size()));
   }
-  env_.log->Info(StrCat("train data: ", data_.train->Describe(), "; ", epoch_size_,
-                        " batches per epoch"));
+  env_.log->Info(
+      StrCat("train data: ", data_.train->Describe(), "; ", epoch_size_, " batches per epoch"));
   if (data_.val) env_.log->Info(StrCat("validation data: ", data_.val->Describe()));
   if (cfg_.test_io() != 0) return Status::Ok();
 
@@ -136,8 +136,8 @@ Status Trainer::RunTestIo() {
   }
   const double secs = SecondsSince(start);
   test_io_speed_ = secs > 0 ? samples / secs : 0;
-  env_.log->Info(StrCat("test-io: ", samples, " images in ", secs, " s: ", test_io_speed_,
-                        " images/sec"));
+  env_.log->Info(
+      StrCat("test-io: ", samples, " images in ", secs, " s: ", test_io_speed_, " images/sec"));
   return Status::Ok();
 }
 

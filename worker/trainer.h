@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "common/status.h"
-#include "nn/executor.h"
 #include "models/models.h"
+#include "nn/executor.h"
 #include "nn/graph.h"
 #include "proto/optimizer.pb.h"
 #include "proto/train_config.pb.h"

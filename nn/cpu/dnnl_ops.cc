@@ -7,9 +7,9 @@
 // boundary into buffers it owns; the blocked kernels are several times faster
 // than the NCHW ones, which pays for the reorders. The forward's reordered
 // source and weights are reused by the backward when the layouts agree.
-#include <oneapi/dnnl/dnnl.hpp>
-
 #include <algorithm>
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -63,16 +63,27 @@ struct Staged {
     Init(cpu, other.user, want);
   }
   void In(dnnl::stream& s) {
-    if (to_prim) to_prim->execute(s, user, prim);
+    if (to_prim) Run(*to_prim, s, user, prim);
   }
   void Out(dnnl::stream& s) {
-    if (to_user) to_user->execute(s, prim, user);
+    if (to_user) Run(*to_user, s, prim, user);
+  }
+
+ private:
+  // Small reorders (weights, mostly) run on the calling thread: waking the
+  // team would cost more than copying.
+  static void Run(dnnl::reorder& r, dnnl::stream& s, memory& from, memory& to) {
+    const int team = omp_get_max_threads();
+    const bool small = from.get_desc().get_size() < (4u << 20);
+    if (small && team > 1) omp_set_num_threads(1);
+    r.execute(s, from, to);
+    if (small && team > 1) omp_set_num_threads(team);
   }
 };
 
 Status DnnlError(const Node& node, const dnnl::error& e) {
-  return Status::Internal(StrCat("oneDNN setup of ", OpTypeName(node.op), " '", node.name,
-                                 "' failed: ", e.what()));
+  return Status::Internal(
+      StrCat("oneDNN setup of ", OpTypeName(node.op), " '", node.name, "' failed: ", e.what()));
 }
 
 class DnnlConvolution : public Operator {
@@ -114,9 +125,9 @@ class DnnlConvolution : public Operator {
     if (!p.no_bias) bias_ = UserMemory(cpu, b_dims, t_.params[1].data());
 
     if (t_.param_grads.empty() || !t_.out_grad.defined()) return;
-    dnnl::convolution_backward_weights::desc wd(dnnl::algorithm::convolution_direct,
-                                                any(src_dims), any(w_dims), bias_any,
-                                                any(dst_dims), strides, pad, pad);
+    dnnl::convolution_backward_weights::desc wd(dnnl::algorithm::convolution_direct, any(src_dims),
+                                                any(w_dims), bias_any, any(dst_dims), strides, pad,
+                                                pad);
     bww_pd_ = dnnl::convolution_backward_weights::primitive_desc(wd, cpu->engine(), fwd_pd_);
     bww_ = dnnl::convolution_backward_weights(bww_pd_);
     bww_src_.InitShared(cpu, src_, bww_pd_.src_desc());
@@ -127,15 +138,13 @@ class DnnlConvolution : public Operator {
     if (!p.no_bias) diff_bias_ = UserMemory(cpu, b_dims, t_.param_grads[1].data());
 
     if (!t_.in_grads[0].defined()) return;
-    dnnl::convolution_backward_data::desc dd(dnnl::algorithm::convolution_direct,
-                                             any(src_dims), any(w_dims), any(dst_dims), strides,
-                                             pad, pad);
+    dnnl::convolution_backward_data::desc dd(dnnl::algorithm::convolution_direct, any(src_dims),
+                                             any(w_dims), any(dst_dims), strides, pad, pad);
     bwd_pd_ = dnnl::convolution_backward_data::primitive_desc(dd, cpu->engine(), fwd_pd_);
     bwd_ = dnnl::convolution_backward_data(bwd_pd_);
     bwd_w_.InitShared(cpu, w_, bwd_pd_.weights_desc());
     bwd_diff_dst_.InitShared(cpu, bww_diff_dst_, bwd_pd_.diff_dst_desc());
-    diff_src_.Init(cpu, UserMemory(cpu, src_dims, t_.in_grads[0].data()),
-                   bwd_pd_.diff_src_desc());
+    diff_src_.Init(cpu, UserMemory(cpu, src_dims, t_.in_grads[0].data()), bwd_pd_.diff_src_desc());
     has_bwd_data_ = true;
   }
 
@@ -197,10 +206,10 @@ class DnnlPooling : public Operator {
     const PoolParam& p = node_.pool;
     const Shape& xs = t_.in[0].shape();
     const Shape& ys = t_.out.shape();
-    const int64_t pr_h = std::max<int64_t>(p.pad_h, (ys[2] - 1) * p.stride_h + p.kernel_h -
-                                                        xs[2] - p.pad_h);
-    const int64_t pr_w = std::max<int64_t>(p.pad_w, (ys[3] - 1) * p.stride_w + p.kernel_w -
-                                                        xs[3] - p.pad_w);
+    const int64_t pr_h =
+        std::max<int64_t>(p.pad_h, (ys[2] - 1) * p.stride_h + p.kernel_h - xs[2] - p.pad_h);
+    const int64_t pr_w =
+        std::max<int64_t>(p.pad_w, (ys[3] - 1) * p.stride_w + p.kernel_w - xs[3] - p.pad_w);
     // MXNet divides an average by the window clipped to the symmetrically
     // padded input; oneDNN counts the extra right padding of the "full"
     // rounding too, so those cases run the reference loops.
@@ -212,10 +221,9 @@ class DnnlPooling : public Operator {
       const dnnl::algorithm alg = p.type == PoolType::kMax
                                       ? dnnl::algorithm::pooling_max
                                       : dnnl::algorithm::pooling_avg_include_padding;
-      dnnl::pooling_forward::desc fd(dnnl::prop_kind::forward_training, alg,
-                                     PlainDesc(src_dims), PlainDesc(dst_dims),
-                                     {p.stride_h, p.stride_w}, {p.kernel_h, p.kernel_w},
-                                     {p.pad_h, p.pad_w}, {pr_h, pr_w});
+      dnnl::pooling_forward::desc fd(dnnl::prop_kind::forward_training, alg, PlainDesc(src_dims),
+                                     PlainDesc(dst_dims), {p.stride_h, p.stride_w},
+                                     {p.kernel_h, p.kernel_w}, {p.pad_h, p.pad_w}, {pr_h, pr_w});
       fwd_pd_ = dnnl::pooling_forward::primitive_desc(fd, cpu->engine());
       fwd_ = dnnl::pooling_forward(fwd_pd_);
       src_ = UserMemory(cpu, src_dims, t_.in[0].data());
@@ -287,9 +295,9 @@ class DnnlFullyConnected : public Operator {
       for (int64_t n = 0; n < N; ++n) std::copy(b, b + M, y + n * M);
       beta = 1.0f;
     }
-    CHECK_EQ(dnnl_sgemm('N', 'T', N, M, K, 1.0f, t_.in[0].data(), K, t_.params[0].data(), K,
-                        beta, y, M),
-             dnnl_success);
+    CHECK_EQ(
+        dnnl_sgemm('N', 'T', N, M, K, 1.0f, t_.in[0].data(), K, t_.params[0].data(), K, beta, y, M),
+        dnnl_success);
   }
 
   void BackwardCpu(const OpContext& ctx) override {
@@ -329,7 +337,8 @@ class DnnlBatchNorm : public Operator {
       memory::dims dims = {xs[0], C};
       if (xs.ndim() > 2) dims = {xs[0], C, xs.ProductFrom(2), 1};
       const memory::desc md = PlainDesc(dims);
-      const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+      const auto flags =
+          dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
       const float eps = node_.bn.eps;
       train_pd_ = dnnl::batch_normalization_forward::primitive_desc(
           {dnnl::prop_kind::forward_training, md, eps, flags}, cpu->engine());
@@ -343,8 +352,7 @@ class DnnlBatchNorm : public Operator {
       dst_ = memory(md, cpu->engine(), t_.out.data());
       const memory::desc cd = PlainDesc({C});
       ones_.assign(C, 1.0f);
-      scale_ = memory(cd, cpu->engine(),
-                      node_.bn.fix_gamma ? ones_.data() : t_.params[0].data());
+      scale_ = memory(cd, cpu->engine(), node_.bn.fix_gamma ? ones_.data() : t_.params[0].data());
       shift_ = memory(cd, cpu->engine(), t_.params[1].data());
       mean_ = memory(cd, cpu->engine());
       var_ = memory(cd, cpu->engine());
@@ -373,8 +381,11 @@ class DnnlBatchNorm : public Operator {
   void ForwardCpu(const OpContext& ctx) override {
     dnnl::stream& s = ctx.cpu->stream();
     if (ctx.is_train) {
-      train_.execute(s, {{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}, {DNNL_ARG_SCALE, scale_},
-                         {DNNL_ARG_SHIFT, shift_}, {DNNL_ARG_MEAN, mean_},
+      train_.execute(s, {{DNNL_ARG_SRC, src_},
+                         {DNNL_ARG_DST, dst_},
+                         {DNNL_ARG_SCALE, scale_},
+                         {DNNL_ARG_SHIFT, shift_},
+                         {DNNL_ARG_MEAN, mean_},
                          {DNNL_ARG_VARIANCE, var_}});
       s.wait();
       const float m = node_.bn.momentum;
@@ -387,8 +398,11 @@ class DnnlBatchNorm : public Operator {
         mv[c] = m * mv[c] + (1 - m) * bv[c];
       }
     } else {
-      infer_.execute(s, {{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}, {DNNL_ARG_SCALE, scale_},
-                         {DNNL_ARG_SHIFT, shift_}, {DNNL_ARG_MEAN, moving_mean_},
+      infer_.execute(s, {{DNNL_ARG_SRC, src_},
+                         {DNNL_ARG_DST, dst_},
+                         {DNNL_ARG_SCALE, scale_},
+                         {DNNL_ARG_SHIFT, shift_},
+                         {DNNL_ARG_MEAN, moving_mean_},
                          {DNNL_ARG_VARIANCE, moving_var_}});
       s.wait();
     }
@@ -396,10 +410,14 @@ class DnnlBatchNorm : public Operator {
 
   void BackwardCpu(const OpContext& ctx) override {
     dnnl::stream& s = ctx.cpu->stream();
-    bwd_.execute(s, {{DNNL_ARG_SRC, src_}, {DNNL_ARG_MEAN, mean_}, {DNNL_ARG_VARIANCE, var_},
-                     {DNNL_ARG_DIFF_DST, diff_dst_}, {DNNL_ARG_SCALE, scale_},
+    bwd_.execute(s, {{DNNL_ARG_SRC, src_},
+                     {DNNL_ARG_MEAN, mean_},
+                     {DNNL_ARG_VARIANCE, var_},
+                     {DNNL_ARG_DIFF_DST, diff_dst_},
+                     {DNNL_ARG_SCALE, scale_},
                      {DNNL_ARG_SHIFT, shift_},
-                     {DNNL_ARG_DIFF_SRC, diff_src_}, {DNNL_ARG_DIFF_SCALE, diff_scale_},
+                     {DNNL_ARG_DIFF_SRC, diff_src_},
+                     {DNNL_ARG_DIFF_SCALE, diff_scale_},
                      {DNNL_ARG_DIFF_SHIFT, diff_shift_}});
     s.wait();
     if (node_.bn.fix_gamma) t_.param_grads[0].Fill(0.0f);
@@ -436,8 +454,8 @@ class DnnlActivation : public Operator {
       src_ = memory(md, cpu->engine(), t_.in[0].data());
       dst_ = memory(md, cpu->engine(), t_.out.data());
       if (t_.in_grads[0].defined() && t_.out_grad.defined()) {
-        bwd_pd_ = dnnl::eltwise_backward::primitive_desc({alg, md, md, 0.0f, 0.0f},
-                                                         cpu->engine(), fwd_pd_);
+        bwd_pd_ = dnnl::eltwise_backward::primitive_desc({alg, md, md, 0.0f, 0.0f}, cpu->engine(),
+                                                         fwd_pd_);
         bwd_ = dnnl::eltwise_backward(bwd_pd_);
         diff_dst_ = memory(md, cpu->engine(), t_.out_grad.data());
         diff_src_ = memory(md, cpu->engine(), t_.in_grads[0].data());
@@ -455,9 +473,9 @@ class DnnlActivation : public Operator {
 
   void BackwardCpu(const OpContext& ctx) override {
     if (!t_.in_grads[0].defined()) return;
-    bwd_.execute(ctx.cpu->stream(), {{DNNL_ARG_DST, dst_},
-                                     {DNNL_ARG_DIFF_DST, diff_dst_},
-                                     {DNNL_ARG_DIFF_SRC, diff_src_}});
+    bwd_.execute(
+        ctx.cpu->stream(),
+        {{DNNL_ARG_DST, dst_}, {DNNL_ARG_DIFF_DST, diff_dst_}, {DNNL_ARG_DIFF_SRC, diff_src_}});
     ctx.cpu->stream().wait();
   }
 
@@ -473,12 +491,18 @@ class DnnlActivation : public Operator {
 
 std::unique_ptr<Operator> MakeDnnlOperator(const Node& node) {
   switch (node.op) {
-    case OpType::kConvolution: return std::make_unique<DnnlConvolution>(node);
-    case OpType::kPooling: return std::make_unique<DnnlPooling>(node);
-    case OpType::kFullyConnected: return std::make_unique<DnnlFullyConnected>(node);
-    case OpType::kBatchNorm: return std::make_unique<DnnlBatchNorm>(node);
-    case OpType::kActivation: return std::make_unique<DnnlActivation>(node);
-    default: return nullptr;
+    case OpType::kConvolution:
+      return std::make_unique<DnnlConvolution>(node);
+    case OpType::kPooling:
+      return std::make_unique<DnnlPooling>(node);
+    case OpType::kFullyConnected:
+      return std::make_unique<DnnlFullyConnected>(node);
+    case OpType::kBatchNorm:
+      return std::make_unique<DnnlBatchNorm>(node);
+    case OpType::kActivation:
+      return std::make_unique<DnnlActivation>(node);
+    default:
+      return nullptr;
   }
 }
 

@@ -46,9 +46,9 @@ class ConvolutionRef : public Operator {
                 for (int64_t kw = 0; kw < p.kernel_w; ++kw) {
                   const int64_t iw = ow * p.stride_w - p.pad_w + kw;
                   if (iw < 0 || iw >= W) continue;
-                  acc += static_cast<double>(
-                             w[((f * Cg + c) * p.kernel_h + kh) * p.kernel_w + kw]) *
-                         x[((n * C + g * Cg + c) * H + ih) * W + iw];
+                  acc +=
+                      static_cast<double>(w[((f * Cg + c) * p.kernel_h + kh) * p.kernel_w + kw]) *
+                      x[((n * C + g * Cg + c) * H + ih) * W + iw];
                 }
               }
             y[((n * F + f) * OH + oh) * OW + ow] = static_cast<float>(acc);
@@ -503,6 +503,11 @@ class FlattenOp : public Operator {
   }
 };
 
+// The class of a float label, or -1 when it is not one of 0..K-1 (NaN included).
+inline int64_t LabelIndex(float label, int64_t K) {
+  return label >= 0.0f && label < static_cast<float>(K) ? static_cast<int64_t>(label) : -1;
+}
+
 class SoftmaxOutputOp : public Operator {
  public:
   explicit SoftmaxOutputOp(const Node& node) : Operator(node) {}
@@ -529,8 +534,8 @@ class SoftmaxOutputOp : public Operator {
       }
       const float inv = static_cast<float>(1.0 / sum);
       for (int64_t k = 0; k < K; ++k) yr[k] *= inv;
-      const int64_t l = static_cast<int64_t>(label[n]);
-      if (l >= 0 && l < K) loss += -std::log(std::max(yr[l], 1e-30f));
+      const int64_t l = LabelIndex(label[n], K);
+      if (l >= 0) loss += -std::log(std::max(yr[l], 1e-30f));
     }
     loss_ = static_cast<float>(loss / static_cast<double>(N));
   }
@@ -544,7 +549,7 @@ class SoftmaxOutputOp : public Operator {
     for (int64_t n = 0; n < N; ++n) {
       // A label outside [0, K) contributes no target (the reader validates
       // labels; this keeps a bad one from writing out of bounds).
-      const int64_t l = static_cast<int64_t>(label[n]);
+      const int64_t l = LabelIndex(label[n], K);
       for (int64_t k = 0; k < K; ++k) {
         dx[n * K + k] = scale * (y[n * K + k] - (k == l ? 1.0f : 0.0f));
       }
@@ -559,17 +564,28 @@ class SoftmaxOutputOp : public Operator {
 
 std::unique_ptr<Operator> MakeReferenceOperator(const Node& node) {
   switch (node.op) {
-    case OpType::kInput: return nullptr;
-    case OpType::kConvolution: return std::make_unique<ConvolutionRef>(node);
-    case OpType::kPooling: return std::make_unique<PoolingRef>(node);
-    case OpType::kFullyConnected: return std::make_unique<FullyConnectedRef>(node);
-    case OpType::kBatchNorm: return std::make_unique<BatchNormRef>(node);
-    case OpType::kActivation: return std::make_unique<ActivationRef>(node);
-    case OpType::kConcat: return std::make_unique<ConcatOp>(node);
-    case OpType::kAdd: return std::make_unique<AddOp>(node);
-    case OpType::kDropout: return std::make_unique<DropoutOp>(node);
-    case OpType::kFlatten: return std::make_unique<FlattenOp>(node);
-    case OpType::kSoftmaxOutput: return std::make_unique<SoftmaxOutputOp>(node);
+    case OpType::kInput:
+      return nullptr;
+    case OpType::kConvolution:
+      return std::make_unique<ConvolutionRef>(node);
+    case OpType::kPooling:
+      return std::make_unique<PoolingRef>(node);
+    case OpType::kFullyConnected:
+      return std::make_unique<FullyConnectedRef>(node);
+    case OpType::kBatchNorm:
+      return std::make_unique<BatchNormRef>(node);
+    case OpType::kActivation:
+      return std::make_unique<ActivationRef>(node);
+    case OpType::kConcat:
+      return std::make_unique<ConcatOp>(node);
+    case OpType::kAdd:
+      return std::make_unique<AddOp>(node);
+    case OpType::kDropout:
+      return std::make_unique<DropoutOp>(node);
+    case OpType::kFlatten:
+      return std::make_unique<FlattenOp>(node);
+    case OpType::kSoftmaxOutput:
+      return std::make_unique<SoftmaxOutputOp>(node);
   }
   return nullptr;
 }

@@ -1,11 +1,11 @@
 // Checkpoint files: round trip, truncation, damage.
 #include "worker/checkpoint.h"
 
+#include <gtest/gtest.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "tests/test_util.h"
 

@@ -1,5 +1,6 @@
 // Readers: MNIST idx (raw and gzipped), CIFAR-10 binary, synthetic; batching,
 // partitioning, shuffling, padding; truncated and corrupt files.
+#include <gtest/gtest.h>
 #include <zlib.h>
 
 #include <cstdio>
@@ -7,8 +8,6 @@
 #include <set>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "data/cifar10.h"
 #include "data/file_bytes.h"
@@ -272,7 +271,7 @@ TEST_F(ReaderTest, Cifar10RecordsAndTruncation) {
   Batch b;
   ASSERT_TRUE(*(*it)->Next(&b));
   EXPECT_EQ(b.label, (std::vector<float>{1, 2}));
-  EXPECT_EQ(b.data[3072 + 5], 1.0f);     // red of example 1
+  EXPECT_EQ(b.data[3072 + 5], 1.0f);       // red of example 1
   EXPECT_EQ(b.data[3072 + 1024], 200.0f);  // green of example 1
   auto val = NewCifar10Iter(dir_.string(), false, opts);
   ASSERT_TRUE(val.ok());

@@ -2,13 +2,13 @@
 // command line override the --config file.
 #include "tools/fit_flags.h"
 
+#include <gflags/gflags.h>
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <gflags/gflags.h>
-#include <gtest/gtest.h>
 
 #include "tests/test_util.h"
 #include "worker/train_config.h"
@@ -20,8 +20,10 @@ namespace {
 
 std::string FieldLine(const std::string& text, const std::string& name) {
   size_t at = text.find("\n" + name + ": ");
-  if (text.compare(0, name.size() + 2, name + ": ") == 0) at = 0;
-  else if (at != std::string::npos) ++at;
+  if (text.compare(0, name.size() + 2, name + ": ") == 0)
+    at = 0;
+  else if (at != std::string::npos)
+    ++at;
   if (at == std::string::npos) return "";
   std::string line = text.substr(at, text.find('\n', at) - at);
   size_t mark = line.find("  # default");

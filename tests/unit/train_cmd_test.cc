@@ -1,12 +1,11 @@
 // `pstrain summary` and `pstrain train` as a user runs them.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
-
-#include <sys/wait.h>
-
-#include <gtest/gtest.h>
 
 #include "tests/test_util.h"
 
@@ -62,7 +61,8 @@ TEST(TrainCmdTest, BadInputIsAClearErrorNotACrash) {
   std::string out;
   EXPECT_EQ(RunPstrain("train --network lenet --data-dir /tmp --batch-size 0", &out), 2);
   EXPECT_NE(out.find("--batch-size=0 must be >= 1"), std::string::npos) << out;
-  EXPECT_EQ(RunPstrain("train --network lenet --data-dir /nonexistent-dir --num-epochs 1", &out), 1);
+  EXPECT_EQ(RunPstrain("train --network lenet --data-dir /nonexistent-dir --num-epochs 1", &out),
+            1);
   EXPECT_NE(out.find("/nonexistent-dir"), std::string::npos) << out;
   EXPECT_EQ(RunPstrain("train --config /nonexistent.cfg", &out), 2);
   EXPECT_NE(out.find("/nonexistent.cfg"), std::string::npos) << out;

@@ -2,12 +2,12 @@
 // optimizer settings.
 #include "worker/train_config.h"
 
+#include <gtest/gtest.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "tests/test_util.h"
 
@@ -70,8 +70,11 @@ TEST(TrainConfigTest, ReadsFilesAndReportsMissingOnes) {
 TEST(TrainConfigTest, OverridesWinAndAreTyped) {
   auto cfg = ParseTrainConfigText("network: \"mlp\"\nnum_epochs: 3\nlr: 0.05\n", "f");
   ASSERT_TRUE(cfg.ok());
-  ASSERT_OK(ApplyConfigOverrides({{"num-epochs", "7"}, {"network", "lenet"}, {"wd", "1e-5"},
-                                  {"seed", "42"}, {"num_examples", "1000"}},
+  ASSERT_OK(ApplyConfigOverrides({{"num-epochs", "7"},
+                                  {"network", "lenet"},
+                                  {"wd", "1e-5"},
+                                  {"seed", "42"},
+                                  {"num_examples", "1000"}},
                                  &*cfg));
   EXPECT_EQ(cfg->num_epochs(), 7);
   EXPECT_EQ(cfg->network(), "lenet");

@@ -1,13 +1,14 @@
 // Golden log lines (MXNet's exact formats) and the metrics behind them.
+#include "worker/train_log.h"
+
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <regex>
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "worker/metrics.h"
-#include "worker/train_log.h"
 
 namespace pstrain {
 namespace {
@@ -37,13 +38,14 @@ TEST(TrainLogTest, MxnetParseLogRegexesMatchOurLines) {
   EXPECT_EQ(lines[0], "INFO:root:Epoch[4] Train-accuracy=0.900000");
   // tools/parse_log.py (1.x) patterns.
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(lines[0], m, std::regex(R"(Epoch\[(\d+)\] Train-accuracy.*=([.\d]+))")));
+  ASSERT_TRUE(
+      std::regex_search(lines[0], m, std::regex(R"(Epoch\[(\d+)\] Train-accuracy.*=([.\d]+))")));
   EXPECT_EQ(m[1], "4");
   EXPECT_EQ(m[2], "0.900000");
   ASSERT_TRUE(std::regex_search(lines[1], m, std::regex(R"(Epoch\[(\d+)\] Time.*=([.\d]+))")));
   EXPECT_EQ(m[2], "3.500");
-  ASSERT_TRUE(
-      std::regex_search(lines[2], m, std::regex(R"(Epoch\[(\d+)\] Validation-accuracy.*=([.\d]+))")));
+  ASSERT_TRUE(std::regex_search(lines[2], m,
+                                std::regex(R"(Epoch\[(\d+)\] Validation-accuracy.*=([.\d]+))")));
   EXPECT_EQ(m[2], "0.950000");
 }
 

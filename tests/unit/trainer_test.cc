@@ -2,13 +2,16 @@
 // checkpoints and resumes on the same curve, and --test-io only reads.
 #include "worker/trainer.h"
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <regex>
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
+#include "models/models.h"
 #include "tests/test_util.h"
 #include "worker/checkpoint.h"
 
@@ -85,11 +88,87 @@ TEST_F(TrainerTest, LearnsMnistAndPrintsMxnetLines) {
       R"(INFO:root:Epoch\[[01]\] Batch \[[12]0\]\tSpeed: [0-9]+\.[0-9]{2} samples/sec\taccuracy=[01]\.[0-9]{6})");
   EXPECT_EQ(speed.size(), 4u);
   std::vector<std::string> epoch_lines;
-  std::regex epoch_re(R"(INFO:root:Epoch\[1\] (Train-accuracy=[01]\.[0-9]{6}|Time cost=[0-9]+\.[0-9]{3}|Validation-accuracy=[01]\.[0-9]{6}))");
+  std::regex epoch_re(
+      R"(INFO:root:Epoch\[1\] (Train-accuracy=[01]\.[0-9]{6}|Time cost=[0-9]+\.[0-9]{3}|Validation-accuracy=[01]\.[0-9]{6}))");
   for (const auto& l : lines_) {
     if (std::regex_match(l, epoch_re)) epoch_lines.push_back(l.substr(19, 5));
   }
   EXPECT_EQ(epoch_lines, (std::vector<std::string>{"Train", "Time ", "Valid"}));
+}
+
+TEST_F(TrainerTest, ModelsLenetAndMlpLearn) {
+  for (const char* net : {"mlp", "lenet"}) {
+    TrainConfig cfg = cfg_;
+    cfg.set_network(net);
+    cfg.set_num_epochs(1);
+    cfg.set_num_threads(0);
+    TrainerEnv env;
+    env.log = &log_;
+    env.build_model = BuildModel;
+    auto t = Trainer::Create(cfg, env);
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_OK((*t)->Run());
+    ASSERT_EQ((*t)->history().size(), 1u);
+    EXPECT_GT((*t)->history()[0].val[0].second, 0.6) << net << " after 3840 examples";
+  }
+}
+
+// Wraps the local sync and records the order in which the loop drives it.
+class RecordingSync : public ParamSync {
+ public:
+  RecordingSync(std::unique_ptr<ParamSync> inner, std::vector<std::pair<char, int>>* calls)
+      : inner_(std::move(inner)), calls_(calls) {}
+  Status Init(Executor* exec) override { return inner_->Init(exec); }
+  void OnGradReady(int i) override {
+    calls_->emplace_back('g', i);
+    inner_->OnGradReady(i);
+  }
+  void WaitParam(int i) override {
+    calls_->emplace_back('w', i);
+    inner_->WaitParam(i);
+  }
+  Status TakeError() override { return inner_->TakeError(); }
+  std::vector<NamedArray> SaveState() const override { return inner_->SaveState(); }
+  Status LoadState(const std::vector<NamedArray>& a) override { return inner_->LoadState(a); }
+
+ private:
+  std::unique_ptr<ParamSync> inner_;
+  std::vector<std::pair<char, int>>* calls_;
+};
+
+TEST_F(TrainerTest, PushesEachGradientWhenReadyAndWaitsBeforeFirstUse) {
+  TrainConfig cfg = cfg_;
+  cfg.set_num_examples(256);  // 2 batches
+  cfg.set_num_epochs(1);
+  cfg.clear_data_dir();
+  cfg.set_benchmark(1);
+  cfg.set_image_shape("1,4,4");
+  std::vector<std::pair<char, int>> calls;
+  TrainerEnv env;
+  env.log = &log_;
+  env.build_model = SmallMlp;
+  env.make_sync = [&](const OptimizerConfig& opt) -> StatusOr<std::unique_ptr<ParamSync>> {
+    ASSIGN_OR_RETURN(std::unique_ptr<LocalParamSync> local, LocalParamSync::Create(opt));
+    return std::unique_ptr<ParamSync>(new RecordingSync(std::move(local), &calls));
+  };
+  auto t = Trainer::Create(cfg, env);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_OK((*t)->Run());
+  // Per training batch: forward waits fc1's params (0, 1) then fc2's (2, 3);
+  // backward hands over fc2's gradients first, then fc1's.
+  const std::vector<std::pair<char, int>> step = {{'w', 0}, {'w', 1}, {'w', 2}, {'w', 3},
+                                                  {'g', 3}, {'g', 2}, {'g', 1}, {'g', 0}};
+  ASSERT_GE(calls.size(), 2 * step.size());
+  auto sorted_grads = [](std::vector<std::pair<char, int>> v) {
+    // The order of a node's own weight and bias is the executor's choice.
+    std::sort(v.begin() + 4, v.begin() + 6, std::greater<>());
+    std::sort(v.begin() + 6, v.begin() + 8, std::greater<>());
+    return v;
+  };
+  for (int b = 0; b < 2; ++b) {
+    std::vector<std::pair<char, int>> got(calls.begin() + b * 8, calls.begin() + b * 8 + 8);
+    EXPECT_EQ(sorted_grads(got), step) << "batch " << b;
+  }
 }
 
 TEST_F(TrainerTest, ResumeContinuesTheSameCurve) {
@@ -136,8 +215,7 @@ TEST_F(TrainerTest, BadCheckpointIsAClearError) {
   ASSERT_OK(SaveArrays((dir_ / "missing-0001.params").string(), {wrong}));
   t = Make(cfg);
   ASSERT_FALSE(t.ok());
-  EXPECT_NE(t.status().message().find("fc1_weight has shape (3)"), std::string::npos)
-      << t.status();
+  EXPECT_NE(t.status().message().find("fc1_weight has shape (3)"), std::string::npos) << t.status();
 }
 
 TEST_F(TrainerTest, TestIoOnlyReads) {

@@ -1,15 +1,16 @@
 // The executor on whole graphs: a DAG with concat, add and a tensor read by
 // several consumers, gradient-ready order, memory planning, parameter access,
 // and a short training run that must learn.
+#include "nn/executor.h"
+
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <random>
 #include <set>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "models/models.h"
-#include "nn/executor.h"
 #include "nn/initializer.h"
 #include "tests/test_util.h"
 #include "tests/unit/nn/op_harness.h"
@@ -230,6 +231,72 @@ TEST(ExecutorTest, LenetLearnsSyntheticClasses) {
   EXPECT_GT(first, 1.5f);
   EXPECT_LT(last, 0.3f) << "first loss " << first;
 }
+
+}  // namespace
+}  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+// Whole models on both kernel sets: same initialization, same data, one
+// training step; outputs, loss, every gradient and aux state must agree.
+class ModelKernelsTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ModelKernelsTest, OneDnnMatchesReferenceOnAWholeStep) {
+  ModelOptions mo;
+  mo.name = GetParam();
+  if (mo.name == "resnet") {
+    mo.num_layers = 8;
+    mo.image_shape = Shape{3, 12, 12};
+  }
+  if (mo.name == "inception-bn-28-small") mo.image_shape = Shape{3, 16, 16};
+  StatusOr<Graph> g = BuildModel(mo);
+  ASSERT_OK(g.status());
+  std::unique_ptr<Executor> e[2];
+  const CpuKernels kinds[2] = {CpuKernels::kOneDnn, CpuKernels::kReference};
+  for (int k = 0; k < 2; ++k) {
+    ExecutorOptions o;
+    o.batch_size = 3;
+    o.cpu_kernels = kinds[k];
+    o.num_threads = 1;
+    auto made = Executor::Create(*g, o);
+    ASSERT_OK(made.status());
+    e[k] = std::move(made).value();
+    InitializeExecutor(*InitializerSpec::Parse("xavier(gaussian,in,2)"), 3, e[k].get());
+    std::mt19937_64 rng(5);
+    testing::FillUniform(e[k]->data(), &rng, 0, 1);
+    for (int n = 0; n < 3; ++n) e[k]->label().data()[n] = static_cast<float>(n);
+    e[k]->Forward(true);
+    e[k]->Backward();
+  }
+  auto close = [](const Tensor& a, const Tensor& b, const std::string& what) {
+    double diff = 0, mag = 1;
+    for (int64_t i = 0; i < a.num_elements(); ++i) {
+      diff = std::max(diff, double(std::fabs(a.at(i) - b.at(i))));
+      mag = std::max(mag, double(std::fabs(b.at(i))));
+    }
+    EXPECT_LT(diff / mag, 1e-4) << what;
+  };
+  close(e[0]->output(), e[1]->output(), "output");
+  EXPECT_NEAR(e[0]->Loss(), e[1]->Loss(), 1e-4);
+  for (int p = 0; p < e[0]->num_params(); ++p) {
+    close(e[0]->grad(p), e[1]->grad(p), g->params()[p].name);
+  }
+  for (int a = 0; a < e[0]->num_aux(); ++a) {
+    close(e[0]->aux(a), e[1]->aux(a), g->aux_states()[a].name);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, ModelKernelsTest,
+                         ::testing::Values("mlp", "lenet", "keras-mnist-cnn", "neon-cifar10-conv",
+                                           "resnet", "inception-bn-28-small"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           std::string s = info.param;
+                           for (char& c : s) {
+                             if (c == '-') c = '_';
+                           }
+                           return s;
+                         });
 
 }  // namespace
 }  // namespace pstrain

@@ -1,11 +1,11 @@
 // Finite-difference gradient checks of every operator (central differences,
 // tolerance scaled by max(|analytic|, |numeric|, 1) as in Caffe's
 // GradientChecker), for the reference and the oneDNN kernels.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <random>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "tests/unit/nn/op_cases.h"
 #include "tests/unit/nn/op_harness.h"
@@ -17,8 +17,7 @@ constexpr float kStep = 1e-2f;
 constexpr double kThreshold = 5e-3;
 constexpr int kMaxChecksPerTensor = 60;
 
-class GradientTest
-    : public ::testing::TestWithParam<std::tuple<int, CpuKernels>> {};
+class GradientTest : public ::testing::TestWithParam<std::tuple<int, CpuKernels>> {};
 
 TEST_P(GradientTest, MatchesCentralDifferences) {
   const OpCase c = AllOpCases()[std::get<0>(GetParam())];
@@ -41,9 +40,10 @@ TEST_P(GradientTest, MatchesCentralDifferences) {
   std::vector<Probe> probes;
   for (size_t i = 0; i < t.in.size(); ++i) {
     if (!t.in_grads[i].defined()) continue;
-    probes.push_back({t.in[i], std::vector<float>(t.in_grads[i].data(),
-                                                  t.in_grads[i].data() + t.in[i].num_elements()),
-                      "input " + std::to_string(i), true});
+    probes.push_back(
+        {t.in[i],
+         std::vector<float>(t.in_grads[i].data(), t.in_grads[i].data() + t.in[i].num_elements()),
+         "input " + std::to_string(i), true});
   }
   for (size_t i = 0; i < t.params.size(); ++i) {
     probes.push_back({t.params[i],
@@ -84,12 +84,11 @@ std::string CaseName(const ::testing::TestParamInfo<std::tuple<int, CpuKernels>>
          (std::get<1>(info.param) == CpuKernels::kOneDnn ? "_onednn" : "_reference");
 }
 
-INSTANTIATE_TEST_SUITE_P(AllOps, GradientTest,
-                         ::testing::Combine(::testing::Range(0, static_cast<int>(
-                                                                    AllOpCases().size())),
-                                            ::testing::Values(CpuKernels::kReference,
-                                                              CpuKernels::kOneDnn)),
-                         CaseName);
+INSTANTIATE_TEST_SUITE_P(
+    AllOps, GradientTest,
+    ::testing::Combine(::testing::Range(0, static_cast<int>(AllOpCases().size())),
+                       ::testing::Values(CpuKernels::kReference, CpuKernels::kOneDnn)),
+    CaseName);
 
 }  // namespace
 }  // namespace pstrain::testing

@@ -1,9 +1,9 @@
 // The oneDNN CPU kernels against the reference loops, operator by operator:
 // same random tensors, forward (training and inference) and backward.
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
-
-#include <gtest/gtest.h>
 
 #include "tests/unit/nn/op_cases.h"
 #include "tests/unit/nn/op_harness.h"

@@ -1,15 +1,15 @@
 // Parameter counts of every model against MXNet's (mxnet_facts.md 5) and the
 // references named in models/, plus shapes, names and errors.
+#include "models/models.h"
+
 #include <gtest/gtest.h>
 
-#include "models/models.h"
 #include "tests/test_util.h"
 
 namespace pstrain {
 namespace {
 
-Graph Build(const std::string& name, int num_layers = 0, Shape shape = Shape(),
-            int classes = 0) {
+Graph Build(const std::string& name, int num_layers = 0, Shape shape = Shape(), int classes = 0) {
   ModelOptions o;
   o.name = name;
   o.num_layers = num_layers;

@@ -23,9 +23,8 @@ struct OpCase {
 inline std::vector<OpCase> AllOpCases() {
   std::vector<OpCase> cases;
   auto conv = [](std::string name, Shape in, ConvParam p) {
-    return OpCase{name, [in, p](Graph* g) {
-                    return g->Convolution("conv", g->Input("data", in), p);
-                  }};
+    return OpCase{name,
+                  [in, p](Graph* g) { return g->Convolution("conv", g->Input("data", in), p); }};
   };
   cases.push_back(conv("conv_3x3_pad1", {3, 7, 6}, {4, 3, 3, 1, 1, 1, 1, 1, false}));
   cases.push_back(conv("conv_3x2_stride2x1", {2, 7, 5}, {3, 3, 2, 2, 1, 0, 1, 1, false}));
@@ -46,13 +45,12 @@ inline std::vector<OpCase> AllOpCases() {
     p.pad_h = r(0, p.kernel_h - 1);
     p.pad_w = r(0, p.kernel_w - 1);
     p.no_bias = r(0, 1) == 1;
-    cases.push_back(conv("conv_random" + std::to_string(i),
-                         {c, r(p.kernel_h, 8), r(p.kernel_w, 8)}, p));
+    cases.push_back(
+        conv("conv_random" + std::to_string(i), {c, r(p.kernel_h, 8), r(p.kernel_w, 8)}, p));
   }
   auto pool = [](std::string name, Shape in, PoolParam p) {
-    return OpCase{name,
-                  [in, p](Graph* g) { return g->Pooling("pool", g->Input("data", in), p); }, 2,
-                  p.type == PoolType::kMax};
+    return OpCase{name, [in, p](Graph* g) { return g->Pooling("pool", g->Input("data", in), p); },
+                  2, p.type == PoolType::kMax};
   };
   cases.push_back(pool("maxpool_2x2_s2", {3, 6, 6},
                        {PoolType::kMax, 2, 2, 2, 2, 0, 0, false, PoolConvention::kValid}));
@@ -78,27 +76,39 @@ inline std::vector<OpCase> AllOpCases() {
     p.pad_h = r(0, p.kernel_h - 1);
     p.pad_w = r(0, p.kernel_w - 1);
     p.convention = r(0, 1) ? PoolConvention::kFull : PoolConvention::kValid;
-    cases.push_back(pool("pool_random" + std::to_string(i),
-                         {r(1, 3), r(p.kernel_h, 9), r(p.kernel_w, 9)}, p));
+    cases.push_back(
+        pool("pool_random" + std::to_string(i), {r(1, 3), r(p.kernel_h, 9), r(p.kernel_w, 9)}, p));
   }
-  cases.push_back({"fc_4d_input", [](Graph* g) {
+  cases.push_back({"fc_4d_input",
+                   [](Graph* g) {
                      return g->FullyConnected("fc", g->Input("data", {3, 4, 5}), {7, false});
-                   }, 3});
-  cases.push_back({"fc_nobias", [](Graph* g) {
+                   },
+                   3});
+  cases.push_back({"fc_nobias",
+                   [](Graph* g) {
                      return g->FullyConnected("fc", g->Input("data", {6}), {4, true});
-                   }, 5});
-  cases.push_back({"batchnorm_4d", [](Graph* g) {
+                   },
+                   5});
+  cases.push_back({"batchnorm_4d",
+                   [](Graph* g) {
                      return g->BatchNorm("bn", g->Input("data", {4, 3, 5}), {1e-5f, 0.9f, false});
-                   }, 3});
-  cases.push_back({"batchnorm_fix_gamma", [](Graph* g) {
+                   },
+                   3});
+  cases.push_back({"batchnorm_fix_gamma",
+                   [](Graph* g) {
                      return g->BatchNorm("bn", g->Input("data", {3, 4, 4}), {2e-5f, 0.9f, true});
-                   }, 2});
-  cases.push_back({"batchnorm_2d", [](Graph* g) {
+                   },
+                   2});
+  cases.push_back({"batchnorm_2d",
+                   [](Graph* g) {
                      return g->BatchNorm("bn", g->Input("data", {5}), {1e-3f, 0.9f, false});
-                   }, 6});
-  cases.push_back({"relu", [](Graph* g) {
+                   },
+                   6});
+  cases.push_back({"relu",
+                   [](Graph* g) {
                      return g->Activation("act", g->Input("data", {3, 4, 5}), ActType::kRelu);
-                   }, 2, false, true});
+                   },
+                   2, false, true});
   cases.push_back({"tanh", [](Graph* g) {
                      return g->Activation("act", g->Input("data", {3, 4, 5}), ActType::kTanh);
                    }});
@@ -113,18 +123,19 @@ inline std::vector<OpCase> AllOpCases() {
                      return g->Add("add", {g->Input("a", {2, 3, 3}), g->Input("b", {2, 3, 3}),
                                            g->Input("c", {2, 3, 3})});
                    }});
-  cases.push_back({"dropout", [](Graph* g) {
+  cases.push_back({"dropout",
+                   [](Graph* g) {
                      return g->Dropout("drop", g->Input("data", {4, 5}), {0.3f});
-                   }, 3});
+                   },
+                   3});
   cases.push_back({"flatten", [](Graph* g) {
                      return g->Flatten("flat", g->Input("data", {2, 3, 4}));
                    }});
-  cases.push_back({"softmax_output", [](Graph* g) {
-                     return g->SoftmaxOutput("softmax", g->Input("data", {6}));
-                   }, 4});
-  cases.push_back({"softmax_output_scaled", [](Graph* g) {
-                     return g->SoftmaxOutput("softmax", g->Input("data", {3}), 0.5f);
-                   }, 5});
+  cases.push_back({"softmax_output",
+                   [](Graph* g) { return g->SoftmaxOutput("softmax", g->Input("data", {6})); }, 4});
+  cases.push_back(
+      {"softmax_output_scaled",
+       [](Graph* g) { return g->SoftmaxOutput("softmax", g->Input("data", {3}), 0.5f); }, 5});
   return cases;
 }
 

@@ -3,14 +3,14 @@
 #ifndef PSTRAIN_TESTS_UNIT_NN_OP_HARNESS_H_
 #define PSTRAIN_TESTS_UNIT_NN_OP_HARNESS_H_
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <functional>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "nn/cpu/cpu_engine.h"
 #include "nn/graph.h"
@@ -53,8 +53,8 @@ class OpHarness {
     for (NodeId in : node.inputs) {
       const Node& src = graph_.node(in);
       Tensor x = Tensor::Empty(src.out_shape.WithBatch(batch));
-      const bool is_label = src.name.size() > 6 &&
-                            src.name.compare(src.name.size() - 6, 6, "_label") == 0;
+      const bool is_label =
+          src.name.size() > 6 && src.name.compare(src.name.size() - 6, 6, "_label") == 0;
       if (is_label) {
         std::uniform_int_distribution<int> d(0, static_cast<int>(node.out_shape[0]) - 1);
         for (int64_t i = 0; i < x.num_elements(); ++i) x.data()[i] = static_cast<float>(d(rng_));
