@@ -84,7 +84,8 @@ double NodeWork(const Graph& g, const Node& n, int64_t batch) {
 constexpr double kParallelWork = 2e8;
 
 std::vector<int> ThreadsPerNode(const Graph& g, int64_t batch, int requested) {
-  const int team = requested > 0 ? requested : omp_get_num_procs();
+  // 0: the OpenMP default, which honours OMP_NUM_THREADS (else every core).
+  const int team = requested > 0 ? requested : omp_get_max_threads();
   std::vector<int> threads(g.nodes().size(), 1);
   for (const Node& n : g.nodes()) {
     if (n.op != OpType::kInput && NodeWork(g, n, batch) >= kParallelWork) threads[n.id] = team;

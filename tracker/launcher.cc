@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <set>
 
@@ -403,6 +404,16 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
 
   const int total = o.num_servers + o.num_workers;
   if (plan.launcher == LauncherKind::kLocal) {
+    // Every process shares this host's cores. Unless the user chose otherwise,
+    // each worker's OpenMP team gets an equal share (at least 1) and idle
+    // OpenMP threads sleep instead of spinning on cores the others need.
+    const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+    if (local_env.count("OMP_NUM_THREADS") == 0 && user_vars.count("OMP_NUM_THREADS") == 0) {
+      user_vars["OMP_NUM_THREADS"] = std::to_string(std::max(1L, cores / o.num_workers));
+    }
+    if (local_env.count("OMP_WAIT_POLICY") == 0 && user_vars.count("OMP_WAIT_POLICY") == 0) {
+      user_vars["OMP_WAIT_POLICY"] = "passive";
+    }
     // dmlc-core's local tracker numbers workers first: task i < W is a worker.
     for (int i = 0; i < total; ++i) {
       bool server = i < o.num_servers;

@@ -115,7 +115,9 @@ TEST(TrainConfigTest, ValidationNamesTheBadValue) {
   expect_bad(c, "--network is required");
   c = Valid();
   c.clear_data_dir();
-  expect_bad(c, "--data-dir is required");
+  expect_bad(c, "--data-dir (MNIST, CIFAR-10 binary) or --data-train (RecordIO) is required");
+  c.set_data_train("/data/cifar_train.rec");
+  EXPECT_OK(ValidateTrainConfig(c));
   c.set_benchmark(1);
   expect_bad(c, "--image-shape");
   c.set_image_shape("3,32,32");
