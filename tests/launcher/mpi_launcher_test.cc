@@ -47,6 +47,21 @@ class MpiLauncherTest : public ::testing::Test {
   bool open_mpi_ = false;
 };
 
+TEST_F(MpiLauncherTest, KvbenchVerifyUnderMpirun) {
+  std::vector<std::string> args = {"-n", "2", "-s", "2", "--launcher", "mpi", "-H",
+                                   dir_.Sub("hosts"), "--log-dir", dir_.Sub("logs"),
+                                   "--timeout", "90"};
+  if (open_mpi_) {
+    args.insert(args.end(), {"--mpi-option", "--oversubscribe"});
+    if (geteuid() == 0) args.insert(args.end(), {"--mpi-option", "--allow-run-as-root"});
+  }
+  args.insert(args.end(), {"--", PstrainBinary(), "kvbench", "--verify"});
+  LaunchRun run = RunLaunch(args, dir_.path(), 120000);
+  ASSERT_EQ(run.exit_code(), 0) << run.output;
+  EXPECT_NE(run.output.find("verify dist_sync ok"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("verify dist_async ok"), std::string::npos) << run.output;
+}
+
 TEST_F(MpiLauncherTest, TwoServersTwoWorkersUnderMpirun) {
   LaunchRun run = RunLaunch(Args({"plain", kSpacey}), dir_.path(), 90000);
   ASSERT_EQ(run.exit_code(), 0) << run.output;

@@ -156,6 +156,21 @@ TEST_F(SshLauncherTest, TwoServersTwoWorkersOverSsh) {
   EXPECT_EQ(Survivors(reports), std::vector<std::string>{});
 }
 
+// The parameter server's conformance check as the job: servers and workers on
+// "127.0.0.1" and "localhost" (a host name) talk to each other through ssh-started processes.
+TEST_F(SshLauncherTest, KvbenchVerifyOverSsh) {
+  const std::string& d = keys_->path();
+  LaunchRun run = RunLaunch(
+      {"-n", "2", "-s", "2", "-H", d + "/hosts", "--log-dir", dir_.Sub("logs"), "--timeout",
+       "90", "--ssh-option", "IdentityFile=" + d + "/userkey", "--ssh-option",
+       "IdentitiesOnly=yes", "--ssh-option", "UserKnownHostsFile=" + d + "/known_hosts", "--",
+       PstrainBinary(), "kvbench", "--verify"},
+      dir_.Sub("work"), 120000, env_);
+  ASSERT_EQ(run.exit_code(), 0) << run.output;
+  EXPECT_NE(run.output.find("verify dist_sync ok"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("verify dist_async ok"), std::string::npos) << run.output;
+}
+
 TEST_F(SshLauncherTest, SyncDstDirCopiesTheWorkingDirectoryFirst) {
   WriteFile(dir_.Sub("work") + "/marker file.txt", "synced");
   LaunchRun run = RunLaunch(Args({"--sync-dst-dir", dir_.Sub("remote dir")}, {}), dir_.Sub("work"),
