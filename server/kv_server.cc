@@ -60,11 +60,18 @@ struct KVServer::Shard {
   Mutex mu;
   CondVar cv{&mu};
   std::deque<std::vector<Op>> queue GUARDED_BY(mu);
+  bool busy GUARDED_BY(mu) = false;  // the shard thread is running ops
   bool stop GUARDED_BY(mu) = false;
-  std::unordered_map<uint64_t, KeyState> keys;  // touched by this shard's thread only
+  // Touched by one thread at a time: the shard thread, or the receive thread
+  // while the shard is idle with an empty queue (see HandleMessage).
+  std::unordered_map<uint64_t, KeyState> keys;
 };
 
 namespace {
+
+// Requests moving less than this run on the receive thread when their shards
+// are idle: a thread hand-off costs more than the work.
+constexpr uint64_t kInlineBytes = 256 * 1024;
 
 // Pulled parts at least this big are sent straight from the store.
 constexpr uint64_t kZeroCopyReplyBytes = 64 * 1024;
@@ -225,17 +232,28 @@ void KVServer::HandleMessage(Message&& msg) {
     }
   }
   req->msg = std::move(msg);
+  uint64_t elems = 0;
   std::vector<std::vector<Op>> per_shard(shards_.size());
   for (size_t i = 0; i < n; ++i) {
+    elems += req->msg.len(i);
     per_shard[ShardOf(req->msg.key(i), shards_.size())].push_back(
         Op{req, static_cast<uint32_t>(i)});
   }
+  const bool small = elems * sizeof(float) < kInlineBytes;
   for (size_t s = 0; s < shards_.size(); ++s) {
     if (per_shard[s].empty()) continue;
     Shard* shard = shards_[s].get();
-    MutexLock l(&shard->mu);
-    shard->queue.push_back(std::move(per_shard[s]));
-    shard->cv.Signal();
+    {
+      MutexLock l(&shard->mu);
+      // Only this thread enqueues, so an idle shard with an empty queue stays
+      // idle while we run its ops here, and per-key order is kept.
+      if (!small || shard->busy || !shard->queue.empty()) {
+        shard->queue.push_back(std::move(per_shard[s]));
+        shard->cv.Signal();
+        continue;
+      }
+    }
+    for (const Op& op : per_shard[s]) Submit(shard, op);
   }
 }
 
@@ -252,8 +270,11 @@ void KVServer::ShardLoop(Shard* shard) {
       if (shard->queue.empty()) continue;
       ops = std::move(shard->queue.front());
       shard->queue.pop_front();
+      shard->busy = true;
     }
     for (const Op& op : ops) Submit(shard, op);
+    MutexLock l(&shard->mu);
+    shard->busy = false;
   }
 }
 
