@@ -21,10 +21,11 @@ namespace {
 
 using Body = std::function<Status(KVClient& kv)>;
 
-ClusterOptions TestOptions(int S, int W) {
+ClusterOptions TestOptions(int S, int W, const std::string& host) {
   ClusterOptions o;
-  o.root_host = "127.0.0.1";
-  o.bind_host = "127.0.0.1";
+  o.root_host = host;
+  o.bind_host = host;
+  o.advertise_host = host;
   o.num_servers = S;
   o.num_workers = W;
   o.heartbeat_interval_ms = 100;
@@ -44,9 +45,10 @@ struct JobResult {
 // Runs a job; `body(kv)` runs on every worker between Start and Finish.
 // `kill_server` (if >= 0) is stopped once `kill_now` becomes true.
 JobResult RunJob(int S, int W, const Body& body, KVClientOptions ko = {},
-                 std::atomic<bool>* kill_now = nullptr, int num_registering_workers = -1) {
+                 std::atomic<bool>* kill_now = nullptr, int num_registering_workers = -1,
+                 const std::string& host = "127.0.0.1") {
   JobResult r;
-  ClusterOptions o = TestOptions(S, W);
+  ClusterOptions o = TestOptions(S, W, host);
   if (num_registering_workers >= 0) o.startup_timeout_ms = 2000;
   o.root_port = 0;
   auto sched = Scheduler::Create(o);
@@ -155,6 +157,45 @@ TEST(InProcClusterTest, DistSyncConformanceTwoServersThreeWorkersBothPlacements)
   KVClientOptions mx;
   mx.placement = Placement::kMxnet;
   ExpectAllOk(RunJob(2, 3, [](KVClient& kv) { return Conformance(kv, 2); }, mx));
+}
+
+TEST(InProcClusterTest, HostNamesWorkForBindAdvertiseAndScheduler) {
+  ExpectAllOk(RunJob(1, 2, [](KVClient& kv) { return Conformance(kv, 1); }, {}, nullptr, -1,
+                     "localhost"));
+}
+
+TEST(InProcClusterTest, ServerAppliesSgdWithScheduleExactlyAsTheLocalOptimizer) {
+  ExpectAllOk(RunJob(1, 1, [](KVClient& kv) -> Status {
+    ServerConfig c;
+    c.set_sync_mode(false);
+    OptimizerConfig* oc = c.mutable_optimizer();
+    oc->set_learning_rate(0.1f);
+    oc->set_momentum(0.9f);
+    oc->set_wd(0.01f);
+    oc->set_rescale_grad(0.5f);
+    oc->set_clip_gradient(0.3f);
+    oc->mutable_lr_scheduler()->set_type(LrSchedulerConfig::FACTOR);
+    oc->mutable_lr_scheduler()->set_step(2);
+    oc->mutable_lr_scheduler()->set_factor(0.5f);
+    RETURN_IF_ERROR(kv.SetServerConfig(c, Soon()));
+    auto local = Optimizer::Create(*oc);
+    RETURN_IF_ERROR(local.status());
+    ParamState state;
+    std::vector<float> w = {1.0f, -2.0f, 0.5f}, got(3);
+    std::vector<float> expect = w;
+    RETURN_IF_ERROR(kv.Wait(kv.Init({11}, {3}, w.data()), Soon()));
+    for (int step = 0; step < 6; ++step) {
+      std::vector<float> g = {0.2f * step, -1.5f, 3.0f - step};
+      (*local)->Update(g.data(), expect.data(), 3, &state);
+      RETURN_IF_ERROR(kv.Wait(kv.PushPull({11}, {3}, g.data(), got.data()), Soon()));
+      if (got != expect) {
+        return Status::Internal(StrCat("step ", step, ": server ", got[0], ",", got[1], ",",
+                                       got[2], " local ", expect[0], ",", expect[1], ",",
+                                       expect[2]));
+      }
+    }
+    return Status::Ok();
+  }));
 }
 
 TEST(InProcClusterTest, PushPullCarriesTheNewValueInOneRoundTrip) {
