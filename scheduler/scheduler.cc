@@ -115,8 +115,8 @@ void Scheduler::Handle(Message&& msg) {
 void Scheduler::Register(const Message& msg) {
   const NodeInfo& n = msg.header.node();
   auto reject = [&](const std::string& why) {
-    LOG(WARNING) << "scheduler: rejecting registration from " << n.host() << ":" << n.port()
-                 << ": " << why;
+    LOG(WARNING) << "scheduler: rejecting registration from " << n.host() << ":" << n.port() << ": "
+                 << why;
     if (van_->Connect(kPendingIdBase - 1, n.host(), n.port()).ok()) {
       Message m;
       m.header = Header(CMD_ABORT);
@@ -149,9 +149,9 @@ void Scheduler::Register(const Message& msg) {
   }
   pending_.push_back(n);
   if (options_.verbose >= 1) {
-    LOG(INFO) << "scheduler: registered " << RoleName(role) << " at " << n.host() << ":"
-              << n.port() << " (" << pending_.size() << "/"
-              << options_.num_servers + options_.num_workers << ")";
+    LOG(INFO) << "scheduler: registered " << RoleName(role) << " at " << n.host() << ":" << n.port()
+              << " (" << pending_.size() << "/" << options_.num_servers + options_.num_workers
+              << ")";
   }
   if (static_cast<int>(pending_.size()) < options_.num_servers + options_.num_workers) return;
 
@@ -201,10 +201,11 @@ void Scheduler::EnterBarrier(const Message& msg) {
   BarrierState& b = barriers_[group];
   if (!in_group || h.generation() != b.generation + 1) {
     reply.header.set_error_code(static_cast<int>(StatusCode::kFailedPrecondition));
-    reply.header.set_error_message(StrCat(
-        "scheduler: ", Describe(h.sender()), " entered barrier of group ", group, " generation ",
-        h.generation(), in_group ? StrCat(", expected generation ", b.generation + 1)
-                                 : std::string(", but it is not a member of that group")));
+    reply.header.set_error_message(
+        StrCat("scheduler: ", Describe(h.sender()), " entered barrier of group ", group,
+               " generation ", h.generation(),
+               in_group ? StrCat(", expected generation ", b.generation + 1)
+                        : std::string(", but it is not a member of that group")));
     LOG(ERROR) << reply.header.error_message();
     (void)van_->Send(h.sender(), reply);
     return;
@@ -243,8 +244,8 @@ Status Scheduler::Run() {
                    " ms (PSTRAIN_STARTUP_TIMEOUT_MS): registered ", servers, "/",
                    options_.num_servers, " servers and ", workers, "/", options_.num_workers,
                    " workers; missing ", options_.num_servers - servers, " server(s) and ",
-                   options_.num_workers - workers, " worker(s); registered:",
-                   who.empty() ? " none" : who),
+                   options_.num_workers - workers,
+                   " worker(s); registered:", who.empty() ? " none" : who),
             -1);
       return Status::DeadlineExceeded(failure_.message());
     }

@@ -280,8 +280,8 @@ void KVServer::ShardLoop(Shard* shard) {
 
 void KVServer::Submit(Shard* shard, const Op& op) {
   KeyState& ks = shard->keys[op.req->msg.key(op.part)];
-  const bool blocked = !ks.deferred.empty() ||
-                       (ks.initialized && !ks.in_round.empty() && ks.in_round[op.worker()]);
+  const bool blocked =
+      !ks.deferred.empty() || (ks.initialized && !ks.in_round.empty() && ks.in_round[op.worker()]);
   if (!blocked) {
     Execute(shard, &ks, op);
     if (ks.deferred.empty()) return;
@@ -332,23 +332,24 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
       ks->in_round.assign(num_workers, 0);
       ks->initialized = true;
     } else if (ks->size != n) {
-      CompletePart(op, ks, Status::InvalidArgument(
-                               StrCat("init of ", PartName(wire), " with ", n,
-                                      " elements, but it holds ", ks->size)));
+      CompletePart(op, ks,
+                   Status::InvalidArgument(StrCat("init of ", PartName(wire), " with ", n,
+                                                  " elements, but it holds ", ks->size)));
       return;
     }
     CompletePart(op, ks, Status::Ok());
     return;
   }
   if (!ks->initialized) {
-    CompletePart(op, ks, Status::NotFound(StrCat(PartName(wire), " was never initialized (",
-                                                 h.push() ? "push" : "pull", " before init)")));
+    CompletePart(op, ks,
+                 Status::NotFound(StrCat(PartName(wire), " was never initialized (",
+                                         h.push() ? "push" : "pull", " before init)")));
     return;
   }
   if (ks->size != n) {
-    CompletePart(op, ks, Status::InvalidArgument(StrCat(PartName(wire), ": request has ", n,
-                                                        " elements, stored value has ",
-                                                        ks->size)));
+    CompletePart(op, ks,
+                 Status::InvalidArgument(StrCat(PartName(wire), ": request has ", n,
+                                                " elements, stored value has ", ks->size)));
     return;
   }
   if (!h.push()) {
@@ -367,9 +368,10 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   };
   if (cfg == nullptr || !cfg->sync_mode()) {
     if (optimizer() == nullptr) {
-      CompletePart(op, ks, Status::FailedPrecondition(StrCat(
-                               "async push of ", PartName(wire),
-                               " but no optimizer was configured (send the config first)")));
+      CompletePart(op, ks,
+                   Status::FailedPrecondition(
+                       StrCat("async push of ", PartName(wire),
+                              " but no optimizer was configured (send the config first)")));
       return;
     }
     apply(grad);

@@ -6,6 +6,7 @@
 // run (the ceiling). --verify runs MXNet's dist_sync conformance check
 // (mxnet_facts.md 1.11) on a small and a sharded key, and a dist_async check
 // that every push is applied exactly once; any mismatch exits 1.
+#include <gflags/gflags.h>
 #include <zmq.h>
 
 #include <chrono>
@@ -16,8 +17,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gflags/gflags.h>
 
 #include "net/cluster_node.h"
 #include "tools/cluster_role.h"
@@ -56,7 +55,8 @@ StatusOr<std::vector<int64_t>> ParseList(const std::string& flag, const std::str
     char* end = nullptr;
     long long v = std::strtoll(item.c_str(), &end, 10);
     if (item.empty() || *end != '\0' || v <= 0) {
-      return Status::InvalidArgument(StrCat("--", flag, ": '", item, "' is not a positive integer"));
+      return Status::InvalidArgument(
+          StrCat("--", flag, ": '", item, "' is not a positive integer"));
     }
     out.push_back(v);
   }
@@ -174,8 +174,12 @@ ServerConfig MakeConfig(bool sync, float rescale) {
   return c;
 }
 
-Deadline BarrierDeadline(const ClusterOptions& o) { return Deadline::InMillis(o.barrier_timeout_ms); }
-Deadline RequestDeadline(const ClusterOptions& o) { return Deadline::InMillis(o.request_timeout_ms); }
+Deadline BarrierDeadline(const ClusterOptions& o) {
+  return Deadline::InMillis(o.barrier_timeout_ms);
+}
+Deadline RequestDeadline(const ClusterOptions& o) {
+  return Deadline::InMillis(o.request_timeout_ms);
+}
 
 StatusOr<Result> RunConfig(KVClient* kv, const Config& cfg, uint64_t key_base, int iters) {
   const ClusterOptions& o = kv->node()->options();
@@ -210,8 +214,8 @@ StatusOr<Result> RunConfig(KVClient* kv, const Config& cfg, uint64_t key_base, i
     for (int step = 0; step < warmup + per_round; ++step) {
       if (step == warmup) start = Clock::now();
       if (cfg.mode == "pushpull") {
-        RETURN_IF_ERROR(kv->Wait(kv->PushPull(keys, lens, grads.data(), weights.data()),
-                                 RequestDeadline(o)));
+        RETURN_IF_ERROR(
+            kv->Wait(kv->PushPull(keys, lens, grads.data(), weights.data()), RequestDeadline(o)));
       } else {
         auto push = kv->Push(keys, lens, grads.data());
         auto pull = kv->Pull(keys, lens, weights.data());
@@ -231,8 +235,8 @@ StatusOr<Result> RunConfig(KVClient* kv, const Config& cfg, uint64_t key_base, i
 Status CheckAll(const std::vector<float>& v, float expect, const std::string& what) {
   for (size_t i = 0; i < v.size(); ++i) {
     if (v[i] != expect) {
-      return Status::Internal(StrCat("verify: ", what, ": element ", i, " is ", v[i],
-                                     ", expected ", expect));
+      return Status::Internal(
+          StrCat("verify: ", what, ": element ", i, " is ", v[i], ", expected ", expect));
     }
   }
   return Status::Ok();
@@ -261,9 +265,10 @@ Status Verify(KVClient* kv, int rounds) {
     const float expect = 1.0f + 2.0f * W * (W + 1) / 2.0f * i;
     RETURN_IF_ERROR(CheckAll(got, expect, StrCat("dist_sync round ", i)));
   }
-  std::printf("kvbench: verify dist_sync ok: %d rounds, %d workers, keys of 6 and 1440000 "
-              "elements, final value %g\n",
-              rounds, W, got[0]);
+  std::printf(
+      "kvbench: verify dist_sync ok: %d rounds, %d workers, keys of 6 and 1440000 "
+      "elements, final value %g\n",
+      rounds, W, got[0]);
 
   // dist_async: every push applied exactly once (TEST optimizer, rate 1).
   const std::vector<KVClient::Key> akeys = {900002, 900003};
@@ -278,9 +283,10 @@ Status Verify(KVClient* kv, int rounds) {
   RETURN_IF_ERROR(kv->Wait(kv->Pull(akeys, lens, got.data()), RequestDeadline(o)));
   const float expect = 1.0f + static_cast<float>(rounds) * W * (W + 1) / 2.0f;
   RETURN_IF_ERROR(CheckAll(got, expect, "dist_async"));
-  std::printf("kvbench: verify dist_async ok: %d pushes per worker applied exactly once, "
-              "final value %g\n",
-              rounds, got[0]);
+  std::printf(
+      "kvbench: verify dist_async ok: %d pushes per worker applied exactly once, "
+      "final value %g\n",
+      rounds, got[0]);
   return kv->Barrier(BarrierDeadline(o));
 }
 
@@ -319,7 +325,8 @@ int RunWorker(const JobEnv& env) {
     std::string m;
     while (std::getline(ss, m, ',')) {
       if (m != "sync" && m != "async" && m != "pushpull") {
-        return fail(Status::InvalidArgument(StrCat("--mode: '", m, "' is not sync, async or pushpull")));
+        return fail(
+            Status::InvalidArgument(StrCat("--mode: '", m, "' is not sync, async or pushpull")));
       }
       modes.push_back(m);
     }
@@ -334,26 +341,25 @@ int RunWorker(const JobEnv& env) {
         key_base += 100000;
       }
     }
-    std::printf("\nkvbench (worker rank %d of %d, %d servers, placement %s, %d iters)\n",
-                kv.rank(), kv.num_workers(), kv.num_servers(), env.placement.c_str(),
-                FLAGS_iters);
-    std::printf("| tensor bytes | tensors/step | mode | steps/s | push+pull pairs/s/worker | "
-                "payload GB/s | raw ZeroMQ GB/s | of raw |\n");
+    std::printf("\nkvbench (worker rank %d of %d, %d servers, placement %s, %d iters)\n", kv.rank(),
+                kv.num_workers(), kv.num_servers(), env.placement.c_str(), FLAGS_iters);
+    std::printf(
+        "| tensor bytes | tensors/step | mode | steps/s | push+pull pairs/s/worker | "
+        "payload GB/s | raw ZeroMQ GB/s | of raw |\n");
     std::printf("|---:|---:|---|---:|---:|---:|---:|---:|\n");
     for (const Result& r : results) {
       std::printf("| %lld | %lld | %s | %.1f | %.0f | %.3f | %.3f | %.0f%% |\n",
-                  static_cast<long long>(r.cfg.tensor_bytes),
-                  static_cast<long long>(r.cfg.tensors), r.cfg.mode.c_str(), r.steps_per_s,
-                  r.pairs_per_s, r.payload_gbps, r.ceiling_gbps,
+                  static_cast<long long>(r.cfg.tensor_bytes), static_cast<long long>(r.cfg.tensors),
+                  r.cfg.mode.c_str(), r.steps_per_s, r.pairs_per_s, r.payload_gbps, r.ceiling_gbps,
                   100.0 * r.payload_gbps / r.ceiling_gbps);
     }
     for (const Result& r : results) {
-      std::printf("kvbench: tensor_bytes=%lld tensors=%lld servers=%d workers=%d mode=%s "
-                  "steps_per_s=%.2f pairs_per_s=%.0f payload_gbps=%.4f ceiling_gbps=%.4f\n",
-                  static_cast<long long>(r.cfg.tensor_bytes),
-                  static_cast<long long>(r.cfg.tensors), kv.num_servers(), kv.num_workers(),
-                  r.cfg.mode.c_str(), r.steps_per_s, r.pairs_per_s, r.payload_gbps,
-                  r.ceiling_gbps);
+      std::printf(
+          "kvbench: tensor_bytes=%lld tensors=%lld servers=%d workers=%d mode=%s "
+          "steps_per_s=%.2f pairs_per_s=%.0f payload_gbps=%.4f ceiling_gbps=%.4f\n",
+          static_cast<long long>(r.cfg.tensor_bytes), static_cast<long long>(r.cfg.tensors),
+          kv.num_servers(), kv.num_workers(), r.cfg.mode.c_str(), r.steps_per_s, r.pairs_per_s,
+          r.payload_gbps, r.ceiling_gbps);
     }
     std::fflush(stdout);
   }

@@ -202,8 +202,9 @@ void KVClient::Enqueue(std::unique_ptr<Sub> sub) {
       }
     }
   }
-  auto pos = std::find_if(q.begin(), q.end(),
-                          [&](const std::unique_ptr<Sub>& o) { return o->priority < sub->priority; });
+  auto pos = std::find_if(q.begin(), q.end(), [&](const std::unique_ptr<Sub>& o) {
+    return o->priority < sub->priority;
+  });
   q.insert(pos, std::move(sub));
 }
 
@@ -328,9 +329,9 @@ Status KVClient::Wait(Ticket ticket, Deadline deadline) {
   }
   std::string who;
   for (int s : owing) who += " " + node_->Describe(ServerId(s));
-  return Status::DeadlineExceeded(
-      StrCat(node_->Self(), ": request ticket ", ticket, " not done by its deadline; waiting on",
-             who.empty() ? " nothing" : who));
+  return Status::DeadlineExceeded(StrCat(node_->Self(), ": request ticket ", ticket,
+                                         " not done by its deadline; waiting on",
+                                         who.empty() ? " nothing" : who));
 }
 
 Status KVClient::SetServerConfig(const ServerConfig& config, Deadline deadline) {
@@ -388,9 +389,8 @@ void KVClient::ExpireRequests() {
     MutexLock l(&mu_);
     for (const auto& [id, sub] : inflight_) {
       if (sub->deadline.Expired()) {
-        late = StrCat("no reply from ", node_->Describe(ServerId(sub->server)), " to request ",
-                      id, " within ", options_.request_timeout_ms,
-                      " ms (PSTRAIN_REQUEST_TIMEOUT_MS)");
+        late = StrCat("no reply from ", node_->Describe(ServerId(sub->server)), " to request ", id,
+                      " within ", options_.request_timeout_ms, " ms (PSTRAIN_REQUEST_TIMEOUT_MS)");
         break;
       }
     }

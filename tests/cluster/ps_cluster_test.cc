@@ -1,5 +1,6 @@
 // Real processes on 127.0.0.1: `pstrain kvbench` as scheduler, servers and
 // workers (DMLC_ROLE), as a user starts a job by hand.
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -15,8 +16,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "proto/ps.pb.h"
 #include "tests/test_util.h"
@@ -170,9 +169,10 @@ TEST_F(ClusterTest, BenchmarkPrintsTableAndScriptLines) {
   for (Proc* p : job) EXPECT_EQ(p->Wait(60), 0) << p->Log();
   const std::string log = job.back()->Log();
   for (const char* mode : {"sync", "async", "pushpull"}) {
-    EXPECT_NE(log.find(std::string("kvbench: tensor_bytes=4096 tensors=8 servers=1 workers=1 mode=") +
-                       mode + " steps_per_s="),
-              std::string::npos)
+    EXPECT_NE(
+        log.find(std::string("kvbench: tensor_bytes=4096 tensors=8 servers=1 workers=1 mode=") +
+                 mode + " steps_per_s="),
+        std::string::npos)
         << log;
   }
   EXPECT_NE(log.find("ceiling_gbps="), std::string::npos) << log;
@@ -254,12 +254,12 @@ void SendGarbage(int port) {
   std::string key(8, '\0');
   key[7] = 3;  // server rank 768: not this server
   const std::string len("\x04\0\0\0", 4);
-  SendRaw(port, {"\xde\xad\xbe\xef garbage"});                          // not a header
-  SendRaw(port, {header});                                              // truncated
-  SendRaw(port, {header, key, len});                                    // value frame missing
-  SendRaw(port, {header, key, len, std::string(8, 'v')});               // short values
-  SendRaw(port, {header, key, len, std::string(24 << 20, 'v')});        // oversized
-  SendRaw(port, {header, key, len, std::string(16, 'v')});              // wrong server's key
+  SendRaw(port, {"\xde\xad\xbe\xef garbage"});                    // not a header
+  SendRaw(port, {header});                                        // truncated
+  SendRaw(port, {header, key, len});                              // value frame missing
+  SendRaw(port, {header, key, len, std::string(8, 'v')});         // short values
+  SendRaw(port, {header, key, len, std::string(24 << 20, 'v')});  // oversized
+  SendRaw(port, {header, key, len, std::string(16, 'v')});        // wrong server's key
 }
 
 TEST_F(ClusterTest, GarbageTruncatedAndOversizedMessagesDoNotHurtAServer) {

@@ -1,7 +1,7 @@
 // Key placement: MXNet's rule and the balanced chunked rule.
-#include <map>
-
 #include <gtest/gtest.h>
+
+#include <map>
 
 #include "net/message.h"
 #include "worker/placement.h"
