@@ -61,6 +61,8 @@ void ClusterNode::Stop() {
     cv_.SignalAll();
   }
   if (heartbeat_.joinable()) heartbeat_.join();
+  // Handlers may still send while the receive thread winds down.
+  if (van_ != nullptr) van_->StopReceiving();
   van_.reset();
 }
 

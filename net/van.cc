@@ -145,9 +145,13 @@ StatusOr<std::unique_ptr<Van>> Van::Create(const VanOptions& options, Handler ha
   return van;
 }
 
-Van::~Van() {
+void Van::StopReceiving() {
   stop_ = true;
   if (receiver_.joinable()) receiver_.join();
+}
+
+Van::~Van() {
+  StopReceiving();
   {
     MutexLock l(&mu_);
     peers_.clear();

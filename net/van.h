@@ -51,6 +51,10 @@ class Van {
 
   int port() const { return port_; }
 
+  // Stops and joins the receive thread: no handler runs after it returns.
+  // Sends still work. Idempotent; the destructor calls it.
+  void StopReceiving();
+
   // Opens (or replaces) the connection to node `id` at host:port (a name or an IP).
   Status Connect(int id, const std::string& host, int port);
   void Disconnect(int id);

@@ -14,6 +14,9 @@
 // and leave highest priority first (ties in call order); a queued request never
 // overtakes an earlier one that shares a key with it.
 //
+// Tickets: one without a callback is kept until Wait() reports it; wait for
+// every such ticket (a callback ticket is forgotten once its callback ran).
+//
 // Buffers: `vals` must stay valid and unchanged, and `out` valid, until the
 // ticket completes. If the job fails (Wait returns Unavailable), outstanding
 // requests are abandoned; their buffers must then stay valid until the

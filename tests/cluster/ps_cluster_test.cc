@@ -205,8 +205,24 @@ TEST_F(ClusterTest, KilledServerFailsEveryoneWithinDeadlineNamingIt) {
   }
 }
 
+TEST_F(ClusterTest, KilledSchedulerFailsEveryoneWithinDeadline) {
+  auto job = StartJob(1, 2,
+                      {"kvbench", "--tensor-bytes=4096", "--tensors=16", "--iters=100000000",
+                       "--ceiling-iters=10", "--mode=sync"});
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  ASSERT_EQ(job[0]->Wait(0), -1) << "scheduler ended early: " << job[0]->Log();
+  job[0]->Kill9();
+  for (size_t i = 1; i < job.size(); ++i) {
+    const int code = job[i]->Wait(15);
+    EXPECT_NE(code, 0) << job[i]->Log();
+    EXPECT_NE(code, -1) << "still running 15 s after the kill: " << job[i]->Log();
+    EXPECT_NE(job[i]->Log().find("scheduler at 127.0.0.1:" + std::to_string(port_)),
+              std::string::npos)
+        << job[i]->Log();
+  }
+}
+
 TEST_F(ClusterTest, MissingWorkerFailsStartupNamingWhatIsMissing) {
-  Env extra = {{"PSTRAIN_STARTUP_TIMEOUT_MS", "2000"}};
   std::vector<Proc*> job;
   auto env = [&](const std::string& role) {
     Env e = JobEnv(1, 2, role);
