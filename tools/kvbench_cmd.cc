@@ -297,7 +297,7 @@ int RunWorker(const JobEnv& env) {
     return 1;
   }
   KVClientOptions ko;
-  ko.placement = env.placement == "mxnet" ? Placement::kMxnet : Placement::kBalanced;
+  ko.placement = env.placement == "balanced" ? Placement::kBalanced : Placement::kMxnet;
   ko.bigarray_bound = env.bigarray_bound;
   ko.chunk_elems = env.chunk_elems;
   ko.request_timeout_ms = env.request_timeout_ms;

@@ -44,7 +44,7 @@
 namespace pstrain {
 
 struct KVClientOptions {
-  Placement placement = Placement::kBalanced;  // PSTRAIN_PLACEMENT
+  Placement placement = Placement::kMxnet;  // PSTRAIN_PLACEMENT
   int64_t bigarray_bound = 1000000;            // MXNET_KVSTORE_BIGARRAY_BOUND
   int64_t chunk_elems = 262144;                // PSTRAIN_CHUNK_ELEMS
   int max_inflight_per_server = 32;

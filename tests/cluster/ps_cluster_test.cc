@@ -155,7 +155,7 @@ TEST_F(ClusterTest, VerifyOneServerOneWorker) {
 }
 
 TEST_F(ClusterTest, VerifyTwoServersThreeWorkersBalanced) {
-  ExpectVerified(StartJob(2, 3, {"kvbench", "--verify"}), 3);
+  ExpectVerified(StartJob(2, 3, {"kvbench", "--verify"}, {{"PSTRAIN_PLACEMENT", "balanced"}}), 3);
 }
 
 TEST_F(ClusterTest, VerifyTwoServersThreeWorkersMxnetPlacementShardsBigKey) {

@@ -152,7 +152,9 @@ TEST(InProcClusterTest, DistSyncConformanceOneServerOneWorker) {
 }
 
 TEST(InProcClusterTest, DistSyncConformanceTwoServersThreeWorkersBothPlacements) {
-  ExpectAllOk(RunJob(2, 3, [](KVClient& kv) { return Conformance(kv, 4); }));
+  KVClientOptions balanced;
+  balanced.placement = Placement::kBalanced;
+  ExpectAllOk(RunJob(2, 3, [](KVClient& kv) { return Conformance(kv, 4); }, balanced));
   KVClientOptions mx;
   mx.placement = Placement::kMxnet;
   ExpectAllOk(RunJob(
