@@ -62,7 +62,7 @@ KVClient::Ticket KVClient::Issue(Kind kind, const std::vector<Key>& keys,
     ticket = next_ticket_++;
     TicketState& t = tickets_[ticket];
     t.cb = std::move(cb);
-    auto finish_now = [&](const Status& s) {
+    auto finish_now = [&](const Status& s) REQUIRES(mu_) {
       t.remaining = 1;
       if (Callback c = FinishSub(ticket, s)) to_run_.emplace_back(std::move(c), s);
     };
