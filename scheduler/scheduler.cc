@@ -104,7 +104,8 @@ void Scheduler::Handle(Message&& msg) {
       return;
     case CMD_ABORT:
       if (it == nodes_.end()) return;
-      Abort(StrCat(Describe(h.sender()), " failed: ", h.error_message()), h.sender());
+      Abort(StrCat(Describe(h.sender()), " failed: ", h.error_message(), OpenBarriers()),
+            h.sender());
       return;
     default:
       LOG(WARNING) << "scheduler: ignoring command " << PsCommand_Name(h.cmd()) << " from "
@@ -187,6 +188,23 @@ void Scheduler::Register(const Message& msg) {
   }
   Broadcast(table, -1);
   cv_.SignalAll();
+}
+
+std::string Scheduler::OpenBarriers() const {
+  std::string out;
+  for (const auto& [group, b] : barriers_) {
+    if (b.arrived.empty()) continue;
+    std::string missing;
+    for (const auto& [id, node] : nodes_) {
+      const bool member =
+          (IsServerId(id) && (group & kServerGroup)) || (IsWorkerId(id) && (group & kWorkerGroup));
+      if (member && b.arrived.count(id) == 0)
+        missing += StrCat(missing.empty() ? "" : ", ", Describe(id));
+    }
+    out += StrCat("; barrier of group ", group, " generation ", b.generation + 1,
+                  " is still waiting for ", missing);
+  }
+  return out;
 }
 
 void Scheduler::EnterBarrier(const Message& msg) {

@@ -154,7 +154,8 @@ TEST(InProcClusterTest, DistSyncConformanceOneServerOneWorker) {
 TEST(InProcClusterTest, DistSyncConformanceTwoServersThreeWorkersBothPlacements) {
   KVClientOptions balanced;
   balanced.placement = Placement::kBalanced;
-  ExpectAllOk(RunJob(2, 3, [](KVClient& kv) { return Conformance(kv, 4); }, balanced));
+  ExpectAllOk(RunJob(
+      2, 3, [](KVClient& kv) { return Conformance(kv, 4); }, balanced));
   KVClientOptions mx;
   mx.placement = Placement::kMxnet;
   ExpectAllOk(RunJob(
@@ -347,6 +348,24 @@ TEST(InProcClusterTest, BarriersWithGenerationsRepeat) {
     }
     return Status::Ok();
   }));
+}
+
+TEST(InProcClusterTest, BarrierTimeoutNamesTheWorkerThatNeverArrived) {
+  JobResult r = RunJob(1, 2, [](KVClient& kv) -> Status {
+    if (kv.rank() == 1) {
+      // Never enters the barrier; waits for the job to fail instead.
+      for (int i = 0; i < 100 && kv.node()->health().ok(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      return kv.node()->health();
+    }
+    return kv.Barrier(Deadline::InMillis(800));
+  });
+  EXPECT_EQ(r.scheduler.code(), StatusCode::kUnavailable) << r.scheduler;
+  EXPECT_NE(r.scheduler.message().find("still waiting for worker rank 1 at 127.0.0.1:"),
+            std::string::npos)
+      << r.scheduler;
+  EXPECT_FALSE(r.workers[1].ok());
 }
 
 TEST(InProcClusterTest, MissingWorkerFailsStartupWithinTheDeadline) {
