@@ -226,6 +226,16 @@ void KVServer::HandleMessage(Message&& msg) {
       req->part_slot[i] = {static_cast<uint32_t>(run_bytes.size() - 1), run_bytes.back()};
       run_bytes.back() += bytes;
     }
+    uint64_t copied = 0;
+    for (uint64_t b : run_bytes) copied += b;
+    if (copied > static_cast<uint64_t>(node_->options().max_message_bytes)) {
+      // Real lengths are checked against the stored shapes later; this bounds
+      // what a malformed pull can make us allocate first.
+      ReplyError(msg.header, Status::InvalidArgument(StrCat("pull of ", copied,
+                                                            " bytes in small parts exceeds "
+                                                            "PSTRAIN_MAX_MESSAGE_BYTES")));
+      return;
+    }
     req->slots.resize(run_bytes.size());
     for (size_t k = 0; k < run_bytes.size(); ++k) {
       if (run_bytes[k] > 0) req->slots[k].blob = Blob::Allocate(run_bytes[k], &req->slots[k].data);
