@@ -165,7 +165,8 @@ StatusOr<JobEnv> ReadJobEnv(const Environment& env, bool cluster_required) {
   job.bind_host = env.Get("PSTRAIN_BIND_HOST").value_or(job.bind_host);
   ASSIGN_OR_RETURN(job.max_message_bytes,
                    env.GetInt("PSTRAIN_MAX_MESSAGE_BYTES", job.max_message_bytes, 1024));
-  ASSIGN_OR_RETURN(int64_t threads, env.GetInt("PSTRAIN_SERVER_THREADS", job.server_threads, 1, 64));
+  ASSIGN_OR_RETURN(int64_t threads,
+                   env.GetInt("PSTRAIN_SERVER_THREADS", job.server_threads, 1, 64));
   job.server_threads = static_cast<int>(threads);
   job.placement = env.Get("PSTRAIN_PLACEMENT").value_or(job.placement);
   if (job.placement != "balanced" && job.placement != "mxnet") {

@@ -72,7 +72,7 @@ struct JobEnv {
   std::string bind_host = "0.0.0.0";  // PSTRAIN_BIND_HOST: address to bind (vs. advertise)
   int64_t max_message_bytes = int64_t{1} << 31;  // PSTRAIN_MAX_MESSAGE_BYTES: per frame
   int server_threads = 2;             // PSTRAIN_SERVER_THREADS: request shards per server
-  std::string placement = "balanced"; // PSTRAIN_PLACEMENT: balanced | mxnet
+  std::string placement = "mxnet";    // PSTRAIN_PLACEMENT: mxnet | balanced
   int64_t chunk_elems = 262144;       // PSTRAIN_CHUNK_ELEMS: balanced placement chunk size
 };
 

@@ -61,6 +61,8 @@ void ClusterNode::Stop() {
     cv_.SignalAll();
   }
   if (heartbeat_.joinable()) heartbeat_.join();
+  // Handlers may still send while the receive thread winds down.
+  if (van_ != nullptr) van_->StopReceiving();
   van_.reset();
 }
 
@@ -98,8 +100,8 @@ std::string ClusterNode::Describe(int id) const {
     if (id == id_ || id < 0) return StrCat(RoleName(options_.role), " at ", host_, ":", port_);
     return NodeIdName(id);
   }
-  return StrCat(RoleName(static_cast<Role>(it->second.role())), " rank ", it->second.rank(),
-                " at ", it->second.host(), ":", it->second.port());
+  return StrCat(RoleName(static_cast<Role>(it->second.role())), " rank ", it->second.rank(), " at ",
+                it->second.host(), ":", it->second.port());
 }
 
 PsHeader ClusterNode::Header(PsCommand cmd) const {
@@ -131,12 +133,12 @@ Status ClusterNode::Start() {
     cv_.WaitUntil(deadline, [this]() REQUIRES(mu_) { return have_table_ || !health_.ok(); });
     if (!health_.ok()) return health_;
     if (!have_table_) {
-      return Status::DeadlineExceeded(StrCat(
-          RoleName(options_.role), " at ", host_, ":", port_,
-          ": no node table from the scheduler at ", options_.root_host, ":", options_.root_port,
-          " within ", options_.startup_timeout_ms,
-          " ms (PSTRAIN_STARTUP_TIMEOUT_MS); is the scheduler running and did all ",
-          options_.num_servers, " servers and ", options_.num_workers, " workers start?"));
+      return Status::DeadlineExceeded(
+          StrCat(RoleName(options_.role), " at ", host_, ":", port_,
+                 ": no node table from the scheduler at ", options_.root_host, ":",
+                 options_.root_port, " within ", options_.startup_timeout_ms,
+                 " ms (PSTRAIN_STARTUP_TIMEOUT_MS); is the scheduler running and did all ",
+                 options_.num_servers, " servers and ", options_.num_workers, " workers start?"));
     }
     last_scheduler_contact_ = SteadyClock::now();
   }
@@ -272,8 +274,8 @@ Status ClusterNode::Barrier(int group, Deadline deadline) {
   if (!health_.ok()) return health_;
   if (barrier_done_[group] < gen) {
     return Status::DeadlineExceeded(StrCat(
-        RoleName(options_.role), " rank ", rank_, ": barrier of group ", group,
-        " generation ", gen, " did not complete in time; some node of the group never arrived"));
+        RoleName(options_.role), " rank ", rank_, ": barrier of group ", group, " generation ", gen,
+        " did not complete in time; some node of the group never arrived"));
   }
   return Status::Ok();
 }
@@ -290,8 +292,8 @@ Status ClusterNode::WaitShutdown(Deadline deadline) {
   cv_.WaitUntil(deadline, [this]() REQUIRES(mu_) { return shutdown_ || !health_.ok(); });
   if (!health_.ok()) return health_;
   if (!shutdown_) {
-    return Status::DeadlineExceeded(
-        StrCat(RoleName(options_.role), " rank ", rank_, ": no shutdown from the scheduler in time"));
+    return Status::DeadlineExceeded(StrCat(RoleName(options_.role), " rank ", rank_,
+                                           ": no shutdown from the scheduler in time"));
   }
   return Status::Ok();
 }
@@ -311,16 +313,16 @@ void ClusterNode::HeartbeatLoop() {
     bool done = false;
     {
       MutexLock l(&mu_);
-      silent_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                      SteadyClock::now() - last_scheduler_contact_)
+      silent_ms = std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() -
+                                                                        last_scheduler_contact_)
                       .count();
       done = shutdown_ || !health_.ok();
     }
     if (!done && silent_ms > options_.heartbeat_timeout_ms) {
-      Fail(Status::Unavailable(StrCat("scheduler at ", options_.root_host, ":",
-                                      options_.root_port, " silent for ", silent_ms,
-                                      " ms (PSTRAIN_HEARTBEAT_TIMEOUT_MS=",
-                                      options_.heartbeat_timeout_ms, "); declared dead")));
+      Fail(Status::Unavailable(
+          StrCat("scheduler at ", options_.root_host, ":", options_.root_port, " silent for ",
+                 silent_ms, " ms (PSTRAIN_HEARTBEAT_TIMEOUT_MS=", options_.heartbeat_timeout_ms,
+                 "); declared dead")));
     }
     for (const auto& t : tick_listeners_) t();
   }

@@ -40,7 +40,7 @@ struct ClusterOptions {
   std::string advertise_host;  // empty: see AdvertisedHost (van.h)
   std::string interface;       // DMLC_INTERFACE
   std::string bind_host = "0.0.0.0";
-  int port = 0;                // 0: any free port
+  int port = 0;                      // 0: any free port
   int heartbeat_interval_ms = 1000;  // 0: no heartbeats
   int heartbeat_timeout_ms = 10000;
   int startup_timeout_ms = 30000;
@@ -123,7 +123,7 @@ class ClusterNode {
   int id_ GUARDED_BY(mu_) = -1;
   int rank_ GUARDED_BY(mu_) = -1;
   std::map<int, NodeInfo> table_ GUARDED_BY(mu_);
-  bool have_table_ GUARDED_BY(mu_) = false;  // and connected to the peers
+  bool have_table_ GUARDED_BY(mu_) = false;     // and connected to the peers
   std::vector<Message> early_ GUARDED_BY(mu_);  // data that arrived before the table
   bool shutdown_ GUARDED_BY(mu_) = false;
   bool stopping_ GUARDED_BY(mu_) = false;

@@ -34,8 +34,8 @@ std::string NodeIdName(int id) {
 
 Status ValidateFrames(const Message& msg) {
   const PsHeader& h = msg.header;
-  const std::string from = StrCat("message from ", NodeIdName(h.sender()), " request ",
-                                  h.request_id(), ": ");
+  const std::string from =
+      StrCat("message from ", NodeIdName(h.sender()), " request ", h.request_id(), ": ");
   const uint64_t n = h.num_keys();
   if (n > (uint64_t{1} << 32)) {
     return Status::InvalidArgument(StrCat(from, "num_keys ", n, " is absurd"));
@@ -51,8 +51,7 @@ Status ValidateFrames(const Message& msg) {
   }
   if (msg.values.size() != h.num_value_frames()) {
     return Status::InvalidArgument(StrCat(from, "has ", msg.values.size(),
-                                          " value frames, header says ",
-                                          h.num_value_frames()));
+                                          " value frames, header says ", h.num_value_frames()));
   }
   uint64_t total = 0;
   for (const Blob& v : msg.values) total += v.size();
@@ -100,16 +99,15 @@ Status ValidateDataRequest(const Message& msg, int server_rank) {
   if (h.num_keys() == 0) return Status::InvalidArgument(StrCat(from, "has no keys"));
   const bool want_values = h.init() || h.push();
   if (want_values != (h.value_bytes() > 0)) {
-    return Status::InvalidArgument(StrCat(from, want_values ? "push without values"
-                                                            : "pull carries values"));
+    return Status::InvalidArgument(
+        StrCat(from, want_values ? "push without values" : "pull carries values"));
   }
   for (uint64_t i = 0; i < h.num_keys(); ++i) {
     const uint64_t w = msg.key(i);
     if (WireKeyServer(w) != server_rank) {
-      return Status::InvalidArgument(StrCat(from, "key ", WireKeyUser(w), " part ",
-                                            WireKeyPart(w), " belongs to server rank ",
-                                            WireKeyServer(w), ", not to server rank ",
-                                            server_rank));
+      return Status::InvalidArgument(StrCat(from, "key ", WireKeyUser(w), " part ", WireKeyPart(w),
+                                            " belongs to server rank ", WireKeyServer(w),
+                                            ", not to server rank ", server_rank));
     }
     if (msg.len(i) == 0) {
       return Status::InvalidArgument(

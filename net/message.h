@@ -49,9 +49,9 @@ class Blob {
 
 struct Message {
   PsHeader header;
-  Blob keys;                // uint64 per part
-  Blob lens;                // uint32 per part
-  std::vector<Blob> values; // float32 parts
+  Blob keys;                 // uint64 per part
+  Blob lens;                 // uint32 per part
+  std::vector<Blob> values;  // float32 parts
 
   uint64_t key(size_t i) const {
     uint64_t k;

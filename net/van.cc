@@ -129,12 +129,11 @@ StatusOr<std::unique_ptr<Van>> Van::Create(const VanOptions& options, Handler ha
   if (!options.bind_host.empty() && options.bind_host != "*" && options.bind_host != "0.0.0.0") {
     ASSIGN_OR_RETURN(ip, ResolveHost(options.bind_host));
   }
-  std::string endpoint = StrCat("tcp://", ip, ":", options.port == 0 ? std::string("*")
-                                                                     : std::to_string(options.port));
+  std::string endpoint = StrCat(
+      "tcp://", ip, ":", options.port == 0 ? std::string("*") : std::to_string(options.port));
   if (zmq_bind(van->router_, endpoint.c_str()) != 0) {
-    return Status::IOError(
-        StrCat(options.name, ": cannot bind ", endpoint, " (bind host '", options.bind_host,
-               "'): ", ZmqError()));
+    return Status::IOError(StrCat(options.name, ": cannot bind ", endpoint, " (bind host '",
+                                  options.bind_host, "'): ", ZmqError()));
   }
   char last[256] = {0};
   size_t last_len = sizeof(last);
@@ -146,9 +145,13 @@ StatusOr<std::unique_ptr<Van>> Van::Create(const VanOptions& options, Handler ha
   return van;
 }
 
-Van::~Van() {
+void Van::StopReceiving() {
   stop_ = true;
   if (receiver_.joinable()) receiver_.join();
+}
+
+Van::~Van() {
+  StopReceiving();
   {
     MutexLock l(&mu_);
     peers_.clear();
@@ -204,8 +207,7 @@ Status Van::Send(int id, const Message& msg) {
   msg.header.SerializeToString(&header);
   const bool data = msg.header.cmd() == CMD_DATA;
   if (options_.verbose >= 2) {
-    LOG(INFO) << options_.name << " -> " << NodeIdName(id) << ": "
-              << msg.header.ShortDebugString();
+    LOG(INFO) << options_.name << " -> " << NodeIdName(id) << ": " << msg.header.ShortDebugString();
   }
   MutexLock l(&peer->mu);
   zmq_msg_t m;

@@ -30,12 +30,12 @@
 namespace pstrain {
 
 struct VanOptions {
-  std::string bind_host = "0.0.0.0";  // IP, host name or "*"
-  int port = 0;                        // 0: any free port
+  std::string bind_host = "0.0.0.0";             // IP, host name or "*"
+  int port = 0;                                  // 0: any free port
   int64_t max_message_bytes = int64_t{1} << 31;  // larger frames drop the connection
-  int send_timeout_ms = 30000;         // a send blocked this long (peer gone) fails
-  int verbose = 0;                     // PS_VERBOSE
-  std::string name = "node";           // for log lines
+  int send_timeout_ms = 30000;                   // a send blocked this long (peer gone) fails
+  int verbose = 0;                               // PS_VERBOSE
+  std::string name = "node";                     // for log lines
 };
 
 class Van {
@@ -50,6 +50,10 @@ class Van {
   ~Van();
 
   int port() const { return port_; }
+
+  // Stops and joins the receive thread: no handler runs after it returns.
+  // Sends still work. Idempotent; the destructor calls it.
+  void StopReceiving();
 
   // Opens (or replaces) the connection to node `id` at host:port (a name or an IP).
   Status Connect(int id, const std::string& host, int port);

@@ -104,7 +104,8 @@ void Scheduler::Handle(Message&& msg) {
       return;
     case CMD_ABORT:
       if (it == nodes_.end()) return;
-      Abort(StrCat(Describe(h.sender()), " failed: ", h.error_message()), h.sender());
+      Abort(StrCat(Describe(h.sender()), " failed: ", h.error_message(), OpenBarriers()),
+            h.sender());
       return;
     default:
       LOG(WARNING) << "scheduler: ignoring command " << PsCommand_Name(h.cmd()) << " from "
@@ -115,8 +116,8 @@ void Scheduler::Handle(Message&& msg) {
 void Scheduler::Register(const Message& msg) {
   const NodeInfo& n = msg.header.node();
   auto reject = [&](const std::string& why) {
-    LOG(WARNING) << "scheduler: rejecting registration from " << n.host() << ":" << n.port()
-                 << ": " << why;
+    LOG(WARNING) << "scheduler: rejecting registration from " << n.host() << ":" << n.port() << ": "
+                 << why;
     if (van_->Connect(kPendingIdBase - 1, n.host(), n.port()).ok()) {
       Message m;
       m.header = Header(CMD_ABORT);
@@ -149,9 +150,9 @@ void Scheduler::Register(const Message& msg) {
   }
   pending_.push_back(n);
   if (options_.verbose >= 1) {
-    LOG(INFO) << "scheduler: registered " << RoleName(role) << " at " << n.host() << ":"
-              << n.port() << " (" << pending_.size() << "/"
-              << options_.num_servers + options_.num_workers << ")";
+    LOG(INFO) << "scheduler: registered " << RoleName(role) << " at " << n.host() << ":" << n.port()
+              << " (" << pending_.size() << "/" << options_.num_servers + options_.num_workers
+              << ")";
   }
   if (static_cast<int>(pending_.size()) < options_.num_servers + options_.num_workers) return;
 
@@ -189,6 +190,23 @@ void Scheduler::Register(const Message& msg) {
   cv_.SignalAll();
 }
 
+std::string Scheduler::OpenBarriers() const {
+  std::string out;
+  for (const auto& [group, b] : barriers_) {
+    if (b.arrived.empty()) continue;
+    std::string missing;
+    for (const auto& [id, node] : nodes_) {
+      const bool member =
+          (IsServerId(id) && (group & kServerGroup)) || (IsWorkerId(id) && (group & kWorkerGroup));
+      if (member && b.arrived.count(id) == 0)
+        missing += StrCat(missing.empty() ? "" : ", ", Describe(id));
+    }
+    out += StrCat("; barrier of group ", group, " generation ", b.generation + 1,
+                  " is still waiting for ", missing);
+  }
+  return out;
+}
+
 void Scheduler::EnterBarrier(const Message& msg) {
   const PsHeader& h = msg.header;
   if (nodes_.count(h.sender()) == 0) return;
@@ -201,10 +219,11 @@ void Scheduler::EnterBarrier(const Message& msg) {
   BarrierState& b = barriers_[group];
   if (!in_group || h.generation() != b.generation + 1) {
     reply.header.set_error_code(static_cast<int>(StatusCode::kFailedPrecondition));
-    reply.header.set_error_message(StrCat(
-        "scheduler: ", Describe(h.sender()), " entered barrier of group ", group, " generation ",
-        h.generation(), in_group ? StrCat(", expected generation ", b.generation + 1)
-                                 : std::string(", but it is not a member of that group")));
+    reply.header.set_error_message(
+        StrCat("scheduler: ", Describe(h.sender()), " entered barrier of group ", group,
+               " generation ", h.generation(),
+               in_group ? StrCat(", expected generation ", b.generation + 1)
+                        : std::string(", but it is not a member of that group")));
     LOG(ERROR) << reply.header.error_message();
     (void)van_->Send(h.sender(), reply);
     return;
@@ -243,8 +262,8 @@ Status Scheduler::Run() {
                    " ms (PSTRAIN_STARTUP_TIMEOUT_MS): registered ", servers, "/",
                    options_.num_servers, " servers and ", workers, "/", options_.num_workers,
                    " workers; missing ", options_.num_servers - servers, " server(s) and ",
-                   options_.num_workers - workers, " worker(s); registered:",
-                   who.empty() ? " none" : who),
+                   options_.num_workers - workers,
+                   " worker(s); registered:", who.empty() ? " none" : who),
             -1);
       return Status::DeadlineExceeded(failure_.message());
     }

@@ -52,6 +52,8 @@ class Scheduler {
   void Broadcast(const Message& msg, int except) REQUIRES(mu_);
   void Abort(const std::string& why, int except) REQUIRES(mu_);
   std::string Describe(int id) const REQUIRES(mu_);
+  // "; barrier of group 4 generation 3 is still waiting for worker rank 2 at ..." per open barrier.
+  std::string OpenBarriers() const REQUIRES(mu_);
   PsHeader Header(PsCommand cmd) const;
 
   ClusterOptions options_;

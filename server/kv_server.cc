@@ -60,11 +60,18 @@ struct KVServer::Shard {
   Mutex mu;
   CondVar cv{&mu};
   std::deque<std::vector<Op>> queue GUARDED_BY(mu);
+  bool busy GUARDED_BY(mu) = false;  // the shard thread is running ops
   bool stop GUARDED_BY(mu) = false;
-  std::unordered_map<uint64_t, KeyState> keys;  // touched by this shard's thread only
+  // Touched by one thread at a time: the shard thread, or the receive thread
+  // while the shard is idle with an empty queue (see HandleMessage).
+  std::unordered_map<uint64_t, KeyState> keys;
 };
 
 namespace {
+
+// Requests moving less than this run on the receive thread when their shards
+// are idle: a thread hand-off costs more than the work.
+constexpr uint64_t kInlineBytes = 256 * 1024;
 
 // Pulled parts at least this big are sent straight from the store.
 constexpr uint64_t kZeroCopyReplyBytes = 64 * 1024;
@@ -219,23 +226,44 @@ void KVServer::HandleMessage(Message&& msg) {
       req->part_slot[i] = {static_cast<uint32_t>(run_bytes.size() - 1), run_bytes.back()};
       run_bytes.back() += bytes;
     }
+    uint64_t copied = 0;
+    for (uint64_t b : run_bytes) copied += b;
+    if (copied > static_cast<uint64_t>(node_->options().max_message_bytes)) {
+      // Real lengths are checked against the stored shapes later; this bounds
+      // what a malformed pull can make us allocate first.
+      ReplyError(msg.header, Status::InvalidArgument(StrCat("pull of ", copied,
+                                                            " bytes in small parts exceeds "
+                                                            "PSTRAIN_MAX_MESSAGE_BYTES")));
+      return;
+    }
     req->slots.resize(run_bytes.size());
     for (size_t k = 0; k < run_bytes.size(); ++k) {
       if (run_bytes[k] > 0) req->slots[k].blob = Blob::Allocate(run_bytes[k], &req->slots[k].data);
     }
   }
   req->msg = std::move(msg);
+  uint64_t elems = 0;
   std::vector<std::vector<Op>> per_shard(shards_.size());
   for (size_t i = 0; i < n; ++i) {
+    elems += req->msg.len(i);
     per_shard[ShardOf(req->msg.key(i), shards_.size())].push_back(
         Op{req, static_cast<uint32_t>(i)});
   }
+  const bool small = elems * sizeof(float) < kInlineBytes;
   for (size_t s = 0; s < shards_.size(); ++s) {
     if (per_shard[s].empty()) continue;
     Shard* shard = shards_[s].get();
-    MutexLock l(&shard->mu);
-    shard->queue.push_back(std::move(per_shard[s]));
-    shard->cv.Signal();
+    {
+      MutexLock l(&shard->mu);
+      // Only this thread enqueues, so an idle shard with an empty queue stays
+      // idle while we run its ops here, and per-key order is kept.
+      if (!small || shard->busy || !shard->queue.empty()) {
+        shard->queue.push_back(std::move(per_shard[s]));
+        shard->cv.Signal();
+        continue;
+      }
+    }
+    for (const Op& op : per_shard[s]) Submit(shard, op);
   }
 }
 
@@ -252,15 +280,18 @@ void KVServer::ShardLoop(Shard* shard) {
       if (shard->queue.empty()) continue;
       ops = std::move(shard->queue.front());
       shard->queue.pop_front();
+      shard->busy = true;
     }
     for (const Op& op : ops) Submit(shard, op);
+    MutexLock l(&shard->mu);
+    shard->busy = false;
   }
 }
 
 void KVServer::Submit(Shard* shard, const Op& op) {
   KeyState& ks = shard->keys[op.req->msg.key(op.part)];
-  const bool blocked = !ks.deferred.empty() ||
-                       (ks.initialized && !ks.in_round.empty() && ks.in_round[op.worker()]);
+  const bool blocked =
+      !ks.deferred.empty() || (ks.initialized && !ks.in_round.empty() && ks.in_round[op.worker()]);
   if (!blocked) {
     Execute(shard, &ks, op);
     if (ks.deferred.empty()) return;
@@ -311,23 +342,24 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
       ks->in_round.assign(num_workers, 0);
       ks->initialized = true;
     } else if (ks->size != n) {
-      CompletePart(op, ks, Status::InvalidArgument(
-                               StrCat("init of ", PartName(wire), " with ", n,
-                                      " elements, but it holds ", ks->size)));
+      CompletePart(op, ks,
+                   Status::InvalidArgument(StrCat("init of ", PartName(wire), " with ", n,
+                                                  " elements, but it holds ", ks->size)));
       return;
     }
     CompletePart(op, ks, Status::Ok());
     return;
   }
   if (!ks->initialized) {
-    CompletePart(op, ks, Status::NotFound(StrCat(PartName(wire), " was never initialized (",
-                                                 h.push() ? "push" : "pull", " before init)")));
+    CompletePart(op, ks,
+                 Status::NotFound(StrCat(PartName(wire), " was never initialized (",
+                                         h.push() ? "push" : "pull", " before init)")));
     return;
   }
   if (ks->size != n) {
-    CompletePart(op, ks, Status::InvalidArgument(StrCat(PartName(wire), ": request has ", n,
-                                                        " elements, stored value has ",
-                                                        ks->size)));
+    CompletePart(op, ks,
+                 Status::InvalidArgument(StrCat(PartName(wire), ": request has ", n,
+                                                " elements, stored value has ", ks->size)));
     return;
   }
   if (!h.push()) {
@@ -350,9 +382,10 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   };
   if (cfg == nullptr || !cfg->sync_mode()) {
     if (optimizer() == nullptr) {
-      CompletePart(op, ks, Status::FailedPrecondition(StrCat(
-                               "async push of ", PartName(wire),
-                               " but no optimizer was configured (send the config first)")));
+      CompletePart(op, ks,
+                   Status::FailedPrecondition(
+                       StrCat("async push of ", PartName(wire),
+                              " but no optimizer was configured (send the config first)")));
       return;
     }
     apply(grad);

@@ -1,8 +1,7 @@
 #include "tools/cluster_role.h"
 
-#include <malloc.h>
-
 #include <gflags/gflags.h>
+#include <malloc.h>
 
 #include "net/cluster_node.h"
 #include "scheduler/scheduler.h"
@@ -13,8 +12,8 @@ DEFINE_string(role, "", "scheduler, server or worker; overrides DMLC_ROLE (defau
 namespace pstrain {
 
 void TuneMallocForMessages() {
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);   // glibc's largest: buffers up to 32 MB from the heap
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);    // keep up to 1 GB of freed heap mapped
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest: buffers up to 32 MB from the heap
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);   // keep up to 1 GB of freed heap mapped
 }
 
 StatusOr<JobEnv> ReadClusterEnv() {
@@ -34,8 +33,8 @@ int RunSchedulerRole(const JobEnv& env) {
     LOG(ERROR) << "scheduler: " << sched.status();
     return 1;
   }
-  LOG(INFO) << "scheduler: listening on port " << (*sched)->port() << " for "
-            << env.num_servers << " servers and " << env.num_workers << " workers";
+  LOG(INFO) << "scheduler: listening on port " << (*sched)->port() << " for " << env.num_servers
+            << " servers and " << env.num_workers << " workers";
   Status s = (*sched)->Run();
   if (!s.ok()) {
     LOG(ERROR) << "scheduler: job failed: " << s;

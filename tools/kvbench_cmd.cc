@@ -6,6 +6,7 @@
 // run (the ceiling). --verify runs MXNet's dist_sync conformance check
 // (mxnet_facts.md 1.11) on a small and a sharded key, and a dist_async check
 // that every push is applied exactly once; any mismatch exits 1.
+#include <gflags/gflags.h>
 #include <zmq.h>
 
 #include <chrono>
@@ -16,8 +17,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gflags/gflags.h>
 
 #include "net/cluster_node.h"
 #include "tools/cluster_role.h"
@@ -31,6 +30,9 @@ DEFINE_string(mode, "pushpull,sync",
               "comma list of modes: sync (dist_sync push then pull), async (dist_async push "
               "then pull), pushpull (dist_sync, one round trip)");
 DEFINE_int32(iters, 300, "timed steps per configuration, over all rounds (plus 10% warm-up)");
+DEFINE_string(calls, "auto",
+              "KV calls per step: step (one call with every tensor), tensor (one call per "
+              "tensor, all issued, then all waited), auto (tensor for tensors of 64 KB or more)");
 DEFINE_int32(rounds, 3,
              "the ceiling and the KV store alternate this many times; each reports its best");
 DEFINE_int32(ceiling_iters, -1, "round trips of the raw ZeroMQ ceiling per round (-1: as KV)");
@@ -56,7 +58,8 @@ StatusOr<std::vector<int64_t>> ParseList(const std::string& flag, const std::str
     char* end = nullptr;
     long long v = std::strtoll(item.c_str(), &end, 10);
     if (item.empty() || *end != '\0' || v <= 0) {
-      return Status::InvalidArgument(StrCat("--", flag, ": '", item, "' is not a positive integer"));
+      return Status::InvalidArgument(
+          StrCat("--", flag, ": '", item, "' is not a positive integer"));
     }
     out.push_back(v);
   }
@@ -68,6 +71,7 @@ struct Config {
   int64_t tensor_bytes;
   int64_t tensors;
   std::string mode;
+  int64_t calls = 1;  // KV calls per step; tensors are split evenly over them
 };
 
 struct Result {
@@ -79,15 +83,19 @@ struct Result {
 };
 
 // Round trips of one step's values over a raw DEALER -> ROUTER echo on
-// 127.0.0.1, framed as the KV store frames them (a small header, then one frame
-// per tensor of 64 KB or more, else one frame for all), zero-copy both ways and
-// without the copy into the caller's buffer that a pull does. Returns GB/s of
+// 127.0.0.1 in `calls` messages, framed as the KV store frames them (a small
+// header, then one frame per tensor of 64 KB or more, else one frame for all),
+// zero-copy both ways and without the copy into the caller's buffer that a
+// pull does. Returns GB/s of
 // payload (both directions). Stops early with the job's failure if `node`
 // learns of one.
-StatusOr<double> MeasureCeiling(int64_t tensor_bytes, int64_t tensors, int iters,
+StatusOr<double> MeasureCeiling(int64_t tensor_bytes, int64_t tensors, int64_t calls, int iters,
                                 const ClusterNode& node) {
-  const int64_t frame_bytes = tensor_bytes >= 64 * 1024 ? tensor_bytes : tensor_bytes * tensors;
-  const int64_t frames = tensor_bytes * tensors / frame_bytes;
+  // `calls` messages per step, each with tensors / calls tensors, all sent
+  // before the replies are read (as the KV store's calls are issued).
+  const int64_t per_call = tensors / calls;
+  const int64_t frame_bytes = tensor_bytes >= 64 * 1024 ? tensor_bytes : tensor_bytes * per_call;
+  const int64_t frames = tensor_bytes * per_call / frame_bytes;
   void* ctx = zmq_ctx_new();
   void* router = zmq_socket(ctx, ZMQ_ROUTER);
   int linger = 0;
@@ -101,7 +109,7 @@ StatusOr<double> MeasureCeiling(int64_t tensor_bytes, int64_t tensors, int iters
   size_t len = sizeof(endpoint);
   zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, endpoint, &len);
   const int total = iters + std::max(1, iters / 10);
-  std::thread echo([router, total, frames] {
+  std::thread echo([router, total = total * calls, frames] {
     // Routing id, header, payload frames: forwarded back as received (no copy).
     std::vector<zmq_msg_t> parts(static_cast<size_t>(frames) + 2);
     for (int i = 0; i < total; ++i) {
@@ -131,25 +139,30 @@ StatusOr<double> MeasureCeiling(int64_t tensor_bytes, int64_t tensors, int iters
       ok = false;
       break;
     }
-    zmq_msg_t m;
-    zmq_msg_init_size(&m, sizeof(header));
-    std::memcpy(zmq_msg_data(&m), header, sizeof(header));
-    zmq_msg_send(&m, dealer, ZMQ_SNDMORE);
-    for (int64_t f = 0; f < frames; ++f) {
-      zmq_msg_init_data(&m, payload.data() + f * frame_bytes, frame_bytes, nullptr, nullptr);
-      zmq_msg_send(&m, dealer, f + 1 < frames ? ZMQ_SNDMORE : 0);
-    }
-    for (;;) {
-      zmq_msg_t r;
-      zmq_msg_init(&r);
-      if (zmq_msg_recv(&r, dealer, 0) < 0) {
-        ok = false;
-        zmq_msg_close(&r);
-        break;
+    for (int64_t c = 0; c < calls; ++c) {
+      zmq_msg_t m;
+      zmq_msg_init_size(&m, sizeof(header));
+      std::memcpy(zmq_msg_data(&m), header, sizeof(header));
+      zmq_msg_send(&m, dealer, ZMQ_SNDMORE);
+      for (int64_t f = 0; f < frames; ++f) {
+        char* at = payload.data() + (c * frames + f) * frame_bytes;
+        zmq_msg_init_data(&m, at, frame_bytes, nullptr, nullptr);
+        zmq_msg_send(&m, dealer, f + 1 < frames ? ZMQ_SNDMORE : 0);
       }
-      const bool more = zmq_msg_more(&r);
-      zmq_msg_close(&r);
-      if (!more) break;
+    }
+    for (int64_t c = 0; c < calls && ok; ++c) {
+      for (;;) {
+        zmq_msg_t r;
+        zmq_msg_init(&r);
+        if (zmq_msg_recv(&r, dealer, 0) < 0) {
+          ok = false;
+          zmq_msg_close(&r);
+          break;
+        }
+        const bool more = zmq_msg_more(&r);
+        zmq_msg_close(&r);
+        if (!more) break;
+      }
     }
   }
   const double secs = Seconds(start, Clock::now());
@@ -174,8 +187,12 @@ ServerConfig MakeConfig(bool sync, float rescale) {
   return c;
 }
 
-Deadline BarrierDeadline(const ClusterOptions& o) { return Deadline::InMillis(o.barrier_timeout_ms); }
-Deadline RequestDeadline(const ClusterOptions& o) { return Deadline::InMillis(o.request_timeout_ms); }
+Deadline BarrierDeadline(const ClusterOptions& o) {
+  return Deadline::InMillis(o.barrier_timeout_ms);
+}
+Deadline RequestDeadline(const ClusterOptions& o) {
+  return Deadline::InMillis(o.request_timeout_ms);
+}
 
 StatusOr<Result> RunConfig(KVClient* kv, const Config& cfg, uint64_t key_base, int iters) {
   const ClusterOptions& o = kv->node()->options();
@@ -201,23 +218,44 @@ StatusOr<Result> RunConfig(KVClient* kv, const Config& cfg, uint64_t key_base, i
   const int per_round = std::max(1, iters / rounds);
   const int ceiling_iters = FLAGS_ceiling_iters > 0 ? FLAGS_ceiling_iters : per_round;
   const int warmup = std::max(1, per_round / 10);
+  // One call per step with every tensor, or (big tensors) one call per tensor,
+  // as a training loop pushes each parameter when its gradient is ready.
+  const int64_t calls = cfg.calls;
+  const int64_t per_call = cfg.tensors / calls;
+  std::vector<std::vector<KVClient::Key>> call_keys(calls);
+  std::vector<std::vector<int64_t>> call_lens(calls);
+  for (int64_t c = 0; c < calls; ++c) {
+    call_keys[c].assign(keys.begin() + c * per_call, keys.begin() + (c + 1) * per_call);
+    call_lens[c].assign(lens.begin() + c * per_call, lens.begin() + (c + 1) * per_call);
+  }
+  std::vector<KVClient::Ticket> tickets;
   for (int round = 0; round < rounds; ++round) {
+    // The ceiling is the better of two raw framings: one message per step, and
+    // one per call as the KV store sends them.
     ASSIGN_OR_RETURN(double ceiling,
-                     MeasureCeiling(elems * 4, cfg.tensors, ceiling_iters, *kv->node()));
+                     MeasureCeiling(elems * 4, cfg.tensors, 1, ceiling_iters, *kv->node()));
+    if (calls > 1) {
+      ASSIGN_OR_RETURN(double per_call,
+                       MeasureCeiling(elems * 4, cfg.tensors, calls, ceiling_iters, *kv->node()));
+      ceiling = std::max(ceiling, per_call);
+    }
     r.ceiling_gbps = std::max(r.ceiling_gbps, ceiling);
     RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
     Clock::time_point start;
     for (int step = 0; step < warmup + per_round; ++step) {
       if (step == warmup) start = Clock::now();
-      if (cfg.mode == "pushpull") {
-        RETURN_IF_ERROR(kv->Wait(kv->PushPull(keys, lens, grads.data(), weights.data()),
-                                 RequestDeadline(o)));
-      } else {
-        auto push = kv->Push(keys, lens, grads.data());
-        auto pull = kv->Pull(keys, lens, weights.data());
-        RETURN_IF_ERROR(kv->Wait(push, RequestDeadline(o)));
-        RETURN_IF_ERROR(kv->Wait(pull, RequestDeadline(o)));
+      tickets.clear();
+      for (int64_t c = 0; c < calls; ++c) {
+        const size_t at = static_cast<size_t>(c * per_call * elems);
+        if (cfg.mode == "pushpull") {
+          tickets.push_back(
+              kv->PushPull(call_keys[c], call_lens[c], grads.data() + at, weights.data() + at));
+        } else {
+          tickets.push_back(kv->Push(call_keys[c], call_lens[c], grads.data() + at));
+          tickets.push_back(kv->Pull(call_keys[c], call_lens[c], weights.data() + at));
+        }
       }
+      for (auto t : tickets) RETURN_IF_ERROR(kv->Wait(t, RequestDeadline(o)));
     }
     r.steps_per_s = std::max(r.steps_per_s, per_round / Seconds(start, Clock::now()));
     RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
@@ -231,8 +269,8 @@ StatusOr<Result> RunConfig(KVClient* kv, const Config& cfg, uint64_t key_base, i
 Status CheckAll(const std::vector<float>& v, float expect, const std::string& what) {
   for (size_t i = 0; i < v.size(); ++i) {
     if (v[i] != expect) {
-      return Status::Internal(StrCat("verify: ", what, ": element ", i, " is ", v[i],
-                                     ", expected ", expect));
+      return Status::Internal(
+          StrCat("verify: ", what, ": element ", i, " is ", v[i], ", expected ", expect));
     }
   }
   return Status::Ok();
@@ -261,9 +299,10 @@ Status Verify(KVClient* kv, int rounds) {
     const float expect = 1.0f + 2.0f * W * (W + 1) / 2.0f * i;
     RETURN_IF_ERROR(CheckAll(got, expect, StrCat("dist_sync round ", i)));
   }
-  std::printf("kvbench: verify dist_sync ok: %d rounds, %d workers, keys of 6 and 1440000 "
-              "elements, final value %g\n",
-              rounds, W, got[0]);
+  std::printf(
+      "kvbench: verify dist_sync ok: %d rounds, %d workers, keys of 6 and 1440000 "
+      "elements, final value %g\n",
+      rounds, W, got[0]);
 
   // dist_async: every push applied exactly once (TEST optimizer, rate 1).
   const std::vector<KVClient::Key> akeys = {900002, 900003};
@@ -278,9 +317,10 @@ Status Verify(KVClient* kv, int rounds) {
   RETURN_IF_ERROR(kv->Wait(kv->Pull(akeys, lens, got.data()), RequestDeadline(o)));
   const float expect = 1.0f + static_cast<float>(rounds) * W * (W + 1) / 2.0f;
   RETURN_IF_ERROR(CheckAll(got, expect, "dist_async"));
-  std::printf("kvbench: verify dist_async ok: %d pushes per worker applied exactly once, "
-              "final value %g\n",
-              rounds, got[0]);
+  std::printf(
+      "kvbench: verify dist_async ok: %d pushes per worker applied exactly once, "
+      "final value %g\n",
+      rounds, got[0]);
   return kv->Barrier(BarrierDeadline(o));
 }
 
@@ -314,7 +354,8 @@ int RunWorker(const JobEnv& env) {
     std::string m;
     while (std::getline(ss, m, ',')) {
       if (m != "sync" && m != "async" && m != "pushpull") {
-        return fail(Status::InvalidArgument(StrCat("--mode: '", m, "' is not sync, async or pushpull")));
+        return fail(
+            Status::InvalidArgument(StrCat("--mode: '", m, "' is not sync, async or pushpull")));
       }
       modes.push_back(m);
     }
@@ -322,33 +363,39 @@ int RunWorker(const JobEnv& env) {
     uint64_t key_base = 0;
     for (size_t c = 0; c < bytes->size(); ++c) {
       for (const std::string& mode : modes) {
-        auto r = RunConfig(&kv, Config{(*bytes)[c], (*counts)[c], mode}, key_base,
-                           std::max(1, FLAGS_iters));
+        Config cfg{(*bytes)[c], (*counts)[c], mode};
+        if (FLAGS_calls == "tensor" || (FLAGS_calls == "auto" && cfg.tensor_bytes >= 64 * 1024)) {
+          cfg.calls = cfg.tensors;
+        } else if (FLAGS_calls != "step" && FLAGS_calls != "auto") {
+          return fail(Status::InvalidArgument(
+              StrCat("--calls: '", FLAGS_calls, "' is not step, tensor or auto")));
+        }
+        auto r = RunConfig(&kv, cfg, key_base, std::max(1, FLAGS_iters));
         if (!r.ok()) return fail(r.status());
         results.push_back(*r);
         key_base += 100000;
       }
     }
-    std::printf("\nkvbench (worker rank %d of %d, %d servers, placement %s, %d iters)\n",
-                kv.rank(), kv.num_workers(), kv.num_servers(), env.placement.c_str(),
-                FLAGS_iters);
-    std::printf("| tensor bytes | tensors/step | mode | steps/s | push+pull pairs/s/worker | "
-                "payload GB/s | raw ZeroMQ GB/s | of raw |\n");
-    std::printf("|---:|---:|---|---:|---:|---:|---:|---:|\n");
+    std::printf("\nkvbench (worker rank %d of %d, %d servers, placement %s, %d iters)\n", kv.rank(),
+                kv.num_workers(), kv.num_servers(), env.placement.c_str(), FLAGS_iters);
+    std::printf(
+        "| tensor bytes | tensors/step | calls/step | mode | steps/s | push+pull pairs/s/worker | "
+        "payload GB/s | raw ZeroMQ GB/s | of raw |\n");
+    std::printf("|---:|---:|---:|---|---:|---:|---:|---:|---:|\n");
     for (const Result& r : results) {
-      std::printf("| %lld | %lld | %s | %.1f | %.0f | %.3f | %.3f | %.0f%% |\n",
-                  static_cast<long long>(r.cfg.tensor_bytes),
-                  static_cast<long long>(r.cfg.tensors), r.cfg.mode.c_str(), r.steps_per_s,
+      std::printf("| %lld | %lld | %lld | %s | %.1f | %.0f | %.3f | %.3f | %.0f%% |\n",
+                  static_cast<long long>(r.cfg.tensor_bytes), static_cast<long long>(r.cfg.tensors),
+                  static_cast<long long>(r.cfg.calls), r.cfg.mode.c_str(), r.steps_per_s,
                   r.pairs_per_s, r.payload_gbps, r.ceiling_gbps,
                   100.0 * r.payload_gbps / r.ceiling_gbps);
     }
     for (const Result& r : results) {
-      std::printf("kvbench: tensor_bytes=%lld tensors=%lld servers=%d workers=%d mode=%s "
-                  "steps_per_s=%.2f pairs_per_s=%.0f payload_gbps=%.4f ceiling_gbps=%.4f\n",
-                  static_cast<long long>(r.cfg.tensor_bytes),
-                  static_cast<long long>(r.cfg.tensors), kv.num_servers(), kv.num_workers(),
-                  r.cfg.mode.c_str(), r.steps_per_s, r.pairs_per_s, r.payload_gbps,
-                  r.ceiling_gbps);
+      std::printf(
+          "kvbench: tensor_bytes=%lld tensors=%lld servers=%d workers=%d mode=%s "
+          "steps_per_s=%.2f pairs_per_s=%.0f payload_gbps=%.4f ceiling_gbps=%.4f\n",
+          static_cast<long long>(r.cfg.tensor_bytes), static_cast<long long>(r.cfg.tensors),
+          kv.num_servers(), kv.num_workers(), r.cfg.mode.c_str(), r.steps_per_s, r.pairs_per_s,
+          r.payload_gbps, r.ceiling_gbps);
     }
     std::fflush(stdout);
   }

@@ -26,7 +26,7 @@ struct KVClient::Sub {
 
 KVClientOptions KVClientOptionsFromJobEnv(const JobEnv& env) {
   KVClientOptions ko;
-  ko.placement = env.placement == "mxnet" ? Placement::kMxnet : Placement::kBalanced;
+  ko.placement = env.placement == "balanced" ? Placement::kBalanced : Placement::kMxnet;
   ko.bigarray_bound = env.bigarray_bound;
   ko.chunk_elems = env.chunk_elems;
   ko.request_timeout_ms = env.request_timeout_ms;
@@ -71,7 +71,7 @@ KVClient::Ticket KVClient::Issue(Kind kind, const std::vector<Key>& keys,
     ticket = next_ticket_++;
     TicketState& t = tickets_[ticket];
     t.cb = std::move(cb);
-    auto finish_now = [&](const Status& s) {
+    auto finish_now = [&](const Status& s) REQUIRES(mu_) {
       t.remaining = 1;
       if (Callback c = FinishSub(ticket, s)) to_run_.emplace_back(std::move(c), s);
     };
@@ -211,8 +211,9 @@ void KVClient::Enqueue(std::unique_ptr<Sub> sub) {
       }
     }
   }
-  auto pos = std::find_if(q.begin(), q.end(),
-                          [&](const std::unique_ptr<Sub>& o) { return o->priority < sub->priority; });
+  auto pos = std::find_if(q.begin(), q.end(), [&](const std::unique_ptr<Sub>& o) {
+    return o->priority < sub->priority;
+  });
   q.insert(pos, std::move(sub));
 }
 
@@ -337,9 +338,9 @@ Status KVClient::Wait(Ticket ticket, Deadline deadline) {
   }
   std::string who;
   for (int s : owing) who += " " + node_->Describe(ServerId(s));
-  return Status::DeadlineExceeded(
-      StrCat(node_->Self(), ": request ticket ", ticket, " not done by its deadline; waiting on",
-             who.empty() ? " nothing" : who));
+  return Status::DeadlineExceeded(StrCat(node_->Self(), ": request ticket ", ticket,
+                                         " not done by its deadline; waiting on",
+                                         who.empty() ? " nothing" : who));
 }
 
 Status KVClient::SetServerConfig(const ServerConfig& config, Deadline deadline) {
@@ -397,9 +398,8 @@ void KVClient::ExpireRequests() {
     MutexLock l(&mu_);
     for (const auto& [id, sub] : inflight_) {
       if (sub->deadline.Expired()) {
-        late = StrCat("no reply from ", node_->Describe(ServerId(sub->server)), " to request ",
-                      id, " within ", options_.request_timeout_ms,
-                      " ms (PSTRAIN_REQUEST_TIMEOUT_MS)");
+        late = StrCat("no reply from ", node_->Describe(ServerId(sub->server)), " to request ", id,
+                      " within ", options_.request_timeout_ms, " ms (PSTRAIN_REQUEST_TIMEOUT_MS)");
         break;
       }
     }

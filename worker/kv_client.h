@@ -14,6 +14,9 @@
 // and leave highest priority first (ties in call order); a queued request never
 // overtakes an earlier one that shares a key with it.
 //
+// Tickets: one without a callback is kept until Wait() reports it; wait for
+// every such ticket (a callback ticket is forgotten once its callback ran).
+//
 // Buffers: `vals` must stay valid and unchanged, and `out` valid, until the
 // ticket completes. If the job fails (Wait returns Unavailable), outstanding
 // requests are abandoned; their buffers must then stay valid until the
@@ -41,11 +44,11 @@
 namespace pstrain {
 
 struct KVClientOptions {
-  Placement placement = Placement::kBalanced;  // PSTRAIN_PLACEMENT
+  Placement placement = Placement::kMxnet;  // PSTRAIN_PLACEMENT
   int64_t bigarray_bound = 1000000;            // MXNET_KVSTORE_BIGARRAY_BOUND
   int64_t chunk_elems = 262144;                // PSTRAIN_CHUNK_ELEMS
   int max_inflight_per_server = 32;
-  int request_timeout_ms = 600000;             // PSTRAIN_REQUEST_TIMEOUT_MS
+  int request_timeout_ms = 600000;  // PSTRAIN_REQUEST_TIMEOUT_MS
 };
 
 // The options a worker gets from its environment (PSTRAIN_PLACEMENT,
@@ -81,8 +84,8 @@ class KVClient {
               int priority = 0, Callback cb = nullptr);
   // Push `vals`, then receive the updated values into `out` in one round trip.
   // `out` may equal `vals`.
-  Ticket PushPull(const std::vector<Key>& keys, const std::vector<int64_t>& lens,
-                  const float* vals, float* out, int priority = 0, Callback cb = nullptr);
+  Ticket PushPull(const std::vector<Key>& keys, const std::vector<int64_t>& lens, const float* vals,
+                  float* out, int priority = 0, Callback cb = nullptr);
 
   // Waits for `ticket`: its error, DeadlineExceeded naming the servers still
   // owing a reply, or the job's failure. A ticket whose callback already ran
@@ -135,7 +138,7 @@ class KVClient {
   std::unordered_map<Ticket, TicketState> tickets_ GUARDED_BY(mu_);
   std::unordered_map<uint64_t, std::unique_ptr<Sub>> inflight_ GUARDED_BY(mu_);
   std::vector<std::deque<std::unique_ptr<Sub>>> queued_ GUARDED_BY(mu_);  // per server
-  std::vector<int> inflight_count_ GUARDED_BY(mu_);                     // per server
+  std::vector<int> inflight_count_ GUARDED_BY(mu_);                       // per server
   std::unordered_map<Key, std::pair<int64_t, std::vector<PartPlan>>> plans_ GUARDED_BY(mu_);
   std::vector<std::pair<Callback, Status>> to_run_ GUARDED_BY(mu_);  // run after unlocking
 };

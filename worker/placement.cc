@@ -43,7 +43,8 @@ StatusOr<std::vector<PartPlan>> PlaceKey(uint64_t key, uint64_t len, const Place
   for (uint64_t j = 0; j < count; ++j) {
     const uint64_t b = len * j / count;
     const uint64_t e = len * (j + 1) / count;
-    parts.push_back(PartPlan{static_cast<int>((key * 9973 + j) % S), static_cast<int>(j), b, e - b});
+    parts.push_back(
+        PartPlan{static_cast<int>((key * 9973 + j) % S), static_cast<int>(j), b, e - b});
   }
   return parts;
 }

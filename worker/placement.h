@@ -1,4 +1,5 @@
 // Where the parts of a parameter array live (../shared/design.md 6).
+// kMxnet is the default: kBalanced did not measure faster (bench/RESULTS.md).
 //
 // kMxnet: MXNet's rule. Arrays under `bigarray_bound` elements go whole to
 //   server (key * 9973) % S; larger ones are split into S parts, part i on
@@ -30,7 +31,7 @@ struct PartPlan {
 };
 
 struct PlacementOptions {
-  Placement policy = Placement::kBalanced;
+  Placement policy = Placement::kMxnet;
   int num_servers = 1;
   int64_t bigarray_bound = 1000000;
   int64_t chunk_elems = 262144;

@@ -1,5 +1,6 @@
 // Real processes on 127.0.0.1: `pstrain kvbench` as scheduler, servers and
 // workers (DMLC_ROLE), as a user starts a job by hand.
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -15,8 +16,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "proto/ps.pb.h"
 #include "tests/test_util.h"
@@ -156,7 +155,7 @@ TEST_F(ClusterTest, VerifyOneServerOneWorker) {
 }
 
 TEST_F(ClusterTest, VerifyTwoServersThreeWorkersBalanced) {
-  ExpectVerified(StartJob(2, 3, {"kvbench", "--verify"}), 3);
+  ExpectVerified(StartJob(2, 3, {"kvbench", "--verify"}, {{"PSTRAIN_PLACEMENT", "balanced"}}), 3);
 }
 
 TEST_F(ClusterTest, VerifyTwoServersThreeWorkersMxnetPlacementShardsBigKey) {
@@ -170,9 +169,10 @@ TEST_F(ClusterTest, BenchmarkPrintsTableAndScriptLines) {
   for (Proc* p : job) EXPECT_EQ(p->Wait(60), 0) << p->Log();
   const std::string log = job.back()->Log();
   for (const char* mode : {"sync", "async", "pushpull"}) {
-    EXPECT_NE(log.find(std::string("kvbench: tensor_bytes=4096 tensors=8 servers=1 workers=1 mode=") +
-                       mode + " steps_per_s="),
-              std::string::npos)
+    EXPECT_NE(
+        log.find(std::string("kvbench: tensor_bytes=4096 tensors=8 servers=1 workers=1 mode=") +
+                 mode + " steps_per_s="),
+        std::string::npos)
         << log;
   }
   EXPECT_NE(log.find("ceiling_gbps="), std::string::npos) << log;
@@ -205,8 +205,24 @@ TEST_F(ClusterTest, KilledServerFailsEveryoneWithinDeadlineNamingIt) {
   }
 }
 
+TEST_F(ClusterTest, KilledSchedulerFailsEveryoneWithinDeadline) {
+  auto job = StartJob(1, 2,
+                      {"kvbench", "--tensor-bytes=4096", "--tensors=16", "--iters=100000000",
+                       "--ceiling-iters=10", "--mode=sync"});
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  ASSERT_EQ(job[0]->Wait(0), -1) << "scheduler ended early: " << job[0]->Log();
+  job[0]->Kill9();
+  for (size_t i = 1; i < job.size(); ++i) {
+    const int code = job[i]->Wait(15);
+    EXPECT_NE(code, 0) << job[i]->Log();
+    EXPECT_NE(code, -1) << "still running 15 s after the kill: " << job[i]->Log();
+    EXPECT_NE(job[i]->Log().find("scheduler at 127.0.0.1:" + std::to_string(port_)),
+              std::string::npos)
+        << job[i]->Log();
+  }
+}
+
 TEST_F(ClusterTest, MissingWorkerFailsStartupNamingWhatIsMissing) {
-  Env extra = {{"PSTRAIN_STARTUP_TIMEOUT_MS", "2000"}};
   std::vector<Proc*> job;
   auto env = [&](const std::string& role) {
     Env e = JobEnv(1, 2, role);
@@ -254,12 +270,12 @@ void SendGarbage(int port) {
   std::string key(8, '\0');
   key[7] = 3;  // server rank 768: not this server
   const std::string len("\x04\0\0\0", 4);
-  SendRaw(port, {"\xde\xad\xbe\xef garbage"});                          // not a header
-  SendRaw(port, {header});                                              // truncated
-  SendRaw(port, {header, key, len});                                    // value frame missing
-  SendRaw(port, {header, key, len, std::string(8, 'v')});               // short values
-  SendRaw(port, {header, key, len, std::string(24 << 20, 'v')});        // oversized
-  SendRaw(port, {header, key, len, std::string(16, 'v')});              // wrong server's key
+  SendRaw(port, {"\xde\xad\xbe\xef garbage"});                    // not a header
+  SendRaw(port, {header});                                        // truncated
+  SendRaw(port, {header, key, len});                              // value frame missing
+  SendRaw(port, {header, key, len, std::string(8, 'v')});         // short values
+  SendRaw(port, {header, key, len, std::string(24 << 20, 'v')});  // oversized
+  SendRaw(port, {header, key, len, std::string(16, 'v')});        // wrong server's key
 }
 
 TEST_F(ClusterTest, GarbageTruncatedAndOversizedMessagesDoNotHurtAServer) {

@@ -1,14 +1,13 @@
 // A whole job inside one process on loopback: the scheduler, S servers and W
 // workers as objects on their own threads (no globals below tools/).
+#include <gtest/gtest.h>
+#include <zmq.h>
+
 #include <atomic>
 #include <chrono>
 #include <functional>
 #include <thread>
 #include <vector>
-
-#include <zmq.h>
-
-#include <gtest/gtest.h>
 
 #include "net/cluster_node.h"
 #include "scheduler/scheduler.h"
@@ -21,10 +20,11 @@ namespace {
 
 using Body = std::function<Status(KVClient& kv)>;
 
-ClusterOptions TestOptions(int S, int W) {
+ClusterOptions TestOptions(int S, int W, const std::string& host) {
   ClusterOptions o;
-  o.root_host = "127.0.0.1";
-  o.bind_host = "127.0.0.1";
+  o.root_host = host;
+  o.bind_host = host;
+  o.advertise_host = host;
   o.num_servers = S;
   o.num_workers = W;
   o.heartbeat_interval_ms = 100;
@@ -44,9 +44,10 @@ struct JobResult {
 // Runs a job; `body(kv)` runs on every worker between Start and Finish.
 // `kill_server` (if >= 0) is stopped once `kill_now` becomes true.
 JobResult RunJob(int S, int W, const Body& body, KVClientOptions ko = {},
-                 std::atomic<bool>* kill_now = nullptr, int num_registering_workers = -1) {
+                 std::atomic<bool>* kill_now = nullptr, int num_registering_workers = -1,
+                 const std::string& host = "127.0.0.1") {
   JobResult r;
-  ClusterOptions o = TestOptions(S, W);
+  ClusterOptions o = TestOptions(S, W, host);
   if (num_registering_workers >= 0) o.startup_timeout_ms = 2000;
   o.root_port = 0;
   auto sched = Scheduler::Create(o);
@@ -151,10 +152,52 @@ TEST(InProcClusterTest, DistSyncConformanceOneServerOneWorker) {
 }
 
 TEST(InProcClusterTest, DistSyncConformanceTwoServersThreeWorkersBothPlacements) {
-  ExpectAllOk(RunJob(2, 3, [](KVClient& kv) { return Conformance(kv, 4); }));
+  KVClientOptions balanced;
+  balanced.placement = Placement::kBalanced;
+  ExpectAllOk(RunJob(
+      2, 3, [](KVClient& kv) { return Conformance(kv, 4); }, balanced));
   KVClientOptions mx;
   mx.placement = Placement::kMxnet;
-  ExpectAllOk(RunJob(2, 3, [](KVClient& kv) { return Conformance(kv, 2); }, mx));
+  ExpectAllOk(RunJob(
+      2, 3, [](KVClient& kv) { return Conformance(kv, 2); }, mx));
+}
+
+TEST(InProcClusterTest, HostNamesWorkForBindAdvertiseAndScheduler) {
+  ExpectAllOk(RunJob(
+      1, 2, [](KVClient& kv) { return Conformance(kv, 1); }, {}, nullptr, -1, "localhost"));
+}
+
+TEST(InProcClusterTest, ServerAppliesSgdWithScheduleExactlyAsTheLocalOptimizer) {
+  ExpectAllOk(RunJob(1, 1, [](KVClient& kv) -> Status {
+    ServerConfig c;
+    c.set_sync_mode(false);
+    OptimizerConfig* oc = c.mutable_optimizer();
+    oc->set_learning_rate(0.1f);
+    oc->set_momentum(0.9f);
+    oc->set_wd(0.01f);
+    oc->set_rescale_grad(0.5f);
+    oc->set_clip_gradient(0.3f);
+    oc->mutable_lr_scheduler()->set_type(LrSchedulerConfig::FACTOR);
+    oc->mutable_lr_scheduler()->set_step(2);
+    oc->mutable_lr_scheduler()->set_factor(0.5f);
+    RETURN_IF_ERROR(kv.SetServerConfig(c, Soon()));
+    auto local = Optimizer::Create(*oc);
+    RETURN_IF_ERROR(local.status());
+    ParamState state;
+    std::vector<float> w = {1.0f, -2.0f, 0.5f}, got(3);
+    std::vector<float> expect = w;
+    RETURN_IF_ERROR(kv.Wait(kv.Init({11}, {3}, w.data()), Soon()));
+    for (int step = 0; step < 6; ++step) {
+      std::vector<float> g = {0.2f * step, -1.5f, 3.0f - step};
+      (*local)->Update(g.data(), expect.data(), 3, &state);
+      RETURN_IF_ERROR(kv.Wait(kv.PushPull({11}, {3}, g.data(), got.data()), Soon()));
+      if (got != expect) {
+        return Status::Internal(StrCat("step ", step, ": server ", got[0], ",", got[1], ",", got[2],
+                                       " local ", expect[0], ",", expect[1], ",", expect[2]));
+      }
+    }
+    return Status::Ok();
+  }));
 }
 
 TEST(InProcClusterTest, PushPullCarriesTheNewValueInOneRoundTrip) {
@@ -248,44 +291,48 @@ TEST(InProcClusterTest, BadRequestsGetErrorsNamingTheKey) {
 TEST(InProcClusterTest, HigherPriorityLeavesFirstButNeverOvertakesSameKey) {
   KVClientOptions ko;
   ko.max_inflight_per_server = 1;
-  ExpectAllOk(RunJob(1, 1, [](KVClient& kv) -> Status {
-    RETURN_IF_ERROR(kv.SetServerConfig(Config(false, 1.0f), Soon()));
-    std::vector<float> big((1 << 20) + 4, 0.0f), v(4, 1.0f);
-    std::vector<float> got(4);
-    RETURN_IF_ERROR(kv.Wait(kv.Init({1, 2, 3, 4, 5}, {1 << 20, 1, 1, 1, 1}, big.data()), Soon()));
-    std::mutex mu;
-    std::vector<int> order;
-    auto record = [&](int id) {
-      return [&, id](const Status&) {
+  ExpectAllOk(RunJob(
+      1, 1,
+      [](KVClient& kv) -> Status {
+        RETURN_IF_ERROR(kv.SetServerConfig(Config(false, 1.0f), Soon()));
+        std::vector<float> big((1 << 20) + 4, 0.0f), v(4, 1.0f);
+        std::vector<float> got(4);
+        RETURN_IF_ERROR(
+            kv.Wait(kv.Init({1, 2, 3, 4, 5}, {1 << 20, 1, 1, 1, 1}, big.data()), Soon()));
+        std::mutex mu;
+        std::vector<int> order;
+        auto record = [&](int id) {
+          return [&, id](const Status&) {
+            std::lock_guard<std::mutex> l(mu);
+            order.push_back(id);
+          };
+        };
+        // Occupies the single slot while the others queue.
+        auto first = kv.Push({1}, {1 << 20}, big.data(), 0, record(0));
+        kv.Push({2}, {1}, v.data(), 1, record(1));
+        kv.Push({3}, {1}, v.data(), 5, record(5));
+        kv.Push({4}, {1}, v.data(), 3, record(3));
+        // Shares key 2 with the priority-1 push: must not overtake it.
+        auto pull = kv.Pull({2}, {1}, got.data(), 9, record(9));
+        RETURN_IF_ERROR(kv.Wait(first, Soon()));
+        RETURN_IF_ERROR(kv.Wait(pull, Soon()));
+        for (int i = 0; i < 100; ++i) {
+          {
+            std::lock_guard<std::mutex> l(mu);
+            if (order.size() == 5) break;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
         std::lock_guard<std::mutex> l(mu);
-        order.push_back(id);
-      };
-    };
-    // Occupies the single slot while the others queue.
-    auto first = kv.Push({1}, {1 << 20}, big.data(), 0, record(0));
-    kv.Push({2}, {1}, v.data(), 1, record(1));
-    kv.Push({3}, {1}, v.data(), 5, record(5));
-    kv.Push({4}, {1}, v.data(), 3, record(3));
-    // Shares key 2 with the priority-1 push: must not overtake it.
-    auto pull = kv.Pull({2}, {1}, got.data(), 9, record(9));
-    RETURN_IF_ERROR(kv.Wait(first, Soon()));
-    RETURN_IF_ERROR(kv.Wait(pull, Soon()));
-    for (int i = 0; i < 100; ++i) {
-      {
-        std::lock_guard<std::mutex> l(mu);
-        if (order.size() == 5) break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    std::lock_guard<std::mutex> l(mu);
-    const std::vector<int> want = {0, 5, 3, 1, 9};
-    if (order != want) {
-      std::string got_order;
-      for (int o : order) got_order += StrCat(o, " ");
-      return Status::Internal("completion order " + got_order);
-    }
-    return got[0] == 1.0f ? Status::Ok() : Status::Internal(StrCat("pull saw ", got[0]));
-  }, ko));
+        const std::vector<int> want = {0, 5, 3, 1, 9};
+        if (order != want) {
+          std::string got_order;
+          for (int o : order) got_order += StrCat(o, " ");
+          return Status::Internal("completion order " + got_order);
+        }
+        return got[0] == 1.0f ? Status::Ok() : Status::Internal(StrCat("pull saw ", got[0]));
+      },
+      ko));
 }
 
 TEST(InProcClusterTest, BarriersWithGenerationsRepeat) {
@@ -303,9 +350,28 @@ TEST(InProcClusterTest, BarriersWithGenerationsRepeat) {
   }));
 }
 
+TEST(InProcClusterTest, BarrierTimeoutNamesTheWorkerThatNeverArrived) {
+  JobResult r = RunJob(1, 2, [](KVClient& kv) -> Status {
+    if (kv.rank() == 1) {
+      // Never enters the barrier; waits for the job to fail instead.
+      for (int i = 0; i < 100 && kv.node()->health().ok(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      return kv.node()->health();
+    }
+    return kv.Barrier(Deadline::InMillis(800));
+  });
+  EXPECT_EQ(r.scheduler.code(), StatusCode::kUnavailable) << r.scheduler;
+  EXPECT_NE(r.scheduler.message().find("still waiting for worker rank 1 at 127.0.0.1:"),
+            std::string::npos)
+      << r.scheduler;
+  EXPECT_FALSE(r.workers[1].ok());
+}
+
 TEST(InProcClusterTest, MissingWorkerFailsStartupWithinTheDeadline) {
   const auto start = std::chrono::steady_clock::now();
-  JobResult r = RunJob(1, 2, [](KVClient&) { return Status::Ok(); }, {}, nullptr, 1);
+  JobResult r = RunJob(
+      1, 2, [](KVClient&) { return Status::Ok(); }, {}, nullptr, 1);
   const auto secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(secs, 8.0);
   EXPECT_EQ(r.scheduler.code(), StatusCode::kDeadlineExceeded) << r.scheduler;
@@ -318,24 +384,27 @@ TEST(InProcClusterTest, MissingWorkerFailsStartupWithinTheDeadline) {
 TEST(InProcClusterTest, DeadServerFailsWorkersWithItsName) {
   std::atomic<bool> kill{false};
   const auto start = std::chrono::steady_clock::now();
-  JobResult r = RunJob(2, 2, [&](KVClient& kv) -> Status {
-    RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));
-    std::vector<float> v(100, 1.0f);
-    std::vector<KVClient::Key> keys;
-    std::vector<int64_t> lens;
-    for (int k = 0; k < 10; ++k) {
-      keys.push_back(k);
-      lens.push_back(10);
-    }
-    RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, v.data()), Soon()));
-    RETURN_IF_ERROR(kv.Barrier(Soon()));
-    kill = true;
-    for (int i = 0; i < 1000; ++i) {
-      RETURN_IF_ERROR(kv.Wait(kv.PushPull(keys, lens, v.data(), v.data()), Soon()));
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return Status::Ok();
-  }, {}, &kill);
+  JobResult r = RunJob(
+      2, 2,
+      [&](KVClient& kv) -> Status {
+        RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));
+        std::vector<float> v(100, 1.0f);
+        std::vector<KVClient::Key> keys;
+        std::vector<int64_t> lens;
+        for (int k = 0; k < 10; ++k) {
+          keys.push_back(k);
+          lens.push_back(10);
+        }
+        RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, v.data()), Soon()));
+        RETURN_IF_ERROR(kv.Barrier(Soon()));
+        kill = true;
+        for (int i = 0; i < 1000; ++i) {
+          RETURN_IF_ERROR(kv.Wait(kv.PushPull(keys, lens, v.data(), v.data()), Soon()));
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        return Status::Ok();
+      },
+      {}, &kill);
   const auto secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(secs, 10.0);
   EXPECT_EQ(r.scheduler.code(), StatusCode::kUnavailable) << r.scheduler;
@@ -372,17 +441,18 @@ TEST(VanTest, MalformedMessagesAreDroppedAndGoodOnesStillArrive) {
   h.set_sender(WorkerId(0));
   h.set_num_keys(2);
   h.set_push(true);
-  send({"garbage \x01\x02\xff bytes"});                        // not a header
-  send({h.SerializeAsString()});                               // truncated: no frames
+  send({"garbage \x01\x02\xff bytes"});                                      // not a header
+  send({h.SerializeAsString()});                                             // truncated: no frames
   send({h.SerializeAsString(), std::string(16, 'k'), std::string(4, 'l')});  // wrong frame count
-  send({h.SerializeAsString(), std::string(16, 'k'), std::string(8, 'l'), std::string(2 << 20, 'v')});  // oversized
+  send({h.SerializeAsString(), std::string(16, 'k'), std::string(8, 'l'),
+        std::string(2 << 20, 'v')});  // oversized
   PsHeader old = h;
   old.set_version(99);
-  send({old.SerializeAsString()});                             // wrong version
+  send({old.SerializeAsString()});  // wrong version
   PsHeader hb;
   hb.set_version(PROTOCOL_VERSION_CURRENT);
   hb.set_cmd(CMD_HEARTBEAT);
-  send({hb.SerializeAsString()});                              // well-formed
+  send({hb.SerializeAsString()});  // well-formed
   for (int i = 0; i < 200 && received.load() == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

@@ -1,7 +1,7 @@
 // Key placement: MXNet's rule and the balanced chunked rule.
-#include <map>
-
 #include <gtest/gtest.h>
+
+#include <map>
 
 #include "net/message.h"
 #include "worker/placement.h"
@@ -77,6 +77,7 @@ TEST(PlacementTest, RejectsBadKeysAndLengths) {
   PlacementOptions o;
   EXPECT_FALSE(PlaceKey(kMaxUserKey + 1, 10, o).ok());
   EXPECT_FALSE(PlaceKey(1, 0, o).ok());
+  o.policy = Placement::kBalanced;
   o.chunk_elems = 1;
   auto too_many = PlaceKey(1, uint64_t{kMaxParts} + 1, o);
   EXPECT_FALSE(too_many.ok());
