@@ -3,6 +3,9 @@
 #include <gflags/gflags.h>
 
 #include <cstdlib>
+#include <filesystem>
+
+#include "data/image_mean.h"
 
 DEFINE_string(data_train, "", "the training data: a RecordIO .rec file of image records");
 DEFINE_string(data_train_idx, "", "the .idx file of --data-train (optional; else it is scanned)");
@@ -27,6 +30,9 @@ DEFINE_double(max_random_aspect_ratio, 0.0,
               "largest aspect ratio (w/h); when "
               "--min-random-aspect-ratio is 0, the largest change of the ratio from 1");
 DEFINE_int32(data_nthreads, 4, "threads that decode and augment images");
+DEFINE_string(mean_img, "",
+              "MXNet mean image file (NDArray list, key mean_img) subtracted instead of "
+              "--rgb-mean; computed from --data-train and saved there when missing");
 
 namespace pstrain {
 
@@ -54,6 +60,47 @@ Status ParseFloatTriple(const std::string& flag, const std::string& value, float
   }
   return Status::Ok();
 }
+
+namespace {
+
+// Loads --mean-img, or computes it over all of --data-train (centre crops) and
+// saves it, as MXNet's ImageRecordIter does when the file is missing.
+StatusOr<std::vector<float>> LoadOrComputeMeanImage(const ImageRecordIterConfig& cfg) {
+  const AugmentConfig& aug = cfg.aug;
+  const std::vector<int64_t> shape = {aug.channels, aug.out_height, aug.out_width};
+  std::error_code ec;
+  if (std::filesystem::exists(FLAGS_mean_img, ec)) {
+    ASSIGN_OR_RETURN(MeanImage mean, LoadMeanImage(FLAGS_mean_img));
+    if (mean.shape != shape) {
+      return Status::InvalidArgument(
+          StrCat("--mean-img=", FLAGS_mean_img, " is ", mean.shape[0], "x", mean.shape[1], "x",
+                 mean.shape[2], ", the data shape is ", shape[0], "x", shape[1], "x", shape[2]));
+    }
+    return std::move(mean.data);
+  }
+  ImageRecordIterConfig train = cfg;
+  train.path_imgrec = FLAGS_data_train;
+  train.path_imgidx = FLAGS_data_train_idx;
+  train.part_index = 0;
+  train.num_parts = 1;
+  LOG(INFO) << "--mean-img=" << FLAGS_mean_img << " is missing: computing it over "
+            << FLAGS_data_train;
+  MeanImage mean;
+  mean.shape = shape;
+  ASSIGN_OR_RETURN(mean.data, ComputeMeanImage(train));
+  // Written under a temporary name and renamed, so workers that compute it at
+  // the same time never read a half-written file.
+  const std::string tmp = StrCat(FLAGS_mean_img, ".tmp.", cfg.part_index);
+  RETURN_IF_ERROR(SaveMeanImage(tmp, mean));
+  std::filesystem::rename(tmp, FLAGS_mean_img, ec);
+  if (ec) {
+    return Status::IOError(StrCat("renaming ", tmp, " to ", FLAGS_mean_img, ": ", ec.message()));
+  }
+  LOG(INFO) << "saved the mean image to " << FLAGS_mean_img;
+  return std::move(mean.data);
+}
+
+}  // namespace
 
 StatusOr<ImageRecordIterConfig> ImageRecordIterConfigFromFlags(ImageDataSplit split, int batch_size,
                                                                int channels, int height, int width,
@@ -104,6 +151,9 @@ StatusOr<ImageRecordIterConfig> ImageRecordIterConfigFromFlags(ImageDataSplit sp
     }
   }
   RETURN_IF_ERROR(cfg.Validate());
+  if (!FLAGS_mean_img.empty()) {
+    ASSIGN_OR_RETURN(aug.mean_image, LoadOrComputeMeanImage(cfg));
+  }
   return cfg;
 }
 

@@ -30,6 +30,7 @@ DECLARE_double(max_random_area);
 DECLARE_double(min_random_aspect_ratio);
 DECLARE_double(max_random_aspect_ratio);
 DECLARE_int32(data_nthreads);
+DECLARE_string(mean_img);
 
 namespace pstrain {
 
@@ -42,7 +43,9 @@ bool DataTrainIsRecordIO();
 // random crop / resized crop / mirror / pad as flagged) or --data-val (kVal:
 // centre crop, no mirror, no shuffle), both partitioned into `num_parts` with
 // this worker's `part_index`, as fit.py does. `channels`, `height` and `width`
-// are the output image shape (--image-shape). A malformed flag value is
+// are the output image shape (--image-shape). With --mean-img the mean image
+// replaces --rgb-mean (loaded, or computed over --data-train and saved when the
+// file is missing: one decoding pass). A malformed flag value is
 // InvalidArgument naming the flag; an empty --data-val is NotFound.
 StatusOr<ImageRecordIterConfig> ImageRecordIterConfigFromFlags(ImageDataSplit split, int batch_size,
                                                                int channels, int height, int width,
