@@ -3,13 +3,18 @@
 #include <gflags/gflags.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include "data/image_mean.h"
 
-DEFINE_string(data_train, "", "the training data: a RecordIO .rec file of image records");
+DEFINE_string(data_train, "",
+              "the training data: a RecordIO .rec file of image records, or a .lst file");
 DEFINE_string(data_train_idx, "", "the .idx file of --data-train (optional; else it is scanned)");
-DEFINE_string(data_val, "", "the validation data: a RecordIO .rec file");
+DEFINE_string(data_val, "", "the validation data: a RecordIO .rec file, or a .lst file");
+DEFINE_string(data_root, "",
+              "folder that the image paths of a .lst --data-train/--data-val are relative to "
+              "(default: the .lst's folder)");
 DEFINE_string(data_val_idx, "", "the .idx file of --data-val (optional)");
 DEFINE_string(rgb_mean, "123.68,116.779,103.939", "per-channel mean subtracted, R,G,B");
 DEFINE_string(rgb_std, "1,1,1", "per-channel standard deviation divided by, R,G,B");
@@ -36,10 +41,23 @@ DEFINE_string(mean_img, "",
 
 namespace pstrain {
 
-bool DataTrainIsRecordIO() {
-  const std::string& p = FLAGS_data_train;
-  return p.size() > 4 && p.compare(p.size() - 4, 4, ".rec") == 0;
+namespace {
+
+bool EndsWith(const std::string& s, const char* suffix) {
+  const size_t n = std::strlen(suffix);
+  return s.size() > n && s.compare(s.size() - n, n, suffix) == 0;
 }
+
+// The folder a .lst's image paths are relative to.
+std::string RootOf(const std::string& lst) {
+  return !FLAGS_data_root.empty() ? FLAGS_data_root
+                                  : std::filesystem::path(lst).parent_path().string();
+}
+
+}  // namespace
+
+bool DataTrainIsRecordIO() { return EndsWith(FLAGS_data_train, ".rec"); }
+bool DataTrainIsImageList() { return EndsWith(FLAGS_data_train, ".lst"); }
 
 Status ParseFloatTriple(const std::string& flag, const std::string& value, float out[3]) {
   size_t start = 0;
@@ -79,8 +97,16 @@ StatusOr<std::vector<float>> LoadOrComputeMeanImage(const ImageRecordIterConfig&
     return std::move(mean.data);
   }
   ImageRecordIterConfig train = cfg;
-  train.path_imgrec = FLAGS_data_train;
-  train.path_imgidx = FLAGS_data_train_idx;
+  if (EndsWith(FLAGS_data_train, ".lst")) {
+    train.path_imgrec.clear();
+    train.path_imgidx.clear();
+    train.path_imglist = FLAGS_data_train;
+    train.path_root = RootOf(FLAGS_data_train);
+  } else {
+    train.path_imglist.clear();
+    train.path_imgrec = FLAGS_data_train;
+    train.path_imgidx = FLAGS_data_train_idx;
+  }
   train.part_index = 0;
   train.num_parts = 1;
   LOG(INFO) << "--mean-img=" << FLAGS_mean_img << " is missing: computing it over "
@@ -108,10 +134,16 @@ StatusOr<ImageRecordIterConfig> ImageRecordIterConfigFromFlags(ImageDataSplit sp
                                                                uint64_t seed) {
   const bool train = split == ImageDataSplit::kTrain;
   ImageRecordIterConfig cfg;
-  cfg.path_imgrec = train ? FLAGS_data_train : FLAGS_data_val;
-  cfg.path_imgidx = train ? FLAGS_data_train_idx : FLAGS_data_val_idx;
-  if (cfg.path_imgrec.empty()) {
+  const std::string& path = train ? FLAGS_data_train : FLAGS_data_val;
+  if (path.empty()) {
     return Status::NotFound(train ? "--data-train is empty" : "--data-val is empty");
+  }
+  if (EndsWith(path, ".lst")) {
+    cfg.path_imglist = path;
+    cfg.path_root = RootOf(path);
+  } else {
+    cfg.path_imgrec = path;
+    cfg.path_imgidx = train ? FLAGS_data_train_idx : FLAGS_data_val_idx;
   }
   cfg.batch_size = batch_size;
   cfg.shuffle = train;

@@ -18,6 +18,7 @@ DECLARE_string(data_train);
 DECLARE_string(data_train_idx);
 DECLARE_string(data_val);
 DECLARE_string(data_val_idx);
+DECLARE_string(data_root);
 DECLARE_string(rgb_mean);
 DECLARE_string(rgb_std);
 DECLARE_int32(pad_size);
@@ -38,6 +39,9 @@ enum class ImageDataSplit { kTrain, kVal };
 
 // True when --data-train names a RecordIO file (ends in ".rec").
 bool DataTrainIsRecordIO();
+// True when --data-train names an image list (ends in ".lst"); the images are
+// read from --data-root (default: the list's folder).
+bool DataTrainIsImageList();
 
 // The ImageRecordIter configuration for --data-train (kTrain: shuffled,
 // random crop / resized crop / mirror / pad as flagged) or --data-val (kVal:

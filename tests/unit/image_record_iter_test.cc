@@ -272,6 +272,62 @@ TEST_F(ImageRecordIterTest, ResetMidPassStartsOver) {
   for (int i = 0; i < 64; ++i) EXPECT_EQ(ids[i], i);
 }
 
+TEST_F(ImageRecordIterTest, ReadsAnImageFolderThroughALstFile) {
+  // 30 solid images in two class folders, listed in a .lst; 3 parts.
+  std::vector<ImageListEntry> entries;
+  for (int i = 0; i < 30; ++i) {
+    Image img;
+    img.Resize(12, 10, 3);
+    for (int p = 0; p < 120; ++p) {
+      img.pixels[p * 3] = Red(i);
+      img.pixels[p * 3 + 1] = Green(i);
+      img.pixels[p * 3 + 2] = 100;
+    }
+    std::string jpeg;
+    ASSERT_OK(EncodeJpeg(img, 95, &jpeg));
+    const std::string rel = std::string(i % 2 ? "odd/" : "even/") + std::to_string(i) + ".jpg";
+    std::filesystem::create_directories(dir_ / "imgs" / (i % 2 ? "odd" : "even"));
+    std::ofstream(Path("imgs/" + rel), std::ios::binary) << jpeg;
+    entries.push_back({i, {static_cast<float>(i % 2)}, rel});
+  }
+  ASSERT_OK(WriteImageList(Path("imgs.lst"), entries));
+  std::multiset<int64_t> seen;
+  for (int part = 0; part < 3; ++part) {
+    ImageRecordIterConfig cfg = Config("unused", 4);
+    cfg.path_imgrec.clear();
+    cfg.path_imglist = Path("imgs.lst");
+    cfg.path_root = Path("imgs");
+    cfg.part_index = part;
+    cfg.num_parts = 3;
+    auto it = ImageRecordIter::Create(cfg);
+    ASSERT_TRUE(it.ok()) << it.status();
+    EXPECT_EQ((*it)->num_examples(), 10);
+    std::vector<Batch> batches;
+    for (int64_t id : ReadPass(it->get(), &batches)) seen.insert(id);
+    for (const Batch& b : batches) {
+      for (int64_t e = 0; e < b.batch_size(); ++e) {
+        const int id = static_cast<int>(b.index[e]);
+        EXPECT_EQ(b.label[e], id % 2);
+        EXPECT_NEAR(b.data[e * 3 * 64 + 27], Red(id), 2.0);
+      }
+    }
+  }
+  ASSERT_EQ(seen.size(), 30u);
+  for (int i = 0; i < 30; ++i) EXPECT_EQ(seen.count(i), 1u);
+  // A listed file that is missing fails its batch naming the file.
+  std::filesystem::remove(Path("imgs/odd/5.jpg"));
+  ImageRecordIterConfig cfg = Config("unused", 8);
+  cfg.path_imgrec.clear();
+  cfg.path_imglist = Path("imgs.lst");
+  cfg.path_root = Path("imgs");
+  auto it = ImageRecordIter::Create(cfg);
+  ASSERT_TRUE(it.ok());
+  Batch b;
+  auto next = (*it)->Next(&b);
+  ASSERT_FALSE(next.ok());
+  EXPECT_THAT(next.status().message(), HasSubstr("odd/5.jpg"));
+}
+
 TEST_F(ImageRecordIterTest, MeanImageAveragesTheCentreCrops) {
   WriteRec("mean", 50);
   ImageRecordIterConfig cfg = Config("mean", 16);
