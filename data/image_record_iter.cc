@@ -132,8 +132,8 @@ void ImageRecordIter::StartPassLocked() {
 void ImageRecordIter::Reset() {
   {
     MutexLock lock(&mu_);
-    if (next_deliver_ == 0) return;  // the pass has not started: keep it
     ++pass_;
+    started_ = true;
     StartPassLocked();
   }
   cv_.SignalAll();
@@ -149,7 +149,7 @@ void ImageRecordIter::WorkerLoop(int worker) {
       MutexLock lock(&mu_);
       while (slot == nullptr) {
         if (stop_) return;
-        if (next_assign_ < num_batches_) {
+        if (started_ && next_assign_ < num_batches_) {
           for (Slot& s : slots_) {
             if (s.state == SlotState::kFree) {
               slot = &s;
@@ -160,7 +160,7 @@ void ImageRecordIter::WorkerLoop(int worker) {
         if (slot == nullptr) {
           cv_.WaitUntil(Deadline::InMillis(kWorkerPollMillis), [this]() REQUIRES(mu_) {
             if (stop_) return true;
-            if (next_assign_ >= num_batches_) return false;
+            if (!started_ || next_assign_ >= num_batches_) return false;
             for (const Slot& s : slots_) {
               if (s.state == SlotState::kFree) return true;
             }
@@ -244,6 +244,10 @@ StatusOr<bool> ImageRecordIter::Next(Batch* batch) {
   {
     MutexLock lock(&mu_);
     if (next_deliver_ >= num_batches_) return false;
+    if (!started_) {
+      started_ = true;
+      cv_.SignalAll();
+    }
     const int64_t want = next_deliver_;
     Slot* ready = nullptr;
     auto find = [&]() REQUIRES(mu_) {

@@ -62,15 +62,19 @@ struct ImageRecordIterConfig {
 
 class ImageRecordIter : public DataIter {
  public:
-  // Opens the file, finds this part's records and starts the pool on pass 0.
+  // Opens the file, finds this part's records and sets up pass 0 (its
+  // decoding starts at the first Next() or Reset()).
   // A missing file is NotFound; a corrupt header chain or .idx, or a part
   // without records, is an error naming the file (and byte offset).
   static StatusOr<std::unique_ptr<ImageRecordIter>> Create(const ImageRecordIterConfig& config);
   ~ImageRecordIter() override;  // stops and joins the pool
 
   // Starts the next pass (a new order when shuffling) without waiting: the
-  // batches of the old pass still in the pool are dropped. A Reset before the
-  // first Next() of a pass keeps the current pass and its prefetched batches.
+  // batches of the old pass still in the pool are dropped. Every call advances
+  // the pass, so the order of the trainer's epoch e (which Resets once per
+  // epoch) is the same whether or not the run was resumed. The pool starts
+  // decoding at the first Reset() or Next(), so a Reset right after Create
+  // wastes no work.
   void Reset() override;
   // A decode or corruption error for an example fails that batch with a
   // Status naming the .rec file and the record's byte offset; the next call
@@ -112,6 +116,7 @@ class ImageRecordIter : public DataIter {
   Mutex mu_;
   CondVar cv_{&mu_};
   bool stop_ GUARDED_BY(mu_) = false;
+  bool started_ GUARDED_BY(mu_) = false;  // workers pick up work only once started
   int64_t pass_ GUARDED_BY(mu_) = 0;
   // The order of the current pass; a worker keeps its pass's order alive.
   std::shared_ptr<const std::vector<int64_t>> order_ GUARDED_BY(mu_);

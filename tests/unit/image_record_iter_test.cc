@@ -152,6 +152,28 @@ TEST_F(ImageRecordIterTest, ShuffleIsDeterministicAndIndependentOfThreads) {
   for (size_t b = 0; b < runs[0].size(); ++b) EXPECT_EQ(runs[0][b].data, runs[1][b].data);
 }
 
+TEST_F(ImageRecordIterTest, EveryResetDrawsTheNextPass) {
+  // A resumed trainer Resets once per skipped epoch, then once per epoch: the
+  // order of pass k must not depend on whether batches were read in between.
+  WriteRec("e", 40);
+  ImageRecordIterConfig cfg = Config("e", 8);
+  cfg.shuffle = true;
+  cfg.seed = 9;
+  auto unbroken = ImageRecordIter::Create(cfg);
+  auto resumed = ImageRecordIter::Create(cfg);
+  ASSERT_TRUE(unbroken.ok() && resumed.ok());
+  std::vector<std::vector<int64_t>> orders;
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    (*unbroken)->Reset();
+    orders.push_back(ReadPass(unbroken->get()));
+  }
+  (*resumed)->Reset();
+  (*resumed)->Reset();
+  (*resumed)->Reset();
+  EXPECT_EQ(ReadPass(resumed->get()), orders[2]);
+  EXPECT_NE(orders[1], orders[2]);
+}
+
 TEST_F(ImageRecordIterTest, PartsSplitTheExamplesExactlyOnce) {
   WriteRec("p", 257);
   for (bool use_idx : {false, true}) {
