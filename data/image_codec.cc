@@ -201,7 +201,11 @@ Status ImageDecoder::DecodeRegion(std::string_view bytes, std::string_view where
       break;
     }
   }
-  cinfo->out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  // libjpeg cannot convert CMYK/YCCK (some ImageNet files) to RGB: decode
+  // CMYK and convert below, as OpenCV does.
+  const bool cmyk = cinfo->jpeg_color_space == JCS_CMYK || cinfo->jpeg_color_space == JCS_YCCK;
+  const int decoded_channels = cmyk ? 4 : channels;
+  cinfo->out_color_space = cmyk ? JCS_CMYK : channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
   cinfo->scale_num = s;
   cinfo->scale_denom = 8;
   jpeg_start_decompress(cinfo);
@@ -217,16 +221,32 @@ Status ImageDecoder::DecodeRegion(std::string_view bytes, std::string_view where
   if (rw < out_w) jpeg_crop_scanline(cinfo, &xoff, &crop_w);
   if (ry > 0) jpeg_skip_scanlines(cinfo, static_cast<JDIMENSION>(ry));
   out->Resize(rh, rw, channels);
-  const bool direct = static_cast<int>(xoff) == rx && static_cast<int>(crop_w) == rw;
-  if (!direct) row_.resize(static_cast<size_t>(crop_w) * channels);
-  const size_t skip = static_cast<size_t>(rx - static_cast<int>(xoff)) * channels;
+  const bool direct = !cmyk && static_cast<int>(xoff) == rx && static_cast<int>(crop_w) == rw;
+  if (!direct) row_.resize(static_cast<size_t>(crop_w) * decoded_channels);
+  const size_t skip = static_cast<size_t>(rx - static_cast<int>(xoff)) * decoded_channels;
   for (int y = 0; y < rh; ++y) {
     JSAMPROW dst = direct ? out->row(y) : row_.data();
     if (jpeg_read_scanlines(cinfo, &dst, 1) != 1) {
       jpeg_abort_decompress(cinfo);
       return Status::Corruption(StrCat(where, ": JPEG ended at scanline ", ry + y));
     }
-    if (!direct) {
+    if (cmyk) {
+      // Adobe writes inverted CMYK, which is what libjpeg hands back: the
+      // channel value is already 255 - ink.
+      const uint8_t* src = row_.data() + skip;
+      uint8_t* o = out->row(y);
+      for (int x = 0; x < rw; ++x, src += 4) {
+        const int k = src[3];
+        const int r = src[0] * k / 255, g = src[1] * k / 255, b = src[2] * k / 255;
+        if (channels == 1) {
+          o[x] = static_cast<uint8_t>((r * 299 + g * 587 + b * 114 + 500) / 1000);
+        } else {
+          o[3 * x] = static_cast<uint8_t>(r);
+          o[3 * x + 1] = static_cast<uint8_t>(g);
+          o[3 * x + 2] = static_cast<uint8_t>(b);
+        }
+      }
+    } else if (!direct) {
       std::memcpy(out->row(y), row_.data() + skip, static_cast<size_t>(rw) * channels);
     }
   }

@@ -1,10 +1,15 @@
 // JPEG/PNG codec, crop planning and the augmenter's output properties.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+// clang-format off
+#include <cstdio>
+#include <jpeglib.h>
+// clang-format on
 #include <png.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "data/augment.h"
@@ -128,6 +133,53 @@ TEST(ImageCodecTest, ScaledDecodeKeepsAtLeastTheOutputSize) {
   EXPECT_EQ(scale, 2.0 / 8.0);  // 1/8 would give 32x40 < 60x70
   EXPECT_EQ(out.height, 64);
   EXPECT_EQ(out.width, 80);
+}
+
+TEST(ImageCodecTest, CmykJpegsDecodeToRgb) {
+  // An Adobe-style (inverted) CMYK JPEG of one colour: C=255-200, M=255-100,
+  // Y=255-50 stored inverted as 200/100/50 with K stored as 255 (no black).
+  const int h = 16, w = 16;
+  std::vector<uint8_t> cmyk(h * w * 4);
+  for (int i = 0; i < h * w; ++i) {
+    cmyk[i * 4] = 200;
+    cmyk[i * 4 + 1] = 100;
+    cmyk[i * 4 + 2] = 50;
+    cmyk[i * 4 + 3] = 255;
+  }
+  jpeg_compress_struct c;
+  jpeg_error_mgr err;
+  c.err = jpeg_std_error(&err);
+  jpeg_create_compress(&c);
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;  // NOLINT: libjpeg's type
+  jpeg_mem_dest(&c, &buf, &size);
+  c.image_width = w;
+  c.image_height = h;
+  c.input_components = 4;
+  c.in_color_space = JCS_CMYK;
+  jpeg_set_defaults(&c);
+  jpeg_set_quality(&c, 95, TRUE);
+  jpeg_start_compress(&c, TRUE);
+  while (c.next_scanline < c.image_height) {
+    JSAMPROW row = cmyk.data() + c.next_scanline * w * 4;
+    jpeg_write_scanlines(&c, &row, 1);
+  }
+  jpeg_finish_compress(&c);
+  std::string jpeg(reinterpret_cast<char*>(buf), size);
+  jpeg_destroy_compress(&c);
+  std::free(buf);
+
+  ImageDecoder dec;
+  Image out;
+  ASSERT_OK(dec.Decode(jpeg, "cmyk.jpg", 3, &out));
+  ASSERT_EQ(out.channels, 3);
+  EXPECT_NEAR(out.row(8)[24], 200, 3);
+  EXPECT_NEAR(out.row(8)[25], 100, 3);
+  EXPECT_NEAR(out.row(8)[26], 50, 3);
+  double scale = 0;
+  ASSERT_OK(dec.DecodeRegion(jpeg, "cmyk.jpg", 1, Rect{4, 4, 8, 8}, 8, 8, &out, &scale));
+  EXPECT_EQ(out.width, 8);
+  EXPECT_NEAR(out.row(2)[2], (200 * 299 + 100 * 587 + 50 * 114) / 1000, 3);
 }
 
 TEST(ImageCodecTest, NotAnImageIsCorruptionNamingTheSource) {
