@@ -191,6 +191,21 @@ TEST(ImageCodecTest, NotAnImageIsCorruptionNamingTheSource) {
   EXPECT_THAT(s.message(), HasSubstr("not a JPEG"));
 }
 
+TEST(ImageCodecTest, HugeDeclaredSizesAreRefusedNotAllocated) {
+  // A PNG header announcing 100000 x 100000 pixels.
+  std::string png = "\x89PNG\r\n\x1a\n";
+  png += std::string("\0\0\0\x0dIHDR", 8);
+  png += std::string("\x00\x01\x86\xa0\x00\x01\x86\xa0\x08\x02\0\0\0", 13);
+  png += std::string(4, '\0');
+  ImageDecoder dec;
+  int h = 0, w = 0;
+  Status s = dec.ReadSize(png, "big.rec:8", &h, &w);
+  EXPECT_EQ(s.code(), StatusCode::kCorruption);
+  EXPECT_THAT(s.message(), HasSubstr("big.rec:8"));
+  Image out;
+  EXPECT_FALSE(dec.Decode(png, "big.rec:8", 3, &out).ok());
+}
+
 TEST(ImageCodecTest, TruncatedAndGarbledJpegsAreCorruption) {
   const std::string jpeg = Jpeg(Pattern(64, 64));
   ImageDecoder dec;

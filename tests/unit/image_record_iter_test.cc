@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <set>
 
 #include "data/im2rec.h"
@@ -277,6 +278,46 @@ TEST_F(ImageRecordIterTest, TruncatedFileAndBadConfigAreErrors) {
   EXPECT_EQ(ImageRecordIter::Create(cfg).status().code(), StatusCode::kNotFound);
   cfg = Config("t", 0);
   EXPECT_EQ(ImageRecordIter::Create(cfg).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(ImageRecordIterTest, RandomlyCorruptedFilesGiveErrorsNotCrashes) {
+  WriteRec("f", 12);
+  std::string good;
+  {
+    std::ifstream in(Path("f.rec"), std::ios::binary);
+    good.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::mt19937 rng(2024);
+  int errors = 0;
+  for (int trial = 0; trial < 150; ++trial) {
+    std::string bad = good;
+    const int flips = 1 + static_cast<int>(rng() % 8);
+    for (int f = 0; f < flips; ++f) bad[rng() % bad.size()] = static_cast<char>(rng());
+    if (trial % 5 == 0) bad.resize(rng() % bad.size());
+    {
+      std::ofstream out(Path("f.rec"), std::ios::binary | std::ios::trunc);
+      out.write(bad.data(), static_cast<std::streamsize>(bad.size()));
+    }
+    ImageRecordIterConfig cfg = Config("f", 4);
+    cfg.preprocess_threads = 1;
+    auto it = ImageRecordIter::Create(cfg);
+    if (!it.ok()) {
+      EXPECT_THAT(it.status().message(), HasSubstr("f.rec")) << it.status();
+      ++errors;
+      continue;
+    }
+    Batch b;
+    for (int i = 0; i < 10; ++i) {
+      auto more = (*it)->Next(&b);
+      if (!more.ok()) {
+        EXPECT_THAT(more.status().message(), HasSubstr("f.rec")) << more.status();
+        ++errors;
+      } else if (!*more) {
+        break;
+      }
+    }
+  }
+  EXPECT_GT(errors, 50);
 }
 
 TEST_F(ImageRecordIterTest, ResetMidPassStartsOver) {
