@@ -62,12 +62,29 @@ std::string FirstBytesHex(std::string_view bytes) {
   return out.empty() ? "none" : out;
 }
 
+// Larger images are refused rather than allocated (a corrupt header could ask
+// for many gigabytes): 2^28 pixels, e.g. 16384 x 16384.
+constexpr int64_t kMaxPixels = int64_t{1} << 28;
+
+Status CheckSize(int64_t height, int64_t width, std::string_view where) {
+  if (height <= 0 || width <= 0 || height * width > kMaxPixels) {
+    return Status::Corruption(StrCat(where, ": image size ", width, "x", height,
+                                     " is empty or larger than ", kMaxPixels, " pixels"));
+  }
+  return Status::Ok();
+}
+
 Status DecodePng(std::string_view bytes, std::string_view where, int channels, Image* out) {
   png_image img;
   std::memset(&img, 0, sizeof(img));
   img.version = PNG_IMAGE_VERSION;
   if (!png_image_begin_read_from_memory(&img, bytes.data(), bytes.size())) {
     return Status::Corruption(StrCat(where, ": PNG header: ", img.message));
+  }
+  Status size_ok = CheckSize(img.height, img.width, where);
+  if (!size_ok.ok()) {
+    png_image_free(&img);
+    return size_ok;
   }
   img.format = channels == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB;
   out->Resize(static_cast<int>(img.height), static_cast<int>(img.width), channels);
@@ -120,10 +137,12 @@ Status ImageDecoder::ReadSize(std::string_view bytes, std::string_view where, in
     if (bytes.size() < 24) return Status::Corruption(StrCat(where, ": truncated PNG header"));
     auto be32 = [&](size_t at) {
       const auto* p = reinterpret_cast<const unsigned char*>(bytes.data() + at);
-      return static_cast<int>((uint32_t{p[0]} << 24) | (p[1] << 16) | (p[2] << 8) | p[3]);
+      return int64_t{(uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) |
+                     uint32_t{p[3]}};
     };
-    *width = be32(16);
-    *height = be32(20);
+    RETURN_IF_ERROR(CheckSize(be32(20), be32(16), where));
+    *width = static_cast<int>(be32(16));
+    *height = static_cast<int>(be32(20));
     return Status::Ok();
   }
   if (fmt != ImageFormat::kJpeg) {
@@ -140,7 +159,7 @@ Status ImageDecoder::ReadSize(std::string_view bytes, std::string_view where, in
   *height = static_cast<int>(cinfo->image_height);
   *width = static_cast<int>(cinfo->image_width);
   jpeg_abort_decompress(cinfo);
-  return Status::Ok();
+  return CheckSize(*height, *width, where);
 }
 
 Status ImageDecoder::Decode(std::string_view bytes, std::string_view where, int channels,
@@ -187,6 +206,10 @@ Status ImageDecoder::DecodeRegion(std::string_view bytes, std::string_view where
   jpeg_read_header(cinfo, TRUE);
   const int full_w = static_cast<int>(cinfo->image_width);
   const int full_h = static_cast<int>(cinfo->image_height);
+  if (int64_t{full_w} * full_h > kMaxPixels) {
+    jpeg_abort_decompress(cinfo);
+    return CheckSize(full_h, full_w, where);
+  }
   if (region.x < 0 || region.y < 0 || region.width <= 0 || region.height <= 0 ||
       region.x + region.width > full_w || region.y + region.height > full_h) {
     jpeg_abort_decompress(cinfo);
@@ -201,7 +224,11 @@ Status ImageDecoder::DecodeRegion(std::string_view bytes, std::string_view where
       break;
     }
   }
-  cinfo->out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  // libjpeg cannot convert CMYK/YCCK (some ImageNet files) to RGB: decode
+  // CMYK and convert below, as OpenCV does.
+  const bool cmyk = cinfo->jpeg_color_space == JCS_CMYK || cinfo->jpeg_color_space == JCS_YCCK;
+  const int decoded_channels = cmyk ? 4 : channels;
+  cinfo->out_color_space = cmyk ? JCS_CMYK : channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
   cinfo->scale_num = s;
   cinfo->scale_denom = 8;
   jpeg_start_decompress(cinfo);
@@ -217,16 +244,32 @@ Status ImageDecoder::DecodeRegion(std::string_view bytes, std::string_view where
   if (rw < out_w) jpeg_crop_scanline(cinfo, &xoff, &crop_w);
   if (ry > 0) jpeg_skip_scanlines(cinfo, static_cast<JDIMENSION>(ry));
   out->Resize(rh, rw, channels);
-  const bool direct = static_cast<int>(xoff) == rx && static_cast<int>(crop_w) == rw;
-  if (!direct) row_.resize(static_cast<size_t>(crop_w) * channels);
-  const size_t skip = static_cast<size_t>(rx - static_cast<int>(xoff)) * channels;
+  const bool direct = !cmyk && static_cast<int>(xoff) == rx && static_cast<int>(crop_w) == rw;
+  if (!direct) row_.resize(static_cast<size_t>(crop_w) * decoded_channels);
+  const size_t skip = static_cast<size_t>(rx - static_cast<int>(xoff)) * decoded_channels;
   for (int y = 0; y < rh; ++y) {
     JSAMPROW dst = direct ? out->row(y) : row_.data();
     if (jpeg_read_scanlines(cinfo, &dst, 1) != 1) {
       jpeg_abort_decompress(cinfo);
       return Status::Corruption(StrCat(where, ": JPEG ended at scanline ", ry + y));
     }
-    if (!direct) {
+    if (cmyk) {
+      // Adobe writes inverted CMYK, which is what libjpeg hands back: the
+      // channel value is already 255 - ink.
+      const uint8_t* src = row_.data() + skip;
+      uint8_t* o = out->row(y);
+      for (int x = 0; x < rw; ++x, src += 4) {
+        const int k = src[3];
+        const int r = src[0] * k / 255, g = src[1] * k / 255, b = src[2] * k / 255;
+        if (channels == 1) {
+          o[x] = static_cast<uint8_t>((r * 299 + g * 587 + b * 114 + 500) / 1000);
+        } else {
+          o[3 * x] = static_cast<uint8_t>(r);
+          o[3 * x + 1] = static_cast<uint8_t>(g);
+          o[3 * x + 2] = static_cast<uint8_t>(b);
+        }
+      }
+    } else if (!direct) {
       std::memcpy(out->row(y), row_.data() + skip, static_cast<size_t>(rw) * channels);
     }
   }

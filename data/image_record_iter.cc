@@ -1,6 +1,8 @@
 #include "data/image_record_iter.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 
 #include "data/image_recordio.h"
@@ -20,7 +22,10 @@ constexpr int64_t kWorkerPollMillis = 200;
 }  // namespace
 
 Status ImageRecordIterConfig::Validate() const {
-  if (path_imgrec.empty()) return Status::InvalidArgument("no .rec file given (--data-train)");
+  if (path_imgrec.empty() == path_imglist.empty()) {
+    return Status::InvalidArgument(
+        "give exactly one of a .rec file and a .lst file (--data-train)");
+  }
   if (batch_size <= 0) return Status::InvalidArgument(StrCat("batch size ", batch_size));
   if (label_width <= 0) return Status::InvalidArgument(StrCat("label width ", label_width));
   if (num_parts <= 0 || part_index < 0 || part_index >= num_parts) {
@@ -42,31 +47,20 @@ StatusOr<std::unique_ptr<ImageRecordIter>> ImageRecordIter::Create(
     const ImageRecordIterConfig& config) {
   RETURN_IF_ERROR(config.Validate());
   std::unique_ptr<ImageRecordIter> it(new ImageRecordIter(config));
-  ASSIGN_OR_RETURN(it->file_, RecordIOFile::Open(config.path_imgrec));
-  auto range = it->file_->PartitionRange(config.part_index, config.num_parts);
-  it->part_begin_ = range.first;
-  it->part_end_ = range.second;
-  if (!config.path_imgidx.empty()) {
-    ASSIGN_OR_RETURN(std::vector<RecordIndexEntry> idx, ReadRecordIndex(config.path_imgidx));
-    for (const RecordIndexEntry& e : idx) {
-      if (e.offset >= it->file_->size()) {
-        return Status::Corruption(StrCat(config.path_imgidx, ": key ", e.key, " has offset ",
-                                         e.offset, " past the end of ", config.path_imgrec, " (",
-                                         it->file_->size(), " bytes)"));
-      }
-      if (e.offset >= range.first && e.offset < range.second) it->offsets_.push_back(e.offset);
+  if (!config.path_imglist.empty()) {
+    ASSIGN_OR_RETURN(std::vector<ImageListEntry> all, ReadImageList(config.path_imglist));
+    const size_t n = all.size(), p = config.part_index, parts = config.num_parts;
+    it->list_.assign(all.begin() + n * p / parts, all.begin() + n * (p + 1) / parts);
+    it->part_begin_ = n * p / parts;
+    it->part_end_ = n * (p + 1) / parts;
+    if (it->list_.empty()) {
+      return Status::InvalidArgument(StrCat(config.path_imglist, ": part ", config.part_index,
+                                            " of ", config.num_parts, " holds no images"));
     }
-    std::sort(it->offsets_.begin(), it->offsets_.end());
   } else {
-    ASSIGN_OR_RETURN(it->offsets_, it->file_->ScanRecordStarts(range.first, range.second));
+    RETURN_IF_ERROR(it->OpenRecordFile());
   }
-  if (it->offsets_.empty()) {
-    return Status::InvalidArgument(StrCat(config.path_imgrec, ": part ", config.part_index, " of ",
-                                          config.num_parts, " (bytes ", range.first, "-",
-                                          range.second, ") holds no records"));
-  }
-  it->num_batches_ =
-      (static_cast<int64_t>(it->offsets_.size()) + config.batch_size - 1) / config.batch_size;
+  it->num_batches_ = (it->num_examples() + config.batch_size - 1) / config.batch_size;
   {
     MutexLock lock(&it->mu_);
     it->slots_.resize(std::max(config.prefetch_buffer, config.preprocess_threads));
@@ -76,6 +70,33 @@ StatusOr<std::unique_ptr<ImageRecordIter>> ImageRecordIter::Create(
     it->workers_.emplace_back([p = it.get(), w] { p->WorkerLoop(w); });
   }
   return it;
+}
+
+Status ImageRecordIter::OpenRecordFile() {
+  ASSIGN_OR_RETURN(file_, RecordIOFile::Open(config_.path_imgrec));
+  auto range = file_->PartitionRange(config_.part_index, config_.num_parts);
+  part_begin_ = range.first;
+  part_end_ = range.second;
+  if (!config_.path_imgidx.empty()) {
+    ASSIGN_OR_RETURN(std::vector<RecordIndexEntry> idx, ReadRecordIndex(config_.path_imgidx));
+    for (const RecordIndexEntry& e : idx) {
+      if (e.offset >= file_->size()) {
+        return Status::Corruption(StrCat(config_.path_imgidx, ": key ", e.key, " has offset ",
+                                         e.offset, " past the end of ", config_.path_imgrec, " (",
+                                         file_->size(), " bytes)"));
+      }
+      if (e.offset >= range.first && e.offset < range.second) offsets_.push_back(e.offset);
+    }
+    std::sort(offsets_.begin(), offsets_.end());
+  } else {
+    ASSIGN_OR_RETURN(offsets_, file_->ScanRecordStarts(range.first, range.second));
+  }
+  if (offsets_.empty()) {
+    return Status::InvalidArgument(StrCat(config_.path_imgrec, ": part ", config_.part_index,
+                                          " of ", config_.num_parts, " (bytes ", range.first, "-",
+                                          range.second, ") holds no records"));
+  }
+  return Status::Ok();
 }
 
 ImageRecordIter::~ImageRecordIter() {
@@ -88,7 +109,7 @@ ImageRecordIter::~ImageRecordIter() {
 }
 
 void ImageRecordIter::StartPassLocked() {
-  auto order = std::make_shared<std::vector<int64_t>>(offsets_.size());
+  auto order = std::make_shared<std::vector<int64_t>>(num_examples());
   std::iota(order->begin(), order->end(), 0);
   if (config_.shuffle) {
     Rng rng(Mix(config_.seed, static_cast<uint64_t>(pass_)));
@@ -111,8 +132,8 @@ void ImageRecordIter::StartPassLocked() {
 void ImageRecordIter::Reset() {
   {
     MutexLock lock(&mu_);
-    if (next_deliver_ == 0) return;  // the pass has not started: keep it
     ++pass_;
+    started_ = true;
     StartPassLocked();
   }
   cv_.SignalAll();
@@ -128,7 +149,7 @@ void ImageRecordIter::WorkerLoop(int worker) {
       MutexLock lock(&mu_);
       while (slot == nullptr) {
         if (stop_) return;
-        if (next_assign_ < num_batches_) {
+        if (started_ && next_assign_ < num_batches_) {
           for (Slot& s : slots_) {
             if (s.state == SlotState::kFree) {
               slot = &s;
@@ -139,7 +160,7 @@ void ImageRecordIter::WorkerLoop(int worker) {
         if (slot == nullptr) {
           cv_.WaitUntil(Deadline::InMillis(kWorkerPollMillis), [this]() REQUIRES(mu_) {
             if (stop_) return true;
-            if (next_assign_ >= num_batches_) return false;
+            if (!started_ || next_assign_ >= num_batches_) return false;
             for (const Slot& s : slots_) {
               if (s.state == SlotState::kFree) return true;
             }
@@ -178,7 +199,7 @@ Status ImageRecordIter::FillBatch(int64_t seq, int64_t pass, const std::vector<i
   batch->index.resize(static_cast<size_t>(B));
   batch->label_width = lw;
   batch->pad = 0;
-  std::string scratch_record, where;
+  std::string scratch_record, where, file_bytes;
   ImageRecordView rec;
   for (int64_t i = 0; i < B; ++i) {
     int64_t pos = seq * B + i;
@@ -187,19 +208,30 @@ Status ImageRecordIter::FillBatch(int64_t seq, int64_t pass, const std::vector<i
       pos %= n;
     }
     const int64_t ex = order[pos];
-    const uint64_t offset = offsets_[ex];
-    where.assign(file_->path());
-    where += ':';
-    where += std::to_string(offset);
-    std::string_view payload;
-    RETURN_IF_ERROR(file_->ReadAt(offset, &payload, &scratch_record, nullptr));
-    RETURN_IF_ERROR(ParseImageRecord(payload, where, &rec));
+    if (file_ != nullptr) {
+      const uint64_t offset = offsets_[ex];
+      where.assign(file_->path());
+      where += ':';
+      where += std::to_string(offset);
+      std::string_view payload;
+      RETURN_IF_ERROR(file_->ReadAt(offset, &payload, &scratch_record, nullptr));
+      RETURN_IF_ERROR(ParseImageRecord(payload, where, &rec));
+      batch->index[i] = static_cast<int64_t>(rec.header.id);
+    } else {
+      const ImageListEntry& entry = list_[ex];
+      where = (std::filesystem::path(config_.path_root) / entry.path).string();
+      std::ifstream in(where, std::ios::binary);
+      if (!in) return Status::NotFound(StrCat("cannot open image ", where));
+      file_bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      rec.labels = entry.labels;
+      rec.image = file_bytes;
+      batch->index[i] = entry.index;
+    }
     if (static_cast<int>(rec.labels.size()) < lw) {
       return Status::Corruption(
-          StrCat(where, ": record has ", rec.labels.size(), " labels, the label width is ", lw));
+          StrCat(where, ": has ", rec.labels.size(), " labels, the label width is ", lw));
     }
     std::copy(rec.labels.begin(), rec.labels.begin() + lw, batch->label.begin() + i * lw);
-    batch->index[i] = static_cast<int64_t>(rec.header.id);
     Rng rng(Mix(Mix(config_.seed, static_cast<uint64_t>(pass)), static_cast<uint64_t>(ex)));
     RETURN_IF_ERROR(
         AugmentImage(aug, rec.image, where, &rng, scratch, batch->data.data() + i * example));
@@ -212,6 +244,10 @@ StatusOr<bool> ImageRecordIter::Next(Batch* batch) {
   {
     MutexLock lock(&mu_);
     if (next_deliver_ >= num_batches_) return false;
+    if (!started_) {
+      started_ = true;
+      cv_.SignalAll();
+    }
     const int64_t want = next_deliver_;
     Slot* ready = nullptr;
     auto find = [&]() REQUIRES(mu_) {
@@ -243,10 +279,11 @@ std::vector<int64_t> ImageRecordIter::batch_shape() const {
 }
 
 std::string ImageRecordIter::Describe() const {
-  return StrCat("ImageRecordIter ", config_.path_imgrec, " part ", config_.part_index, "/",
-                config_.num_parts, " (bytes ", part_begin_, "-", part_end_, "), ", offsets_.size(),
-                " examples, batch ", config_.batch_size, ", ", config_.preprocess_threads,
-                " threads");
+  const bool rec = file_ != nullptr;
+  return StrCat("ImageRecordIter ", rec ? config_.path_imgrec : config_.path_imglist, " part ",
+                config_.part_index, "/", config_.num_parts, rec ? " (bytes " : " (entries ",
+                part_begin_, "-", part_end_, "), ", num_examples(), " examples, batch ",
+                config_.batch_size, ", ", config_.preprocess_threads, " threads");
 }
 
 StatusOr<std::vector<float>> ComputeMeanImage(const ImageRecordIterConfig& config) {

@@ -4,8 +4,10 @@
 // The iterator reads part `part_index` of `num_parts` of the .rec file (the
 // records that start in that byte range, as MXNet splits a file among
 // workers; with a .idx the offsets come from it, else from one scan of the
-// record headers). A pool of `preprocess_threads` threads decodes and augments
-// whole batches ahead of the consumer, into at most max(prefetch_buffer,
+// record headers). Instead of a .rec it can read an image folder through a
+// .lst file (path_imglist + path_root, like MXNet's ImageIter); part p of P
+// then holds list entries [N*p/P, N*(p+1)/P). A pool of `preprocess_threads` threads decodes and
+// augments whole batches ahead of the consumer, into at most max(prefetch_buffer,
 // preprocess_threads) batch buffers; Next() hands batches over in order by
 // swapping buffers (no copy) and returns the caller's old buffers to the pool.
 // The payloads are read from a memory mapping and decoded straight into the
@@ -32,13 +34,16 @@
 #include "common/status.h"
 #include "data/augment.h"
 #include "data/data_iter.h"
+#include "data/im2rec.h"
 #include "data/recordio.h"
 
 namespace pstrain {
 
 struct ImageRecordIterConfig {
-  std::string path_imgrec;  // the .rec file (required)
-  std::string path_imgidx;  // its .idx file; empty: scan the .rec
+  std::string path_imgrec;   // the .rec file; or else:
+  std::string path_imglist;  // a .lst file whose paths are relative to path_root
+  std::string path_root;
+  std::string path_imgidx;  // the .idx file of path_imgrec; empty: scan the .rec
   int batch_size = 128;
   int label_width = 1;  // labels per example; records must carry at least this many
   bool shuffle = false;
@@ -57,21 +62,27 @@ struct ImageRecordIterConfig {
 
 class ImageRecordIter : public DataIter {
  public:
-  // Opens the file, finds this part's records and starts the pool on pass 0.
+  // Opens the file, finds this part's records and sets up pass 0 (its
+  // decoding starts at the first Next() or Reset()).
   // A missing file is NotFound; a corrupt header chain or .idx, or a part
   // without records, is an error naming the file (and byte offset).
   static StatusOr<std::unique_ptr<ImageRecordIter>> Create(const ImageRecordIterConfig& config);
   ~ImageRecordIter() override;  // stops and joins the pool
 
   // Starts the next pass (a new order when shuffling) without waiting: the
-  // batches of the old pass still in the pool are dropped. A Reset before the
-  // first Next() of a pass keeps the current pass and its prefetched batches.
+  // batches of the old pass still in the pool are dropped. Every call advances
+  // the pass, so the order of the trainer's epoch e (which Resets once per
+  // epoch) is the same whether or not the run was resumed. The pool starts
+  // decoding at the first Reset() or Next(), so a Reset right after Create
+  // wastes no work.
   void Reset() override;
   // A decode or corruption error for an example fails that batch with a
   // Status naming the .rec file and the record's byte offset; the next call
   // continues with the following batch.
   StatusOr<bool> Next(Batch* batch) override;
-  int64_t num_examples() const override { return static_cast<int64_t>(offsets_.size()); }
+  int64_t num_examples() const override {
+    return static_cast<int64_t>(file_ ? offsets_.size() : list_.size());
+  }
   std::vector<int64_t> batch_shape() const override;
   std::string Describe() const override;
 
@@ -87,6 +98,8 @@ class ImageRecordIter : public DataIter {
   };
 
   explicit ImageRecordIter(const ImageRecordIterConfig& config);
+  // Opens path_imgrec and finds this part's record offsets.
+  Status OpenRecordFile();
   void StartPassLocked() REQUIRES(mu_);
   void WorkerLoop(int worker);
   // Fills `batch` with batch `seq` of the pass (order `order`, pass `pass`).
@@ -94,14 +107,16 @@ class ImageRecordIter : public DataIter {
                    AugmentScratch* scratch, Batch* batch) const;
 
   const ImageRecordIterConfig config_;
-  std::unique_ptr<RecordIOFile> file_;
-  std::vector<uint64_t> offsets_;  // record starts of this part, in file order
-  uint64_t part_begin_ = 0, part_end_ = 0;
+  std::unique_ptr<RecordIOFile> file_;      // null when reading a .lst
+  std::vector<uint64_t> offsets_;           // record starts of this part, in file order
+  std::vector<ImageListEntry> list_;        // this part's .lst entries (list mode)
+  uint64_t part_begin_ = 0, part_end_ = 0;  // bytes of the .rec, or entries of the .lst
   int64_t num_batches_ = 0;
 
   Mutex mu_;
   CondVar cv_{&mu_};
   bool stop_ GUARDED_BY(mu_) = false;
+  bool started_ GUARDED_BY(mu_) = false;  // workers pick up work only once started
   int64_t pass_ GUARDED_BY(mu_) = 0;
   // The order of the current pass; a worker keeps its pass's order alive.
   std::shared_ptr<const std::vector<int64_t>> order_ GUARDED_BY(mu_);

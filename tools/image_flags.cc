@@ -3,10 +3,18 @@
 #include <gflags/gflags.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 
-DEFINE_string(data_train, "", "the training data: a RecordIO .rec file of image records");
+#include "data/image_mean.h"
+
+DEFINE_string(data_train, "",
+              "the training data: a RecordIO .rec file of image records, or a .lst file");
 DEFINE_string(data_train_idx, "", "the .idx file of --data-train (optional; else it is scanned)");
-DEFINE_string(data_val, "", "the validation data: a RecordIO .rec file");
+DEFINE_string(data_val, "", "the validation data: a RecordIO .rec file, or a .lst file");
+DEFINE_string(data_root, "",
+              "folder that the image paths of a .lst --data-train/--data-val are relative to "
+              "(default: the .lst's folder)");
 DEFINE_string(data_val_idx, "", "the .idx file of --data-val (optional)");
 DEFINE_string(rgb_mean, "123.68,116.779,103.939", "per-channel mean subtracted, R,G,B");
 DEFINE_string(rgb_std, "1,1,1", "per-channel standard deviation divided by, R,G,B");
@@ -27,13 +35,29 @@ DEFINE_double(max_random_aspect_ratio, 0.0,
               "largest aspect ratio (w/h); when "
               "--min-random-aspect-ratio is 0, the largest change of the ratio from 1");
 DEFINE_int32(data_nthreads, 4, "threads that decode and augment images");
+DEFINE_string(mean_img, "",
+              "MXNet mean image file (NDArray list, key mean_img) subtracted instead of "
+              "--rgb-mean; computed from --data-train and saved there when missing");
 
 namespace pstrain {
 
-bool DataTrainIsRecordIO() {
-  const std::string& p = FLAGS_data_train;
-  return p.size() > 4 && p.compare(p.size() - 4, 4, ".rec") == 0;
+namespace {
+
+bool EndsWith(const std::string& s, const char* suffix) {
+  const size_t n = std::strlen(suffix);
+  return s.size() > n && s.compare(s.size() - n, n, suffix) == 0;
 }
+
+// The folder a .lst's image paths are relative to.
+std::string RootOf(const std::string& lst) {
+  return !FLAGS_data_root.empty() ? FLAGS_data_root
+                                  : std::filesystem::path(lst).parent_path().string();
+}
+
+}  // namespace
+
+bool DataTrainIsRecordIO() { return EndsWith(FLAGS_data_train, ".rec"); }
+bool DataTrainIsImageList() { return EndsWith(FLAGS_data_train, ".lst"); }
 
 Status ParseFloatTriple(const std::string& flag, const std::string& value, float out[3]) {
   size_t start = 0;
@@ -55,16 +79,71 @@ Status ParseFloatTriple(const std::string& flag, const std::string& value, float
   return Status::Ok();
 }
 
+namespace {
+
+// Loads --mean-img, or computes it over all of --data-train (centre crops) and
+// saves it, as MXNet's ImageRecordIter does when the file is missing.
+StatusOr<std::vector<float>> LoadOrComputeMeanImage(const ImageRecordIterConfig& cfg) {
+  const AugmentConfig& aug = cfg.aug;
+  const std::vector<int64_t> shape = {aug.channels, aug.out_height, aug.out_width};
+  std::error_code ec;
+  if (std::filesystem::exists(FLAGS_mean_img, ec)) {
+    ASSIGN_OR_RETURN(MeanImage mean, LoadMeanImage(FLAGS_mean_img));
+    if (mean.shape != shape) {
+      return Status::InvalidArgument(
+          StrCat("--mean-img=", FLAGS_mean_img, " is ", mean.shape[0], "x", mean.shape[1], "x",
+                 mean.shape[2], ", the data shape is ", shape[0], "x", shape[1], "x", shape[2]));
+    }
+    return std::move(mean.data);
+  }
+  ImageRecordIterConfig train = cfg;
+  if (EndsWith(FLAGS_data_train, ".lst")) {
+    train.path_imgrec.clear();
+    train.path_imgidx.clear();
+    train.path_imglist = FLAGS_data_train;
+    train.path_root = RootOf(FLAGS_data_train);
+  } else {
+    train.path_imglist.clear();
+    train.path_imgrec = FLAGS_data_train;
+    train.path_imgidx = FLAGS_data_train_idx;
+  }
+  train.part_index = 0;
+  train.num_parts = 1;
+  LOG(INFO) << "--mean-img=" << FLAGS_mean_img << " is missing: computing it over "
+            << FLAGS_data_train;
+  MeanImage mean;
+  mean.shape = shape;
+  ASSIGN_OR_RETURN(mean.data, ComputeMeanImage(train));
+  // Written under a temporary name and renamed, so workers that compute it at
+  // the same time never read a half-written file.
+  const std::string tmp = StrCat(FLAGS_mean_img, ".tmp.", cfg.part_index);
+  RETURN_IF_ERROR(SaveMeanImage(tmp, mean));
+  std::filesystem::rename(tmp, FLAGS_mean_img, ec);
+  if (ec) {
+    return Status::IOError(StrCat("renaming ", tmp, " to ", FLAGS_mean_img, ": ", ec.message()));
+  }
+  LOG(INFO) << "saved the mean image to " << FLAGS_mean_img;
+  return std::move(mean.data);
+}
+
+}  // namespace
+
 StatusOr<ImageRecordIterConfig> ImageRecordIterConfigFromFlags(ImageDataSplit split, int batch_size,
                                                                int channels, int height, int width,
                                                                int part_index, int num_parts,
                                                                uint64_t seed) {
   const bool train = split == ImageDataSplit::kTrain;
   ImageRecordIterConfig cfg;
-  cfg.path_imgrec = train ? FLAGS_data_train : FLAGS_data_val;
-  cfg.path_imgidx = train ? FLAGS_data_train_idx : FLAGS_data_val_idx;
-  if (cfg.path_imgrec.empty()) {
+  const std::string& path = train ? FLAGS_data_train : FLAGS_data_val;
+  if (path.empty()) {
     return Status::NotFound(train ? "--data-train is empty" : "--data-val is empty");
+  }
+  if (EndsWith(path, ".lst")) {
+    cfg.path_imglist = path;
+    cfg.path_root = RootOf(path);
+  } else {
+    cfg.path_imgrec = path;
+    cfg.path_imgidx = train ? FLAGS_data_train_idx : FLAGS_data_val_idx;
   }
   cfg.batch_size = batch_size;
   cfg.shuffle = train;
@@ -104,6 +183,9 @@ StatusOr<ImageRecordIterConfig> ImageRecordIterConfigFromFlags(ImageDataSplit sp
     }
   }
   RETURN_IF_ERROR(cfg.Validate());
+  if (!FLAGS_mean_img.empty()) {
+    ASSIGN_OR_RETURN(aug.mean_image, LoadOrComputeMeanImage(cfg));
+  }
   return cfg;
 }
 

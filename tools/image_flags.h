@@ -18,6 +18,7 @@ DECLARE_string(data_train);
 DECLARE_string(data_train_idx);
 DECLARE_string(data_val);
 DECLARE_string(data_val_idx);
+DECLARE_string(data_root);
 DECLARE_string(rgb_mean);
 DECLARE_string(rgb_std);
 DECLARE_int32(pad_size);
@@ -30,6 +31,7 @@ DECLARE_double(max_random_area);
 DECLARE_double(min_random_aspect_ratio);
 DECLARE_double(max_random_aspect_ratio);
 DECLARE_int32(data_nthreads);
+DECLARE_string(mean_img);
 
 namespace pstrain {
 
@@ -37,12 +39,17 @@ enum class ImageDataSplit { kTrain, kVal };
 
 // True when --data-train names a RecordIO file (ends in ".rec").
 bool DataTrainIsRecordIO();
+// True when --data-train names an image list (ends in ".lst"); the images are
+// read from --data-root (default: the list's folder).
+bool DataTrainIsImageList();
 
 // The ImageRecordIter configuration for --data-train (kTrain: shuffled,
 // random crop / resized crop / mirror / pad as flagged) or --data-val (kVal:
 // centre crop, no mirror, no shuffle), both partitioned into `num_parts` with
 // this worker's `part_index`, as fit.py does. `channels`, `height` and `width`
-// are the output image shape (--image-shape). A malformed flag value is
+// are the output image shape (--image-shape). With --mean-img the mean image
+// replaces --rgb-mean (loaded, or computed over --data-train and saved when the
+// file is missing: one decoding pass). A malformed flag value is
 // InvalidArgument naming the flag; an empty --data-val is NotFound.
 StatusOr<ImageRecordIterConfig> ImageRecordIterConfigFromFlags(ImageDataSplit split, int batch_size,
                                                                int channels, int height, int width,

@@ -23,7 +23,8 @@
 namespace pstrain {
 namespace {
 
-// Readers for --data-train / --data-val RecordIO files of images (the image
+// Readers for --data-train / --data-val RecordIO files of images, or .lst image
+// lists under --data-root (the image
 // pipeline, data/image_record_iter.h), partitioned over the workers.
 StatusOr<TrainData> OpenRecordIOData(const TrainConfig& cfg, int rank, int num_workers) {
   ASSIGN_OR_RETURN(std::vector<int64_t> shape, ParseIntList(cfg.image_shape(), "--image-shape"));
@@ -88,7 +89,7 @@ int RunTrain(int argc, char** argv) {
   // --config may name the RecordIO files; the image flags read them from there too.
   if (FLAGS_data_train.empty() && !cfg->data_train().empty()) FLAGS_data_train = cfg->data_train();
   if (FLAGS_data_val.empty() && !cfg->data_val().empty()) FLAGS_data_val = cfg->data_val();
-  if (DataTrainIsRecordIO()) {
+  if (DataTrainIsRecordIO() || DataTrainIsImageList()) {
     const TrainConfig& c = *cfg;
     env.open_data = [&c](int rank, int num_workers) {
       return OpenRecordIOData(c, rank, num_workers);

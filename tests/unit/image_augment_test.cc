@@ -1,10 +1,15 @@
 // JPEG/PNG codec, crop planning and the augmenter's output properties.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+// clang-format off
+#include <cstdio>
+#include <jpeglib.h>
+// clang-format on
 #include <png.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "data/augment.h"
@@ -130,6 +135,53 @@ TEST(ImageCodecTest, ScaledDecodeKeepsAtLeastTheOutputSize) {
   EXPECT_EQ(out.width, 80);
 }
 
+TEST(ImageCodecTest, CmykJpegsDecodeToRgb) {
+  // An Adobe-style (inverted) CMYK JPEG of one colour: C=255-200, M=255-100,
+  // Y=255-50 stored inverted as 200/100/50 with K stored as 255 (no black).
+  const int h = 16, w = 16;
+  std::vector<uint8_t> cmyk(h * w * 4);
+  for (int i = 0; i < h * w; ++i) {
+    cmyk[i * 4] = 200;
+    cmyk[i * 4 + 1] = 100;
+    cmyk[i * 4 + 2] = 50;
+    cmyk[i * 4 + 3] = 255;
+  }
+  jpeg_compress_struct c;
+  jpeg_error_mgr err;
+  c.err = jpeg_std_error(&err);
+  jpeg_create_compress(&c);
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;  // NOLINT: libjpeg's type
+  jpeg_mem_dest(&c, &buf, &size);
+  c.image_width = w;
+  c.image_height = h;
+  c.input_components = 4;
+  c.in_color_space = JCS_CMYK;
+  jpeg_set_defaults(&c);
+  jpeg_set_quality(&c, 95, TRUE);
+  jpeg_start_compress(&c, TRUE);
+  while (c.next_scanline < c.image_height) {
+    JSAMPROW row = cmyk.data() + c.next_scanline * w * 4;
+    jpeg_write_scanlines(&c, &row, 1);
+  }
+  jpeg_finish_compress(&c);
+  std::string jpeg(reinterpret_cast<char*>(buf), size);
+  jpeg_destroy_compress(&c);
+  std::free(buf);
+
+  ImageDecoder dec;
+  Image out;
+  ASSERT_OK(dec.Decode(jpeg, "cmyk.jpg", 3, &out));
+  ASSERT_EQ(out.channels, 3);
+  EXPECT_NEAR(out.row(8)[24], 200, 3);
+  EXPECT_NEAR(out.row(8)[25], 100, 3);
+  EXPECT_NEAR(out.row(8)[26], 50, 3);
+  double scale = 0;
+  ASSERT_OK(dec.DecodeRegion(jpeg, "cmyk.jpg", 1, Rect{4, 4, 8, 8}, 8, 8, &out, &scale));
+  EXPECT_EQ(out.width, 8);
+  EXPECT_NEAR(out.row(2)[2], (200 * 299 + 100 * 587 + 50 * 114) / 1000, 3);
+}
+
 TEST(ImageCodecTest, NotAnImageIsCorruptionNamingTheSource) {
   ImageDecoder dec;
   Image out;
@@ -137,6 +189,21 @@ TEST(ImageCodecTest, NotAnImageIsCorruptionNamingTheSource) {
   EXPECT_EQ(s.code(), StatusCode::kCorruption);
   EXPECT_THAT(s.message(), HasSubstr("data.rec:4096"));
   EXPECT_THAT(s.message(), HasSubstr("not a JPEG"));
+}
+
+TEST(ImageCodecTest, HugeDeclaredSizesAreRefusedNotAllocated) {
+  // A PNG header announcing 100000 x 100000 pixels.
+  std::string png = "\x89PNG\r\n\x1a\n";
+  png += std::string("\0\0\0\x0dIHDR", 8);
+  png += std::string("\x00\x01\x86\xa0\x00\x01\x86\xa0\x08\x02\0\0\0", 13);
+  png += std::string(4, '\0');
+  ImageDecoder dec;
+  int h = 0, w = 0;
+  Status s = dec.ReadSize(png, "big.rec:8", &h, &w);
+  EXPECT_EQ(s.code(), StatusCode::kCorruption);
+  EXPECT_THAT(s.message(), HasSubstr("big.rec:8"));
+  Image out;
+  EXPECT_FALSE(dec.Decode(png, "big.rec:8", 3, &out).ok());
 }
 
 TEST(ImageCodecTest, TruncatedAndGarbledJpegsAreCorruption) {

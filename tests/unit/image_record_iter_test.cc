@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <set>
 
 #include "data/im2rec.h"
@@ -152,6 +153,28 @@ TEST_F(ImageRecordIterTest, ShuffleIsDeterministicAndIndependentOfThreads) {
   for (size_t b = 0; b < runs[0].size(); ++b) EXPECT_EQ(runs[0][b].data, runs[1][b].data);
 }
 
+TEST_F(ImageRecordIterTest, EveryResetDrawsTheNextPass) {
+  // A resumed trainer Resets once per skipped epoch, then once per epoch: the
+  // order of pass k must not depend on whether batches were read in between.
+  WriteRec("e", 40);
+  ImageRecordIterConfig cfg = Config("e", 8);
+  cfg.shuffle = true;
+  cfg.seed = 9;
+  auto unbroken = ImageRecordIter::Create(cfg);
+  auto resumed = ImageRecordIter::Create(cfg);
+  ASSERT_TRUE(unbroken.ok() && resumed.ok());
+  std::vector<std::vector<int64_t>> orders;
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    (*unbroken)->Reset();
+    orders.push_back(ReadPass(unbroken->get()));
+  }
+  (*resumed)->Reset();
+  (*resumed)->Reset();
+  (*resumed)->Reset();
+  EXPECT_EQ(ReadPass(resumed->get()), orders[2]);
+  EXPECT_NE(orders[1], orders[2]);
+}
+
 TEST_F(ImageRecordIterTest, PartsSplitTheExamplesExactlyOnce) {
   WriteRec("p", 257);
   for (bool use_idx : {false, true}) {
@@ -257,6 +280,46 @@ TEST_F(ImageRecordIterTest, TruncatedFileAndBadConfigAreErrors) {
   EXPECT_EQ(ImageRecordIter::Create(cfg).status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST_F(ImageRecordIterTest, RandomlyCorruptedFilesGiveErrorsNotCrashes) {
+  WriteRec("f", 12);
+  std::string good;
+  {
+    std::ifstream in(Path("f.rec"), std::ios::binary);
+    good.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::mt19937 rng(2024);
+  int errors = 0;
+  for (int trial = 0; trial < 150; ++trial) {
+    std::string bad = good;
+    const int flips = 1 + static_cast<int>(rng() % 8);
+    for (int f = 0; f < flips; ++f) bad[rng() % bad.size()] = static_cast<char>(rng());
+    if (trial % 5 == 0) bad.resize(rng() % bad.size());
+    {
+      std::ofstream out(Path("f.rec"), std::ios::binary | std::ios::trunc);
+      out.write(bad.data(), static_cast<std::streamsize>(bad.size()));
+    }
+    ImageRecordIterConfig cfg = Config("f", 4);
+    cfg.preprocess_threads = 1;
+    auto it = ImageRecordIter::Create(cfg);
+    if (!it.ok()) {
+      EXPECT_THAT(it.status().message(), HasSubstr("f.rec")) << it.status();
+      ++errors;
+      continue;
+    }
+    Batch b;
+    for (int i = 0; i < 10; ++i) {
+      auto more = (*it)->Next(&b);
+      if (!more.ok()) {
+        EXPECT_THAT(more.status().message(), HasSubstr("f.rec")) << more.status();
+        ++errors;
+      } else if (!*more) {
+        break;
+      }
+    }
+  }
+  EXPECT_GT(errors, 50);
+}
+
 TEST_F(ImageRecordIterTest, ResetMidPassStartsOver) {
   WriteRec("r", 64);
   ImageRecordIterConfig cfg = Config("r", 4);
@@ -270,6 +333,62 @@ TEST_F(ImageRecordIterTest, ResetMidPassStartsOver) {
   std::vector<int64_t> ids = ReadPass(it->get());
   ASSERT_EQ(ids.size(), 64u);
   for (int i = 0; i < 64; ++i) EXPECT_EQ(ids[i], i);
+}
+
+TEST_F(ImageRecordIterTest, ReadsAnImageFolderThroughALstFile) {
+  // 30 solid images in two class folders, listed in a .lst; 3 parts.
+  std::vector<ImageListEntry> entries;
+  for (int i = 0; i < 30; ++i) {
+    Image img;
+    img.Resize(12, 10, 3);
+    for (int p = 0; p < 120; ++p) {
+      img.pixels[p * 3] = Red(i);
+      img.pixels[p * 3 + 1] = Green(i);
+      img.pixels[p * 3 + 2] = 100;
+    }
+    std::string jpeg;
+    ASSERT_OK(EncodeJpeg(img, 95, &jpeg));
+    const std::string rel = std::string(i % 2 ? "odd/" : "even/") + std::to_string(i) + ".jpg";
+    std::filesystem::create_directories(dir_ / "imgs" / (i % 2 ? "odd" : "even"));
+    std::ofstream(Path("imgs/" + rel), std::ios::binary) << jpeg;
+    entries.push_back({i, {static_cast<float>(i % 2)}, rel});
+  }
+  ASSERT_OK(WriteImageList(Path("imgs.lst"), entries));
+  std::multiset<int64_t> seen;
+  for (int part = 0; part < 3; ++part) {
+    ImageRecordIterConfig cfg = Config("unused", 4);
+    cfg.path_imgrec.clear();
+    cfg.path_imglist = Path("imgs.lst");
+    cfg.path_root = Path("imgs");
+    cfg.part_index = part;
+    cfg.num_parts = 3;
+    auto it = ImageRecordIter::Create(cfg);
+    ASSERT_TRUE(it.ok()) << it.status();
+    EXPECT_EQ((*it)->num_examples(), 10);
+    std::vector<Batch> batches;
+    for (int64_t id : ReadPass(it->get(), &batches)) seen.insert(id);
+    for (const Batch& b : batches) {
+      for (int64_t e = 0; e < b.batch_size(); ++e) {
+        const int id = static_cast<int>(b.index[e]);
+        EXPECT_EQ(b.label[e], id % 2);
+        EXPECT_NEAR(b.data[e * 3 * 64 + 27], Red(id), 2.0);
+      }
+    }
+  }
+  ASSERT_EQ(seen.size(), 30u);
+  for (int i = 0; i < 30; ++i) EXPECT_EQ(seen.count(i), 1u);
+  // A listed file that is missing fails its batch naming the file.
+  std::filesystem::remove(Path("imgs/odd/5.jpg"));
+  ImageRecordIterConfig cfg = Config("unused", 8);
+  cfg.path_imgrec.clear();
+  cfg.path_imglist = Path("imgs.lst");
+  cfg.path_root = Path("imgs");
+  auto it = ImageRecordIter::Create(cfg);
+  ASSERT_TRUE(it.ok());
+  Batch b;
+  auto next = (*it)->Next(&b);
+  ASSERT_FALSE(next.ok());
+  EXPECT_THAT(next.status().message(), HasSubstr("odd/5.jpg"));
 }
 
 TEST_F(ImageRecordIterTest, MeanImageAveragesTheCentreCrops) {
