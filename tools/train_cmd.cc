@@ -24,18 +24,18 @@ namespace pstrain {
 namespace {
 
 // Readers for --data-train / --data-val RecordIO files of images, or .lst image
-// lists under --data-root (the image
-// pipeline, data/image_record_iter.h), partitioned over the workers.
-StatusOr<TrainData> OpenRecordIOData(const TrainConfig& cfg, int rank, int num_workers) {
+// lists under --data-root (the image pipeline, data/image_record_iter.h),
+// partitioned over the workers.
+StatusOr<TrainData> OpenImageData(const TrainConfig& cfg, int rank, int num_workers) {
   ASSIGN_OR_RETURN(std::vector<int64_t> shape, ParseIntList(cfg.image_shape(), "--image-shape"));
   if (shape.size() != 3) {
     return Status::InvalidArgument(StrCat("--image-shape '", cfg.image_shape(),
-                                          "' must be C,H,W for RecordIO data (--data-train ",
+                                          "' must be C,H,W for image data (--data-train ",
                                           FLAGS_data_train, ")"));
   }
   if (cfg.num_classes() <= 0) {
     return Status::InvalidArgument(
-        StrCat("--num-classes is required with RecordIO data (--data-train ", FLAGS_data_train,
+        StrCat("--num-classes is required with image data (--data-train ", FLAGS_data_train,
                ")"));
   }
   TrainData out;
@@ -92,7 +92,7 @@ int RunTrain(int argc, char** argv) {
   if (DataTrainIsRecordIO() || DataTrainIsImageList()) {
     const TrainConfig& c = *cfg;
     env.open_data = [&c](int rank, int num_workers) {
-      return OpenRecordIOData(c, rank, num_workers);
+      return OpenImageData(c, rank, num_workers);
     };
   }
 
