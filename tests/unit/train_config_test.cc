@@ -177,6 +177,15 @@ TEST(TrainConfigTest, OptimizerConfigFollowsFitPy) {
   ASSERT_TRUE(opt.ok());
   EXPECT_FLOAT_EQ(opt->rescale_grad(), 1.0f / 512);
   EXPECT_FALSE(opt->has_lr_scheduler());
+  // Regression: "dist_async" contains "sync"; each async push is one worker's batch.
+  cfg.set_kv_store("dist_async");
+  opt = MakeOptimizerConfig(cfg, 100, 4);
+  ASSERT_TRUE(opt.ok());
+  EXPECT_FLOAT_EQ(opt->rescale_grad(), 1.0f / 128);
+  cfg.set_kv_store("dist_device_sync");
+  opt = MakeOptimizerConfig(cfg, 100, 4);
+  ASSERT_TRUE(opt.ok());
+  EXPECT_FLOAT_EQ(opt->rescale_grad(), 1.0f / 512);
 }
 
 }  // namespace
