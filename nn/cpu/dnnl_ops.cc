@@ -7,8 +7,9 @@
 // boundary into buffers it owns; the blocked kernels are several times faster
 // than the NCHW ones, which pays for the reorders. The forward's reordered
 // source and weights are reused by the backward when the layouts agree.
-#include <algorithm>
 #include <omp.h>
+
+#include <algorithm>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
 #include <unordered_map>
