@@ -319,24 +319,31 @@ StatusOr<std::string> DetectHostIp(const std::vector<Host>& hosts) {
 }
 
 StatusOr<int> FindFreePort(const std::string& ip) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Status::IOError(StrCat("socket: ", strerror(errno)));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_port = 0;
   if (inet_pton(AF_INET, ip.c_str(), &addr.sin_addr) != 1) {
-    close(fd);
     return Status::InvalidArgument(StrCat("scheduler address '", ip, "' is not an IPv4 address"));
   }
-  socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    int err = errno;
+  // dmlc-core's range, 9091..9998: outside the kernel's ephemeral range, so no
+  // outgoing connection of this host can take the port between this check and
+  // the scheduler's bind (a port from bind(0) could). A random start keeps two
+  // launchers on one host apart.
+  constexpr int kFirst = 9091, kCount = 908;
+  const int start = static_cast<int>((static_cast<unsigned>(getpid()) * 2654435761u +
+                                      static_cast<unsigned>(time(nullptr))) % kCount);
+  int last_errno = 0;
+  for (int i = 0; i < kCount; ++i) {
+    const int port = kFirst + (start + i) % kCount;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return Status::IOError(StrCat("socket: ", strerror(errno)));
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    last_errno = errno;
     close(fd);
-    return Status::IOError(StrCat("cannot bind a port on ", ip, ": ", strerror(err)));
+    if (ok) return port;
   }
-  close(fd);
-  return static_cast<int>(ntohs(addr.sin_port));
+  return Status::IOError(StrCat("no free port in ", kFirst, "..", kFirst + kCount - 1, " on ", ip,
+                                ": ", strerror(last_errno)));
 }
 
 StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) {
