@@ -62,6 +62,22 @@ StatusOr<const std::vector<PartPlan>*> KVClient::Parts(Key key, int64_t len) {
   return &slot.second;
 }
 
+std::unique_ptr<KVClient::Sub> KVClient::NewSub(Ticket ticket, int server, int priority,
+                                                PsCommand cmd) {
+  auto sub = std::make_unique<Sub>();
+  sub->id = next_request_++;
+  sub->ticket = ticket;
+  sub->server = server;
+  sub->priority = priority;
+  PsHeader& h = sub->msg.header;
+  h.set_version(PROTOCOL_VERSION_CURRENT);
+  h.set_cmd(cmd);
+  h.set_sender(node_->id());
+  h.set_receiver(ServerId(server));
+  h.set_request_id(sub->id);
+  return sub;
+}
+
 KVClient::Ticket KVClient::Issue(Kind kind, const std::vector<Key>& keys,
                                  const std::vector<int64_t>& lens, const float* vals, float* out,
                                  int priority, Callback cb) {
@@ -139,17 +155,8 @@ KVClient::Ticket KVClient::Issue(Kind kind, const std::vector<Key>& keys,
         for (int s = 0; s < node_->num_servers(); ++s) {
           Build& b = builds[s];
           if (b.keys.empty()) continue;
-          auto sub = std::make_unique<Sub>();
-          sub->id = next_request_++;
-          sub->ticket = ticket;
-          sub->server = s;
-          sub->priority = priority;
+          std::unique_ptr<Sub> sub = NewSub(ticket, s, priority, CMD_DATA);
           PsHeader& h = sub->msg.header;
-          h.set_version(PROTOCOL_VERSION_CURRENT);
-          h.set_cmd(CMD_DATA);
-          h.set_sender(node_->id());
-          h.set_receiver(ServerId(s));
-          h.set_request_id(sub->id);
           h.set_init(kind == kInit);
           h.set_push(kind == kPush || kind == kPushPull);
           h.set_pull(has_out);
@@ -352,18 +359,8 @@ Status KVClient::SetServerConfig(const ServerConfig& config, Deadline deadline) 
     TicketState& t = tickets_[ticket];
     t.remaining = node_->num_servers();
     for (int s = 0; s < node_->num_servers(); ++s) {
-      auto sub = std::make_unique<Sub>();
-      sub->id = next_request_++;
-      sub->ticket = ticket;
-      sub->server = s;
-      sub->priority = INT32_MAX;
-      PsHeader& h = sub->msg.header;
-      h.set_version(PROTOCOL_VERSION_CURRENT);
-      h.set_cmd(CMD_CONFIG);
-      h.set_sender(node_->id());
-      h.set_receiver(ServerId(s));
-      h.set_request_id(sub->id);
-      h.set_body(config.SerializeAsString());
+      std::unique_ptr<Sub> sub = NewSub(ticket, s, INT32_MAX, CMD_CONFIG);
+      sub->msg.header.set_body(config.SerializeAsString());
       Enqueue(std::move(sub));
     }
   }

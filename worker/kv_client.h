@@ -116,6 +116,9 @@ class KVClient {
   Ticket Issue(Kind kind, const std::vector<Key>& keys, const std::vector<int64_t>& lens,
                const float* vals, float* out, int priority, Callback cb);
   StatusOr<const std::vector<PartPlan>*> Parts(Key key, int64_t len) REQUIRES(mu_);
+  // A request to `server` under `ticket` with its header filled in (id, sender, receiver).
+  std::unique_ptr<Sub> NewSub(Ticket ticket, int server, int priority, PsCommand cmd)
+      REQUIRES(mu_);
   void Enqueue(std::unique_ptr<Sub> sub) REQUIRES(mu_);
   void Pump(int server) REQUIRES(mu_);
   // Marks one sub-request of `ticket` done; returns the callback to run, if any.
