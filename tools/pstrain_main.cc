@@ -5,6 +5,7 @@
 // mapped to gflags' underscores (--num_epochs) before parsing. A bare `--`
 // ends the flags; everything after it reaches the command untouched.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -91,9 +92,14 @@ void PrintCommandHelp(const Command& cmd) {
     for (char& ch : name) {
       if (ch == '_') ch = '-';
     }
+    std::string def = f.default_value;
+    if (f.type == "double" || f.type == "float") {
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), "%g", std::strtod(def.c_str(), nullptr));
+      def = buf;  // 0.05, not 0.050000000000000003
+    }
     std::printf("  --%-24s %s (default: %s%s%s)\n", name.c_str(), f.description.c_str(),
-                f.type == "string" ? "\"" : "", f.default_value.c_str(),
-                f.type == "string" ? "\"" : "");
+                f.type == "string" ? "\"" : "", def.c_str(), f.type == "string" ? "\"" : "");
   }
   std::printf("\nlogging: --v=N for verbose logs, --logtostderr=0 --log_dir=DIR for files.\n");
 }

@@ -21,12 +21,13 @@ TrainConfig Valid() {
   return cfg;
 }
 
+// fit.py's defaults, except lr: 0.05 as MXNet's train_mnist.py and train_cifar10.py set it.
 TEST(TrainConfigTest, DefaultsAreFitPys) {
   TrainConfig cfg;
   EXPECT_EQ(cfg.version(), 1);
   EXPECT_EQ(cfg.num_epochs(), 100);
   EXPECT_EQ(cfg.batch_size(), 128);
-  EXPECT_FLOAT_EQ(cfg.lr(), 0.1f);
+  EXPECT_FLOAT_EQ(cfg.lr(), 0.05f);
   EXPECT_FLOAT_EQ(cfg.lr_factor(), 0.1f);
   EXPECT_FLOAT_EQ(cfg.mom(), 0.9f);
   EXPECT_FLOAT_EQ(cfg.wd(), 0.0001f);
