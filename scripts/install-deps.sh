@@ -12,7 +12,8 @@ PACKAGES=(
   libdnnl-dev                                # CPU kernels (oneDNN)
   libjpeg62-turbo-dev libpng-dev zlib1g-dev  # image pipeline
   openssh-server openssh-client rsync        # ssh launcher (and its tests)
-  openmpi-bin libopenmpi-dev                 # mpi launcher (and its tests)
+  openmpi-bin libopenmpi-dev                 # mpi launcher (and its tests; the default mpirun)
+  mpich                                      # mpi launcher tests under MPICH (mpirun.mpich)
   procps iproute2                            # ps/kill in tests, addresses
 )
 # Benchmarks compare against PyTorch; install them with PSTRAIN_BENCH_DEPS=1.

@@ -515,12 +515,22 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
   // r - S). Two concurrent mpiruns, as dmlc-core's mpi tracker starts, race
   // on Open MPI's session directory on a shared host, so there is one.
   ASSIGN_OR_RETURN(MpiFlavour flavour, DetectMpi(o.mpirun, local_env));
-  static const char kRoleScript[] =
+  static const std::string kRoleScript =
       "r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}; s=$1; shift; "
       "[ -n \"$r\" ] || { echo 'pstrain launch: no MPI rank in the environment' >&2; exit 127; }; "
       "if [ \"$r\" -lt \"$s\" ]; then DMLC_ROLE=server; PSTRAIN_LAUNCH_RANK=$r; "
       "else DMLC_ROLE=worker; PSTRAIN_LAUNCH_RANK=$((r - s)); fi; DMLC_TASK_ID=$r; "
-      "export DMLC_ROLE PSTRAIN_LAUNCH_RANK DMLC_TASK_ID; exec \"$@\"";
+      "export DMLC_ROLE PSTRAIN_LAUNCH_RANK DMLC_TASK_ID; ";
+  // Open MPI's mpirun ends the job when a rank exits non-zero, so the rank
+  // becomes the command. MPICH's Hydra waits for every rank of a program that
+  // is not an MPI program, so there the wrapper stays, forwards TERM/INT/HUP,
+  // and announces a failed exit with kMpiRankFailedMarker on stderr; the
+  // supervisor reads it from the rank-tagged output and stops the job.
+  static const std::string kOpenMpiRun = "exec \"$@\"";
+  static const std::string kMpichRun =
+      StrCat("\"$@\" & p=$!; trap 'kill -TERM \"$p\" 2>/dev/null' TERM INT HUP; ",
+             "while :; do wait \"$p\"; c=$?; kill -0 \"$p\" 2>/dev/null || break; done; ",
+             "[ \"$c\" -eq 0 ] || echo \"", kMpiRankFailedMarker, "$c\" >&2; exit \"$c\"");
   Task t;
   t.role = "mpirun";
   t.rank = 0;
@@ -543,7 +553,9 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
   }
   for (const std::string& a : o.mpi_options) t.spec.argv.push_back(a);
   t.spec.argv.insert(t.spec.argv.end(),
-                     {"/bin/sh", "-c", kRoleScript, "pstrain-mpi", std::to_string(o.num_servers)});
+                     {"/bin/sh", "-c",
+                      kRoleScript + (flavour == MpiFlavour::kOpenMpi ? kOpenMpiRun : kMpichRun),
+                      "pstrain-mpi", std::to_string(o.num_servers)});
   for (const std::string& c : o.command) t.spec.argv.push_back(c);
   t.spec.env = local_env;
   t.tags = flavour == MpiFlavour::kOpenMpi ? OutputTags::kOpenMpi : OutputTags::kMpich;

@@ -129,6 +129,16 @@ class Job {
       if (SplitRankTag(r.task.tags, line, &rank, &stripped)) {
         name = RankName(r.task, rank);
         text = stripped;
+        const std::string marker = kMpiRankFailedMarker;
+        if (text.compare(0, marker.size(), marker) == 0 && !stopping_) {
+          std::string code = text.substr(marker.size());
+          while (!code.empty() && (code.back() == '\n' || code.back() == '\r')) code.pop_back();
+          logs_.Write(name, text);
+          Fail(StrCat(name, " (MPI rank ", rank, ") under ", r.task.role, " (", r.task.host,
+                      ") exited with code ", code),
+               1);
+          return;
+        }
       } else {
         name = r.task.role;
         if (int failed = FailedRankFromNotice(line); failed >= 0) r.failed_rank = failed;

@@ -76,6 +76,10 @@ StatusOr<JobResult> RunJob(std::vector<Task> tasks, const SupervisorOptions& opt
 // Returns false when `line` carries no tag of that kind.
 bool SplitRankTag(OutputTags tags, const std::string& line, int* rank, std::string* text);
 
+// What the mpi launcher's rank wrapper writes on stderr, followed by the exit
+// code, when its command fails (MPICH does not stop the job by itself).
+inline constexpr char kMpiRankFailedMarker[] = "pstrain launch: MPI rank exited with code ";
+
 }  // namespace pstrain::tracker
 
 #endif  // PSTRAIN_TRACKER_SUPERVISOR_H_

@@ -11,22 +11,27 @@
 namespace pstrain::testing {
 namespace {
 
-class MpiLauncherTest : public ::testing::Test {
+// Every test runs under Open MPI's `mpirun` and MPICH's `mpirun.mpich`
+// (scripts/install-deps.sh installs both; Open MPI stays the default mpirun).
+class MpiLauncherTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     std::string out;
     int status = 0;
-    Status s =
-        tracker::RunAndCapture({"mpirun", "--version"}, Environment().All(), 20000, &out, &status);
-    ASSERT_TRUE(s.ok() && status == 0) << "mpirun is required (openmpi-bin): " << s << out;
+    Status s = tracker::RunAndCapture({GetParam(), "--version"}, Environment().All(), 20000,
+                                      &out, &status);
+    ASSERT_TRUE(s.ok() && status == 0)
+        << GetParam() << " is required (openmpi-bin, mpich): " << s << out;
     open_mpi_ = out.find("Open MPI") != std::string::npos;
     ASSERT_EQ(mkdir(dir_.Sub("reports").c_str(), 0755), 0);
-    WriteFile(dir_.Sub("hosts"), "127.0.0.1 slots=8\n");
+    // The host file goes to mpirun as it is, so it is in the flavour's syntax.
+    WriteFile(dir_.Sub("hosts"), open_mpi_ ? "127.0.0.1 slots=8\n" : "localhost:8\n");
   }
 
   std::vector<std::string> Args(std::vector<std::string> probe_extra) {
     std::vector<std::string> args = {"-n",         "2",
                                      "-s",         "2",
+                                     "--mpirun",   GetParam(),
                                      "--launcher", "mpi",
                                      "-H",         dir_.Sub("hosts"),
                                      "--log-dir",  dir_.Sub("logs"),
@@ -47,8 +52,8 @@ class MpiLauncherTest : public ::testing::Test {
   bool open_mpi_ = false;
 };
 
-TEST_F(MpiLauncherTest, KvbenchVerifyUnderMpirun) {
-  std::vector<std::string> args = {"-n", "2", "-s", "2", "--launcher", "mpi", "-H",
+TEST_P(MpiLauncherTest, KvbenchVerifyUnderMpirun) {
+  std::vector<std::string> args = {"-n", "2", "-s", "2", "--launcher", "mpi", "--mpirun", GetParam(), "-H",
                                    dir_.Sub("hosts"), "--log-dir", dir_.Sub("logs"),
                                    "--timeout", "90"};
   if (open_mpi_) {
@@ -62,7 +67,7 @@ TEST_F(MpiLauncherTest, KvbenchVerifyUnderMpirun) {
   EXPECT_NE(run.output.find("verify dist_async ok"), std::string::npos) << run.output;
 }
 
-TEST_F(MpiLauncherTest, TwoServersTwoWorkersUnderMpirun) {
+TEST_P(MpiLauncherTest, TwoServersTwoWorkersUnderMpirun) {
   LaunchRun run = RunLaunch(Args({"plain", kSpacey}), dir_.path(), 90000);
   ASSERT_EQ(run.exit_code(), 0) << run.output;
   Reports reports = ReadReports(dir_.Sub("reports"));
@@ -87,7 +92,7 @@ TEST_F(MpiLauncherTest, TwoServersTwoWorkersUnderMpirun) {
   EXPECT_EQ(Survivors(reports), std::vector<std::string>{});
 }
 
-TEST_F(MpiLauncherTest, FailingRankStopsTheJob) {
+TEST_P(MpiLauncherTest, FailingRankStopsTheJob) {
   LaunchRun run = RunLaunch(Args({"--sleep=60", "--fail=worker:1:3"}), dir_.path(), 90000);
   EXPECT_NE(run.exit_code(), 0) << run.output;
   EXPECT_LT(run.seconds, 30) << run.output;
@@ -101,7 +106,7 @@ TEST_F(MpiLauncherTest, FailingRankStopsTheJob) {
   EXPECT_EQ(Survivors(reports, 5000), std::vector<std::string>{}) << run.output;
 }
 
-TEST_F(MpiLauncherTest, InterruptStopsEveryRank) {
+TEST_P(MpiLauncherTest, InterruptStopsEveryRank) {
   Launch launch(Args({"--sleep=60"}), dir_.path());
   ASSERT_TRUE(launch.PumpUntil([&] { return ReadReports(dir_.Sub("reports")).size() == 5; }, 60000))
       << launch.output();
@@ -111,6 +116,13 @@ TEST_F(MpiLauncherTest, InterruptStopsEveryRank) {
   EXPECT_EQ(run.exit_code(), 128 + SIGINT) << run.output;
   EXPECT_EQ(Survivors(reports, 5000), std::vector<std::string>{}) << run.output;
 }
+
+INSTANTIATE_TEST_SUITE_P(Flavours, MpiLauncherTest,
+                         ::testing::Values(std::string("mpirun"), std::string("mpirun.mpich")),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param == "mpirun" ? std::string("OpenMpi")
+                                                         : std::string("Mpich");
+                         });
 
 }  // namespace
 }  // namespace pstrain::testing
