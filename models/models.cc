@@ -65,10 +65,15 @@ StatusOr<Graph> BuildModel(const ModelOptions& options) {
   }
   ModelOptions o = options;
   if (o.image_shape.ndim() == 0) o.image_shape = m->default_shape;
-  if (o.num_classes == 0) o.num_classes = m->default_classes;
   if (o.image_shape.ndim() != 3 || o.image_shape.num_elements() < 1) {
     return Status::InvalidArgument(StrCat("network '", o.name, "': image shape ",
                                           o.image_shape.ToString(), " is not (C,H,W)"));
+  }
+  if (o.num_classes == 0) {
+    o.num_classes = m->default_classes;
+    // An ImageNet-sized default on a CIFAR/MNIST-sized image (resnet picks its
+    // CIFAR variant there): 10 classes, as MXNet's train_cifar10.py sets.
+    if (o.num_classes == 1000 && o.image_shape[1] <= 32) o.num_classes = 10;
   }
   if (o.num_classes < 1) {
     return Status::InvalidArgument(StrCat("network '", o.name, "': num_classes must be >= 1"));

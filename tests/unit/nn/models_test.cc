@@ -20,6 +20,16 @@ Graph Build(const std::string& name, int num_layers = 0, Shape shape = Shape(), 
   return g.ok() ? std::move(g).value() : Graph();
 }
 
+// `pstrain summary --network resnet --num-layers 20 --image-shape 3,28,28`
+// with no --num-classes must print MXNet's CIFAR count: small images default
+// to 10 classes, ImageNet-sized ones to 1000.
+TEST(ModelsTest, DefaultClassesFollowTheImageSize) {
+  EXPECT_EQ(Build("resnet", 20, {3, 28, 28}).NumParams(), 272544);
+  EXPECT_EQ(Build("resnet", 110, {3, 28, 28}).NumParams(), 1730784);
+  EXPECT_EQ(Build("resnet", 50, {3, 224, 224}).NumParams(), 25549486);
+  EXPECT_EQ(Build("inception-bn", 0, {3, 224, 224}).NumParams(), 11295240);
+}
+
 TEST(ModelsTest, MlpCount) {
   Graph g = Build("mlp");
   EXPECT_EQ(g.NumParams(), 109386);
