@@ -127,6 +127,12 @@ int main(int argc, char** argv) {
       std::strcmp(argv[1], "-h") == 0) {
     if (argc >= 3 && std::strcmp(argv[1], "help") == 0) {
       if (const Command* c = pstrain::FindCommand(argv[2])) {
+        if (c->raw_args) {  // it prints its own help
+          std::string name = std::string("pstrain ") + c->name;
+          char help[] = "--help";
+          char* raw[] = {name.data(), help, nullptr};
+          return c->run(2, raw);
+        }
         pstrain::PrintCommandHelp(*c);
         return 0;
       }
