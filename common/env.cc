@@ -49,8 +49,8 @@ StatusOr<int64_t> ParseInt(const std::string& name, const std::string& value, in
         StrCat("environment variable ", name, "='", value, "' is not an integer"));
   }
   if (v < min || v > max) {
-    return Status::InvalidArgument(StrCat("environment variable ", name, "=", v,
-                                          " is out of range [", min, ", ", max, "]"));
+    return Status::InvalidArgument(
+        StrCat("environment variable ", name, "=", v, " is out of range [", min, ", ", max, "]"));
   }
   return static_cast<int64_t>(v);
 }
@@ -64,8 +64,7 @@ StatusOr<int64_t> Environment::GetInt(const std::string& name, int64_t default_v
   return ParseInt(name, *v, min, max);
 }
 
-StatusOr<int64_t> Environment::RequireInt(const std::string& name, int64_t min,
-                                          int64_t max) const {
+StatusOr<int64_t> Environment::RequireInt(const std::string& name, int64_t min, int64_t max) const {
   ASSIGN_OR_RETURN(std::string v, Require(name));
   return ParseInt(name, v, min, max);
 }
@@ -115,9 +114,12 @@ std::map<std::string, std::string> Environment::All() const {
 
 const char* RoleName(Role role) {
   switch (role) {
-    case Role::kScheduler: return "scheduler";
-    case Role::kServer: return "server";
-    case Role::kWorker: return "worker";
+    case Role::kScheduler:
+      return "scheduler";
+    case Role::kServer:
+      return "server";
+    case Role::kWorker:
+      return "worker";
   }
   return "?";
 }
@@ -170,8 +172,8 @@ StatusOr<JobEnv> ReadJobEnv(const Environment& env, bool cluster_required) {
   job.server_threads = static_cast<int>(threads);
   job.placement = env.Get("PSTRAIN_PLACEMENT").value_or(job.placement);
   if (job.placement != "balanced" && job.placement != "mxnet") {
-    return Status::InvalidArgument(StrCat("environment variable PSTRAIN_PLACEMENT='",
-                                          job.placement, "' is not balanced or mxnet"));
+    return Status::InvalidArgument(StrCat("environment variable PSTRAIN_PLACEMENT='", job.placement,
+                                          "' is not balanced or mxnet"));
   }
   ASSIGN_OR_RETURN(job.chunk_elems, env.GetInt("PSTRAIN_CHUNK_ELEMS", job.chunk_elems, 1));
   return job;

@@ -28,8 +28,8 @@ class Environment {
   // Unset: NotFound naming the variable.
   StatusOr<std::string> Require(const std::string& name) const;
   // Unset: `default_value`; set but not an integer in [min, max]: InvalidArgument.
-  StatusOr<int64_t> GetInt(const std::string& name, int64_t default_value,
-                           int64_t min = INT64_MIN, int64_t max = INT64_MAX) const;
+  StatusOr<int64_t> GetInt(const std::string& name, int64_t default_value, int64_t min = INT64_MIN,
+                           int64_t max = INT64_MAX) const;
   StatusOr<int64_t> RequireInt(const std::string& name, int64_t min = INT64_MIN,
                                int64_t max = INT64_MAX) const;
   // Accepts 0/1/true/false/yes/no/on/off (any case).
@@ -53,27 +53,27 @@ StatusOr<Role> ParseRole(const std::string& s);
 // The DMLC_* / PS_* contract of MXNet and ps-lite (../shared/reference/mxnet_facts.md 1.10),
 // plus our PSTRAIN_* timeouts. Read once per node by ReadJobEnv.
 struct JobEnv {
-  Role role = Role::kWorker;          // DMLC_ROLE (unset: worker, as in MXNet)
-  std::string root_uri;               // DMLC_PS_ROOT_URI: scheduler host name or IP
-  int root_port = 0;                  // DMLC_PS_ROOT_PORT
-  int num_servers = 0;                // DMLC_NUM_SERVER
-  int num_workers = 0;                // DMLC_NUM_WORKER
-  std::string node_host;              // DMLC_NODE_HOST: address this node advertises
-  std::string interface;              // DMLC_INTERFACE: NIC whose IP to advertise
-  int port = 0;                       // PORT: this node's port (0: pick a free one)
-  int verbose = 0;                    // PS_VERBOSE: 0, 1 (connections), 2 (every message)
-  int64_t bigarray_bound = 1000000;   // MXNET_KVSTORE_BIGARRAY_BOUND (elements)
-  int heartbeat_interval_ms = 1000;   // PSTRAIN_HEARTBEAT_INTERVAL_MS (0: off)
-  int heartbeat_timeout_ms = 10000;   // PSTRAIN_HEARTBEAT_TIMEOUT_MS
-  int startup_timeout_ms = 30000;     // PSTRAIN_STARTUP_TIMEOUT_MS: registration deadline
-  int barrier_timeout_ms = 600000;    // PSTRAIN_BARRIER_TIMEOUT_MS
-  int request_timeout_ms = 600000;    // PSTRAIN_REQUEST_TIMEOUT_MS: one push/pull
+  Role role = Role::kWorker;         // DMLC_ROLE (unset: worker, as in MXNet)
+  std::string root_uri;              // DMLC_PS_ROOT_URI: scheduler host name or IP
+  int root_port = 0;                 // DMLC_PS_ROOT_PORT
+  int num_servers = 0;               // DMLC_NUM_SERVER
+  int num_workers = 0;               // DMLC_NUM_WORKER
+  std::string node_host;             // DMLC_NODE_HOST: address this node advertises
+  std::string interface;             // DMLC_INTERFACE: NIC whose IP to advertise
+  int port = 0;                      // PORT: this node's port (0: pick a free one)
+  int verbose = 0;                   // PS_VERBOSE: 0, 1 (connections), 2 (every message)
+  int64_t bigarray_bound = 1000000;  // MXNET_KVSTORE_BIGARRAY_BOUND (elements)
+  int heartbeat_interval_ms = 1000;  // PSTRAIN_HEARTBEAT_INTERVAL_MS (0: off)
+  int heartbeat_timeout_ms = 10000;  // PSTRAIN_HEARTBEAT_TIMEOUT_MS
+  int startup_timeout_ms = 30000;    // PSTRAIN_STARTUP_TIMEOUT_MS: registration deadline
+  int barrier_timeout_ms = 600000;   // PSTRAIN_BARRIER_TIMEOUT_MS
+  int request_timeout_ms = 600000;   // PSTRAIN_REQUEST_TIMEOUT_MS: one push/pull
   // Parameter server (net/, server/, worker/ KV client):
   std::string bind_host = "0.0.0.0";  // PSTRAIN_BIND_HOST: address to bind (vs. advertise)
   int64_t max_message_bytes = int64_t{1} << 31;  // PSTRAIN_MAX_MESSAGE_BYTES: per frame
-  int server_threads = 2;             // PSTRAIN_SERVER_THREADS: request shards per server
-  std::string placement = "mxnet";    // PSTRAIN_PLACEMENT: mxnet | balanced
-  int64_t chunk_elems = 262144;       // PSTRAIN_CHUNK_ELEMS: balanced placement chunk size
+  int server_threads = 2;           // PSTRAIN_SERVER_THREADS: request shards per server
+  std::string placement = "mxnet";  // PSTRAIN_PLACEMENT: mxnet | balanced
+  int64_t chunk_elems = 262144;     // PSTRAIN_CHUNK_ELEMS: balanced placement chunk size
 };
 
 // Parses the variables above. When `role_required` is true a missing
@@ -84,10 +84,10 @@ StatusOr<JobEnv> ReadJobEnv(const Environment& env, bool cluster_required = true
 // What `pstrain launch` told this process about its place in the job (all
 // launchers set these; a job started by hand may not).
 struct LaunchInfo {
-  int role_rank = -1;      // PSTRAIN_LAUNCH_RANK: rank among the processes of its role
-  int task_id = -1;        // DMLC_TASK_ID: index of the task in the job (-1: unset)
-  std::string cluster;     // DMLC_JOB_CLUSTER: local, ssh or mpi ("" when unset)
-  std::string job_id;      // PSTRAIN_JOB_ID: the launcher's job id ("" when unset)
+  int role_rank = -1;   // PSTRAIN_LAUNCH_RANK: rank among the processes of its role
+  int task_id = -1;     // DMLC_TASK_ID: index of the task in the job (-1: unset)
+  std::string cluster;  // DMLC_JOB_CLUSTER: local, ssh or mpi ("" when unset)
+  std::string job_id;   // PSTRAIN_JOB_ID: the launcher's job id ("" when unset)
 };
 StatusOr<LaunchInfo> ReadLaunchInfo(const Environment& env);
 

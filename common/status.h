@@ -9,6 +9,8 @@
 #ifndef PSTRAIN_COMMON_STATUS_H_
 #define PSTRAIN_COMMON_STATUS_H_
 
+#include <glog/logging.h>
+
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -16,8 +18,6 @@
 #include <string>
 #include <string_view>
 #include <utility>
-
-#include <glog/logging.h>
 
 namespace pstrain {
 
@@ -146,9 +146,9 @@ std::string StrCat(const Args&... args) {
 #define PSTRAIN_CONCAT_(a, b) PSTRAIN_CONCAT_INNER_(a, b)
 
 // Returns the Status from the enclosing function if `expr` is not ok.
-#define RETURN_IF_ERROR(expr)                       \
-  do {                                              \
-    ::pstrain::Status pstrain_status_ = (expr);     \
+#define RETURN_IF_ERROR(expr)                          \
+  do {                                                 \
+    ::pstrain::Status pstrain_status_ = (expr);        \
     if (!pstrain_status_.ok()) return pstrain_status_; \
   } while (0)
 
@@ -161,10 +161,10 @@ std::string StrCat(const Args&... args) {
   lhs = std::move(tmp).value()
 
 // For tools and tests: dies with the status message if not ok.
-#define CHECK_OK(expr)                                   \
-  do {                                                   \
-    ::pstrain::Status pstrain_status_ = (expr);          \
-    CHECK(pstrain_status_.ok()) << pstrain_status_;      \
+#define CHECK_OK(expr)                              \
+  do {                                              \
+    ::pstrain::Status pstrain_status_ = (expr);     \
+    CHECK(pstrain_status_.ok()) << pstrain_status_; \
   } while (0)
 
 #endif  // PSTRAIN_COMMON_STATUS_H_

@@ -29,9 +29,7 @@ struct Batch {
   std::vector<int64_t> index;
 
   int64_t batch_size() const { return shape.empty() ? 0 : shape[0]; }
-  int64_t example_size() const {
-    return shape.size() < 4 ? 0 : shape[1] * shape[2] * shape[3];
-  }
+  int64_t example_size() const { return shape.size() < 4 ? 0 : shape[1] * shape[2] * shape[3]; }
 };
 
 class DataIter {

@@ -19,9 +19,8 @@ StatusOr<LrSchedule> LrSchedule::Create(float base_lr, const LrSchedulerConfig& 
   if (cfg.type() == LrSchedulerConfig::MULTI_FACTOR) {
     for (int i = 0; i < cfg.steps_size(); ++i) {
       if (cfg.steps(i) < 1 || (i > 0 && cfg.steps(i) <= cfg.steps(i - 1))) {
-        return Status::InvalidArgument(
-            StrCat("lr scheduler steps must be positive and increasing; steps[", i,
-                   "] = ", cfg.steps(i)));
+        return Status::InvalidArgument(StrCat(
+            "lr scheduler steps must be positive and increasing; steps[", i, "] = ", cfg.steps(i)));
       }
     }
   }
@@ -64,7 +63,8 @@ StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConfig& cf
   if (!std::isfinite(cfg.rescale_grad())) {
     return Status::InvalidArgument("rescale_grad must be finite");
   }
-  ASSIGN_OR_RETURN(LrSchedule schedule, LrSchedule::Create(cfg.learning_rate(), cfg.lr_scheduler()));
+  ASSIGN_OR_RETURN(LrSchedule schedule,
+                   LrSchedule::Create(cfg.learning_rate(), cfg.lr_scheduler()));
   return std::unique_ptr<Optimizer>(new Optimizer(cfg, schedule));
 }
 

@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  build-essential cmake pkg-config ccache git
+  build-essential cmake pkg-config ccache git clang-format
   libzmq3-dev cppzmq-dev                     # transport
   libprotobuf-dev protobuf-compiler          # wire headers and configs
   libgflags-dev libgoogle-glog-dev           # flags and logging

@@ -2,21 +2,21 @@
 #ifndef PSTRAIN_TESTS_TEST_UTIL_H_
 #define PSTRAIN_TESTS_TEST_UTIL_H_
 
-#include <string>
-
 #include <gtest/gtest.h>
+
+#include <string>
 
 #include "common/status.h"
 
-#define ASSERT_OK(expr)                                   \
-  do {                                                    \
-    const ::pstrain::Status pstrain_s_ = (expr);          \
-    ASSERT_TRUE(pstrain_s_.ok()) << pstrain_s_;           \
+#define ASSERT_OK(expr)                          \
+  do {                                           \
+    const ::pstrain::Status pstrain_s_ = (expr); \
+    ASSERT_TRUE(pstrain_s_.ok()) << pstrain_s_;  \
   } while (0)
-#define EXPECT_OK(expr)                                   \
-  do {                                                    \
-    const ::pstrain::Status pstrain_s_ = (expr);          \
-    EXPECT_TRUE(pstrain_s_.ok()) << pstrain_s_;           \
+#define EXPECT_OK(expr)                          \
+  do {                                           \
+    const ::pstrain::Status pstrain_s_ = (expr); \
+    EXPECT_TRUE(pstrain_s_.ok()) << pstrain_s_;  \
   } while (0)
 
 namespace pstrain::testing {

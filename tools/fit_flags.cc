@@ -25,7 +25,9 @@ DEFINE_uint64(seed, 0, "seed of shuffling and initialization");
 DEFINE_int32(num_epochs, 100, "max number of epochs");
 DEFINE_int32(batch_size, 128, "batch size per worker");
 DEFINE_string(optimizer, "sgd", "the optimizer (sgd)");
-DEFINE_double(lr, 0.05, "initial learning rate (MXNet train_mnist.py and train_cifar10.py: 0.05; fit.py: 0.1)");
+DEFINE_double(
+    lr, 0.05,
+    "initial learning rate (MXNet train_mnist.py and train_cifar10.py: 0.05; fit.py: 0.1)");
 DEFINE_double(lr_factor, 0.1, "multiply the learning rate by this at each of --lr-step-epochs");
 DEFINE_string(lr_step_epochs, "", "epochs at which the learning rate drops, e.g. 30,60");
 DEFINE_double(mom, 0.9, "momentum of sgd");

@@ -4,14 +4,14 @@
 // Flags may be written MXNet-style with dashes (--num-epochs 3); they are
 // mapped to gflags' underscores (--num_epochs) before parsing. A bare `--`
 // ends the flags; everything after it reaches the command untouched.
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
-
-#include <gflags/gflags.h>
-#include <glog/logging.h>
 
 #include "tools/commands.h"
 
@@ -35,8 +35,8 @@ const Command kCommands[] = {
      "cluster_role.cc"},
 
     // image pipeline (data/):
-    {"im2rec", "make .lst files from image folders; pack them into RecordIO .rec + .idx",
-     RunIm2rec, "im2rec_cmd.cc"},
+    {"im2rec", "make .lst files from image folders; pack them into RecordIO .rec + .idx", RunIm2rec,
+     "im2rec_cmd.cc"},
     {"imageio", "read a .rec through the image pipeline and report images/s", RunImageIo,
      "imageio_cmd.cc,image_flags.cc"},
 
@@ -70,8 +70,8 @@ bool FlagBelongsTo(const gflags::CommandLineFlagInfo& f, const char* files) {
   size_t start = 0;
   while (start <= list.size()) {
     size_t comma = list.find(',', start);
-    std::string file = list.substr(start, comma == std::string::npos ? std::string::npos
-                                                                      : comma - start);
+    std::string file =
+        list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     if (!file.empty() && f.filename.size() >= file.size() &&
         f.filename.compare(f.filename.size() - file.size(), file.size(), file) == 0) {
       return true;

@@ -35,19 +35,18 @@ StatusOr<TrainData> OpenImageData(const TrainConfig& cfg, int rank, int num_work
   }
   if (cfg.num_classes() <= 0) {
     return Status::InvalidArgument(
-        StrCat("--num-classes is required with image data (--data-train ", FLAGS_data_train,
-               ")"));
+        StrCat("--num-classes is required with image data (--data-train ", FLAGS_data_train, ")"));
   }
   TrainData out;
   out.kind = "recordio";
   out.image_shape = shape;
   out.num_classes = cfg.num_classes();
   auto open = [&](ImageDataSplit split) -> StatusOr<std::unique_ptr<DataIter>> {
-    ASSIGN_OR_RETURN(ImageRecordIterConfig ic,
-                     ImageRecordIterConfigFromFlags(
-                         split, cfg.batch_size(), static_cast<int>(shape[0]),
-                         static_cast<int>(shape[1]), static_cast<int>(shape[2]), rank,
-                         num_workers, static_cast<uint64_t>(cfg.seed())));
+    ASSIGN_OR_RETURN(
+        ImageRecordIterConfig ic,
+        ImageRecordIterConfigFromFlags(split, cfg.batch_size(), static_cast<int>(shape[0]),
+                                       static_cast<int>(shape[1]), static_cast<int>(shape[2]), rank,
+                                       num_workers, static_cast<uint64_t>(cfg.seed())));
     ASSIGN_OR_RETURN(std::unique_ptr<ImageRecordIter> it, ImageRecordIter::Create(ic));
     return std::unique_ptr<DataIter>(std::move(it));
   };
@@ -91,9 +90,7 @@ int RunTrain(int argc, char** argv) {
   if (FLAGS_data_val.empty() && !cfg->data_val().empty()) FLAGS_data_val = cfg->data_val();
   if (DataTrainIsRecordIO() || DataTrainIsImageList()) {
     const TrainConfig& c = *cfg;
-    env.open_data = [&c](int rank, int num_workers) {
-      return OpenImageData(c, rank, num_workers);
-    };
+    env.open_data = [&c](int rank, int num_workers) { return OpenImageData(c, rank, num_workers); };
   }
 
   // dist_sync, dist_async, dist_device_sync, ...: a worker of a cluster.
@@ -116,8 +113,8 @@ int RunTrain(int argc, char** argv) {
     env.num_workers = kv->num_workers();
     const bool sync_mode = cfg->kv_store().find("async") == std::string::npos;
     KVClient* client = kv.get();
-    env.make_sync = [client, sync_mode, job](const OptimizerConfig& opt)
-        -> StatusOr<std::unique_ptr<ParamSync>> {
+    env.make_sync = [client, sync_mode,
+                     job](const OptimizerConfig& opt) -> StatusOr<std::unique_ptr<ParamSync>> {
       return std::unique_ptr<ParamSync>(std::make_unique<DistParamSync>(
           client, opt, sync_mode, job.request_timeout_ms, job.barrier_timeout_ms));
     };

@@ -1,7 +1,7 @@
-#include <cstdio>
-
 #include <google/protobuf/stubs/common.h>
 #include <zmq.h>
+
+#include <cstdio>
 
 #include "tools/commands.h"
 

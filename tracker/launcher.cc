@@ -329,8 +329,9 @@ StatusOr<int> FindFreePort(const std::string& ip) {
   // the scheduler's bind (a port from bind(0) could). A random start keeps two
   // launchers on one host apart.
   constexpr int kFirst = 9091, kCount = 908;
-  const int start = static_cast<int>((static_cast<unsigned>(getpid()) * 2654435761u +
-                                      static_cast<unsigned>(time(nullptr))) % kCount);
+  const int start = static_cast<int>(
+      (static_cast<unsigned>(getpid()) * 2654435761u + static_cast<unsigned>(time(nullptr))) %
+      kCount);
   int last_errno = 0;
   for (int i = 0; i < kCount; ++i) {
     const int port = kFirst + (start + i) % kCount;
@@ -552,10 +553,10 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
     }
   }
   for (const std::string& a : o.mpi_options) t.spec.argv.push_back(a);
-  t.spec.argv.insert(t.spec.argv.end(),
-                     {"/bin/sh", "-c",
-                      kRoleScript + (flavour == MpiFlavour::kOpenMpi ? kOpenMpiRun : kMpichRun),
-                      "pstrain-mpi", std::to_string(o.num_servers)});
+  t.spec.argv.insert(
+      t.spec.argv.end(),
+      {"/bin/sh", "-c", kRoleScript + (flavour == MpiFlavour::kOpenMpi ? kOpenMpiRun : kMpichRun),
+       "pstrain-mpi", std::to_string(o.num_servers)});
   for (const std::string& c : o.command) t.spec.argv.push_back(c);
   t.spec.env = local_env;
   t.tags = flavour == MpiFlavour::kOpenMpi ? OutputTags::kOpenMpi : OutputTags::kMpich;

@@ -52,9 +52,9 @@ class DistParamSync : public ParamSync {
   const int request_timeout_ms_;
   const int barrier_timeout_ms_;
   Executor* exec_ = nullptr;
-  std::vector<KVClient::Key> keys_;         // one per parameter
-  std::vector<int64_t> lens_;               // elements per parameter
-  std::vector<KVClient::Ticket> pending_;   // 0: nothing in flight for parameter i
+  std::vector<KVClient::Key> keys_;        // one per parameter
+  std::vector<int64_t> lens_;              // elements per parameter
+  std::vector<KVClient::Ticket> pending_;  // 0: nothing in flight for parameter i
   Status error_;
 };
 

@@ -45,8 +45,8 @@ namespace pstrain {
 
 struct KVClientOptions {
   Placement placement = Placement::kMxnet;  // PSTRAIN_PLACEMENT
-  int64_t bigarray_bound = 1000000;            // MXNET_KVSTORE_BIGARRAY_BOUND
-  int64_t chunk_elems = 262144;                // PSTRAIN_CHUNK_ELEMS
+  int64_t bigarray_bound = 1000000;         // MXNET_KVSTORE_BIGARRAY_BOUND
+  int64_t chunk_elems = 262144;             // PSTRAIN_CHUNK_ELEMS
   int max_inflight_per_server = 32;
   int request_timeout_ms = 600000;  // PSTRAIN_REQUEST_TIMEOUT_MS
 };
@@ -117,8 +117,7 @@ class KVClient {
                const float* vals, float* out, int priority, Callback cb);
   StatusOr<const std::vector<PartPlan>*> Parts(Key key, int64_t len) REQUIRES(mu_);
   // A request to `server` under `ticket` with its header filled in (id, sender, receiver).
-  std::unique_ptr<Sub> NewSub(Ticket ticket, int server, int priority, PsCommand cmd)
-      REQUIRES(mu_);
+  std::unique_ptr<Sub> NewSub(Ticket ticket, int server, int priority, PsCommand cmd) REQUIRES(mu_);
   void Enqueue(std::unique_ptr<Sub> sub) REQUIRES(mu_);
   void Pump(int server) REQUIRES(mu_);
   // Marks one sub-request of `ticket` done; returns the callback to run, if any.

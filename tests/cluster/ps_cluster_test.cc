@@ -30,8 +30,7 @@ using Env = std::map<std::string, std::string>;
 // (32768..), so a concurrent test's outgoing connection cannot take it before
 // the process under test binds it (a port from bind(0) could be).
 int FreePort() {
-  static std::mt19937 rng(static_cast<unsigned>(getpid()) ^
-                          static_cast<unsigned>(time(nullptr)));
+  static std::mt19937 rng(static_cast<unsigned>(getpid()) ^ static_cast<unsigned>(time(nullptr)));
   for (int attempt = 0; attempt < 1000; ++attempt) {
     const int port = 20000 + static_cast<int>(rng() % 12768);
     int fd = socket(AF_INET, SOCK_STREAM, 0);

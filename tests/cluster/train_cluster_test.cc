@@ -2,6 +2,7 @@
 // the parameter server's conformance check, distributed training on MNIST in
 // dist_sync and dist_async, and RecordIO images packed by im2rec feeding
 // training. Every process runs on 127.0.0.1.
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <cstdlib>
@@ -12,8 +13,6 @@
 #include <regex>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "common/env.h"
 #include "tests/test_util.h"
@@ -36,8 +35,8 @@ CmdRun RunPstrain(const std::vector<std::string>& args, int timeout_ms) {
   argv.insert(argv.end(), args.begin(), args.end());
   CmdRun run;
   int wait_status = 0;
-  Status s = tracker::RunAndCapture(argv, Environment().All(), timeout_ms, &run.output,
-                                    &wait_status);
+  Status s =
+      tracker::RunAndCapture(argv, Environment().All(), timeout_ms, &run.output, &wait_status);
   EXPECT_TRUE(s.ok()) << s << "\n" << run.output;
   if (s.ok() && WIFEXITED(wait_status)) run.exit_code = WEXITSTATUS(wait_status);
   return run;
@@ -73,8 +72,8 @@ class TempDir {
 TEST(TrainClusterTest, KvbenchVerifyUnderTheLocalLauncher) {
   TempDir logs;
   CmdRun run = RunPstrain({"launch", "-n", "2", "-s", "2", "--launcher", "local", "--log-dir",
-                        logs.path(), "--", PstrainBinary(), "kvbench", "--verify"},
-                       120000);
+                           logs.path(), "--", PstrainBinary(), "kvbench", "--verify"},
+                          120000);
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("verify dist_sync ok"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("all 5 processes exited 0"), std::string::npos) << run.output;
@@ -87,12 +86,35 @@ void TrainMlpDistributed(const std::string& kv_store, int servers, const std::st
   const std::string mnist = SharedDataDir() + "/mnist";
   ASSERT_TRUE(fs::exists(mnist + "/train-images-idx3-ubyte.gz")) << mnist;
   TempDir logs;
-  CmdRun run = RunPstrain({"launch", "-n", "2", "-s", std::to_string(servers), "--launcher", "local",
-                        "--log-dir", logs.path(), "--", PstrainBinary(), "train", "--network",
-                        "mlp", "--kv-store", kv_store, "--data-dir", mnist, "--num-examples",
-                        "12000", "--num-epochs", "2", "--batch-size", "100", "--lr", lr,
-                        "--disp-batches", "20"},
-                       240000);
+  CmdRun run = RunPstrain({"launch",
+                           "-n",
+                           "2",
+                           "-s",
+                           std::to_string(servers),
+                           "--launcher",
+                           "local",
+                           "--log-dir",
+                           logs.path(),
+                           "--",
+                           PstrainBinary(),
+                           "train",
+                           "--network",
+                           "mlp",
+                           "--kv-store",
+                           kv_store,
+                           "--data-dir",
+                           mnist,
+                           "--num-examples",
+                           "12000",
+                           "--num-epochs",
+                           "2",
+                           "--batch-size",
+                           "100",
+                           "--lr",
+                           lr,
+                           "--disp-batches",
+                           "20"},
+                          240000);
   ASSERT_EQ(run.exit_code, 0) << run.output;
   for (int rank = 0; rank < 2; ++rank) {
     const std::string log_path = logs.path() + "/worker-" + std::to_string(rank) + ".log";
@@ -108,9 +130,7 @@ void TrainMlpDistributed(const std::string& kv_store, int servers, const std::st
   }
 }
 
-TEST(TrainClusterTest, DistSyncTrainingLearns) {
-  TrainMlpDistributed("dist_sync", 1, "0.1", 0.88);
-}
+TEST(TrainClusterTest, DistSyncTrainingLearns) { TrainMlpDistributed("dist_sync", 1, "0.1", 0.88); }
 
 // Asynchrony adds implicit momentum (about 1 - 1/W), so async takes the
 // smaller rate MXNet's async runs used: lr 0.1 with momentum 0.9 diverges
@@ -123,9 +143,9 @@ TEST(TrainClusterTest, DistAsyncTrainingLearns) {
 // path must reproduce local training exactly.
 TEST(TrainClusterTest, OneWorkerDistMatchesLocalExactly) {
   const std::string mnist = SharedDataDir() + "/mnist";
-  const std::vector<std::string> train = {"train", "--network", "mlp", "--data-dir", mnist,
-                                          "--num-examples", "6000", "--num-epochs", "1",
-                                          "--batch-size", "100", "--lr", "0.1"};
+  const std::vector<std::string> train = {
+      "train", "--network",    "mlp", "--data-dir", mnist, "--num-examples", "6000", "--num-epochs",
+      "1",     "--batch-size", "100", "--lr",       "0.1"};
   auto with = [&](const std::string& kv) {
     std::vector<std::string> args = train;
     args.insert(args.end(), {"--kv-store", kv});
@@ -137,9 +157,9 @@ TEST(TrainClusterTest, OneWorkerDistMatchesLocalExactly) {
   ASSERT_EQ(want.size(), 1u) << local.output;
   for (const std::string kv : {"dist_sync", "dist_async"}) {
     TempDir logs;
-    std::vector<std::string> args = {"launch", "-n", "1", "-s", "1", "--launcher", "local",
-                                     "--quiet", "--log-dir", logs.path(), "--",
-                                     PstrainBinary()};
+    std::vector<std::string> args = {"launch",    "-n",         "1",     "-s",
+                                     "1",         "--launcher", "local", "--quiet",
+                                     "--log-dir", logs.path(),  "--",    PstrainBinary()};
     for (const std::string& a : with(kv)) args.push_back(a);
     CmdRun run = RunPstrain(args, 120000);
     ASSERT_EQ(run.exit_code, 0) << run.output;
@@ -151,8 +171,8 @@ TEST(TrainClusterTest, OneWorkerDistMatchesLocalExactly) {
 
 TEST(TrainClusterTest, DistTrainingWithoutAClusterIsAClearError) {
   CmdRun run = RunPstrain({"train", "--network", "mlp", "--kv-store", "dist_sync", "--data-dir",
-                        SharedDataDir() + "/mnist"},
-                       30000);
+                           SharedDataDir() + "/mnist"},
+                          30000);
   EXPECT_NE(run.exit_code, 0);
   EXPECT_NE(run.output.find("DMLC_PS_ROOT_URI"), std::string::npos) << run.output;
 }
@@ -172,27 +192,51 @@ TEST(TrainClusterTest, Im2recPackedImagesTrainANet) {
   ASSERT_EQ(wait_status, 0) << out;
   const std::string train = dir.path() + "/train", test = dir.path() + "/test";
   const std::string train_prefix = dir.path() + "/tr", test_prefix = dir.path() + "/te";
-  for (const auto& [prefix, root] : {std::pair{train_prefix, train}, std::pair{test_prefix, test}}) {
+  for (const auto& [prefix, root] :
+       {std::pair{train_prefix, train}, std::pair{test_prefix, test}}) {
     CmdRun list = RunPstrain({"im2rec", "--list", "--recursive", prefix, root}, 60000);
     ASSERT_EQ(list.exit_code, 0) << list.output;
     CmdRun pack = RunPstrain({"im2rec", "--num-thread", "2", prefix, root}, 60000);
     ASSERT_EQ(pack.exit_code, 0) << pack.output;
   }
   CmdRun io = RunPstrain({"train", "--test-io", "1", "--data-train", train_prefix + ".rec",
-                       "--image-shape", "3,28,28", "--num-classes", "10", "--random-crop", "1",
-                       "--random-mirror", "1", "--batch-size", "50", "--disp-batches", "2"},
-                      60000);
+                          "--image-shape", "3,28,28", "--num-classes", "10", "--random-crop", "1",
+                          "--random-mirror", "1", "--batch-size", "50", "--disp-batches", "2"},
+                         60000);
   ASSERT_EQ(io.exit_code, 0) << io.output;
   EXPECT_NE(io.output.find("Batch [1]\tSpeed: "), std::string::npos) << io.output;
   EXPECT_NE(io.output.find("300 images"), std::string::npos) << io.output;
 
-  CmdRun run = RunPstrain({"train", "--network", "lenet", "--data-train", train_prefix + ".rec",
-                        "--data-val", test_prefix + ".rec", "--image-shape", "3,28,28",
-                        "--num-classes", "10", "--random-crop", "1", "--random-mirror", "1",
-                        "--rgb-mean", "125.3,123.0,113.9", "--rgb-std", "51.6,50.8,51.3",
-                        "--batch-size", "50", "--num-epochs", "2", "--lr", "0.05",
-                        "--disp-batches", "2", "--kv-store", "local"},
-                       180000);
+  CmdRun run = RunPstrain({"train",
+                           "--network",
+                           "lenet",
+                           "--data-train",
+                           train_prefix + ".rec",
+                           "--data-val",
+                           test_prefix + ".rec",
+                           "--image-shape",
+                           "3,28,28",
+                           "--num-classes",
+                           "10",
+                           "--random-crop",
+                           "1",
+                           "--random-mirror",
+                           "1",
+                           "--rgb-mean",
+                           "125.3,123.0,113.9",
+                           "--rgb-std",
+                           "51.6,50.8,51.3",
+                           "--batch-size",
+                           "50",
+                           "--num-epochs",
+                           "2",
+                           "--lr",
+                           "0.05",
+                           "--disp-batches",
+                           "2",
+                           "--kv-store",
+                           "local"},
+                          180000);
   ASSERT_EQ(run.exit_code, 0) << run.output;
   std::vector<double> train_acc = MetricValues(run.output, "Train-accuracy");
   std::vector<double> val_acc = MetricValues(run.output, "Validation-accuracy");

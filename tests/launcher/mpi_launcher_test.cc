@@ -18,8 +18,8 @@ class MpiLauncherTest : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     std::string out;
     int status = 0;
-    Status s = tracker::RunAndCapture({GetParam(), "--version"}, Environment().All(), 20000,
-                                      &out, &status);
+    Status s = tracker::RunAndCapture({GetParam(), "--version"}, Environment().All(), 20000, &out,
+                                      &status);
     ASSERT_TRUE(s.ok() && status == 0)
         << GetParam() << " is required (openmpi-bin, mpich): " << s << out;
     open_mpi_ = out.find("Open MPI") != std::string::npos;
@@ -53,9 +53,13 @@ class MpiLauncherTest : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(MpiLauncherTest, KvbenchVerifyUnderMpirun) {
-  std::vector<std::string> args = {"-n", "2", "-s", "2", "--launcher", "mpi", "--mpirun", GetParam(), "-H",
-                                   dir_.Sub("hosts"), "--log-dir", dir_.Sub("logs"),
-                                   "--timeout", "90"};
+  std::vector<std::string> args = {"-n",         "2",
+                                   "-s",         "2",
+                                   "--launcher", "mpi",
+                                   "--mpirun",   GetParam(),
+                                   "-H",         dir_.Sub("hosts"),
+                                   "--log-dir",  dir_.Sub("logs"),
+                                   "--timeout",  "90"};
   if (open_mpi_) {
     args.insert(args.end(), {"--mpi-option", "--oversubscribe"});
     if (geteuid() == 0) args.insert(args.end(), {"--mpi-option", "--allow-run-as-root"});

@@ -160,12 +160,17 @@ TEST_F(SshLauncherTest, TwoServersTwoWorkersOverSsh) {
 // "127.0.0.1" and "localhost" (a host name) talk to each other through ssh-started processes.
 TEST_F(SshLauncherTest, KvbenchVerifyOverSsh) {
   const std::string& d = keys_->path();
-  LaunchRun run = RunLaunch(
-      {"-n", "2", "-s", "2", "-H", d + "/hosts", "--log-dir", dir_.Sub("logs"), "--timeout",
-       "90", "--ssh-option", "IdentityFile=" + d + "/userkey", "--ssh-option",
-       "IdentitiesOnly=yes", "--ssh-option", "UserKnownHostsFile=" + d + "/known_hosts", "--",
-       PstrainBinary(), "kvbench", "--verify"},
-      dir_.Sub("work"), 120000, env_);
+  LaunchRun run = RunLaunch({"-n",           "2",
+                             "-s",           "2",
+                             "-H",           d + "/hosts",
+                             "--log-dir",    dir_.Sub("logs"),
+                             "--timeout",    "90",
+                             "--ssh-option", "IdentityFile=" + d + "/userkey",
+                             "--ssh-option", "IdentitiesOnly=yes",
+                             "--ssh-option", "UserKnownHostsFile=" + d + "/known_hosts",
+                             "--",           PstrainBinary(),
+                             "kvbench",      "--verify"},
+                            dir_.Sub("work"), 120000, env_);
   ASSERT_EQ(run.exit_code(), 0) << run.output;
   EXPECT_NE(run.output.find("verify dist_sync ok"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("verify dist_async ok"), std::string::npos) << run.output;

@@ -1,9 +1,9 @@
 #include "common/env.h"
 
+#include <gtest/gtest.h>
+
 #include <map>
 #include <string>
-
-#include <gtest/gtest.h>
 
 namespace pstrain {
 namespace {
@@ -30,8 +30,7 @@ TEST(EnvTest, MissingVariableIsNamed) {
   auto env = Environment::Isolated({{"DMLC_ROLE", "worker"}, {"DMLC_PS_ROOT_URI", "h"}});
   auto job = ReadJobEnv(env);
   ASSERT_FALSE(job.ok());
-  EXPECT_NE(job.status().message().find("DMLC_PS_ROOT_PORT"), std::string::npos)
-      << job.status();
+  EXPECT_NE(job.status().message().find("DMLC_PS_ROOT_PORT"), std::string::npos) << job.status();
 }
 
 TEST(EnvTest, MalformedValuesAreRejectedWithTheirName) {

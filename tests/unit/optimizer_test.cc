@@ -1,9 +1,9 @@
 #include "nn/optimizer.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace pstrain {
 namespace {
