@@ -276,7 +276,7 @@ std::string RemoteCommand(const std::string& dir, const std::map<std::string, st
 
 StatusOr<std::string> DetectHostIp(const std::vector<Host>& hosts) {
   bool all_loopback = true;
-  for (const Host& h : hosts) all_loopback = all_loopback && IsLoopbackHost(h.name);
+  for (const Host& h : hosts) all_loopback = all_loopback && IsLoopbackHost(h.address());
   if (all_loopback) return std::string("127.0.0.1");
   char name[256] = {0};
   if (gethostname(name, sizeof(name) - 1) == 0) {
@@ -462,7 +462,10 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
           rsh += " ";
         }
         rsh += "-p " + std::to_string(h.port);
-        std::string target = h.name.find(':') != std::string::npos ? "[" + h.name + "]" : h.name;
+        std::string target =
+            h.address().find(':') != std::string::npos
+                ? h.name.substr(0, h.name.size() - h.address().size()) + "[" + h.address() + "]"
+                : h.name;
         plan.sync_commands.push_back({o.rsync, "-az", "--mkpath", "-e", rsh, CurrentDir() + "/",
                                       target + ":" + o.sync_dst_dir + "/"});
       }
@@ -476,7 +479,7 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
       t.rank = server ? i : i - o.num_servers;
       t.host = h.name + (h.port != 22 ? ":" + std::to_string(h.port) : "");
       auto vars = merged(forwarded, job_vars(t.role));
-      vars["DMLC_NODE_HOST"] = h.name;
+      vars["DMLC_NODE_HOST"] = h.address();
       vars["DMLC_TASK_ID"] = std::to_string(i);
       vars["PSTRAIN_LAUNCH_RANK"] = std::to_string(t.rank);
       t.spec.argv = ssh_base;

@@ -25,6 +25,22 @@ namespace {
 
 const std::string kTricky = "a b  'c' \"d\" $HOME `id` $(id) \\ ; & | * \n x";
 
+TEST(EnvironmentAllTest, ProcessEnvironmentWithOverrides) {
+  auto isolated = Environment::Isolated({{"A", "1"}, {"B", ""}}).All();
+  EXPECT_EQ(isolated, (std::map<std::string, std::string>{{"A", "1"}}));
+  auto all = Environment({{"PATH", ""}, {"PSTRAIN_TEST_X", "y z"}}).All();
+  EXPECT_EQ(all.count("PATH"), 0u) << "an empty override removes the variable";
+  EXPECT_EQ(all.at("PSTRAIN_TEST_X"), "y z");
+  EXPECT_FALSE(Environment().All().empty());
+  auto info = ReadLaunchInfo(Environment::Isolated(
+      {{"PSTRAIN_LAUNCH_RANK", "3"}, {"DMLC_TASK_ID", "5"}, {"DMLC_JOB_CLUSTER", "ssh"}}));
+  ASSERT_OK(info.status());
+  EXPECT_EQ(info->role_rank, 3);
+  EXPECT_EQ(info->task_id, 5);
+  EXPECT_EQ(info->cluster, "ssh");
+  EXPECT_FALSE(ReadLaunchInfo(Environment::Isolated({{"PSTRAIN_LAUNCH_RANK", "x"}})).ok());
+}
+
 TEST(HostFileTest, HostsPortsCommentsAndErrors) {
   auto hosts = ParseHostList(
       "# cluster\n\nnode1\nnode2:2222  slots=4 # fast one\n  [::1]:23\n10.0.0.7\n", "hosts");
@@ -156,7 +172,7 @@ TEST(PlanTest, SshPlacementFollowsMxnet) {
   std::string hosts = ::testing::TempDir() + "/plan_hosts";
   std::FILE* f = std::fopen(hosts.c_str(), "w");
   ASSERT_NE(f, nullptr);
-  std::fputs("h1\nh2:2200\nh3\nh4\nh5\n", f);
+  std::fputs("h1\nh2:2200\nh3\nh4\nme@h5\n", f);
   std::fclose(f);
   auto o = ParseLaunchArgs(
       {"-n", "3", "-H", hosts, "--host-ip", "127.0.0.1", "--env", "K=v", "prog", "arg"});
@@ -179,7 +195,7 @@ TEST(PlanTest, SshPlacementFollowsMxnet) {
     const std::vector<std::string>& argv = t.spec.argv;
     ASSERT_GE(argv.size(), 4u);
     EXPECT_EQ(argv[0], "ssh");
-    EXPECT_EQ(argv[argv.size() - 2], want[i][2]);
+    EXPECT_EQ(argv[argv.size() - 2], i == 4 ? "me@h5" : want[i][2]);
     EXPECT_EQ(argv[argv.size() - 3], i == 1 ? "2200" : "22");
     EXPECT_EQ(std::find(argv.begin(), argv.end(), "StrictHostKeyChecking=no"), argv.end())
         << "host keys are checked by default";
