@@ -424,15 +424,18 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
   }
 
   if (plan.launcher == LauncherKind::kSsh) {
-    std::vector<std::string> ssh_base = {o.ssh, "-T", "-o", "BatchMode=yes"};
+    // ssh keeps the first value it gets for an option: the user's come first,
+    // then ours. BatchMode: never prompt; the keep-alives end the session (and
+    // so fail the job) within a minute when a host dies.
+    std::vector<std::string> ssh_base = {o.ssh, "-T"};
+    std::vector<std::string> opts = o.ssh_options;
     if (o.no_host_key_check) {
-      for (const char* opt :
-           {"StrictHostKeyChecking=no", "UserKnownHostsFile=/dev/null", "LogLevel=ERROR"}) {
-        ssh_base.push_back("-o");
-        ssh_base.push_back(opt);
-      }
+      opts.insert(opts.end(),
+                  {"StrictHostKeyChecking=no", "UserKnownHostsFile=/dev/null", "LogLevel=ERROR"});
     }
-    for (const std::string& opt : o.ssh_options) {
+    opts.insert(opts.end(), {"BatchMode=yes", "ConnectTimeout=30", "ServerAliveInterval=15",
+                             "ServerAliveCountMax=4"});
+    for (const std::string& opt : opts) {
       ssh_base.push_back("-o");
       ssh_base.push_back(opt);
     }
