@@ -7,8 +7,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 
 namespace pstrain::logtools {
 namespace {
@@ -128,11 +126,16 @@ StatusOr<ParsedLog> ReadLog(const std::string& path, const std::vector<std::stri
   while (name.size() > 1 && name.back() == '/') name.pop_back();
   LogAccumulator acc(name, metrics);
   for (const std::string& f : files) {
-    std::ifstream in(f, std::ios::binary);
-    if (!in) return Status::IOError(StrCat("cannot read '", f, "'"));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    acc.AddText(ss.str());
+    std::FILE* in = std::fopen(f.c_str(), "rb");
+    if (in == nullptr) return Status::IOError(StrCat("cannot read '", f, "'"));
+    std::string text;
+    char chunk[1 << 16];
+    size_t n;
+    while ((n = std::fread(chunk, 1, sizeof(chunk), in)) > 0) text.append(chunk, n);
+    bool failed = std::ferror(in) != 0;
+    std::fclose(in);
+    if (failed) return Status::IOError(StrCat("error reading '", f, "' at byte ", text.size()));
+    acc.AddText(text);
   }
   if (acc.log().lines_matched == 0) {
     std::string names;

@@ -168,6 +168,10 @@ std::string PlotSvg(const std::vector<std::pair<std::string, std::vector<TableRo
       s += "<line x1=\"" + Num(lx) + "\" y1=\"" + Num(ly) + "\" x2=\"" + Num(lx + 28) + "\" y2=\"" +
            Num(ly) + "\" stroke=\"" + colour + "\" stroke-width=\"2\"" + dash + "/>\n";
       std::string label = name.substr(common);
+      // Long paths lose leading directories first, then characters.
+      while (label.size() > 24 && label.find('/') != std::string::npos) {
+        label = label.substr(label.find('/') + 1);
+      }
       if (label.size() > 24) label = "..." + label.substr(label.size() - 21);
       s += "<text x=\"" + Num(lx + 34) + "\" y=\"" + Num(ly + 4) + "\">" + Escape(label) +
            (valid ? " valid" : " train") + "</text>\n";

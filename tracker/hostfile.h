@@ -10,11 +10,17 @@
 namespace pstrain::tracker {
 
 struct Host {
-  std::string name;  // host name or address, as written
+  std::string name;  // as written, what ssh connects to: "host", "10.0.0.2", "user@host"
   int port = 22;     // ssh port
+  // The name without a "user@" part: the address the host is known by.
+  std::string address() const {
+    size_t at = name.rfind('@');
+    return at == std::string::npos ? name : name.substr(at + 1);
+  }
 };
 
-// One host per line: "name" or "name:port" ("[v6addr]:port" for IPv6). Text
+// One host per line: "name" or "name:port" ("[v6addr]:port" for IPv6; "user@"
+// may precede the name). Text
 // after '#' is a comment; blank lines are skipped; MPI-style words after the
 // host ("slots=4") are ignored. `origin` names the file in errors, which
 // carry its line number. An empty list is an error.

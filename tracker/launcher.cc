@@ -277,7 +277,7 @@ std::string RemoteCommand(const std::string& dir, const std::map<std::string, st
 
 StatusOr<std::string> DetectHostIp(const std::vector<Host>& hosts) {
   bool all_loopback = true;
-  for (const Host& h : hosts) all_loopback = all_loopback && IsLoopbackHost(h.name);
+  for (const Host& h : hosts) all_loopback = all_loopback && IsLoopbackHost(h.address());
   if (all_loopback) return std::string("127.0.0.1");
   char name[256] = {0};
   if (gethostname(name, sizeof(name) - 1) == 0) {
@@ -443,15 +443,18 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
   }
 
   if (plan.launcher == LauncherKind::kSsh) {
-    std::vector<std::string> ssh_base = {o.ssh, "-T", "-o", "BatchMode=yes"};
+    // ssh keeps the first value it gets for an option: the user's come first,
+    // then ours. BatchMode: never prompt; the keep-alives end the session (and
+    // so fail the job) within a minute when a host dies.
+    std::vector<std::string> ssh_base = {o.ssh, "-T"};
+    std::vector<std::string> opts = o.ssh_options;
     if (o.no_host_key_check) {
-      for (const char* opt :
-           {"StrictHostKeyChecking=no", "UserKnownHostsFile=/dev/null", "LogLevel=ERROR"}) {
-        ssh_base.push_back("-o");
-        ssh_base.push_back(opt);
-      }
+      opts.insert(opts.end(),
+                  {"StrictHostKeyChecking=no", "UserKnownHostsFile=/dev/null", "LogLevel=ERROR"});
     }
-    for (const std::string& opt : o.ssh_options) {
+    opts.insert(opts.end(), {"BatchMode=yes", "ConnectTimeout=30", "ServerAliveInterval=15",
+                             "ServerAliveCountMax=4"});
+    for (const std::string& opt : opts) {
       ssh_base.push_back("-o");
       ssh_base.push_back(opt);
     }
@@ -481,7 +484,10 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
           rsh += " ";
         }
         rsh += "-p " + std::to_string(h.port);
-        std::string target = h.name.find(':') != std::string::npos ? "[" + h.name + "]" : h.name;
+        std::string target =
+            h.address().find(':') != std::string::npos
+                ? h.name.substr(0, h.name.size() - h.address().size()) + "[" + h.address() + "]"
+                : h.name;
         plan.sync_commands.push_back({o.rsync, "-az", "--mkpath", "-e", rsh, CurrentDir() + "/",
                                       target + ":" + o.sync_dst_dir + "/"});
       }
@@ -495,7 +501,7 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
       t.rank = server ? i : i - o.num_servers;
       t.host = h.name + (h.port != 22 ? ":" + std::to_string(h.port) : "");
       auto vars = merged(forwarded, job_vars(t.role));
-      vars["DMLC_NODE_HOST"] = h.name;
+      vars["DMLC_NODE_HOST"] = h.address();
       vars["DMLC_TASK_ID"] = std::to_string(i);
       vars["PSTRAIN_LAUNCH_RANK"] = std::to_string(t.rank);
       t.spec.argv = ssh_base;

@@ -38,7 +38,7 @@ struct LaunchOptions {
   std::string host_ip;                   // scheduler address; default auto-detected
   // --env K=V, --env K:V (MXNet's form) or --env K (value from the launcher's environment).
   std::vector<std::pair<std::string, std::optional<std::string>>> env;
-  std::vector<std::string> ssh_options;  // each passed to ssh as -o OPT
+  std::vector<std::string> ssh_options;  // each passed to ssh as -o OPT (before our defaults)
   bool no_host_key_check = false;        // ssh -o StrictHostKeyChecking=no
   std::vector<std::string> mpi_options;  // extra mpirun arguments
   std::string mpirun = "mpirun";

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <string_view>
 
 namespace pstrain::tracker {
 namespace {
@@ -58,7 +59,7 @@ class LogSink {
   ~LogSink() {
     for (auto& [name, fd] : files_) close(fd);
   }
-  void Write(const std::string& name, const std::string& line) {
+  void Write(const std::string& name, const std::string& text) {
     auto it = files_.find(name);
     if (it == files_.end()) {
       std::string path = dir_ + "/" + name + ".log";
@@ -68,7 +69,7 @@ class LogSink {
       }
       it = files_.emplace(name, fd).first;
     }
-    if (it->second >= 0) WriteAll(it->second, line);
+    if (it->second >= 0) WriteAll(it->second, text);
   }
 
  private:
@@ -119,21 +120,44 @@ class Job {
     return static_cast<size_t>(rank) < t.rank_names.size() ? t.rank_names[rank] : Name(t, rank);
   }
 
-  // Forwards one complete line (with its newline) of task `r`.
-  void EmitLine(Running& r, int stream, const std::string& line) {
-    std::string name = Name(r.task, r.task.rank);
-    std::string text = line;
-    if (r.task.tags != OutputTags::kNone) {
+  // Output of one read, batched so that a run of lines for the same process
+  // costs one write to its log file and one to the terminal.
+  struct Batch {
+    std::string name;
+    std::string log;
+    std::string terminal;
+  };
+
+  void FlushBatch(Batch& b, int stream) {
+    if (b.log.empty()) return;
+    logs_.Write(b.name, b.log);
+    if (options_.echo) {
+      WriteAll(stream == 0 ? options_.terminal_out_fd : options_.terminal_err_fd, b.terminal);
+    }
+    b.log.clear();
+    b.terminal.clear();
+  }
+
+  // Adds one complete line (with its newline) of task `r` to `b`.
+  void AddLine(Running& r, int stream, std::string_view line, Batch& b) {
+    std::string name;
+    std::string_view text = line;
+    std::string stripped;
+    if (r.task.tags == OutputTags::kNone) {
+      if (b.name.empty()) b.name = Name(r.task, r.task.rank);
+      name = b.name;
+    } else {
       int rank = 0;
-      std::string stripped;
-      if (SplitRankTag(r.task.tags, line, &rank, &stripped)) {
+      std::string whole(line);
+      if (SplitRankTag(r.task.tags, whole, &rank, &stripped)) {
         name = RankName(r.task, rank);
         text = stripped;
         const std::string marker = kMpiRankFailedMarker;
         if (text.compare(0, marker.size(), marker) == 0 && !stopping_) {
-          std::string code = text.substr(marker.size());
+          std::string code(text.substr(marker.size()));
           while (!code.empty() && (code.back() == '\n' || code.back() == '\r')) code.pop_back();
-          logs_.Write(name, text);
+          FlushBatch(b, stream);  // what came before it stays before it in the logs
+          logs_.Write(name, std::string(text));
           Fail(StrCat(name, " (MPI rank ", rank, ") under ", r.task.role, " (", r.task.host,
                       ") exited with code ", code),
                1);
@@ -141,35 +165,44 @@ class Job {
         }
       } else {
         name = r.task.role;
-        if (int failed = FailedRankFromNotice(line); failed >= 0) r.failed_rank = failed;
+        if (int failed = FailedRankFromNotice(whole); failed >= 0) r.failed_rank = failed;
       }
     }
-    logs_.Write(name, text);
+    if (name != b.name) {
+      FlushBatch(b, stream);
+      b.name = name;
+    }
+    b.log.append(text);
     if (options_.echo) {
-      WriteAll(stream == 0 ? options_.terminal_out_fd : options_.terminal_err_fd,
-               "[" + name + "] " + text);
+      b.terminal.append("[").append(name).append("] ").append(text);
     }
   }
 
   void Consume(Running& r, int stream, const char* data, size_t n) {
     std::string& buf = r.pending[stream];
     buf.append(data, n);
+    Batch batch;
     size_t start = 0;
     for (;;) {
       size_t nl = buf.find('\n', start);
       if (nl == std::string::npos) break;
-      EmitLine(r, stream, buf.substr(start, nl + 1 - start));
+      AddLine(r, stream, std::string_view(buf).substr(start, nl + 1 - start), batch);
       start = nl + 1;
     }
     buf.erase(0, start);
     if (buf.size() >= kMaxLine) {
-      EmitLine(r, stream, buf + "\n");
+      buf += '\n';
+      AddLine(r, stream, buf, batch);
       buf.clear();
     }
+    FlushBatch(batch, stream);
   }
 
   void FlushPartial(Running& r, int stream) {
-    if (!r.pending[stream].empty()) EmitLine(r, stream, r.pending[stream] + "\n");
+    if (r.pending[stream].empty()) return;
+    Batch batch;
+    AddLine(r, stream, r.pending[stream] + "\n", batch);
+    FlushBatch(batch, stream);
     r.pending[stream].clear();
   }
 
@@ -196,7 +229,7 @@ class Job {
     }
     int n = poll(fds.data(), fds.size(), timeout_ms);
     if (n <= 0) return;
-    char buf[16384];
+    char buf[65536];
     for (size_t k = 0; k < owners.size(); ++k) {
       if (fds[k].revents == 0) continue;
       Running& r = running_[owners[k].first];
@@ -215,16 +248,22 @@ class Job {
     }
     if (stop_polled && fds.back().revents != 0) {
       unsigned char sig = 0;
-      if (read(options_.stop_fd, &sig, 1) == 1 && !stopping_) {
-        Fail(sig != 0 ? "interrupted by " + SignalName(sig) : std::string("stop requested"),
-             sig != 0 ? 128 + sig : 1);
+      if (read(options_.stop_fd, &sig, 1) == 1) {
+        if (!stopping_) {
+          Fail(sig != 0 ? "interrupted by " + SignalName(sig) : std::string("stop requested"),
+               sig != 0 ? 128 + sig : 1);
+        } else {
+          // A second Ctrl-C while stopping: no more grace.
+          WriteAll(options_.terminal_err_fd, "pstrain launch: killing every process now\n");
+          for (Running& other : running_) other.proc->SignalGroup(SIGKILL);
+        }
       }
     }
   }
 
   // Reads what is already in `r`'s pipes, without waiting.
   void DrainNow(Running& r) {
-    char buf[16384];
+    char buf[65536];
     for (int stream = 0; stream < 2; ++stream) {
       for (int rounds = 0; rounds < 64; ++rounds) {
         int fd = stream == 0 ? r.proc->stdout_fd() : r.proc->stderr_fd();
@@ -327,7 +366,12 @@ class Job {
   void Loop() {
     result_.success = true;
     while (true) {
-      PumpOutput(100, !stopping_);
+      // Once a process has closed its output only its exit is awaited: poll fast.
+      bool output_open = false;
+      for (Running& r : running_) {
+        output_open = output_open || r.proc->stdout_fd() >= 0 || r.proc->stderr_fd() >= 0;
+      }
+      PumpOutput(output_open ? 100 : 5, true);
       bool all_exited = ReapAll();
       if (all_exited) break;
       if (!stopping_ && options_.deadline.Expired()) {

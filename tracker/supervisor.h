@@ -53,7 +53,8 @@ struct SupervisorOptions {
   int terminal_out_fd = 1;
   int terminal_err_fd = 2;
   // Readable means: stop the job. One byte is read: the signal number that
-  // asked for it (0 if none). -1: no stop requests.
+  // asked for it (0 if none). A second byte while stopping: SIGKILL everything
+  // at once. -1: no stop requests.
   int stop_fd = -1;
   int stdin_grace_ms = 5000;              // after closing stdin, before SIGTERM
   int term_grace_ms = 5000;               // after SIGTERM, before SIGKILL

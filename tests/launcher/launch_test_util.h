@@ -225,7 +225,7 @@ inline void ExpectJobReports(const Reports& reports, int s, int w, const std::st
     EXPECT_EQ(kv.at("role"), name.substr(0, name.find('-')));
     EXPECT_EQ(kv.at("DMLC_NUM_SERVER"), std::to_string(s));
     EXPECT_EQ(kv.at("DMLC_NUM_WORKER"), std::to_string(w));
-    EXPECT_EQ(kv.at("DMLC_JOB_CLUSTER"), i == 0 ? cluster : cluster);
+    EXPECT_EQ(kv.at("DMLC_JOB_CLUSTER"), cluster);
     if (i == 0) {
       uri = kv.at("DMLC_PS_ROOT_URI");
       port = kv.at("DMLC_PS_ROOT_PORT");

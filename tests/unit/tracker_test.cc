@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,6 +24,22 @@ namespace pstrain::tracker {
 namespace {
 
 const std::string kTricky = "a b  'c' \"d\" $HOME `id` $(id) \\ ; & | * \n x";
+
+TEST(EnvironmentAllTest, ProcessEnvironmentWithOverrides) {
+  auto isolated = Environment::Isolated({{"A", "1"}, {"B", ""}}).All();
+  EXPECT_EQ(isolated, (std::map<std::string, std::string>{{"A", "1"}}));
+  auto all = Environment({{"PATH", ""}, {"PSTRAIN_TEST_X", "y z"}}).All();
+  EXPECT_EQ(all.count("PATH"), 0u) << "an empty override removes the variable";
+  EXPECT_EQ(all.at("PSTRAIN_TEST_X"), "y z");
+  EXPECT_FALSE(Environment().All().empty());
+  auto info = ReadLaunchInfo(Environment::Isolated(
+      {{"PSTRAIN_LAUNCH_RANK", "3"}, {"DMLC_TASK_ID", "5"}, {"DMLC_JOB_CLUSTER", "ssh"}}));
+  ASSERT_OK(info.status());
+  EXPECT_EQ(info->role_rank, 3);
+  EXPECT_EQ(info->task_id, 5);
+  EXPECT_EQ(info->cluster, "ssh");
+  EXPECT_FALSE(ReadLaunchInfo(Environment::Isolated({{"PSTRAIN_LAUNCH_RANK", "x"}})).ok());
+}
 
 TEST(HostFileTest, HostsPortsCommentsAndErrors) {
   auto hosts = ParseHostList(
@@ -155,7 +172,7 @@ TEST(PlanTest, SshPlacementFollowsMxnet) {
   std::string hosts = ::testing::TempDir() + "/plan_hosts";
   std::FILE* f = std::fopen(hosts.c_str(), "w");
   ASSERT_NE(f, nullptr);
-  std::fputs("h1\nh2:2200\nh3\nh4\nh5\n", f);
+  std::fputs("h1\nh2:2200\nh3\nh4\nme@h5\n", f);
   std::fclose(f);
   auto o = ParseLaunchArgs(
       {"-n", "3", "-H", hosts, "--host-ip", "127.0.0.1", "--env", "K=v", "prog", "arg"});
@@ -178,7 +195,7 @@ TEST(PlanTest, SshPlacementFollowsMxnet) {
     const std::vector<std::string>& argv = t.spec.argv;
     ASSERT_GE(argv.size(), 4u);
     EXPECT_EQ(argv[0], "ssh");
-    EXPECT_EQ(argv[argv.size() - 2], want[i][2]);
+    EXPECT_EQ(argv[argv.size() - 2], i == 4 ? "me@h5" : want[i][2]);
     EXPECT_EQ(argv[argv.size() - 3], i == 1 ? "2200" : "22");
     EXPECT_EQ(std::find(argv.begin(), argv.end(), "StrictHostKeyChecking=no"), argv.end())
         << "host keys are checked by default";
@@ -222,6 +239,126 @@ TEST(RankTagTest, OpenMpiAndMpich) {
   EXPECT_EQ(rank, 2);
   EXPECT_EQ(text, "Epoch[1] Train-accuracy=0.5\n");
   EXPECT_FALSE(SplitRankTag(OutputTags::kNone, "[2] x", &rank, &text));
+}
+
+}  // namespace
+}  // namespace pstrain::tracker
+
+namespace pstrain::tracker {
+namespace {
+
+Task ShellTask(const std::string& role, int rank, const std::string& script) {
+  Task t;
+  t.role = role;
+  t.rank = rank;
+  t.host = "here";
+  t.spec.argv = {"/bin/sh", "-c", script};
+  t.spec.env = Environment().All();
+  return t;
+}
+
+class SupervisorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/supervisor_" + std::to_string(getpid()) + "_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    terminal_ = dir_ + ".terminal";
+    options_.log_dir = dir_;
+    options_.terminal_out_fd = open(terminal_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    options_.terminal_err_fd = options_.terminal_out_fd;
+    ASSERT_GE(options_.terminal_out_fd, 0);
+  }
+  void TearDown() override { close(options_.terminal_out_fd); }
+  static std::string Read(const std::string& path) {
+    std::string out;
+    if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
+      char buf[65536];
+      size_t n;
+      while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+      std::fclose(f);
+    }
+    return out;
+  }
+  std::string dir_, terminal_;
+  SupervisorOptions options_;
+};
+
+TEST_F(SupervisorTest, LinesArePrefixedOnTheTerminalAndRawInTheLogs) {
+  std::vector<Task> tasks;
+  tasks.push_back(ShellTask("worker", 0, "printf 'one\\ntwo'; printf 'err\\n' >&2"));
+  tasks.push_back(ShellTask("worker", 1, "head -c 100000 /dev/zero | tr '\\0' x; echo"));
+  auto result = RunJob(std::move(tasks), options_);
+  ASSERT_OK(result.status());
+  EXPECT_TRUE(result->success);
+  EXPECT_EQ(result->exit_code, 0);
+  EXPECT_EQ(result->pids.size(), 2u);
+  // stdout and stderr are separate pipes: only the order within each is kept.
+  std::string log = Read(dir_ + "/worker-0.log");
+  EXPECT_EQ(log.size(), 12u) << log;
+  EXPECT_NE(log.find("one\n"), std::string::npos) << log;
+  EXPECT_LT(log.find("one\n"), log.find("two\n")) << log;
+  EXPECT_NE(log.find("err\n"), std::string::npos) << log;
+  std::string big = Read(dir_ + "/worker-1.log");
+  EXPECT_EQ(big.size(), 100001u + 1u) << "a 100 kB line is cut once at 64 KiB";
+  EXPECT_EQ(big.find_first_not_of("x\n"), std::string::npos);
+  std::string terminal = Read(terminal_);
+  EXPECT_NE(terminal.find("[worker-0] one\n"), std::string::npos) << terminal;
+  EXPECT_NE(terminal.find("[worker-0] two\n"), std::string::npos) << terminal;
+  EXPECT_NE(terminal.find("[worker-0] err\n"), std::string::npos) << terminal;
+}
+
+TEST_F(SupervisorTest, FirstFailureStopsTheOthersAndIsNamed) {
+  std::vector<Task> tasks;
+  tasks.push_back(ShellTask("scheduler", 0, "exec sleep 30"));
+  tasks.push_back(ShellTask("server", 0, "trap '' TERM; sleep 30 & wait; sleep 30"));
+  tasks.push_back(ShellTask("worker", 1, "sleep 0.2; exit 3"));
+  options_.term_grace_ms = 500;
+  auto start = SteadyClock::now();
+  auto result = RunJob(std::move(tasks), options_);
+  ASSERT_OK(result.status());
+  EXPECT_FALSE(result->success);
+  EXPECT_EQ(result->exit_code, 1);
+  EXPECT_NE(result->reason.find("worker-1 on here (pid"), std::string::npos) << result->reason;
+  EXPECT_NE(result->reason.find("exited with code 3"), std::string::npos) << result->reason;
+  EXPECT_LT(SteadyClock::now() - start, std::chrono::seconds(10));
+  for (int pid : result->pids) EXPECT_NE(kill(pid, 0), 0) << "pid " << pid << " survived";
+}
+
+TEST_F(SupervisorTest, StopRequestAndTimeout) {
+  int stop[2];
+  ASSERT_EQ(pipe(stop), 0);
+  unsigned char sig = SIGINT;
+  ASSERT_EQ(write(stop[1], &sig, 1), 1);
+  options_.stop_fd = stop[0];
+  std::vector<Task> tasks;
+  tasks.push_back(ShellTask("worker", 0, "exec sleep 30"));
+  auto stopped = RunJob(std::move(tasks), options_);
+  ASSERT_OK(stopped.status());
+  EXPECT_EQ(stopped->exit_code, 128 + SIGINT);
+  EXPECT_EQ(stopped->reason, "interrupted by SIGINT");
+  close(stop[0]);
+  close(stop[1]);
+
+  options_.stop_fd = -1;
+  options_.deadline = Deadline::InMillis(200);
+  std::vector<Task> slow;
+  slow.push_back(ShellTask("worker", 0, "exec sleep 30"));
+  auto timed_out = RunJob(std::move(slow), options_);
+  ASSERT_OK(timed_out.status());
+  EXPECT_EQ(timed_out->exit_code, 1);
+  EXPECT_NE(timed_out->reason.find("--timeout"), std::string::npos);
+}
+
+TEST_F(SupervisorTest, CommandThatCannotStartIsAnError) {
+  std::vector<Task> tasks;
+  tasks.push_back(ShellTask("scheduler", 0, "exec sleep 30"));
+  Task missing = ShellTask("worker", 0, "");
+  missing.spec.argv = {"/nonexistent/program"};
+  tasks.push_back(missing);
+  auto result = RunJob(std::move(tasks), options_);
+  EXPECT_EQ(result.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(result.status().message().find("worker-0"), std::string::npos) << result.status();
+  EXPECT_NE(result.status().message().find("/nonexistent/program"), std::string::npos);
 }
 
 }  // namespace
