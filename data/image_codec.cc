@@ -317,6 +317,26 @@ Status EncodeJpeg(const Image& image, int quality, std::string* out) {
   return Status::Ok();
 }
 
+namespace {
+
+// Bilinear resampling: output pixel `d` (centre-aligned, scale src/dst) reads
+// source pixels *i and *i + 1 with weight *a on the second; clamped at the edges.
+void SourceCoord(int d, float scale, int src_size, int* i, float* a) {
+  const float f = (d + 0.5f) * scale - 0.5f;
+  *i = static_cast<int>(std::floor(f));
+  *a = f - *i;
+  if (*i < 0) {
+    *i = 0;
+    *a = 0;
+  }
+  if (*i >= src_size - 1) {
+    *i = src_size - 1;
+    *a = 0;
+  }
+}
+
+}  // namespace
+
 void ResizeBilinear(const Image& src, int out_height, int out_width, Image* out) {
   CHECK(src.height > 0 && src.width > 0 && out_height > 0 && out_width > 0);
   const int c = src.channels;
@@ -325,33 +345,11 @@ void ResizeBilinear(const Image& src, int out_height, int out_width, Image* out)
   const float sy = static_cast<float>(src.height) / out_height;
   std::vector<int> x0(out_width);
   std::vector<float> wx(out_width);
-  for (int x = 0; x < out_width; ++x) {
-    float f = (x + 0.5f) * sx - 0.5f;
-    int i = static_cast<int>(std::floor(f));
-    float a = f - i;
-    if (i < 0) {
-      i = 0;
-      a = 0;
-    }
-    if (i >= src.width - 1) {
-      i = src.width - 1;
-      a = 0;
-    }
-    x0[x] = i;
-    wx[x] = a;
-  }
+  for (int x = 0; x < out_width; ++x) SourceCoord(x, sx, src.width, &x0[x], &wx[x]);
   for (int y = 0; y < out_height; ++y) {
-    float f = (y + 0.5f) * sy - 0.5f;
-    int i = static_cast<int>(std::floor(f));
-    float b = f - i;
-    if (i < 0) {
-      i = 0;
-      b = 0;
-    }
-    if (i >= src.height - 1) {
-      i = src.height - 1;
-      b = 0;
-    }
+    int i = 0;
+    float b = 0;
+    SourceCoord(y, sy, src.height, &i, &b);
     const uint8_t* r0 = src.row(i);
     const uint8_t* r1 = src.row(std::min(i + 1, src.height - 1));
     uint8_t* dst = out->row(y);
