@@ -5,17 +5,6 @@
 #include "proto/ps.pb.h"
 
 namespace pstrain {
-namespace {
-
-bool DecaysWeight(const std::string& name) {
-  auto ends_with = [&name](const char* suffix) {
-    const std::string s(suffix);
-    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
-  };
-  return ends_with("_weight") || ends_with("_gamma");
-}
-
-}  // namespace
 
 DistParamSync::DistParamSync(KVClient* client, const OptimizerConfig& optimizer, bool sync_mode,
                              int request_timeout_ms, int barrier_timeout_ms)
@@ -44,7 +33,8 @@ Status DistParamSync::Init(Executor* exec) {
   for (size_t i = 0; i < params.size(); ++i) {
     keys_.push_back(static_cast<KVClient::Key>(i));
     lens_.push_back(exec->param(static_cast<int>(i)).num_elements());
-    if (!DecaysWeight(params[i].name)) (*config.mutable_wd_mult())[i] = 0.0f;
+    const float wd_mult = WeightDecayMult(params[i].name);
+    if (wd_mult != 1.0f) (*config.mutable_wd_mult())[i] = wd_mult;
   }
   pending_.assign(params.size(), 0);
   RETURN_IF_ERROR(

@@ -12,6 +12,10 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
 
 }  // namespace
 
+float WeightDecayMult(const std::string& param_name) {
+  return EndsWith(param_name, "_weight") || EndsWith(param_name, "_gamma") ? 1.0f : 0.0f;
+}
+
 StatusOr<std::unique_ptr<LocalParamSync>> LocalParamSync::Create(const OptimizerConfig& cfg) {
   ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt, Optimizer::Create(cfg));
   return std::unique_ptr<LocalParamSync>(new LocalParamSync(std::move(opt)));
@@ -21,10 +25,7 @@ Status LocalParamSync::Init(Executor* exec) {
   exec_ = exec;
   const auto& params = exec->graph().params();
   states_.assign(params.size(), ParamState{});
-  for (size_t i = 0; i < params.size(); ++i) {
-    const std::string& name = params[i].name;
-    states_[i].wd_mult = EndsWith(name, "_weight") || EndsWith(name, "_gamma") ? 1.0f : 0.0f;
-  }
+  for (size_t i = 0; i < params.size(); ++i) states_[i].wd_mult = WeightDecayMult(params[i].name);
   return Status::Ok();
 }
 

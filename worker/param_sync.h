@@ -27,6 +27,10 @@
 
 namespace pstrain {
 
+// MXNet 1.x's weight-decay multiplier for a parameter: 1 for names ending in
+// `_weight` or `_gamma`, 0 for the rest (biases, beta). Every ParamSync uses it.
+float WeightDecayMult(const std::string& param_name);
+
 class ParamSync {
  public:
   virtual ~ParamSync() = default;
