@@ -79,8 +79,10 @@ TEST(TrainClusterTest, KvbenchVerifyUnderTheLocalLauncher) {
   EXPECT_NE(run.output.find("all 5 processes exited 0"), std::string::npos) << run.output;
 }
 
-// Two workers and `servers` servers train the MLP on a slice of MNIST; both
-// workers must finish the same epochs and score at least `min_accuracy`.
+// Two workers and `servers` servers train the MLP on a slice of MNIST (2 x 120
+// batches each; async interleaving varies, so the slice is long enough that
+// the worst of 6 async runs scored 0.91); both workers must finish the same
+// epochs and score at least `min_accuracy`.
 void TrainMlpDistributed(const std::string& kv_store, int servers, const std::string& lr,
                          double min_accuracy) {
   const std::string mnist = SharedDataDir() + "/mnist";
@@ -105,7 +107,7 @@ void TrainMlpDistributed(const std::string& kv_store, int servers, const std::st
                            "--data-dir",
                            mnist,
                            "--num-examples",
-                           "12000",
+                           "24000",
                            "--num-epochs",
                            "2",
                            "--batch-size",
