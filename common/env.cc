@@ -176,6 +176,13 @@ StatusOr<JobEnv> ReadJobEnv(const Environment& env, bool cluster_required) {
                                           "' is not balanced or mxnet"));
   }
   ASSIGN_OR_RETURN(job.chunk_elems, env.GetInt("PSTRAIN_CHUNK_ELEMS", job.chunk_elems, 1));
+  ASSIGN_OR_RETURN(job.shm_bytes, env.GetInt("PSTRAIN_SHM_BYTES", job.shm_bytes, 0));
+  if (job.shm_bytes > 0 && job.shm_bytes < (int64_t{1} << 20)) {
+    return Status::InvalidArgument(StrCat("environment variable PSTRAIN_SHM_BYTES=", job.shm_bytes,
+                                          " is below 1048576 (use 0 to turn shared memory off)"));
+  }
+  ASSIGN_OR_RETURN(job.shm_store_bytes,
+                   env.GetInt("PSTRAIN_SHM_STORE_BYTES", job.shm_store_bytes, 0));
   return job;
 }
 

@@ -74,6 +74,13 @@ struct JobEnv {
   int server_threads = 2;           // PSTRAIN_SERVER_THREADS: request shards per server
   std::string placement = "mxnet";  // PSTRAIN_PLACEMENT: mxnet | balanced
   int64_t chunk_elems = 262144;     // PSTRAIN_CHUNK_ELEMS: balanced placement chunk size
+  // PSTRAIN_SHM_BYTES: each server's and worker's shared-memory arena for
+  // co-located peers (net/shm_arena.h); 0: TCP only.
+  int64_t shm_bytes = int64_t{128} << 20;
+  // PSTRAIN_SHM_STORE_BYTES: a server's stored values live in its arena up to
+  // this much (address space; pages cost only once used), so co-located
+  // workers pull them without a copy on the server.
+  int64_t shm_store_bytes = int64_t{4} << 30;
 };
 
 // Parses the variables above. When `role_required` is true a missing

@@ -22,6 +22,8 @@ ClusterOptions ClusterOptionsFromJobEnv(const JobEnv& env) {
   o.barrier_timeout_ms = env.barrier_timeout_ms;
   o.request_timeout_ms = env.request_timeout_ms;
   o.max_message_bytes = env.max_message_bytes;
+  o.shm_bytes = env.shm_bytes;
+  o.shm_store_bytes = env.role == Role::kServer ? env.shm_store_bytes : 0;
   o.verbose = env.verbose;
   return o;
 }
@@ -40,12 +42,15 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Create(const ClusterOptions&
   vo.bind_host = options.bind_host;
   vo.port = options.port;
   vo.max_message_bytes = options.max_message_bytes;
+  vo.shm_bytes = static_cast<uint64_t>(std::max<int64_t>(0, options.shm_bytes));
+  vo.shm_store_bytes = static_cast<uint64_t>(std::max<int64_t>(0, options.shm_store_bytes));
   vo.verbose = options.verbose;
   vo.name = RoleName(options.role);
   vo.send_timeout_ms = std::max(1000, options.heartbeat_timeout_ms);
   ClusterNode* raw = node.get();
   ASSIGN_OR_RETURN(node->van_, Van::Create(vo, [raw](Message&& m) { raw->Handle(std::move(m)); }));
   node->port_ = node->van_->port();
+  node->arena_ = node->van_->arena();
   RETURN_IF_ERROR(node->van_->Connect(kSchedulerId, options.root_host, options.root_port)
                       .WithContext(StrCat(RoleName(options.role), " ", node->host_, ":",
                                           node->port_, ": scheduler DMLC_PS_ROOT_URI")));
@@ -69,6 +74,17 @@ void ClusterNode::Stop() {
 Status ClusterNode::Send(int id, const Message& msg) {
   if (van_ == nullptr) return Status::Cancelled("node stopped");
   return van_->Send(id, msg);
+}
+
+int64_t ClusterNode::shm_sent() const { return van_ != nullptr ? van_->shm_sent() : 0; }
+
+ShmArena::Stored ClusterNode::AllocateShared(uint64_t bytes) {
+  if (arena_ != nullptr) {
+    if (auto s = arena_->AllocateStore(bytes)) return *std::move(s);
+  }
+  ShmArena::Stored s;
+  s.blob = Blob::Allocate(bytes, &s.data);
+  return s;
 }
 
 void ClusterNode::SetMessageHandler(MessageHandler handler) { handler_ = std::move(handler); }
@@ -121,6 +137,7 @@ Status ClusterNode::Start() {
   me->set_host(host_);
   me->set_port(port_);
   me->set_nonce(nonce_);
+  if (const ShmInfo* shm = van_->shm_info()) *me->mutable_shm() = *shm;
   if (options_.verbose >= 1) {
     LOG(INFO) << RoleName(options_.role) << " at " << host_ << ":" << port_
               << " registering with the scheduler at " << options_.root_host << ":"
@@ -192,7 +209,10 @@ void ClusterNode::Handle(Message&& msg) {
       Status connected;
       for (const auto& [id, info] : table) {
         const bool peer = options_.role == Role::kWorker ? IsServerId(id) : IsWorkerId(id);
-        if (peer && connected.ok()) connected = van_->Connect(id, info.host(), info.port());
+        if (peer && connected.ok()) {
+          connected =
+              van_->Connect(id, info.host(), info.port(), info.has_shm() ? &info.shm() : nullptr);
+        }
       }
       std::vector<Message> early;
       {

@@ -47,6 +47,8 @@ struct ClusterOptions {
   int barrier_timeout_ms = 600000;
   int request_timeout_ms = 600000;
   int64_t max_message_bytes = int64_t{1} << 31;
+  int64_t shm_bytes = 0;        // shared-memory ring for co-located peers (0: TCP only)
+  int64_t shm_store_bytes = 0;  // servers: room for stored values in the arena
   int verbose = 0;
 };
 
@@ -90,7 +92,11 @@ class ClusterNode {
   void Stop();
 
   Status Send(int id, const Message& msg);
+  // A buffer for values this node sends again and again; see Van::AllocateShared.
+  ShmArena::Stored AllocateShared(uint64_t bytes);
   Status health() const;
+  // Data messages this node sent with their values in shared memory (Van::shm_sent).
+  int64_t shm_sent() const;
 
   Role role() const { return options_.role; }
   int id() const;
@@ -110,7 +116,8 @@ class ClusterNode {
   PsHeader Header(PsCommand cmd) const;
 
   ClusterOptions options_;
-  std::unique_ptr<Van> van_;  // reset only by Stop(), after which Send fails
+  std::unique_ptr<Van> van_;         // reset only by Stop(), after which Send fails
+  std::shared_ptr<ShmArena> arena_;  // the Van's (null: none); set by Create
   uint64_t nonce_ = 0;
   int port_ = 0;
   std::string host_;  // advertised

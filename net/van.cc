@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 namespace pstrain {
@@ -56,6 +57,8 @@ struct Van::Peer {
   Mutex mu;
   void* socket = nullptr;  // DEALER, used only under mu
   std::string address;
+  std::shared_ptr<ShmMapping> theirs;  // the peer's arena, mapped here (null: TCP)
+  std::atomic<bool> maps_mine{false};  // the peer said it mapped our arena
   ~Peer() {
     if (socket != nullptr) zmq_close(socket);
   }
@@ -140,6 +143,15 @@ StatusOr<std::unique_ptr<Van>> Van::Create(const VanOptions& options, Handler ha
   zmq_getsockopt(van->router_, ZMQ_LAST_ENDPOINT, last, &last_len);
   const char* colon = std::strrchr(last, ':');
   van->port_ = colon != nullptr ? std::atoi(colon + 1) : options.port;
+  if (options.shm_bytes > 0) {
+    auto arena = ShmArena::Create(options.shm_bytes, options.shm_store_bytes);
+    if (arena.ok()) {
+      van->arena_ = std::move(arena).value();
+    } else {
+      LOG(WARNING) << options.name
+                   << ": no shared-memory arena, co-located peers use TCP: " << arena.status();
+    }
+  }
   Van* raw = van.get();
   van->receiver_ = std::thread([raw] { raw->ReceiveLoop(); });
   return van;
@@ -160,9 +172,35 @@ Van::~Van() {
   if (context_ != nullptr) zmq_ctx_term(context_);
 }
 
-Status Van::Connect(int id, const std::string& host, int port) {
+const ShmInfo* Van::shm_info() const { return arena_ != nullptr ? &arena_->info() : nullptr; }
+
+ShmArena::Stored Van::AllocateShared(uint64_t bytes) {
+  if (arena_ != nullptr) {
+    if (auto s = arena_->AllocateStore(bytes)) return *std::move(s);
+  }
+  ShmArena::Stored s;
+  s.blob = Blob::Allocate(bytes, &s.data);
+  return s;
+}
+
+bool Van::PeerMapsOurArena(int id) {
+  MutexLock l(&mu_);
+  auto it = peers_.find(id);
+  return it != peers_.end() && it->second->maps_mine.load();
+}
+
+Status Van::Connect(int id, const std::string& host, int port, const ShmInfo* shm) {
   ASSIGN_OR_RETURN(std::string ip, ResolveHost(host));
   auto peer = std::make_shared<Peer>();
+  if (shm != nullptr && options_.shm_bytes > 0) {
+    auto mapped = ShmMapping::Open(*shm);
+    if (mapped.ok()) {
+      peer->theirs = std::move(mapped).value();
+    } else if (options_.verbose >= 1) {
+      LOG(INFO) << options_.name << ": " << NodeIdName(id) << " at " << host << ":" << port
+                << " over TCP only: " << mapped.status();
+    }
+  }
   peer->address = StrCat("tcp://", ip, ":", port);
   peer->socket = zmq_socket(context_, ZMQ_DEALER);
   int linger = 2000;  // lets a final SHUTDOWN or error reply leave before the process exits
@@ -177,7 +215,7 @@ Status Van::Connect(int id, const std::string& host, int port) {
   }
   if (options_.verbose >= 1) {
     LOG(INFO) << options_.name << ": connected to " << NodeIdName(id) << " at " << host << ":"
-              << port;
+              << port << (peer->theirs != nullptr ? " (its shared memory mapped)" : "");
   }
   MutexLock l(&mu_);
   peers_[id] = std::move(peer);
@@ -193,6 +231,32 @@ void Van::Disconnect(int id) {
   peers_.erase(it);
 }
 
+bool Van::PlaceInShm(const Message& msg, PsHeader* extra) {
+  uint64_t bytes = 0;
+  for (const Blob& v : msg.values) bytes += v.size();
+  const bool copy_ok = bytes >= options_.shm_min_bytes;
+  for (const Blob& v : msg.values) {
+    std::optional<uint64_t> offset = arena_->Reference(v.data(), v.size());
+    if (!offset.has_value() && copy_ok) {
+      if (auto block = arena_->AllocateRing(v.size())) {
+        std::memcpy(block->data, v.data(), v.size());
+        offset = block->offset;
+      }
+    }
+    if (!offset.has_value()) {
+      // All or nothing: hand back what this message took and use TCP.
+      for (uint64_t taken : extra->shm_frame_offset()) arena_->Release(taken);
+      extra->clear_shm_frame_offset();
+      extra->clear_shm_frame_bytes();
+      if (copy_ok) ++shm_fallbacks_;
+      return false;
+    }
+    extra->add_shm_frame_offset(*offset);
+    extra->add_shm_frame_bytes(v.size());
+  }
+  return true;
+}
+
 Status Van::Send(int id, const Message& msg) {
   std::shared_ptr<Peer> peer;
   {
@@ -206,8 +270,16 @@ Status Van::Send(int id, const Message& msg) {
   std::string header;
   msg.header.SerializeToString(&header);
   const bool data = msg.header.cmd() == CMD_DATA;
+  // Shared-memory fields ride along as a second serialized PsHeader: protobuf
+  // merges concatenated messages, so the caller's header is not copied.
+  PsHeader extra;
+  if (peer->theirs != nullptr) extra.set_shm_mapped(true);
+  const bool in_shm = data && !msg.values.empty() && arena_ != nullptr && peer->maps_mine.load() &&
+                      PlaceInShm(msg, &extra);
+  if (extra.ByteSizeLong() > 0) header += extra.SerializeAsString();
   if (options_.verbose >= 2) {
-    LOG(INFO) << options_.name << " -> " << NodeIdName(id) << ": " << msg.header.ShortDebugString();
+    LOG(INFO) << options_.name << " -> " << NodeIdName(id) << ": " << msg.header.ShortDebugString()
+              << (in_shm ? " (values in shared memory)" : "");
   }
   MutexLock l(&peer->mu);
   zmq_msg_t m;
@@ -215,15 +287,23 @@ Status Van::Send(int id, const Message& msg) {
   std::memcpy(zmq_msg_data(&m), header.data(), header.size());
   if (zmq_msg_send(&m, peer->socket, data ? ZMQ_SNDMORE : 0) < 0) {
     zmq_msg_close(&m);
+    if (in_shm) {
+      for (uint64_t offset : extra.shm_frame_offset()) arena_->Release(offset);
+    }
     return Status::Unavailable(StrCat(options_.name, ": send to ", NodeIdName(id), " at ",
                                       peer->address, " failed: ", ZmqError()));
   }
   if (!data) return Status::Ok();
   // After the first frame ZeroMQ accepts the rest of a multipart message atomically.
+  const bool frames = !msg.values.empty() && !in_shm;
   InitFrame(&m, msg.keys);
   zmq_msg_send(&m, peer->socket, ZMQ_SNDMORE);
   InitFrame(&m, msg.lens);
-  zmq_msg_send(&m, peer->socket, msg.values.empty() ? 0 : ZMQ_SNDMORE);
+  zmq_msg_send(&m, peer->socket, frames ? ZMQ_SNDMORE : 0);
+  if (in_shm) {
+    ++shm_sent_;
+    return Status::Ok();
+  }
   for (size_t i = 0; i < msg.values.size(); ++i) {
     InitFrame(&m, msg.values[i]);
     zmq_msg_send(&m, peer->socket, i + 1 < msg.values.size() ? ZMQ_SNDMORE : 0);
@@ -288,7 +368,17 @@ bool Van::ReceiveOne(void* socket) {
     return true;
   }
   const bool data = msg.header.cmd() == CMD_DATA;
-  const size_t expect = data ? 4 + msg.header.num_value_frames() : 2;
+  const bool in_shm = data && msg.header.shm_frame_offset_size() > 0;
+  std::shared_ptr<ShmMapping> sender_arena;
+  if (msg.header.shm_mapped() || in_shm) {
+    MutexLock l(&mu_);
+    auto it = peers_.find(msg.header.sender());
+    if (it != peers_.end()) {
+      if (msg.header.shm_mapped()) it->second->maps_mine = true;
+      sender_arena = it->second->theirs;
+    }
+  }
+  const size_t expect = data ? 4 + (in_shm ? 0 : msg.header.num_value_frames()) : 2;
   if (frames.size() != expect) {
     drop(StrCat(NodeIdName(msg.header.sender()), " sent ", frames.size() - 1,
                 " frames for command ", PsCommand_Name(msg.header.cmd()), ", header implies ",
@@ -302,6 +392,30 @@ bool Van::ReceiveOne(void* socket) {
   if (data) {
     msg.keys = blob(frames[2]);
     msg.lens = blob(frames[3]);
+    if (in_shm) {
+      const PsHeader& h = msg.header;
+      if (sender_arena == nullptr) {
+        drop(StrCat(NodeIdName(h.sender()),
+                    " sent values through shared memory, but its arena is not mapped here"));
+        return true;
+      }
+      const int n = h.shm_frame_offset_size();
+      if (h.shm_frame_bytes_size() != n || static_cast<uint64_t>(n) != h.num_value_frames()) {
+        drop(StrCat(NodeIdName(h.sender()), " listed ", n, " shared-memory frame offsets and ",
+                    h.shm_frame_bytes_size(), " sizes, header says ", h.num_value_frames(),
+                    " value frames"));
+        return true;
+      }
+      msg.values.reserve(n);
+      for (int i = 0; i < n; ++i) {
+        auto v = sender_arena->Resolve(h.shm_frame_offset(i), h.shm_frame_bytes(i));
+        if (!v.ok()) {
+          drop(StrCat(NodeIdName(h.sender()), ": value frame ", i, ": ", v.status().message()));
+          return true;
+        }
+        msg.values.push_back(std::move(v).value());
+      }
+    }
     msg.values.reserve(frames.size() - 4);
     for (size_t i = 4; i < frames.size(); ++i) {
       Blob b = blob(frames[i]);

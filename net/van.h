@@ -13,6 +13,15 @@
 // frames over the size limit) and hands the rest to the handler, in arrival
 // order. Threads: Send, Connect and Disconnect are thread-safe; sends to one
 // peer are serialized by a per-peer lock, sends to different peers run in parallel.
+//
+// Co-located peers (net/shm_arena.h): with shm_bytes > 0 the Van owns a
+// shared-memory arena. Connect() maps the peer's arena when the node table
+// offers one and it is reachable; every message to that peer then says so
+// (shm_mapped), and once a peer has said it mapped ours, the values of data
+// messages to it travel through our arena: a value Blob from AllocateShared
+// is sent by reference (no copy), any other is copied into the arena's ring
+// (one copy, none through the kernel); the receiver reads them in place. Any
+// step that fails (no arena, not reachable, ring full) falls back to TCP.
 #ifndef PSTRAIN_NET_VAN_H_
 #define PSTRAIN_NET_VAN_H_
 
@@ -26,6 +35,7 @@
 #include "common/mutex.h"
 #include "common/status.h"
 #include "net/message.h"
+#include "net/shm_arena.h"
 
 namespace pstrain {
 
@@ -36,6 +46,9 @@ struct VanOptions {
   int send_timeout_ms = 30000;                   // a send blocked this long (peer gone) fails
   int verbose = 0;                               // PS_VERBOSE
   std::string name = "node";                     // for log lines
+  uint64_t shm_bytes = 0;         // PSTRAIN_SHM_BYTES: arena ring (0: no arena, TCP only)
+  uint64_t shm_store_bytes = 0;   // arena store for AllocateShared (servers' stored values)
+  uint64_t shm_min_bytes = 4096;  // smaller values are not copied into the ring
 };
 
 class Van {
@@ -55,8 +68,21 @@ class Van {
   // Sends still work. Idempotent; the destructor calls it.
   void StopReceiving();
 
-  // Opens (or replaces) the connection to node `id` at host:port (a name or an IP).
-  Status Connect(int id, const std::string& host, int port);
+  // This node's arena, for the node table; null when it has none.
+  const ShmInfo* shm_info() const;
+  // A buffer of `bytes` (contents undefined) for values this node sends
+  // again and again (a server's stored values): in the arena's store when it
+  // has room, so co-located peers get it without a copy. `readers` (null for a
+  // heap buffer) counts peers reading it now; write it in place only when
+  // ShmArena::Readers(readers) is 0 and no local Blob shares it.
+  ShmArena::Stored AllocateShared(uint64_t bytes);
+  // The arena (null: none); fixed for the Van's life.
+  const std::shared_ptr<ShmArena>& arena() const { return arena_; }
+
+  // Opens (or replaces) the connection to node `id` at host:port (a name or an
+  // IP). With `shm` (the peer's arena from the node table) it also tries to map
+  // the peer's arena; failing that is not an error (the peer is elsewhere).
+  Status Connect(int id, const std::string& host, int port, const ShmInfo* shm = nullptr);
   void Disconnect(int id);
   // Sends `msg` to node `id`. Unavailable if there is no connection to `id` or
   // the send blocks past send_timeout_ms. Value Blobs are kept alive until
@@ -65,11 +91,20 @@ class Van {
 
   // Messages dropped as malformed so far (for tests).
   int64_t dropped() const { return dropped_.load(); }
+  // Data messages whose values went through shared memory, and those that
+  // could have but found the arena full (for tests and benchmarks).
+  int64_t shm_sent() const { return shm_sent_.load(); }
+  int64_t shm_fallbacks() const { return shm_fallbacks_.load(); }
+  // Whether node `id` has mapped this node's arena (it said so).
+  bool PeerMapsOurArena(int id);
 
  private:
   struct Peer;
   Van() = default;
   void ReceiveLoop();
+  // Puts msg's values in the arena (references or ring copies) and lists them
+  // in `extra`; false (nothing taken) when one does not fit.
+  bool PlaceInShm(const Message& msg, PsHeader* extra);
   bool ReceiveOne(void* socket);
 
   VanOptions options_;
@@ -79,6 +114,9 @@ class Van {
   int port_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> dropped_{0};
+  std::atomic<int64_t> shm_sent_{0};
+  std::atomic<int64_t> shm_fallbacks_{0};
+  std::shared_ptr<ShmArena> arena_;  // null: TCP only
   std::thread receiver_;
   Mutex mu_;
   std::map<int, std::shared_ptr<Peer>> peers_ GUARDED_BY(mu_);

@@ -1,5 +1,7 @@
 #include "server/kv_server.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <set>
@@ -33,20 +35,33 @@ struct KVServer::Op {
 };
 
 // A stored value shared with in-flight pull replies; copied before a write
-// while a reply still references it.
+// while a reply still references it. It lives in the node's shared-memory
+// arena when there is room, so replies to co-located workers reference it.
 struct KVServer::KeyState {
   bool initialized = false;
   Blob value;
   float* data = nullptr;
-  size_t size = 0;  // elements
+  size_t size = 0;                   // elements
+  const int32_t* readers = nullptr;  // peers reading `value` through shared memory
+  void Store(ShmArena::Stored s, size_t n) {
+    value = std::move(s.blob);
+    data = reinterpret_cast<float*>(s.data);
+    readers = s.readers;
+    size = n;
+  }
+  // Whether a reply (in this process, or a co-located reader) still holds `value`.
+  bool Shared() const {
+    if (value.owner().use_count() > 1) return true;
+    // Pairs with the release of the last reply's reference.
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return readers != nullptr && ShmArena::Readers(readers) > 0;
+  }
   // Makes `value` safe to write: a fresh copy when a reply still holds it.
-  void MakeWritable() {
-    if (value.owner().use_count() <= 1) return;
-    char* fresh = nullptr;
-    Blob b = Blob::Allocate(size * sizeof(float), &fresh);
-    std::memcpy(fresh, data, size * sizeof(float));
-    value = std::move(b);
-    data = reinterpret_cast<float*>(fresh);
+  void MakeWritable(ClusterNode* node) {
+    if (!Shared()) return;
+    ShmArena::Stored fresh = node->AllocateShared(size * sizeof(float));
+    std::memcpy(fresh.data, data, size * sizeof(float));
+    Store(std::move(fresh), size);
   }
   std::vector<float> merge;
   int merged = 0;
@@ -238,7 +253,11 @@ void KVServer::HandleMessage(Message&& msg) {
     }
     req->slots.resize(run_bytes.size());
     for (size_t k = 0; k < run_bytes.size(); ++k) {
-      if (run_bytes[k] > 0) req->slots[k].blob = Blob::Allocate(run_bytes[k], &req->slots[k].data);
+      if (run_bytes[k] == 0) continue;
+      // In the arena when there is room: sent to a co-located worker without a copy.
+      ShmArena::Stored buf = node_->AllocateShared(run_bytes[k]);
+      req->slots[k].blob = std::move(buf.blob);
+      req->slots[k].data = buf.data;
     }
   }
   req->msg = std::move(msg);
@@ -334,11 +353,9 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   const int num_workers = node_->num_workers();
   if (h.init()) {
     if (!ks->initialized) {
-      char* fresh = nullptr;
-      ks->value = Blob::Allocate(n * sizeof(float), &fresh);
-      std::memcpy(fresh, op.req->part_values[op.part], n * sizeof(float));
-      ks->data = reinterpret_cast<float*>(fresh);
-      ks->size = n;
+      ShmArena::Stored fresh = node_->AllocateShared(n * sizeof(float));
+      std::memcpy(fresh.data, op.req->part_values[op.part], n * sizeof(float));
+      ks->Store(std::move(fresh), n);
       ks->in_round.assign(num_workers, 0);
       ks->initialized = true;
     } else if (ks->size != n) {
@@ -369,7 +386,7 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   auto cfg = config();
   const float* grad = op.req->part_values[op.part];
   auto apply = [&](const float* g) {
-    ks->MakeWritable();
+    ks->MakeWritable(node_);
     if (cfg != nullptr) {
       auto it = cfg->wd_mult().find(WireKeyUser(wire));
       ks->state.wd_mult = it == cfg->wd_mult().end() ? 1.0f : it->second;
@@ -397,16 +414,13 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
     CompletePart(op, ks, Status::Ok());
     return;
   }
-  if (ks->merged == 0) {
-    ks->merge.assign(grad, grad + n);
-  } else {
-    float* m = ks->merge.data();
-    for (size_t i = 0; i < n; ++i) m[i] += grad[i];
-  }
+  // The pushed values stay in their requests (held until the round closes),
+  // so the sum is one pass over all of them, in arrival order.
   ++ks->merged;
   ks->in_round[op.worker()] = 1;
   ks->waiting.push_back(op);
   if (ks->merged < num_workers) return;
+  SumRound(*ks, n);
   apply(ks->merge.data());
   ks->merged = 0;
   std::fill(ks->in_round.begin(), ks->in_round.end(), 0);
@@ -414,6 +428,30 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   done.swap(ks->waiting);
   for (const Op& d : done) CompletePart(d, ks, Status::Ok());
   (void)shard;
+}
+
+void KVServer::SumRound(KeyState& ks, size_t n) {
+  std::vector<const float*> grads;
+  grads.reserve(ks.waiting.size());
+  for (const Op& w : ks.waiting) grads.push_back(w.req->part_values[w.part]);
+  ks.merge.resize(n);
+  float* m = ks.merge.data();
+  // Blocks that stay in L1 while every worker's part is added in.
+  constexpr size_t kBlock = 4096;
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t e = std::min(n, b + kBlock);
+    const float* g0 = grads[0];
+    if (grads.size() == 1) {
+      std::memcpy(m + b, g0 + b, (e - b) * sizeof(float));
+      continue;
+    }
+    const float* g1 = grads[1];
+    for (size_t i = b; i < e; ++i) m[i] = g0[i] + g1[i];
+    for (size_t k = 2; k < grads.size(); ++k) {
+      const float* g = grads[k];
+      for (size_t i = b; i < e; ++i) m[i] += g[i];
+    }
+  }
 }
 
 void KVServer::CompletePart(const Op& op, const KeyState* ks, const Status& s) {

@@ -64,6 +64,8 @@ class KVServer {
   void Drain(Shard* shard, KeyState* ks);
   void Execute(Shard* shard, KeyState* ks, const Op& op);
   void CompletePart(const Op& op, const KeyState* ks, const Status& s);
+  // ks.merge = the sum of the pushes waiting in the round (n elements each).
+  static void SumRound(KeyState& ks, size_t n);
   void SendReply(Request* r);
   std::shared_ptr<const ServerConfig> config() const;
   std::shared_ptr<Optimizer> optimizer() const;

@@ -1,0 +1,278 @@
+#include "net/shm_arena.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <functional>
+#include <random>
+
+namespace pstrain {
+namespace {
+
+constexpr uint64_t kArenaMagic = 0x70737472616e6132ull;  // "pstrana2"
+constexpr uint32_t kBlockMagic = 0x4b4c4250;             // "PBLK"
+constexpr uint32_t kPadMagic = 0x44415050;               // "PPAD": unused end of the ring
+
+// At offset 0 of the arena.
+struct ArenaHeader {
+  uint64_t magic;
+  uint64_t token;
+  uint64_t bytes;
+};
+
+// Before every block's payload. `refs` is shared between processes and only
+// touched with atomic builtins.
+struct BlockHeader {
+  uint32_t magic;
+  int32_t refs;
+  uint64_t total;    // bytes of the block, header included (a multiple of kShmAlign)
+  uint64_t payload;  // payload bytes asked for
+};
+static_assert(sizeof(BlockHeader) <= kShmBlockHeaderBytes, "block header too big");
+static_assert(__atomic_always_lock_free(sizeof(int32_t), nullptr),
+              "shared reference counts need lock-free 32-bit atomics");
+
+std::string Errno() { return std::strerror(errno); }
+
+// One received frame's hold on its block: destroying it hands the block back.
+struct FrameHold {
+  std::shared_ptr<ShmMapping> mapping;  // keeps the mapping alive while read
+  int32_t* refs = nullptr;
+  ~FrameHold() { __atomic_fetch_sub(refs, 1, __ATOMIC_RELEASE); }
+};
+
+// The owner's hold on a store block.
+struct StoreHold {
+  std::function<void()> free;
+  ~StoreHold() { free(); }
+};
+
+}  // namespace
+
+StatusOr<std::shared_ptr<ShmArena>> ShmArena::Create(uint64_t ring_bytes, uint64_t store_bytes) {
+  ring_bytes = ring_bytes / kShmAlign * kShmAlign;
+  store_bytes = store_bytes / kShmAlign * kShmAlign;
+  if (ring_bytes < 4096) {
+    return Status::InvalidArgument(
+        StrCat("shared-memory ring of ", ring_bytes, " bytes is too small (at least 4096)"));
+  }
+  const uint64_t bytes = kShmArenaHeaderBytes + ring_bytes + store_bytes;
+  std::shared_ptr<ShmArena> a(new ShmArena());
+  a->fd_ = static_cast<int>(syscall(SYS_memfd_create, "pstrain-arena", MFD_CLOEXEC));
+  if (a->fd_ < 0) return Status::IOError("memfd_create: " + Errno());
+  if (ftruncate(a->fd_, static_cast<off_t>(bytes)) != 0) {
+    return Status::IOError(StrCat("ftruncate of a ", bytes, "-byte arena: ", Errno()));
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, a->fd_, 0);
+  if (p == MAP_FAILED)
+    return Status::IOError(StrCat("mmap of a ", bytes, "-byte arena: ", Errno()));
+  a->base_ = static_cast<char*>(p);
+  a->size_ = bytes;
+  a->ring_end_ = kShmArenaHeaderBytes + ring_bytes;
+  {
+    MutexLock l(&a->store_mu_);
+    a->store_next_ = a->ring_end_;
+  }
+  std::random_device rd;
+  uint64_t token = (uint64_t{rd()} << 32) ^ rd();
+  token ^= static_cast<uint64_t>(getpid()) << 17;
+  auto* h = reinterpret_cast<ArenaHeader*>(a->base_);
+  h->magic = kArenaMagic;
+  h->token = token;
+  h->bytes = bytes;
+  a->info_.set_pid(getpid());
+  a->info_.set_fd(a->fd_);
+  a->info_.set_bytes(bytes);
+  a->info_.set_token(token);
+  return a;
+}
+
+ShmArena::~ShmArena() {
+  if (base_ != nullptr) munmap(base_, size_);
+  if (fd_ >= 0) close(fd_);
+}
+
+void ShmArena::ReclaimRing() {
+  while (used_ > 0) {
+    auto* b = reinterpret_cast<BlockHeader*>(base_ + tail_);
+    if (__atomic_load_n(&b->refs, __ATOMIC_ACQUIRE) != 0) break;
+    tail_ += b->total;
+    used_ -= b->total;
+    if (tail_ == ring_end_) tail_ = kShmArenaHeaderBytes;
+  }
+  if (used_ == 0) head_ = tail_ = kShmArenaHeaderBytes;  // start over: fewer pages touched
+}
+
+std::optional<ShmArena::Block> ShmArena::AllocateRing(uint64_t payload) {
+  const uint64_t need = kShmBlockHeaderBytes + ShmRoundUp(payload);
+  if (need > ring_capacity()) return std::nullopt;
+  MutexLock l(&ring_mu_);
+  ReclaimRing();
+  if (used_ > 0 && head_ == tail_) return std::nullopt;  // full
+  if (used_ > 0 && head_ < tail_) {                      // wrapped: free is [head_, tail_)
+    if (tail_ - head_ < need) return std::nullopt;
+  } else if (ring_end_ - head_ < need) {  // free: [head_, end) and [start, tail_)
+    if (tail_ - kShmArenaHeaderBytes < need) return std::nullopt;
+    auto* pad = reinterpret_cast<BlockHeader*>(base_ + head_);
+    pad->magic = kPadMagic;
+    pad->total = ring_end_ - head_;
+    pad->payload = 0;
+    __atomic_store_n(&pad->refs, 0, __ATOMIC_RELAXED);
+    used_ += ring_end_ - head_;
+    head_ = kShmArenaHeaderBytes;
+  }
+  auto* b = reinterpret_cast<BlockHeader*>(base_ + head_);
+  b->magic = kBlockMagic;
+  b->total = need;
+  b->payload = payload;
+  __atomic_store_n(&b->refs, 1, __ATOMIC_RELAXED);
+  Block block{head_ + kShmBlockHeaderBytes, base_ + head_ + kShmBlockHeaderBytes};
+  head_ += need;
+  used_ += need;
+  if (head_ == ring_end_) head_ = kShmArenaHeaderBytes;
+  return block;
+}
+
+void ShmArena::ReclaimStore() {
+  size_t keep = 0;
+  for (uint64_t block : store_retired_) {
+    auto* b = reinterpret_cast<BlockHeader*>(base_ + block);
+    if (__atomic_load_n(&b->refs, __ATOMIC_ACQUIRE) == 0) {
+      store_free_.emplace(b->total, block);
+      store_used_ -= b->total;
+    } else {
+      store_retired_[keep++] = block;
+    }
+  }
+  store_retired_.resize(keep);
+}
+
+std::optional<ShmArena::Stored> ShmArena::AllocateStore(uint64_t payload) {
+  const uint64_t need = kShmBlockHeaderBytes + ShmRoundUp(payload);
+  uint64_t block = 0;
+  {
+    MutexLock l(&store_mu_);
+    ReclaimStore();
+    // Stored values come in few sizes (one per key), so an exact fit is the
+    // common case; a free block up to 1/8 bigger is taken too.
+    auto it = store_free_.lower_bound(need);
+    if (it != store_free_.end() && it->first <= need + need / 8) {
+      block = it->second;
+      store_used_ += it->first;
+      store_free_.erase(it);
+    } else if (size_ - store_next_ >= need) {
+      block = store_next_;
+      store_next_ += need;
+      store_used_ += need;
+      auto* b = reinterpret_cast<BlockHeader*>(base_ + block);
+      b->total = need;
+    } else {
+      return std::nullopt;
+    }
+  }
+  auto* b = reinterpret_cast<BlockHeader*>(base_ + block);
+  b->magic = kBlockMagic;
+  b->payload = payload;
+  __atomic_store_n(&b->refs, 0, __ATOMIC_RELAXED);
+  auto hold = std::make_shared<StoreHold>();
+  // The Blob keeps the arena (and so its memory) alive.
+  hold->free = [arena = shared_from_this(), block] { arena->FreeStore(block); };
+  Stored s;
+  s.data = base_ + block + kShmBlockHeaderBytes;
+  s.blob = Blob(std::shared_ptr<const void>(hold, s.data), s.data, payload);
+  s.readers = &b->refs;
+  return s;
+}
+
+void ShmArena::FreeStore(uint64_t block) {
+  MutexLock l(&store_mu_);
+  store_retired_.push_back(block);
+  ReclaimStore();
+}
+
+std::optional<uint64_t> ShmArena::Reference(const char* data, uint64_t size) {
+  if (data < base_ + ring_end_ + kShmBlockHeaderBytes || data >= base_ + size_) return std::nullopt;
+  const uint64_t offset = static_cast<uint64_t>(data - base_);
+  if (offset % kShmAlign != 0) return std::nullopt;
+  auto* b = reinterpret_cast<BlockHeader*>(base_ + offset - kShmBlockHeaderBytes);
+  if (b->magic != kBlockMagic || b->payload != size) return std::nullopt;
+  __atomic_fetch_add(&b->refs, 1, __ATOMIC_RELAXED);
+  return offset;
+}
+
+void ShmArena::Release(uint64_t offset) {
+  auto* b = reinterpret_cast<BlockHeader*>(base_ + offset - kShmBlockHeaderBytes);
+  __atomic_fetch_sub(&b->refs, 1, __ATOMIC_RELEASE);
+}
+
+uint64_t ShmArena::ring_used_bytes() {
+  MutexLock l(&ring_mu_);
+  ReclaimRing();
+  return used_;
+}
+
+uint64_t ShmArena::store_used_bytes() {
+  MutexLock l(&store_mu_);
+  ReclaimStore();
+  return store_used_;
+}
+
+StatusOr<std::shared_ptr<ShmMapping>> ShmMapping::Open(const ShmInfo& info) {
+  const std::string path = StrCat("/proc/", info.pid(), "/fd/", info.fd());
+  if (info.bytes() < kShmArenaHeaderBytes + 4096 || info.bytes() % kShmAlign != 0) {
+    return Status::InvalidArgument(StrCat("arena ", path, " claims ", info.bytes(), " bytes"));
+  }
+  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return Status::Unavailable(StrCat("cannot open ", path, ": ", Errno()));
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != info.bytes()) {
+    close(fd);
+    return Status::Unavailable(StrCat(path, " is not the peer's ", info.bytes(), "-byte arena"));
+  }
+  void* p = mmap(nullptr, info.bytes(), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+  close(fd);  // the mapping keeps the memory
+  if (p == MAP_FAILED) return Status::Unavailable(StrCat("mmap of ", path, ": ", Errno()));
+  std::shared_ptr<ShmMapping> m(new ShmMapping());
+  m->base_ = static_cast<char*>(p);
+  m->size_ = info.bytes();
+  const auto* h = reinterpret_cast<const ArenaHeader*>(m->base_);
+  if (h->magic != kArenaMagic || h->token != info.token() || h->bytes != info.bytes()) {
+    return Status::Unavailable(StrCat(path, " is not the peer's arena (token mismatch)"));
+  }
+  return m;
+}
+
+ShmMapping::~ShmMapping() {
+  if (base_ != nullptr) munmap(base_, size_);
+}
+
+StatusOr<Blob> ShmMapping::Resolve(uint64_t offset, uint64_t bytes) {
+  if (offset > size_ || bytes > size_ - offset) {
+    return Status::InvalidArgument(StrCat("shared-memory frame of ", bytes, " bytes at offset ",
+                                          offset, " lies outside the ", size_, "-byte arena"));
+  }
+  if (offset % kShmAlign != 0 || offset < kShmArenaHeaderBytes + kShmBlockHeaderBytes) {
+    return Status::InvalidArgument(StrCat("shared-memory offset ", offset,
+                                          " cannot start a block's payload (misaligned or in the "
+                                          "arena header)"));
+  }
+  auto* b = reinterpret_cast<BlockHeader*>(base_ + offset - kShmBlockHeaderBytes);
+  if (__atomic_load_n(&b->magic, __ATOMIC_RELAXED) != kBlockMagic ||
+      __atomic_load_n(&b->payload, __ATOMIC_RELAXED) < bytes ||
+      __atomic_load_n(&b->refs, __ATOMIC_ACQUIRE) <= 0) {
+    return Status::InvalidArgument(
+        StrCat("no live shared-memory block of ", bytes, " bytes at offset ", offset));
+  }
+  auto hold = std::make_shared<FrameHold>();
+  hold->mapping = shared_from_this();
+  hold->refs = &b->refs;
+  char* data = base_ + offset;
+  return Blob(std::shared_ptr<const void>(hold, data), data, bytes);
+}
+
+}  // namespace pstrain

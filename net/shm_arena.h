@@ -1,0 +1,150 @@
+// Shared memory between co-located nodes: the data plane of the Van.
+//
+// Every server and worker owns one ShmArena, a memfd-backed region that its
+// co-located peers map (through /proc/<pid>/fd/<fd>, checked against a random
+// token, so a peer on another host or in another PID namespace simply fails to
+// map it). A data message to a peer that has mapped our arena carries, instead
+// of its value frames, one (offset, bytes) descriptor per frame: the values
+// skip loopback TCP (two kernel copies and the socket work) and the receiver
+// reads them in place.
+//
+// The arena holds blocks, each a 64-byte BlockHeader and its payload, in two
+// regions:
+//   ring   transient blocks: the Van copies a value frame into one when it
+//          sends it (a worker's pushed gradients).
+//   store  long-lived blocks handed out by AllocateStore (a server's stored
+//          values): sent by reference, with no copy at all.
+// A block's header holds a reference count in shared memory: the number of
+// messages in flight or being read that reference it. The receiver drops its
+// reference when the last Blob of that frame is destroyed (ShmMapping). The
+// owner reuses a ring block once it and every earlier ring block are free, and
+// writes or reuses a store block only while nobody reads it (readers()). When
+// the ring or store has no room the Van sends over TCP and the server keeps
+// values on its heap, so a slow or dead reader never blocks anyone; a peer that
+// dies holding a block stalls that part of the ring, which only means TCP.
+//
+// Threads: ShmArena and ShmMapping are thread-safe.
+#ifndef PSTRAIN_NET_SHM_ARENA_H_
+#define PSTRAIN_NET_SHM_ARENA_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "common/mutex.h"
+#include "common/status.h"
+#include "net/message.h"
+#include "proto/ps.pb.h"
+
+namespace pstrain {
+
+// Layout constants (bytes).
+constexpr uint64_t kShmArenaHeaderBytes = 4096;  // ArenaHeader, then the ring, then the store
+constexpr uint64_t kShmBlockHeaderBytes = 64;    // BlockHeader before each payload
+constexpr uint64_t kShmAlign = 64;               // every payload starts on this boundary
+
+inline uint64_t ShmRoundUp(uint64_t n) { return (n + kShmAlign - 1) / kShmAlign * kShmAlign; }
+
+class ShmArena : public std::enable_shared_from_this<ShmArena> {
+ public:
+  // Creates an arena with a ring of `ring_bytes` and a store of `store_bytes`
+  // (each rounded down to kShmAlign; the ring at least 4 KB, the store may be
+  // 0). Memory is reserved, not touched: pages cost only once used. IOError
+  // when memfd_create, ftruncate or mmap fail.
+  static StatusOr<std::shared_ptr<ShmArena>> Create(uint64_t ring_bytes, uint64_t store_bytes);
+  ~ShmArena();
+  ShmArena(const ShmArena&) = delete;
+  ShmArena& operator=(const ShmArena&) = delete;
+
+  // What a peer needs to map this arena (goes into the node table).
+  const ShmInfo& info() const { return info_; }
+
+  struct Block {
+    uint64_t offset = 0;  // of the payload from the arena's start (what the peer gets)
+    char* data = nullptr;
+  };
+  // A ring block with `payload` bytes and one reference (the message that will
+  // carry it), or nullopt when the ring has no room now.
+  std::optional<Block> AllocateRing(uint64_t payload) EXCLUDES(ring_mu_);
+
+  // A store block of `payload` bytes (contents undefined) owned by the
+  // returned Blob; when the Blob's last copy goes, the block is reused once no
+  // reader holds it. nullopt when the store has no room.
+  struct Stored {
+    Blob blob;
+    char* data = nullptr;
+    const int32_t* readers = nullptr;  // see Readers()
+  };
+  std::optional<Stored> AllocateStore(uint64_t payload) EXCLUDES(store_mu_);
+  // Peers reading a store block now (its reference count); the owner may
+  // write the block in place only at 0. Acquire semantics: once it reads 0,
+  // every reader's reads happened before.
+  static int32_t Readers(const int32_t* readers) {
+    return __atomic_load_n(readers, __ATOMIC_ACQUIRE);
+  }
+
+  // If [data, data + size) is exactly the payload of a live block of this arena
+  // (a store block handed out by AllocateStore), adds a reference for one
+  // message and returns the payload's offset; else nullopt.
+  std::optional<uint64_t> Reference(const char* data, uint64_t size);
+  // Drops a reference taken by AllocateRing or Reference whose message was not sent.
+  void Release(uint64_t offset);
+
+  // Ring bytes held by blocks not yet reclaimed, store bytes handed out (for
+  // tests and stats).
+  uint64_t ring_used_bytes() EXCLUDES(ring_mu_);
+  uint64_t store_used_bytes() EXCLUDES(store_mu_);
+  uint64_t ring_capacity() const { return ring_end_ - kShmArenaHeaderBytes; }
+
+ private:
+  ShmArena() = default;
+  void ReclaimRing() REQUIRES(ring_mu_);
+  void ReclaimStore() REQUIRES(store_mu_);
+  void FreeStore(uint64_t block) EXCLUDES(store_mu_);
+
+  char* base_ = nullptr;
+  uint64_t size_ = 0;      // mapped bytes
+  uint64_t ring_end_ = 0;  // ring: [kShmArenaHeaderBytes, ring_end_); store: [ring_end_, size_)
+  int fd_ = -1;
+  ShmInfo info_;
+
+  Mutex ring_mu_;
+  uint64_t head_ GUARDED_BY(ring_mu_) = kShmArenaHeaderBytes;  // next block goes here
+  uint64_t tail_ GUARDED_BY(ring_mu_) = kShmArenaHeaderBytes;  // oldest block not reclaimed
+  uint64_t used_ GUARDED_BY(ring_mu_) = 0;                     // bytes from tail_ to head_
+
+  Mutex store_mu_;
+  uint64_t store_next_ GUARDED_BY(store_mu_) = 0;  // bump pointer (set by Create)
+  uint64_t store_used_ GUARDED_BY(store_mu_) = 0;
+  std::multimap<uint64_t, uint64_t> store_free_ GUARDED_BY(store_mu_);  // block bytes -> block
+  std::vector<uint64_t> store_retired_ GUARDED_BY(store_mu_);           // dropped, still being read
+};
+
+// A peer's arena mapped into this process.
+class ShmMapping : public std::enable_shared_from_this<ShmMapping> {
+ public:
+  // Maps the arena `info` describes. Unavailable when it is not reachable from
+  // here (another host, another PID namespace, no permission, a stale entry):
+  // the caller then talks to that peer over TCP.
+  static StatusOr<std::shared_ptr<ShmMapping>> Open(const ShmInfo& info);
+  ~ShmMapping();
+  ShmMapping(const ShmMapping&) = delete;
+  ShmMapping& operator=(const ShmMapping&) = delete;
+
+  // A received value frame: `bytes` at payload `offset` of a block. The Blob
+  // reads the arena in place; destroying its last copy drops the block's
+  // reference. InvalidArgument (naming offset and size) when that is not a
+  // live block of the arena.
+  StatusOr<Blob> Resolve(uint64_t offset, uint64_t bytes);
+
+ private:
+  ShmMapping() = default;
+  char* base_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_NET_SHM_ARENA_H_

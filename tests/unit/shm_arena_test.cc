@@ -1,0 +1,367 @@
+// The shared-memory data plane: the arena's ring and store, mapping a peer's
+// arena, and two Vans in this process that exchange values through it.
+#include "net/shm_arena.h"
+
+#include <gtest/gtest.h>
+#include <zmq.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <thread>
+#include <vector>
+
+#include "common/mutex.h"
+#include "net/van.h"
+#include "tests/test_util.h"
+
+namespace pstrain {
+namespace {
+
+constexpr uint64_t kBlock = kShmBlockHeaderBytes;
+
+std::shared_ptr<ShmArena> MakeArena(uint64_t ring, uint64_t store = 0) {
+  auto a = ShmArena::Create(ring, store);
+  CHECK_OK(a.status());
+  return *a;
+}
+
+TEST(ShmArenaTest, RingReusesSpaceOnlyOnceEveryEarlierBlockIsFree) {
+  auto arena = MakeArena(4096);  // room for 4 blocks of 960 payload bytes (1 KB each)
+  std::vector<ShmArena::Block> b;
+  for (int i = 0; i < 4; ++i) {
+    auto blk = arena->AllocateRing(1024 - kBlock);
+    ASSERT_TRUE(blk.has_value()) << i;
+    b.push_back(*blk);
+  }
+  EXPECT_FALSE(arena->AllocateRing(1).has_value()) << "the ring is full";
+  EXPECT_EQ(arena->ring_used_bytes(), 4096u);
+  arena->Release(b[1].offset);  // out of order: block 0 still holds the tail
+  EXPECT_FALSE(arena->AllocateRing(1).has_value());
+  arena->Release(b[0].offset);  // blocks 0 and 1 come back together
+  EXPECT_EQ(arena->ring_used_bytes(), 2048u);
+  auto again = arena->AllocateRing(2048 - kBlock);  // wraps to the start
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->offset, b[0].offset);
+  arena->Release(b[2].offset);
+  arena->Release(b[3].offset);
+  arena->Release(again->offset);
+  EXPECT_EQ(arena->ring_used_bytes(), 0u);
+  EXPECT_FALSE(arena->AllocateRing(4096).has_value()) << "bigger than the ring";
+}
+
+TEST(ShmArenaTest, RingPadsTheEndWhenABlockDoesNotFitBeforeIt) {
+  auto arena = MakeArena(4096);
+  auto a = arena->AllocateRing(1536 - kBlock);
+  auto b = arena->AllocateRing(1536 - kBlock);
+  ASSERT_TRUE(a && b);
+  arena->Release(a->offset);
+  // 1 KB left at the end, 1.5 KB free at the start: the 1.5 KB block goes to
+  // the start and the end is padded.
+  auto c = arena->AllocateRing(1536 - kBlock);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->offset, a->offset);
+  EXPECT_EQ(arena->ring_used_bytes(), 4096u);
+  arena->Release(b->offset);  // frees b and the padding behind it
+  EXPECT_EQ(arena->ring_used_bytes(), 1536u);
+  arena->Release(c->offset);
+  EXPECT_EQ(arena->ring_used_bytes(), 0u);
+}
+
+TEST(ShmArenaTest, RingSurvivesManyRandomSizedBlocksReleasedOutOfOrder) {
+  auto arena = MakeArena(1 << 16);
+  std::deque<ShmArena::Block> live;
+  std::vector<std::pair<ShmArena::Block, uint64_t>> all;
+  uint32_t rng = 12345;
+  auto next = [&] { return rng = rng * 1664525u + 1013904223u; };
+  for (int i = 0; i < 5000; ++i) {
+    const uint64_t size = 1 + next() % 9000;
+    auto blk = arena->AllocateRing(size);
+    if (blk.has_value()) {
+      std::memset(blk->data, i & 0xff, size);
+      live.push_back(*blk);
+    }
+    // Release one at random (not always the oldest) now and then.
+    if (!live.empty() && (next() % 3 == 0 || !blk.has_value())) {
+      const size_t k = next() % live.size();
+      arena->Release(live[k].offset);
+      live.erase(live.begin() + static_cast<long>(k));
+    }
+  }
+  for (const auto& blk : live) arena->Release(blk.offset);
+  EXPECT_EQ(arena->ring_used_bytes(), 0u);
+}
+
+TEST(ShmArenaTest, PeerMapsTheArenaAndItsReadsReleaseRingBlocks) {
+  auto arena = MakeArena(1 << 20);
+  auto mapping = ShmMapping::Open(arena->info());
+  ASSERT_OK(mapping.status());
+  auto blk = arena->AllocateRing(1000);
+  ASSERT_TRUE(blk.has_value());
+  std::memcpy(blk->data, "hello", 6);
+  {
+    auto blob = (*mapping)->Resolve(blk->offset, 1000);
+    ASSERT_OK(blob.status());
+    EXPECT_STREQ(blob->data(), "hello");
+    EXPECT_NE(blob->data(), blk->data) << "a second mapping of the same memory";
+    EXPECT_GT(arena->ring_used_bytes(), 0u);
+  }
+  EXPECT_EQ(arena->ring_used_bytes(), 0u) << "the reader's release frees the block";
+}
+
+TEST(ShmArenaTest, MappingRefusesAWrongTokenOrAMissingArena) {
+  auto arena = MakeArena(1 << 20);
+  ShmInfo bad = arena->info();
+  bad.set_token(bad.token() ^ 1);
+  EXPECT_EQ(ShmMapping::Open(bad).status().code(), StatusCode::kUnavailable);
+  ShmInfo gone = arena->info();
+  gone.set_fd(100000);
+  auto s = ShmMapping::Open(gone).status();
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_NE(s.message().find("/fd/100000"), std::string::npos) << s;
+}
+
+TEST(ShmArenaTest, ResolveRejectsOffsetsThatAreNotLiveBlocks) {
+  auto arena = MakeArena(1 << 20);
+  auto mapping = ShmMapping::Open(arena->info());
+  ASSERT_OK(mapping.status());
+  auto blk = arena->AllocateRing(4096);
+  ASSERT_TRUE(blk.has_value());
+  ShmMapping& m = **mapping;
+  EXPECT_FALSE(m.Resolve(blk->offset + 8, 16).ok()) << "misaligned";
+  EXPECT_FALSE(m.Resolve(blk->offset + 64, 16).ok()) << "inside a block";
+  EXPECT_FALSE(m.Resolve(blk->offset, 8192).ok()) << "more than the block holds";
+  EXPECT_FALSE(m.Resolve(uint64_t{1} << 40, 16).ok()) << "past the arena";
+  EXPECT_FALSE(m.Resolve(0, 16).ok()) << "the arena header";
+  auto s = m.Resolve(~uint64_t{0} - 63, 128).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  arena->Release(blk->offset);
+  EXPECT_FALSE(m.Resolve(blk->offset, 16).ok()) << "a released block";
+  EXPECT_EQ(arena->ring_used_bytes(), 0u) << "failed resolves take no reference";
+}
+
+TEST(ShmArenaTest, StoreBlocksAreReferencedWithoutCopyAndReusedOnlyWhenUnread) {
+  auto arena = MakeArena(1 << 20, 1 << 20);
+  auto mapping = ShmMapping::Open(arena->info());
+  ASSERT_OK(mapping.status());
+  auto stored = arena->AllocateStore(4000);
+  ASSERT_TRUE(stored.has_value());
+  std::memset(stored->data, 7, 4000);
+  EXPECT_EQ(ShmArena::Readers(stored->readers), 0);
+  EXPECT_FALSE(arena->Reference(stored->data + 64, 100).has_value()) << "not a block start";
+  EXPECT_FALSE(arena->Reference(stored->data, 100).has_value()) << "not the whole payload";
+  auto offset = arena->Reference(stored->data, 4000);
+  ASSERT_TRUE(offset.has_value());
+  EXPECT_EQ(ShmArena::Readers(stored->readers), 1);
+  const char* data = stored->data;
+  Blob read;
+  {
+    auto blob = (*mapping)->Resolve(*offset, 4000);
+    ASSERT_OK(blob.status());
+    EXPECT_EQ(blob->data()[3999], 7);
+    read = *blob;
+  }
+  // The owner drops its value while a peer still reads it: not reused yet.
+  stored.reset();
+  const uint64_t used = arena->store_used_bytes();
+  EXPECT_GE(used, 4000u);
+  auto other = arena->AllocateStore(4000);
+  ASSERT_TRUE(other.has_value());
+  EXPECT_NE(other->data, data);
+  read = Blob();  // the reader is done
+  EXPECT_EQ(arena->store_used_bytes(), used) << "the retired block is free again";
+  auto reused = arena->AllocateStore(4000);
+  ASSERT_TRUE(reused.has_value());
+  EXPECT_EQ(reused->data, data) << "same size: the freed block comes back";
+  auto again = arena->Reference(reused->data, 4000);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(ShmArena::Readers(reused->readers), 1);
+  arena->Release(*again);  // a send that failed hands its reference back
+  EXPECT_EQ(ShmArena::Readers(reused->readers), 0);
+  EXPECT_FALSE(arena->AllocateStore(2 << 20).has_value()) << "bigger than the store";
+}
+
+// ---- two Vans in this process ----
+
+struct Inbox {
+  Mutex mu;
+  CondVar cv{&mu};
+  std::vector<Message> got GUARDED_BY(mu);
+  Message Next() {
+    MutexLock l(&mu);
+    cv.WaitUntil(Deadline::InMillis(5000), [this]() REQUIRES(mu) { return !got.empty(); });
+    CHECK(!got.empty()) << "no message within 5 s";
+    Message m = std::move(got.front());
+    got.erase(got.begin());
+    return m;
+  }
+};
+
+struct VanPair {
+  Inbox inbox_a, inbox_b;
+  std::unique_ptr<Van> a, b;  // a is "worker 0" to b, b is "server 0" to a
+  explicit VanPair(uint64_t ring = 1 << 20, uint64_t store = 1 << 20) {
+    VanOptions vo;
+    vo.bind_host = "127.0.0.1";
+    vo.shm_bytes = ring;
+    vo.name = "a";
+    auto va = Van::Create(vo, [this](Message&& m) {
+      MutexLock l(&inbox_a.mu);
+      inbox_a.got.push_back(std::move(m));
+      inbox_a.cv.SignalAll();
+    });
+    vo.name = "b";
+    vo.shm_store_bytes = store;
+    auto vb = Van::Create(vo, [this](Message&& m) {
+      MutexLock l(&inbox_b.mu);
+      inbox_b.got.push_back(std::move(m));
+      inbox_b.cv.SignalAll();
+    });
+    CHECK_OK(va.status());
+    CHECK_OK(vb.status());
+    a = std::move(va).value();
+    b = std::move(vb).value();
+    CHECK_OK(a->Connect(ServerId(0), "127.0.0.1", b->port(), b->shm_info()));
+    CHECK_OK(b->Connect(WorkerId(0), "127.0.0.1", a->port(), a->shm_info()));
+  }
+};
+
+// A data message from `sender` with one key of `values`.
+Message DataMessage(int sender, int receiver, const Blob& values) {
+  Message m;
+  m.header.set_version(PROTOCOL_VERSION_CURRENT);
+  m.header.set_cmd(CMD_DATA);
+  m.header.set_sender(sender);
+  m.header.set_receiver(receiver);
+  m.header.set_push(true);
+  m.header.set_num_keys(1);
+  m.header.set_num_value_frames(1);
+  m.header.set_value_bytes(values.size());
+  const uint64_t key = WireKey(0, 5, 0);
+  const uint32_t len = static_cast<uint32_t>(values.size() / sizeof(float));
+  m.keys = Blob::Copy(&key, sizeof(key));
+  m.lens = Blob::Copy(&len, sizeof(len));
+  m.values.push_back(values);
+  return m;
+}
+
+Blob Floats(size_t n, float v) {
+  std::vector<float> f(n, v);
+  return Blob::Copy(f.data(), n * sizeof(float));
+}
+
+TEST(VanShmTest, ValuesGoThroughSharedMemoryOnceThePeerSaysItMappedOurs) {
+  VanPair p;
+  ASSERT_NE(p.a->shm_info(), nullptr);
+  // a has mapped b's arena, but b has not said it mapped a's: TCP.
+  ASSERT_OK(p.a->Send(ServerId(0), DataMessage(WorkerId(0), ServerId(0), Floats(5000, 1.5f))));
+  Message first = p.inbox_b.Next();
+  EXPECT_TRUE(first.header.shm_mapped());
+  EXPECT_EQ(first.header.shm_frame_offset_size(), 0);
+  EXPECT_EQ(p.a->shm_sent(), 0);
+  EXPECT_TRUE(p.b->PeerMapsOurArena(WorkerId(0)));
+  // b now knows; its reply goes through its arena.
+  ASSERT_OK(p.b->Send(WorkerId(0), DataMessage(ServerId(0), WorkerId(0), Floats(5000, 2.5f))));
+  Message reply = p.inbox_a.Next();
+  EXPECT_EQ(reply.header.shm_frame_offset_size(), 1);
+  EXPECT_EQ(p.b->shm_sent(), 1);
+  ASSERT_EQ(reply.values.size(), 1u);
+  EXPECT_EQ(reinterpret_cast<const float*>(reply.values[0].data())[4999], 2.5f);
+  EXPECT_GT(p.b->arena()->ring_used_bytes(), 0u) << "a still holds the reply";
+  reply = Message();
+  EXPECT_EQ(p.b->arena()->ring_used_bytes(), 0u);
+  // And a's next push too (b's reply said b mapped a's arena).
+  ASSERT_OK(p.a->Send(ServerId(0), DataMessage(WorkerId(0), ServerId(0), Floats(5000, 3.5f))));
+  Message second = p.inbox_b.Next();
+  EXPECT_EQ(p.a->shm_sent(), 1);
+  EXPECT_EQ(reinterpret_cast<const float*>(second.values[0].data())[0], 3.5f);
+}
+
+TEST(VanShmTest, StoredValuesAreSentByReferenceAndSmallCopiesStayOnTcp) {
+  VanPair p;
+  ASSERT_OK(p.a->Send(ServerId(0), DataMessage(WorkerId(0), ServerId(0), Floats(16, 1.0f))));
+  (void)p.inbox_b.Next();  // the handshake
+  ShmArena::Stored stored = p.b->AllocateShared(64 * sizeof(float));
+  ASSERT_NE(stored.readers, nullptr) << "b has a store";
+  for (int i = 0; i < 64; ++i) reinterpret_cast<float*>(stored.data)[i] = static_cast<float>(i);
+  ASSERT_OK(p.b->Send(WorkerId(0), DataMessage(ServerId(0), WorkerId(0), stored.blob)));
+  Message m = p.inbox_a.Next();
+  ASSERT_EQ(m.header.shm_frame_offset_size(), 1) << "256 bytes, but by reference";
+  EXPECT_EQ(ShmArena::Readers(stored.readers), 1);
+  EXPECT_EQ(reinterpret_cast<const float*>(m.values[0].data())[63], 63.0f);
+  m = Message();
+  EXPECT_EQ(ShmArena::Readers(stored.readers), 0);
+  // A small value that is not in the store is not worth a ring copy.
+  ASSERT_OK(p.b->Send(WorkerId(0), DataMessage(ServerId(0), WorkerId(0), Floats(16, 4.0f))));
+  Message small = p.inbox_a.Next();
+  EXPECT_EQ(small.header.shm_frame_offset_size(), 0);
+  EXPECT_EQ(reinterpret_cast<const float*>(small.values[0].data())[15], 4.0f);
+}
+
+TEST(VanShmTest, AFullRingFallsBackToTcpAndNothingIsLost) {
+  VanPair p(/*ring=*/1 << 16);
+  ASSERT_OK(p.b->Send(WorkerId(0), DataMessage(ServerId(0), WorkerId(0), Floats(16, 1.0f))));
+  (void)p.inbox_a.Next();  // the handshake: a may now use its ring
+  std::vector<Message> held;
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_OK(
+        p.a->Send(ServerId(0), DataMessage(WorkerId(0), ServerId(0), Floats(4096, float(i)))));
+    held.push_back(p.inbox_b.Next());  // b holds every push: the ring fills up
+  }
+  EXPECT_EQ(p.a->shm_sent(), 3) << "three 16 KB blocks fit in 64 KB";
+  EXPECT_EQ(p.a->shm_fallbacks(), 3);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(reinterpret_cast<const float*>(held[i].values[0].data())[4095], float(i));
+  }
+  held.clear();
+  ASSERT_OK(p.a->Send(ServerId(0), DataMessage(WorkerId(0), ServerId(0), Floats(4096, 9.0f))));
+  (void)p.inbox_b.Next();
+  EXPECT_EQ(p.a->shm_sent(), 4) << "room again once b let go";
+}
+
+TEST(VanShmTest, ForgedSharedMemoryDescriptorsAreDroppedAndTheVanKeepsServing) {
+  VanPair p;
+  ASSERT_OK(p.a->Send(ServerId(0), DataMessage(WorkerId(0), ServerId(0), Floats(16, 1.0f))));
+  (void)p.inbox_b.Next();
+  void* ctx = zmq_ctx_new();
+  auto send = [&](const PsHeader& h) {
+    void* d = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 1000;
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof(linger));
+    std::string ep = StrCat("tcp://127.0.0.1:", p.b->port());
+    zmq_connect(d, ep.c_str());
+    const uint64_t key = WireKey(0, 5, 0);
+    const uint32_t len = 4;
+    std::string hs = h.SerializeAsString();
+    zmq_send(d, hs.data(), hs.size(), ZMQ_SNDMORE);
+    zmq_send(d, &key, sizeof(key), ZMQ_SNDMORE);
+    zmq_send(d, &len, sizeof(len), 0);
+    zmq_close(d);
+  };
+  Message proto = DataMessage(WorkerId(0), ServerId(0), Floats(4, 0.0f));
+  PsHeader h = proto.header;
+  h.add_shm_frame_offset(12345 * 64);  // a's arena, but no block there
+  h.add_shm_frame_bytes(16);
+  send(h);
+  h.set_shm_frame_offset(0, 8);  // misaligned
+  send(h);
+  h.add_shm_frame_bytes(16);  // two sizes, one offset
+  send(h);
+  PsHeader stranger = proto.header;
+  stranger.set_sender(WorkerId(7));  // nobody b has mapped
+  stranger.add_shm_frame_offset(4096 + 64);
+  stranger.add_shm_frame_bytes(16);
+  send(stranger);
+  for (int i = 0; i < 200 && p.b->dropped() < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(p.b->dropped(), 4);
+  zmq_ctx_term(ctx);
+  ASSERT_OK(p.a->Send(ServerId(0), DataMessage(WorkerId(0), ServerId(0), Floats(2000, 6.0f))));
+  Message ok = p.inbox_b.Next();
+  EXPECT_EQ(reinterpret_cast<const float*>(ok.values[0].data())[1999], 6.0f);
+}
+
+}  // namespace
+}  // namespace pstrain
