@@ -80,6 +80,9 @@ struct Result {
   double pairs_per_s = 0;
   double payload_gbps = 0;
   double ceiling_gbps = 0;
+  // How this worker's values travelled: "shm" (shared memory with co-located
+  // servers, net/shm_arena.h) or "tcp".
+  std::string transport = "tcp";
 };
 
 // Round trips of one step's values over a raw DEALER -> ROUTER echo on
@@ -229,6 +232,7 @@ StatusOr<Result> RunConfig(KVClient* kv, const Config& cfg, uint64_t key_base, i
     call_lens[c].assign(lens.begin() + c * per_call, lens.begin() + (c + 1) * per_call);
   }
   std::vector<KVClient::Ticket> tickets;
+  const int64_t shm_before = kv->node()->shm_sent();
   for (int round = 0; round < rounds; ++round) {
     // The ceiling is the better of two raw framings: one message per step, and
     // one per call as the KV store sends them.
@@ -260,6 +264,7 @@ StatusOr<Result> RunConfig(KVClient* kv, const Config& cfg, uint64_t key_base, i
     r.steps_per_s = std::max(r.steps_per_s, per_round / Seconds(start, Clock::now()));
     RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
   }
+  if (kv->node()->shm_sent() > shm_before) r.transport = "shm";
   r.pairs_per_s = r.steps_per_s * cfg.tensors;
   r.payload_gbps = 2.0 * static_cast<double>(elems * 4 * cfg.tensors) * r.steps_per_s / 1e9;
   RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
@@ -379,23 +384,23 @@ int RunWorker(const JobEnv& env) {
     std::printf("\nkvbench (worker rank %d of %d, %d servers, placement %s, %d iters)\n", kv.rank(),
                 kv.num_workers(), kv.num_servers(), env.placement.c_str(), FLAGS_iters);
     std::printf(
-        "| tensor bytes | tensors/step | calls/step | mode | steps/s | push+pull pairs/s/worker | "
-        "payload GB/s | raw ZeroMQ GB/s | of raw |\n");
-    std::printf("|---:|---:|---:|---|---:|---:|---:|---:|---:|\n");
+        "| tensor bytes | tensors/step | calls/step | mode | transport | steps/s | push+pull "
+        "pairs/s/worker | payload GB/s | raw ZeroMQ GB/s | of raw |\n");
+    std::printf("|---:|---:|---:|---|---|---:|---:|---:|---:|---:|\n");
     for (const Result& r : results) {
-      std::printf("| %lld | %lld | %lld | %s | %.1f | %.0f | %.3f | %.3f | %.0f%% |\n",
+      std::printf("| %lld | %lld | %lld | %s | %s | %.1f | %.0f | %.3f | %.3f | %.0f%% |\n",
                   static_cast<long long>(r.cfg.tensor_bytes), static_cast<long long>(r.cfg.tensors),
-                  static_cast<long long>(r.cfg.calls), r.cfg.mode.c_str(), r.steps_per_s,
-                  r.pairs_per_s, r.payload_gbps, r.ceiling_gbps,
+                  static_cast<long long>(r.cfg.calls), r.cfg.mode.c_str(), r.transport.c_str(),
+                  r.steps_per_s, r.pairs_per_s, r.payload_gbps, r.ceiling_gbps,
                   100.0 * r.payload_gbps / r.ceiling_gbps);
     }
     for (const Result& r : results) {
       std::printf(
           "kvbench: tensor_bytes=%lld tensors=%lld servers=%d workers=%d mode=%s "
-          "steps_per_s=%.2f pairs_per_s=%.0f payload_gbps=%.4f ceiling_gbps=%.4f\n",
+          "steps_per_s=%.2f pairs_per_s=%.0f payload_gbps=%.4f ceiling_gbps=%.4f transport=%s\n",
           static_cast<long long>(r.cfg.tensor_bytes), static_cast<long long>(r.cfg.tensors),
           kv.num_servers(), kv.num_workers(), r.cfg.mode.c_str(), r.steps_per_s, r.pairs_per_s,
-          r.payload_gbps, r.ceiling_gbps);
+          r.payload_gbps, r.ceiling_gbps, r.transport.c_str());
     }
     std::fflush(stdout);
   }

@@ -170,6 +170,25 @@ TEST_F(ClusterTest, VerifyTwoServersThreeWorkersMxnetPlacementShardsBigKey) {
   ExpectVerified(StartJob(2, 3, {"kvbench", "--verify"}, {{"PSTRAIN_PLACEMENT", "mxnet"}}), 3);
 }
 
+TEST_F(ClusterTest, VerifyTwoServersThreeWorkersOverTcpOnly) {
+  ExpectVerified(StartJob(2, 3, {"kvbench", "--verify"}, {{"PSTRAIN_SHM_BYTES", "0"}}), 3);
+}
+
+// Processes on one host reach each other's arenas: the values go through
+// shared memory unless PSTRAIN_SHM_BYTES=0 turns it off.
+TEST_F(ClusterTest, BenchmarkUsesSharedMemoryBetweenCoLocatedProcessesUnlessTurnedOff) {
+  for (const char* shm : {"134217728", "0"}) {
+    auto job = StartJob(1, 1, {"kvbench", "--tensor-bytes=65536", "--tensors=4", "--iters=30"},
+                        {{"PSTRAIN_SHM_BYTES", shm}});
+    for (Proc* p : job) EXPECT_EQ(p->Wait(60), 0) << p->Log();
+    const std::string log = job.back()->Log();
+    const std::string want = std::string(shm) == "0" ? "transport=tcp" : "transport=shm";
+    EXPECT_NE(log.find(want), std::string::npos) << log;
+    procs_.clear();
+    port_ = FreePort();
+  }
+}
+
 TEST_F(ClusterTest, BenchmarkPrintsTableAndScriptLines) {
   auto job = StartJob(1, 1,
                       {"kvbench", "--tensor-bytes=4096", "--tensors=8", "--iters=50",
