@@ -51,6 +51,7 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Create(const ClusterOptions&
   ASSIGN_OR_RETURN(node->van_, Van::Create(vo, [raw](Message&& m) { raw->Handle(std::move(m)); }));
   node->port_ = node->van_->port();
   node->arena_ = node->van_->arena();
+  node->van_->StartReceiving();
   RETURN_IF_ERROR(node->van_->Connect(kSchedulerId, options.root_host, options.root_port)
                       .WithContext(StrCat(RoleName(options.role), " ", node->host_, ":",
                                           node->port_, ": scheduler DMLC_PS_ROOT_URI")));

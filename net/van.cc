@@ -152,9 +152,12 @@ StatusOr<std::unique_ptr<Van>> Van::Create(const VanOptions& options, Handler ha
                    << ": no shared-memory arena, co-located peers use TCP: " << arena.status();
     }
   }
-  Van* raw = van.get();
-  van->receiver_ = std::thread([raw] { raw->ReceiveLoop(); });
   return van;
+}
+
+void Van::StartReceiving() {
+  CHECK(!receiver_.joinable()) << "StartReceiving called twice";
+  receiver_ = std::thread([this] { ReceiveLoop(); });
 }
 
 void Van::StopReceiving() {

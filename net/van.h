@@ -56,9 +56,13 @@ class Van {
   // Called on the receive thread with every well-formed message, in arrival order.
   using Handler = std::function<void(Message&&)>;
 
-  // Binds the ROUTER and starts the receive thread. IOError names the address
-  // when binding fails.
+  // Binds the ROUTER. IOError names the address when binding fails. Nothing
+  // is received until StartReceiving(): the owner stores the Van first, so
+  // its handler never sees a half-built owner (a node queued to a bound port
+  // delivers at once).
   static StatusOr<std::unique_ptr<Van>> Create(const VanOptions& options, Handler handler);
+  // Starts the receive thread. Call once.
+  void StartReceiving();
   // Stops the receive thread and closes every socket; queued sends are dropped.
   ~Van();
 

@@ -79,33 +79,69 @@ int64_t Optimizer::NoteUpdate(ParamState* state) {
 
 float Optimizer::CurrentLr() const { return schedule_.LrAt(num_update() + 1); }
 
-void Optimizer::Update(const float* grad, float* weight, size_t n, ParamState* state) {
+Optimizer::Step Optimizer::Begin(size_t n, ParamState* state) {
   const int64_t num_update = NoteUpdate(state);
-  const float rescale = cfg_.rescale_grad();
-  if (cfg_.type() == OptimizerConfig::TEST) {
-    for (size_t i = 0; i < n; ++i) weight[i] += rescale * grad[i];
+  Step s{};
+  s.rescale = cfg_.rescale_grad();
+  s.test = cfg_.type() == OptimizerConfig::TEST;
+  if (s.test) return s;
+  s.lr = schedule_.LrAt(num_update) * state->lr_mult;
+  s.wd = cfg_.wd() * state->wd_mult;
+  s.clip = cfg_.clip_gradient();
+  s.do_clip = s.clip > 0;
+  s.mom = cfg_.momentum();
+  if (s.mom != 0.0f && state->momentum.size() != n) state->momentum.assign(n, 0.0f);
+  return s;
+}
+
+void Optimizer::ApplyBlock(const Step& s, const float* grad, float* weight, float* m, size_t n) {
+  if (s.test) {
+    for (size_t i = 0; i < n; ++i) weight[i] += s.rescale * grad[i];
     return;
   }
-  const float lr = schedule_.LrAt(num_update) * state->lr_mult;
-  const float wd = cfg_.wd() * state->wd_mult;
-  const float clip = cfg_.clip_gradient();
-  const bool do_clip = clip > 0;
-  const float mom = cfg_.momentum();
-  if (mom == 0.0f) {
+  if (s.mom == 0.0f) {
     for (size_t i = 0; i < n; ++i) {
-      float g = rescale * grad[i];
-      if (do_clip) g = std::clamp(g, -clip, clip);
-      weight[i] -= lr * (g + wd * weight[i]);
+      float g = s.rescale * grad[i];
+      if (s.do_clip) g = std::clamp(g, -s.clip, s.clip);
+      weight[i] -= s.lr * (g + s.wd * weight[i]);
     }
     return;
   }
-  if (state->momentum.size() != n) state->momentum.assign(n, 0.0f);
-  float* m = state->momentum.data();
   for (size_t i = 0; i < n; ++i) {
-    float g = rescale * grad[i];
-    if (do_clip) g = std::clamp(g, -clip, clip);
-    m[i] = mom * m[i] - lr * (g + wd * weight[i]);
+    float g = s.rescale * grad[i];
+    if (s.do_clip) g = std::clamp(g, -s.clip, s.clip);
+    m[i] = s.mom * m[i] - s.lr * (g + s.wd * weight[i]);
     weight[i] += m[i];
+  }
+}
+
+void Optimizer::Update(const float* grad, float* weight, size_t n, ParamState* state) {
+  const Step s = Begin(n, state);
+  ApplyBlock(s, grad, weight, state->momentum.empty() ? nullptr : state->momentum.data(), n);
+}
+
+void Optimizer::Update(const float* const* grads, size_t num_grads, float* weight, size_t n,
+                       ParamState* state) {
+  CHECK_GE(num_grads, 1u);
+  if (num_grads == 1) {
+    Update(grads[0], weight, n, state);
+    return;
+  }
+  const Step s = Begin(n, state);
+  float* m = state->momentum.empty() ? nullptr : state->momentum.data();
+  // The sum of one block stays in L1 between the adds and the update.
+  constexpr size_t kBlock = 1024;
+  alignas(64) float sum[kBlock];
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t len = std::min(kBlock, n - b);
+    const float* g0 = grads[0] + b;
+    const float* g1 = grads[1] + b;
+    for (size_t i = 0; i < len; ++i) sum[i] = g0[i] + g1[i];
+    for (size_t k = 2; k < num_grads; ++k) {
+      const float* g = grads[k] + b;
+      for (size_t i = 0; i < len; ++i) sum[i] += g[i];
+    }
+    ApplyBlock(s, sum, weight + b, m == nullptr ? nullptr : m + b, len);
   }
 }
 

@@ -54,6 +54,12 @@ class Optimizer {
   // Thread-safe for calls with different `state` objects; calls for one
   // parameter must be serialized by the caller. `grad` is not modified.
   void Update(const float* grad, float* weight, size_t n, ParamState* state);
+  // One update whose gradient is grads[0] + grads[1] + ... (summed in that
+  // order, so the result equals Update on the summed array bit for bit),
+  // without materializing the sum: a dist_sync server's round.
+  // REQUIRES: num_grads >= 1.
+  void Update(const float* const* grads, size_t num_grads, float* weight, size_t n,
+              ParamState* state);
 
   // The rate the next update with the current global count would use.
   float CurrentLr() const;
@@ -63,6 +69,14 @@ class Optimizer {
  private:
   Optimizer(const OptimizerConfig& cfg, LrSchedule schedule) : cfg_(cfg), schedule_(schedule) {}
   int64_t NoteUpdate(ParamState* state);
+  // The update rule over elements [0, n) of one block, with the rate fixed.
+  struct Step {
+    float rescale, lr, wd, clip, mom;
+    bool do_clip;
+    bool test;
+  };
+  Step Begin(size_t n, ParamState* state);
+  static void ApplyBlock(const Step& s, const float* grad, float* weight, float* mom, size_t n);
 
   OptimizerConfig cfg_;
   LrSchedule schedule_;

@@ -28,6 +28,7 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const ClusterOptions& opt
   Scheduler* raw = s.get();
   ASSIGN_OR_RETURN(s->van_, Van::Create(vo, [raw](Message&& m) { raw->Handle(std::move(m)); }));
   s->port_ = s->van_->port();
+  s->van_->StartReceiving();
   return s;
 }
 

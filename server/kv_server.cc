@@ -63,8 +63,7 @@ struct KVServer::KeyState {
     std::memcpy(fresh.data, data, size * sizeof(float));
     Store(std::move(fresh), size);
   }
-  std::vector<float> merge;
-  int merged = 0;
+  int merged = 0;              // pushes in the open round
   std::vector<char> in_round;  // per worker rank: pushed in the open round
   std::vector<Op> waiting;     // pushes of the open round, answered when it closes
   std::deque<Op> deferred;     // ops that must wait for the open round to close
@@ -385,16 +384,17 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   }
   auto cfg = config();
   const float* grad = op.req->part_values[op.part];
-  auto apply = [&](const float* g) {
+  // One update with the sum of `k` gradients (summed in order, never stored).
+  auto apply = [&](const float* const* g, size_t k) {
     ks->MakeWritable(node_);
     if (cfg != nullptr) {
       auto it = cfg->wd_mult().find(WireKeyUser(wire));
       ks->state.wd_mult = it == cfg->wd_mult().end() ? 1.0f : it->second;
     }
     if (auto opt = optimizer()) {
-      opt->Update(g, ks->data, n, &ks->state);
+      opt->Update(g, k, ks->data, n, &ks->state);
     } else {
-      std::memcpy(ks->data, g, n * sizeof(float));
+      SumInto(g, k, ks->data, n);
     }
   };
   if (cfg == nullptr || !cfg->sync_mode()) {
@@ -405,23 +405,25 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
                               " but no optimizer was configured (send the config first)")));
       return;
     }
-    apply(grad);
+    apply(&grad, 1);
     CompletePart(op, ks, Status::Ok());
     return;
   }
   if (num_workers == 1) {  // a round of one: apply straight out of the received frame
-    apply(grad);
+    apply(&grad, 1);
     CompletePart(op, ks, Status::Ok());
     return;
   }
   // The pushed values stay in their requests (held until the round closes),
-  // so the sum is one pass over all of them, in arrival order.
+  // so the round's update reads them all in one pass, summed in arrival order.
   ++ks->merged;
   ks->in_round[op.worker()] = 1;
   ks->waiting.push_back(op);
   if (ks->merged < num_workers) return;
-  SumRound(*ks, n);
-  apply(ks->merge.data());
+  std::vector<const float*> grads;
+  grads.reserve(ks->waiting.size());
+  for (const Op& w : ks->waiting) grads.push_back(w.req->part_values[w.part]);
+  apply(grads.data(), grads.size());
   ks->merged = 0;
   std::fill(ks->in_round.begin(), ks->in_round.end(), 0);
   std::vector<Op> done;
@@ -430,27 +432,11 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   (void)shard;
 }
 
-void KVServer::SumRound(KeyState& ks, size_t n) {
-  std::vector<const float*> grads;
-  grads.reserve(ks.waiting.size());
-  for (const Op& w : ks.waiting) grads.push_back(w.req->part_values[w.part]);
-  ks.merge.resize(n);
-  float* m = ks.merge.data();
-  // Blocks that stay in L1 while every worker's part is added in.
-  constexpr size_t kBlock = 4096;
-  for (size_t b = 0; b < n; b += kBlock) {
-    const size_t e = std::min(n, b + kBlock);
-    const float* g0 = grads[0];
-    if (grads.size() == 1) {
-      std::memcpy(m + b, g0 + b, (e - b) * sizeof(float));
-      continue;
-    }
-    const float* g1 = grads[1];
-    for (size_t i = b; i < e; ++i) m[i] = g0[i] + g1[i];
-    for (size_t k = 2; k < grads.size(); ++k) {
-      const float* g = grads[k];
-      for (size_t i = b; i < e; ++i) m[i] += g[i];
-    }
+void KVServer::SumInto(const float* const* grads, size_t k, float* out, size_t n) {
+  std::memcpy(out, grads[0], n * sizeof(float));
+  for (size_t j = 1; j < k; ++j) {
+    const float* g = grads[j];
+    for (size_t i = 0; i < n; ++i) out[i] += g[i];
   }
 }
 

@@ -4,7 +4,7 @@
 // Requests arrive on the node's receive thread, are validated (an invalid one
 // gets an error reply naming the key and the problem) and split by key over
 // `num_threads` request shards. Each shard thread owns its keys' state (stored
-// value, merge buffer, waiting requests, optimizer state) alone, so no key is
+// value, waiting requests, optimizer state) alone, so no key is
 // ever touched by two threads, and it sees each worker's requests for a key in
 // the order the worker sent them. A request is answered once all its keys are
 // done; the reply of a pull is assembled by the shards in one buffer and sent
@@ -64,8 +64,8 @@ class KVServer {
   void Drain(Shard* shard, KeyState* ks);
   void Execute(Shard* shard, KeyState* ks, const Op& op);
   void CompletePart(const Op& op, const KeyState* ks, const Status& s);
-  // ks.merge = the sum of the pushes waiting in the round (n elements each).
-  static void SumRound(KeyState& ks, size_t n);
+  // out = grads[0] + ... + grads[k-1] (n elements each, summed in that order).
+  static void SumInto(const float* const* grads, size_t k, float* out, size_t n);
   void SendReply(Request* r);
   std::shared_ptr<const ServerConfig> config() const;
   std::shared_ptr<Optimizer> optimizer() const;

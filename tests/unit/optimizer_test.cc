@@ -50,6 +50,42 @@ TEST(OptimizerTest, MomentumMatchesMxnetRecurrence) {
   EXPECT_EQ(opt->num_update(), 4);
 }
 
+// A dist_sync server's round: the update of k gradients summed on the fly
+// equals the update of their sum, bit for bit, for every rule and a length
+// that is not a multiple of the block.
+TEST(OptimizerTest, UpdateOfSeveralGradientsEqualsUpdateOfTheirSumExactly) {
+  const size_t n = 3000;
+  for (int k : {1, 2, 3, 5}) {
+    for (float mom : {0.0f, 0.9f}) {
+      for (float clip : {-1.0f, 0.02f}) {
+        auto fused = MakeSgd(0.1f, mom, 1e-3f, 1.0f / k, clip);
+        auto plain = MakeSgd(0.1f, mom, 1e-3f, 1.0f / k, clip);
+        std::vector<std::vector<float>> g(k, std::vector<float>(n));
+        std::vector<float> w1(n), w2(n);
+        for (size_t i = 0; i < n; ++i) {
+          w1[i] = w2[i] = std::sin(0.37f * i);
+          for (int j = 0; j < k; ++j) g[j][i] = 0.01f * std::cos(0.11f * i * (j + 1)) + 1e-7f * j;
+        }
+        ParamState s1, s2;
+        for (int step = 0; step < 3; ++step) {
+          std::vector<const float*> ptrs;
+          std::vector<float> sum(g[0]);
+          ptrs.push_back(g[0].data());
+          for (int j = 1; j < k; ++j) {
+            ptrs.push_back(g[j].data());
+            for (size_t i = 0; i < n; ++i) sum[i] += g[j][i];
+          }
+          fused->Update(ptrs.data(), ptrs.size(), w1.data(), n, &s1);
+          plain->Update(sum.data(), w2.data(), n, &s2);
+        }
+        ASSERT_EQ(w1, w2) << "k=" << k << " mom=" << mom << " clip=" << clip;
+        EXPECT_EQ(s1.momentum, s2.momentum);
+        EXPECT_EQ(s1.num_updates, 3);
+      }
+    }
+  }
+}
+
 TEST(OptimizerTest, ClipAppliesAfterRescale) {
   auto opt = MakeSgd(1.0f, 0.0f, 0.0f, 0.5f, 1.0f);
   std::vector<float> w = {0.0f, 0.0f, 0.0f};

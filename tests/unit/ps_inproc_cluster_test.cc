@@ -483,6 +483,7 @@ TEST(VanTest, MalformedMessagesAreDroppedAndGoodOnesStillArrive) {
   vo.max_message_bytes = 1 << 20;
   auto van = Van::Create(vo, [&](Message&&) { received++; });
   ASSERT_OK(van.status());
+  (*van)->StartReceiving();
   void* ctx = zmq_ctx_new();
   auto send = [&](const std::vector<std::string>& frames) {
     void* d = zmq_socket(ctx, ZMQ_DEALER);

@@ -222,6 +222,8 @@ struct VanPair {
     CHECK_OK(vb.status());
     a = std::move(va).value();
     b = std::move(vb).value();
+    a->StartReceiving();
+    b->StartReceiving();
     CHECK_OK(a->Connect(ServerId(0), "127.0.0.1", b->port(), b->shm_info()));
     CHECK_OK(b->Connect(WorkerId(0), "127.0.0.1", a->port(), a->shm_info()));
   }
