@@ -79,15 +79,6 @@ Status ClusterNode::Send(int id, const Message& msg) {
 
 int64_t ClusterNode::shm_sent() const { return van_ != nullptr ? van_->shm_sent() : 0; }
 
-ShmArena::Stored ClusterNode::AllocateShared(uint64_t bytes) {
-  if (arena_ != nullptr) {
-    if (auto s = arena_->AllocateStore(bytes)) return *std::move(s);
-  }
-  ShmArena::Stored s;
-  s.blob = Blob::Allocate(bytes, &s.data);
-  return s;
-}
-
 void ClusterNode::SetMessageHandler(MessageHandler handler) { handler_ = std::move(handler); }
 void ClusterNode::AddFailureListener(FailureListener l) {
   failure_listeners_.push_back(std::move(l));

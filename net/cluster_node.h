@@ -92,8 +92,18 @@ class ClusterNode {
   void Stop();
 
   Status Send(int id, const Message& msg);
-  // A buffer for values this node sends again and again; see Van::AllocateShared.
-  ShmArena::Stored AllocateShared(uint64_t bytes);
+  // Buffers for values this node sends, in its shared-memory arena when it has
+  // room (co-located peers then get them without a copy; see
+  // net/shm_arena.h), else on the heap. Contents undefined. A stored buffer
+  // (a server's value, sent again and again) may be written in place only
+  // while ShmArena::Readers(readers) is 0 (readers null: heap) and no local
+  // Blob shares it; an outgoing one is built, sent and dropped.
+  ShmArena::Stored AllocateStored(uint64_t bytes) {
+    return AllocateOrHeap(arena_.get(), bytes, /*outgoing=*/false);
+  }
+  ShmArena::Stored AllocateOutgoing(uint64_t bytes) {
+    return AllocateOrHeap(arena_.get(), bytes, /*outgoing=*/true);
+  }
   Status health() const;
   // Data messages this node sent with their values in shared memory (Van::shm_sent).
   int64_t shm_sent() const;

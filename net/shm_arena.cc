@@ -138,6 +138,28 @@ std::optional<ShmArena::Block> ShmArena::AllocateRing(uint64_t payload) {
   return block;
 }
 
+std::optional<ShmArena::Stored> ShmArena::AllocateOutgoing(uint64_t payload) {
+  std::optional<Block> block = AllocateRing(payload);
+  if (!block.has_value()) return std::nullopt;
+  auto hold = std::make_shared<StoreHold>();
+  // The Blob's reference is the block's first; the arena stays alive with it.
+  hold->free = [arena = shared_from_this(), offset = block->offset] { arena->Release(offset); };
+  Stored s;
+  s.data = block->data;
+  s.blob = Blob(std::shared_ptr<const void>(hold, s.data), s.data, payload);
+  return s;
+}
+
+ShmArena::Stored AllocateOrHeap(ShmArena* arena, uint64_t bytes, bool outgoing) {
+  if (arena != nullptr) {
+    auto s = outgoing ? arena->AllocateOutgoing(bytes) : arena->AllocateStore(bytes);
+    if (s.has_value()) return *std::move(s);
+  }
+  ShmArena::Stored s;
+  s.blob = Blob::Allocate(bytes, &s.data);
+  return s;
+}
+
 void ShmArena::ReclaimStore() {
   size_t keep = 0;
   for (uint64_t block : store_retired_) {
@@ -196,7 +218,9 @@ void ShmArena::FreeStore(uint64_t block) {
 }
 
 std::optional<uint64_t> ShmArena::Reference(const char* data, uint64_t size) {
-  if (data < base_ + ring_end_ + kShmBlockHeaderBytes || data >= base_ + size_) return std::nullopt;
+  if (data < base_ + kShmArenaHeaderBytes + kShmBlockHeaderBytes || data >= base_ + size_) {
+    return std::nullopt;
+  }
   const uint64_t offset = static_cast<uint64_t>(data - base_);
   if (offset % kShmAlign != 0) return std::nullopt;
   auto* b = reinterpret_cast<BlockHeader*>(base_ + offset - kShmBlockHeaderBytes);

@@ -11,9 +11,11 @@
 // The arena holds blocks, each a 64-byte BlockHeader and its payload, in two
 // regions:
 //   ring   transient blocks: the Van copies a value frame into one when it
-//          sends it (a worker's pushed gradients).
+//          sends it (a worker's pushed gradients), and AllocateOutgoing hands
+//          one out for a buffer built to be sent once (a server's reply).
 //   store  long-lived blocks handed out by AllocateStore (a server's stored
-//          values): sent by reference, with no copy at all.
+//          values).
+// Blocks handed out (store or ring) are sent by reference, with no copy.
 // A block's header holds a reference count in shared memory: the number of
 // messages in flight or being read that reference it. The receiver drops its
 // reference when the last Blob of that frame is destroyed (ShmMapping). The
@@ -78,6 +80,11 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
     const int32_t* readers = nullptr;  // see Readers()
   };
   std::optional<Stored> AllocateStore(uint64_t payload) EXCLUDES(store_mu_);
+  // A ring block of `payload` bytes (contents undefined) owned by the returned
+  // Blob, for a buffer that is sent once or twice and then dropped; the ring
+  // reuses it once the Blob and every reader are gone. nullopt when the ring
+  // has no room. `readers` is left null.
+  std::optional<Stored> AllocateOutgoing(uint64_t payload) EXCLUDES(ring_mu_);
   // Peers reading a store block now (its reference count); the owner may
   // write the block in place only at 0. Acquire semantics: once it reads 0,
   // every reader's reads happened before.
@@ -85,9 +92,9 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
     return __atomic_load_n(readers, __ATOMIC_ACQUIRE);
   }
 
-  // If [data, data + size) is exactly the payload of a live block of this arena
-  // (a store block handed out by AllocateStore), adds a reference for one
-  // message and returns the payload's offset; else nullopt.
+  // If [data, data + size) is exactly the payload of a block this arena handed
+  // out (AllocateStore, AllocateOutgoing), adds a reference for one message
+  // and returns the payload's offset; else nullopt.
   std::optional<uint64_t> Reference(const char* data, uint64_t size);
   // Drops a reference taken by AllocateRing or Reference whose message was not sent.
   void Release(uint64_t offset);
@@ -121,6 +128,10 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
   std::multimap<uint64_t, uint64_t> store_free_ GUARDED_BY(store_mu_);  // block bytes -> block
   std::vector<uint64_t> store_retired_ GUARDED_BY(store_mu_);           // dropped, still being read
 };
+
+// A buffer from `arena` (AllocateStore, or AllocateOutgoing when `outgoing`),
+// or from the heap when `arena` is null or has no room (readers null then).
+ShmArena::Stored AllocateOrHeap(ShmArena* arena, uint64_t bytes, bool outgoing);
 
 // A peer's arena mapped into this process.
 class ShmMapping : public std::enable_shared_from_this<ShmMapping> {

@@ -177,15 +177,6 @@ Van::~Van() {
 
 const ShmInfo* Van::shm_info() const { return arena_ != nullptr ? &arena_->info() : nullptr; }
 
-ShmArena::Stored Van::AllocateShared(uint64_t bytes) {
-  if (arena_ != nullptr) {
-    if (auto s = arena_->AllocateStore(bytes)) return *std::move(s);
-  }
-  ShmArena::Stored s;
-  s.blob = Blob::Allocate(bytes, &s.data);
-  return s;
-}
-
 bool Van::PeerMapsOurArena(int id) {
   MutexLock l(&mu_);
   auto it = peers_.find(id);

@@ -18,8 +18,8 @@
 // shared-memory arena. Connect() maps the peer's arena when the node table
 // offers one and it is reachable; every message to that peer then says so
 // (shm_mapped), and once a peer has said it mapped ours, the values of data
-// messages to it travel through our arena: a value Blob from AllocateShared
-// is sent by reference (no copy), any other is copied into the arena's ring
+// messages to it travel through our arena: a value Blob allocated from the
+// arena is sent by reference (no copy), any other is copied into the arena's ring
 // (one copy, none through the kernel); the receiver reads them in place. Any
 // step that fails (no arena, not reachable, ring full) falls back to TCP.
 #ifndef PSTRAIN_NET_VAN_H_
@@ -47,7 +47,7 @@ struct VanOptions {
   int verbose = 0;                               // PS_VERBOSE
   std::string name = "node";                     // for log lines
   uint64_t shm_bytes = 0;         // PSTRAIN_SHM_BYTES: arena ring (0: no arena, TCP only)
-  uint64_t shm_store_bytes = 0;   // arena store for AllocateShared (servers' stored values)
+  uint64_t shm_store_bytes = 0;   // arena store (servers' stored values)
   uint64_t shm_min_bytes = 4096;  // smaller values are not copied into the ring
 };
 
@@ -74,13 +74,8 @@ class Van {
 
   // This node's arena, for the node table; null when it has none.
   const ShmInfo* shm_info() const;
-  // A buffer of `bytes` (contents undefined) for values this node sends
-  // again and again (a server's stored values): in the arena's store when it
-  // has room, so co-located peers get it without a copy. `readers` (null for a
-  // heap buffer) counts peers reading it now; write it in place only when
-  // ShmArena::Readers(readers) is 0 and no local Blob shares it.
-  ShmArena::Stored AllocateShared(uint64_t bytes);
-  // The arena (null: none); fixed for the Van's life.
+  // The arena (null: none); fixed for the Van's life. Value Blobs allocated
+  // from it (AllocateOrHeap) are sent to co-located peers without a copy.
   const std::shared_ptr<ShmArena>& arena() const { return arena_; }
 
   // Opens (or replaces) the connection to node `id` at host:port (a name or an

@@ -59,7 +59,7 @@ struct KVServer::KeyState {
   // Makes `value` safe to write: a fresh copy when a reply still holds it.
   void MakeWritable(ClusterNode* node) {
     if (!Shared()) return;
-    ShmArena::Stored fresh = node->AllocateShared(size * sizeof(float));
+    ShmArena::Stored fresh = node->AllocateStored(size * sizeof(float));
     std::memcpy(fresh.data, data, size * sizeof(float));
     Store(std::move(fresh), size);
   }
@@ -253,8 +253,9 @@ void KVServer::HandleMessage(Message&& msg) {
     req->slots.resize(run_bytes.size());
     for (size_t k = 0; k < run_bytes.size(); ++k) {
       if (run_bytes[k] == 0) continue;
-      // In the arena when there is room: sent to a co-located worker without a copy.
-      ShmArena::Stored buf = node_->AllocateShared(run_bytes[k]);
+      // In the arena's ring when there is room: sent to a co-located worker
+      // without a copy.
+      ShmArena::Stored buf = node_->AllocateOutgoing(run_bytes[k]);
       req->slots[k].blob = std::move(buf.blob);
       req->slots[k].data = buf.data;
     }
@@ -352,7 +353,7 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   const int num_workers = node_->num_workers();
   if (h.init()) {
     if (!ks->initialized) {
-      ShmArena::Stored fresh = node_->AllocateShared(n * sizeof(float));
+      ShmArena::Stored fresh = node_->AllocateStored(n * sizeof(float));
       std::memcpy(fresh.data, op.req->part_values[op.part], n * sizeof(float));
       ks->Store(std::move(fresh), n);
       ks->in_round.assign(num_workers, 0);

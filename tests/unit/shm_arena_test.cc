@@ -182,6 +182,39 @@ TEST(ShmArenaTest, StoreBlocksAreReferencedWithoutCopyAndReusedOnlyWhenUnread) {
   EXPECT_FALSE(arena->AllocateStore(2 << 20).has_value()) << "bigger than the store";
 }
 
+TEST(ShmArenaTest, OutgoingBuffersLiveInTheRingUntilTheOwnerAndEveryReaderLetGo) {
+  auto arena = MakeArena(1 << 16);
+  auto mapping = ShmMapping::Open(arena->info());
+  ASSERT_OK(mapping.status());
+  auto out = arena->AllocateOutgoing(5000);
+  ASSERT_TRUE(out.has_value());
+  EXPECT_EQ(out->readers, nullptr);
+  std::memset(out->data, 3, 5000);
+  auto offset = arena->Reference(out->data, 5000);  // the Van sends it by reference
+  ASSERT_TRUE(offset.has_value());
+  auto blob = (*mapping)->Resolve(*offset, 5000);
+  ASSERT_OK(blob.status());
+  out.reset();  // the owner is done first
+  EXPECT_GT(arena->ring_used_bytes(), 0u) << "the reader still holds it";
+  EXPECT_EQ(blob->data()[4999], 3);
+  *blob = Blob();
+  EXPECT_EQ(arena->ring_used_bytes(), 0u);
+}
+
+TEST(ShmArenaTest, AllocateOrHeapFallsBackToTheHeapWhenTheArenaIsFullOrAbsent) {
+  auto arena = MakeArena(4096, 4096);
+  ShmArena::Stored heap = AllocateOrHeap(nullptr, 100, false);
+  EXPECT_EQ(heap.readers, nullptr);
+  EXPECT_EQ(heap.blob.size(), 100u);
+  ShmArena::Stored big = AllocateOrHeap(arena.get(), 1 << 20, false);
+  EXPECT_EQ(big.readers, nullptr) << "bigger than the store: heap";
+  EXPECT_FALSE(arena->Reference(big.data, 1 << 20).has_value());
+  ShmArena::Stored in_store = AllocateOrHeap(arena.get(), 1000, false);
+  EXPECT_NE(in_store.readers, nullptr);
+  ShmArena::Stored in_ring = AllocateOrHeap(arena.get(), 1000, true);
+  EXPECT_TRUE(arena->Reference(in_ring.data, 1000).has_value());
+}
+
 // ---- two Vans in this process ----
 
 struct Inbox {
@@ -284,7 +317,7 @@ TEST(VanShmTest, StoredValuesAreSentByReferenceAndSmallCopiesStayOnTcp) {
   VanPair p;
   ASSERT_OK(p.a->Send(ServerId(0), DataMessage(WorkerId(0), ServerId(0), Floats(16, 1.0f))));
   (void)p.inbox_b.Next();  // the handshake
-  ShmArena::Stored stored = p.b->AllocateShared(64 * sizeof(float));
+  ShmArena::Stored stored = AllocateOrHeap(p.b->arena().get(), 64 * sizeof(float), false);
   ASSERT_NE(stored.readers, nullptr) << "b has a store";
   for (int i = 0; i < 64; ++i) reinterpret_cast<float*>(stored.data)[i] = static_cast<float>(i);
   ASSERT_OK(p.b->Send(WorkerId(0), DataMessage(ServerId(0), WorkerId(0), stored.blob)));
