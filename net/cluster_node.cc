@@ -198,6 +198,7 @@ void ClusterNode::Handle(Message&& msg) {
         table = table_;
       }
       // Workers talk to every server, servers answer every worker.
+      van_->SetSelfId(id());
       Status connected;
       for (const auto& [id, info] : table) {
         const bool peer = options_.role == Role::kWorker ? IsServerId(id) : IsWorkerId(id);

@@ -23,7 +23,30 @@ struct ArenaHeader {
   uint64_t magic;
   uint64_t token;
   uint64_t bytes;
+  char pad[40];
+  uint32_t sleeping;  // its own cache line: the receive thread's flag
 };
+
+// One message queue (kShmQueueBytes). `head` is written by the producer only,
+// `tail` by the consumer only; each on its own cache line.
+struct QueueEntry {
+  uint64_t offset;
+  uint64_t bytes;
+};
+struct Queue {
+  uint64_t head;  // entries written
+  char pad0[56];
+  uint64_t tail;  // entries taken
+  char pad1[56];
+  QueueEntry entries[kShmQueueEntries];
+};
+static_assert(sizeof(Queue) == kShmQueueBytes, "queue layout");
+static_assert(sizeof(ArenaHeader) <= kShmArenaHeaderBytes, "arena header");
+static_assert(kShmRingBegin % kShmAlign == 0, "ring alignment");
+
+Queue* QueueAt(char* base, int id) {
+  return reinterpret_cast<Queue*>(base + kShmArenaHeaderBytes + uint64_t(id) * kShmQueueBytes);
+}
 
 // Before every block's payload. `refs` is shared between processes and only
 // touched with atomic builtins.
@@ -61,7 +84,7 @@ StatusOr<std::shared_ptr<ShmArena>> ShmArena::Create(uint64_t ring_bytes, uint64
     return Status::InvalidArgument(
         StrCat("shared-memory ring of ", ring_bytes, " bytes is too small (at least 4096)"));
   }
-  const uint64_t bytes = kShmArenaHeaderBytes + ring_bytes + store_bytes;
+  const uint64_t bytes = kShmRingBegin + ring_bytes + store_bytes;
   std::shared_ptr<ShmArena> a(new ShmArena());
   a->fd_ = static_cast<int>(syscall(SYS_memfd_create, "pstrain-arena", MFD_CLOEXEC));
   if (a->fd_ < 0) return Status::IOError("memfd_create: " + Errno());
@@ -73,7 +96,7 @@ StatusOr<std::shared_ptr<ShmArena>> ShmArena::Create(uint64_t ring_bytes, uint64
     return Status::IOError(StrCat("mmap of a ", bytes, "-byte arena: ", Errno()));
   a->base_ = static_cast<char*>(p);
   a->size_ = bytes;
-  a->ring_end_ = kShmArenaHeaderBytes + ring_bytes;
+  a->ring_end_ = kShmRingBegin + ring_bytes;
   {
     MutexLock l(&a->store_mu_);
     a->store_next_ = a->ring_end_;
@@ -89,6 +112,7 @@ StatusOr<std::shared_ptr<ShmArena>> ShmArena::Create(uint64_t ring_bytes, uint64
   a->info_.set_fd(a->fd_);
   a->info_.set_bytes(bytes);
   a->info_.set_token(token);
+  a->info_.set_uid(getuid());
   return a;
 }
 
@@ -103,9 +127,9 @@ void ShmArena::ReclaimRing() {
     if (__atomic_load_n(&b->refs, __ATOMIC_ACQUIRE) != 0) break;
     tail_ += b->total;
     used_ -= b->total;
-    if (tail_ == ring_end_) tail_ = kShmArenaHeaderBytes;
+    if (tail_ == ring_end_) tail_ = kShmRingBegin;
   }
-  if (used_ == 0) head_ = tail_ = kShmArenaHeaderBytes;  // start over: fewer pages touched
+  if (used_ == 0) head_ = tail_ = kShmRingBegin;  // start over: fewer pages touched
 }
 
 std::optional<ShmArena::Block> ShmArena::AllocateRing(uint64_t payload) {
@@ -117,14 +141,14 @@ std::optional<ShmArena::Block> ShmArena::AllocateRing(uint64_t payload) {
   if (used_ > 0 && head_ < tail_) {                      // wrapped: free is [head_, tail_)
     if (tail_ - head_ < need) return std::nullopt;
   } else if (ring_end_ - head_ < need) {  // free: [head_, end) and [start, tail_)
-    if (tail_ - kShmArenaHeaderBytes < need) return std::nullopt;
+    if (tail_ - kShmRingBegin < need) return std::nullopt;
     auto* pad = reinterpret_cast<BlockHeader*>(base_ + head_);
     pad->magic = kPadMagic;
     pad->total = ring_end_ - head_;
     pad->payload = 0;
     __atomic_store_n(&pad->refs, 0, __ATOMIC_RELAXED);
     used_ += ring_end_ - head_;
-    head_ = kShmArenaHeaderBytes;
+    head_ = kShmRingBegin;
   }
   auto* b = reinterpret_cast<BlockHeader*>(base_ + head_);
   b->magic = kBlockMagic;
@@ -134,7 +158,7 @@ std::optional<ShmArena::Block> ShmArena::AllocateRing(uint64_t payload) {
   Block block{head_ + kShmBlockHeaderBytes, base_ + head_ + kShmBlockHeaderBytes};
   head_ += need;
   used_ += need;
-  if (head_ == ring_end_) head_ = kShmArenaHeaderBytes;
+  if (head_ == ring_end_) head_ = kShmRingBegin;
   return block;
 }
 
@@ -218,7 +242,7 @@ void ShmArena::FreeStore(uint64_t block) {
 }
 
 std::optional<uint64_t> ShmArena::Reference(const char* data, uint64_t size) {
-  if (data < base_ + kShmArenaHeaderBytes + kShmBlockHeaderBytes || data >= base_ + size_) {
+  if (data < base_ + kShmRingBegin + kShmBlockHeaderBytes || data >= base_ + size_) {
     return std::nullopt;
   }
   const uint64_t offset = static_cast<uint64_t>(data - base_);
@@ -227,6 +251,24 @@ std::optional<uint64_t> ShmArena::Reference(const char* data, uint64_t size) {
   if (b->magic != kBlockMagic || b->payload != size) return std::nullopt;
   __atomic_fetch_add(&b->refs, 1, __ATOMIC_RELAXED);
   return offset;
+}
+
+bool ShmArena::Enqueue(int receiver, uint64_t offset, uint64_t bytes) {
+  if (receiver < 0 || receiver >= kShmMaxQueues) return false;
+  Queue* q = QueueAt(base_, receiver);
+  const uint64_t head = __atomic_load_n(&q->head, __ATOMIC_RELAXED);
+  if (head - __atomic_load_n(&q->tail, __ATOMIC_ACQUIRE) >= kShmQueueEntries) return false;
+  q->entries[head % kShmQueueEntries] = QueueEntry{offset, bytes};
+  __atomic_store_n(&q->head, head + 1, __ATOMIC_RELEASE);
+  // Pairs with the receiver's fence between setting `sleeping` and its rescan.
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  return true;
+}
+
+void ShmArena::SetSleeping(bool sleeping) {
+  auto* h = reinterpret_cast<ArenaHeader*>(base_);
+  __atomic_store_n(&h->sleeping, sleeping ? 1u : 0u, __ATOMIC_SEQ_CST);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 
 void ShmArena::Release(uint64_t offset) {
@@ -248,7 +290,10 @@ uint64_t ShmArena::store_used_bytes() {
 
 StatusOr<std::shared_ptr<ShmMapping>> ShmMapping::Open(const ShmInfo& info) {
   const std::string path = StrCat("/proc/", info.pid(), "/fd/", info.fd());
-  if (info.bytes() < kShmArenaHeaderBytes + 4096 || info.bytes() % kShmAlign != 0) {
+  if (info.uid() != getuid()) {
+    return Status::Unavailable(StrCat("arena ", path, " belongs to uid ", info.uid()));
+  }
+  if (info.bytes() < kShmRingBegin + 4096 || info.bytes() % kShmAlign != 0) {
     return Status::InvalidArgument(StrCat("arena ", path, " claims ", info.bytes(), " bytes"));
   }
   int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
@@ -271,6 +316,34 @@ StatusOr<std::shared_ptr<ShmMapping>> ShmMapping::Open(const ShmInfo& info) {
   return m;
 }
 
+int ShmMapping::Dequeue(int me, uint64_t* offset, uint64_t* bytes) {
+  if (me < 0 || me >= kShmMaxQueues) return 0;
+  Queue* q = QueueAt(base_, me);
+  const uint64_t tail = __atomic_load_n(&q->tail, __ATOMIC_RELAXED);
+  const uint64_t head = __atomic_load_n(&q->head, __ATOMIC_ACQUIRE);
+  if (head == tail) return 0;
+  if (head - tail > kShmQueueEntries) {
+    __atomic_store_n(&q->tail, head, __ATOMIC_RELEASE);
+    return -1;
+  }
+  const QueueEntry e = q->entries[tail % kShmQueueEntries];
+  __atomic_store_n(&q->tail, tail + 1, __ATOMIC_RELEASE);
+  *offset = e.offset;
+  *bytes = e.bytes;
+  return 1;
+}
+
+bool ShmMapping::QueueEmpty(int me) const {
+  if (me < 0 || me >= kShmMaxQueues) return true;
+  Queue* q = QueueAt(base_, me);
+  return __atomic_load_n(&q->head, __ATOMIC_ACQUIRE) == __atomic_load_n(&q->tail, __ATOMIC_RELAXED);
+}
+
+bool ShmMapping::PeerSleeping() const {
+  const auto* h = reinterpret_cast<const ArenaHeader*>(base_);
+  return __atomic_load_n(&h->sleeping, __ATOMIC_SEQ_CST) != 0;
+}
+
 ShmMapping::~ShmMapping() {
   if (base_ != nullptr) munmap(base_, size_);
 }
@@ -280,7 +353,7 @@ StatusOr<Blob> ShmMapping::Resolve(uint64_t offset, uint64_t bytes) {
     return Status::InvalidArgument(StrCat("shared-memory frame of ", bytes, " bytes at offset ",
                                           offset, " lies outside the ", size_, "-byte arena"));
   }
-  if (offset % kShmAlign != 0 || offset < kShmArenaHeaderBytes + kShmBlockHeaderBytes) {
+  if (offset % kShmAlign != 0 || offset < kShmRingBegin + kShmBlockHeaderBytes) {
     return Status::InvalidArgument(StrCat("shared-memory offset ", offset,
                                           " cannot start a block's payload (misaligned or in the "
                                           "arena header)"));

@@ -42,10 +42,17 @@
 
 namespace pstrain {
 
-// Layout constants (bytes).
-constexpr uint64_t kShmArenaHeaderBytes = 4096;  // ArenaHeader, then the ring, then the store
+// Layout constants (bytes). An arena is: header page, message queues, ring, store.
+constexpr uint64_t kShmArenaHeaderBytes = 4096;  // ArenaHeader
 constexpr uint64_t kShmBlockHeaderBytes = 64;    // BlockHeader before each payload
 constexpr uint64_t kShmAlign = 64;               // every payload starts on this boundary
+// Message queues: one per receiving node id below kShmMaxQueues, each a
+// single-producer single-consumer ring of kShmQueueEntries (offset, bytes)
+// entries naming a block of this arena that holds one message.
+constexpr int kShmMaxQueues = 2048;
+constexpr uint64_t kShmQueueEntries = 1024;
+constexpr uint64_t kShmQueueBytes = 128 + 16 * kShmQueueEntries;
+constexpr uint64_t kShmRingBegin = kShmArenaHeaderBytes + kShmMaxQueues * kShmQueueBytes;
 
 inline uint64_t ShmRoundUp(uint64_t n) { return (n + kShmAlign - 1) / kShmAlign * kShmAlign; }
 
@@ -99,11 +106,20 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
   // Drops a reference taken by AllocateRing or Reference whose message was not sent.
   void Release(uint64_t offset);
 
+  // Appends (offset, bytes) to the queue read by node `receiver`. False when it
+  // is full or the id has no queue. Producer side: calls for one receiver must
+  // be serialized by the caller.
+  bool Enqueue(int receiver, uint64_t offset, uint64_t bytes);
+  // This node's receive thread is (about to be) asleep: peers that enqueue
+  // must ring its doorbell. Sequentially consistent, so an enqueue that misses
+  // the flag is seen by the rescan that follows setting it.
+  void SetSleeping(bool sleeping);
+
   // Ring bytes held by blocks not yet reclaimed, store bytes handed out (for
   // tests and stats).
   uint64_t ring_used_bytes() EXCLUDES(ring_mu_);
   uint64_t store_used_bytes() EXCLUDES(store_mu_);
-  uint64_t ring_capacity() const { return ring_end_ - kShmArenaHeaderBytes; }
+  uint64_t ring_capacity() const { return ring_end_ - kShmRingBegin; }
 
  private:
   ShmArena() = default;
@@ -113,14 +129,14 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
 
   char* base_ = nullptr;
   uint64_t size_ = 0;      // mapped bytes
-  uint64_t ring_end_ = 0;  // ring: [kShmArenaHeaderBytes, ring_end_); store: [ring_end_, size_)
+  uint64_t ring_end_ = 0;  // ring: [kShmRingBegin, ring_end_); store: [ring_end_, size_)
   int fd_ = -1;
   ShmInfo info_;
 
   Mutex ring_mu_;
-  uint64_t head_ GUARDED_BY(ring_mu_) = kShmArenaHeaderBytes;  // next block goes here
-  uint64_t tail_ GUARDED_BY(ring_mu_) = kShmArenaHeaderBytes;  // oldest block not reclaimed
-  uint64_t used_ GUARDED_BY(ring_mu_) = 0;                     // bytes from tail_ to head_
+  uint64_t head_ GUARDED_BY(ring_mu_) = kShmRingBegin;  // next block goes here
+  uint64_t tail_ GUARDED_BY(ring_mu_) = kShmRingBegin;  // oldest block not reclaimed
+  uint64_t used_ GUARDED_BY(ring_mu_) = 0;              // bytes from tail_ to head_
 
   Mutex store_mu_;
   uint64_t store_next_ GUARDED_BY(store_mu_) = 0;  // bump pointer (set by Create)
@@ -149,6 +165,14 @@ class ShmMapping : public std::enable_shared_from_this<ShmMapping> {
   // reference. InvalidArgument (naming offset and size) when that is not a
   // live block of the arena.
   StatusOr<Blob> Resolve(uint64_t offset, uint64_t bytes);
+
+  // Takes the next entry of the queue the peer fills for node `me`: 1 and the
+  // entry, 0 when it is empty, -1 when its indices are corrupt (the queue is
+  // then skipped to its end). Consumer side: one thread per queue.
+  int Dequeue(int me, uint64_t* offset, uint64_t* bytes);
+  bool QueueEmpty(int me) const;
+  // Whether the peer's receive thread said it is asleep (see SetSleeping).
+  bool PeerSleeping() const;
 
  private:
   ShmMapping() = default;

@@ -6,9 +6,13 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 #include <zmq.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <optional>
 #include <vector>
@@ -16,12 +20,17 @@
 namespace pstrain {
 namespace {
 
+// Where the keys start in a queued message whose header has `hlen` bytes.
+uint64_t QueuedKeysAt(uint64_t hlen) { return (4 + hlen + 7) / 8 * 8; }
+
 // Most value frames one message may carry; more is treated as garbage.
 constexpr size_t kMaxValueFrames = 1 << 16;
 // A header larger than this is garbage.
 constexpr size_t kMaxHeaderBytes = 1 << 20;
 // Frames smaller than this are copied into ZeroMQ (cheaper than a reference).
 constexpr size_t kCopyBelowBytes = 512;
+// Messages one peer may have waiting for an earlier-numbered one.
+constexpr size_t kMaxStashed = 1 << 16;
 
 struct ZmqFrame {
   zmq_msg_t msg;
@@ -59,6 +68,9 @@ struct Van::Peer {
   std::string address;
   std::shared_ptr<ShmMapping> theirs;  // the peer's arena, mapped here (null: TCP)
   std::atomic<bool> maps_mine{false};  // the peer said it mapped our arena
+  uint64_t next_seq = 0;               // shm_seq of the next message (with theirs), under mu
+  sockaddr_un doorbell{};              // the peer's doorbell (with theirs)
+  socklen_t doorbell_len = 0;          // 0: none, messages to it go over ZeroMQ
   ~Peer() {
     if (socket != nullptr) zmq_close(socket);
   }
@@ -147,6 +159,8 @@ StatusOr<std::unique_ptr<Van>> Van::Create(const VanOptions& options, Handler ha
     auto arena = ShmArena::Create(options.shm_bytes, options.shm_store_bytes);
     if (arena.ok()) {
       van->arena_ = std::move(arena).value();
+      van->shm_info_ = van->arena_->info();
+      van->OpenDoorbell();
     } else {
       LOG(WARNING) << options.name
                    << ": no shared-memory arena, co-located peers use TCP: " << arena.status();
@@ -173,9 +187,33 @@ Van::~Van() {
   }
   if (router_ != nullptr) zmq_close(router_);
   if (context_ != nullptr) zmq_ctx_term(context_);
+  if (doorbell_in_ >= 0) close(doorbell_in_);
+  if (doorbell_out_ >= 0) close(doorbell_out_);
 }
 
-const ShmInfo* Van::shm_info() const { return arena_ != nullptr ? &arena_->info() : nullptr; }
+const ShmInfo* Van::shm_info() const { return arena_ != nullptr ? &shm_info_ : nullptr; }
+
+void Van::OpenDoorbell() {
+  // An abstract Unix datagram socket named after the arena's token: peers on
+  // this host (and network namespace) write a byte to it to wake ReceiveLoop.
+  const std::string name = StrCat("pstrain-", getpid(), "-", shm_info_.token());
+  int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());
+  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    LOG(WARNING) << options_.name << ": no doorbell socket (" << std::strerror(errno)
+                 << "); co-located peers send messages over TCP";
+    if (fd >= 0) close(fd);
+    return;
+  }
+  doorbell_in_ = fd;
+  doorbell_out_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  shm_info_.set_doorbell(name);
+}
+
+void Van::SetSelfId(int id) { self_id_ = id; }
 
 bool Van::PeerMapsOurArena(int id) {
   MutexLock l(&mu_);
@@ -190,6 +228,14 @@ Status Van::Connect(int id, const std::string& host, int port, const ShmInfo* sh
     auto mapped = ShmMapping::Open(*shm);
     if (mapped.ok()) {
       peer->theirs = std::move(mapped).value();
+      const std::string& bell = shm->doorbell();
+      if (!bell.empty() && doorbell_out_ >= 0 &&
+          bell.size() + 1 < sizeof(peer->doorbell.sun_path)) {
+        peer->doorbell.sun_family = AF_UNIX;
+        std::memcpy(peer->doorbell.sun_path + 1, bell.data(), bell.size());
+        peer->doorbell_len =
+            static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + bell.size());
+      }
     } else if (options_.verbose >= 1) {
       LOG(INFO) << options_.name << ": " << NodeIdName(id) << " at " << host << ":" << port
                 << " over TCP only: " << mapped.status();
@@ -212,6 +258,16 @@ Status Van::Connect(int id, const std::string& host, int port, const ShmInfo* sh
               << port << (peer->theirs != nullptr ? " (its shared memory mapped)" : "");
   }
   MutexLock l(&mu_);
+  if (peer->theirs != nullptr) {
+    auto it = std::find_if(inbound_.begin(), inbound_.end(),
+                           [id](const auto& p) { return p.first == id; });
+    if (it != inbound_.end()) {
+      it->second = peer->theirs;
+    } else {
+      inbound_.emplace_back(id, peer->theirs);
+    }
+    ++inbound_version_;
+  }
   peers_[id] = std::move(peer);
   return Status::Ok();
 }
@@ -267,15 +323,31 @@ Status Van::Send(int id, const Message& msg) {
   // Shared-memory fields ride along as a second serialized PsHeader: protobuf
   // merges concatenated messages, so the caller's header is not copied.
   PsHeader extra;
-  if (peer->theirs != nullptr) extra.set_shm_mapped(true);
-  const bool in_shm = data && !msg.values.empty() && arena_ != nullptr && peer->maps_mine.load() &&
-                      PlaceInShm(msg, &extra);
-  if (extra.ByteSizeLong() > 0) header += extra.SerializeAsString();
+  const bool ordered = peer->theirs != nullptr;
+  if (ordered) extra.set_shm_mapped(true);
+  const bool mine_mapped = arena_ != nullptr && peer->maps_mine.load();
+  const bool in_shm = data && !msg.values.empty() && mine_mapped && PlaceInShm(msg, &extra);
   if (options_.verbose >= 2) {
     LOG(INFO) << options_.name << " -> " << NodeIdName(id) << ": " << msg.header.ShortDebugString()
               << (in_shm ? " (values in shared memory)" : "");
   }
   MutexLock l(&peer->mu);
+  // Numbered under the peer's lock: the receiver restores this order whichever
+  // way (queue or ZeroMQ) each message goes.
+  if (ordered) extra.set_shm_seq(peer->next_seq++);
+  if (ordered && mine_mapped && peer->doorbell_len > 0) {
+    // Values not placed in shared memory travel inside the queued message, as
+    // one frame.
+    const bool inline_values = data && !msg.values.empty() && !in_shm;
+    PsHeader queued = extra;
+    if (inline_values) queued.set_num_value_frames(1);
+    if (SendThroughQueue(id, *peer, header + queued.SerializeAsString(), msg, inline_values)) {
+      ++shm_queued_;
+      if (in_shm) ++shm_sent_;
+      return Status::Ok();
+    }
+  }
+  if (extra.ByteSizeLong() > 0) header += extra.SerializeAsString();
   zmq_msg_t m;
   zmq_msg_init_size(&m, header.size());
   std::memcpy(zmq_msg_data(&m), header.data(), header.size());
@@ -305,16 +377,149 @@ Status Van::Send(int id, const Message& msg) {
   return Status::Ok();
 }
 
-void Van::ReceiveLoop() {
-  zmq_pollitem_t item{router_, 0, ZMQ_POLLIN, 0};
-  while (!stop_.load()) {
-    int rc = zmq_poll(&item, 1, 100);
-    if (rc <= 0) continue;
-    // Drain what is there, but look at stop_ now and then.
-    for (int i = 0; i < 1024 && !stop_.load(); ++i) {
-      if (!ReceiveOne(router_)) break;
+// Envelope of a message sent through the queue, in one ring block:
+//   uint32 header bytes, the serialized header, padding to 8, keys, lens.
+bool Van::SendThroughQueue(int id, Peer& peer, const std::string& header, const Message& msg,
+                           bool inline_values) {
+  const bool data = msg.header.cmd() == CMD_DATA;
+  const uint64_t keys_at = QueuedKeysAt(header.size());
+  const uint64_t keys = data ? msg.keys.size() : 0;
+  const uint64_t lens = data ? msg.lens.size() : 0;
+  const uint64_t values_at = (keys_at + keys + lens + 7) / 8 * 8;
+  uint64_t values = 0;
+  if (inline_values) {
+    for (const Blob& v : msg.values) values += v.size();
+  }
+  const uint64_t total = values_at + values;
+  std::optional<ShmArena::Block> block = arena_->AllocateRing(total);
+  if (!block.has_value()) return false;
+  const auto hlen = static_cast<uint32_t>(header.size());
+  std::memcpy(block->data, &hlen, sizeof(hlen));
+  std::memcpy(block->data + 4, header.data(), header.size());
+  if (keys > 0) std::memcpy(block->data + keys_at, msg.keys.data(), keys);
+  if (lens > 0) std::memcpy(block->data + keys_at + keys, msg.lens.data(), lens);
+  if (inline_values) {
+    char* at = block->data + values_at;
+    for (const Blob& v : msg.values) {
+      std::memcpy(at, v.data(), v.size());
+      at += v.size();
     }
   }
+  if (!arena_->Enqueue(id, block->offset, total)) {
+    arena_->Release(block->offset);
+    return false;
+  }
+  if (peer.theirs->PeerSleeping()) {
+    ++doorbells_rung_;
+    const char bell = 1;
+    if (sendto(doorbell_out_, &bell, 1, MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&peer.doorbell),
+               peer.doorbell_len) < 0 &&
+        errno != EAGAIN && errno != EWOULDBLOCK) {
+      // Not reachable (another network namespace): the entry is read at the
+      // receiver's next wake-up; later messages go over ZeroMQ, still in order.
+      LOG(WARNING) << options_.name << ": doorbell of " << NodeIdName(id) << " failed ("
+                   << std::strerror(errno) << "); sending to it over TCP from now on";
+      peer.doorbell_len = 0;
+    }
+  }
+  return true;
+}
+
+void Van::ReceiveLoop() {
+  zmq_pollitem_t items[2] = {{router_, 0, ZMQ_POLLIN, 0}, {nullptr, doorbell_in_, ZMQ_POLLIN, 0}};
+  const int num_items = doorbell_in_ >= 0 ? 2 : 1;
+  std::vector<std::pair<int, std::shared_ptr<ShmMapping>>> inbound;
+  uint64_t version = ~uint64_t{0};
+  while (!stop_.load()) {
+    if (inbound_version_.load() != version) {
+      MutexLock l(&mu_);
+      inbound = inbound_;
+      version = inbound_version_.load();
+    }
+    const int me = self_id_.load();
+    bool busy = false;
+    for (const auto& [peer, mapping] : inbound) busy |= DrainQueue(peer, mapping, me);
+    // Drain ZeroMQ, but look at stop_ now and then.
+    for (int i = 0; i < 1024 && !stop_.load(); ++i) {
+      if (!ReceiveOne(router_)) break;
+      busy = true;
+    }
+    if (busy) continue;
+    // Nothing waiting: say so (peers that enqueue now ring the doorbell), look
+    // once more, then sleep.
+    if (arena_ != nullptr) arena_->SetSleeping(true);
+    bool pending = false;
+    for (const auto& [peer, mapping] : inbound) pending |= !mapping->QueueEmpty(me);
+    if (!pending) zmq_poll(items, num_items, 100);
+    if (arena_ != nullptr) arena_->SetSleeping(false);
+    if (doorbell_in_ >= 0) {
+      char buf[256];
+      while (recv(doorbell_in_, buf, sizeof(buf), MSG_DONTWAIT) > 0) {
+      }
+    }
+  }
+}
+
+bool Van::DrainQueue(int peer, const std::shared_ptr<ShmMapping>& mapping, int me) {
+  bool any = false;
+  for (int i = 0; i < 256 && !stop_.load(); ++i) {
+    uint64_t offset = 0, bytes = 0;
+    const int rc = mapping->Dequeue(me, &offset, &bytes);
+    if (rc == 0) break;
+    any = true;
+    if (rc < 0) {
+      Drop(nullptr, StrCat(NodeIdName(peer), ": its shared-memory queue is corrupt; skipped"));
+      continue;
+    }
+    auto envelope = mapping->Resolve(offset, bytes);
+    if (!envelope.ok()) {
+      Drop(nullptr, StrCat(NodeIdName(peer), ": queue entry: ", envelope.status().message()));
+      continue;
+    }
+    const Blob& env = *envelope;
+    uint32_t hlen = 0;
+    if (env.size() >= sizeof(hlen)) std::memcpy(&hlen, env.data(), sizeof(hlen));
+    Message msg;
+    if (env.size() < 4 + uint64_t{hlen} || hlen > kMaxHeaderBytes ||
+        !msg.header.ParseFromArray(env.data() + 4, static_cast<int>(hlen))) {
+      Drop(nullptr,
+           StrCat(NodeIdName(peer), ": queued message of ", env.size(), " bytes has no PsHeader"));
+      continue;
+    }
+    if (msg.header.sender() != peer) {
+      Drop(&msg, StrCat("message queued by ", NodeIdName(peer), " claims to come from ",
+                        NodeIdName(msg.header.sender())));
+      continue;
+    }
+    if (msg.header.cmd() == CMD_DATA) {
+      const PsHeader& h = msg.header;
+      const uint64_t keys_at = QueuedKeysAt(hlen);
+      const uint64_t n = h.num_keys();
+      const uint64_t values_at = (keys_at + n * 12 + 7) / 8 * 8;
+      const bool inline_values = h.shm_frame_offset_size() == 0 && h.num_value_frames() > 0;
+      const uint64_t values = inline_values ? h.value_bytes() : 0;
+      const uint64_t expect = values_at + values;
+      if (n > (env.size() >> 3) || values > env.size() ||
+          (inline_values && h.num_value_frames() != 1) || expect != env.size()) {
+        Drop(&msg, StrCat(NodeIdName(peer), " queued ", env.size(), " bytes for ", n, " keys and ",
+                          values, " bytes of values"));
+        continue;
+      }
+      msg.keys = env.Slice(keys_at, n * 8);
+      msg.lens = env.Slice(keys_at + n * 8, n * 4);
+      if (inline_values) msg.values.push_back(env.Slice(values_at, values));
+    }
+    Finish(std::move(msg));
+  }
+  return any;
+}
+
+void Van::Drop(const Message* msg, const std::string& why) {
+  ++dropped_;
+  LOG(WARNING) << options_.name << ": dropped a malformed message: " << why;
+  // A numbered message that is dropped must not hold up the ones after it.
+  if (msg != nullptr && msg->header.has_shm_seq())
+    Deliver(msg->header.sender(), msg->header.shm_seq(), nullptr);
 }
 
 // Reads one multipart message; false when none was waiting.
@@ -335,48 +540,29 @@ bool Van::ReceiveOne(void* socket) {
     }
     if (!more) break;
   }
-  auto drop = [this](const std::string& why) {
-    ++dropped_;
-    LOG(WARNING) << options_.name << ": dropped a malformed message: " << why;
-  };
   if (too_many) {
-    drop("more than " + std::to_string(kMaxValueFrames + 4) + " frames");
+    Drop(nullptr, "more than " + std::to_string(kMaxValueFrames + 4) + " frames");
     return true;
   }
   // frames[0] is the sender's ZeroMQ routing id.
   if (frames.size() < 2) {
-    drop("no header frame");
+    Drop(nullptr, "no header frame");
     return true;
   }
   const size_t hsize = zmq_msg_size(&frames[1]->msg);
   Message msg;
   if (hsize > kMaxHeaderBytes ||
       !msg.header.ParseFromArray(zmq_msg_data(&frames[1]->msg), static_cast<int>(hsize))) {
-    drop(StrCat("header frame of ", hsize, " bytes is not a PsHeader"));
-    return true;
-  }
-  if (msg.header.version() != PROTOCOL_VERSION_CURRENT) {
-    drop(StrCat("protocol version ", msg.header.version(), " from ",
-                NodeIdName(msg.header.sender()), ", expected ",
-                static_cast<int>(PROTOCOL_VERSION_CURRENT)));
+    Drop(nullptr, StrCat("header frame of ", hsize, " bytes is not a PsHeader"));
     return true;
   }
   const bool data = msg.header.cmd() == CMD_DATA;
   const bool in_shm = data && msg.header.shm_frame_offset_size() > 0;
-  std::shared_ptr<ShmMapping> sender_arena;
-  if (msg.header.shm_mapped() || in_shm) {
-    MutexLock l(&mu_);
-    auto it = peers_.find(msg.header.sender());
-    if (it != peers_.end()) {
-      if (msg.header.shm_mapped()) it->second->maps_mine = true;
-      sender_arena = it->second->theirs;
-    }
-  }
   const size_t expect = data ? 4 + (in_shm ? 0 : msg.header.num_value_frames()) : 2;
   if (frames.size() != expect) {
-    drop(StrCat(NodeIdName(msg.header.sender()), " sent ", frames.size() - 1,
-                " frames for command ", PsCommand_Name(msg.header.cmd()), ", header implies ",
-                expect - 1));
+    Drop(&msg, StrCat(NodeIdName(msg.header.sender()), " sent ", frames.size() - 1,
+                      " frames for command ", PsCommand_Name(msg.header.cmd()), ", header implies ",
+                      expect - 1));
     return true;
   }
   auto blob = [](const std::shared_ptr<ZmqFrame>& f) {
@@ -386,30 +572,6 @@ bool Van::ReceiveOne(void* socket) {
   if (data) {
     msg.keys = blob(frames[2]);
     msg.lens = blob(frames[3]);
-    if (in_shm) {
-      const PsHeader& h = msg.header;
-      if (sender_arena == nullptr) {
-        drop(StrCat(NodeIdName(h.sender()),
-                    " sent values through shared memory, but its arena is not mapped here"));
-        return true;
-      }
-      const int n = h.shm_frame_offset_size();
-      if (h.shm_frame_bytes_size() != n || static_cast<uint64_t>(n) != h.num_value_frames()) {
-        drop(StrCat(NodeIdName(h.sender()), " listed ", n, " shared-memory frame offsets and ",
-                    h.shm_frame_bytes_size(), " sizes, header says ", h.num_value_frames(),
-                    " value frames"));
-        return true;
-      }
-      msg.values.reserve(n);
-      for (int i = 0; i < n; ++i) {
-        auto v = sender_arena->Resolve(h.shm_frame_offset(i), h.shm_frame_bytes(i));
-        if (!v.ok()) {
-          drop(StrCat(NodeIdName(h.sender()), ": value frame ", i, ": ", v.status().message()));
-          return true;
-        }
-        msg.values.push_back(std::move(v).value());
-      }
-    }
     msg.values.reserve(frames.size() - 4);
     for (size_t i = 4; i < frames.size(); ++i) {
       Blob b = blob(frames[i]);
@@ -419,17 +581,102 @@ bool Van::ReceiveOne(void* socket) {
       }
       msg.values.push_back(std::move(b));
     }
+  }
+  Finish(std::move(msg));
+  return true;
+}
+
+// Checks a message from either path, resolves values in shared memory, and
+// hands it on in its sender's order.
+void Van::Finish(Message&& msg) {
+  const PsHeader& h = msg.header;
+  if (h.version() != PROTOCOL_VERSION_CURRENT) {
+    Drop(nullptr, StrCat("protocol version ", h.version(), " from ", NodeIdName(h.sender()),
+                         ", expected ", static_cast<int>(PROTOCOL_VERSION_CURRENT)));
+    return;
+  }
+  const bool data = h.cmd() == CMD_DATA;
+  const bool in_shm = data && h.shm_frame_offset_size() > 0;
+  std::shared_ptr<ShmMapping> sender_arena;
+  if (h.shm_mapped() || in_shm) {
+    MutexLock l(&mu_);
+    auto it = peers_.find(h.sender());
+    if (it != peers_.end()) {
+      if (h.shm_mapped()) it->second->maps_mine = true;
+      sender_arena = it->second->theirs;
+    }
+  }
+  if (in_shm) {
+    if (sender_arena == nullptr) {
+      Drop(&msg, StrCat(NodeIdName(h.sender()),
+                        " sent values through shared memory, but its arena is not mapped here"));
+      return;
+    }
+    const int n = h.shm_frame_offset_size();
+    if (h.shm_frame_bytes_size() != n || static_cast<uint64_t>(n) != h.num_value_frames()) {
+      Drop(&msg, StrCat(NodeIdName(h.sender()), " listed ", n, " shared-memory frame offsets and ",
+                        h.shm_frame_bytes_size(), " sizes, header says ", h.num_value_frames(),
+                        " value frames"));
+      return;
+    }
+    msg.values.reserve(n);
+    for (int i = 0; i < n; ++i) {
+      auto v = sender_arena->Resolve(h.shm_frame_offset(i), h.shm_frame_bytes(i));
+      if (!v.ok()) {
+        Drop(&msg, StrCat(NodeIdName(h.sender()), ": value frame ", i, ": ", v.status().message()));
+        return;
+      }
+      msg.values.push_back(std::move(v).value());
+    }
+  }
+  if (data) {
     Status s = ValidateFrames(msg);
     if (!s.ok()) {
-      drop(s.message());
-      return true;
+      Drop(&msg, s.message());
+      return;
     }
   }
   if (options_.verbose >= 2) {
-    LOG(INFO) << options_.name << " <- " << msg.header.ShortDebugString();
+    LOG(INFO) << options_.name << " <- " << h.ShortDebugString();
   }
-  handler_(std::move(msg));
-  return true;
+  if (!h.has_shm_seq()) {
+    handler_(std::move(msg));
+    return;
+  }
+  const int sender = h.sender();
+  const uint64_t seq = h.shm_seq();
+  Deliver(sender, seq, &msg);
+}
+
+// Hands `msg` (null: a dropped message) on when it is its sender's next, then
+// any stashed ones that follow it.
+void Van::Deliver(int sender, uint64_t seq, Message* msg) {
+  InOrder& o = order_[sender];
+  if (seq < o.expected || o.stash.count(seq) > 0) {
+    ++dropped_;
+    LOG(WARNING) << options_.name << ": dropped message " << seq << " from " << NodeIdName(sender)
+                 << ": that number was seen already";
+    return;
+  }
+  if (seq != o.expected) {
+    if (o.stash.size() >= kMaxStashed) {
+      ++dropped_;
+      LOG(WARNING) << options_.name << ": dropped message " << seq << " from " << NodeIdName(sender)
+                   << ": " << o.stash.size() << " are waiting for message " << o.expected;
+      return;
+    }
+    std::optional<Message> keep;
+    if (msg != nullptr) keep = std::move(*msg);
+    o.stash.emplace(seq, std::move(keep));
+    return;
+  }
+  if (msg != nullptr) handler_(std::move(*msg));
+  ++o.expected;
+  while (!o.stash.empty() && o.stash.begin()->first == o.expected) {
+    auto node = o.stash.extract(o.stash.begin());
+    if (node.mapped().has_value()) handler_(std::move(*node.mapped()));
+    ++o.expected;
+  }
 }
 
 }  // namespace pstrain

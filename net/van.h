@@ -29,8 +29,10 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/mutex.h"
 #include "common/status.h"
@@ -78,6 +80,10 @@ class Van {
   // from it (AllocateOrHeap) are sent to co-located peers without a copy.
   const std::shared_ptr<ShmArena>& arena() const { return arena_; }
 
+  // This node's id (once the scheduler assigned it): messages that peers queue
+  // for it in shared memory are found under it. Call before Connect.
+  void SetSelfId(int id);
+
   // Opens (or replaces) the connection to node `id` at host:port (a name or an
   // IP). With `shm` (the peer's arena from the node table) it also tries to map
   // the peer's arena; failing that is not an error (the peer is elsewhere).
@@ -94,6 +100,10 @@ class Van {
   // could have but found the arena full (for tests and benchmarks).
   int64_t shm_sent() const { return shm_sent_.load(); }
   int64_t shm_fallbacks() const { return shm_fallbacks_.load(); }
+  // Messages sent through the peers' shared-memory queues instead of ZeroMQ.
+  int64_t shm_queued() const { return shm_queued_.load(); }
+  // Times this node woke a sleeping peer through its doorbell.
+  int64_t doorbells_rung() const { return doorbells_rung_.load(); }
   // Whether node `id` has mapped this node's arena (it said so).
   bool PeerMapsOurArena(int id);
 
@@ -101,6 +111,18 @@ class Van {
   struct Peer;
   Van() = default;
   void ReceiveLoop();
+  void OpenDoorbell();
+  // The whole message (header, keys, lens, and the values unless they are
+  // placed in shared memory already) into a ring block, queued for `id`;
+  // false when there is no room.
+  // REQUIRES: peer.mu held.
+  bool SendThroughQueue(int id, Peer& peer, const std::string& header, const Message& msg,
+                        bool inline_values);
+  // Receive thread: messages `peer` queued for node `me`; true if any.
+  bool DrainQueue(int peer, const std::shared_ptr<ShmMapping>& mapping, int me);
+  void Finish(Message&& msg);
+  void Drop(const Message* msg, const std::string& why);
+  void Deliver(int sender, uint64_t seq, Message* msg);
   // Puts msg's values in the arena (references or ring copies) and lists them
   // in `extra`; false (nothing taken) when one does not fit.
   bool PlaceInShm(const Message& msg, PsHeader* extra);
@@ -116,6 +138,22 @@ class Van {
   std::atomic<int64_t> shm_sent_{0};
   std::atomic<int64_t> shm_fallbacks_{0};
   std::shared_ptr<ShmArena> arena_;  // null: TCP only
+  ShmInfo shm_info_;                 // the arena's, plus the doorbell
+  int doorbell_in_ = -1;             // this node's doorbell (bound, read by ReceiveLoop)
+  int doorbell_out_ = -1;            // rings peers' doorbells
+  std::atomic<int> self_id_{-1};
+  std::atomic<int64_t> shm_queued_{0};
+  std::atomic<int64_t> doorbells_rung_{0};
+  // Peers whose arena is mapped here, whose queues ReceiveLoop reads.
+  std::vector<std::pair<int, std::shared_ptr<ShmMapping>>> inbound_ GUARDED_BY(mu_);
+  std::atomic<uint64_t> inbound_version_{0};
+  // Receive thread only: per sender, the next shm_seq to hand on and the
+  // messages that arrived before it (null: dropped).
+  struct InOrder {
+    uint64_t expected = 0;
+    std::map<uint64_t, std::optional<Message>> stash;
+  };
+  std::map<int, InOrder> order_;
   std::thread receiver_;
   Mutex mu_;
   std::map<int, std::shared_ptr<Peer>> peers_ GUARDED_BY(mu_);

@@ -233,6 +233,8 @@ struct Inbox {
 
 struct VanPair {
   Inbox inbox_a, inbox_b;
+  // While set, b's receive thread waits in its handler (its queue fills up).
+  std::atomic<bool> hold_b{false};
   std::unique_ptr<Van> a, b;  // a is "worker 0" to b, b is "server 0" to a
   explicit VanPair(uint64_t ring = 1 << 20, uint64_t store = 1 << 20) {
     VanOptions vo;
@@ -247,6 +249,9 @@ struct VanPair {
     vo.name = "b";
     vo.shm_store_bytes = store;
     auto vb = Van::Create(vo, [this](Message&& m) {
+      for (int i = 0; i < 5000 && hold_b.load(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       MutexLock l(&inbox_b.mu);
       inbox_b.got.push_back(std::move(m));
       inbox_b.cv.SignalAll();
@@ -255,6 +260,8 @@ struct VanPair {
     CHECK_OK(vb.status());
     a = std::move(va).value();
     b = std::move(vb).value();
+    a->SetSelfId(WorkerId(0));
+    b->SetSelfId(ServerId(0));
     a->StartReceiving();
     b->StartReceiving();
     CHECK_OK(a->Connect(ServerId(0), "127.0.0.1", b->port(), b->shm_info()));
@@ -313,7 +320,7 @@ TEST(VanShmTest, ValuesGoThroughSharedMemoryOnceThePeerSaysItMappedOurs) {
   EXPECT_EQ(reinterpret_cast<const float*>(second.values[0].data())[0], 3.5f);
 }
 
-TEST(VanShmTest, StoredValuesAreSentByReferenceAndSmallCopiesStayOnTcp) {
+TEST(VanShmTest, StoredValuesAreSentByReferenceAndSmallValuesAreNotGivenRingBlocks) {
   VanPair p;
   ASSERT_OK(p.a->Send(ServerId(0), DataMessage(WorkerId(0), ServerId(0), Floats(16, 1.0f))));
   (void)p.inbox_b.Next();  // the handshake
@@ -327,7 +334,8 @@ TEST(VanShmTest, StoredValuesAreSentByReferenceAndSmallCopiesStayOnTcp) {
   EXPECT_EQ(reinterpret_cast<const float*>(m.values[0].data())[63], 63.0f);
   m = Message();
   EXPECT_EQ(ShmArena::Readers(stored.readers), 0);
-  // A small value that is not in the store is not worth a ring copy.
+  // A small value that is not in the store gets no block of its own (it rides
+  // inside the queued message).
   ASSERT_OK(p.b->Send(WorkerId(0), DataMessage(ServerId(0), WorkerId(0), Floats(16, 4.0f))));
   Message small = p.inbox_a.Next();
   EXPECT_EQ(small.header.shm_frame_offset_size(), 0);
@@ -396,6 +404,85 @@ TEST(VanShmTest, ForgedSharedMemoryDescriptorsAreDroppedAndTheVanKeepsServing) {
   ASSERT_OK(p.a->Send(ServerId(0), DataMessage(WorkerId(0), ServerId(0), Floats(2000, 6.0f))));
   Message ok = p.inbox_b.Next();
   EXPECT_EQ(reinterpret_cast<const float*>(ok.values[0].data())[1999], 6.0f);
+}
+
+// a -> b: message i carries request id i and `floats` copies of float(i).
+Message Numbered(uint64_t i, size_t floats) {
+  Message m = DataMessage(WorkerId(0), ServerId(0), Floats(floats, static_cast<float>(i)));
+  m.header.set_request_id(i);
+  return m;
+}
+
+void ExpectInOrder(Inbox& inbox, uint64_t first, uint64_t count) {
+  for (uint64_t i = first; i < first + count; ++i) {
+    Message m = inbox.Next();
+    ASSERT_EQ(m.header.request_id(), i);
+    const float* v = reinterpret_cast<const float*>(m.values[0].data());
+    ASSERT_EQ(v[m.values[0].size() / sizeof(float) - 1], static_cast<float>(i));
+  }
+}
+
+TEST(VanShmTest, MessagesKeepTheirOrderWhenSomeGoThroughTheQueueAndSomeOverTcp) {
+  VanPair p(/*ring=*/1 << 18);
+  ASSERT_OK(p.b->Send(WorkerId(0), DataMessage(ServerId(0), WorkerId(0), Floats(16, 1.0f))));
+  (void)p.inbox_a.Next();  // the handshake: a may now use its ring and b's queue
+  // Sizes from 4 bytes to 400 KB: small ones ride inside the queued message,
+  // big ones fill the 256 KB ring and go over TCP.
+  const size_t sizes[] = {1, 10, 5000, 100000, 3, 60000, 70000, 80000, 2};
+  const uint64_t n = 400;
+  std::thread reader([&] { ExpectInOrder(p.inbox_b, 0, n); });
+  for (uint64_t i = 0; i < n; ++i) {
+    ASSERT_OK(p.a->Send(ServerId(0), Numbered(i, sizes[i % 9])));
+  }
+  reader.join();
+  EXPECT_GT(p.a->shm_queued(), 0);
+  EXPECT_LT(p.a->shm_queued(), static_cast<int64_t>(n)) << "some must have gone over TCP";
+}
+
+TEST(VanShmTest, AFullQueueSpillsOverToTcpWithoutReordering) {
+  VanPair p;
+  ASSERT_OK(p.b->Send(WorkerId(0), DataMessage(ServerId(0), WorkerId(0), Floats(16, 1.0f))));
+  (void)p.inbox_a.Next();
+  p.hold_b = true;  // b stops reading: its queue (1024 entries) fills
+  const uint64_t n = 1500;
+  for (uint64_t i = 0; i < n; ++i) ASSERT_OK(p.a->Send(ServerId(0), Numbered(i, 8)));
+  EXPECT_LE(p.a->shm_queued(), static_cast<int64_t>(kShmQueueEntries) + 1);
+  p.hold_b = false;
+  ExpectInOrder(p.inbox_b, 0, n);
+}
+
+TEST(VanShmTest, ASleepingReceiverIsWokenByItsDoorbell) {
+  VanPair p;
+  ASSERT_OK(p.b->Send(WorkerId(0), DataMessage(ServerId(0), WorkerId(0), Floats(16, 1.0f))));
+  (void)p.inbox_a.Next();
+  for (int round = 0; round < 3; ++round) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));  // b goes to sleep
+    const int64_t rung = p.a->doorbells_rung();
+    const auto start = std::chrono::steady_clock::now();
+    ASSERT_OK(p.a->Send(ServerId(0), Numbered(round, 4)));
+    Message m = p.inbox_b.Next();
+    EXPECT_EQ(m.header.request_id(), static_cast<uint64_t>(round));
+    EXPECT_EQ(p.a->doorbells_rung(), rung + 1);
+    // Without the doorbell b would notice only at its 100 ms poll timeout.
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(90));
+  }
+}
+
+TEST(VanShmTest, GarbageInAPeersQueueIsDroppedAndLaterMessagesStillArrive) {
+  VanPair p;
+  ASSERT_OK(p.b->Send(WorkerId(0), DataMessage(ServerId(0), WorkerId(0), Floats(16, 1.0f))));
+  (void)p.inbox_a.Next();
+  ShmArena& arena = *p.a->arena();
+  // An entry that names no block, and a block that holds no message.
+  ASSERT_TRUE(arena.Enqueue(ServerId(0), 1 << 30, 64));
+  auto junk = arena.AllocateRing(100);
+  ASSERT_TRUE(junk.has_value());
+  std::memset(junk->data, 0xab, 100);
+  ASSERT_TRUE(arena.Enqueue(ServerId(0), junk->offset, 100));
+  ASSERT_OK(p.a->Send(ServerId(0), Numbered(0, 4)));
+  Message m = p.inbox_b.Next();
+  EXPECT_EQ(m.header.request_id(), 0u);
+  EXPECT_GE(p.b->dropped(), 2);
 }
 
 }  // namespace
