@@ -255,6 +255,7 @@ std::optional<uint64_t> ShmArena::Reference(const char* data, uint64_t size) {
 
 bool ShmArena::Enqueue(int receiver, uint64_t offset, uint64_t bytes) {
   if (receiver < 0 || receiver >= kShmMaxQueues) return false;
+  MutexLock l(&queue_mu_);
   Queue* q = QueueAt(base_, receiver);
   const uint64_t head = __atomic_load_n(&q->head, __ATOMIC_RELAXED);
   if (head - __atomic_load_n(&q->tail, __ATOMIC_ACQUIRE) >= kShmQueueEntries) return false;

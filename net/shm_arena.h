@@ -107,9 +107,9 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
   void Release(uint64_t offset);
 
   // Appends (offset, bytes) to the queue read by node `receiver`. False when it
-  // is full or the id has no queue. Producer side: calls for one receiver must
-  // be serialized by the caller.
-  bool Enqueue(int receiver, uint64_t offset, uint64_t bytes);
+  // is full or the id has no queue. The caller keeps its own order per
+  // receiver (the Van numbers messages under the peer's lock).
+  bool Enqueue(int receiver, uint64_t offset, uint64_t bytes) EXCLUDES(queue_mu_);
   // This node's receive thread is (about to be) asleep: peers that enqueue
   // must ring its doorbell. Sequentially consistent, so an enqueue that misses
   // the flag is seen by the rescan that follows setting it.
@@ -137,6 +137,8 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
   uint64_t head_ GUARDED_BY(ring_mu_) = kShmRingBegin;  // next block goes here
   uint64_t tail_ GUARDED_BY(ring_mu_) = kShmRingBegin;  // oldest block not reclaimed
   uint64_t used_ GUARDED_BY(ring_mu_) = 0;              // bytes from tail_ to head_
+
+  Mutex queue_mu_;  // one producer per queue, even if two threads send to one peer
 
   Mutex store_mu_;
   uint64_t store_next_ GUARDED_BY(store_mu_) = 0;  // bump pointer (set by Create)
