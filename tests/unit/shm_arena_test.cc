@@ -455,17 +455,21 @@ TEST(VanShmTest, ASleepingReceiverIsWokenByItsDoorbell) {
   VanPair p;
   ASSERT_OK(p.b->Send(WorkerId(0), DataMessage(ServerId(0), WorkerId(0), Floats(16, 1.0f))));
   (void)p.inbox_a.Next();
-  for (int round = 0; round < 3; ++round) {
+  const int64_t rung_before = p.a->doorbells_rung();
+  int prompt = 0;
+  for (int round = 0; round < 5; ++round) {
     std::this_thread::sleep_for(std::chrono::milliseconds(150));  // b goes to sleep
-    const int64_t rung = p.a->doorbells_rung();
     const auto start = std::chrono::steady_clock::now();
     ASSERT_OK(p.a->Send(ServerId(0), Numbered(round, 4)));
     Message m = p.inbox_b.Next();
     EXPECT_EQ(m.header.request_id(), static_cast<uint64_t>(round));
-    EXPECT_EQ(p.a->doorbells_rung(), rung + 1);
-    // Without the doorbell b would notice only at its 100 ms poll timeout.
-    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(90));
+    // Without the doorbell b would notice only at its 100 ms poll timeout,
+    // on average 50 ms later.
+    prompt += std::chrono::steady_clock::now() - start < std::chrono::milliseconds(20);
   }
+  // b may be between two polls (awake) when a message comes: no ring needed then.
+  EXPECT_GE(p.a->doorbells_rung() - rung_before, 3);
+  EXPECT_GE(prompt, 4);
 }
 
 TEST(VanShmTest, GarbageInAPeersQueueIsDroppedAndLaterMessagesStillArrive) {
