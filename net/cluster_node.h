@@ -101,6 +101,9 @@ class ClusterNode {
   ShmArena::Stored AllocateStored(uint64_t bytes) {
     return AllocateOrHeap(arena_.get(), bytes, /*outgoing=*/false);
   }
+  // Whether node `id` reads this node's arena (so an outgoing buffer is worth
+  // taking from it).
+  bool SharesMemoryWith(int id) { return van_ != nullptr && van_->PeerMapsOurArena(id); }
   ShmArena::Stored AllocateOutgoing(uint64_t bytes) {
     return AllocateOrHeap(arena_.get(), bytes, /*outgoing=*/true);
   }

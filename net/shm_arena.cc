@@ -122,11 +122,15 @@ ShmArena::~ShmArena() {
 }
 
 void ShmArena::ReclaimRing() {
+  // Block sizes come from ring_sizes_, never from shared memory a peer could
+  // have scribbled on; only the reference counts are read there.
   while (used_ > 0) {
     auto* b = reinterpret_cast<BlockHeader*>(base_ + tail_);
     if (__atomic_load_n(&b->refs, __ATOMIC_ACQUIRE) != 0) break;
-    tail_ += b->total;
-    used_ -= b->total;
+    const uint64_t total = ring_sizes_.front();
+    ring_sizes_.pop_front();
+    tail_ += total;
+    used_ -= total;
     if (tail_ == ring_end_) tail_ = kShmRingBegin;
   }
   if (used_ == 0) head_ = tail_ = kShmRingBegin;  // start over: fewer pages touched
@@ -145,6 +149,7 @@ std::optional<ShmArena::Block> ShmArena::AllocateRing(uint64_t payload) {
     auto* pad = reinterpret_cast<BlockHeader*>(base_ + head_);
     pad->magic = kPadMagic;
     pad->total = ring_end_ - head_;
+    ring_sizes_.push_back(ring_end_ - head_);
     pad->payload = 0;
     __atomic_store_n(&pad->refs, 0, __ATOMIC_RELAXED);
     used_ += ring_end_ - head_;
@@ -155,6 +160,7 @@ std::optional<ShmArena::Block> ShmArena::AllocateRing(uint64_t payload) {
   b->total = need;
   b->payload = payload;
   __atomic_store_n(&b->refs, 1, __ATOMIC_RELAXED);
+  ring_sizes_.push_back(need);
   Block block{head_ + kShmBlockHeaderBytes, base_ + head_ + kShmBlockHeaderBytes};
   head_ += need;
   used_ += need;
@@ -189,8 +195,9 @@ void ShmArena::ReclaimStore() {
   for (uint64_t block : store_retired_) {
     auto* b = reinterpret_cast<BlockHeader*>(base_ + block);
     if (__atomic_load_n(&b->refs, __ATOMIC_ACQUIRE) == 0) {
-      store_free_.emplace(b->total, block);
-      store_used_ -= b->total;
+      const uint64_t total = store_sizes_.at(block);  // ours, not the shared header's
+      store_free_.emplace(total, block);
+      store_used_ -= total;
     } else {
       store_retired_[keep++] = block;
     }
@@ -215,6 +222,7 @@ std::optional<ShmArena::Stored> ShmArena::AllocateStore(uint64_t payload) {
       block = store_next_;
       store_next_ += need;
       store_used_ += need;
+      store_sizes_[block] = need;
       auto* b = reinterpret_cast<BlockHeader*>(base_ + block);
       b->total = need;
     } else {

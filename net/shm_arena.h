@@ -30,9 +30,11 @@
 #define PSTRAIN_NET_SHM_ARENA_H_
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "common/mutex.h"
@@ -134,9 +136,10 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
   ShmInfo info_;
 
   Mutex ring_mu_;
-  uint64_t head_ GUARDED_BY(ring_mu_) = kShmRingBegin;  // next block goes here
-  uint64_t tail_ GUARDED_BY(ring_mu_) = kShmRingBegin;  // oldest block not reclaimed
-  uint64_t used_ GUARDED_BY(ring_mu_) = 0;              // bytes from tail_ to head_
+  uint64_t head_ GUARDED_BY(ring_mu_) = kShmRingBegin;    // next block goes here
+  uint64_t tail_ GUARDED_BY(ring_mu_) = kShmRingBegin;    // oldest block not reclaimed
+  uint64_t used_ GUARDED_BY(ring_mu_) = 0;                // bytes from tail_ to head_
+  std::deque<uint64_t> ring_sizes_ GUARDED_BY(ring_mu_);  // blocks from tail_ on, in order
 
   Mutex queue_mu_;  // one producer per queue, even if two threads send to one peer
 
@@ -145,6 +148,7 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
   uint64_t store_used_ GUARDED_BY(store_mu_) = 0;
   std::multimap<uint64_t, uint64_t> store_free_ GUARDED_BY(store_mu_);  // block bytes -> block
   std::vector<uint64_t> store_retired_ GUARDED_BY(store_mu_);           // dropped, still being read
+  std::unordered_map<uint64_t, uint64_t> store_sizes_ GUARDED_BY(store_mu_);  // block -> bytes
 };
 
 // A buffer from `arena` (AllocateStore, or AllocateOutgoing when `outgoing`),

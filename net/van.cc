@@ -29,7 +29,8 @@ constexpr size_t kMaxValueFrames = 1 << 16;
 constexpr size_t kMaxHeaderBytes = 1 << 20;
 // Frames smaller than this are copied into ZeroMQ (cheaper than a reference).
 constexpr size_t kCopyBelowBytes = 512;
-// Messages one peer may have waiting for an earlier-numbered one.
+// Messages of one peer waiting for an earlier-numbered one past which its
+// shared-memory queue is not read (the missing one is on ZeroMQ).
 constexpr size_t kMaxStashed = 1 << 16;
 
 struct ZmqFrame {
@@ -353,6 +354,8 @@ Status Van::Send(int id, const Message& msg) {
   std::memcpy(zmq_msg_data(&m), header.data(), header.size());
   if (zmq_msg_send(&m, peer->socket, data ? ZMQ_SNDMORE : 0) < 0) {
     zmq_msg_close(&m);
+    // Nothing left: the number goes to the next message (still under peer->mu).
+    if (ordered) --peer->next_seq;
     if (in_shm) {
       for (uint64_t offset : extra.shm_frame_offset()) arena_->Release(offset);
     }
@@ -449,7 +452,11 @@ void Van::ReceiveLoop() {
     // once more, then sleep.
     if (arena_ != nullptr) arena_->SetSleeping(true);
     bool pending = false;
-    for (const auto& [peer, mapping] : inbound) pending |= !mapping->QueueEmpty(me);
+    for (const auto& [peer, mapping] : inbound) {
+      auto waiting = order_.find(peer);
+      const bool paused = waiting != order_.end() && waiting->second.stash.size() >= kMaxStashed;
+      pending |= !paused && !mapping->QueueEmpty(me);
+    }
     if (!pending) zmq_poll(items, num_items, 100);
     if (arena_ != nullptr) arena_->SetSleeping(false);
     if (doorbell_in_ >= 0) {
@@ -462,6 +469,10 @@ void Van::ReceiveLoop() {
 
 bool Van::DrainQueue(int peer, const std::shared_ptr<ShmMapping>& mapping, int me) {
   bool any = false;
+  // The queue is first in, first out: while many of this peer's messages wait
+  // for an earlier number, that one is on ZeroMQ, so stop reading the queue.
+  auto waiting = order_.find(peer);
+  if (waiting != order_.end() && waiting->second.stash.size() >= kMaxStashed) return false;
   for (int i = 0; i < 256 && !stop_.load(); ++i) {
     uint64_t offset = 0, bytes = 0;
     const int rc = mapping->Dequeue(me, &offset, &bytes);
@@ -487,8 +498,10 @@ bool Van::DrainQueue(int peer, const std::shared_ptr<ShmMapping>& mapping, int m
       continue;
     }
     if (msg.header.sender() != peer) {
-      Drop(&msg, StrCat("message queued by ", NodeIdName(peer), " claims to come from ",
-                        NodeIdName(msg.header.sender())));
+      Drop(&msg,
+           StrCat("message queued by ", NodeIdName(peer), " claims to come from ",
+                  NodeIdName(msg.header.sender())),
+           peer);
       continue;
     }
     if (msg.header.cmd() == CMD_DATA) {
@@ -505,8 +518,10 @@ bool Van::DrainQueue(int peer, const std::shared_ptr<ShmMapping>& mapping, int m
                           values, " bytes of values"));
         continue;
       }
-      msg.keys = env.Slice(keys_at, n * 8);
-      msg.lens = env.Slice(keys_at + n * 8, n * 4);
+      // Copied: the peer can still write its arena, and the server reads the
+      // lengths again after validating them.
+      msg.keys = Blob::Copy(env.data() + keys_at, n * 8);
+      msg.lens = Blob::Copy(env.data() + keys_at + n * 8, n * 4);
       if (inline_values) msg.values.push_back(env.Slice(values_at, values));
     }
     Finish(std::move(msg));
@@ -514,12 +529,28 @@ bool Van::DrainQueue(int peer, const std::shared_ptr<ShmMapping>& mapping, int m
   return any;
 }
 
-void Van::Drop(const Message* msg, const std::string& why) {
+void Van::Drop(const Message* msg, const std::string& why, int stream) {
   ++dropped_;
   LOG(WARNING) << options_.name << ": dropped a malformed message: " << why;
+  if (msg == nullptr) return;
+  const PsHeader& h = msg->header;
+  // Hand back the sender's shared-memory blocks that the message names but
+  // that were never resolved (resolving takes a reference; dropping it at
+  // once releases the block), so its ring is not stalled behind them.
+  const int listed = std::min(h.shm_frame_offset_size(), h.shm_frame_bytes_size());
+  if (static_cast<size_t>(listed) > msg->values.size()) {
+    std::shared_ptr<ShmMapping> mapping;
+    {
+      MutexLock l(&mu_);
+      auto it = peers_.find(h.sender());
+      if (it != peers_.end()) mapping = it->second->theirs;
+    }
+    for (int i = static_cast<int>(msg->values.size()); mapping != nullptr && i < listed; ++i) {
+      (void)mapping->Resolve(h.shm_frame_offset(i), h.shm_frame_bytes(i));
+    }
+  }
   // A numbered message that is dropped must not hold up the ones after it.
-  if (msg != nullptr && msg->header.has_shm_seq())
-    Deliver(msg->header.sender(), msg->header.shm_seq(), nullptr);
+  if (h.has_shm_seq()) Deliver(stream >= 0 ? stream : h.sender(), h.shm_seq(), nullptr);
 }
 
 // Reads one multipart message; false when none was waiting.
@@ -591,8 +622,8 @@ bool Van::ReceiveOne(void* socket) {
 void Van::Finish(Message&& msg) {
   const PsHeader& h = msg.header;
   if (h.version() != PROTOCOL_VERSION_CURRENT) {
-    Drop(nullptr, StrCat("protocol version ", h.version(), " from ", NodeIdName(h.sender()),
-                         ", expected ", static_cast<int>(PROTOCOL_VERSION_CURRENT)));
+    Drop(&msg, StrCat("protocol version ", h.version(), " from ", NodeIdName(h.sender()),
+                      ", expected ", static_cast<int>(PROTOCOL_VERSION_CURRENT)));
     return;
   }
   const bool data = h.cmd() == CMD_DATA;
@@ -659,11 +690,10 @@ void Van::Deliver(int sender, uint64_t seq, Message* msg) {
     return;
   }
   if (seq != o.expected) {
-    if (o.stash.size() >= kMaxStashed) {
-      ++dropped_;
-      LOG(WARNING) << options_.name << ": dropped message " << seq << " from " << NodeIdName(sender)
-                   << ": " << o.stash.size() << " are waiting for message " << o.expected;
-      return;
+    if (o.stash.size() == kMaxStashed) {
+      LOG(WARNING) << options_.name << ": " << o.stash.size() << " messages from "
+                   << NodeIdName(sender) << " are waiting for its message " << o.expected
+                   << "; its shared-memory queue is not read until that arrives";
     }
     std::optional<Message> keep;
     if (msg != nullptr) keep = std::move(*msg);

@@ -121,7 +121,9 @@ class Van {
   // Receive thread: messages `peer` queued for node `me`; true if any.
   bool DrainQueue(int peer, const std::shared_ptr<ShmMapping>& mapping, int me);
   void Finish(Message&& msg);
-  void Drop(const Message* msg, const std::string& why);
+  // Counts and logs a malformed message; a numbered one is skipped in the
+  // order of `stream` (default: its sender) so later ones are not held up.
+  void Drop(const Message* msg, const std::string& why, int stream = -1);
   void Deliver(int sender, uint64_t seq, Message* msg);
   // Puts msg's values in the arena (references or ring copies) and lists them
   // in `extra`; false (nothing taken) when one does not fit.

@@ -251,11 +251,13 @@ void KVServer::HandleMessage(Message&& msg) {
       return;
     }
     req->slots.resize(run_bytes.size());
+    const bool local = node_->SharesMemoryWith(msg.header.sender());
     for (size_t k = 0; k < run_bytes.size(); ++k) {
       if (run_bytes[k] == 0) continue;
-      // In the arena's ring when there is room: sent to a co-located worker
+      // For a co-located worker in the arena's ring when there is room: sent
       // without a copy.
-      ShmArena::Stored buf = node_->AllocateOutgoing(run_bytes[k]);
+      ShmArena::Stored buf = local ? node_->AllocateOutgoing(run_bytes[k])
+                                   : AllocateOrHeap(nullptr, run_bytes[k], false);
       req->slots[k].blob = std::move(buf.blob);
       req->slots[k].data = buf.data;
     }

@@ -93,6 +93,23 @@ TEST(ShmArenaTest, RingSurvivesManyRandomSizedBlocksReleasedOutOfOrder) {
   EXPECT_EQ(arena->ring_used_bytes(), 0u);
 }
 
+TEST(ShmArenaTest, RingDoesNotTrustBlockHeadersThatPeersCanWrite) {
+  auto arena = MakeArena(1 << 16);
+  auto a = arena->AllocateRing(1000);
+  auto b = arena->AllocateRing(1000);
+  ASSERT_TRUE(a && b);
+  // A peer scribbles over the size fields of both headers (bytes 8..23).
+  std::memset(a->data - kBlock + 8, 0, 16);
+  std::memset(b->data - kBlock + 8, 0xff, 16);
+  arena->Release(a->offset);
+  arena->Release(b->offset);
+  EXPECT_EQ(arena->ring_used_bytes(), 0u);
+  auto c = arena->AllocateRing(60000);
+  ASSERT_TRUE(c.has_value());
+  arena->Release(c->offset);
+  EXPECT_EQ(arena->ring_used_bytes(), 0u);
+}
+
 TEST(ShmArenaTest, PeerMapsTheArenaAndItsReadsReleaseRingBlocks) {
   auto arena = MakeArena(1 << 20);
   auto mapping = ShmMapping::Open(arena->info());
@@ -391,15 +408,25 @@ TEST(VanShmTest, ForgedSharedMemoryDescriptorsAreDroppedAndTheVanKeepsServing) {
   send(h);
   h.add_shm_frame_bytes(16);  // two sizes, one offset
   send(h);
+  // A real block of a's, named by a message that is dropped anyway (two
+  // sizes for one offset): b must hand the block back.
+  auto real = p.a->arena()->AllocateRing(16);
+  ASSERT_TRUE(real.has_value());
+  PsHeader named = proto.header;
+  named.add_shm_frame_offset(real->offset);
+  named.add_shm_frame_bytes(16);
+  named.add_shm_frame_bytes(16);
+  send(named);
   PsHeader stranger = proto.header;
   stranger.set_sender(WorkerId(7));  // nobody b has mapped
   stranger.add_shm_frame_offset(4096 + 64);
   stranger.add_shm_frame_bytes(16);
   send(stranger);
-  for (int i = 0; i < 200 && p.b->dropped() < 4; ++i) {
+  for (int i = 0; i < 200 && p.b->dropped() < 5; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT_EQ(p.b->dropped(), 4);
+  EXPECT_EQ(p.b->dropped(), 5);
+  EXPECT_EQ(p.a->arena()->ring_used_bytes(), 0u) << "the dropped message's block came back";
   zmq_ctx_term(ctx);
   ASSERT_OK(p.a->Send(ServerId(0), DataMessage(WorkerId(0), ServerId(0), Floats(2000, 6.0f))));
   Message ok = p.inbox_b.Next();
