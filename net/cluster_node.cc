@@ -77,7 +77,9 @@ Status ClusterNode::Send(int id, const Message& msg) {
   return van_->Send(id, msg);
 }
 
-int64_t ClusterNode::shm_sent() const { return van_ != nullptr ? van_->shm_sent() : 0; }
+int64_t ClusterNode::shm_messages() const {
+  return van_ != nullptr ? van_->shm_sent() + van_->shm_queued() : 0;
+}
 
 void ClusterNode::SetMessageHandler(MessageHandler handler) { handler_ = std::move(handler); }
 void ClusterNode::AddFailureListener(FailureListener l) {

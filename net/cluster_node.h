@@ -108,8 +108,9 @@ class ClusterNode {
     return AllocateOrHeap(arena_.get(), bytes, /*outgoing=*/true);
   }
   Status health() const;
-  // Data messages this node sent with their values in shared memory (Van::shm_sent).
-  int64_t shm_sent() const;
+  // Messages this node sent through shared memory (values in its arena, or the
+  // whole message through a peer's queue; a message may count twice).
+  int64_t shm_messages() const;
 
   Role role() const { return options_.role; }
   int id() const;

@@ -232,7 +232,7 @@ StatusOr<Result> RunConfig(KVClient* kv, const Config& cfg, uint64_t key_base, i
     call_lens[c].assign(lens.begin() + c * per_call, lens.begin() + (c + 1) * per_call);
   }
   std::vector<KVClient::Ticket> tickets;
-  const int64_t shm_before = kv->node()->shm_sent();
+  const int64_t shm_before = kv->node()->shm_messages();
   for (int round = 0; round < rounds; ++round) {
     // The ceiling is the better of two raw framings: one message per step, and
     // one per call as the KV store sends them.
@@ -264,7 +264,7 @@ StatusOr<Result> RunConfig(KVClient* kv, const Config& cfg, uint64_t key_base, i
     r.steps_per_s = std::max(r.steps_per_s, per_round / Seconds(start, Clock::now()));
     RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
   }
-  if (kv->node()->shm_sent() > shm_before) r.transport = "shm";
+  if (kv->node()->shm_messages() > shm_before) r.transport = "shm";
   r.pairs_per_s = r.steps_per_s * cfg.tensors;
   r.payload_gbps = 2.0 * static_cast<double>(elems * 4 * cfg.tensors) * r.steps_per_s / 1e9;
   RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));

@@ -30,13 +30,14 @@ struct CmdRun {
   std::string output;
 };
 
-CmdRun RunPstrain(const std::vector<std::string>& args, int timeout_ms) {
+CmdRun RunPstrain(const std::vector<std::string>& args, int timeout_ms,
+                  std::map<std::string, std::string> env = {}) {
   std::vector<std::string> argv = {PstrainBinary()};
   argv.insert(argv.end(), args.begin(), args.end());
   CmdRun run;
   int wait_status = 0;
-  Status s =
-      tracker::RunAndCapture(argv, Environment().All(), timeout_ms, &run.output, &wait_status);
+  Status s = tracker::RunAndCapture(argv, Environment(std::move(env)).All(), timeout_ms,
+                                    &run.output, &wait_status);
   EXPECT_TRUE(s.ok()) << s << "\n" << run.output;
   if (s.ok() && WIFEXITED(wait_status)) run.exit_code = WEXITSTATUS(wait_status);
   return run;
@@ -157,17 +158,22 @@ TEST(TrainClusterTest, OneWorkerDistMatchesLocalExactly) {
   ASSERT_EQ(local.exit_code, 0) << local.output;
   const std::vector<double> want = MetricValues(local.output, "Validation-accuracy");
   ASSERT_EQ(want.size(), 1u) << local.output;
-  for (const std::string kv : {"dist_sync", "dist_async"}) {
-    TempDir logs;
-    std::vector<std::string> args = {"launch",    "-n",         "1",     "-s",
-                                     "1",         "--launcher", "local", "--quiet",
-                                     "--log-dir", logs.path(),  "--",    PstrainBinary()};
-    for (const std::string& a : with(kv)) args.push_back(a);
-    CmdRun run = RunPstrain(args, 120000);
-    ASSERT_EQ(run.exit_code, 0) << run.output;
-    std::ifstream in(logs.path() + "/worker-0.log");
-    std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    EXPECT_EQ(MetricValues(log, "Validation-accuracy"), want) << kv << ":\n" << log;
+  // Through shared memory (the default on one host) and over TCP only.
+  for (const std::string shm : {"", "0"}) {
+    for (const std::string kv : {"dist_sync", "dist_async"}) {
+      TempDir logs;
+      std::vector<std::string> args = {"launch",    "-n",         "1",     "-s",
+                                       "1",         "--launcher", "local", "--quiet",
+                                       "--log-dir", logs.path(),  "--",    PstrainBinary()};
+      for (const std::string& a : with(kv)) args.push_back(a);
+      CmdRun run = RunPstrain(args, 120000, {{"PSTRAIN_SHM_BYTES", shm}});
+      ASSERT_EQ(run.exit_code, 0) << run.output;
+      std::ifstream in(logs.path() + "/worker-0.log");
+      std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      EXPECT_EQ(MetricValues(log, "Validation-accuracy"), want)
+          << kv << " PSTRAIN_SHM_BYTES=" << shm << ":\n"
+          << log;
+    }
   }
 }
 

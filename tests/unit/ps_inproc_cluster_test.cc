@@ -178,7 +178,7 @@ TEST(InProcClusterTest, DistSyncConformanceThroughSharedMemory) {
         2, 3,
         [&](KVClient& kv) {
           RETURN_IF_ERROR(Conformance(kv, 4));
-          shm_sent += kv.node()->shm_sent();
+          shm_sent += kv.node()->shm_messages();
           return Status::Ok();
         },
         ko, nullptr, -1, "127.0.0.1", 16 << 20));
