@@ -94,41 +94,48 @@ Optimizer::Step Optimizer::Begin(size_t n, ParamState* state) {
   return s;
 }
 
-void Optimizer::ApplyBlock(const Step& s, const float* grad, float* weight, float* m, size_t n) {
+void Optimizer::ApplyBlock(const Step& s, const float* grad, const float* in, float* out, float* m,
+                           size_t n) {
   if (s.test) {
-    for (size_t i = 0; i < n; ++i) weight[i] += s.rescale * grad[i];
+    for (size_t i = 0; i < n; ++i) out[i] = in[i] + s.rescale * grad[i];
     return;
   }
   if (s.mom == 0.0f) {
     for (size_t i = 0; i < n; ++i) {
       float g = s.rescale * grad[i];
       if (s.do_clip) g = std::clamp(g, -s.clip, s.clip);
-      weight[i] -= s.lr * (g + s.wd * weight[i]);
+      out[i] = in[i] - s.lr * (g + s.wd * in[i]);
     }
     return;
   }
   for (size_t i = 0; i < n; ++i) {
     float g = s.rescale * grad[i];
     if (s.do_clip) g = std::clamp(g, -s.clip, s.clip);
-    m[i] = s.mom * m[i] - s.lr * (g + s.wd * weight[i]);
-    weight[i] += m[i];
+    m[i] = s.mom * m[i] - s.lr * (g + s.wd * in[i]);
+    out[i] = in[i] + m[i];
   }
 }
 
 void Optimizer::Update(const float* grad, float* weight, size_t n, ParamState* state) {
   const Step s = Begin(n, state);
-  ApplyBlock(s, grad, weight, state->momentum.empty() ? nullptr : state->momentum.data(), n);
+  ApplyBlock(s, grad, weight, weight, state->momentum.empty() ? nullptr : state->momentum.data(),
+             n);
 }
 
 void Optimizer::Update(const float* const* grads, size_t num_grads, float* weight, size_t n,
                        ParamState* state) {
+  Update(grads, num_grads, weight, weight, n, state);
+}
+
+void Optimizer::Update(const float* const* grads, size_t num_grads, const float* in, float* out,
+                       size_t n, ParamState* state) {
   CHECK_GE(num_grads, 1u);
-  if (num_grads == 1) {
-    Update(grads[0], weight, n, state);
-    return;
-  }
   const Step s = Begin(n, state);
   float* m = state->momentum.empty() ? nullptr : state->momentum.data();
+  if (num_grads == 1) {
+    ApplyBlock(s, grads[0], in, out, m, n);
+    return;
+  }
   // The sum of one block stays in L1 between the adds and the update.
   constexpr size_t kBlock = 1024;
   alignas(64) float sum[kBlock];
@@ -141,7 +148,7 @@ void Optimizer::Update(const float* const* grads, size_t num_grads, float* weigh
       const float* g = grads[k] + b;
       for (size_t i = 0; i < len; ++i) sum[i] += g[i];
     }
-    ApplyBlock(s, sum, weight + b, m == nullptr ? nullptr : m + b, len);
+    ApplyBlock(s, sum, in + b, out + b, m == nullptr ? nullptr : m + b, len);
   }
 }
 

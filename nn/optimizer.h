@@ -60,6 +60,12 @@ class Optimizer {
   // REQUIRES: num_grads >= 1.
   void Update(const float* const* grads, size_t num_grads, float* weight, size_t n,
               ParamState* state);
+  // The same, reading the weights from `in` and writing the result to `out`
+  // (equal, or not overlapping): a server whose stored value is still being
+  // read by a pull reply writes the update to a fresh buffer instead of
+  // copying the value first.
+  void Update(const float* const* grads, size_t num_grads, const float* in, float* out, size_t n,
+              ParamState* state);
 
   // The rate the next update with the current global count would use.
   float CurrentLr() const;
@@ -76,7 +82,8 @@ class Optimizer {
     bool test;
   };
   Step Begin(size_t n, ParamState* state);
-  static void ApplyBlock(const Step& s, const float* grad, float* weight, float* mom, size_t n);
+  static void ApplyBlock(const Step& s, const float* grad, const float* in, float* out, float* mom,
+                         size_t n);
 
   OptimizerConfig cfg_;
   LrSchedule schedule_;

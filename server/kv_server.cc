@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -34,9 +35,9 @@ struct KVServer::Op {
   const PsHeader& header() const { return req->msg.header; }
 };
 
-// A stored value shared with in-flight pull replies; copied before a write
-// while a reply still references it. It lives in the node's shared-memory
-// arena when there is room, so replies to co-located workers reference it.
+// A stored value shared with in-flight pull replies; an update while a reply
+// still references it is written to a fresh buffer that replaces it. It lives in the node's
+// shared-memory arena when there is room, so replies to co-located workers reference it.
 struct KVServer::KeyState {
   bool initialized = false;
   Blob value;
@@ -55,13 +56,6 @@ struct KVServer::KeyState {
     // Pairs with the release of the last reply's reference.
     std::atomic_thread_fence(std::memory_order_acquire);
     return readers != nullptr && ShmArena::Readers(readers) > 0;
-  }
-  // Makes `value` safe to write: a fresh copy when a reply still holds it.
-  void MakeWritable(ClusterNode* node) {
-    if (!Shared()) return;
-    ShmArena::Stored fresh = node->AllocateStored(size * sizeof(float));
-    std::memcpy(fresh.data, data, size * sizeof(float));
-    Store(std::move(fresh), size);
   }
   int merged = 0;              // pushes in the open round
   std::vector<char> in_round;  // per worker rank: pushed in the open round
@@ -388,17 +382,22 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   auto cfg = config();
   const float* grad = op.req->part_values[op.part];
   // One update with the sum of `k` gradients (summed in order, never stored).
+  // While a reply still reads the stored value, the update goes to a fresh
+  // buffer (the same pass, no copy first) that then becomes the value.
   auto apply = [&](const float* const* g, size_t k) {
-    ks->MakeWritable(node_);
     if (cfg != nullptr) {
       auto it = cfg->wd_mult().find(WireKeyUser(wire));
       ks->state.wd_mult = it == cfg->wd_mult().end() ? 1.0f : it->second;
     }
+    std::optional<ShmArena::Stored> fresh;
+    if (ks->Shared()) fresh = node_->AllocateStored(n * sizeof(float));
+    float* out = fresh.has_value() ? reinterpret_cast<float*>(fresh->data) : ks->data;
     if (auto opt = optimizer()) {
-      opt->Update(g, k, ks->data, n, &ks->state);
+      opt->Update(g, k, ks->data, out, n, &ks->state);
     } else {
-      SumInto(g, k, ks->data, n);
+      SumInto(g, k, out, n);
     }
+    if (fresh.has_value()) ks->Store(*std::move(fresh), n);
   };
   if (cfg == nullptr || !cfg->sync_mode()) {
     if (optimizer() == nullptr) {

@@ -86,6 +86,37 @@ TEST(OptimizerTest, UpdateOfSeveralGradientsEqualsUpdateOfTheirSumExactly) {
   }
 }
 
+// A server whose stored value is still being read updates out of place: the
+// result must equal the in-place update exactly, and `in` stays untouched.
+TEST(OptimizerTest, OutOfPlaceUpdateEqualsInPlaceAndLeavesTheInputAlone) {
+  const size_t n = 2500;
+  for (int k : {1, 2, 3}) {
+    for (float mom : {0.0f, 0.9f}) {
+      std::vector<std::vector<float>> g(k, std::vector<float>(n));
+      std::vector<float> start(n);
+      for (size_t i = 0; i < n; ++i) {
+        start[i] = std::cos(0.3f * i);
+        for (int j = 0; j < k; ++j) g[j][i] = 0.02f * std::sin(0.07f * i + j);
+      }
+      std::vector<const float*> ptrs;
+      for (auto& gj : g) ptrs.push_back(gj.data());
+      auto in_place = MakeSgd(0.05f, mom, 1e-3f, 0.5f, 0.05f);
+      auto out_of_place = MakeSgd(0.05f, mom, 1e-3f, 0.5f, 0.05f);
+      std::vector<float> w1 = start, from = start, w2(n);
+      ParamState s1, s2;
+      for (int step = 0; step < 3; ++step) {
+        in_place->Update(ptrs.data(), ptrs.size(), w1.data(), n, &s1);
+        const std::vector<float> before = from;
+        out_of_place->Update(ptrs.data(), ptrs.size(), from.data(), w2.data(), n, &s2);
+        ASSERT_EQ(from, before) << "the input is read only";
+        ASSERT_EQ(w1, w2) << "k=" << k << " mom=" << mom << " step " << step;
+        from.swap(w2);  // the fresh buffer becomes the stored value
+      }
+      EXPECT_EQ(s1.momentum, s2.momentum);
+    }
+  }
+}
+
 TEST(OptimizerTest, ClipAppliesAfterRescale) {
   auto opt = MakeSgd(1.0f, 0.0f, 0.0f, 0.5f, 1.0f);
   std::vector<float> w = {0.0f, 0.0f, 0.0f};
