@@ -151,6 +151,14 @@ void ExpectAllOk(const JobResult& r) {
   for (const Status& s : r.workers) EXPECT_OK(s);
 }
 
+// Runs the job over TCP, then with every node's values in shared memory.
+void ExpectOkOverTcpAndSharedMemory(int S, int W, const Body& body) {
+  for (int64_t shm : {int64_t{0}, int64_t{16} << 20}) {
+    SCOPED_TRACE(shm > 0 ? "shared memory" : "tcp");
+    ExpectAllOk(RunJob(S, W, body, {}, nullptr, -1, "127.0.0.1", shm));
+  }
+}
+
 TEST(InProcClusterTest, DistSyncConformanceOneServerOneWorker) {
   ExpectAllOk(RunJob(1, 1, [](KVClient& kv) { return Conformance(kv, 3); }));
 }
@@ -199,130 +207,101 @@ TEST(InProcClusterTest, HostNamesWorkForBindAdvertiseAndScheduler) {
 }
 
 TEST(InProcClusterTest, ServerAppliesSgdWithScheduleExactlyAsTheLocalOptimizer) {
-  // Over TCP, then with every node's values in shared memory.
-  for (int64_t shm : {0, 16 << 20}) {
-    SCOPED_TRACE(shm > 0 ? "shared memory" : "tcp");
-    ExpectAllOk(RunJob(
-        1, 1,
-        [](KVClient& kv) -> Status {
-          ServerConfig c;
-          c.set_sync_mode(false);
-          OptimizerConfig* oc = c.mutable_optimizer();
-          oc->set_learning_rate(0.1f);
-          oc->set_momentum(0.9f);
-          oc->set_wd(0.01f);
-          oc->set_rescale_grad(0.5f);
-          oc->set_clip_gradient(0.3f);
-          oc->mutable_lr_scheduler()->set_type(LrSchedulerConfig::FACTOR);
-          oc->mutable_lr_scheduler()->set_step(2);
-          oc->mutable_lr_scheduler()->set_factor(0.5f);
-          RETURN_IF_ERROR(kv.SetServerConfig(c, Soon()));
-          auto local = Optimizer::Create(*oc);
-          RETURN_IF_ERROR(local.status());
-          ParamState state;
-          std::vector<float> w = {1.0f, -2.0f, 0.5f}, got(3);
-          std::vector<float> expect = w;
-          RETURN_IF_ERROR(kv.Wait(kv.Init({11}, {3}, w.data()), Soon()));
-          for (int step = 0; step < 6; ++step) {
-            std::vector<float> g = {0.2f * step, -1.5f, 3.0f - step};
-            (*local)->Update(g.data(), expect.data(), 3, &state);
-            RETURN_IF_ERROR(kv.Wait(kv.PushPull({11}, {3}, g.data(), got.data()), Soon()));
-            if (got != expect) {
-              return Status::Internal(StrCat("step ", step, ": server ", got[0], ",", got[1], ",",
-                                             got[2], " local ", expect[0], ",", expect[1], ",",
-                                             expect[2]));
-            }
-          }
-          return Status::Ok();
-        },
-        {}, nullptr, -1, "127.0.0.1", shm));
-  }
+  ExpectOkOverTcpAndSharedMemory(1, 1, [](KVClient& kv) -> Status {
+    ServerConfig c;
+    c.set_sync_mode(false);
+    OptimizerConfig* oc = c.mutable_optimizer();
+    oc->set_learning_rate(0.1f);
+    oc->set_momentum(0.9f);
+    oc->set_wd(0.01f);
+    oc->set_rescale_grad(0.5f);
+    oc->set_clip_gradient(0.3f);
+    oc->mutable_lr_scheduler()->set_type(LrSchedulerConfig::FACTOR);
+    oc->mutable_lr_scheduler()->set_step(2);
+    oc->mutable_lr_scheduler()->set_factor(0.5f);
+    RETURN_IF_ERROR(kv.SetServerConfig(c, Soon()));
+    auto local = Optimizer::Create(*oc);
+    RETURN_IF_ERROR(local.status());
+    ParamState state;
+    std::vector<float> w = {1.0f, -2.0f, 0.5f}, got(3);
+    std::vector<float> expect = w;
+    RETURN_IF_ERROR(kv.Wait(kv.Init({11}, {3}, w.data()), Soon()));
+    for (int step = 0; step < 6; ++step) {
+      std::vector<float> g = {0.2f * step, -1.5f, 3.0f - step};
+      (*local)->Update(g.data(), expect.data(), 3, &state);
+      RETURN_IF_ERROR(kv.Wait(kv.PushPull({11}, {3}, g.data(), got.data()), Soon()));
+      if (got != expect) {
+        return Status::Internal(StrCat("step ", step, ": server ", got[0], ",", got[1], ",", got[2],
+                                       " local ", expect[0], ",", expect[1], ",", expect[2]));
+      }
+    }
+    return Status::Ok();
+  });
 }
 
 TEST(InProcClusterTest, PushPullCarriesTheNewValueInOneRoundTrip) {
-  // Over TCP, then with every node's values in shared memory.
-  for (int64_t shm : {0, 16 << 20}) {
-    SCOPED_TRACE(shm > 0 ? "shared memory" : "tcp");
-    ExpectAllOk(RunJob(
-        2, 2,
-        [](KVClient& kv) -> Status {
-          const std::vector<KVClient::Key> keys = {1, 2, 3};
-          const std::vector<int64_t> lens = {5, 70000, 17};
-          const size_t n = 5 + 70000 + 17;
-          std::vector<float> zeros(n, 0.0f), grad(n, 1.0f), got(n);
-          RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));
-          RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, zeros.data()), Soon()));
-          RETURN_IF_ERROR(kv.Barrier(Soon()));
-          for (int i = 1; i <= 3; ++i) {
-            RETURN_IF_ERROR(kv.Wait(kv.PushPull(keys, lens, grad.data(), got.data()), Soon()));
-            for (float v : got) {
-              if (v != 2.0f * i) return Status::Internal(StrCat("pushpull round ", i, " got ", v));
-            }
-          }
-          return Status::Ok();
-        },
-        {}, nullptr, -1, "127.0.0.1", shm));
-  }
+  ExpectOkOverTcpAndSharedMemory(2, 2, [](KVClient& kv) -> Status {
+    const std::vector<KVClient::Key> keys = {1, 2, 3};
+    const std::vector<int64_t> lens = {5, 70000, 17};
+    const size_t n = 5 + 70000 + 17;
+    std::vector<float> zeros(n, 0.0f), grad(n, 1.0f), got(n);
+    RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));
+    RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, zeros.data()), Soon()));
+    RETURN_IF_ERROR(kv.Barrier(Soon()));
+    for (int i = 1; i <= 3; ++i) {
+      RETURN_IF_ERROR(kv.Wait(kv.PushPull(keys, lens, grad.data(), got.data()), Soon()));
+      for (float v : got) {
+        if (v != 2.0f * i) return Status::Internal(StrCat("pushpull round ", i, " got ", v));
+      }
+    }
+    return Status::Ok();
+  });
 }
 
 TEST(InProcClusterTest, DistAsyncAppliesEveryPushExactlyOnce) {
-  // Over TCP, then with every node's values in shared memory.
-  for (int64_t shm : {0, 16 << 20}) {
-    SCOPED_TRACE(shm > 0 ? "shared memory" : "tcp");
-    ExpectAllOk(RunJob(
-        2, 3,
-        [](KVClient& kv) -> Status {
-          const std::vector<KVClient::Key> keys = {7, 8};
-          const std::vector<int64_t> lens = {10, 300000};
-          const size_t n = lens[0] + lens[1];
-          std::vector<float> zeros(n, 0.0f), grad(n, kv.rank() + 1.0f), got(n);
-          RETURN_IF_ERROR(kv.SetServerConfig(Config(false, 1.0f), Soon()));
-          RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, zeros.data()), Soon()));
-          RETURN_IF_ERROR(kv.Barrier(Soon()));
-          std::vector<KVClient::Ticket> tickets;
-          for (int i = 0; i < 20; ++i) tickets.push_back(kv.Push(keys, lens, grad.data()));
-          for (auto t : tickets) RETURN_IF_ERROR(kv.Wait(t, Soon()));
-          RETURN_IF_ERROR(kv.Barrier(Soon()));
-          RETURN_IF_ERROR(kv.Wait(kv.Pull(keys, lens, got.data()), Soon()));
-          const float expect = 20.0f * (1 + 2 + 3);
-          for (float v : got) {
-            if (v != expect) return Status::Internal(StrCat("async got ", v, " expected ", expect));
-          }
-          return Status::Ok();
-        },
-        {}, nullptr, -1, "127.0.0.1", shm));
-  }
+  ExpectOkOverTcpAndSharedMemory(2, 3, [](KVClient& kv) -> Status {
+    const std::vector<KVClient::Key> keys = {7, 8};
+    const std::vector<int64_t> lens = {10, 300000};
+    const size_t n = lens[0] + lens[1];
+    std::vector<float> zeros(n, 0.0f), grad(n, kv.rank() + 1.0f), got(n);
+    RETURN_IF_ERROR(kv.SetServerConfig(Config(false, 1.0f), Soon()));
+    RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, zeros.data()), Soon()));
+    RETURN_IF_ERROR(kv.Barrier(Soon()));
+    std::vector<KVClient::Ticket> tickets;
+    for (int i = 0; i < 20; ++i) tickets.push_back(kv.Push(keys, lens, grad.data()));
+    for (auto t : tickets) RETURN_IF_ERROR(kv.Wait(t, Soon()));
+    RETURN_IF_ERROR(kv.Barrier(Soon()));
+    RETURN_IF_ERROR(kv.Wait(kv.Pull(keys, lens, got.data()), Soon()));
+    const float expect = 20.0f * (1 + 2 + 3);
+    for (float v : got) {
+      if (v != expect) return Status::Internal(StrCat("async got ", v, " expected ", expect));
+    }
+    return Status::Ok();
+  });
 }
 
 TEST(InProcClusterTest, PullSeesOwnEarlierPushInSyncModeAndSgdRuns) {
-  // Over TCP, then with every node's values in shared memory.
-  for (int64_t shm : {0, 16 << 20}) {
-    SCOPED_TRACE(shm > 0 ? "shared memory" : "tcp");
-    ExpectAllOk(RunJob(
-        1, 2,
-        [](KVClient& kv) -> Status {
-          ServerConfig c;
-          c.set_sync_mode(true);
-          c.mutable_optimizer()->set_learning_rate(0.5f);
-          c.mutable_optimizer()->set_momentum(0.9f);
-          c.mutable_optimizer()->set_rescale_grad(0.5f);  // 1 / (batch 1 * W 2)
-          RETURN_IF_ERROR(kv.SetServerConfig(c, Soon()));
-          std::vector<float> w = {1.0f, 2.0f}, g = {1.0f, 1.0f}, got(2);
-          RETURN_IF_ERROR(kv.Wait(kv.Init({5}, {2}, w.data()), Soon()));
-          RETURN_IF_ERROR(kv.Barrier(Soon()));
-          // Rank 1 pushes late: rank 0's pull must still wait for the round.
-          if (kv.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
-          auto push = kv.Push({5}, {2}, g.data());
-          RETURN_IF_ERROR(kv.Wait(kv.Pull({5}, {2}, got.data()), Soon()));
-          RETURN_IF_ERROR(kv.Wait(push, Soon()));
-          // Sum of grads 2, rescaled 1; mom = -0.5 * 1; w += mom.
-          if (got[0] != 0.5f || got[1] != 1.5f) {
-            return Status::Internal(StrCat("after one SGD step got ", got[0], ",", got[1]));
-          }
-          return Status::Ok();
-        },
-        {}, nullptr, -1, "127.0.0.1", shm));
-  }
+  ExpectOkOverTcpAndSharedMemory(1, 2, [](KVClient& kv) -> Status {
+    ServerConfig c;
+    c.set_sync_mode(true);
+    c.mutable_optimizer()->set_learning_rate(0.5f);
+    c.mutable_optimizer()->set_momentum(0.9f);
+    c.mutable_optimizer()->set_rescale_grad(0.5f);  // 1 / (batch 1 * W 2)
+    RETURN_IF_ERROR(kv.SetServerConfig(c, Soon()));
+    std::vector<float> w = {1.0f, 2.0f}, g = {1.0f, 1.0f}, got(2);
+    RETURN_IF_ERROR(kv.Wait(kv.Init({5}, {2}, w.data()), Soon()));
+    RETURN_IF_ERROR(kv.Barrier(Soon()));
+    // Rank 1 pushes late: rank 0's pull must still wait for the round.
+    if (kv.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    auto push = kv.Push({5}, {2}, g.data());
+    RETURN_IF_ERROR(kv.Wait(kv.Pull({5}, {2}, got.data()), Soon()));
+    RETURN_IF_ERROR(kv.Wait(push, Soon()));
+    // Sum of grads 2, rescaled 1; mom = -0.5 * 1; w += mom.
+    if (got[0] != 0.5f || got[1] != 1.5f) {
+      return Status::Internal(StrCat("after one SGD step got ", got[0], ",", got[1]));
+    }
+    return Status::Ok();
+  });
 }
 
 TEST(InProcClusterTest, BadRequestsGetErrorsNamingTheKey) {
