@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <random>
 
 namespace pstrain {
@@ -212,8 +213,14 @@ std::optional<ShmArena::Stored> ShmArena::AllocateStore(uint64_t payload) {
     MutexLock l(&store_mu_);
     ReclaimStore();
     // Stored values come in few sizes (one per key), so an exact fit is the
-    // common case; a free block up to 1/8 bigger is taken too.
-    auto it = store_free_.lower_bound(need);
+    // common case, and the block freed last (still in cache) is taken; a free
+    // block up to 1/8 bigger is taken too.
+    auto it = store_free_.upper_bound(need);
+    if (it != store_free_.begin() && std::prev(it)->first == need) {
+      --it;
+    } else {
+      it = store_free_.lower_bound(need);
+    }
     if (it != store_free_.end() && it->first <= need + need / 8) {
       block = it->second;
       store_used_ += it->first;
