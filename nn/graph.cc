@@ -46,6 +46,30 @@ bool Graph::CheckInput(NodeId in, const std::string& who) {
   return true;
 }
 
+bool Graph::CheckImageInput(NodeId in, const char* kind, const std::string& name) {
+  const Shape& x = nodes_[in].out_shape;
+  if (x.ndim() == 3) return true;
+  Fail(StrCat(kind, " '", name, "': input '", nodes_[in].name, "' has shape ", x.ToString(),
+              ", expected (C,H,W)"));
+  return false;
+}
+
+bool Graph::CheckKernelFits(const char* kind, const std::string& name, const Shape& x, int kh,
+                            int kw, int64_t hp, int64_t wp) {
+  if (hp >= kh && wp >= kw) return true;
+  Fail(StrCat(kind, " '", name, "': kernel ", kh, "x", kw, " larger than the padded input ", hp,
+              "x", wp, " (input ", x.ToString(), ")"));
+  return false;
+}
+
+Node Graph::NewNode(OpType op, const std::string& name, std::vector<NodeId> inputs) {
+  Node n;
+  n.op = op;
+  n.name = name;
+  n.inputs = std::move(inputs);
+  return n;
+}
+
 NodeId Graph::AddNode(Node node) {
   if (!status_.ok()) return kInvalidNode;
   if (Find(node.name) != kInvalidNode) {
@@ -79,9 +103,7 @@ NodeId Graph::Input(const std::string& name, const Shape& shape) {
       return kInvalidNode;
     }
   }
-  Node n;
-  n.op = OpType::kInput;
-  n.name = name;
+  Node n = NewNode(OpType::kInput, name, {});
   n.out_shape = shape;
   NodeId id = AddNode(std::move(n));
   if (id != kInvalidNode) inputs_.push_back(id);
@@ -89,13 +111,8 @@ NodeId Graph::Input(const std::string& name, const Shape& shape) {
 }
 
 NodeId Graph::Convolution(const std::string& name, NodeId in, const ConvParam& p) {
-  if (!CheckInput(in, name)) return kInvalidNode;
+  if (!CheckInput(in, name) || !CheckImageInput(in, "convolution", name)) return kInvalidNode;
   const Shape& x = nodes_[in].out_shape;
-  if (x.ndim() != 3) {
-    Fail(StrCat("convolution '", name, "': input '", nodes_[in].name, "' has shape ", x.ToString(),
-                ", expected (C,H,W)"));
-    return kInvalidNode;
-  }
   if (p.num_filter < 1 || p.kernel_h < 1 || p.kernel_w < 1 || p.stride_h < 1 || p.stride_w < 1 ||
       p.pad_h < 0 || p.pad_w < 0 || p.num_group < 1 || x[0] % p.num_group != 0 ||
       p.num_filter % p.num_group != 0) {
@@ -104,15 +121,10 @@ NodeId Graph::Convolution(const std::string& name, NodeId in, const ConvParam& p
     return kInvalidNode;
   }
   const int64_t hp = x[1] + 2 * p.pad_h, wp = x[2] + 2 * p.pad_w;
-  if (hp < p.kernel_h || wp < p.kernel_w) {
-    Fail(StrCat("convolution '", name, "': kernel ", p.kernel_h, "x", p.kernel_w,
-                " larger than the padded input ", hp, "x", wp, " (input ", x.ToString(), ")"));
+  if (!CheckKernelFits("convolution", name, x, p.kernel_h, p.kernel_w, hp, wp)) {
     return kInvalidNode;
   }
-  Node n;
-  n.op = OpType::kConvolution;
-  n.name = name;
-  n.inputs = {in};
+  Node n = NewNode(OpType::kConvolution, name, {in});
   n.conv = p;
   n.out_shape =
       Shape{p.num_filter, (hp - p.kernel_h) / p.stride_h + 1, (wp - p.kernel_w) / p.stride_w + 1};
@@ -123,13 +135,8 @@ NodeId Graph::Convolution(const std::string& name, NodeId in, const ConvParam& p
 }
 
 NodeId Graph::Pooling(const std::string& name, NodeId in, const PoolParam& param) {
-  if (!CheckInput(in, name)) return kInvalidNode;
+  if (!CheckInput(in, name) || !CheckImageInput(in, "pooling", name)) return kInvalidNode;
   const Shape& x = nodes_[in].out_shape;
-  if (x.ndim() != 3) {
-    Fail(StrCat("pooling '", name, "': input '", nodes_[in].name, "' has shape ", x.ToString(),
-                ", expected (C,H,W)"));
-    return kInvalidNode;
-  }
   PoolParam p = param;
   if (p.global) {
     p.kernel_h = static_cast<int>(x[1]);
@@ -143,11 +150,7 @@ NodeId Graph::Pooling(const std::string& name, NodeId in, const PoolParam& param
     return kInvalidNode;
   }
   const int64_t hp = x[1] + 2 * p.pad_h, wp = x[2] + 2 * p.pad_w;
-  if (hp < p.kernel_h || wp < p.kernel_w) {
-    Fail(StrCat("pooling '", name, "': kernel ", p.kernel_h, "x", p.kernel_w,
-                " larger than the padded input ", hp, "x", wp, " (input ", x.ToString(), ")"));
-    return kInvalidNode;
-  }
+  if (!CheckKernelFits("pooling", name, x, p.kernel_h, p.kernel_w, hp, wp)) return kInvalidNode;
   int64_t oh, ow;
   if (p.convention == PoolConvention::kValid) {
     oh = (hp - p.kernel_h) / p.stride_h + 1;
@@ -156,10 +159,7 @@ NodeId Graph::Pooling(const std::string& name, NodeId in, const PoolParam& param
     oh = std::min(hp - p.kernel_h + p.stride_h - 1, hp - 1) / p.stride_h + 1;
     ow = std::min(wp - p.kernel_w + p.stride_w - 1, wp - 1) / p.stride_w + 1;
   }
-  Node n;
-  n.op = OpType::kPooling;
-  n.name = name;
-  n.inputs = {in};
+  Node n = NewNode(OpType::kPooling, name, {in});
   n.pool = p;
   n.out_shape = Shape{x[0], oh, ow};
   return AddNode(std::move(n));
@@ -171,10 +171,7 @@ NodeId Graph::FullyConnected(const std::string& name, NodeId in, const FcParam& 
     Fail(StrCat("fully connected '", name, "': num_hidden must be >= 1"));
     return kInvalidNode;
   }
-  Node n;
-  n.op = OpType::kFullyConnected;
-  n.name = name;
-  n.inputs = {in};
+  Node n = NewNode(OpType::kFullyConnected, name, {in});
   n.fc = p;
   n.out_shape = Shape{p.num_hidden};
   AddParam(&n, "weight", Shape{p.num_hidden, nodes_[in].out_shape.num_elements()},
@@ -190,10 +187,7 @@ NodeId Graph::BatchNorm(const std::string& name, NodeId in, const BatchNormParam
     Fail(StrCat("batch norm '", name, "': needs a channel dimension, eps > 0, momentum in [0,1]"));
     return kInvalidNode;
   }
-  Node n;
-  n.op = OpType::kBatchNorm;
-  n.name = name;
-  n.inputs = {in};
+  Node n = NewNode(OpType::kBatchNorm, name, {in});
   n.bn = p;
   n.out_shape = x;
   AddParam(&n, "gamma", Shape{x[0]}, ParamRole::kGamma);
@@ -205,10 +199,7 @@ NodeId Graph::BatchNorm(const std::string& name, NodeId in, const BatchNormParam
 
 NodeId Graph::Activation(const std::string& name, NodeId in, ActType type) {
   if (!CheckInput(in, name)) return kInvalidNode;
-  Node n;
-  n.op = OpType::kActivation;
-  n.name = name;
-  n.inputs = {in};
+  Node n = NewNode(OpType::kActivation, name, {in});
   n.act = type;
   n.out_shape = nodes_[in].out_shape;
   return AddNode(std::move(n));
@@ -239,10 +230,7 @@ NodeId Graph::Concat(const std::string& name, const std::vector<NodeId>& ins) {
     }
     out[0] += s[0];
   }
-  Node n;
-  n.op = OpType::kConcat;
-  n.name = name;
-  n.inputs = ins;
+  Node n = NewNode(OpType::kConcat, name, ins);
   n.out_shape = out;
   return AddNode(std::move(n));
 }
@@ -261,10 +249,7 @@ NodeId Graph::Add(const std::string& name, const std::vector<NodeId>& ins) {
       return kInvalidNode;
     }
   }
-  Node n;
-  n.op = OpType::kAdd;
-  n.name = name;
-  n.inputs = ins;
+  Node n = NewNode(OpType::kAdd, name, ins);
   n.out_shape = nodes_[ins[0]].out_shape;
   return AddNode(std::move(n));
 }
@@ -275,10 +260,7 @@ NodeId Graph::Dropout(const std::string& name, NodeId in, const DropoutParam& p)
     Fail(StrCat("dropout '", name, "': p must be in [0, 1), got ", p.p));
     return kInvalidNode;
   }
-  Node n;
-  n.op = OpType::kDropout;
-  n.name = name;
-  n.inputs = {in};
+  Node n = NewNode(OpType::kDropout, name, {in});
   n.dropout = p;
   n.out_shape = nodes_[in].out_shape;
   return AddNode(std::move(n));
@@ -286,10 +268,7 @@ NodeId Graph::Dropout(const std::string& name, NodeId in, const DropoutParam& p)
 
 NodeId Graph::Flatten(const std::string& name, NodeId in) {
   if (!CheckInput(in, name)) return kInvalidNode;
-  Node n;
-  n.op = OpType::kFlatten;
-  n.name = name;
-  n.inputs = {in};
+  Node n = NewNode(OpType::kFlatten, name, {in});
   n.out_shape = Shape{nodes_[in].out_shape.num_elements()};
   return AddNode(std::move(n));
 }
@@ -298,10 +277,7 @@ NodeId Graph::SoftmaxOutput(const std::string& name, NodeId in, float grad_scale
   if (!CheckInput(in, name)) return kInvalidNode;
   NodeId label = Input(name + "_label", Shape{});
   if (label == kInvalidNode) return kInvalidNode;
-  Node n;
-  n.op = OpType::kSoftmaxOutput;
-  n.name = name;
-  n.inputs = {in, label};
+  Node n = NewNode(OpType::kSoftmaxOutput, name, {in, label});
   n.out_shape = Shape{nodes_[in].out_shape.num_elements()};
   n.softmax_grad_scale = grad_scale;
   return AddNode(std::move(n));

@@ -182,6 +182,13 @@ class Graph {
   std::vector<LayerSummary> Summary() const;
 
  private:
+  // Convolution and pooling: the input is (C,H,W), and the kernel fits the
+  // padded input (hp x wp). Fail with a message naming `kind` and `name` if not.
+  bool CheckImageInput(NodeId in, const char* kind, const std::string& name);
+  bool CheckKernelFits(const char* kind, const std::string& name, const Shape& x, int kh, int kw,
+                       int64_t hp, int64_t wp);
+  // A node of `op` named `name` reading `inputs`; the caller sets the rest.
+  static Node NewNode(OpType op, const std::string& name, std::vector<NodeId> inputs);
   NodeId AddNode(Node node);
   bool CheckInput(NodeId in, const std::string& who);
   int AddParam(Node* node, const std::string& suffix, Shape shape, ParamRole role);
