@@ -30,6 +30,20 @@ using ::testing::HasSubstr;
 uint8_t Red(int i) { return static_cast<uint8_t>(2 * i); }
 uint8_t Green(int i) { return static_cast<uint8_t>(255 - i); }
 
+// Image i: 12 x 10, every pixel (Red(i), Green(i), 100), as a JPEG.
+std::string SolidJpeg(int i) {
+  Image img;
+  img.Resize(12, 10, 3);
+  for (int p = 0; p < 120; ++p) {
+    img.pixels[p * 3] = Red(i);
+    img.pixels[p * 3 + 1] = Green(i);
+    img.pixels[p * 3 + 2] = 100;
+  }
+  std::string jpeg;
+  CHECK_OK(EncodeJpeg(img, 95, &jpeg));
+  return jpeg;
+}
+
 class ImageRecordIterTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -48,15 +62,7 @@ class ImageRecordIterTest : public ::testing::Test {
     std::vector<RecordIndexEntry> idx;
     std::vector<uint64_t> offsets;
     for (int i = 0; i < n; ++i) {
-      Image img;
-      img.Resize(12, 10, 3);
-      for (int p = 0; p < 120; ++p) {
-        img.pixels[p * 3] = Red(i);
-        img.pixels[p * 3 + 1] = Green(i);
-        img.pixels[p * 3 + 2] = 100;
-      }
-      std::string jpeg;
-      CHECK_OK(EncodeJpeg(img, 95, &jpeg));
+      std::string jpeg = SolidJpeg(i);
       if (i == bad) jpeg = "this is not an image";
       offsets.push_back((*writer)->Tell());
       idx.push_back({static_cast<uint64_t>(i), (*writer)->Tell()});
@@ -339,15 +345,7 @@ TEST_F(ImageRecordIterTest, ReadsAnImageFolderThroughALstFile) {
   // 30 solid images in two class folders, listed in a .lst; 3 parts.
   std::vector<ImageListEntry> entries;
   for (int i = 0; i < 30; ++i) {
-    Image img;
-    img.Resize(12, 10, 3);
-    for (int p = 0; p < 120; ++p) {
-      img.pixels[p * 3] = Red(i);
-      img.pixels[p * 3 + 1] = Green(i);
-      img.pixels[p * 3 + 2] = 100;
-    }
-    std::string jpeg;
-    ASSERT_OK(EncodeJpeg(img, 95, &jpeg));
+    const std::string jpeg = SolidJpeg(i);
     const std::string rel = std::string(i % 2 ? "odd/" : "even/") + std::to_string(i) + ".jpg";
     std::filesystem::create_directories(dir_ / "imgs" / (i % 2 ? "odd" : "even"));
     std::ofstream(Path("imgs/" + rel), std::ios::binary) << jpeg;
