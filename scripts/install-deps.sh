@@ -10,6 +10,8 @@ PACKAGES=(
   libgflags-dev libgoogle-glog-dev           # flags and logging
   libgtest-dev libgmock-dev                  # tests
   libdnnl-dev                                # CPU kernels (oneDNN)
+  ocl-icd-opencl-dev                         # Debian's oneDNN is built with an OpenCL GPU
+                                             # runtime: its CMake package requires OpenCL
   libjpeg62-turbo-dev libpng-dev zlib1g-dev  # image pipeline
   openssh-server openssh-client rsync        # ssh launcher (and its tests)
   openmpi-bin libopenmpi-dev                 # mpi launcher (and its tests; the default mpirun)
