@@ -2,7 +2,7 @@
 # Configures and builds pstrain into ./build (or $PSTRAIN_BUILD_DIR).
 #   PSTRAIN_BUILD_TARGET=pstrain   build one target instead of everything
 #   PSTRAIN_JOBS=N                 parallel compile jobs (default: all cores)
-# Extra arguments go to cmake's configure step, e.g. -DPSTRAIN_NATIVE=OFF.
+# Extra arguments go to cmake's configure step, e.g. -DPSTRAIN_ARCH=native.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${PSTRAIN_BUILD_DIR:-build}

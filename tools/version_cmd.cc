@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "tools/commands.h"
+#include "tools/cpu_check.h"
 
 #ifndef PSTRAIN_VERSION
 #define PSTRAIN_VERSION "0.0.0"
@@ -17,7 +18,9 @@ namespace pstrain {
 int RunVersion(int /*argc*/, char** /*argv*/) {
   int major = 0, minor = 0, patch = 0;
   zmq_version(&major, &minor, &patch);
-  std::printf("pstrain %s (%s build)\n", PSTRAIN_VERSION, PSTRAIN_BUILD_TYPE);
+  const char* arch = BuildArch();
+  std::printf("pstrain %s (%s build, %s%s)\n", PSTRAIN_VERSION, PSTRAIN_BUILD_TYPE,
+              *arch ? "-march=" : "compiler's default -march", arch);
   std::printf("  zeromq %d.%d.%d, protobuf %s\n", major, minor, patch,
               google::protobuf::internal::VersionString(GOOGLE_PROTOBUF_VERSION).c_str());
   return 0;

@@ -25,6 +25,17 @@ int RunPstrain(const std::string& args, std::string* output) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+TEST(VersionCmdTest, NamesTheInstructionSetOfTheBuild) {
+  std::string out;
+  ASSERT_EQ(RunPstrain("version", &out), 0) << out;
+  const std::string arch = PSTRAIN_TEST_MARCH;
+  if (arch.empty()) {
+    EXPECT_NE(out.find("compiler's default -march"), std::string::npos) << out;
+  } else {
+    EXPECT_NE(out.find("-march=" + arch + ")"), std::string::npos) << out;
+  }
+}
+
 TEST(SummaryCmdTest, PrintsLayersAndTotal) {
   std::string out;
   ASSERT_EQ(RunPstrain("summary --network lenet", &out), 0) << out;

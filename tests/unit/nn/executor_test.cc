@@ -240,6 +240,13 @@ namespace {
 
 // Whole models on both kernel sets: same initialization, same data, one
 // training step; outputs, loss, every gradient and aux state must agree.
+// The initialization (seed 4) puts no ReLU input or max-pooling pair of
+// inception-bn-28-small within float rounding of its kink: for about a quarter
+// of seeds at batch 3 one lies there, the two kernel sets' rounding takes it
+// to different sides, and the gradients then differ by 1e-3..1e-2 whatever
+// the kernels' quality (found when the default -march changed the
+// initializer's rounding under seed 3; with the reference convolution in
+// place of oneDNN's those seeds agree to 1e-6 again).
 class ModelKernelsTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(ModelKernelsTest, OneDnnMatchesReferenceOnAWholeStep) {
@@ -262,7 +269,7 @@ TEST_P(ModelKernelsTest, OneDnnMatchesReferenceOnAWholeStep) {
     auto made = Executor::Create(*g, o);
     ASSERT_OK(made.status());
     e[k] = std::move(made).value();
-    InitializeExecutor(*InitializerSpec::Parse("xavier(gaussian,in,2)"), 3, e[k].get());
+    InitializeExecutor(*InitializerSpec::Parse("xavier(gaussian,in,2)"), 4, e[k].get());
     std::mt19937_64 rng(5);
     testing::FillUniform(e[k]->data(), &rng, 0, 1);
     for (int n = 0; n < 3; ++n) e[k]->label().data()[n] = static_cast<float>(n);
