@@ -1,8 +1,9 @@
 // Times one training step (forward + backward + SGD update) of a model on
-// synthetic data and prints samples/s and, with --profile, a per-layer table.
+// synthetic data and prints samples/s, the memory the step needs and, with
+// --profile, a per-layer table. --gpus N runs it on GPU N (the CUDA backend).
 //
 //   nn_step_bench [--network lenet] [--batch 128] [--steps 50] [--warmup 5]
-//                 [--kernels onednn|reference] [--threads 0] [--profile]
+//                 [--kernels onednn|reference] [--threads 0] [--gpus N] [--profile]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -10,6 +11,7 @@
 #include <ctime>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "models/models.h"
 #include "nn/executor.h"
@@ -19,7 +21,7 @@ namespace {
 
 int Run(int argc, char** argv) {
   std::string network = "lenet", kernels = "onednn";
-  int batch = 128, steps = 50, warmup = 5, threads = 0;
+  int batch = 128, steps = 50, warmup = 5, threads = 0, gpu = -1;
   bool profile = false;
   for (int i = 1; i < argc; ++i) {
     auto value = [&](const char* flag) -> const char* {
@@ -42,6 +44,12 @@ int Run(int argc, char** argv) {
       kernels = v;
     } else if (const char* v = value("--threads")) {
       threads = std::atoi(v);
+    } else if (const char* v = value("--gpus")) {
+      if (std::strchr(v, ',') != nullptr) {
+        std::fprintf(stderr, "--gpus takes one GPU\n");
+        return 2;
+      }
+      gpu = std::atoi(v);
     } else if (std::strcmp(argv[i], "--profile") == 0) {
       profile = true;
     } else {
@@ -61,37 +69,47 @@ int Run(int argc, char** argv) {
   }
   pstrain::ExecutorOptions eo;
   eo.batch_size = batch;
-  eo.num_threads = threads;
+  eo.backend.num_threads = threads;
   eo.profile = profile;
-  eo.cpu_kernels =
+  eo.backend.cpu_kernels =
       kernels == "reference" ? pstrain::CpuKernels::kReference : pstrain::CpuKernels::kOneDnn;
+  if (gpu >= 0) eo.backend.device = pstrain::Device::Gpu(gpu);
   auto made = pstrain::Executor::Create(*graph, eo);
   if (!made.ok()) {
     std::fprintf(stderr, "%s\n", made.status().ToString().c_str());
     return 1;
   }
   pstrain::Executor* e = made->get();
+  pstrain::Backend& be = e->backend();
   pstrain::InitializeExecutor(*pstrain::InitializerSpec::Parse("xavier(gaussian,in,2)"), 1, e);
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(0, 1);
-  for (int64_t i = 0; i < e->data().num_elements(); ++i) e->data().data()[i] = u(rng);
+  std::vector<float> data(static_cast<size_t>(e->data().num_elements()));
+  for (float& x : data) x = u(rng);
   const int classes = static_cast<int>(e->output().shape()[1]);
-  for (int64_t i = 0; i < batch; ++i) e->label().data()[i] = static_cast<float>(i % classes);
+  std::vector<float> label(static_cast<size_t>(batch));
+  for (int64_t i = 0; i < batch; ++i) label[i] = static_cast<float>(i % classes);
+  if (!e->LoadData(data.data(), data.size()).ok() ||
+      !e->LoadLabel(label.data(), label.size()).ok()) {
+    std::fprintf(stderr, "the synthetic batch does not fit the network\n");
+    return 1;
+  }
 
+  pstrain::Optimizer::Step sgd;
+  sgd.lr = 1e-4f;
   auto step = [&] {
     e->Forward(true);
     e->Backward();
     for (int p = 0; p < e->num_params(); ++p) {
-      float* w = e->param(p).data();
-      const float* g = e->grad(p).data();
-      const int64_t n = e->param(p).num_elements();
-      for (int64_t k = 0; k < n; ++k) w[k] -= 1e-4f * g[k];
+      be.ApplyOptimizerStep(sgd, e->grad(p), e->param(p), pstrain::Tensor());
     }
   };
   for (int i = 0; i < warmup; ++i) step();
+  be.Synchronize();
   const auto t0 = std::chrono::steady_clock::now();
   const std::clock_t c0 = std::clock();
   for (int i = 0; i < steps; ++i) step();
+  be.Synchronize();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double cpu = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
   // CPU ms/step (all threads) is the steadier figure on a shared machine.
@@ -99,8 +117,10 @@ int Run(int argc, char** argv) {
   std::printf("|---|---|---|---|---|---|---|\n");
   std::printf("| %s | %d | %s | %d | %.2f | %.2f | %.1f |\n", network.c_str(), batch,
               kernels.c_str(), threads, 1e3 * s / steps, 1e3 * cpu / steps, batch * steps / s);
-  std::printf("\nactivation memory: %.2f MB planned, %.2f MB with one buffer per tensor\n",
+  std::printf("\non %s\n", be.Describe().c_str());
+  std::printf("activation memory: %.2f MB planned, %.2f MB with one buffer per tensor\n",
               e->planned_bytes() / 1e6, e->unplanned_bytes() / 1e6);
+  std::printf("peak memory held by the backend: %.2f MB\n", be.memory_stats().peak / 1e6);
   if (profile) {
     std::printf("\n| layer | op | forward ms | backward ms |\n|---|---|---|---|\n");
     for (const pstrain::NodeProfile& row : e->Profile()) {

@@ -1,13 +1,8 @@
 #include "nn/executor.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <limits>
-
-#include "nn/cpu/cpu_engine.h"
 
 namespace pstrain {
 
@@ -59,45 +54,10 @@ std::vector<int64_t> PlaceItems(std::vector<Item>* items, bool share) {
   return size;
 }
 
-// Rough floating-point work of one node's forward for the batch.
-double NodeWork(const Graph& g, const Node& n, int64_t batch) {
-  const double out = static_cast<double>(n.out_shape.num_elements() * batch);
-  switch (n.op) {
-    case OpType::kConvolution: {
-      const Shape& in = g.node(n.inputs[0]).out_shape;
-      return 2.0 * out * static_cast<double>(in[0] / n.conv.num_group) * n.conv.kernel_h *
-             n.conv.kernel_w;
-    }
-    case OpType::kFullyConnected:
-      return 2.0 * out * static_cast<double>(g.node(n.inputs[0]).out_shape.num_elements());
-    case OpType::kPooling:
-      return out * n.pool.kernel_h * n.pool.kernel_w;
-    default: {
-      double in = 0;
-      for (NodeId i : n.inputs) in += static_cast<double>(g.node(i).out_shape.num_elements());
-      return 4.0 * (out + in * static_cast<double>(batch));
-    }
-  }
-}
-
-// Below this much work (about 4 ms of one core) a node runs on one thread.
-constexpr double kParallelWork = 2e8;
-
-std::vector<int> ThreadsPerNode(const Graph& g, int64_t batch, int requested) {
-  // 0: the OpenMP default, which honours OMP_NUM_THREADS (else every core).
-  const int team = requested > 0 ? requested : omp_get_max_threads();
-  std::vector<int> threads(g.nodes().size(), 1);
-  for (const Node& n : g.nodes()) {
-    if (n.op != OpType::kInput && NodeWork(g, n, batch) >= kParallelWork) threads[n.id] = team;
-  }
-  return threads;
-}
-
 }  // namespace
 
 struct Executor::Impl {
   OpContext ctx;
-  std::unique_ptr<CpuEngine> cpu;
   std::mt19937_64 rng;
   std::vector<std::unique_ptr<Operator>> ops;  // per node; null for inputs
   std::vector<Tensor> out;                     // per node
@@ -105,7 +65,6 @@ struct Executor::Impl {
   // After node i's backward: add each (temp, target) pair: target += temp.
   std::vector<std::vector<std::pair<Tensor, Tensor>>> accumulate;
   std::vector<double> fwd_s, bwd_s;  // per node, when profiling
-  std::vector<int> threads;          // per node: the OpenMP team size of its kernels
   NodeId softmax = kInvalidNode;
   NodeId label = kInvalidNode;
   bool forward_train_done = false;
@@ -123,11 +82,8 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(const Graph& graph,
     return Status::InvalidArgument(StrCat("batch size must be >= 1, got ", options.batch_size));
   }
   if (graph.nodes().empty()) return Status::InvalidArgument("graph has no nodes");
-  if (!options.device.is_cpu()) {
-    return Status::Unimplemented(
-        StrCat("no kernels for ", options.device.ToString(), ": this build has no CUDA backend"));
-  }
   std::unique_ptr<Executor> exec(new Executor(graph, options));
+  ASSIGN_OR_RETURN(exec->backend_, Backend::Create(options.backend));
   RETURN_IF_ERROR(exec->Init());
   return exec;
 }
@@ -140,14 +96,10 @@ Status Executor::Init() {
   const bool train = options_.for_training;
   node_mu_.reset(new Mutex[N]);
 
-  m.ctx.device = options_.device;
-  m.ctx.cpu_kernels = options_.cpu_kernels;
+  Backend& be = *backend_;
+  m.ctx.backend = &be;
   m.rng.seed(options_.seed);
   m.ctx.rng = &m.rng;
-  if (options_.device.is_cpu()) {
-    m.cpu = std::make_unique<CpuEngine>();
-    m.ctx.cpu = m.cpu.get();
-  }
   for (const Node& n : nodes) {
     if (n.op == OpType::kSoftmaxOutput) {
       m.softmax = n.id;
@@ -179,7 +131,7 @@ Status Executor::Init() {
   m.ops.resize(N);
   for (int i = 0; i < N; ++i) {
     if (nodes[i].op == OpType::kInput) continue;
-    ASSIGN_OR_RETURN(m.ops[i], Operator::Create(nodes[i], options_.cpu_kernels));
+    ASSIGN_OR_RETURN(m.ops[i], be.CreateOperator(nodes[i]));
   }
 
   // ---- memory plan ----
@@ -247,7 +199,7 @@ Status Executor::Init() {
   std::vector<int64_t> block_size = PlaceItems(&items, options_.plan_memory);
   std::vector<std::shared_ptr<Buffer>> blocks;
   for (int64_t s : block_size) {
-    blocks.push_back(Buffer::Allocate(static_cast<size_t>(s), options_.device));
+    blocks.push_back(be.Allocate(static_cast<size_t>(s)));
     planned_bytes_ += static_cast<size_t>(s) * sizeof(float);
   }
   for (const Item& it : items) unplanned_bytes_ += static_cast<size_t>(it.floats) * sizeof(float);
@@ -260,18 +212,18 @@ Status Executor::Init() {
   for (int i = 0; i < N; ++i) {
     const Node& n = nodes[i];
     if (n.op == OpType::kInput) {
-      m.out[i] = Tensor::Zeros(n.out_shape.WithBatch(batch), options_.device);
+      m.out[i] = be.Zeros(n.out_shape.WithBatch(batch));
     } else {
       m.out[i] = view(out_item[i], n.out_shape);
     }
   }
   for (const ParamInfo& p : graph_.params()) {
-    params_.push_back(Tensor::Zeros(p.shape, options_.device));
-    grads_.push_back(train ? Tensor::Zeros(p.shape, options_.device) : Tensor());
+    params_.push_back(be.Zeros(p.shape));
+    grads_.push_back(train ? be.Zeros(p.shape) : Tensor());
   }
-  for (const ParamInfo& a : graph_.aux_states()) aux_.push_back(Tensor::Zeros(a.shape));
+  for (const ParamInfo& a : graph_.aux_states()) aux_.push_back(be.Zeros(a.shape));
   m.accumulate.resize(N);
-  m.threads = ThreadsPerNode(graph_, batch, options_.num_threads);
+  be.PlanGraph(graph_, batch);
   m.fwd_s.assign(N, 0.0);
   m.bwd_s.assign(N, 0.0);
   for (int i = 0; i < N; ++i) {
@@ -297,8 +249,8 @@ Status Executor::Init() {
       }
       if (i != m.softmax) t.out_grad = view(grad_item[i], n.out_shape);
     }
-    // oneDNN plans a primitive's work split for the team size at creation.
-    omp_set_num_threads(m.threads[i]);
+    // (oneDNN plans a primitive's work split for the team size at creation.)
+    be.EnterNode(i);
     RETURN_IF_ERROR(m.ops[i]->Setup(m.ctx, t));
   }
   return Status::Ok();
@@ -319,10 +271,11 @@ void Executor::Forward(bool is_train) {
       for (int p : nodes[i].params) on_param_needed_(p);
     }
     MutexLock lock(&node_mu_[i]);
-    omp_set_num_threads(m.threads[i]);
+    backend_->EnterNode(static_cast<NodeId>(i));
     if (options_.profile) {
       const auto t0 = std::chrono::steady_clock::now();
       m.ops[i]->Forward(m.ctx);
+      backend_->Synchronize();
       m.fwd_s[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } else {
       m.ops[i]->Forward(m.ctx);
@@ -341,16 +294,11 @@ void Executor::Backward() {
     const auto t0 = std::chrono::steady_clock::now();
     {
       MutexLock lock(&node_mu_[i]);
-      omp_set_num_threads(m.threads[i]);
+      backend_->EnterNode(i);
       m.ops[i]->Backward(m.ctx);
+      for (auto& [temp, target] : m.accumulate[i]) backend_->Add(temp, target);
     }
-    for (auto& [temp, target] : m.accumulate[i]) {
-      float* t = target.data();
-      const float* s = temp.data();
-      const int64_t n = target.num_elements();
-#pragma omp parallel for simd schedule(static) if (n > (1 << 15))
-      for (int64_t k = 0; k < n; ++k) t[k] += s[k];
-    }
+    if (options_.profile) backend_->Synchronize();
     if (options_.profile) {
       m.bwd_s[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
@@ -405,32 +353,80 @@ Status CheckCopy(const char* what, int i, int count, const std::vector<ParamInfo
 }
 }  // namespace
 
+Status Executor::LoadData(const float* src, size_t n) {
+  const Tensor d = data();
+  if (!d.defined() || static_cast<int64_t>(n) != d.num_elements()) {
+    return Status::InvalidArgument(
+        StrCat("a batch of ", n, " values does not fit the input ", d.shape().ToString()));
+  }
+  backend_->CopyFromHost(src, d);
+  return Status::Ok();
+}
+
+Status Executor::LoadLabel(const float* src, size_t n) {
+  const Tensor l = label();
+  if (!l.defined()) return Status::InvalidArgument("the graph has no label input");
+  if (static_cast<int64_t>(n) < l.num_elements()) {
+    return Status::InvalidArgument(
+        StrCat(n, " labels for a batch of ", l.num_elements(), " examples"));
+  }
+  backend_->CopyFromHost(src, l);
+  return Status::Ok();
+}
+
+Status Executor::ReadOutput(float* dst, size_t n) const {
+  const Tensor o = output();
+  if (static_cast<int64_t>(n) != o.num_elements()) {
+    return Status::InvalidArgument(
+        StrCat("output ", o.shape().ToString(), " has ", o.num_elements(), " values, got ", n));
+  }
+  backend_->CopyToHost(o, dst);
+  return Status::Ok();
+}
+
 Status Executor::ReadParam(int i, float* dst, size_t n) const {
   RETURN_IF_ERROR(CheckCopy("parameter", i, num_params(), graph_.params(), n));
   MutexLock lock(&node_mu_[OwnerNodeOfParam(i)]);
-  std::memcpy(dst, params_[i].data(), n * sizeof(float));
+  backend_->CopyToHost(params_[i], dst);
   return Status::Ok();
 }
 
 Status Executor::WriteParam(int i, const float* src, size_t n) {
   RETURN_IF_ERROR(CheckCopy("parameter", i, num_params(), graph_.params(), n));
   MutexLock lock(&node_mu_[OwnerNodeOfParam(i)]);
-  std::memcpy(params_[i].data(), src, n * sizeof(float));
+  backend_->CopyFromHost(src, params_[i]);
+  return Status::Ok();
+}
+
+Status Executor::ReadGrad(int i, float* dst, size_t n) const {
+  RETURN_IF_ERROR(CheckCopy("gradient of parameter", i, num_params(), graph_.params(), n));
+  if (!grads_[i].defined()) {
+    return Status::FailedPrecondition("an inference executor has no gradients");
+  }
+  backend_->CopyToHost(grads_[i], dst);
   return Status::Ok();
 }
 
 Status Executor::ReadAux(int i, float* dst, size_t n) const {
   RETURN_IF_ERROR(CheckCopy("aux state", i, num_aux(), graph_.aux_states(), n));
   MutexLock lock(&node_mu_[graph_.aux_states()[i].node]);
-  std::memcpy(dst, aux_[i].data(), n * sizeof(float));
+  backend_->CopyToHost(aux_[i], dst);
   return Status::Ok();
 }
 
 Status Executor::WriteAux(int i, const float* src, size_t n) {
   RETURN_IF_ERROR(CheckCopy("aux state", i, num_aux(), graph_.aux_states(), n));
   MutexLock lock(&node_mu_[graph_.aux_states()[i].node]);
-  std::memcpy(aux_[i].data(), src, n * sizeof(float));
+  backend_->CopyFromHost(src, aux_[i]);
   return Status::Ok();
+}
+
+float* Executor::host_param(int i) const {
+  return backend_->host_accessible() ? params_[i].data() : nullptr;
+}
+
+float* Executor::host_grad(int i) const {
+  return backend_->host_accessible() && grads_[i].defined() ? grads_[i].data() : nullptr;
 }
 
 }  // namespace pstrain

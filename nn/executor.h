@@ -1,24 +1,33 @@
-// Executor: runs a Graph for one batch size on one device.
+// Executor: runs a Graph for one batch size on one device, through that
+// device's Backend (nn/backend.h).
 //
-// Created once; it plans memory once (forward and gradient buffers whose
-// lifetimes do not overlap share storage), creates and binds every operator
-// (oneDNN primitives included), and allocates parameters, their gradients and
-// the aux states. A step is then:
+// Created once; it creates the backend, plans memory once (forward and
+// gradient buffers whose lifetimes do not overlap share storage, allocated on
+// the device), creates and binds every operator (oneDNN primitives, cuDNN
+// algorithms included), and allocates parameters, their gradients and the aux
+// states. A step is then:
 //
-//   exec->data().CopyFrom(batch);  exec->label().CopyFrom(labels);
+//   exec->LoadData(batch, n);  exec->LoadLabel(labels, m);   // host -> device
 //   exec->Forward(/*is_train=*/true);
 //   exec->Backward();   // fires on_grad_ready(param_index) as each gradient completes
-//   ... update parameters (WriteParam, or the optimizer on params) ...
+//   exec->ReadOutput(probs, k);                              // device -> host
+//   ... update parameters (WriteParam, or the backend's optimizer step) ...
 //
 // Forward runs nodes in topological (creation) order, Backward in reverse.
-// Gradients are overwritten (not accumulated) by every Backward.
+// Gradients are overwritten (not accumulated) by every Backward. Every copy
+// between the host and the device goes through the executor (Load*, Read*,
+// Write*), so callers never dereference device memory; on the CPU backend
+// host_param/host_grad give the tensors' host addresses for zero-copy use.
 //
-// Threads: Forward, Backward and the tensor accessors belong to one thread (the
-// trainer's). ReadParam/WriteParam may be called from any thread at any time,
-// including from on_grad_ready or a KV-client thread during Backward: they lock
-// the owning node, so they never see or cause a half-applied update while that
-// node's Forward/Backward runs. The value of param p is no longer read by the
-// current Backward once on_grad_ready(p) has fired, so a pull may write it then.
+// Threads: Forward, Backward, the Load/ReadOutput calls and the tensor
+// accessors belong to one thread (the trainer's). ReadParam/WriteParam may be
+// called from any thread at any time, including from on_grad_ready or a
+// KV-client thread during Backward: they lock the owning node, so they never
+// see or cause a half-applied update while that node's Forward/Backward runs.
+// The value of param p is no longer read by the current Backward once
+// on_grad_ready(p) has fired, so a pull may write it then. (On a GPU backend,
+// whose copies are ordered on its stream, only the executor's thread may call
+// them.)
 #ifndef PSTRAIN_NN_EXECUTOR_H_
 #define PSTRAIN_NN_EXECUTOR_H_
 
@@ -31,6 +40,7 @@
 
 #include "common/mutex.h"
 #include "common/status.h"
+#include "nn/backend.h"
 #include "nn/graph.h"
 #include "nn/operator.h"
 #include "nn/tensor.h"
@@ -39,12 +49,8 @@ namespace pstrain {
 
 struct ExecutorOptions {
   int batch_size = 1;
-  Device device = Device::Cpu();
-  CpuKernels cpu_kernels = CpuKernels::kOneDnn;
-  // CPU threads for the kernels; 0 = all cores (omp_get_num_procs). Small
-  // operators run on one thread whatever this says: on a shared machine a
-  // thread team's barrier can cost a scheduler time slice, more than the work.
-  int num_threads = 0;
+  // The device (backend.device), its kernels and threads.
+  BackendOptions backend;
   // false: inference only (no gradient buffers, Backward is a CHECK failure,
   // forward buffers are reused as soon as their last reader ran).
   bool for_training = true;
@@ -52,7 +58,8 @@ struct ExecutorOptions {
   // tensor its own buffer (tests compare the two).
   bool plan_memory = true;
   uint64_t seed = 1;  // dropout masks
-  // Time every node's Forward/Backward (see Profile()); costs two clock reads per node.
+  // Time every node's Forward/Backward (see Profile()); costs two clock reads
+  // per node, and on a GPU a synchronization per node.
   bool profile = false;
 };
 
@@ -67,8 +74,8 @@ struct NodeProfile {
 class Executor {
  public:
   // Builds the executor. InvalidArgument if graph.status() is not ok, the batch
-  // size is < 1 or the graph has no SoftmaxOutput when for_training;
-  // Unimplemented for a device without kernels.
+  // size is < 1 or the graph has no SoftmaxOutput when for_training; the
+  // backend's errors for its device (Backend::Create).
   static StatusOr<std::unique_ptr<Executor>> Create(const Graph& graph,
                                                     const ExecutorOptions& options);
   ~Executor();
@@ -78,6 +85,8 @@ class Executor {
   // Called from Backward (the executor's thread) with the index into
   // graph.params() of each parameter whose gradient has just been completed, in
   // completion order (last layer first). Set before Backward; may be empty.
+  // On a GPU the gradient is complete in stream order: a copy asked for now
+  // (ReadGrad) sees it.
   void SetGradReadyCallback(std::function<void(int param_index)> fn);
   // Called from Forward just before the first node that reads parameter
   // `param_index` runs (first layer first): the worker waits here for that
@@ -88,7 +97,35 @@ class Executor {
   // REQUIRES: options.for_training and a Forward(true) since the last Backward.
   void Backward();
 
-  // ---- tensors (owned by the executor; views stay valid for its lifetime) ----
+  // ---- host <-> device ----
+
+  // Copies a batch into the data input ((batch, per-sample shape...), n values)
+  // and the labels into the SoftmaxOutput's label input (n >= batch: the
+  // first batch labels are used). InvalidArgument when n does not fit.
+  Status LoadData(const float* src, size_t n);
+  Status LoadLabel(const float* src, size_t n);
+  // Copies the graph's output (softmax probabilities (batch, classes)) to
+  // dst, which holds n = output().num_elements() floats. Waits for the device.
+  Status ReadOutput(float* dst, size_t n) const;
+  // Thread-safe copies of parameter i (n floats). InvalidArgument when i is out
+  // of range or n differs from its size.
+  Status ReadParam(int i, float* dst, size_t n) const;
+  Status WriteParam(int i, const float* src, size_t n);
+  // Parameter i's gradient of the last Backward (executor's thread).
+  Status ReadGrad(int i, float* dst, size_t n) const;
+  // Same for aux state i (checkpoints).
+  Status ReadAux(int i, float* dst, size_t n) const;
+  Status WriteAux(int i, const float* src, size_t n);
+  // Host addresses of parameter i and its gradient when the backend's memory
+  // is the host's (the CPU), else nullptr: a KV client reads gradients from
+  // and writes weights into them without a copy. Writes through host_param
+  // follow the rules of WriteParam's callers (after on_grad_ready(i), before
+  // the Forward that reads it).
+  float* host_param(int i) const;
+  float* host_grad(int i) const;
+
+  // ---- tensors (owned by the executor; views stay valid for its lifetime;
+  // on the device: host code reads them through the copies above) ----
 
   // Input node `name` ((batch, per-sample shape...)); undefined if unknown.
   Tensor input(const std::string& name) const;
@@ -97,7 +134,8 @@ class Executor {
   Tensor label() const;
   // The graph's output (softmax probabilities (batch, classes) for a classifier).
   Tensor output() const;
-  // Mean cross-entropy of the last Forward over the batch (SoftmaxOutput graphs).
+  // Mean cross-entropy of the last Forward over the batch (SoftmaxOutput
+  // graphs). Waits for the device.
   float Loss() const;
 
   int num_params() const { return static_cast<int>(params_.size()); }
@@ -107,14 +145,8 @@ class Executor {
   const Tensor& aux(int i) const { return aux_[i]; }
   const Graph& graph() const { return graph_; }
   const ExecutorOptions& options() const { return options_; }
-
-  // Thread-safe copies of parameter i (n floats). InvalidArgument when i is out
-  // of range or n differs from its size.
-  Status ReadParam(int i, float* dst, size_t n) const;
-  Status WriteParam(int i, const float* src, size_t n);
-  // Same for aux state i (checkpoints).
-  Status ReadAux(int i, float* dst, size_t n) const;
-  Status WriteAux(int i, const float* src, size_t n);
+  // The device's backend (its memory figures, its optimizer step).
+  Backend& backend() const { return *backend_; }
 
   // Per-node times, in node order (input nodes omitted); empty unless options.profile.
   std::vector<NodeProfile> Profile() const;
@@ -132,6 +164,7 @@ class Executor {
 
   const Graph graph_;  // a copy: the executor does not depend on the caller's
   const ExecutorOptions options_;
+  std::unique_ptr<Backend> backend_;
   std::unique_ptr<Impl> impl_;
   std::vector<Tensor> params_, grads_, aux_;
   // One lock per node: held by Forward/Backward of that node and by Read/Write.

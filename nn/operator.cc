@@ -1,25 +1,10 @@
 #include "nn/operator.h"
 
-#include "nn/cpu/cpu_ops.h"
-
 namespace pstrain {
-
-StatusOr<std::unique_ptr<Operator>> Operator::Create(const Node& node, CpuKernels kernels) {
-  if (node.op == OpType::kInput) {
-    return Status::InvalidArgument(StrCat("node '", node.name, "' is an input, not an operator"));
-  }
-  std::unique_ptr<Operator> op;
-  if (kernels == CpuKernels::kOneDnn) op = internal::MakeDnnlOperator(node);
-  if (op == nullptr) op = internal::MakeReferenceOperator(node);
-  if (op == nullptr) {
-    return Status::InvalidArgument(
-        StrCat("node '", node.name, "': no operator for type ", static_cast<int>(node.op)));
-  }
-  return op;
-}
 
 Status Operator::Setup(const OpContext& ctx, const OpTensors& t) {
   const std::string where = StrCat(OpTypeName(node_.op), " '", node_.name, "'");
+  CHECK(ctx.backend != nullptr) << where << ": Setup without a backend";
   if (t.in.size() != node_.inputs.size() || t.params.size() != node_.params.size() ||
       t.aux.size() != node_.aux.size()) {
     return Status::InvalidArgument(StrCat(
@@ -50,46 +35,29 @@ Status Operator::Setup(const OpContext& ctx, const OpTensors& t) {
   if (!t.param_grads.empty() && t.param_grads.size() != t.params.size()) {
     return Status::InvalidArgument(StrCat(where, ": param_grads must match params"));
   }
-  for (const Tensor& x : t.in) {
-    if (x.device() != ctx.device) {
-      return Status::InvalidArgument(StrCat(where, ": input on ", x.device().ToString(),
-                                            ", operator on ", ctx.device.ToString()));
+  const Device device = ctx.device();
+  auto on_device = [&](const Tensor& x, const std::string& what) {
+    if (!x.defined() || x.device() == device) return Status::Ok();
+    return Status::InvalidArgument(StrCat(where, ": ", what, " on ", x.device().ToString(),
+                                          ", operator on ", device.ToString()));
+  };
+  for (size_t i = 0; i < t.in.size(); ++i) {
+    RETURN_IF_ERROR(on_device(t.in[i], StrCat("input ", i)));
+    if (i < t.in_grads.size())
+      RETURN_IF_ERROR(on_device(t.in_grads[i], StrCat("input gradient ", i)));
+  }
+  RETURN_IF_ERROR(on_device(t.out, "output"));
+  RETURN_IF_ERROR(on_device(t.out_grad, "output gradient"));
+  for (size_t i = 0; i < t.params.size(); ++i) {
+    RETURN_IF_ERROR(on_device(t.params[i], StrCat("parameter ", i)));
+    if (i < t.param_grads.size()) {
+      RETURN_IF_ERROR(on_device(t.param_grads[i], StrCat("parameter gradient ", i)));
     }
   }
+  for (size_t i = 0; i < t.aux.size(); ++i) RETURN_IF_ERROR(on_device(t.aux[i], StrCat("aux ", i)));
   t_ = t;
   t_.in_grads.resize(t_.in.size());
-  if (ctx.device.is_cpu()) return SetupCpu(ctx);
-  return SetupGpu(ctx);
-}
-
-void Operator::Forward(const OpContext& ctx) {
-  if (ctx.device.is_cpu()) {
-    ForwardCpu(ctx);
-  } else {
-    ForwardGpu(ctx);
-  }
-}
-
-void Operator::Backward(const OpContext& ctx) {
-  if (ctx.device.is_cpu()) {
-    BackwardCpu(ctx);
-  } else {
-    BackwardGpu(ctx);
-  }
-}
-
-Status Operator::SetupGpu(const OpContext& ctx) {
-  return Status::Unimplemented(StrCat("no GPU kernel for ", OpTypeName(node_.op), " '", node_.name,
-                                      "' on ", ctx.device.ToString(),
-                                      " (this build has no CUDA backend)"));
-}
-
-void Operator::ForwardGpu(const OpContext& ctx) {
-  LOG(FATAL) << "no GPU forward kernel for " << OpTypeName(node_.op) << " '" << node_.name << "'";
-}
-
-void Operator::BackwardGpu(const OpContext& ctx) {
-  LOG(FATAL) << "no GPU backward kernel for " << OpTypeName(node_.op) << " '" << node_.name << "'";
+  return DoSetup(ctx);
 }
 
 }  // namespace pstrain

@@ -1,16 +1,13 @@
-// Operator: one node's computation, with per-device kernels behind a
-// non-virtual interface (style.md habit 8).
+// Operator: one node's computation on one device, behind a non-virtual
+// interface (style.md habit 8).
 //
-// The Executor creates one Operator per graph node for a fixed batch size,
-// binds its tensors once (Setup), then calls Forward/Backward every step with
-// no allocation. Setup checks the bound shapes against the node and dispatches
-// on the device given in the OpContext: SetupCpu / SetupGpu. A device without a
-// kernel fails in Setup with Unimplemented naming the operator and device; it
-// never falls back to another device silently.
-//
-// CPU kernels come in two kinds: kOneDnn (the fast path; operators oneDNN does
-// not cover run tuned loops) and kReference (plain loops, the oracle that
-// every other backend is tested against).
+// A Backend creates one Operator per graph node (Backend::CreateOperator) for
+// its device; the executor binds its tensors once (Setup), then calls
+// Forward/Backward every step with no allocation. Setup checks the bound
+// tensors against the node (arity, shapes, every tensor on the backend's
+// device) and then lets the implementation prepare its kernels (DoSetup).
+// Each backend has its own subclasses (nn/cpu/, nn/cuda/): nothing falls back
+// to another device.
 //
 // Thread safety: an Operator is used by one thread at a time (the executor's).
 #ifndef PSTRAIN_NN_OPERATOR_H_
@@ -21,22 +18,18 @@
 #include <vector>
 
 #include "common/status.h"
+#include "nn/backend.h"
 #include "nn/graph.h"
 #include "nn/tensor.h"
 
 namespace pstrain {
 
-enum class CpuKernels { kOneDnn, kReference };
-
-class CpuEngine;  // nn/cpu_engine.h: the oneDNN engine and stream of an executor
-
 // Per-call state besides the tensors. Owned by the executor.
 struct OpContext {
-  Device device = Device::Cpu();
-  CpuKernels cpu_kernels = CpuKernels::kOneDnn;
-  CpuEngine* cpu = nullptr;        // REQUIRED for kOneDnn on the CPU
-  std::mt19937_64* rng = nullptr;  // dropout masks; REQUIRED for Dropout
+  Backend* backend = nullptr;      // REQUIRED: the backend that created the operator
+  std::mt19937_64* rng = nullptr;  // dropout masks (CPU) and seeds (GPU); REQUIRED for Dropout
   bool is_train = false;           // set by the executor before each Forward
+  Device device() const { return backend->device(); }
 };
 
 // The tensors bound to one operator. Data tensors carry the batch dimension.
@@ -53,29 +46,28 @@ struct OpTensors {
 
 class Operator {
  public:
-  // Creates the operator for `node` (which must outlive it). InvalidArgument
-  // for an input node or an unknown op type.
-  static StatusOr<std::unique_ptr<Operator>> Create(const Node& node, CpuKernels kernels);
   virtual ~Operator() = default;
   Operator(const Operator&) = delete;
   Operator& operator=(const Operator&) = delete;
 
-  // Binds `t` (checked against the node's shapes and arity) and prepares the
-  // kernels for ctx.device (oneDNN primitives, workspaces). Call once.
+  // Binds `t` (checked against the node's shapes and arity, and every tensor
+  // against ctx's device) and prepares the kernels (oneDNN primitives, cuDNN
+  // descriptors and algorithms, workspaces). Call once.
   Status Setup(const OpContext& ctx, const OpTensors& t);
   // Computes out from in, params, aux (and updates aux in training).
-  // REQUIRES: Setup succeeded with the same ctx.device.
-  void Forward(const OpContext& ctx);
+  // REQUIRES: Setup succeeded with the same backend.
+  void Forward(const OpContext& ctx) { DoForward(ctx); }
   // Overwrites param_grads and every defined in_grad from out_grad (and the
   // saved forward state). REQUIRES: Forward(is_train=true) ran since the bind.
-  void Backward(const OpContext& ctx);
+  void Backward(const OpContext& ctx) { DoBackward(ctx); }
 
   // What Backward reads besides out_grad; the memory planner keeps only these
   // forward tensors alive until the backward.
   virtual bool BackwardNeedsInputs() const { return true; }
   virtual bool BackwardNeedsOutput() const { return false; }
 
-  // SoftmaxOutput: mean cross-entropy over the batch of the last Forward; 0 for others.
+  // SoftmaxOutput: mean cross-entropy over the batch of the last Forward; 0
+  // for others. May wait for the device.
   virtual float Loss() const { return 0.0f; }
 
   const Node& node() const { return node_; }
@@ -84,13 +76,10 @@ class Operator {
  protected:
   explicit Operator(const Node& node) : node_(node) {}
 
-  virtual Status SetupCpu(const OpContext& ctx) { return Status::Ok(); }
-  virtual void ForwardCpu(const OpContext& ctx) = 0;
-  virtual void BackwardCpu(const OpContext& ctx) = 0;
-  // GPU kernels (CUDA/cuDNN backend). The default Setup reports Unimplemented.
-  virtual Status SetupGpu(const OpContext& ctx);
-  virtual void ForwardGpu(const OpContext& ctx);
-  virtual void BackwardGpu(const OpContext& ctx);
+  // The device's kernels. t_ is bound when DoSetup runs.
+  virtual Status DoSetup(const OpContext& ctx) { return Status::Ok(); }
+  virtual void DoForward(const OpContext& ctx) = 0;
+  virtual void DoBackward(const OpContext& ctx) = 0;
 
   const Node& node_;
   OpTensors t_;

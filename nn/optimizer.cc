@@ -79,9 +79,9 @@ int64_t Optimizer::NoteUpdate(ParamState* state) {
 
 float Optimizer::CurrentLr() const { return schedule_.LrAt(num_update() + 1); }
 
-Optimizer::Step Optimizer::Begin(size_t n, ParamState* state) {
+Optimizer::Step Optimizer::NextStep(ParamState* state) {
   const int64_t num_update = NoteUpdate(state);
-  Step s{};
+  Step s;
   s.rescale = cfg_.rescale_grad();
   s.test = cfg_.type() == OptimizerConfig::TEST;
   if (s.test) return s;
@@ -90,12 +90,17 @@ Optimizer::Step Optimizer::Begin(size_t n, ParamState* state) {
   s.clip = cfg_.clip_gradient();
   s.do_clip = s.clip > 0;
   s.mom = cfg_.momentum();
-  if (s.mom != 0.0f && state->momentum.size() != n) state->momentum.assign(n, 0.0f);
   return s;
 }
 
-void Optimizer::ApplyBlock(const Step& s, const float* grad, const float* in, float* out, float* m,
-                           size_t n) {
+Optimizer::Step Optimizer::Begin(size_t n, ParamState* state) {
+  const Step s = NextStep(state);
+  if (s.uses_momentum() && state->momentum.size() != n) state->momentum.assign(n, 0.0f);
+  return s;
+}
+
+void Optimizer::ApplyStep(const Step& s, const float* grad, const float* in, float* out, float* m,
+                          size_t n) {
   if (s.test) {
     for (size_t i = 0; i < n; ++i) out[i] = in[i] + s.rescale * grad[i];
     return;
@@ -118,8 +123,7 @@ void Optimizer::ApplyBlock(const Step& s, const float* grad, const float* in, fl
 
 void Optimizer::Update(const float* grad, float* weight, size_t n, ParamState* state) {
   const Step s = Begin(n, state);
-  ApplyBlock(s, grad, weight, weight, state->momentum.empty() ? nullptr : state->momentum.data(),
-             n);
+  ApplyStep(s, grad, weight, weight, state->momentum.empty() ? nullptr : state->momentum.data(), n);
 }
 
 void Optimizer::Update(const float* const* grads, size_t num_grads, float* weight, size_t n,
@@ -133,7 +137,7 @@ void Optimizer::Update(const float* const* grads, size_t num_grads, const float*
   const Step s = Begin(n, state);
   float* m = state->momentum.empty() ? nullptr : state->momentum.data();
   if (num_grads == 1) {
-    ApplyBlock(s, grads[0], in, out, m, n);
+    ApplyStep(s, grads[0], in, out, m, n);
     return;
   }
   // The sum of one block stays in L1 between the adds and the update.
@@ -148,7 +152,7 @@ void Optimizer::Update(const float* const* grads, size_t num_grads, const float*
       const float* g = grads[k] + b;
       for (size_t i = 0; i < len; ++i) sum[i] += g[i];
     }
-    ApplyBlock(s, sum, in + b, out + b, m == nullptr ? nullptr : m + b, len);
+    ApplyStep(s, sum, in + b, out + b, m == nullptr ? nullptr : m + b, len);
   }
 }
 

@@ -1,5 +1,6 @@
 // Optimizers and learning-rate schedules, shared by the servers (dist modes)
-// and the worker's local updater. Semantics are MXNet's
+// and the worker's local updater. Its own library (pstrain_optimizer, common
+// and proto only), so the servers link no kernels. Semantics are MXNet's
 // (../shared/reference/mxnet_facts.md 1.6):
 //
 //   g <- rescale_grad * g;  g <- clip(g, -clip, clip) if clip > 0
@@ -67,6 +68,26 @@ class Optimizer {
   void Update(const float* const* grads, size_t num_grads, const float* in, float* out, size_t n,
               ParamState* state);
 
+  // The constants of one update: what a device backend needs to apply the
+  // rule above to a parameter in its own memory (nn/backend.h), the same
+  // arithmetic as ApplyStep.
+  struct Step {
+    float rescale = 1, lr = 0, wd = 0, clip = 0, mom = 0;
+    bool do_clip = false;
+    bool test = false;  // TEST: w <- w + rescale * g
+    bool uses_momentum() const { return !test && mom != 0.0f; }
+  };
+  // Counts one update of the parameter whose state is `state` (and the global
+  // count) and returns its constants, the learning rate taken from the
+  // schedule at that count. Leaves state->momentum alone: the caller keeps
+  // the momentum where the weights are. Same thread rules as Update.
+  Step NextStep(ParamState* state);
+  // The rule over n elements on the host: out = in - ..., using and updating
+  // mom (n floats; unused, may be null, unless s.uses_momentum()). `in` and
+  // `out` are equal or do not overlap.
+  static void ApplyStep(const Step& s, const float* grad, const float* in, float* out, float* mom,
+                        size_t n);
+
   // The rate the next update with the current global count would use.
   float CurrentLr() const;
   int64_t num_update() const { return num_update_.load(std::memory_order_relaxed); }
@@ -75,15 +96,8 @@ class Optimizer {
  private:
   Optimizer(const OptimizerConfig& cfg, LrSchedule schedule) : cfg_(cfg), schedule_(schedule) {}
   int64_t NoteUpdate(ParamState* state);
-  // The update rule over elements [0, n) of one block, with the rate fixed.
-  struct Step {
-    float rescale, lr, wd, clip, mom;
-    bool do_clip;
-    bool test;
-  };
+  // NextStep, plus the host momentum of n zeros on the first momentum update.
   Step Begin(size_t n, ParamState* state);
-  static void ApplyBlock(const Step& s, const float* grad, const float* in, float* out, float* mom,
-                         size_t n);
 
   OptimizerConfig cfg_;
   LrSchedule schedule_;

@@ -40,15 +40,23 @@ std::string Shape::ToString() const {
 }
 
 std::shared_ptr<Buffer> Buffer::Allocate(size_t num_floats, Device device) {
-  CHECK(device.is_cpu()) << "no allocator for " << device.ToString() << " in this build";
+  CHECK(device.is_cpu()) << "Buffer::Allocate is for host memory; memory on " << device.ToString()
+                         << " comes from its Backend";
   size_t bytes = ((num_floats * sizeof(float) + 63) / 64) * 64;
   if (bytes == 0) bytes = 64;
   void* p = std::aligned_alloc(64, bytes);
   CHECK(p != nullptr) << "out of memory allocating " << bytes << " bytes";
-  return std::shared_ptr<Buffer>(new Buffer(static_cast<float*>(p), num_floats, device));
+  return std::shared_ptr<Buffer>(
+      new Buffer(static_cast<float*>(p), num_floats, device, [](float* d) { std::free(d); }));
 }
 
-Buffer::~Buffer() { std::free(data_); }
+std::shared_ptr<Buffer> Buffer::Wrap(float* data, size_t num_floats, Device device,
+                                     std::function<void(float*)> release) {
+  CHECK(release != nullptr);
+  return std::shared_ptr<Buffer>(new Buffer(data, num_floats, device, std::move(release)));
+}
+
+Buffer::~Buffer() { release_(data_); }
 
 Tensor::Tensor(std::shared_ptr<Buffer> buffer, size_t offset, Shape shape)
     : buffer_(std::move(buffer)), offset_(offset), shape_(std::move(shape)) {
@@ -57,12 +65,12 @@ Tensor::Tensor(std::shared_ptr<Buffer> buffer, size_t offset, Shape shape)
       << "view " << shape_.ToString() << " at " << offset_ << " exceeds its buffer";
 }
 
-Tensor Tensor::Empty(const Shape& shape, Device device) {
-  return Tensor(Buffer::Allocate(shape.num_elements(), device), 0, shape);
+Tensor Tensor::Empty(const Shape& shape) {
+  return Tensor(Buffer::Allocate(shape.num_elements(), Device::Cpu()), 0, shape);
 }
 
-Tensor Tensor::Zeros(const Shape& shape, Device device) {
-  Tensor t = Empty(shape, device);
+Tensor Tensor::Zeros(const Shape& shape) {
+  Tensor t = Empty(shape);
   t.Fill(0.0f);
   return t;
 }
@@ -82,6 +90,7 @@ Tensor Tensor::Slice(int64_t begin, int64_t end) const {
 }
 
 void Tensor::Fill(float value) const {
+  CHECK(device().is_cpu()) << "Tensor::Fill on " << device().ToString() << ": use Backend::Fill";
   float* p = data();
   const int64_t n = num_elements();
   for (int64_t i = 0; i < n; ++i) p[i] = value;
@@ -89,6 +98,9 @@ void Tensor::Fill(float value) const {
 
 void Tensor::CopyFrom(const Tensor& src) const {
   CHECK_EQ(src.num_elements(), num_elements());
+  CHECK(device().is_cpu() && src.device().is_cpu())
+      << "Tensor::CopyFrom " << src.device().ToString() << " -> " << device().ToString()
+      << ": copies to or from a device go through its Backend";
   if (src.data() != data()) std::memcpy(data(), src.data(), bytes());
 }
 

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -65,26 +66,34 @@ class Shape {
   std::vector<int64_t> dims_;
 };
 
-// Reference-counted device memory. CPU buffers are 64-byte aligned.
+// Reference-counted memory on one device. CPU buffers are 64-byte aligned;
+// memory on other devices comes from that device's Backend (nn/backend.h),
+// which wraps it with the function that gives it back.
 class Buffer {
  public:
-  // Allocates `num_floats` uninitialized floats on `device`.
-  // Only the CPU is supported by this build; a GPU device is a CHECK failure
-  // (GPU buffers arrive with the CUDA backend).
+  // Allocates `num_floats` uninitialized floats in host memory.
+  // REQUIRES: device.is_cpu(): device memory comes from Backend::Allocate.
   static std::shared_ptr<Buffer> Allocate(size_t num_floats, Device device);
+  // Takes `data` (num_floats floats on `device`); `release(data)` runs when the
+  // last reference goes. For backends' allocators.
+  static std::shared_ptr<Buffer> Wrap(float* data, size_t num_floats, Device device,
+                                      std::function<void(float*)> release);
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
 
+  // Device address: the CPU may dereference it only when device().is_cpu().
   float* data() const { return data_; }
   size_t num_floats() const { return num_floats_; }
   Device device() const { return device_; }
 
  private:
-  Buffer(float* data, size_t n, Device d) : data_(data), num_floats_(n), device_(d) {}
+  Buffer(float* data, size_t n, Device d, std::function<void(float*)> release)
+      : data_(data), num_floats_(n), device_(d), release_(std::move(release)) {}
   float* data_;
   size_t num_floats_;
   Device device_;
+  std::function<void(float*)> release_;
 };
 
 class Tensor {
@@ -95,9 +104,10 @@ class Tensor {
   // REQUIRES: offset + shape.num_elements() <= buffer->num_floats().
   Tensor(std::shared_ptr<Buffer> buffer, size_t offset, Shape shape);
 
-  // A new tensor with its own buffer: uninitialized / zero-filled.
-  static Tensor Empty(const Shape& shape, Device device = Device::Cpu());
-  static Tensor Zeros(const Shape& shape, Device device = Device::Cpu());
+  // A new host tensor with its own buffer: uninitialized / zero-filled.
+  // (Tensors on a GPU come from Backend::Empty / Backend::Zeros.)
+  static Tensor Empty(const Shape& shape);
+  static Tensor Zeros(const Shape& shape);
 
   bool defined() const { return buffer_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -114,10 +124,12 @@ class Tensor {
   // Rows [begin, end) of the first dimension (no copy). REQUIRES: ndim >= 1.
   Tensor Slice(int64_t begin, int64_t end) const;
 
-  // Element-wise helpers for CPU tensors.
+  // Element-wise helpers for host tensors (a Backend does these on its device).
+  // REQUIRES: device().is_cpu().
   void Fill(float value) const;
   // Copies the elements of `src`. REQUIRES: same num_elements, both on the CPU.
   void CopyFrom(const Tensor& src) const;
+  // REQUIRES: device().is_cpu().
   float at(int64_t i) const { return data()[i]; }
 
  private:

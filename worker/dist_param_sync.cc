@@ -44,8 +44,9 @@ Status DistParamSync::Init(Executor* exec) {
   // the client sends only rank 0's. One call covers every key, one message per server.
   std::vector<float> values;
   for (size_t i = 0; i < params.size(); ++i) {
-    const Tensor& w = exec->param(static_cast<int>(i));
-    values.insert(values.end(), w.data(), w.data() + w.num_elements());
+    const size_t n = static_cast<size_t>(lens_[i]);
+    values.resize(values.size() + n);
+    RETURN_IF_ERROR(exec->ReadParam(static_cast<int>(i), values.data() + values.size() - n, n));
   }
   KVClient::Ticket t = client_->Init(keys_, lens_, values.data());
   RETURN_IF_ERROR(client_->Wait(t, RequestDeadline()).WithContext("initializing the parameters"));
@@ -60,26 +61,46 @@ Status DistParamSync::Init(Executor* exec) {
   RETURN_IF_ERROR(client_->Wait(t, RequestDeadline()).WithContext("pulling the initial weights"));
   const float* p = pulled.data();
   for (size_t i = 0; i < params.size(); ++i) {
-    const Tensor& w = exec->param(static_cast<int>(i));
-    std::copy(p, p + w.num_elements(), w.data());
-    p += w.num_elements();
+    const size_t n = static_cast<size_t>(lens_[i]);
+    RETURN_IF_ERROR(exec->WriteParam(static_cast<int>(i), p, n));
+    p += n;
+  }
+  host_grad_.clear();
+  host_param_.clear();
+  if (!exec->backend().host_accessible()) {
+    host_grad_.resize(params.size());
+    host_param_.resize(params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      host_grad_[i].resize(static_cast<size_t>(lens_[i]));
+      host_param_[i].resize(static_cast<size_t>(lens_[i]));
+    }
   }
   return Status::Ok();
 }
 
 void DistParamSync::OnGradReady(int i) {
   if (!error_.ok()) return;
-  const Tensor& g = exec_->grad(i);
-  const Tensor& w = exec_->param(i);
-  pending_[i] = client_->PushPull({keys_[i]}, {lens_[i]}, g.data(), w.data(), /*priority=*/-i);
+  float* grad = exec_->host_grad(i);
+  float* weight = exec_->host_param(i);
+  if (grad == nullptr) {
+    // A device's gradient: to the host first (this waits for the backward so far).
+    grad = host_grad_[i].data();
+    weight = host_param_[i].data();
+    Record(exec_->ReadGrad(i, grad, host_grad_[i].size()));
+  }
+  pending_[i] = client_->PushPull({keys_[i]}, {lens_[i]}, grad, weight, /*priority=*/-i);
 }
 
 void DistParamSync::WaitParam(int i) {
   if (pending_[i] == 0) return;
   const KVClient::Ticket t = pending_[i];
   pending_[i] = 0;
-  Record(client_->Wait(t, RequestDeadline())
-             .WithContext(StrCat("exchanging ", exec_->graph().params()[i].name)));
+  const Status s = client_->Wait(t, RequestDeadline())
+                       .WithContext(StrCat("exchanging ", exec_->graph().params()[i].name));
+  Record(s);
+  if (s.ok() && !host_param_.empty()) {
+    Record(exec_->WriteParam(i, host_param_[i].data(), host_param_[i].size()));
+  }
 }
 
 Status DistParamSync::Drain() {

@@ -6,7 +6,9 @@
 // multipliers), lets worker rank 0 push the initial values, runs a worker
 // barrier and pulls the values everyone starts from. Then, per step:
 //   OnGradReady(i)  one PushPull of grad(i) whose reply lands straight in
-//                   param(i) (zero-copy both ways), priority -i so that the
+//                   param(i) (zero-copy both ways on the CPU; on a GPU through
+//                   host buffers: the gradient is copied out first and the
+//                   reply copied in by WaitParam), priority -i so that the
 //                   parameters the next forward needs first go first;
 //   WaitParam(i)    waits for that exchange just before forward reads param(i).
 // In dist_sync the server answers after summing every worker's gradient and
@@ -55,6 +57,9 @@ class DistParamSync : public ParamSync {
   std::vector<KVClient::Key> keys_;        // one per parameter
   std::vector<int64_t> lens_;              // elements per parameter
   std::vector<KVClient::Ticket> pending_;  // 0: nothing in flight for parameter i
+  // A device backend's host copies of each gradient and pulled weight (empty
+  // on the CPU, where the KV client uses the executor's memory).
+  std::vector<std::vector<float>> host_grad_, host_param_;
   Status error_;
 };
 

@@ -25,26 +25,41 @@ Status LocalParamSync::Init(Executor* exec) {
   exec_ = exec;
   const auto& params = exec->graph().params();
   states_.assign(params.size(), ParamState{});
+  device_momentum_.assign(params.size(), Tensor());
   for (size_t i = 0; i < params.size(); ++i) states_[i].wd_mult = WeightDecayMult(params[i].name);
   return Status::Ok();
 }
 
 void LocalParamSync::OnGradReady(int i) {
-  const Tensor& w = exec_->param(i);
-  const Tensor& g = exec_->grad(i);
-  optimizer_->Update(g.data(), w.data(), static_cast<size_t>(w.num_elements()), &states_[i]);
+  float* w = exec_->host_param(i);
+  if (w != nullptr) {
+    optimizer_->Update(exec_->host_grad(i), w, static_cast<size_t>(exec_->param(i).num_elements()),
+                       &states_[i]);
+    return;
+  }
+  const Optimizer::Step step = optimizer_->NextStep(&states_[i]);
+  if (step.uses_momentum() && !device_momentum_[i].defined()) {
+    device_momentum_[i] = exec_->backend().Zeros(exec_->param(i).shape());
+  }
+  exec_->backend().ApplyOptimizerStep(step, exec_->grad(i), exec_->param(i), device_momentum_[i]);
 }
 
 std::vector<NamedArray> LocalParamSync::SaveState() const {
   std::vector<NamedArray> out;
   const auto& params = exec_->graph().params();
   for (size_t i = 0; i < params.size(); ++i) {
-    if (states_[i].momentum.empty()) continue;
     NamedArray a;
+    if (device_momentum_[i].defined()) {
+      a.data.resize(static_cast<size_t>(device_momentum_[i].num_elements()));
+      exec_->backend().CopyToHost(device_momentum_[i], a.data.data());
+    } else if (!states_[i].momentum.empty()) {
+      a.data = states_[i].momentum;
+    } else {
+      continue;
+    }
     a.kind = NamedArray::Kind::kOptimizerState;
     a.name = params[i].name + "_momentum";
-    a.shape = {static_cast<int64_t>(states_[i].momentum.size())};
-    a.data = states_[i].momentum;
+    a.shape = {static_cast<int64_t>(a.data.size())};
     out.push_back(std::move(a));
   }
   return out;
@@ -61,12 +76,20 @@ Status LocalParamSync::LoadState(const std::vector<NamedArray>& arrays) {
     if (it == index.end()) {
       return Status::InvalidArgument(StrCat("optimizer state ", a.name, " matches no parameter"));
     }
-    const int64_t n = exec_->param(it->second).num_elements();
+    const int i = it->second;
+    const int64_t n = exec_->param(i).num_elements();
     if (static_cast<int64_t>(a.data.size()) != n) {
       return Status::InvalidArgument(
           StrCat("optimizer state ", a.name, " has ", a.data.size(), " values, parameter has ", n));
     }
-    states_[it->second].momentum = a.data;
+    if (exec_->host_param(i) != nullptr) {
+      states_[i].momentum = a.data;
+    } else {
+      if (!device_momentum_[i].defined()) {
+        device_momentum_[i] = exec_->backend().Empty(exec_->param(i).shape());
+      }
+      exec_->backend().CopyFromHost(a.data.data(), device_momentum_[i]);
+    }
   }
   return Status::Ok();
 }

@@ -58,10 +58,13 @@ class ParamSync {
   virtual Status LoadState(const std::vector<NamedArray>& arrays) = 0;
 };
 
-// `--kv-store local` (and `device` with no GPUs) in one process: the optimizer
-// is applied in OnGradReady on the executor's thread, right when each gradient
-// is ready, so WaitParam never waits. MXNet's 1.x weight-decay rule: only
-// parameters named *_weight or *_gamma are decayed.
+// `--kv-store local` and `device` in one process: the optimizer is applied in
+// OnGradReady on the executor's thread, right when each gradient is ready, so
+// WaitParam never waits. On the CPU it updates the weights in place in host
+// memory; on a GPU the backend applies the same arithmetic on the device, in
+// stream order after the gradient (the momentum stays on the device too).
+// MXNet's 1.x weight-decay rule: only parameters named *_weight or *_gamma
+// are decayed.
 class LocalParamSync : public ParamSync {
  public:
   // InvalidArgument for a bad optimizer config.
@@ -81,7 +84,8 @@ class LocalParamSync : public ParamSync {
 
   std::unique_ptr<Optimizer> optimizer_;
   Executor* exec_ = nullptr;
-  std::vector<ParamState> states_;
+  std::vector<ParamState> states_;       // momentum here on the CPU
+  std::vector<Tensor> device_momentum_;  // on a device backend: per parameter, once used
 };
 
 }  // namespace pstrain

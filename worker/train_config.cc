@@ -145,6 +145,22 @@ StatusOr<std::vector<int64_t>> ParseIntList(const std::string& text, const std::
   return out;
 }
 
+StatusOr<int> TrainingGpu(const TrainConfig& cfg) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> gpus, ParseIntList(cfg.gpus(), "--gpus"));
+  if (gpus.empty()) return -1;
+  for (int64_t g : gpus) {
+    if (g < 0) {
+      return Status::InvalidArgument(StrCat("--gpus='", cfg.gpus(), "': GPU ", g, " is negative"));
+    }
+  }
+  if (gpus.size() > 1) {
+    return Status::Unimplemented(StrCat("--gpus='", cfg.gpus(),
+                                        "': one GPU per worker for now (several GPUs per worker, "
+                                        "splitting the batch, are not implemented yet)"));
+  }
+  return static_cast<int>(gpus[0]);
+}
+
 Status ValidateTrainConfig(const TrainConfig& cfg) {
   auto positive = [](const char* name, int64_t v) -> Status {
     if (v < 1) return Status::InvalidArgument(StrCat("--", name, "=", v, " must be >= 1"));
@@ -199,11 +215,7 @@ Status ValidateTrainConfig(const TrainConfig& cfg) {
           StrCat("--lr-step-epochs='", cfg.lr_step_epochs(), "' must be positive and increasing"));
     }
   }
-  ASSIGN_OR_RETURN(auto gpus, ParseIntList(cfg.gpus(), "--gpus"));
-  if (!gpus.empty()) {
-    return Status::Unimplemented(StrCat(
-        "--gpus='", cfg.gpus(), "': this build trains on the CPU only (no CUDA backend yet)"));
-  }
+  RETURN_IF_ERROR(TrainingGpu(cfg).status());
   if (cfg.test_io() == 0 && cfg.network().empty()) {
     return Status::InvalidArgument("--network is required (e.g. mlp, lenet)");
   }

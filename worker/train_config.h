@@ -34,6 +34,12 @@ Status ApplyConfigOverrides(const std::vector<std::pair<std::string, std::string
 // unless test_io; a data_dir unless benchmark; load_epoch needs model_prefix.
 Status ValidateTrainConfig(const TrainConfig& cfg);
 
+// The GPU this worker trains on: -1 (the CPU) for an empty --gpus, else its
+// ordinal. InvalidArgument for a list that does not parse or a negative
+// ordinal; Unimplemented for more than one GPU (several GPUs per worker are
+// not supported yet). Whether the GPU exists is the backend's to say.
+StatusOr<int> TrainingGpu(const TrainConfig& cfg);
+
 // "1,28,28" -> {1, 28, 28}; "" -> {}. InvalidArgument naming `what` otherwise.
 StatusOr<std::vector<int64_t>> ParseIntList(const std::string& text, const std::string& what);
 

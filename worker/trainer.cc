@@ -1,7 +1,6 @@
 #include "worker/trainer.h"
 
 #include <chrono>
-#include <cstring>
 #include <map>
 #include <utility>
 
@@ -65,14 +64,17 @@ Status Trainer::Init() {
   ASSIGN_OR_RETURN(graph_, env_.build_model(mo));
   ExecutorOptions eo;
   eo.batch_size = cfg_.batch_size();
-  eo.num_threads = cfg_.num_threads();
+  eo.backend.num_threads = cfg_.num_threads();
+  ASSIGN_OR_RETURN(const int gpu, TrainingGpu(cfg_));
+  if (gpu >= 0) eo.backend.device = Device::Gpu(gpu);
   eo.seed = cfg_.seed() + 1;
   ASSIGN_OR_RETURN(exec_, Executor::Create(graph_, eo));
   const Shape out_shape = exec_->output().shape();
   num_classes_ = static_cast<int>(out_shape.ProductFrom(1));
+  output_host_.resize(static_cast<size_t>(out_shape.num_elements()));
   env_.log->Info(StrCat("network ", cfg_.network(), ": ", graph_.params().size(),
                         " parameter arrays, ", graph_.NumParams(), " parameters, output ",
-                        out_shape.ToString()));
+                        out_shape.ToString(), ", on ", exec_->backend().Describe()));
 
   ASSIGN_OR_RETURN(InitializerSpec init, ParseInitializer(cfg_.initializer()));
   InitializeExecutor(init, cfg_.seed(), exec_.get());
@@ -152,34 +154,37 @@ Status Trainer::NextTrainBatch(Batch* batch) {
 }
 
 Status Trainer::CopyBatchIn(const Batch& batch) {
-  const Tensor data = exec_->data();
-  const Tensor label = exec_->label();
-  if (static_cast<int64_t>(batch.data.size()) != data.num_elements() ||
-      static_cast<int64_t>(batch.label.size()) < label.num_elements()) {
-    return Status::InvalidArgument(StrCat("batch of ", batch.data.size(), " values and ",
-                                          batch.label.size(), " labels does not fit the network's ",
-                                          data.shape().ToString(), " input"));
-  }
-  std::memcpy(data.data(), batch.data.data(), data.bytes());
-  std::memcpy(label.data(), batch.label.data(), label.bytes());
-  return Status::Ok();
+  RETURN_IF_ERROR(exec_->LoadData(batch.data.data(), batch.data.size()));
+  return exec_->LoadLabel(batch.label.data(), batch.label.size());
+}
+
+const float* Trainer::Output() {
+  CHECK_OK(exec_->ReadOutput(output_host_.data(), output_host_.size()));
+  return output_host_.data();
 }
 
 Status Trainer::TrainEpoch(int epoch) {
   const auto epoch_start = SteadyClock::now();
   data_.train->Reset();
   ClassificationMetrics metrics(cfg_.top_k());
-  Batch batch;
+  // Batch n+1 is read and copied in while batch n's backward runs (on a GPU,
+  // which the calls below only enqueue work for), then batch n's output is
+  // read for the metrics: the device never waits for the reader.
+  Batch batch, next;
+  RETURN_IF_ERROR(NextTrainBatch(&batch));
+  RETURN_IF_ERROR(CopyBatchIn(batch));
   auto speed_tic = SteadyClock::now();
   for (int64_t nbatch = 0; nbatch < epoch_size_; ++nbatch) {
-    RETURN_IF_ERROR(NextTrainBatch(&batch));
-    RETURN_IF_ERROR(CopyBatchIn(batch));
     exec_->Forward(/*is_train=*/true);
     RETURN_IF_ERROR(sync_->TakeError());
-    const Tensor out = exec_->output();
-    metrics.Update(out.data(), batch.label.data(), batch.batch_size() - batch.pad, num_classes_);
     exec_->Backward();
     RETURN_IF_ERROR(sync_->TakeError());
+    if (nbatch + 1 < epoch_size_) {
+      RETURN_IF_ERROR(NextTrainBatch(&next));
+      RETURN_IF_ERROR(CopyBatchIn(next));  // the inputs only: the output stays
+    }
+    metrics.Update(Output(), batch.label.data(), batch.batch_size() - batch.pad, num_classes_);
+    std::swap(batch, next);
     // Speedometer (MXNet v0.10-1.3): starts its clock at the first batch,
     // reports every `disp_batches` batches, then resets the metrics.
     if (nbatch == 0) {
@@ -203,6 +208,12 @@ Status Trainer::TrainEpoch(int epoch) {
     env_.log->Info(line);
   }
   env_.log->Info(FormatTimeCostLine(epoch, result.seconds));
+  if (!exec_->backend().host_accessible()) {
+    const MemoryStats m = exec_->backend().memory_stats();
+    env_.log->Info(StrCat("Epoch[", epoch, "] ", exec_->backend().device().ToString(),
+                          " memory: peak ", m.peak >> 20, " MiB, in use ", m.in_use >> 20,
+                          " MiB, reserved ", m.reserved >> 20, " MiB"));
+  }
   if (!cfg_.model_prefix().empty() && (epoch + 1) % cfg_.save_period() == 0) {
     RETURN_IF_ERROR(SaveCheckpoint(epoch + 1));
   }
@@ -222,8 +233,7 @@ Status Trainer::Validate(int epoch, EpochResult* result) {
     RETURN_IF_ERROR(CopyBatchIn(batch));
     exec_->Forward(/*is_train=*/false);
     RETURN_IF_ERROR(sync_->TakeError());
-    metrics.Update(exec_->output().data(), batch.label.data(), batch.batch_size() - batch.pad,
-                   num_classes_);
+    metrics.Update(Output(), batch.label.data(), batch.batch_size() - batch.pad, num_classes_);
   }
   result->val = metrics.Get();
   for (const std::string& line : FormatEpochMetricLines(epoch, "Validation", result->val)) {

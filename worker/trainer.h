@@ -83,6 +83,8 @@ class Trainer {
   Status SaveCheckpoint(int epoch_done);
   Status LoadCheckpoint(int epoch);
   Status CopyBatchIn(const Batch& batch);
+  // The output of the last Forward, copied to host memory.
+  const float* Output();
   Status NextTrainBatch(Batch* batch);
 
   TrainConfig cfg_;
@@ -93,6 +95,7 @@ class Trainer {
   std::unique_ptr<ParamSync> sync_;
   int64_t epoch_size_ = 0;
   int num_classes_ = 0;
+  std::vector<float> output_host_;
   std::vector<EpochResult> history_;
   double test_io_speed_ = 0;
 };

@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "nn/cpu/cpu_backend.h"
 #include "nn/cpu/cpu_engine.h"
 #include "nn/cpu/cpu_ops.h"
 
@@ -92,7 +93,7 @@ class DnnlConvolution : public Operator {
   explicit DnnlConvolution(const Node& node) : Operator(node) {}
 
  protected:
-  Status SetupCpu(const OpContext& ctx) override {
+  Status DoSetup(const OpContext& ctx) override {
     try {
       Build(ctx);
     } catch (const dnnl::error& e) {
@@ -102,7 +103,7 @@ class DnnlConvolution : public Operator {
   }
 
   void Build(const OpContext& ctx) {
-    CpuEngine* cpu = ctx.cpu;
+    CpuEngine* cpu = &CpuBackend::Of(ctx).engine();
     const ConvParam& p = node_.conv;
     const memory::dims src_dims = Dims(t_.in[0].shape()), dst_dims = Dims(t_.out.shape());
     memory::dims w_dims = Dims(t_.params[0].shape());
@@ -149,8 +150,8 @@ class DnnlConvolution : public Operator {
     has_bwd_data_ = true;
   }
 
-  void ForwardCpu(const OpContext& ctx) override {
-    dnnl::stream& s = ctx.cpu->stream();
+  void DoForward(const OpContext& ctx) override {
+    dnnl::stream& s = CpuBackend::Of(ctx).engine().stream();
     src_.In(s);
     w_.In(s);
     std::unordered_map<int, memory> args{
@@ -161,8 +162,8 @@ class DnnlConvolution : public Operator {
     s.wait();
   }
 
-  void BackwardCpu(const OpContext& ctx) override {
-    dnnl::stream& s = ctx.cpu->stream();
+  void DoBackward(const OpContext& ctx) override {
+    dnnl::stream& s = CpuBackend::Of(ctx).engine().stream();
     bww_src_.In(s);  // no-op when shared with the forward's staging
     bww_diff_dst_.In(s);
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, bww_src_.prim},
@@ -203,7 +204,7 @@ class DnnlPooling : public Operator {
   bool BackwardNeedsOutput() const override { return false; }
 
  protected:
-  Status SetupCpu(const OpContext& ctx) override {
+  Status DoSetup(const OpContext& ctx) override {
     const PoolParam& p = node_.pool;
     const Shape& xs = t_.in[0].shape();
     const Shape& ys = t_.out.shape();
@@ -217,7 +218,7 @@ class DnnlPooling : public Operator {
     const bool avg_overflow = p.type == PoolType::kAvg && (pr_h > p.pad_h || pr_w > p.pad_w);
     if (avg_overflow) return UseFallback(ctx);
     try {
-      CpuEngine* cpu = ctx.cpu;
+      CpuEngine* cpu = &CpuBackend::Of(ctx).engine();
       const memory::dims src_dims = Dims(xs), dst_dims = Dims(ys);
       const dnnl::algorithm alg = p.type == PoolType::kMax
                                       ? dnnl::algorithm::pooling_max
@@ -249,22 +250,22 @@ class DnnlPooling : public Operator {
     return Status::Ok();
   }
 
-  void ForwardCpu(const OpContext& ctx) override {
+  void DoForward(const OpContext& ctx) override {
     if (fallback_) return fallback_->Forward(ctx);
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}};
     if (node_.pool.type == PoolType::kMax) args[DNNL_ARG_WORKSPACE] = workspace_;
-    fwd_.execute(ctx.cpu->stream(), args);
-    ctx.cpu->stream().wait();
+    fwd_.execute(CpuBackend::Of(ctx).engine().stream(), args);
+    CpuBackend::Of(ctx).engine().stream().wait();
   }
 
-  void BackwardCpu(const OpContext& ctx) override {
+  void DoBackward(const OpContext& ctx) override {
     if (fallback_) return fallback_->Backward(ctx);
     if (!t_.in_grads[0].defined()) return;
     std::unordered_map<int, memory> args{{DNNL_ARG_DIFF_DST, diff_dst_},
                                          {DNNL_ARG_DIFF_SRC, diff_src_}};
     if (node_.pool.type == PoolType::kMax) args[DNNL_ARG_WORKSPACE] = workspace_;
-    bwd_.execute(ctx.cpu->stream(), args);
-    ctx.cpu->stream().wait();
+    bwd_.execute(CpuBackend::Of(ctx).engine().stream(), args);
+    CpuBackend::Of(ctx).engine().stream().wait();
   }
 
  private:
@@ -286,7 +287,7 @@ class DnnlFullyConnected : public Operator {
   explicit DnnlFullyConnected(const Node& node) : Operator(node) {}
 
  protected:
-  void ForwardCpu(const OpContext& ctx) override {
+  void DoForward(const OpContext& ctx) override {
     const int64_t N = t_.in[0].shape()[0], K = t_.in[0].shape().ProductFrom(1);
     const int64_t M = node_.fc.num_hidden;
     float* y = t_.out.data();
@@ -301,7 +302,7 @@ class DnnlFullyConnected : public Operator {
         dnnl_success);
   }
 
-  void BackwardCpu(const OpContext& ctx) override {
+  void DoBackward(const OpContext& ctx) override {
     const int64_t N = t_.in[0].shape()[0], K = t_.in[0].shape().ProductFrom(1);
     const int64_t M = node_.fc.num_hidden;
     const float* dy = t_.out_grad.data();
@@ -329,9 +330,9 @@ class DnnlBatchNorm : public Operator {
   explicit DnnlBatchNorm(const Node& node) : Operator(node) {}
 
  protected:
-  Status SetupCpu(const OpContext& ctx) override {
+  Status DoSetup(const OpContext& ctx) override {
     try {
-      CpuEngine* cpu = ctx.cpu;
+      CpuEngine* cpu = &CpuBackend::Of(ctx).engine();
       const Shape& xs = t_.in[0].shape();
       const int64_t C = xs[1];
       // (N, C, rest...) seen as (N, C, S) when there are spatial dims.
@@ -379,8 +380,8 @@ class DnnlBatchNorm : public Operator {
     return Status::Ok();
   }
 
-  void ForwardCpu(const OpContext& ctx) override {
-    dnnl::stream& s = ctx.cpu->stream();
+  void DoForward(const OpContext& ctx) override {
+    dnnl::stream& s = CpuBackend::Of(ctx).engine().stream();
     if (ctx.is_train) {
       train_.execute(s, {{DNNL_ARG_SRC, src_},
                          {DNNL_ARG_DST, dst_},
@@ -409,8 +410,8 @@ class DnnlBatchNorm : public Operator {
     }
   }
 
-  void BackwardCpu(const OpContext& ctx) override {
-    dnnl::stream& s = ctx.cpu->stream();
+  void DoBackward(const OpContext& ctx) override {
+    dnnl::stream& s = CpuBackend::Of(ctx).engine().stream();
     bwd_.execute(s, {{DNNL_ARG_SRC, src_},
                      {DNNL_ARG_MEAN, mean_},
                      {DNNL_ARG_VARIANCE, var_},
@@ -441,9 +442,9 @@ class DnnlActivation : public Operator {
   bool BackwardNeedsOutput() const override { return true; }
 
  protected:
-  Status SetupCpu(const OpContext& ctx) override {
+  Status DoSetup(const OpContext& ctx) override {
     try {
-      CpuEngine* cpu = ctx.cpu;
+      CpuEngine* cpu = &CpuBackend::Of(ctx).engine();
       const Shape& s = t_.out.shape();
       const memory::desc md = PlainDesc({s[0], s.ProductFrom(1)});
       dnnl::algorithm alg = dnnl::algorithm::eltwise_relu_use_dst_for_bwd;
@@ -467,17 +468,18 @@ class DnnlActivation : public Operator {
     return Status::Ok();
   }
 
-  void ForwardCpu(const OpContext& ctx) override {
-    fwd_.execute(ctx.cpu->stream(), {{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}});
-    ctx.cpu->stream().wait();
+  void DoForward(const OpContext& ctx) override {
+    fwd_.execute(CpuBackend::Of(ctx).engine().stream(),
+                 {{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}});
+    CpuBackend::Of(ctx).engine().stream().wait();
   }
 
-  void BackwardCpu(const OpContext& ctx) override {
+  void DoBackward(const OpContext& ctx) override {
     if (!t_.in_grads[0].defined()) return;
     bwd_.execute(
-        ctx.cpu->stream(),
+        CpuBackend::Of(ctx).engine().stream(),
         {{DNNL_ARG_DST, dst_}, {DNNL_ARG_DIFF_DST, diff_dst_}, {DNNL_ARG_DIFF_SRC, diff_src_}});
-    ctx.cpu->stream().wait();
+    CpuBackend::Of(ctx).engine().stream().wait();
   }
 
  private:

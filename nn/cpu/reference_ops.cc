@@ -22,7 +22,7 @@ class ConvolutionRef : public Operator {
   explicit ConvolutionRef(const Node& node) : Operator(node) {}
 
  protected:
-  void ForwardCpu(const OpContext& ctx) override {
+  void DoForward(const OpContext& ctx) override {
     const ConvParam& p = node_.conv;
     const Shape& xs = t_.in[0].shape();
     const Shape& ys = t_.out.shape();
@@ -56,7 +56,7 @@ class ConvolutionRef : public Operator {
       }
   }
 
-  void BackwardCpu(const OpContext& ctx) override {
+  void DoBackward(const OpContext& ctx) override {
     const ConvParam& p = node_.conv;
     const Shape& xs = t_.in[0].shape();
     const Shape& ys = t_.out.shape();
@@ -140,7 +140,7 @@ class PoolingRef : public Operator {
       }
   }
 
-  void ForwardCpu(const OpContext& ctx) override {
+  void DoForward(const OpContext& ctx) override {
     const float* x = t_.in[0].data();
     float* y = t_.out.data();
     const bool is_max = node_.pool.type == PoolType::kMax;
@@ -155,7 +155,7 @@ class PoolingRef : public Operator {
     });
   }
 
-  void BackwardCpu(const OpContext& ctx) override {
+  void DoBackward(const OpContext& ctx) override {
     if (!t_.in_grads[0].defined()) return;
     const float* x = t_.in[0].data();
     const float* y = t_.out.data();
@@ -188,7 +188,7 @@ class FullyConnectedRef : public Operator {
   explicit FullyConnectedRef(const Node& node) : Operator(node) {}
 
  protected:
-  void ForwardCpu(const OpContext& ctx) override {
+  void DoForward(const OpContext& ctx) override {
     const int64_t N = t_.in[0].shape()[0], K = t_.in[0].shape().ProductFrom(1);
     const int64_t M = node_.fc.num_hidden;
     const float* x = t_.in[0].data();
@@ -203,7 +203,7 @@ class FullyConnectedRef : public Operator {
       }
   }
 
-  void BackwardCpu(const OpContext& ctx) override {
+  void DoBackward(const OpContext& ctx) override {
     const int64_t N = t_.in[0].shape()[0], K = t_.in[0].shape().ProductFrom(1);
     const int64_t M = node_.fc.num_hidden;
     const float* x = t_.in[0].data();
@@ -241,14 +241,14 @@ class BatchNormRef : public Operator {
   explicit BatchNormRef(const Node& node) : Operator(node) {}
 
  protected:
-  Status SetupCpu(const OpContext& ctx) override {
+  Status DoSetup(const OpContext& ctx) override {
     const int64_t C = t_.in[0].shape()[1];
     mean_.assign(C, 0.0f);
     invstd_.assign(C, 0.0f);
     return Status::Ok();
   }
 
-  void ForwardCpu(const OpContext& ctx) override {
+  void DoForward(const OpContext& ctx) override {
     const BatchNormParam& p = node_.bn;
     const Shape& s = t_.in[0].shape();
     const int64_t N = s[0], C = s[1], S = s.ProductFrom(2);
@@ -289,7 +289,7 @@ class BatchNormRef : public Operator {
     }
   }
 
-  void BackwardCpu(const OpContext& ctx) override {
+  void DoBackward(const OpContext& ctx) override {
     const BatchNormParam& p = node_.bn;
     const Shape& s = t_.in[0].shape();
     const int64_t N = s[0], C = s[1], S = s.ProductFrom(2);
@@ -332,7 +332,7 @@ class ActivationRef : public Operator {
   bool BackwardNeedsOutput() const override { return true; }
 
  protected:
-  void ForwardCpu(const OpContext& ctx) override {
+  void DoForward(const OpContext& ctx) override {
     const float* x = t_.in[0].data();
     float* y = t_.out.data();
     const int64_t n = t_.out.num_elements();
@@ -352,7 +352,7 @@ class ActivationRef : public Operator {
     }
   }
 
-  void BackwardCpu(const OpContext& ctx) override {
+  void DoBackward(const OpContext& ctx) override {
     if (!t_.in_grads[0].defined()) return;
     const float* y = t_.out.data();
     const float* dy = t_.out_grad.data();
@@ -381,7 +381,7 @@ class ConcatOp : public Operator {
   bool BackwardNeedsInputs() const override { return false; }
 
  protected:
-  void ForwardCpu(const OpContext& ctx) override {
+  void DoForward(const OpContext& ctx) override {
     const int64_t N = t_.out.shape()[0], total = t_.out.shape().ProductFrom(1);
     int64_t offset = 0;
     for (const Tensor& part : t_.in) {
@@ -396,7 +396,7 @@ class ConcatOp : public Operator {
     }
   }
   // Undefined input gradients are skipped; the offset still advances.
-  void BackwardCpu(const OpContext& ctx) override {
+  void DoBackward(const OpContext& ctx) override {
     const int64_t N = t_.out.shape()[0], total = t_.out.shape().ProductFrom(1);
     int64_t offset = 0;
     for (size_t i = 0; i < t_.in.size(); ++i) {
@@ -420,7 +420,7 @@ class AddOp : public Operator {
   bool BackwardNeedsInputs() const override { return false; }
 
  protected:
-  void ForwardCpu(const OpContext& ctx) override {
+  void DoForward(const OpContext& ctx) override {
     float* y = t_.out.data();
     const int64_t n = t_.out.num_elements();
     const float* a = t_.in[0].data();
@@ -432,7 +432,7 @@ class AddOp : public Operator {
       for (int64_t i = 0; i < n; ++i) y[i] += b[i];
     }
   }
-  void BackwardCpu(const OpContext& ctx) override {
+  void DoBackward(const OpContext& ctx) override {
     for (const Tensor& g : t_.in_grads) {
       if (g.defined()) g.CopyFrom(t_.out_grad);
     }
@@ -445,14 +445,14 @@ class DropoutOp : public Operator {
   bool BackwardNeedsInputs() const override { return false; }
 
  protected:
-  Status SetupCpu(const OpContext& ctx) override {
+  Status DoSetup(const OpContext& ctx) override {
     if (ctx.rng == nullptr) {
       return Status::InvalidArgument(StrCat("dropout '", node_.name, "' needs a random generator"));
     }
     mask_.assign(t_.out.num_elements(), 1.0f);
     return Status::Ok();
   }
-  void ForwardCpu(const OpContext& ctx) override {
+  void DoForward(const OpContext& ctx) override {
     const float* x = t_.in[0].data();
     float* y = t_.out.data();
     const int64_t n = t_.out.num_elements();
@@ -478,7 +478,7 @@ class DropoutOp : public Operator {
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
     for (int64_t j = 0; j < n; ++j) y[j] = x[j] * mask_[j];
   }
-  void BackwardCpu(const OpContext& ctx) override {
+  void DoBackward(const OpContext& ctx) override {
     if (!t_.in_grads[0].defined()) return;
     const float* dy = t_.out_grad.data();
     float* dx = t_.in_grads[0].data();
@@ -497,8 +497,8 @@ class FlattenOp : public Operator {
   bool BackwardNeedsInputs() const override { return false; }
 
  protected:
-  void ForwardCpu(const OpContext& ctx) override { t_.out.CopyFrom(t_.in[0]); }
-  void BackwardCpu(const OpContext& ctx) override {
+  void DoForward(const OpContext& ctx) override { t_.out.CopyFrom(t_.in[0]); }
+  void DoBackward(const OpContext& ctx) override {
     if (t_.in_grads[0].defined()) t_.in_grads[0].CopyFrom(t_.out_grad);
   }
 };
@@ -515,7 +515,7 @@ class SoftmaxOutputOp : public Operator {
   float Loss() const override { return loss_; }
 
  protected:
-  void ForwardCpu(const OpContext& ctx) override {
+  void DoForward(const OpContext& ctx) override {
     const int64_t N = t_.out.shape()[0], K = t_.out.shape()[1];
     const float* x = t_.in[0].data();
     const float* label = t_.in[1].data();
@@ -539,7 +539,7 @@ class SoftmaxOutputOp : public Operator {
     }
     loss_ = static_cast<float>(loss / static_cast<double>(N));
   }
-  void BackwardCpu(const OpContext& ctx) override {
+  void DoBackward(const OpContext& ctx) override {
     if (!t_.in_grads[0].defined()) return;
     const int64_t N = t_.out.shape()[0], K = t_.out.shape()[1];
     const float* y = t_.out.data();

@@ -48,6 +48,27 @@ TEST(SummaryCmdTest, PrintsLayersAndTotal) {
   EXPECT_NE(out.find("no-such-net"), std::string::npos) << out;
 }
 
+TEST(SummaryCmdTest, GpuMemoryOnAMachineWithoutThatGpuIsAnErrorNamingIt) {
+  std::string out;
+  EXPECT_EQ(RunPstrain("summary --network lenet --gpus 63", &out), 1) << out;
+  EXPECT_NE(out.find("gpu(63)"), std::string::npos) << out;
+  EXPECT_NE(out.find("total parameters: 431080"), std::string::npos) << out;
+  EXPECT_EQ(RunPstrain("summary --network lenet --gpus 0,1", &out), 2) << out;
+  EXPECT_NE(out.find("one GPU per worker"), std::string::npos) << out;
+}
+
+TEST(TrainCmdTest, AGpuThatIsNotThereIsAnErrorNamingIt) {
+  std::string out;
+  const std::string mnist = testing::SharedDataDir() + "/mnist";
+  EXPECT_NE(RunPstrain("train --network lenet --kv-store local --num-epochs 1 --gpus 63 "
+                       "--data-dir " +
+                           mnist,
+                       &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("gpu(63)"), std::string::npos) << out;
+}
+
 TEST(TrainCmdTest, FlagsOverrideTheConfigAndTheEffectiveConfigIsLogged) {
   auto path = std::filesystem::temp_directory_path() /
               ("pstrain_train_cmd_" + std::to_string(::getpid()) + ".cfg");

@@ -65,7 +65,7 @@ TEST(InitializerTest, RolesAndDeterminism) {
   ASSERT_OK(g.status());
   ExecutorOptions o;
   o.batch_size = 2;
-  o.num_threads = 1;
+  o.backend.num_threads = 1;
   auto a = Executor::Create(*g, o);
   auto b = Executor::Create(*g, o);
   ASSERT_OK(a.status());

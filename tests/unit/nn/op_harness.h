@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "nn/cpu/cpu_engine.h"
+#include "nn/backend.h"
 #include "nn/graph.h"
 #include "nn/operator.h"
 #include "nn/tensor.h"
@@ -32,22 +32,31 @@ inline void FillDistinct(const Tensor& t, std::mt19937_64* rng, float gap) {
   for (size_t i = 0; i < v.size(); ++i) t.data()[i] = v[i];
 }
 
-// Builds the tensors of graph.node(op_node) for `batch` and binds them.
-// Inputs "<x>_label" get integer labels in [0, classes); others uniform(-1, 1)
-// (or distinct values when `distinct_inputs`).
+// Builds the tensors of graph.node(op_node) for `batch` and binds them to the
+// operator of a backend (the CPU's kernels, or a GPU's). Inputs "<x>_label"
+// get integer labels in [0, classes); others uniform(-1, 1) (or distinct
+// values when `distinct_inputs`). tensors() are host tensors whatever the
+// device: on a device backend, Objective() uploads the inputs and parameters
+// (so a test may change them between calls) and downloads the output and aux
+// states, and Backward() downloads the gradients.
 class OpHarness {
  public:
   OpHarness(const Graph& graph, NodeId op_node, CpuKernels kernels, int batch, uint64_t seed,
             bool distinct_inputs = false)
-      : graph_(graph), kernels_(kernels), rng_(seed) {
+      : OpHarness(graph, op_node, CpuOptions(kernels), batch, seed, distinct_inputs) {}
+
+  OpHarness(const Graph& graph, NodeId op_node, const BackendOptions& options, int batch,
+            uint64_t seed, bool distinct_inputs = false)
+      : graph_(graph), rng_(seed) {
     const Node& node = graph_.node(op_node);
     node_ = &node;
-    ctx_.device = Device::Cpu();
-    ctx_.cpu_kernels = kernels;
-    ctx_.cpu = &engine_;
+    auto backend = Backend::Create(options);
+    CHECK(backend.ok()) << backend.status();
+    backend_ = std::move(backend).value();
+    ctx_.backend = backend_.get();
     ctx_.rng = &dropout_rng_;
     ctx_.is_train = true;
-    auto made = Operator::Create(node, kernels);
+    auto made = backend_->CreateOperator(node);
     CHECK(made.ok()) << made.status();
     op_ = std::move(made).value();
     for (NodeId in : node.inputs) {
@@ -58,72 +67,127 @@ class OpHarness {
       if (is_label) {
         std::uniform_int_distribution<int> d(0, static_cast<int>(node.out_shape[0]) - 1);
         for (int64_t i = 0; i < x.num_elements(); ++i) x.data()[i] = static_cast<float>(d(rng_));
-        t_.in_grads.emplace_back();
+        host_.in_grads.emplace_back();
       } else {
         if (distinct_inputs) {
           FillDistinct(x, &rng_, 0.05f);
         } else {
           FillUniform(x, &rng_, -1.0f, 1.0f);
         }
-        t_.in_grads.push_back(Tensor::Zeros(x.shape()));
+        host_.in_grads.push_back(Tensor::Zeros(x.shape()));
       }
-      t_.in.push_back(x);
+      host_.in.push_back(x);
     }
-    t_.out = Tensor::Zeros(node.out_shape.WithBatch(batch));
+    host_.out = Tensor::Zeros(node.out_shape.WithBatch(batch));
     for (int p : node.params) {
       Tensor w = Tensor::Empty(graph_.params()[p].shape);
       FillUniform(w, &rng_, -1.0f, 1.0f);
       if (graph_.params()[p].role == ParamRole::kGamma) FillUniform(w, &rng_, 0.5f, 1.5f);
-      t_.params.push_back(w);
-      t_.param_grads.push_back(Tensor::Zeros(w.shape()));
+      host_.params.push_back(w);
+      host_.param_grads.push_back(Tensor::Zeros(w.shape()));
     }
     for (int a : node.aux) {
       Tensor s = Tensor::Empty(graph_.aux_states()[a].shape);
       FillUniform(s, &rng_, 0.5f, 1.5f);
-      t_.aux.push_back(s);
+      host_.aux.push_back(s);
     }
     if (node.op != OpType::kSoftmaxOutput) {
-      t_.out_grad = Tensor::Empty(t_.out.shape());
-      FillUniform(t_.out_grad, &rng_, -1.0f, 1.0f);
+      host_.out_grad = Tensor::Empty(host_.out.shape());
+      FillUniform(host_.out_grad, &rng_, -1.0f, 1.0f);
+    }
+    if (backend_->host_accessible()) {
+      t_ = host_;
+    } else {
+      t_.in = Upload(host_.in);
+      t_.in_grads = Upload(host_.in_grads);
+      t_.out = Upload(host_.out);
+      t_.params = Upload(host_.params);
+      t_.param_grads = Upload(host_.param_grads);
+      t_.aux = Upload(host_.aux);
+      t_.out_grad = Upload(host_.out_grad);
     }
     Status s = op_->Setup(ctx_, t_);
     CHECK(s.ok()) << s;
   }
 
-  // Runs Forward (same dropout mask every time) and returns the scalar whose
+  // Runs Forward (same dropout seed every time) and returns the scalar whose
   // gradient Backward computes: sum(out * out_grad), or for SoftmaxOutput
   // grad_scale * sum of cross-entropies.
   double Objective(bool is_train = true) {
     dropout_rng_.seed(77);
     ctx_.is_train = is_train;
+    if (!backend_->host_accessible()) {
+      for (size_t i = 0; i < t_.in.size(); ++i)
+        backend_->CopyFromHost(host_.in[i].data(), t_.in[i]);
+      for (size_t i = 0; i < t_.params.size(); ++i) {
+        backend_->CopyFromHost(host_.params[i].data(), t_.params[i]);
+      }
+    }
     op_->Forward(ctx_);
+    if (!backend_->host_accessible()) {
+      Download(t_.out, host_.out);
+      for (size_t i = 0; i < t_.aux.size(); ++i) Download(t_.aux[i], host_.aux[i]);
+    }
     double obj = 0;
-    const float* y = t_.out.data();
+    const float* y = host_.out.data();
     if (node_->op == OpType::kSoftmaxOutput) {
-      const int64_t n = t_.out.shape()[0], k = t_.out.shape()[1];
+      const int64_t n = host_.out.shape()[0], k = host_.out.shape()[1];
       for (int64_t i = 0; i < n; ++i) {
-        obj -= std::log(static_cast<double>(y[i * k + static_cast<int64_t>(t_.in[1].data()[i])]));
+        obj -=
+            std::log(static_cast<double>(y[i * k + static_cast<int64_t>(host_.in[1].data()[i])]));
       }
       return obj * node_->softmax_grad_scale;
     }
-    for (int64_t i = 0; i < t_.out.num_elements(); ++i) obj += double(y[i]) * t_.out_grad.data()[i];
+    for (int64_t i = 0; i < host_.out.num_elements(); ++i) {
+      obj += double(y[i]) * host_.out_grad.data()[i];
+    }
     return obj;
   }
 
-  void Backward() { op_->Backward(ctx_); }
-  OpTensors& tensors() { return t_; }
+  void Backward() {
+    op_->Backward(ctx_);
+    if (backend_->host_accessible()) return;
+    for (size_t i = 0; i < t_.in_grads.size(); ++i) Download(t_.in_grads[i], host_.in_grads[i]);
+    for (size_t i = 0; i < t_.param_grads.size(); ++i) {
+      Download(t_.param_grads[i], host_.param_grads[i]);
+    }
+  }
+
+  // Host copies of the operator's tensors (see the class comment).
+  OpTensors& tensors() { return host_; }
   Operator* op() { return op_.get(); }
+  Backend& backend() { return *backend_; }
 
  private:
+  static BackendOptions CpuOptions(CpuKernels kernels) {
+    BackendOptions o;
+    o.cpu_kernels = kernels;
+    return o;
+  }
+  Tensor Upload(const Tensor& host) {
+    if (!host.defined()) return Tensor();
+    Tensor d = backend_->Empty(host.shape());
+    backend_->CopyFromHost(host.data(), d);
+    return d;
+  }
+  std::vector<Tensor> Upload(const std::vector<Tensor>& host) {
+    std::vector<Tensor> out;
+    for (const Tensor& h : host) out.push_back(Upload(h));
+    return out;
+  }
+  void Download(const Tensor& device, const Tensor& host) {
+    if (device.defined()) backend_->CopyToHost(device, host.data());
+  }
+
   const Graph& graph_;
   const Node* node_;
-  CpuKernels kernels_;
   std::mt19937_64 rng_;
   std::mt19937_64 dropout_rng_;
-  CpuEngine engine_;
+  std::unique_ptr<Backend> backend_;
   OpContext ctx_;
   std::unique_ptr<Operator> op_;
-  OpTensors t_;
+  OpTensors host_;  // what the test reads and writes
+  OpTensors t_;     // what the operator is bound to (host_ itself on the CPU)
 };
 
 }  // namespace pstrain::testing

@@ -1,0 +1,140 @@
+// Backend: what an executor computes with on one device. One class per
+// device kind (nn/cpu/cpu_backend.h: oneDNN and the reference loops;
+// nn/cuda/cuda_backend.h: cuDNN, cuBLAS and our kernels), chosen by
+// Backend::Create from the device. The executor and the worker talk to a
+// device only through this interface: memory, the operators of a graph, the
+// copies between the host and the device, and the few element-wise steps the
+// executor and the local optimizer need of their own.
+//
+// Ordering: a backend runs its work in the order it is asked for, as if on
+// one queue (the CPU backend runs it at once; the CUDA backend enqueues it on
+// its compute stream). CopyToHost and Synchronize wait for everything asked
+// before them; the other calls may return before the device has finished.
+//
+// Threads: one thread at a time (the executor's). A backend and the tensors it
+// allocated belong together: the backend must outlive them.
+#ifndef PSTRAIN_NN_BACKEND_H_
+#define PSTRAIN_NN_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "nn/graph.h"
+#include "nn/optimizer.h"
+#include "nn/tensor.h"
+
+namespace pstrain {
+
+class Operator;  // nn/operator.h
+
+// The CPU kernels: kOneDnn (the fast path; operators oneDNN does not cover
+// run tuned loops) or kReference (plain loops: the oracle every other kernel,
+// the GPU's included, is tested against).
+enum class CpuKernels { kOneDnn, kReference };
+
+struct BackendOptions {
+  Device device = Device::Cpu();
+  // ---- CPU ----
+  CpuKernels cpu_kernels = CpuKernels::kOneDnn;
+  // OpenMP team of the big operators; 0: the OpenMP default (OMP_NUM_THREADS,
+  // else every core). Small operators run on one thread whatever this says.
+  int num_threads = 0;
+  // ---- GPU ----
+  // The most scratch memory one cuDNN convolution may use; the fastest
+  // algorithm that fits is chosen once per shape.
+  size_t gpu_workspace_bytes = size_t{512} << 20;
+  // Let cuDNN convolutions use TF32 tensor cores (10-bit mantissa products,
+  // float accumulation), as PyTorch does by default; false keeps them in full
+  // float (the tests comparing with the CPU reference turn it off).
+  bool gpu_tf32 = true;
+};
+
+// Bytes of device memory this backend holds for tensors.
+struct MemoryStats {
+  size_t in_use = 0;    // handed out and not yet given back
+  size_t peak = 0;      // most in_use ever
+  size_t reserved = 0;  // taken from the device (in_use plus the allocator's cache)
+};
+
+class Backend {
+ public:
+  // The backend for options.device. InvalidArgument for a GPU ordinal that
+  // does not exist, Unimplemented for a device this build has no backend for
+  // (a GPU without the CUDA backend), Unavailable when the device cannot be
+  // used (no driver, out of memory); each message names the device.
+  static StatusOr<std::unique_ptr<Backend>> Create(const BackendOptions& options);
+  // The backends this build has, in factory order: "cpu" and, built with
+  // CUDA, "cuda".
+  static std::vector<std::string> Names();
+
+  virtual ~Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  virtual Device device() const = 0;
+  // One line for logs: "cpu (oneDNN, 2 threads)", "cuda gpu(0): NVIDIA H100 ...".
+  virtual std::string Describe() const = 0;
+  // Whether the host may read and write this backend's tensors through
+  // Tensor::data() (the CPU backend). Callers that can avoid a copy then do.
+  virtual bool host_accessible() const = 0;
+
+  // ---- memory ----
+
+  // Uninitialized memory for num_floats floats on device(). The CUDA backend
+  // caches freed blocks, so a step loop that allocates what the last step
+  // freed never calls cudaMalloc. CHECK-fails when the device is out of memory.
+  virtual std::shared_ptr<Buffer> Allocate(size_t num_floats) = 0;
+  Tensor Empty(const Shape& shape);
+  Tensor Zeros(const Shape& shape);
+  virtual MemoryStats memory_stats() const = 0;
+
+  // ---- operators ----
+
+  // The operator computing `node` on this device (not yet bound: the caller
+  // runs its Setup). InvalidArgument for an input node, Unimplemented for an
+  // op type this backend has no kernel for.
+  virtual StatusOr<std::unique_ptr<Operator>> CreateOperator(const Node& node) = 0;
+  // Called once per executor, before any Setup, with the graph it runs at
+  // `batch`: the CPU backend sizes the OpenMP team of each node here.
+  virtual void PlanGraph(const Graph& graph, int64_t batch) {}
+  // Called on the executor's thread before each node's Setup, Forward and
+  // Backward (and the gradient sums after it).
+  virtual void EnterNode(NodeId node) {}
+
+  // ---- copies and element-wise steps (ordered with the operators) ----
+
+  // Copies n = dst.num_elements() floats from host memory. Returns once `src`
+  // may be reused; operations asked for later see the data.
+  virtual void CopyFromHost(const float* src, const Tensor& dst) = 0;
+  // Copies src.num_elements() floats to host memory; returns when `dst` holds them.
+  virtual void CopyToHost(const Tensor& src, float* dst) = 0;
+  // dst = src on this device. REQUIRES: same num_elements.
+  virtual void Copy(const Tensor& src, const Tensor& dst) = 0;
+  virtual void Fill(const Tensor& t, float value) = 0;
+  // dst += src, element-wise. REQUIRES: same num_elements.
+  virtual void Add(const Tensor& src, const Tensor& dst) = 0;
+  // One optimizer update in device memory, Optimizer::ApplyStep's arithmetic:
+  // weight and (when step.uses_momentum()) momentum updated in place from grad.
+  // momentum may be undefined otherwise.
+  virtual void ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& grad,
+                                  const Tensor& weight, const Tensor& momentum) = 0;
+  // Returns when everything asked for so far has finished on the device.
+  virtual void Synchronize() = 0;
+
+ protected:
+  Backend() = default;
+};
+
+// How many GPUs this build's CUDA backend can use. 0 when it has none, and
+// then *why (if not null) says why: "built without CUDA (nvcc was not found
+// at configure time)", "no CUDA driver", "no GPU visible (CUDA_VISIBLE_DEVICES=...)".
+// Tests of the `gpu` label skip with that reason.
+int GpuCount(std::string* why);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_NN_BACKEND_H_

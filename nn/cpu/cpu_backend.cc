@@ -1,0 +1,166 @@
+#include "nn/cpu/cpu_backend.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "nn/cpu/cpu_ops.h"
+
+namespace pstrain::internal {
+namespace {
+
+// Rough floating-point work of one node's forward for the batch.
+double NodeWork(const Graph& g, const Node& n, int64_t batch) {
+  const double out = static_cast<double>(n.out_shape.num_elements() * batch);
+  switch (n.op) {
+    case OpType::kConvolution: {
+      const Shape& in = g.node(n.inputs[0]).out_shape;
+      return 2.0 * out * static_cast<double>(in[0] / n.conv.num_group) * n.conv.kernel_h *
+             n.conv.kernel_w;
+    }
+    case OpType::kFullyConnected:
+      return 2.0 * out * static_cast<double>(g.node(n.inputs[0]).out_shape.num_elements());
+    case OpType::kPooling:
+      return out * n.pool.kernel_h * n.pool.kernel_w;
+    default: {
+      double in = 0;
+      for (NodeId i : n.inputs) in += static_cast<double>(g.node(i).out_shape.num_elements());
+      return 4.0 * (out + in * static_cast<double>(batch));
+    }
+  }
+}
+
+// Below this much work (about 4 ms of one core) a node runs on one thread: on
+// a loaded machine a team's barrier can cost a whole scheduler slice.
+constexpr double kParallelWork = 2e8;
+
+// Element-wise loops shorter than this stay on the calling thread.
+constexpr int64_t kParallelElements = 1 << 15;
+
+}  // namespace
+
+struct CpuBackend::Counters {
+  std::atomic<size_t> in_use{0};
+  std::atomic<size_t> peak{0};
+};
+
+CpuBackend::CpuBackend(const BackendOptions& options)
+    : options_(options), counters_(std::make_shared<Counters>()) {}
+
+CpuBackend& CpuBackend::Of(const OpContext& ctx) {
+  CHECK(ctx.backend != nullptr && ctx.backend->device().is_cpu())
+      << "a CPU operator run with a backend for "
+      << (ctx.backend ? ctx.backend->device().ToString() : "nothing");
+  return *static_cast<CpuBackend*>(ctx.backend);
+}
+
+std::string CpuBackend::Describe() const {
+  const int team = options_.num_threads > 0 ? options_.num_threads : omp_get_max_threads();
+  return StrCat("cpu (", options_.cpu_kernels == CpuKernels::kOneDnn ? "oneDNN" : "reference",
+                " kernels, ", team, " threads)");
+}
+
+std::shared_ptr<Buffer> CpuBackend::Allocate(size_t num_floats) {
+  size_t bytes = ((num_floats * sizeof(float) + 63) / 64) * 64;
+  if (bytes == 0) bytes = 64;
+  void* p = std::aligned_alloc(64, bytes);
+  CHECK(p != nullptr) << "out of host memory allocating " << bytes << " bytes";
+  const size_t now = counters_->in_use.fetch_add(bytes) + bytes;
+  size_t peak = counters_->peak.load();
+  while (now > peak && !counters_->peak.compare_exchange_weak(peak, now)) {
+  }
+  std::shared_ptr<Counters> counters = counters_;
+  return Buffer::Wrap(static_cast<float*>(p), num_floats, Device::Cpu(),
+                      [counters, bytes](float* d) {
+                        std::free(d);
+                        counters->in_use.fetch_sub(bytes);
+                      });
+}
+
+MemoryStats CpuBackend::memory_stats() const {
+  MemoryStats s;
+  s.in_use = counters_->in_use.load();
+  s.peak = counters_->peak.load();
+  s.reserved = s.in_use;
+  return s;
+}
+
+StatusOr<std::unique_ptr<Operator>> CpuBackend::CreateOperator(const Node& node) {
+  if (node.op == OpType::kInput) {
+    return Status::InvalidArgument(StrCat("node '", node.name, "' is an input, not an operator"));
+  }
+  std::unique_ptr<Operator> op;
+  if (options_.cpu_kernels == CpuKernels::kOneDnn) op = MakeDnnlOperator(node);
+  if (op == nullptr) op = MakeReferenceOperator(node);
+  if (op == nullptr) {
+    return Status::Unimplemented(
+        StrCat("node '", node.name, "': no CPU kernel for ", OpTypeName(node.op)));
+  }
+  return op;
+}
+
+void CpuBackend::PlanGraph(const Graph& graph, int64_t batch) {
+  // 0: the OpenMP default, which honours OMP_NUM_THREADS (else every core).
+  const int team = options_.num_threads > 0 ? options_.num_threads : omp_get_max_threads();
+  threads_.assign(graph.nodes().size(), 1);
+  for (const Node& n : graph.nodes()) {
+    if (n.op != OpType::kInput && NodeWork(graph, n, batch) >= kParallelWork) {
+      threads_[n.id] = team;
+    }
+  }
+}
+
+void CpuBackend::EnterNode(NodeId node) {
+  if (node >= 0 && static_cast<size_t>(node) < threads_.size()) {
+    omp_set_num_threads(threads_[node]);
+  }
+}
+
+void CpuBackend::CopyFromHost(const float* src, const Tensor& dst) {
+  if (src != dst.data()) std::memcpy(dst.data(), src, dst.bytes());
+}
+
+void CpuBackend::CopyToHost(const Tensor& src, float* dst) {
+  if (src.data() != dst) std::memcpy(dst, src.data(), src.bytes());
+}
+
+void CpuBackend::Copy(const Tensor& src, const Tensor& dst) {
+  CHECK_EQ(src.num_elements(), dst.num_elements());
+  if (src.data() != dst.data()) std::memcpy(dst.data(), src.data(), dst.bytes());
+}
+
+void CpuBackend::Fill(const Tensor& t, float value) { t.Fill(value); }
+
+void CpuBackend::Add(const Tensor& src, const Tensor& dst) {
+  CHECK_EQ(src.num_elements(), dst.num_elements());
+  float* d = dst.data();
+  const float* s = src.data();
+  const int64_t n = dst.num_elements();
+#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
+  for (int64_t k = 0; k < n; ++k) d[k] += s[k];
+}
+
+void CpuBackend::ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& grad,
+                                    const Tensor& weight, const Tensor& momentum) {
+  CHECK_EQ(grad.num_elements(), weight.num_elements());
+  float* m = nullptr;
+  if (step.uses_momentum()) {
+    CHECK_EQ(momentum.num_elements(), weight.num_elements());
+    m = momentum.data();
+  }
+  Optimizer::ApplyStep(step, grad.data(), weight.data(), weight.data(), m,
+                       static_cast<size_t>(weight.num_elements()));
+}
+
+StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const BackendOptions& options) {
+  if (options.num_threads < 0) {
+    return Status::InvalidArgument(
+        StrCat("CPU threads must be >= 0 (0: all cores), got ", options.num_threads));
+  }
+  return std::unique_ptr<Backend>(new CpuBackend(options));
+}
+
+}  // namespace pstrain::internal

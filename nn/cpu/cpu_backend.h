@@ -1,0 +1,62 @@
+// The CPU backend (internal to nn/): oneDNN primitives or the reference
+// loops, host memory, and the OpenMP team each node runs with.
+#ifndef PSTRAIN_NN_CPU_CPU_BACKEND_H_
+#define PSTRAIN_NN_CPU_CPU_BACKEND_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/backend.h"
+#include "nn/cpu/cpu_engine.h"
+#include "nn/operator.h"
+
+namespace pstrain::internal {
+
+class CpuBackend : public Backend {
+ public:
+  explicit CpuBackend(const BackendOptions& options);
+
+  // The CPU backend of an operator's context. REQUIRES: ctx.backend is one.
+  static CpuBackend& Of(const OpContext& ctx);
+
+  Device device() const override { return Device::Cpu(); }
+  std::string Describe() const override;
+  bool host_accessible() const override { return true; }
+
+  std::shared_ptr<Buffer> Allocate(size_t num_floats) override;
+  MemoryStats memory_stats() const override;
+
+  StatusOr<std::unique_ptr<Operator>> CreateOperator(const Node& node) override;
+  // Sizes each node's OpenMP team: the whole team for nodes of at least
+  // kParallelWork flops, one thread below that.
+  void PlanGraph(const Graph& graph, int64_t batch) override;
+  // omp_set_num_threads(the node's team): oneDNN primitives are created for,
+  // and run with, the team of their node.
+  void EnterNode(NodeId node) override;
+
+  void CopyFromHost(const float* src, const Tensor& dst) override;
+  void CopyToHost(const Tensor& src, float* dst) override;
+  void Copy(const Tensor& src, const Tensor& dst) override;
+  void Fill(const Tensor& t, float value) override;
+  void Add(const Tensor& src, const Tensor& dst) override;
+  void ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& grad, const Tensor& weight,
+                          const Tensor& momentum) override;
+  void Synchronize() override {}
+
+  CpuEngine& engine() { return engine_; }
+  CpuKernels kernels() const { return options_.cpu_kernels; }
+
+ private:
+  struct Counters;
+  const BackendOptions options_;
+  CpuEngine engine_;
+  std::vector<int> threads_;  // per node, from PlanGraph
+  std::shared_ptr<Counters> counters_;
+};
+
+StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const BackendOptions& options);
+
+}  // namespace pstrain::internal
+
+#endif  // PSTRAIN_NN_CPU_CPU_BACKEND_H_

@@ -1,0 +1,147 @@
+// The backend factory and the CPU backend's own steps: copies, fills, sums,
+// the optimizer step (Optimizer::ApplyStep's arithmetic), memory figures, and
+// the errors for devices this build or machine does not have.
+#include "nn/backend.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "nn/operator.h"
+#include "tests/test_util.h"
+
+namespace pstrain {
+namespace {
+
+TEST(BackendTest, TheCpuIsAlwaysThere) {
+  const std::vector<std::string> names = Backend::Names();
+  ASSERT_FALSE(names.empty());
+  EXPECT_EQ(names[0], "cpu");
+  auto b = Backend::Create(BackendOptions());
+  ASSERT_OK(b.status());
+  EXPECT_TRUE((*b)->device().is_cpu());
+  EXPECT_TRUE((*b)->host_accessible());
+  EXPECT_NE((*b)->Describe().find("oneDNN"), std::string::npos) << (*b)->Describe();
+}
+
+TEST(BackendTest, NegativeThreadsAreAnError) {
+  BackendOptions o;
+  o.num_threads = -1;
+  auto b = Backend::Create(o);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(BackendTest, AGpuWithoutCudaOrWithoutADeviceIsAnErrorNamingIt) {
+  std::string why;
+  const int gpus = GpuCount(&why);
+  if (gpus == 0) {
+    EXPECT_FALSE(why.empty());
+  }
+  BackendOptions o;
+  o.device = Device::Gpu(gpus);  // one past the last
+  auto b = Backend::Create(o);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find(o.device.ToString()), std::string::npos) << b.status();
+  const std::vector<std::string> names = Backend::Names();
+  const bool has_cuda = std::find(names.begin(), names.end(), "cuda") != names.end();
+  EXPECT_EQ(b.status().code(), has_cuda ? StatusCode::kInvalidArgument : StatusCode::kUnimplemented)
+      << b.status();
+}
+
+TEST(BackendTest, CpuCopiesFillsAndSums) {
+  auto made = Backend::Create(BackendOptions());
+  ASSERT_OK(made.status());
+  Backend& b = **made;
+  const int64_t n = 100000;  // above the parallel threshold
+  Tensor x = b.Empty({n}), y = b.Zeros({n});
+  std::vector<float> src(n);
+  for (int64_t i = 0; i < n; ++i) src[i] = static_cast<float>(i % 97) - 40.0f;
+  b.CopyFromHost(src.data(), x);
+  b.Add(x, y);
+  b.Add(x, y);
+  std::vector<float> back(n);
+  b.CopyToHost(y, back.data());
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(back[i], 2 * src[i]) << i;
+  b.Fill(y, -1.5f);
+  b.Copy(y, x);
+  b.CopyToHost(x, back.data());
+  EXPECT_EQ(back, std::vector<float>(n, -1.5f));
+  const MemoryStats s = b.memory_stats();
+  EXPECT_GE(s.in_use, 2 * n * sizeof(float));
+  EXPECT_GE(s.peak, s.in_use);
+}
+
+TEST(BackendTest, CpuOptimizerStepIsTheOptimizersRule) {
+  OptimizerConfig cfg;
+  cfg.set_learning_rate(0.1f);
+  cfg.set_momentum(0.9f);
+  cfg.set_wd(0.01f);
+  cfg.set_rescale_grad(0.5f);
+  cfg.set_clip_gradient(0.3f);
+  auto opt_a = Optimizer::Create(cfg);
+  auto opt_b = Optimizer::Create(cfg);
+  ASSERT_OK(opt_a.status());
+  ASSERT_OK(opt_b.status());
+  auto made = Backend::Create(BackendOptions());
+  ASSERT_OK(made.status());
+  Backend& b = **made;
+  const int64_t n = 257;
+  std::vector<float> w(n), g(n);
+  for (int64_t i = 0; i < n; ++i) {
+    w[i] = 0.01f * static_cast<float>(i) - 1.0f;
+    g[i] = static_cast<float>((i * 7) % 13) - 6.0f;
+  }
+  Tensor tw = b.Empty({n}), tg = b.Empty({n}), tm = b.Zeros({n});
+  b.CopyFromHost(w.data(), tw);
+  b.CopyFromHost(g.data(), tg);
+  ParamState sa, sb;
+  for (int step = 0; step < 3; ++step) {
+    (*opt_a)->Update(g.data(), w.data(), n, &sa);
+    const Optimizer::Step s = (*opt_b)->NextStep(&sb);
+    EXPECT_TRUE(s.uses_momentum());
+    b.ApplyOptimizerStep(s, tg, tw, tm);
+  }
+  std::vector<float> back(n);
+  b.CopyToHost(tw, back.data());
+  EXPECT_EQ(back, w);
+  b.CopyToHost(tm, back.data());
+  EXPECT_EQ(back, sa.momentum);
+  EXPECT_EQ(sb.num_updates, 3);
+  EXPECT_TRUE(sb.momentum.empty()) << "NextStep leaves the momentum to the caller";
+}
+
+TEST(BackendTest, CpuOperatorForAnInputNodeIsAnError) {
+  Graph g;
+  NodeId in = g.Input("data", {3});
+  auto made = Backend::Create(BackendOptions());
+  ASSERT_OK(made.status());
+  auto op = (*made)->CreateOperator(g.node(in));
+  ASSERT_FALSE(op.ok());
+  EXPECT_EQ(op.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(BackendTest, SetupRejectsATensorOnAnotherDevice) {
+  Graph g;
+  NodeId act = g.Activation("act", g.Input("data", {4}), ActType::kRelu);
+  auto made = Backend::Create(BackendOptions());
+  ASSERT_OK(made.status());
+  Backend& b = **made;
+  auto op = b.CreateOperator(g.node(act));
+  ASSERT_OK(op.status());
+  // A buffer that claims to be on gpu(0) (never dereferenced).
+  static float fake[8];
+  Tensor on_gpu(Buffer::Wrap(fake, 8, Device::Gpu(0), [](float*) {}), 0, Shape{2, 4});
+  OpTensors t;
+  t.in = {on_gpu};
+  t.out = b.Empty({2, 4});
+  OpContext ctx;
+  ctx.backend = &b;
+  const Status s = (*op)->Setup(ctx, t);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("gpu(0)"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace pstrain
