@@ -1,0 +1,286 @@
+#include "nn/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "nn/cuda/cuda_check.h"
+#include "nn/cuda/cuda_factory.h"
+#include "nn/cuda/kernels.h"
+
+namespace pstrain::internal {
+
+const char* CublasStatusName(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR:
+      return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR:
+      return "CUBLAS_STATUS_LICENSE_ERROR";
+  }
+  return "unknown cuBLAS status";
+}
+
+int CudaDeviceCount(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    if (why != nullptr) {
+      *why = StrCat("no usable GPU: cudaGetDeviceCount: ", cudaGetErrorName(e), ": ",
+                    cudaGetErrorString(e));
+    }
+    (void)cudaGetLastError();  // clear the sticky-free error for later calls
+    return 0;
+  }
+  if (n == 0 && why != nullptr) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    *why = StrCat("no GPU visible to this process",
+                  visible ? StrCat(" (CUDA_VISIBLE_DEVICES=", visible, ")") : "");
+  }
+  return n;
+}
+
+StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> b, CudaBackend::Create(options));
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+CudaBackend::CudaBackend(const BackendOptions& options)
+    : options_(options), ordinal_(options.device.id) {}
+
+StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& options) {
+  std::string why;
+  const int count = CudaDeviceCount(&why);
+  if (options.device.id < 0 || options.device.id >= count) {
+    return Status::InvalidArgument(StrCat("no ", options.device.ToString(), ": this machine has ",
+                                          count, " GPU(s)",
+                                          count == 0 ? StrCat(" (", why, ")") : ""));
+  }
+  std::unique_ptr<CudaBackend> b(new CudaBackend(options));
+  RETURN_IF_ERROR(b->Init().WithContext(options.device.ToString()));
+  return b;
+}
+
+void CudaBackend::SetDevice() const { PSTRAIN_CUDA_CHECK(cudaSetDevice(ordinal_)); }
+
+Status CudaBackend::Init() {
+  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_), "cudaSetDevice");
+  cudaDeviceProp prop;
+  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, ordinal_), "cudaGetDeviceProperties");
+  name_ = StrCat(prop.name, ", ", prop.totalGlobalMem >> 20, " MiB, sm_", prop.major, prop.minor);
+  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                               "creating the compute stream");
+  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking),
+                               "creating the copy stream");
+  PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnCreate(&cudnn_), "cudnnCreate");
+  PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnSetStream(cudnn_, stream_), "cudnnSetStream");
+  if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) {
+    return Status::Unavailable("cublasCreate failed");
+  }
+  if (cublasSetStream(cublas_, stream_) != CUBLAS_STATUS_SUCCESS) {
+    return Status::Unavailable("cublasSetStream failed");
+  }
+  const int ordinal = ordinal_;
+  allocator_ = std::make_shared<CachingAllocator>(
+      [ordinal](size_t bytes, std::string* error) -> void* {
+        void* p = nullptr;
+        cudaSetDevice(ordinal);
+        const cudaError_t e = cudaMalloc(&p, bytes);
+        if (e != cudaSuccess) {
+          (void)cudaGetLastError();
+          if (error != nullptr) *error = StrCat("cudaMalloc: ", cudaGetErrorString(e));
+          return nullptr;
+        }
+        return p;
+      },
+      [ordinal](void* p) {
+        cudaSetDevice(ordinal);
+        PSTRAIN_CUDA_CHECK(cudaFree(p));
+      });
+  for (Staging& s : staging_) {
+    void* host = nullptr;
+    PSTRAIN_CUDA_RETURN_IF_ERROR(cudaMallocHost(&host, kStagingBytes), "pinned staging buffer");
+    s.host = static_cast<float*>(host);
+    s.device = AllocateBytes(kStagingBytes);
+    PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s.uploaded, cudaEventDisableTiming),
+                                 "cudaEventCreate");
+    PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s.consumed, cudaEventDisableTiming),
+                                 "cudaEventCreate");
+  }
+  void* download = nullptr;
+  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaMallocHost(&download, kStagingBytes), "pinned download buffer");
+  download_ = static_cast<float*>(download);
+  return Status::Ok();
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_ != nullptr) {
+    cudaSetDevice(ordinal_);
+    cudaStreamSynchronize(stream_);
+  }
+  if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
+  workspace_.reset();
+  for (Staging& s : staging_) {
+    if (s.host != nullptr) cudaFreeHost(s.host);
+    s.device.reset();
+    if (s.uploaded != nullptr) cudaEventDestroy(s.uploaded);
+    if (s.consumed != nullptr) cudaEventDestroy(s.consumed);
+  }
+  if (download_ != nullptr) cudaFreeHost(download_);
+  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  if (cudnn_ != nullptr) cudnnDestroy(cudnn_);
+  if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  // Blocks still held by tensors go back to the allocator when those go; the
+  // allocator gives everything to the device when its last user is gone.
+  if (allocator_) allocator_->ReleaseCached();
+}
+
+CudaBackend& CudaBackend::Of(const OpContext& ctx) {
+  CHECK(ctx.backend != nullptr && !ctx.backend->device().is_cpu())
+      << "a CUDA operator run with a backend for "
+      << (ctx.backend ? ctx.backend->device().ToString() : "nothing");
+  return *static_cast<CudaBackend*>(ctx.backend);
+}
+
+std::string CudaBackend::Describe() const {
+  return StrCat("cuda ", device().ToString(), " (", name_, "; cuDNN ", cudnnGetVersion(), ")");
+}
+
+std::shared_ptr<Buffer> CudaBackend::AllocateBytes(size_t bytes) {
+  std::string error;
+  void* p = allocator_->Allocate(bytes, &error);
+  CHECK(p != nullptr) << device().ToString() << ": " << error;
+  std::shared_ptr<CachingAllocator> allocator = allocator_;
+  return Buffer::Wrap(static_cast<float*>(p), bytes / sizeof(float), device(),
+                      [allocator](float* d) { allocator->Free(d); });
+}
+
+std::shared_ptr<Buffer> CudaBackend::Allocate(size_t num_floats) {
+  std::string error;
+  void* p = allocator_->Allocate(num_floats * sizeof(float), &error);
+  CHECK(p != nullptr) << device().ToString() << ": " << error;
+  std::shared_ptr<CachingAllocator> allocator = allocator_;
+  return Buffer::Wrap(static_cast<float*>(p), num_floats, device(),
+                      [allocator](float* d) { allocator->Free(d); });
+}
+
+Status CudaBackend::ReserveWorkspace(size_t bytes) {
+  if (bytes <= workspace_bytes_) return Status::Ok();
+  std::string error;
+  workspace_.reset();
+  void* p = allocator_->Allocate(bytes, &error);
+  if (p == nullptr) return Status::Unavailable(StrCat("convolution workspace: ", error));
+  std::shared_ptr<CachingAllocator> allocator = allocator_;
+  workspace_ = Buffer::Wrap(static_cast<float*>(p), bytes / sizeof(float), device(),
+                            [allocator](float* d) { allocator->Free(d); });
+  workspace_bytes_ = bytes;
+  return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<Operator>> CudaBackend::CreateOperator(const Node& node) {
+  SetDevice();
+  return MakeCudaOperator(node);
+}
+
+void CudaBackend::EnterNode(NodeId node) { SetDevice(); }
+
+void CudaBackend::CopyFromHost(const float* src, const Tensor& dst) {
+  CHECK(dst.device() == device()) << "CopyFromHost into " << dst.device().ToString();
+  SetDevice();
+  const char* from = reinterpret_cast<const char*>(src);
+  char* to = reinterpret_cast<char*>(dst.data());
+  const size_t bytes = dst.bytes();
+  for (size_t done = 0; done < bytes;) {
+    Staging& s = staging_[next_slot_];
+    next_slot_ = (next_slot_ + 1) % kStagingSlots;
+    const size_t n = std::min(kStagingBytes, bytes - done);
+    if (s.used) {
+      // The pinned buffer is free once its last upload finished; the device
+      // buffer once the compute stream copied it out.
+      PSTRAIN_CUDA_CHECK(cudaEventSynchronize(s.uploaded));
+      PSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, s.consumed, 0));
+    }
+    std::memcpy(s.host, from + done, n);
+    PSTRAIN_CUDA_CHECK(
+        cudaMemcpyAsync(s.device->data(), s.host, n, cudaMemcpyHostToDevice, copy_stream_));
+    PSTRAIN_CUDA_CHECK(cudaEventRecord(s.uploaded, copy_stream_));
+    PSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(stream_, s.uploaded, 0));
+    PSTRAIN_CUDA_CHECK(
+        cudaMemcpyAsync(to + done, s.device->data(), n, cudaMemcpyDeviceToDevice, stream_));
+    PSTRAIN_CUDA_CHECK(cudaEventRecord(s.consumed, stream_));
+    s.used = true;
+    done += n;
+  }
+}
+
+void CudaBackend::CopyToHost(const Tensor& src, float* dst) {
+  CHECK(src.device() == device()) << "CopyToHost from " << src.device().ToString();
+  SetDevice();
+  const char* from = reinterpret_cast<const char*>(src.data());
+  char* to = reinterpret_cast<char*>(dst);
+  const size_t bytes = src.bytes();
+  for (size_t done = 0; done < bytes;) {
+    const size_t n = std::min(kStagingBytes, bytes - done);
+    PSTRAIN_CUDA_CHECK(cudaMemcpyAsync(download_, from + done, n, cudaMemcpyDeviceToHost, stream_));
+    PSTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::memcpy(to + done, download_, n);
+    done += n;
+  }
+}
+
+void CudaBackend::Copy(const Tensor& src, const Tensor& dst) {
+  CHECK_EQ(src.num_elements(), dst.num_elements());
+  if (src.data() == dst.data()) return;
+  SetDevice();
+  PSTRAIN_CUDA_CHECK(
+      cudaMemcpyAsync(dst.data(), src.data(), dst.bytes(), cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaBackend::Fill(const Tensor& t, float value) {
+  SetDevice();
+  cuda::Fill(t.data(), t.num_elements(), value, stream_);
+}
+
+void CudaBackend::Add(const Tensor& src, const Tensor& dst) {
+  CHECK_EQ(src.num_elements(), dst.num_elements());
+  SetDevice();
+  cuda::Add(src.data(), dst.data(), dst.num_elements(), stream_);
+}
+
+void CudaBackend::ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& grad,
+                                     const Tensor& weight, const Tensor& momentum) {
+  CHECK_EQ(grad.num_elements(), weight.num_elements());
+  float* m = nullptr;
+  if (step.uses_momentum()) {
+    CHECK_EQ(momentum.num_elements(), weight.num_elements());
+    m = momentum.data();
+  }
+  SetDevice();
+  cuda::SgdArgs a{
+      step.rescale, step.lr,  step.wd, step.clip, step.uses_momentum() ? step.mom : 0.0f,
+      step.do_clip, step.test};
+  cuda::SgdUpdate(a, grad.data(), weight.data(), m, weight.num_elements(), stream_);
+}
+
+void CudaBackend::Synchronize() {
+  SetDevice();
+  PSTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+}  // namespace pstrain::internal

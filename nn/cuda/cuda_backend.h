@@ -1,0 +1,120 @@
+// The CUDA backend (internal to nn/): one GPU, one compute stream on which
+// every operator, copy and element-wise step runs in the order asked for,
+// cuDNN and cuBLAS handles bound to that stream, a caching allocator, and a
+// copy stream with pinned staging buffers for the copies from the host.
+//
+// Copies from the host (batches, parameters) go host -> pinned buffer ->
+// (copy stream) device staging buffer -> (compute stream) destination, so a
+// batch crosses the bus while the compute stream still works on the previous
+// one, and the destination is written only in the compute stream's order.
+#ifndef PSTRAIN_NN_CUDA_CUDA_BACKEND_H_
+#define PSTRAIN_NN_CUDA_CUDA_BACKEND_H_
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "nn/backend.h"
+#include "nn/caching_allocator.h"
+#include "nn/operator.h"
+
+namespace pstrain::internal {
+
+// The algorithms cuDNN found fastest for one convolution shape, and the
+// workspace each needs (cached per backend: equal layers search once).
+struct ConvAlgos {
+  cudnnConvolutionFwdAlgo_t fwd;
+  cudnnConvolutionBwdDataAlgo_t bwd_data;
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+  size_t fwd_bytes = 0, bwd_data_bytes = 0, bwd_filter_bytes = 0;
+};
+
+class CudaBackend : public Backend {
+ public:
+  // Unavailable (with the CUDA error) when the device cannot be set up;
+  // InvalidArgument for an ordinal with no GPU.
+  static StatusOr<std::unique_ptr<CudaBackend>> Create(const BackendOptions& options);
+  ~CudaBackend() override;
+
+  // The CUDA backend of an operator's context. REQUIRES: ctx.backend is one.
+  static CudaBackend& Of(const OpContext& ctx);
+
+  Device device() const override { return Device::Gpu(ordinal_); }
+  std::string Describe() const override;
+  bool host_accessible() const override { return false; }
+
+  std::shared_ptr<Buffer> Allocate(size_t num_floats) override;
+  MemoryStats memory_stats() const override { return allocator_->stats(); }
+
+  StatusOr<std::unique_ptr<Operator>> CreateOperator(const Node& node) override;
+  // Makes this backend's GPU the calling thread's current device.
+  void EnterNode(NodeId node) override;
+
+  void CopyFromHost(const float* src, const Tensor& dst) override;
+  void CopyToHost(const Tensor& src, float* dst) override;
+  void Copy(const Tensor& src, const Tensor& dst) override;
+  void Fill(const Tensor& t, float value) override;
+  void Add(const Tensor& src, const Tensor& dst) override;
+  void ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& grad, const Tensor& weight,
+                          const Tensor& momentum) override;
+  void Synchronize() override;
+
+  // ---- for the operators (nn/cuda/*_ops.cc) ----
+  cudaStream_t stream() const { return stream_; }
+  cudnnHandle_t cudnn() const { return cudnn_; }
+  cublasHandle_t cublas() const { return cublas_; }
+  const BackendOptions& options() const { return options_; }
+  // Raw device bytes from the caching allocator, for an operator's own state
+  // (saved statistics, masks); freed when the returned buffer goes.
+  std::shared_ptr<Buffer> AllocateBytes(size_t bytes);
+  // Scratch shared by every operator (they run one at a time on the stream):
+  // Reserve at Setup, then Workspace() in the kernels. Reserving more than
+  // before reallocates it, so operators must not keep the pointer.
+  Status ReserveWorkspace(size_t bytes);
+  void* workspace() const { return workspace_ ? workspace_->data() : nullptr; }
+  size_t workspace_bytes() const { return workspace_bytes_; }
+  // The cache of convolution algorithms, keyed by the shape's text.
+  std::map<std::string, ConvAlgos>& conv_algos() { return conv_algos_; }
+
+ private:
+  explicit CudaBackend(const BackendOptions& options);
+  Status Init();
+  void SetDevice() const;
+
+  // A pinned host buffer and a device buffer that a host copy passes through.
+  struct Staging {
+    float* host = nullptr;           // pinned, kStagingBytes
+    std::shared_ptr<Buffer> device;  // kStagingBytes
+    cudaEvent_t uploaded = nullptr;  // copy stream: host -> device staging done
+    cudaEvent_t consumed = nullptr;  // compute stream: staging -> destination done
+    bool used = false;
+  };
+  static constexpr int kStagingSlots = 4;
+  static constexpr size_t kStagingBytes = size_t{4} << 20;
+
+  const BackendOptions options_;
+  const int ordinal_;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  cudaStream_t copy_stream_ = nullptr;
+  cudnnHandle_t cudnn_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  std::shared_ptr<CachingAllocator> allocator_;
+  Staging staging_[kStagingSlots];
+  int next_slot_ = 0;
+  float* download_ = nullptr;  // pinned, kStagingBytes, for CopyToHost
+  std::shared_ptr<Buffer> workspace_;
+  size_t workspace_bytes_ = 0;
+  std::map<std::string, ConvAlgos> conv_algos_;
+};
+
+// The operator for `node` on the CUDA backend (nn/cuda/cuda_ops.cc).
+StatusOr<std::unique_ptr<Operator>> MakeCudaOperator(const Node& node);
+
+}  // namespace pstrain::internal
+
+#endif  // PSTRAIN_NN_CUDA_CUDA_BACKEND_H_

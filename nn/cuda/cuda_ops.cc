@@ -1,0 +1,666 @@
+// The CUDA operators: convolution, pooling, batch norm, activations and the
+// softmax through cuDNN; fully connected through cuBLAS; concat, add,
+// dropout, flatten, the loss and the softmax gradient through copies and our
+// kernels (nn/cuda/kernels.h). Each one's results are the CPU reference's
+// (nn/cpu/reference_ops.cc) within float rounding, which the `gpu` tests
+// check, with two documented differences: TF32 convolutions when
+// BackendOptions::gpu_tf32 (PyTorch's default too), and dropout masks drawn
+// from a counter-based generator instead of the CPU's.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "nn/cuda/cuda_backend.h"
+#include "nn/cuda/cuda_check.h"
+#include "nn/cuda/kernels.h"
+
+namespace pstrain::internal {
+namespace {
+
+const float kOne = 1.0f, kZero = 0.0f;
+
+int CheckedInt(int64_t v, const char* what) {
+  CHECK(v >= 0 && v <= INT32_MAX) << what << " " << v << " exceeds cuDNN's int dimensions";
+  return static_cast<int>(v);
+}
+
+// A tensor's shape as cuDNN's NCHW: 4-d as it is, (N, C) as (N, C, 1, 1),
+// anything else as (N, rest, 1, 1).
+struct Nchw {
+  int n, c, h, w;
+};
+Nchw ToNchw(const Shape& s) {
+  if (s.ndim() == 4) {
+    return {CheckedInt(s[0], "N"), CheckedInt(s[1], "C"), CheckedInt(s[2], "H"),
+            CheckedInt(s[3], "W")};
+  }
+  const int64_t n = s.ndim() > 0 ? s[0] : 1;
+  return {CheckedInt(n, "N"), CheckedInt(s.num_elements() / std::max<int64_t>(n, 1), "C"), 1, 1};
+}
+
+class TensorDesc {
+ public:
+  TensorDesc() { PSTRAIN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d_)); }
+  ~TensorDesc() { cudnnDestroyTensorDescriptor(d_); }
+  TensorDesc(const TensorDesc&) = delete;
+  TensorDesc& operator=(const TensorDesc&) = delete;
+  void Set(const Nchw& s) {
+    PSTRAIN_CUDNN_CHECK(
+        cudnnSetTensor4dDescriptor(d_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s.n, s.c, s.h, s.w));
+  }
+  void Set(const Shape& s) { Set(ToNchw(s)); }
+  cudnnTensorDescriptor_t get() const { return d_; }
+
+ private:
+  cudnnTensorDescriptor_t d_ = nullptr;
+};
+
+// Base of the CUDA operators: the backend, kept at Setup.
+class CudaOp : public Operator {
+ public:
+  explicit CudaOp(const Node& node) : Operator(node) {}
+
+ protected:
+  Status DoSetup(const OpContext& ctx) final {
+    be_ = &CudaBackend::Of(ctx);
+    return SetupCuda(ctx);
+  }
+  virtual Status SetupCuda(const OpContext& ctx) { return Status::Ok(); }
+  cudaStream_t stream() const { return be_->stream(); }
+  cudnnHandle_t cudnn() const { return be_->cudnn(); }
+  std::string Where() const { return StrCat(OpTypeName(node_.op), " '", node_.name, "'"); }
+
+  CudaBackend* be_ = nullptr;
+};
+
+void CopyAsync(const Tensor& src, const Tensor& dst, cudaStream_t stream) {
+  CHECK_EQ(src.num_elements(), dst.num_elements());
+  if (src.data() == dst.data()) return;
+  PSTRAIN_CUDA_CHECK(
+      cudaMemcpyAsync(dst.data(), src.data(), dst.bytes(), cudaMemcpyDeviceToDevice, stream));
+}
+
+// ---------------------------------------------------------------- convolution
+
+class CudnnConvolution : public CudaOp {
+ public:
+  explicit CudnnConvolution(const Node& node) : CudaOp(node) {}
+  ~CudnnConvolution() override {
+    if (filter_) cudnnDestroyFilterDescriptor(filter_);
+    if (conv_) cudnnDestroyConvolutionDescriptor(conv_);
+  }
+
+ protected:
+  Status SetupCuda(const OpContext& ctx) override {
+    const ConvParam& p = node_.conv;
+    const Shape& xs = t_.in[0].shape();
+    const Shape& ys = t_.out.shape();
+    x_.Set(xs);
+    y_.Set(ys);
+    const Nchw w = ToNchw(t_.params[0].shape());
+    PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnCreateFilterDescriptor(&filter_), Where());
+    PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnSetFilter4dDescriptor(filter_, CUDNN_DATA_FLOAT,
+                                                             CUDNN_TENSOR_NCHW, w.n, w.c, w.h, w.w),
+                                  Where());
+    PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnCreateConvolutionDescriptor(&conv_), Where());
+    PSTRAIN_CUDNN_RETURN_IF_ERROR(
+        cudnnSetConvolution2dDescriptor(conv_, p.pad_h, p.pad_w, p.stride_h, p.stride_w, 1, 1,
+                                        CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+        Where());
+    PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionGroupCount(conv_, p.num_group), Where());
+    const bool tf32 = be_->options().gpu_tf32;
+    PSTRAIN_CUDNN_RETURN_IF_ERROR(
+        cudnnSetConvolutionMathType(conv_, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH), Where());
+    int n, c, h, wd;
+    PSTRAIN_CUDNN_RETURN_IF_ERROR(
+        cudnnGetConvolution2dForwardOutputDim(conv_, x_.get(), filter_, &n, &c, &h, &wd), Where());
+    const Nchw y = ToNchw(ys);
+    if (n != y.n || c != y.c || h != y.h || wd != y.w) {
+      return Status::InvalidArgument(StrCat(Where(), ": cuDNN computes (", n, ",", c, ",", h, ",",
+                                            wd, "), the graph ", ys.ToString()));
+    }
+    if (!p.no_bias) bias_.Set(Nchw{1, y.c, 1, 1});
+    const std::string key =
+        StrCat(xs.ToString(), "*", t_.params[0].shape().ToString(), "/", p.stride_h, ",",
+               p.stride_w, "/", p.pad_h, ",", p.pad_w, "/g", p.num_group, tf32 ? "/tf32" : "/fp32");
+    auto& cache = be_->conv_algos();
+    auto it = cache.find(key);
+    if (it == cache.end()) {
+      ConvAlgos found;
+      RETURN_IF_ERROR(FindAlgorithms(&found));
+      it = cache.emplace(key, found).first;
+    }
+    algos_ = it->second;
+    return be_->ReserveWorkspace(
+        std::max({algos_.fwd_bytes, algos_.bwd_data_bytes, algos_.bwd_filter_bytes}));
+  }
+
+  void DoForward(const OpContext& ctx) override {
+    PSTRAIN_CUDNN_CHECK(cudnnConvolutionForward(
+        cudnn(), &kOne, x_.get(), t_.in[0].data(), filter_, t_.params[0].data(), conv_, algos_.fwd,
+        be_->workspace(), be_->workspace_bytes(), &kZero, y_.get(), t_.out.data()));
+    if (!node_.conv.no_bias) {
+      PSTRAIN_CUDNN_CHECK(cudnnAddTensor(cudnn(), &kOne, bias_.get(), t_.params[1].data(), &kOne,
+                                         y_.get(), t_.out.data()));
+    }
+  }
+
+  void DoBackward(const OpContext& ctx) override {
+    PSTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+        cudnn(), &kOne, x_.get(), t_.in[0].data(), y_.get(), t_.out_grad.data(), conv_,
+        algos_.bwd_filter, be_->workspace(), be_->workspace_bytes(), &kZero, filter_,
+        t_.param_grads[0].data()));
+    if (!node_.conv.no_bias) {
+      PSTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardBias(cudnn(), &kOne, y_.get(), t_.out_grad.data(),
+                                                       &kZero, bias_.get(),
+                                                       t_.param_grads[1].data()));
+    }
+    if (t_.in_grads[0].defined()) {
+      PSTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardData(
+          cudnn(), &kOne, filter_, t_.params[0].data(), y_.get(), t_.out_grad.data(), conv_,
+          algos_.bwd_data, be_->workspace(), be_->workspace_bytes(), &kZero, x_.get(),
+          t_.in_grads[0].data()));
+    }
+  }
+
+ private:
+  // cuDNN's measured search (PyTorch's benchmark mode), run once per shape on
+  // the bound buffers (nothing in them is live yet), with a temporary
+  // workspace of the configured limit outside the caching allocator, so the
+  // memory figures do not count it. The fastest algorithm within the limit wins.
+  Status FindAlgorithms(ConvAlgos* out) {
+    size_t limit = be_->options().gpu_workspace_bytes;
+    void* ws = nullptr;
+    while (limit > 0 && cudaMalloc(&ws, limit) != cudaSuccess) {
+      (void)cudaGetLastError();
+      ws = nullptr;
+      limit /= 2;
+    }
+    struct Free {
+      void* p;
+      ~Free() {
+        if (p) cudaFree(p);
+      }
+    } free_ws{ws};
+    const void* x = t_.in[0].data();
+    const void* w = t_.params[0].data();
+    int got = 0;
+    {
+      cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+      PSTRAIN_CUDNN_RETURN_IF_ERROR(
+          cudnnFindConvolutionForwardAlgorithmEx(cudnn(), x_.get(), x, filter_, w, conv_, y_.get(),
+                                                 t_.out.data(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                                 &got, perf, ws, limit),
+          StrCat(Where(), ": searching forward algorithms"));
+      RETURN_IF_ERROR(Pick(perf, got, limit, "forward", &out->fwd, &out->fwd_bytes));
+    }
+    if (!t_.out_grad.defined()) return Status::Ok();  // inference: no backward
+    {
+      cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+      PSTRAIN_CUDNN_RETURN_IF_ERROR(
+          cudnnFindConvolutionBackwardFilterAlgorithmEx(
+              cudnn(), x_.get(), x, y_.get(), t_.out_grad.data(), conv_, filter_,
+              t_.param_grads[0].data(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf, ws,
+              limit),
+          StrCat(Where(), ": searching backward-filter algorithms"));
+      RETURN_IF_ERROR(
+          Pick(perf, got, limit, "backward filter", &out->bwd_filter, &out->bwd_filter_bytes));
+    }
+    if (t_.in_grads[0].defined()) {
+      cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+      PSTRAIN_CUDNN_RETURN_IF_ERROR(
+          cudnnFindConvolutionBackwardDataAlgorithmEx(
+              cudnn(), filter_, w, y_.get(), t_.out_grad.data(), conv_, x_.get(),
+              t_.in_grads[0].data(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf, ws, limit),
+          StrCat(Where(), ": searching backward-data algorithms"));
+      RETURN_IF_ERROR(
+          Pick(perf, got, limit, "backward data", &out->bwd_data, &out->bwd_data_bytes));
+    }
+    return Status::Ok();
+  }
+
+  template <typename Perf, typename Algo>
+  Status Pick(const Perf* perf, int got, size_t limit, const char* which, Algo* algo,
+              size_t* bytes) {
+    for (int i = 0; i < got; ++i) {  // sorted fastest first
+      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= limit) {
+        *algo = perf[i].algo;
+        *bytes = perf[i].memory;
+        return Status::Ok();
+      }
+    }
+    return Status::Unavailable(StrCat(Where(), ": no cuDNN ", which, " algorithm runs within ",
+                                      limit, " bytes of workspace"));
+  }
+
+  TensorDesc x_, y_, bias_;
+  cudnnFilterDescriptor_t filter_ = nullptr;
+  cudnnConvolutionDescriptor_t conv_ = nullptr;
+  ConvAlgos algos_{};
+};
+
+// -------------------------------------------------------------------- pooling
+
+class CudaPooling : public CudaOp {
+ public:
+  explicit CudaPooling(const Node& node) : CudaOp(node) {}
+  ~CudaPooling() override {
+    if (pool_) cudnnDestroyPoolingDescriptor(pool_);
+  }
+  // cuDNN's backward reads both (and the max kernel of ours does too).
+  bool BackwardNeedsInputs() const override { return true; }
+  bool BackwardNeedsOutput() const override { return true; }
+
+ protected:
+  Status SetupCuda(const OpContext& ctx) override {
+    const PoolParam& p = node_.pool;
+    const Shape& xs = t_.in[0].shape();
+    const Shape& ys = t_.out.shape();
+    args_.NC = xs[0] * xs[1];
+    args_.H = xs[2];
+    args_.W = xs[3];
+    args_.OH = ys[2];
+    args_.OW = ys[3];
+    args_.is_max = p.type == PoolType::kMax;
+    if (p.global) {
+      args_.kernel_h = CheckedInt(xs[2], "H");
+      args_.kernel_w = CheckedInt(xs[3], "W");
+      args_.stride_h = args_.stride_w = 1;
+      args_.pad_h = args_.pad_w = 0;
+    } else {
+      args_.kernel_h = p.kernel_h;
+      args_.kernel_w = p.kernel_w;
+      args_.stride_h = p.stride_h;
+      args_.stride_w = p.stride_w;
+      args_.pad_h = p.pad_h;
+      args_.pad_w = p.pad_w;
+    }
+    x_.Set(xs);
+    y_.Set(ys);
+    PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnCreatePoolingDescriptor(&pool_), Where());
+    PSTRAIN_CUDNN_RETURN_IF_ERROR(
+        cudnnSetPooling2dDescriptor(pool_,
+                                    args_.is_max ? CUDNN_POOLING_MAX_DETERMINISTIC
+                                                 : CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING,
+                                    CUDNN_NOT_PROPAGATE_NAN, args_.kernel_h, args_.kernel_w,
+                                    args_.pad_h, args_.pad_w, args_.stride_h, args_.stride_w),
+        Where());
+    // cuDNN's windows are the reference's unless MXNet's "full" rounding adds
+    // an output whose window spills past the padding: then our kernels.
+    int n, c, h, w;
+    PSTRAIN_CUDNN_RETURN_IF_ERROR(
+        cudnnGetPooling2dForwardOutputDim(pool_, x_.get(), &n, &c, &h, &w), Where());
+    use_cudnn_ = h == args_.OH && w == args_.OW;
+    return Status::Ok();
+  }
+
+  void DoForward(const OpContext& ctx) override {
+    if (use_cudnn_) {
+      PSTRAIN_CUDNN_CHECK(cudnnPoolingForward(cudnn(), pool_, &kOne, x_.get(), t_.in[0].data(),
+                                              &kZero, y_.get(), t_.out.data()));
+    } else {
+      cuda::PoolForward(args_, t_.in[0].data(), t_.out.data(), stream());
+    }
+  }
+
+  void DoBackward(const OpContext& ctx) override {
+    if (!t_.in_grads[0].defined()) return;
+    if (use_cudnn_) {
+      PSTRAIN_CUDNN_CHECK(cudnnPoolingBackward(
+          cudnn(), pool_, &kOne, y_.get(), t_.out.data(), y_.get(), t_.out_grad.data(), x_.get(),
+          t_.in[0].data(), &kZero, x_.get(), t_.in_grads[0].data()));
+    } else {
+      cuda::PoolBackward(args_, t_.in[0].data(), t_.out.data(), t_.out_grad.data(),
+                         t_.in_grads[0].data(), stream());
+    }
+  }
+
+ private:
+  TensorDesc x_, y_;
+  cudnnPoolingDescriptor_t pool_ = nullptr;
+  cuda::PoolArgs args_{};
+  bool use_cudnn_ = true;
+};
+
+// ------------------------------------------------------------ fully connected
+
+// Row-major x (N, K), W (M, K), y (N, M) are column-major x^T, W^T, y^T to
+// cuBLAS:  y^T = W x^T,  dx^T = W^T dy^T,  dW^T = x^T dy,  db = dy^T 1.
+class CublasFullyConnected : public CudaOp {
+ public:
+  explicit CublasFullyConnected(const Node& node) : CudaOp(node) {}
+
+ protected:
+  Status SetupCuda(const OpContext& ctx) override {
+    N_ = CheckedInt(t_.in[0].shape()[0], "batch");
+    K_ = CheckedInt(t_.in[0].shape().ProductFrom(1), "input features");
+    M_ = CheckedInt(node_.fc.num_hidden, "num_hidden");
+    if (!node_.fc.no_bias) {
+      ones_ = be_->Empty(Shape{N_});
+      be_->Fill(ones_, 1.0f);
+    }
+    return Status::Ok();
+  }
+
+  void DoForward(const OpContext& ctx) override {
+    PSTRAIN_CUBLAS_CHECK(cublasSgemm(be_->cublas(), CUBLAS_OP_T, CUBLAS_OP_N, M_, N_, K_, &kOne,
+                                     t_.params[0].data(), K_, t_.in[0].data(), K_, &kZero,
+                                     t_.out.data(), M_));
+    if (!node_.fc.no_bias) cuda::AddBias(t_.params[1].data(), t_.out.data(), N_, M_, stream());
+  }
+
+  void DoBackward(const OpContext& ctx) override {
+    const float* dy = t_.out_grad.data();
+    PSTRAIN_CUBLAS_CHECK(cublasSgemm(be_->cublas(), CUBLAS_OP_N, CUBLAS_OP_T, K_, M_, N_, &kOne,
+                                     t_.in[0].data(), K_, dy, M_, &kZero, t_.param_grads[0].data(),
+                                     K_));
+    if (!node_.fc.no_bias) {
+      PSTRAIN_CUBLAS_CHECK(cublasSgemv(be_->cublas(), CUBLAS_OP_N, M_, N_, &kOne, dy, M_,
+                                       ones_.data(), 1, &kZero, t_.param_grads[1].data(), 1));
+    }
+    if (t_.in_grads[0].defined()) {
+      PSTRAIN_CUBLAS_CHECK(cublasSgemm(be_->cublas(), CUBLAS_OP_N, CUBLAS_OP_N, K_, N_, M_, &kOne,
+                                       t_.params[0].data(), K_, dy, M_, &kZero,
+                                       t_.in_grads[0].data(), K_));
+    }
+  }
+
+ private:
+  int N_ = 0, K_ = 0, M_ = 0;
+  Tensor ones_;  // N ones: the bias gradient sums dy's rows with them
+};
+
+// ----------------------------------------------------------------- batch norm
+
+class CudnnBatchNorm : public CudaOp {
+ public:
+  explicit CudnnBatchNorm(const Node& node) : CudaOp(node) {}
+
+ protected:
+  Status SetupCuda(const OpContext& ctx) override {
+    const Nchw s = ToNchw(t_.in[0].shape());
+    x_.Set(s);
+    stats_.Set(Nchw{1, s.c, 1, 1});
+    C_ = s.c;
+    // cuDNN 9 takes any epsilon >= CUDNN_BN_MIN_EPSILON (0); older ones
+    // wanted 1e-5, which would change the 2015 models' 1e-10 + 1e-5 slightly.
+    eps_ = std::max(static_cast<double>(node_.bn.eps), static_cast<double>(CUDNN_BN_MIN_EPSILON));
+    saved_mean_ = be_->Empty(Shape{C_});
+    saved_invstd_ = be_->Empty(Shape{C_});
+    if (node_.bn.fix_gamma) {
+      ones_ = be_->Empty(Shape{C_});
+      be_->Fill(ones_, 1.0f);
+      dgamma_scratch_ = be_->Empty(Shape{C_});
+    }
+    if (!t_.in_grads[0].defined() && t_.out_grad.defined()) {
+      dx_scratch_ = be_->Empty(t_.in[0].shape());  // cuDNN always writes dx
+    }
+    return Status::Ok();
+  }
+
+  void DoForward(const OpContext& ctx) override {
+    const float* gamma = node_.bn.fix_gamma ? ones_.data() : t_.params[0].data();
+    if (ctx.is_train) {
+      // No running averages from cuDNN (it folds in the unbiased variance);
+      // ours fold in the biased one, as the CPU and MXNet do.
+      PSTRAIN_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
+          cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_.get(), t_.in[0].data(), x_.get(),
+          t_.out.data(), stats_.get(), gamma, t_.params[1].data(), 0.0, nullptr, nullptr, eps_,
+          saved_mean_.data(), saved_invstd_.data()));
+      cuda::BatchNormMovingStats(saved_mean_.data(), saved_invstd_.data(), static_cast<float>(eps_),
+                                 node_.bn.momentum, t_.aux[0].data(), t_.aux[1].data(), C_,
+                                 stream());
+    } else {
+      PSTRAIN_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
+          cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_.get(), t_.in[0].data(), x_.get(),
+          t_.out.data(), stats_.get(), gamma, t_.params[1].data(), t_.aux[0].data(),
+          t_.aux[1].data(), eps_));
+    }
+  }
+
+  void DoBackward(const OpContext& ctx) override {
+    const bool fix = node_.bn.fix_gamma;
+    const float* gamma = fix ? ones_.data() : t_.params[0].data();
+    float* dgamma = fix ? dgamma_scratch_.data() : t_.param_grads[0].data();
+    float* dx = t_.in_grads[0].defined() ? t_.in_grads[0].data() : dx_scratch_.data();
+    PSTRAIN_CUDNN_CHECK(cudnnBatchNormalizationBackward(
+        cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, x_.get(), t_.in[0].data(),
+        x_.get(), t_.out_grad.data(), x_.get(), dx, stats_.get(), gamma, dgamma,
+        t_.param_grads[1].data(), eps_, saved_mean_.data(), saved_invstd_.data()));
+    if (fix) be_->Fill(t_.param_grads[0], 0.0f);  // gamma is held at 1
+  }
+
+ private:
+  TensorDesc x_, stats_;
+  int64_t C_ = 0;
+  double eps_ = 0;
+  Tensor saved_mean_, saved_invstd_, ones_, dgamma_scratch_, dx_scratch_;
+};
+
+// ---------------------------------------------------------------- activations
+
+// Backward from the output alone: relu's mask, tanh's 1 - y^2 and sigmoid's
+// y (1 - y) need only y, so y is handed to cuDNN as x too and the planner may
+// reuse the input's memory.
+class CudnnActivation : public CudaOp {
+ public:
+  explicit CudnnActivation(const Node& node) : CudaOp(node) {}
+  ~CudnnActivation() override {
+    if (act_) cudnnDestroyActivationDescriptor(act_);
+  }
+  bool BackwardNeedsInputs() const override { return false; }
+  bool BackwardNeedsOutput() const override { return true; }
+
+ protected:
+  Status SetupCuda(const OpContext& ctx) override {
+    x_.Set(t_.in[0].shape());
+    cudnnActivationMode_t mode = CUDNN_ACTIVATION_RELU;
+    if (node_.act == ActType::kTanh) mode = CUDNN_ACTIVATION_TANH;
+    if (node_.act == ActType::kSigmoid) mode = CUDNN_ACTIVATION_SIGMOID;
+    PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnCreateActivationDescriptor(&act_), Where());
+    PSTRAIN_CUDNN_RETURN_IF_ERROR(
+        cudnnSetActivationDescriptor(act_, mode, CUDNN_NOT_PROPAGATE_NAN, 0.0), Where());
+    return Status::Ok();
+  }
+
+  void DoForward(const OpContext& ctx) override {
+    PSTRAIN_CUDNN_CHECK(cudnnActivationForward(cudnn(), act_, &kOne, x_.get(), t_.in[0].data(),
+                                               &kZero, x_.get(), t_.out.data()));
+  }
+
+  void DoBackward(const OpContext& ctx) override {
+    if (!t_.in_grads[0].defined()) return;
+    PSTRAIN_CUDNN_CHECK(cudnnActivationBackward(
+        cudnn(), act_, &kOne, x_.get(), t_.out.data(), x_.get(), t_.out_grad.data(), x_.get(),
+        t_.out.data(), &kZero, x_.get(), t_.in_grads[0].data()));
+  }
+
+ private:
+  TensorDesc x_;
+  cudnnActivationDescriptor_t act_ = nullptr;
+};
+
+// ------------------------------------------------------------- softmax output
+
+class CudnnSoftmaxOutput : public CudaOp {
+ public:
+  explicit CudnnSoftmaxOutput(const Node& node) : CudaOp(node) {}
+  bool BackwardNeedsOutput() const override { return true; }
+
+  float Loss() const override {
+    if (loss_.num_elements() == 0) return 0.0f;
+    std::vector<float> host(static_cast<size_t>(loss_.num_elements()));
+    be_->CopyToHost(loss_, host.data());
+    double sum = 0;
+    for (float v : host) sum += v;
+    return static_cast<float>(sum / static_cast<double>(host.size()));
+  }
+
+ protected:
+  Status SetupCuda(const OpContext& ctx) override {
+    N_ = t_.out.shape()[0];
+    K_ = t_.out.shape().ProductFrom(1);
+    x_.Set(Nchw{CheckedInt(N_, "batch"), CheckedInt(K_, "classes"), 1, 1});
+    loss_ = be_->Zeros(Shape{N_});
+    return Status::Ok();
+  }
+
+  void DoForward(const OpContext& ctx) override {
+    PSTRAIN_CUDNN_CHECK(cudnnSoftmaxForward(cudnn(), CUDNN_SOFTMAX_ACCURATE,
+                                            CUDNN_SOFTMAX_MODE_INSTANCE, &kOne, x_.get(),
+                                            t_.in[0].data(), &kZero, x_.get(), t_.out.data()));
+    cuda::SoftmaxLoss(t_.out.data(), t_.in[1].data(), loss_.data(), N_, K_, stream());
+  }
+
+  void DoBackward(const OpContext& ctx) override {
+    if (!t_.in_grads[0].defined()) return;
+    cuda::SoftmaxOutputBackward(t_.out.data(), t_.in[1].data(), t_.in_grads[0].data(), N_, K_,
+                                node_.softmax_grad_scale, stream());
+  }
+
+ private:
+  TensorDesc x_;
+  int64_t N_ = 0, K_ = 0;
+  Tensor loss_;  // per example, of the last forward
+};
+
+// ------------------------------------------- concat, add, dropout, flatten
+
+// Channel concat of (N, C_j, ...) inputs: one strided 2-D copy per input.
+class CudaConcat : public CudaOp {
+ public:
+  explicit CudaConcat(const Node& node) : CudaOp(node) {}
+  bool BackwardNeedsInputs() const override { return false; }
+
+ protected:
+  void DoForward(const OpContext& ctx) override { Run(/*forward=*/true); }
+  void DoBackward(const OpContext& ctx) override { Run(/*forward=*/false); }
+
+ private:
+  void Run(bool forward) {
+    const int64_t N = t_.out.shape()[0];
+    const size_t out_row = static_cast<size_t>(t_.out.shape().ProductFrom(1)) * sizeof(float);
+    size_t offset = 0;
+    for (size_t j = 0; j < t_.in.size(); ++j) {
+      const size_t row = static_cast<size_t>(t_.in[j].shape().ProductFrom(1)) * sizeof(float);
+      char* whole = reinterpret_cast<char*>(forward ? t_.out.data() : t_.out_grad.data()) + offset;
+      offset += row;
+      if (forward) {
+        PSTRAIN_CUDA_CHECK(cudaMemcpy2DAsync(whole, out_row, t_.in[j].data(), row, row, N,
+                                             cudaMemcpyDeviceToDevice, stream()));
+      } else if (t_.in_grads[j].defined()) {
+        PSTRAIN_CUDA_CHECK(cudaMemcpy2DAsync(t_.in_grads[j].data(), row, whole, out_row, row, N,
+                                             cudaMemcpyDeviceToDevice, stream()));
+      }
+    }
+  }
+};
+
+class CudaAdd : public CudaOp {
+ public:
+  explicit CudaAdd(const Node& node) : CudaOp(node) {}
+  bool BackwardNeedsInputs() const override { return false; }
+
+ protected:
+  void DoForward(const OpContext& ctx) override {
+    const int64_t n = t_.out.num_elements();
+    if (t_.in.size() == 1) {
+      CopyAsync(t_.in[0], t_.out, stream());
+      return;
+    }
+    cuda::Add2(t_.in[0].data(), t_.in[1].data(), t_.out.data(), n, stream());
+    for (size_t k = 2; k < t_.in.size(); ++k) {
+      cuda::Add(t_.in[k].data(), t_.out.data(), n, stream());
+    }
+  }
+  void DoBackward(const OpContext& ctx) override {
+    for (const Tensor& g : t_.in_grads) {
+      if (g.defined()) CopyAsync(t_.out_grad, g, stream());
+    }
+  }
+};
+
+class CudaDropout : public CudaOp {
+ public:
+  explicit CudaDropout(const Node& node) : CudaOp(node) {}
+  bool BackwardNeedsInputs() const override { return false; }
+
+ protected:
+  Status SetupCuda(const OpContext& ctx) override {
+    if (ctx.rng == nullptr) {
+      return Status::InvalidArgument(StrCat(Where(), " needs a random generator"));
+    }
+    mask_ = be_->AllocateBytes(static_cast<size_t>(t_.out.num_elements()));
+    return Status::Ok();
+  }
+
+  void DoForward(const OpContext& ctx) override {
+    masked_ = ctx.is_train && node_.dropout.p > 0.0f;
+    if (!masked_) {
+      CopyAsync(t_.in[0], t_.out, stream());
+      return;
+    }
+    cuda::DropoutForward(t_.in[0].data(), t_.out.data(), Mask(), t_.out.num_elements(),
+                         node_.dropout.p, (*ctx.rng)(), stream());
+  }
+
+  void DoBackward(const OpContext& ctx) override {
+    if (!t_.in_grads[0].defined()) return;
+    if (!masked_) {
+      CopyAsync(t_.out_grad, t_.in_grads[0], stream());
+      return;
+    }
+    cuda::DropoutBackward(t_.out_grad.data(), Mask(), t_.in_grads[0].data(), t_.out.num_elements(),
+                          node_.dropout.p, stream());
+  }
+
+ private:
+  uint8_t* Mask() const { return reinterpret_cast<uint8_t*>(mask_->data()); }
+  std::shared_ptr<Buffer> mask_;  // one byte per element: kept or not
+  bool masked_ = false;           // the last forward drew a mask
+};
+
+class CudaFlatten : public CudaOp {
+ public:
+  explicit CudaFlatten(const Node& node) : CudaOp(node) {}
+  bool BackwardNeedsInputs() const override { return false; }
+
+ protected:
+  void DoForward(const OpContext& ctx) override { CopyAsync(t_.in[0], t_.out, stream()); }
+  void DoBackward(const OpContext& ctx) override {
+    if (t_.in_grads[0].defined()) CopyAsync(t_.out_grad, t_.in_grads[0], stream());
+  }
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Operator>> MakeCudaOperator(const Node& node) {
+  switch (node.op) {
+    case OpType::kInput:
+      return Status::InvalidArgument(StrCat("node '", node.name, "' is an input, not an operator"));
+    case OpType::kConvolution:
+      return std::unique_ptr<Operator>(new CudnnConvolution(node));
+    case OpType::kPooling:
+      return std::unique_ptr<Operator>(new CudaPooling(node));
+    case OpType::kFullyConnected:
+      return std::unique_ptr<Operator>(new CublasFullyConnected(node));
+    case OpType::kBatchNorm:
+      return std::unique_ptr<Operator>(new CudnnBatchNorm(node));
+    case OpType::kActivation:
+      return std::unique_ptr<Operator>(new CudnnActivation(node));
+    case OpType::kConcat:
+      return std::unique_ptr<Operator>(new CudaConcat(node));
+    case OpType::kAdd:
+      return std::unique_ptr<Operator>(new CudaAdd(node));
+    case OpType::kDropout:
+      return std::unique_ptr<Operator>(new CudaDropout(node));
+    case OpType::kFlatten:
+      return std::unique_ptr<Operator>(new CudaFlatten(node));
+    case OpType::kSoftmaxOutput:
+      return std::unique_ptr<Operator>(new CudnnSoftmaxOutput(node));
+  }
+  return Status::Unimplemented(
+      StrCat("node '", node.name, "': no CUDA kernel for ", OpTypeName(node.op)));
+}
+
+}  // namespace pstrain::internal

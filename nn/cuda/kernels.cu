@@ -1,0 +1,276 @@
+#include <algorithm>
+#include <cmath>
+
+#include "nn/cuda/cuda_check.h"
+#include "nn/cuda/kernels.h"
+
+namespace pstrain::internal::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// Enough blocks for one element per thread, capped: the kernels loop with a
+// grid stride, so a large n needs no huge grid.
+unsigned Blocks(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(b, 65535 * 8)));
+}
+
+#define PSTRAIN_GRID_STRIDE_LOOP(i, n)                                                   \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+
+__global__ void FillKernel(float* p, int64_t n, float v) {
+  PSTRAIN_GRID_STRIDE_LOOP(i, n) { p[i] = v; }
+}
+
+__global__ void AddKernel(const float* __restrict__ src, float* __restrict__ dst, int64_t n) {
+  PSTRAIN_GRID_STRIDE_LOOP(i, n) { dst[i] += src[i]; }
+}
+
+__global__ void Add2Kernel(const float* a, const float* b, float* out, int64_t n) {
+  PSTRAIN_GRID_STRIDE_LOOP(i, n) { out[i] = a[i] + b[i]; }
+}
+
+__global__ void SgdKernel(SgdArgs a, const float* __restrict__ grad, float* __restrict__ w,
+                          float* __restrict__ mom, int64_t n) {
+  PSTRAIN_GRID_STRIDE_LOOP(i, n) {
+    if (a.test) {
+      w[i] = w[i] + a.rescale * grad[i];
+      continue;
+    }
+    float g = a.rescale * grad[i];
+    if (a.do_clip) g = fminf(fmaxf(g, -a.clip), a.clip);
+    // The CPU's expression (nvcc may fuse it into FMAs: equal within rounding).
+    if (a.momentum == 0.0f) {
+      w[i] = w[i] - a.lr * (g + a.wd * w[i]);
+    } else {
+      const float m = a.momentum * mom[i] - a.lr * (g + a.wd * w[i]);
+      mom[i] = m;
+      w[i] = w[i] + m;
+    }
+  }
+}
+
+// splitmix64: a counter-based generator, so every element's draw depends
+// only on (seed, i) and any launch configuration gives the same mask.
+__device__ __forceinline__ uint64_t Mix(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+__global__ void DropoutForwardKernel(const float* __restrict__ x, float* __restrict__ y,
+                                     uint8_t* __restrict__ mask, int64_t n, uint32_t threshold,
+                                     float scale, uint64_t seed) {
+  PSTRAIN_GRID_STRIDE_LOOP(i, n) {
+    // 24 random bits, as the CPU draws them (p's granularity is 2^-24).
+    const uint32_t r = static_cast<uint32_t>(Mix(seed ^ static_cast<uint64_t>(i))) & 0xFFFFFFu;
+    const bool keep = r >= threshold;
+    mask[i] = keep ? 1 : 0;
+    y[i] = keep ? x[i] * scale : 0.0f;
+  }
+}
+
+__global__ void DropoutBackwardKernel(const float* __restrict__ dy,
+                                      const uint8_t* __restrict__ mask, float* __restrict__ dx,
+                                      int64_t n, float scale) {
+  PSTRAIN_GRID_STRIDE_LOOP(i, n) { dx[i] = mask[i] ? dy[i] * scale : 0.0f; }
+}
+
+__device__ __forceinline__ int64_t LabelIndex(float label, int64_t K) {
+  return label >= 0.0f && label < static_cast<float>(K) ? static_cast<int64_t>(label) : -1;
+}
+
+__global__ void SoftmaxLossKernel(const float* prob, const float* label, float* loss, int64_t N,
+                                  int64_t K) {
+  PSTRAIN_GRID_STRIDE_LOOP(n, N) {
+    const int64_t l = LabelIndex(label[n], K);
+    loss[n] = l >= 0 ? -logf(fmaxf(prob[n * K + l], 1e-30f)) : 0.0f;
+  }
+}
+
+__global__ void SoftmaxBackwardKernel(const float* prob, const float* label, float* dx, int64_t N,
+                                      int64_t K, float scale) {
+  PSTRAIN_GRID_STRIDE_LOOP(i, N * K) {
+    const int64_t n = i / K, k = i % K;
+    const int64_t l = LabelIndex(label[n], K);
+    dx[i] = scale * (prob[i] - (k == l ? 1.0f : 0.0f));
+  }
+}
+
+__global__ void BatchNormMovingStatsKernel(const float* saved_mean, const float* saved_invstd,
+                                           float eps, float m, float* mm, float* mv, int64_t C) {
+  PSTRAIN_GRID_STRIDE_LOOP(c, C) {
+    const float inv = saved_invstd[c];
+    const float var = fmaxf(1.0f / (inv * inv) - eps, 0.0f);
+    mm[c] = m * mm[c] + (1 - m) * saved_mean[c];
+    mv[c] = m * mv[c] + (1 - m) * var;
+  }
+}
+
+__global__ void AddBiasKernel(const float* __restrict__ bias, float* __restrict__ y, int64_t N,
+                              int64_t M) {
+  PSTRAIN_GRID_STRIDE_LOOP(i, N * M) { y[i] += bias[i % M]; }
+}
+
+// The reference's PoolWindow along one axis.
+struct Window {
+  int64_t start, end, padded_size;
+};
+__device__ __forceinline__ Window PoolWindow(int64_t o, int64_t stride, int64_t pad, int64_t kernel,
+                                             int64_t size) {
+  const int64_t start = o * stride - pad;
+  const int64_t end = start + kernel < size + pad ? start + kernel : size + pad;
+  return Window{start > 0 ? start : 0, end < size ? end : size, end - start};
+}
+
+__global__ void PoolForwardKernel(PoolArgs a, const float* __restrict__ x, float* __restrict__ y) {
+  PSTRAIN_GRID_STRIDE_LOOP(i, a.NC * a.OH * a.OW) {
+    const int64_t ow = i % a.OW, oh = (i / a.OW) % a.OH, nc = i / (a.OW * a.OH);
+    const Window wh = PoolWindow(oh, a.stride_h, a.pad_h, a.kernel_h, a.H);
+    const Window ww = PoolWindow(ow, a.stride_w, a.pad_w, a.kernel_w, a.W);
+    const float* plane = x + nc * a.H * a.W;
+    float acc = a.is_max ? -INFINITY : 0.0f;  // as the reference starts
+    for (int64_t h = wh.start; h < wh.end; ++h)
+      for (int64_t w = ww.start; w < ww.end; ++w) {
+        const float v = plane[h * a.W + w];
+        acc = a.is_max ? fmaxf(acc, v) : acc + v;
+      }
+    y[i] = a.is_max ? acc : acc / static_cast<float>(wh.padded_size * ww.padded_size);
+  }
+}
+
+// One thread per input element gathers from the outputs whose windows hold
+// it (no atomics: the result does not depend on the schedule).
+__global__ void PoolBackwardKernel(PoolArgs a, const float* __restrict__ x,
+                                   const float* __restrict__ y, const float* __restrict__ dy,
+                                   float* __restrict__ dx) {
+  PSTRAIN_GRID_STRIDE_LOOP(i, a.NC * a.H * a.W) {
+    const int64_t w = i % a.W, h = (i / a.W) % a.H, nc = i / (a.W * a.H);
+    const float* plane = x + nc * a.H * a.W;
+    const int64_t lo_h = h + a.pad_h - a.kernel_h + 1, lo_w = w + a.pad_w - a.kernel_w + 1;
+    const int64_t oh0 = lo_h <= 0 ? 0 : (lo_h + a.stride_h - 1) / a.stride_h;
+    const int64_t ow0 = lo_w <= 0 ? 0 : (lo_w + a.stride_w - 1) / a.stride_w;
+    const int64_t oh1 = min(a.OH - 1, (h + a.pad_h) / a.stride_h);
+    const int64_t ow1 = min(a.OW - 1, (w + a.pad_w) / a.stride_w);
+    float acc = 0.0f;
+    for (int64_t oh = oh0; oh <= oh1; ++oh) {
+      const Window wh = PoolWindow(oh, a.stride_h, a.pad_h, a.kernel_h, a.H);
+      if (h < wh.start || h >= wh.end) continue;
+      for (int64_t ow = ow0; ow <= ow1; ++ow) {
+        const Window ww = PoolWindow(ow, a.stride_w, a.pad_w, a.kernel_w, a.W);
+        if (w < ww.start || w >= ww.end) continue;
+        const int64_t o = (nc * a.OH + oh) * a.OW + ow;
+        if (!a.is_max) {
+          acc += dy[o] / static_cast<float>(wh.padded_size * ww.padded_size);
+          continue;
+        }
+        // Is (h, w) this window's first maximum?
+        const float m = y[o];
+        bool first = false, done = false;
+        for (int64_t hh = wh.start; hh < wh.end && !done; ++hh)
+          for (int64_t xx = ww.start; xx < ww.end; ++xx) {
+            if (plane[hh * a.W + xx] == m) {
+              first = hh == h && xx == w;
+              done = true;
+              break;
+            }
+          }
+        if (first) acc += dy[o];
+      }
+    }
+    dx[i] = acc;
+  }
+}
+
+}  // namespace
+
+void Fill(float* p, int64_t n, float value, cudaStream_t stream) {
+  if (n <= 0) return;
+  FillKernel<<<Blocks(n), kThreads, 0, stream>>>(p, n, value);
+  PSTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+void Add(const float* src, float* dst, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  AddKernel<<<Blocks(n), kThreads, 0, stream>>>(src, dst, n);
+  PSTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+void Add2(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  Add2Kernel<<<Blocks(n), kThreads, 0, stream>>>(a, b, out, n);
+  PSTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+void SgdUpdate(const SgdArgs& a, const float* grad, float* weight, float* mom, int64_t n,
+               cudaStream_t stream) {
+  if (n <= 0) return;
+  CHECK(a.test || a.momentum == 0.0f || mom != nullptr) << "SGD with momentum needs its state";
+  SgdKernel<<<Blocks(n), kThreads, 0, stream>>>(a, grad, weight, mom, n);
+  PSTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+void DropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p, uint64_t seed,
+                    cudaStream_t stream) {
+  if (n <= 0) return;
+  const uint32_t threshold = static_cast<uint32_t>(p * 16777216.0f);
+  DropoutForwardKernel<<<Blocks(n), kThreads, 0, stream>>>(x, y, mask, n, threshold,
+                                                           1.0f / (1.0f - p), seed);
+  PSTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+void DropoutBackward(const float* dy, const uint8_t* mask, float* dx, int64_t n, float p,
+                     cudaStream_t stream) {
+  if (n <= 0) return;
+  DropoutBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(dy, mask, dx, n, 1.0f / (1.0f - p));
+  PSTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+void SoftmaxLoss(const float* prob, const float* label, float* loss, int64_t N, int64_t K,
+                 cudaStream_t stream) {
+  if (N <= 0) return;
+  SoftmaxLossKernel<<<Blocks(N), kThreads, 0, stream>>>(prob, label, loss, N, K);
+  PSTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+void SoftmaxOutputBackward(const float* prob, const float* label, float* dx, int64_t N, int64_t K,
+                           float scale, cudaStream_t stream) {
+  if (N * K <= 0) return;
+  SoftmaxBackwardKernel<<<Blocks(N * K), kThreads, 0, stream>>>(prob, label, dx, N, K, scale);
+  PSTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+void BatchNormMovingStats(const float* saved_mean, const float* saved_invstd, float eps,
+                          float momentum, float* moving_mean, float* moving_var, int64_t C,
+                          cudaStream_t stream) {
+  if (C <= 0) return;
+  BatchNormMovingStatsKernel<<<Blocks(C), kThreads, 0, stream>>>(
+      saved_mean, saved_invstd, eps, momentum, moving_mean, moving_var, C);
+  PSTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+void AddBias(const float* bias, float* y, int64_t N, int64_t M, cudaStream_t stream) {
+  if (N * M <= 0) return;
+  AddBiasKernel<<<Blocks(N * M), kThreads, 0, stream>>>(bias, y, N, M);
+  PSTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+void PoolForward(const PoolArgs& a, const float* x, float* y, cudaStream_t stream) {
+  const int64_t n = a.NC * a.OH * a.OW;
+  if (n <= 0) return;
+  PoolForwardKernel<<<Blocks(n), kThreads, 0, stream>>>(a, x, y);
+  PSTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+void PoolBackward(const PoolArgs& a, const float* x, const float* y, const float* dy, float* dx,
+                  cudaStream_t stream) {
+  const int64_t n = a.NC * a.H * a.W;
+  if (n <= 0) return;
+  PoolBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(a, x, y, dy, dx);
+  PSTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace pstrain::internal::cuda

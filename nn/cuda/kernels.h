@@ -1,0 +1,79 @@
+// Our own CUDA kernels (nn/cuda/kernels.cu), for the steps no library call
+// fits: element-wise sums and fills, the optimizer update, dropout, the
+// softmax output's loss and gradient, the BatchNorm moving statistics, the
+// fully connected bias, and pooling under MXNet's "full" rounding where a
+// window spills past the padding (cuDNN has no such windows).
+//
+// Every launcher enqueues on `stream` and returns at once; a bad launch
+// configuration is a CHECK failure naming the kernel. Pointers are device
+// pointers. Each one's arithmetic is the CPU reference's (nn/cpu/), which the
+// `gpu` tests compare it with.
+#ifndef PSTRAIN_NN_CUDA_KERNELS_H_
+#define PSTRAIN_NN_CUDA_KERNELS_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace pstrain::internal::cuda {
+
+// p[0, n) = value.
+void Fill(float* p, int64_t n, float value, cudaStream_t stream);
+// dst[i] += src[i].
+void Add(const float* src, float* dst, int64_t n, cudaStream_t stream);
+// out[i] = a[i] + b[i].
+void Add2(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream);
+
+// The optimizer's rule (Optimizer::ApplyStep): with momentum,
+//   g = clip(rescale * grad);  mom = m * mom - lr * (g + wd * w);  w += mom
+// without, w -= lr * (g + wd * w); test: w += rescale * grad. mom may be null
+// unless momentum != 0.
+struct SgdArgs {
+  float rescale, lr, wd, clip, momentum;
+  bool do_clip, test;
+};
+void SgdUpdate(const SgdArgs& a, const float* grad, float* weight, float* mom, int64_t n,
+               cudaStream_t stream);
+
+// Dropout in training: keep element i with probability 1 - p, drawn from a
+// counter-based generator keyed by (seed, i); y = x * scale where kept, else 0.
+// mask[i] = 1 where kept. Backward: dx = dy * mask * scale.
+void DropoutForward(const float* x, float* y, uint8_t* mask, int64_t n, float p, uint64_t seed,
+                    cudaStream_t stream);
+void DropoutBackward(const float* dy, const uint8_t* mask, float* dx, int64_t n, float p,
+                     cudaStream_t stream);
+
+// Softmax output. prob is (N, K) (cuDNN's softmax). loss[n] = -log(max(p[n,
+// label], 1e-30)), 0 for a label outside [0, K); grad = scale * (p - onehot).
+void SoftmaxLoss(const float* prob, const float* label, float* loss, int64_t N, int64_t K,
+                 cudaStream_t stream);
+void SoftmaxOutputBackward(const float* prob, const float* label, float* dx, int64_t N, int64_t K,
+                           float scale, cudaStream_t stream);
+
+// BatchNorm moving statistics from cuDNN's saved batch mean and inverse
+// standard deviation 1/sqrt(var + eps) (biased variance, as the CPU does):
+// mm = m * mm + (1 - m) * mean;  mv = m * mv + (1 - m) * var.
+void BatchNormMovingStats(const float* saved_mean, const float* saved_invstd, float eps,
+                          float momentum, float* moving_mean, float* moving_var, int64_t C,
+                          cudaStream_t stream);
+
+// Fully connected: y (N, M) row-major += bias (M) on every row.
+void AddBias(const float* bias, float* y, int64_t N, int64_t M, cudaStream_t stream);
+
+// Pooling over NC planes of H x W into OH x OW with MXNet's windows (the
+// reference's PoolWindow): a window is clipped to the padded input (average
+// pooling divides by that size) and then to the input. Max backward routes
+// each output's gradient to the first maximum of its window (in row-major
+// order), as the reference does; dx is overwritten.
+struct PoolArgs {
+  int64_t NC, H, W, OH, OW;
+  int kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w;
+  bool is_max;
+};
+void PoolForward(const PoolArgs& a, const float* x, float* y, cudaStream_t stream);
+void PoolBackward(const PoolArgs& a, const float* x, const float* y, const float* dy, float* dx,
+                  cudaStream_t stream);
+
+}  // namespace pstrain::internal::cuda
+
+#endif  // PSTRAIN_NN_CUDA_KERNELS_H_

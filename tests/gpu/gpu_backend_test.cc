@@ -1,0 +1,381 @@
+// The CUDA backend against the CPU reference (label `gpu`): every operator
+// forward and backward on the op cases' random shapes, the backend's copies
+// and element-wise steps, the optimizer step, whole models' training steps,
+// a LeNet run whose loss curve follows the CPU's, and the caching
+// allocator's reuse in a step loop. Without a GPU (or in a build without the
+// CUDA backend) every test skips, saying why.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "models/models.h"
+#include "nn/backend.h"
+#include "nn/executor.h"
+#include "nn/initializer.h"
+#include "tests/test_util.h"
+#include "tests/unit/nn/op_cases.h"
+#include "tests/unit/nn/op_harness.h"
+
+namespace pstrain::testing {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                          \
+  do {                                              \
+    std::string why_;                               \
+    if (GpuCount(&why_) == 0) GTEST_SKIP() << why_; \
+  } while (0)
+
+BackendOptions Gpu() {
+  BackendOptions o;
+  o.device = Device::Gpu(0);
+  o.gpu_tf32 = false;  // full float, to compare with the reference
+  return o;
+}
+
+// max |a - b| relative to max(1, max |b|).
+double RelMaxDiff(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  double diff = 0, mag = 1;
+  for (int64_t i = 0; i < a.num_elements(); ++i) {
+    diff = std::max(diff, static_cast<double>(std::fabs(a.at(i) - b.at(i))));
+    mag = std::max(mag, static_cast<double>(std::fabs(b.at(i))));
+  }
+  return diff / mag;
+}
+
+constexpr double kTol = 1e-4;
+
+class GpuOpTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(GpuOpTest, MatchesTheCpuReference) {
+  SKIP_WITHOUT_GPU();
+  const OpCase c = AllOpCases()[GetParam()];
+  Graph g;
+  NodeId id = c.build(&g);
+  ASSERT_TRUE(g.status().ok()) << g.status();
+  OpHarness gpu(g, id, Gpu(), c.batch, /*seed=*/7, c.distinct_inputs);
+  OpHarness ref(g, id, CpuKernels::kReference, c.batch, /*seed=*/7, c.distinct_inputs);
+  OpTensors& d = gpu.tensors();
+  OpTensors& r = ref.tensors();
+  const bool dropout = g.node(id).op == OpType::kDropout;
+
+  gpu.Objective(/*is_train=*/false);
+  ref.Objective(/*is_train=*/false);
+  EXPECT_LT(RelMaxDiff(d.out, r.out), kTol) << "inference output";
+
+  gpu.Objective(/*is_train=*/true);
+  ref.Objective(/*is_train=*/true);
+  gpu.Backward();
+  ref.Backward();
+  if (dropout) {
+    // The masks come from different generators: check the GPU's against its
+    // own definition instead (kept elements scaled by 1/(1-p), the gradient
+    // through the same mask).
+    const float scale = 1.0f / (1.0f - g.node(id).dropout.p);
+    for (int64_t i = 0; i < d.out.num_elements(); ++i) {
+      const bool kept = d.out.at(i) != 0.0f;
+      if (kept) {
+        EXPECT_NEAR(d.out.at(i), d.in[0].at(i) * scale, 1e-6) << i;
+      }
+      EXPECT_NEAR(d.in_grads[0].at(i), kept ? d.out_grad.at(i) * scale : 0.0f, 1e-6) << i;
+    }
+    return;
+  }
+  EXPECT_LT(RelMaxDiff(d.out, r.out), kTol) << "training output";
+  for (size_t i = 0; i < d.aux.size(); ++i) {
+    EXPECT_LT(RelMaxDiff(d.aux[i], r.aux[i]), kTol) << "aux " << i;
+  }
+  for (size_t i = 0; i < d.in_grads.size(); ++i) {
+    if (!r.in_grads[i].defined()) continue;
+    EXPECT_LT(RelMaxDiff(d.in_grads[i], r.in_grads[i]), kTol) << "input gradient " << i;
+  }
+  for (size_t i = 0; i < d.param_grads.size(); ++i) {
+    EXPECT_LT(RelMaxDiff(d.param_grads[i], r.param_grads[i]), kTol) << "param gradient " << i;
+  }
+  if (g.node(id).op == OpType::kSoftmaxOutput) {
+    EXPECT_NEAR(gpu.op()->Loss(), ref.op()->Loss(), 1e-5);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOps, GpuOpTest,
+                         ::testing::Range(0, static_cast<int>(AllOpCases().size())),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return AllOpCases()[info.param].name;
+                         });
+
+// Bigger random shapes than the op cases, where cuDNN picks other algorithms.
+TEST(GpuOpTest, LargerConvolutionsAndPoolingMatchTheReference) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(1701);
+  auto r = [&rng](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int i = 0; i < 6; ++i) {
+    Graph g;
+    ConvParam p;
+    p.num_group = r(1, 2);
+    p.num_filter = p.num_group * r(4, 12);
+    p.kernel_h = p.kernel_w = 2 * r(0, 2) + 1;
+    p.stride_h = p.stride_w = r(1, 2);
+    p.pad_h = p.pad_w = p.kernel_h / 2;
+    const int c = p.num_group * r(2, 8), hw = r(10, 20);
+    NodeId conv = g.Convolution("conv", g.Input("data", {c, hw, hw}), p);
+    PoolParam pp;
+    pp.type = r(0, 1) ? PoolType::kMax : PoolType::kAvg;
+    pp.kernel_h = pp.kernel_w = 3;
+    pp.stride_h = pp.stride_w = 2;
+    pp.convention = r(0, 1) ? PoolConvention::kFull : PoolConvention::kValid;
+    NodeId pool = g.Pooling("pool", conv, pp);
+    ASSERT_OK(g.status());
+    for (NodeId id : {conv, pool}) {
+      SCOPED_TRACE(StrCat("case ", i, " node ", g.node(id).name));
+      const bool distinct = id == pool && pp.type == PoolType::kMax;
+      OpHarness gpu(g, id, Gpu(), 4, 11, distinct);
+      OpHarness ref(g, id, CpuKernels::kReference, 4, 11, distinct);
+      gpu.Objective();
+      ref.Objective();
+      gpu.Backward();
+      ref.Backward();
+      EXPECT_LT(RelMaxDiff(gpu.tensors().out, ref.tensors().out), kTol);
+      EXPECT_LT(RelMaxDiff(gpu.tensors().in_grads[0], ref.tensors().in_grads[0]), kTol);
+      for (size_t k = 0; k < gpu.tensors().param_grads.size(); ++k) {
+        EXPECT_LT(RelMaxDiff(gpu.tensors().param_grads[k], ref.tensors().param_grads[k]), kTol);
+      }
+    }
+  }
+}
+
+TEST(GpuOpTest, DropoutKeepsAboutOneMinusP) {
+  SKIP_WITHOUT_GPU();
+  Graph g;
+  NodeId id = g.Dropout("drop", g.Input("data", {100, 100}), {0.3f});
+  OpHarness gpu(g, id, Gpu(), 8, 3);
+  gpu.Objective();
+  int64_t kept = 0;
+  for (int64_t i = 0; i < gpu.tensors().out.num_elements(); ++i)
+    kept += gpu.tensors().out.at(i) != 0;
+  const double frac = static_cast<double>(kept) / gpu.tensors().out.num_elements();
+  EXPECT_NEAR(frac, 0.7, 0.01);
+}
+
+TEST(GpuBackendTest, CopiesFillAddAndTheOptimizerStepMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = Backend::Create(Gpu());
+  ASSERT_OK(gpu.status());
+  auto cpu = Backend::Create(BackendOptions());
+  ASSERT_OK(cpu.status());
+  Backend& G = **gpu;
+  Backend& C = **cpu;
+  EXPECT_FALSE(G.host_accessible());
+  // Sizes around the staging buffers' 4 MiB, so the chunked paths run.
+  for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{1} << 20, (int64_t{5} << 20) + 3}) {
+    SCOPED_TRACE(n);
+    std::mt19937_64 rng(n);
+    std::uniform_real_distribution<float> u(-1, 1);
+    std::vector<float> a(n), b(n), m(n);
+    for (int64_t i = 0; i < n; ++i) {
+      a[i] = u(rng);
+      b[i] = u(rng);
+      m[i] = u(rng);
+    }
+    Tensor ga = G.Empty({n}), gb = G.Empty({n}), gm = G.Empty({n});
+    G.CopyFromHost(a.data(), ga);
+    G.CopyFromHost(b.data(), gb);
+    G.CopyFromHost(m.data(), gm);
+    std::vector<float> back(n);
+    G.CopyToHost(ga, back.data());
+    EXPECT_EQ(back, a);
+    G.Add(ga, gb);  // gb = a + b
+    Tensor ca = C.Empty({n}), cb = C.Empty({n}), cm = C.Empty({n});
+    C.CopyFromHost(a.data(), ca);
+    C.CopyFromHost(b.data(), cb);
+    C.CopyFromHost(m.data(), cm);
+    C.Add(ca, cb);
+    Optimizer::Step step;
+    step.rescale = 0.5f;
+    step.lr = 0.1f;
+    step.wd = 1e-3f;
+    step.mom = 0.9f;
+    step.clip = 0.4f;
+    step.do_clip = true;
+    G.ApplyOptimizerStep(step, ga, gb, gm);
+    C.ApplyOptimizerStep(step, ca, cb, cm);
+    G.CopyToHost(gb, back.data());
+    for (int64_t i = 0; i < n; i += std::max<int64_t>(1, n / 1000)) {
+      ASSERT_NEAR(back[i], cb.at(i), 1e-6) << i;
+    }
+    G.CopyToHost(gm, back.data());
+    for (int64_t i = 0; i < n; i += std::max<int64_t>(1, n / 1000)) {
+      ASSERT_NEAR(back[i], cm.at(i), 1e-6) << i;
+    }
+    G.Fill(ga, 2.5f);
+    Tensor gc = G.Empty({n});
+    G.Copy(ga, gc);
+    G.CopyToHost(gc, back.data());
+    EXPECT_EQ(back, std::vector<float>(n, 2.5f));
+  }
+}
+
+ModelOptions SmallModel(const std::string& name) {
+  ModelOptions mo;
+  mo.name = name;
+  if (name == "resnet") {
+    mo.num_layers = 8;
+    mo.image_shape = Shape{3, 12, 12};
+  }
+  if (name == "inception-bn-28-small") mo.image_shape = Shape{3, 16, 16};
+  return mo;
+}
+
+std::unique_ptr<Executor> MakeExecutor(const Graph& g, const BackendOptions& b, int batch) {
+  ExecutorOptions o;
+  o.batch_size = batch;
+  o.backend = b;
+  auto made = Executor::Create(g, o);
+  CHECK(made.ok()) << made.status();
+  InitializeExecutor(*InitializerSpec::Parse("xavier(gaussian,in,2)"), 3, made->get());
+  return std::move(made).value();
+}
+
+// A whole training step of each model on both devices: output, loss, every
+// gradient and aux state must agree.
+class GpuModelTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GpuModelTest, OneTrainingStepMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  StatusOr<Graph> g = BuildModel(SmallModel(GetParam()));
+  ASSERT_OK(g.status());
+  constexpr int kBatch = 3;
+  BackendOptions cpu;
+  cpu.cpu_kernels = CpuKernels::kReference;
+  cpu.num_threads = 1;
+  std::unique_ptr<Executor> e[2] = {MakeExecutor(*g, Gpu(), kBatch), MakeExecutor(*g, cpu, kBatch)};
+  std::vector<float> data(static_cast<size_t>(e[1]->data().num_elements()));
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<float> u(0, 1);
+  for (float& x : data) x = u(rng);
+  const std::vector<float> label = {0, 1, 2};
+  std::vector<std::vector<float>> out(2), grad(2);
+  for (int k = 0; k < 2; ++k) {
+    ASSERT_OK(e[k]->LoadData(data.data(), data.size()));
+    ASSERT_OK(e[k]->LoadLabel(label.data(), label.size()));
+    e[k]->Forward(true);
+    e[k]->Backward();
+    out[k].resize(static_cast<size_t>(e[k]->output().num_elements()));
+    ASSERT_OK(e[k]->ReadOutput(out[k].data(), out[k].size()));
+  }
+  auto close = [](const std::vector<float>& a, const std::vector<float>& b, const std::string& w) {
+    ASSERT_EQ(a.size(), b.size()) << w;
+    double diff = 0, mag = 1;
+    for (size_t i = 0; i < a.size(); ++i) {
+      diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+      mag = std::max(mag, double(std::fabs(b[i])));
+    }
+    EXPECT_LT(diff / mag, 1e-3) << w;
+  };
+  close(out[0], out[1], "output");
+  EXPECT_NEAR(e[0]->Loss(), e[1]->Loss(), 1e-3);
+  for (int p = 0; p < e[0]->num_params(); ++p) {
+    for (int k = 0; k < 2; ++k) {
+      grad[k].resize(static_cast<size_t>(e[k]->param(p).num_elements()));
+      ASSERT_OK(e[k]->ReadGrad(p, grad[k].data(), grad[k].size()));
+    }
+    close(grad[0], grad[1], g->params()[p].name);
+  }
+  for (int a = 0; a < e[0]->num_aux(); ++a) {
+    for (int k = 0; k < 2; ++k) {
+      grad[k].resize(static_cast<size_t>(e[k]->aux(a).num_elements()));
+      ASSERT_OK(e[k]->ReadAux(a, grad[k].data(), grad[k].size()));
+    }
+    close(grad[0], grad[1], g->aux_states()[a].name);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GpuModelTest,
+                         ::testing::Values("mlp", "lenet", "keras-mnist-cnn", "neon-cifar10-conv",
+                                           "resnet", "inception-bn-28-small"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           std::string s = info.param;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
+
+// Ten classes of fixed random patterns plus noise: LeNet with momentum SGD,
+// the same batches on both devices. The GPU's loss curve must follow the
+// CPU's, and the caching allocator must make no device allocation after the
+// first step.
+TEST(GpuTrainingTest, LenetLossCurveFollowsTheCpuAndTheLoopAllocatesNothing) {
+  SKIP_WITHOUT_GPU();
+  StatusOr<Graph> g = BuildModel({"lenet", 0, Shape(), 0});
+  ASSERT_OK(g.status());
+  constexpr int kBatch = 32, kSteps = 40;
+  BackendOptions cpu;
+  cpu.num_threads = 1;
+  std::unique_ptr<Executor> e[2] = {MakeExecutor(*g, Gpu(), kBatch), MakeExecutor(*g, cpu, kBatch)};
+  OptimizerConfig oc;
+  oc.set_learning_rate(0.05f);
+  oc.set_momentum(0.9f);
+  oc.set_wd(1e-4f);
+  oc.set_rescale_grad(1.0f / kBatch);
+  std::unique_ptr<Optimizer> opt[2];
+  std::vector<ParamState> state[2];
+  std::vector<Tensor> mom[2];
+  for (int k = 0; k < 2; ++k) {
+    opt[k] = std::move(Optimizer::Create(oc)).value();
+    state[k].resize(e[k]->num_params());
+    for (int p = 0; p < e[k]->num_params(); ++p) {
+      mom[k].push_back(e[k]->backend().Zeros(e[k]->param(p).shape()));
+    }
+  }
+  std::mt19937_64 rng(9);
+  std::vector<std::vector<float>> patterns(10, std::vector<float>(784));
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  for (auto& p : patterns) {
+    for (float& x : p) x = u(rng);
+  }
+  std::normal_distribution<float> noise(0, 0.3f);
+  std::vector<float> data(kBatch * 784), label(kBatch);
+  double loss[2][kSteps];
+  size_t reserved_after_first_step = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    for (int n = 0; n < kBatch; ++n) {
+      const int c = static_cast<int>(rng() % 10);
+      label[n] = static_cast<float>(c);
+      for (int i = 0; i < 784; ++i) data[n * 784 + i] = patterns[c][i] + noise(rng);
+    }
+    for (int k = 0; k < 2; ++k) {
+      ASSERT_OK(e[k]->LoadData(data.data(), data.size()));
+      ASSERT_OK(e[k]->LoadLabel(label.data(), label.size()));
+      e[k]->Forward(true);
+      e[k]->Backward();
+      for (int p = 0; p < e[k]->num_params(); ++p) {
+        e[k]->backend().ApplyOptimizerStep(opt[k]->NextStep(&state[k][p]), e[k]->grad(p),
+                                           e[k]->param(p), mom[k][p]);
+      }
+      loss[k][step] = e[k]->Loss();
+    }
+    if (step == 0) reserved_after_first_step = e[0]->backend().memory_stats().reserved;
+  }
+  EXPECT_GT(loss[1][0], 1.5);
+  EXPECT_LT(loss[1][kSteps - 1], 0.3);
+  for (int step = 0; step < kSteps; ++step) {
+    EXPECT_NEAR(loss[0][step], loss[1][step], 0.02 + 0.02 * loss[1][step]) << "step " << step;
+  }
+  EXPECT_EQ(e[0]->backend().memory_stats().reserved, reserved_after_first_step)
+      << "the step loop took more device memory after the first step";
+}
+
+TEST(GpuBackendTest, AGpuThatIsNotThereIsAnErrorNamingIt) {
+  SKIP_WITHOUT_GPU();
+  BackendOptions o = Gpu();
+  o.device = Device::Gpu(GpuCount(nullptr));
+  auto b = Backend::Create(o);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(b.status().message().find(o.device.ToString()), std::string::npos) << b.status();
+}
+
+}  // namespace
+}  // namespace pstrain::testing
