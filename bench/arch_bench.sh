@@ -31,13 +31,19 @@ done
 [[ -f $MNIST/train-images-idx3-ubyte.gz ]] ||
   { echo "arch_bench: no MNIST in $MNIST (-d DIR, or run scripts/quickstart.sh once)" >&2; exit 2; }
 
+# A build's row: its folder and its -march ("build-x/x86-64-v2").
+Name() {
+  local arch
+  arch=$(grep -m1 '^PSTRAIN_ARCH:' "$1/CMakeCache.txt" | cut -d= -f2)
+  echo "$(basename "$1")/${arch:-default}"
+}
+
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 port=${ARCH_BENCH_PORT:-29700}
 for ((r = 1; r <= ROUNDS; r++)); do
   for b in "$@"; do
-    name=$(grep -m1 '^PSTRAIN_ARCH:' "$b/CMakeCache.txt" | cut -d= -f2)
-    name=${name:-default}
+    name=$(Name "$b")
     log=$out/train.log
     "$b/pstrain" train --network lenet --data-dir "$MNIST" --num-epochs 1 --kv-store local \
       --batch-size 64 --lr 0.05 --disp-batches 1000 >"$log" 2>&1
@@ -57,11 +63,10 @@ for ((r = 1; r <= ROUNDS; r++)); do
   done
 done
 
-echo "| build (-march) | LeNet train samples/s | LeNet step samples/s | kvbench 1 MB pushpull GB/s | sync GB/s | async GB/s |"
+echo "| build/-march | LeNet train samples/s | LeNet step samples/s | kvbench 1 MB pushpull GB/s | sync GB/s | async GB/s |"
 echo "|---|---:|---:|---:|---:|---:|"
 for b in "$@"; do
-  name=$(grep -m1 '^PSTRAIN_ARCH:' "$b/CMakeCache.txt" | cut -d= -f2)
-  name=${name:-default}
+  name=$(Name "$b")
   row="| $name"
   for m in train step kv_pushpull kv_sync kv_async; do
     # median (min-max)

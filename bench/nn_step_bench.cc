@@ -4,6 +4,8 @@
 //
 //   nn_step_bench [--network lenet] [--batch 128] [--steps 50] [--warmup 5]
 //                 [--kernels onednn|reference] [--threads 0] [--gpus N] [--profile]
+//                 [--image-shape C,H,W] [--num-classes K] [--num-layers L]
+// (defaults: the network's MNIST shape; resnet: 20 layers on 3,28,28, 10 classes)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -21,7 +23,8 @@ namespace {
 
 int Run(int argc, char** argv) {
   std::string network = "lenet", kernels = "onednn";
-  int batch = 128, steps = 50, warmup = 5, threads = 0, gpu = -1;
+  int batch = 128, steps = 50, warmup = 5, threads = 0, gpu = -1, num_classes = 0, layers = 0;
+  std::vector<int64_t> image_shape;
   bool profile = false;
   for (int i = 1; i < argc; ++i) {
     auto value = [&](const char* flag) -> const char* {
@@ -50,6 +53,20 @@ int Run(int argc, char** argv) {
         return 2;
       }
       gpu = std::atoi(v);
+    } else if (const char* v = value("--num-classes")) {
+      num_classes = std::atoi(v);
+    } else if (const char* v = value("--num-layers")) {
+      layers = std::atoi(v);
+    } else if (const char* v = value("--image-shape")) {
+      for (const char* p = v; *p != '\0';) {
+        image_shape.push_back(std::strtoll(p, const_cast<char**>(&p), 10));
+        if (*p == ',')
+          ++p;
+        else if (*p != '\0') {
+          std::fprintf(stderr, "--image-shape takes C,H,W\n");
+          return 2;
+        }
+      }
     } else if (std::strcmp(argv[i], "--profile") == 0) {
       profile = true;
     } else {
@@ -59,9 +76,10 @@ int Run(int argc, char** argv) {
   }
   pstrain::ModelOptions mo;
   mo.name = network;
-  mo.num_layers = network == "resnet" ? 20 : 0;
+  mo.num_layers = layers > 0 ? layers : (network == "resnet" ? 20 : 0);
   if (network == "resnet") mo.image_shape = pstrain::Shape{3, 28, 28};
-  if (network == "resnet") mo.num_classes = 10;
+  if (!image_shape.empty()) mo.image_shape = pstrain::Shape(image_shape);
+  mo.num_classes = num_classes > 0 ? num_classes : (network == "resnet" ? 10 : 0);
   auto graph = pstrain::BuildModel(mo);
   if (!graph.ok()) {
     std::fprintf(stderr, "%s\n", graph.status().ToString().c_str());
@@ -116,7 +134,8 @@ int Run(int argc, char** argv) {
   std::printf("| network | batch | kernels | threads | ms/step | cpu ms/step | samples/s |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   std::printf("| %s | %d | %s | %d | %.2f | %.2f | %.1f |\n", network.c_str(), batch,
-              kernels.c_str(), threads, 1e3 * s / steps, 1e3 * cpu / steps, batch * steps / s);
+              gpu >= 0 ? "cuda" : kernels.c_str(), threads, 1e3 * s / steps, 1e3 * cpu / steps,
+              batch * steps / s);
   std::printf("\non %s\n", be.Describe().c_str());
   std::printf("activation memory: %.2f MB planned, %.2f MB with one buffer per tensor\n",
               e->planned_bytes() / 1e6, e->unplanned_bytes() / 1e6);

@@ -1,28 +1,23 @@
 #!/usr/bin/env python3
 """PyTorch counterpart of nn_step_bench: one SGD training step of the same
-network on synthetic data, on the CPU. Prints the same table row.
+network (bench/torch_models.py) on synthetic data, on the CPU or a GPU
+(eager mode, cuDNN benchmark mode on). Prints the same table row as
+nn_step_bench, and on a GPU the peak memory PyTorch allocated.
 
-  /usr/bin/python3 bench/torch_step_bench.py [--network lenet|mlp] [--batch 128]
-      [--steps 50] [--threads 2]
+  python3 bench/torch_step_bench.py [--network lenet] [--batch 128] [--steps 50]
+      [--threads 2] [--device cpu|cuda] [--image-shape 1,28,28] [--num-classes 10]
+      [--num-layers 0] [--check-params N]
 """
 import argparse
+import os
+import sys
 import time
 
 import torch
 import torch.nn as nn
 
-
-def build(name):
-    if name == "lenet":
-        return nn.Sequential(
-            nn.Conv2d(1, 20, 5), nn.Tanh(), nn.MaxPool2d(2, 2),
-            nn.Conv2d(20, 50, 5), nn.Tanh(), nn.MaxPool2d(2, 2),
-            nn.Flatten(), nn.Linear(800, 500), nn.Tanh(), nn.Linear(500, 10))
-    if name == "mlp":
-        return nn.Sequential(
-            nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(),
-            nn.Linear(64, 10))
-    raise SystemExit("unknown network " + name)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_models  # noqa: E402
 
 
 def main():
@@ -32,14 +27,30 @@ def main():
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--image-shape", default="1,28,28")
+    ap.add_argument("--num-classes", type=int, default=10)
+    ap.add_argument("--num-layers", type=int, default=0)
+    ap.add_argument("--check-params", type=int, default=-1,
+                    help="exit 1 unless the model has this many parameters")
     a = ap.parse_args()
     torch.manual_seed(1)
     torch.set_num_threads(a.threads)
-    model = build(a.network)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    shape = tuple(int(v) for v in a.image_shape.split(","))
+    model = torch_models.build(a.network, shape, a.num_classes, a.num_layers)
+    n = torch_models.num_params(model)
+    if a.check_params >= 0 and n != a.check_params:
+        print("%s: %d parameters, pstrain has %d" % (a.network, n, a.check_params))
+        return 1
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
+    if cuda:
+        torch.backends.cudnn.benchmark = True
+    model = model.to(dev).train()
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
-    x = torch.rand(a.batch, 1, 28, 28)
-    y = torch.arange(a.batch) % 10
+    x = torch.rand(a.batch, *shape, device=dev)
+    y = (torch.arange(a.batch) % a.num_classes).to(dev)
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -48,16 +59,25 @@ def main():
 
     for _ in range(a.warmup):
         step()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     c0 = time.process_time()
     for _ in range(a.steps):
         step()
+    if cuda:
+        torch.cuda.synchronize()
     s = time.perf_counter() - t0
     cpu = time.process_time() - c0
-    print("| %s | %d | pytorch %s | %d | %.2f | %.2f | %.1f |"
-          % (a.network, a.batch, torch.__version__, a.threads, 1e3 * s / a.steps,
-             1e3 * cpu / a.steps, a.batch * a.steps / s))
+    print("| %s | %d | pytorch %s%s | %d | %.2f | %.2f | %.1f |"
+          % (a.network, a.batch, torch.__version__, " cuda" if cuda else "", a.threads,
+             1e3 * s / a.steps, 1e3 * cpu / a.steps, a.batch * a.steps / s))
+    if cuda:
+        print("peak memory allocated by PyTorch: %.2f MB (reserved %.2f MB)"
+              % (torch.cuda.max_memory_allocated() / 1e6, torch.cuda.max_memory_reserved() / 1e6))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,12 +1,110 @@
 #include "nn/backend.h"
 
+#include <string>
+#include <vector>
+
 #include "nn/cpu/cpu_backend.h"
 #ifdef PSTRAIN_WITH_CUDA
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <optional>
+
+#include "common/env.h"
 #include "nn/cuda/cuda_factory.h"
 #endif
 
 namespace pstrain {
 namespace {
+
+#ifdef PSTRAIN_WITH_CUDA
+
+// The CUDA backend module (nn/cuda/cuda_factory.h), loaded once per process
+// on first use and never unloaded (its code runs the destructors of the
+// tensors it made). Where it is looked for, in order: $PSTRAIN_CUDA_MODULE (a
+// file), beside the running binary, one folder up (build/tests, build/bench),
+// and the build tree it came from.
+class CudaModule {
+ public:
+  static const CudaModule& Get() {
+    static const CudaModule* module = new CudaModule();  // lives as long as the process
+    return *module;
+  }
+  bool loaded() const { return create_ != nullptr; }
+  const std::string& error() const { return error_; }
+
+  StatusOr<std::unique_ptr<Backend>> Create(const BackendOptions& o) const {
+    StatusOr<std::unique_ptr<Backend>> out(Status::Internal("the CUDA module made no backend"));
+    create_(o, &out);
+    return out;
+  }
+  int DeviceCount(std::string* why) const { return count_(why); }
+
+ private:
+  CudaModule() {
+    std::vector<std::string> candidates;
+    if (std::optional<std::string> path = Environment().Get("PSTRAIN_CUDA_MODULE")) {
+      candidates.push_back(*path);
+    } else {
+      char self[4096];
+      const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+      if (n > 0) {
+        std::string dir(self, static_cast<size_t>(n));
+        dir = dir.substr(0, dir.rfind('/'));
+        candidates.push_back(dir + "/libpstrain_cuda.so");
+        candidates.push_back(dir.substr(0, dir.rfind('/')) + "/libpstrain_cuda.so");
+      }
+      candidates.push_back(std::string(PSTRAIN_CUDA_MODULE_DIR) + "/libpstrain_cuda.so");
+    }
+    std::string tried;
+    for (const std::string& path : candidates) {
+      if (access(path.c_str(), F_OK) != 0) {
+        tried += StrCat(tried.empty() ? "" : ", ", path, " (absent)");
+        continue;
+      }
+      void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (h == nullptr) {
+        error_ = StrCat("cannot load the CUDA backend ", path, ": ", dlerror());
+        return;
+      }
+      auto abi_fn =
+          reinterpret_cast<void (*)(internal::CudaModuleAbi*)>(dlsym(h, "PstrainCudaModuleAbi"));
+      create_ = reinterpret_cast<CreateFn>(dlsym(h, "PstrainCreateCudaBackend"));
+      count_ = reinterpret_cast<CountFn>(dlsym(h, "PstrainCudaDeviceCount"));
+      internal::CudaModuleAbi abi;
+      abi.version = -1;
+      if (abi_fn != nullptr) abi_fn(&abi);
+      if (create_ == nullptr || count_ == nullptr || !(abi == internal::CudaModuleAbi())) {
+        create_ = nullptr;
+        count_ = nullptr;
+        error_ =
+            StrCat("the CUDA backend ", path, " is from another build (ABI ", abi.version,
+                   ", this binary's ", internal::kCudaModuleAbi, "): rebuild it with this one");
+        return;
+      }
+      return;
+    }
+    error_ = StrCat("the CUDA backend module libpstrain_cuda.so was not found (tried ", tried,
+                    "; set PSTRAIN_CUDA_MODULE to its path)");
+  }
+
+  using CreateFn = void (*)(const BackendOptions&, StatusOr<std::unique_ptr<Backend>>*);
+  using CountFn = int (*)(std::string*);
+  CreateFn create_ = nullptr;
+  CountFn count_ = nullptr;
+  std::string error_;
+};
+
+StatusOr<std::unique_ptr<Backend>> LoadCudaBackend(const BackendOptions& options) {
+  const CudaModule& m = CudaModule::Get();
+  if (!m.loaded()) {
+    return Status::Unavailable(
+        StrCat("no backend for ", options.device.ToString(), ": ", m.error()));
+  }
+  return m.Create(options);
+}
+
+#endif  // PSTRAIN_WITH_CUDA
 
 // The factory's table: one entry per backend this build has, keyed on the
 // device type.
@@ -19,7 +117,7 @@ struct BackendEntry {
 constexpr BackendEntry kBackends[] = {
     {DeviceType::kCpu, "cpu", &internal::CreateCpuBackend},
 #ifdef PSTRAIN_WITH_CUDA
-    {DeviceType::kGpu, "cuda", &internal::CreateCudaBackend},
+    {DeviceType::kGpu, "cuda", &LoadCudaBackend},
 #endif
 };
 
@@ -41,19 +139,14 @@ std::vector<std::string> Backend::Names() {
   return names;
 }
 
-Tensor Backend::Empty(const Shape& shape) {
-  return Tensor(Allocate(static_cast<size_t>(shape.num_elements())), 0, shape);
-}
-
-Tensor Backend::Zeros(const Shape& shape) {
-  Tensor t = Empty(shape);
-  Fill(t, 0.0f);
-  return t;
-}
-
 int GpuCount(std::string* why) {
 #ifdef PSTRAIN_WITH_CUDA
-  return internal::CudaDeviceCount(why);
+  const CudaModule& m = CudaModule::Get();
+  if (!m.loaded()) {
+    if (why != nullptr) *why = m.error();
+    return 0;
+  }
+  return m.DeviceCount(why);
 #else
   if (why != nullptr)
     *why = "built without the CUDA backend (nvcc was not found at configure time)";

@@ -88,8 +88,14 @@ class Backend {
   // caches freed blocks, so a step loop that allocates what the last step
   // freed never calls cudaMalloc. CHECK-fails when the device is out of memory.
   virtual std::shared_ptr<Buffer> Allocate(size_t num_floats) = 0;
-  Tensor Empty(const Shape& shape);
-  Tensor Zeros(const Shape& shape);
+  Tensor Empty(const Shape& shape) {
+    return Tensor(Allocate(static_cast<size_t>(shape.num_elements())), 0, shape);
+  }
+  Tensor Zeros(const Shape& shape) {
+    Tensor t = Empty(shape);
+    Fill(t, 0.0f);
+    return t;
+  }
   virtual MemoryStats memory_stats() const = 0;
 
   // ---- operators ----

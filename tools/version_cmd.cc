@@ -2,7 +2,9 @@
 #include <zmq.h>
 
 #include <cstdio>
+#include <string>
 
+#include "nn/backend.h"
 #include "tools/commands.h"
 #include "tools/cpu_check.h"
 
@@ -23,6 +25,12 @@ int RunVersion(int /*argc*/, char** /*argv*/) {
               *arch ? "-march=" : "compiler's default -march", arch);
   std::printf("  zeromq %d.%d.%d, protobuf %s\n", major, minor, patch,
               google::protobuf::internal::VersionString(GOOGLE_PROTOBUF_VERSION).c_str());
+  std::string backends;
+  for (const std::string& b : Backend::Names()) backends += (backends.empty() ? "" : ", ") + b;
+  std::string why;
+  const int gpus = GpuCount(&why);
+  std::printf("  backends: %s; GPUs: %d%s%s\n", backends.c_str(), gpus, gpus ? "" : " (",
+              gpus ? "" : (why + ")").c_str());
   return 0;
 }
 

@@ -1,9 +1,10 @@
 #include "nn/cuda/cuda_backend.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
+#include <optional>
 
+#include "common/env.h"
 #include "nn/cuda/cuda_check.h"
 #include "nn/cuda/cuda_factory.h"
 #include "nn/cuda/kernels.h"
@@ -48,9 +49,9 @@ int CudaDeviceCount(std::string* why) {
     return 0;
   }
   if (n == 0 && why != nullptr) {
-    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    const std::optional<std::string> visible = Environment().Get("CUDA_VISIBLE_DEVICES");
     *why = StrCat("no GPU visible to this process",
-                  visible ? StrCat(" (CUDA_VISIBLE_DEVICES=", visible, ")") : "");
+                  visible ? StrCat(" (CUDA_VISIBLE_DEVICES=", *visible, ")") : "");
   }
   return n;
 }

@@ -1,15 +1,39 @@
-// The CUDA backend's entry points for the backend factory (nn/backend.cc).
-// Plain C++: nothing here needs the CUDA headers, so the factory compiles the
-// same way with and without the CUDA backend.
+// The CUDA backend is a loadable module (libpstrain_cuda.so, built beside the
+// `pstrain` binary): the binary itself links no CUDA library, so it starts on
+// hosts without the CUDA runtime or cuDNN (a CPU-only host of a cluster), and
+// the factory (nn/backend.cc) loads the module the first time a GPU is asked
+// for. These are the module's entry points; plain C++ types, no CUDA headers.
+//
+// The module carries its own copies of the engine's core (tensors, operators,
+// the allocator) built from the same sources; kCudaModuleAbi and the sizes in
+// CudaModuleAbi guard against a module from another build.
 #ifndef PSTRAIN_NN_CUDA_CUDA_FACTORY_H_
 #define PSTRAIN_NN_CUDA_CUDA_FACTORY_H_
 
+#include <cstddef>
 #include <memory>
 #include <string>
 
 #include "nn/backend.h"
+#include "nn/operator.h"
 
 namespace pstrain::internal {
+
+// Bump whenever Backend, Operator, Tensor, Buffer, BackendOptions or these
+// entry points change shape.
+inline constexpr int kCudaModuleAbi = 1;
+
+struct CudaModuleAbi {
+  int version = kCudaModuleAbi;
+  size_t backend_options = sizeof(BackendOptions);
+  size_t tensor = sizeof(Tensor);
+  size_t op_context = sizeof(OpContext);
+  size_t memory_stats = sizeof(MemoryStats);
+  bool operator==(const CudaModuleAbi& o) const {
+    return version == o.version && backend_options == o.backend_options && tensor == o.tensor &&
+           op_context == o.op_context && memory_stats == o.memory_stats;
+  }
+};
 
 // InvalidArgument for an ordinal with no GPU; Unavailable when the driver or
 // the device fails (the CUDA error string in the message).
@@ -18,5 +42,13 @@ StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions& optio
 int CudaDeviceCount(std::string* why);
 
 }  // namespace pstrain::internal
+
+// The symbols the factory looks up (extern "C": unmangled names).
+extern "C" {
+void PstrainCudaModuleAbi(pstrain::internal::CudaModuleAbi* abi);
+void PstrainCreateCudaBackend(const pstrain::BackendOptions& options,
+                              pstrain::StatusOr<std::unique_ptr<pstrain::Backend>>* out);
+int PstrainCudaDeviceCount(std::string* why);
+}
 
 #endif  // PSTRAIN_NN_CUDA_CUDA_FACTORY_H_

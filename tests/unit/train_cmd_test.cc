@@ -12,9 +12,11 @@
 namespace pstrain {
 namespace {
 
-// Runs `pstrain <args>` with stderr folded into stdout; returns the exit code.
-int RunPstrain(const std::string& args, std::string* output) {
-  const std::string cmd = testing::PstrainBinary() + " " + args + " 2>&1";
+// Runs `pstrain <args>` (with `env`, "NAME=value ...", added to its
+// environment) with stderr folded into stdout; returns the exit code.
+int RunPstrain(const std::string& args, std::string* output, const std::string& env = "") {
+  const std::string cmd =
+      (env.empty() ? "" : "env " + env + " ") + testing::PstrainBinary() + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return -1;
   char buf[4096];
@@ -55,6 +57,40 @@ TEST(SummaryCmdTest, GpuMemoryOnAMachineWithoutThatGpuIsAnErrorNamingIt) {
   EXPECT_NE(out.find("total parameters: 431080"), std::string::npos) << out;
   EXPECT_EQ(RunPstrain("summary --network lenet --gpus 0,1", &out), 2) << out;
   EXPECT_NE(out.find("one GPU per worker"), std::string::npos) << out;
+}
+
+// The binary links no CUDA library (the CUDA backend is a module loaded for
+// --gpus), so it starts on hosts without the CUDA runtime or cuDNN.
+TEST(BinaryTest, LinksNoCudaLibrary) {
+  FILE* p = popen(("ldd " + testing::PstrainBinary() + " 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  ASSERT_EQ(pclose(p), 0) << out;
+  EXPECT_NE(out.find("libc.so"), std::string::npos) << out;
+  for (const char* lib : {"libcudart", "libcublas", "libcudnn", "libcuda."}) {
+    EXPECT_EQ(out.find(lib), std::string::npos) << lib << " in\n" << out;
+  }
+}
+
+TEST(SummaryCmdTest, AMissingOrBrokenCudaModuleIsAnErrorSayingWhich) {
+  std::string out;
+  EXPECT_EQ(RunPstrain("summary --network lenet --gpus 0", &out, "PSTRAIN_CUDA_MODULE=/no/such.so"),
+            1)
+      << out;
+  if (PSTRAIN_TEST_WITH_CUDA) {
+    EXPECT_NE(out.find("libpstrain_cuda.so was not found (tried /no/such.so"), std::string::npos)
+        << out;
+    const std::string not_elf = testing::SourceDir() + "/README.md";
+    EXPECT_EQ(
+        RunPstrain("summary --network lenet --gpus 0", &out, "PSTRAIN_CUDA_MODULE=" + not_elf), 1)
+        << out;
+    EXPECT_NE(out.find("cannot load the CUDA backend " + not_elf), std::string::npos) << out;
+  } else {
+    EXPECT_NE(out.find("this build has no CUDA backend"), std::string::npos) << out;
+  }
 }
 
 TEST(TrainCmdTest, AGpuThatIsNotThereIsAnErrorNamingIt) {
