@@ -99,7 +99,7 @@ int Run(int argc, char** argv) {
   }
   pstrain::Executor* e = made->get();
   pstrain::Backend& be = e->backend();
-  pstrain::InitializeExecutor(*pstrain::InitializerSpec::Parse("xavier(gaussian,in,2)"), 1, e);
+  pstrain::InitializeParams(*pstrain::InitializerSpec::Parse("xavier(gaussian,in,2)"), 1, e);
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(0, 1);
   std::vector<float> data(static_cast<size_t>(e->data().num_elements()));

@@ -120,6 +120,11 @@ class Backend {
   virtual void CopyToHost(const Tensor& src, float* dst) = 0;
   // dst = src on this device. REQUIRES: same num_elements.
   virtual void Copy(const Tensor& src, const Tensor& dst) = 0;
+  // dst (here) = src, a tensor of `from`, another backend of the same kind
+  // (another GPU, or the same GPU listed twice; another CPU backend). After
+  // the work asked of `from` so far, before the work asked here later.
+  // REQUIRES: same num_elements; from.device().type == device().type.
+  virtual void CopyPeer(Backend& from, const Tensor& src, const Tensor& dst) = 0;
   virtual void Fill(const Tensor& t, float value) = 0;
   // dst += src, element-wise. REQUIRES: same num_elements.
   virtual void Add(const Tensor& src, const Tensor& dst) = 0;

@@ -262,16 +262,23 @@ void Executor::SetParamNeededCallback(std::function<void(int)> fn) {
 }
 
 void Executor::Forward(bool is_train) {
+  for (NodeId i = 0; i < num_nodes(); ++i) ForwardNode(i, is_train);
+}
+
+void Executor::Backward() {
+  for (NodeId i = num_nodes() - 1; i >= 0; --i) BackwardNode(i);
+}
+
+void Executor::ForwardNode(NodeId i, bool is_train) {
   Impl& m = *impl_;
   m.ctx.is_train = is_train;
-  const std::vector<Node>& nodes = graph_.nodes();
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    if (!m.ops[i]) continue;
+  if (i == 0) m.forward_train_done = false;
+  if (m.ops[i]) {
     if (on_param_needed_) {
-      for (int p : nodes[i].params) on_param_needed_(p);
+      for (int p : graph_.node(i).params) on_param_needed_(p);
     }
     MutexLock lock(&node_mu_[i]);
-    backend_->EnterNode(static_cast<NodeId>(i));
+    backend_->EnterNode(i);
     if (options_.profile) {
       const auto t0 = std::chrono::steady_clock::now();
       m.ops[i]->Forward(m.ctx);
@@ -281,16 +288,14 @@ void Executor::Forward(bool is_train) {
       m.ops[i]->Forward(m.ctx);
     }
   }
-  m.forward_train_done = is_train;
+  if (i == num_nodes() - 1) m.forward_train_done = is_train;
 }
 
-void Executor::Backward() {
+void Executor::BackwardNode(NodeId i) {
   Impl& m = *impl_;
   CHECK(options_.for_training) << "Backward on an inference executor";
   CHECK(m.forward_train_done) << "Backward needs a Forward(is_train=true) first";
-  const std::vector<Node>& nodes = graph_.nodes();
-  for (int i = static_cast<int>(nodes.size()) - 1; i >= 0; --i) {
-    if (!m.runs_backward[i]) continue;
+  if (m.runs_backward[i]) {
     const auto t0 = std::chrono::steady_clock::now();
     {
       MutexLock lock(&node_mu_[i]);
@@ -298,15 +303,15 @@ void Executor::Backward() {
       m.ops[i]->Backward(m.ctx);
       for (auto& [temp, target] : m.accumulate[i]) backend_->Add(temp, target);
     }
-    if (options_.profile) backend_->Synchronize();
     if (options_.profile) {
+      backend_->Synchronize();
       m.bwd_s[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     if (on_grad_ready_) {
-      for (int p : nodes[i].params) on_grad_ready_(p);
+      for (int p : graph_.node(i).params) on_grad_ready_(p);
     }
   }
-  m.forward_train_done = false;
+  if (i == 0) m.forward_train_done = false;
 }
 
 std::vector<NodeProfile> Executor::Profile() const {

@@ -42,6 +42,7 @@
 #include "common/status.h"
 #include "nn/backend.h"
 #include "nn/graph.h"
+#include "nn/model_params.h"
 #include "nn/operator.h"
 #include "nn/tensor.h"
 
@@ -71,7 +72,7 @@ struct NodeProfile {
   double backward_s = 0;
 };
 
-class Executor {
+class Executor : public ModelParams {
  public:
   // Builds the executor. InvalidArgument if graph.status() is not ok, the batch
   // size is < 1 or the graph has no SoftmaxOutput when for_training; the
@@ -97,6 +98,14 @@ class Executor {
   // REQUIRES: options.for_training and a Forward(true) since the last Backward.
   void Backward();
 
+  // Node by node (a DeviceGroup runs its executors in lockstep): Forward(t)
+  // is ForwardNode(i, t) for i = 0 .. num_nodes()-1, Backward() is
+  // BackwardNode(i) for i = num_nodes()-1 .. 0. Input nodes do nothing; the
+  // callbacks fire as in Forward and Backward.
+  int num_nodes() const { return static_cast<int>(graph_.nodes().size()); }
+  void ForwardNode(NodeId i, bool is_train);
+  void BackwardNode(NodeId i);
+
   // ---- host <-> device ----
 
   // Copies a batch into the data input ((batch, per-sample shape...), n values)
@@ -109,20 +118,20 @@ class Executor {
   Status ReadOutput(float* dst, size_t n) const;
   // Thread-safe copies of parameter i (n floats). InvalidArgument when i is out
   // of range or n differs from its size.
-  Status ReadParam(int i, float* dst, size_t n) const;
-  Status WriteParam(int i, const float* src, size_t n);
+  Status ReadParam(int i, float* dst, size_t n) const override;
+  Status WriteParam(int i, const float* src, size_t n) override;
   // Parameter i's gradient of the last Backward (executor's thread).
-  Status ReadGrad(int i, float* dst, size_t n) const;
+  Status ReadGrad(int i, float* dst, size_t n) const override;
   // Same for aux state i (checkpoints).
-  Status ReadAux(int i, float* dst, size_t n) const;
-  Status WriteAux(int i, const float* src, size_t n);
+  Status ReadAux(int i, float* dst, size_t n) const override;
+  Status WriteAux(int i, const float* src, size_t n) override;
   // Host addresses of parameter i and its gradient when the backend's memory
   // is the host's (the CPU), else nullptr: a KV client reads gradients from
   // and writes weights into them without a copy. Writes through host_param
   // follow the rules of WriteParam's callers (after on_grad_ready(i), before
   // the Forward that reads it).
-  float* host_param(int i) const;
-  float* host_grad(int i) const;
+  float* host_param(int i) const override;
+  float* host_grad(int i) const override;
 
   // ---- tensors (owned by the executor; views stay valid for its lifetime;
   // on the device: host code reads them through the copies above) ----
@@ -138,15 +147,13 @@ class Executor {
   // graphs). Waits for the device.
   float Loss() const;
 
-  int num_params() const { return static_cast<int>(params_.size()); }
-  const Tensor& param(int i) const { return params_[i]; }
-  const Tensor& grad(int i) const { return grads_[i]; }
-  int num_aux() const { return static_cast<int>(aux_.size()); }
+  const Tensor& param(int i) const override { return params_[i]; }
+  const Tensor& grad(int i) const override { return grads_[i]; }
   const Tensor& aux(int i) const { return aux_[i]; }
-  const Graph& graph() const { return graph_; }
+  const Graph& graph() const override { return graph_; }
   const ExecutorOptions& options() const { return options_; }
   // The device's backend (its memory figures, its optimizer step).
-  Backend& backend() const { return *backend_; }
+  Backend& backend() const override { return *backend_; }
 
   // Per-node times, in node order (input nodes omitted); empty unless options.profile.
   std::vector<NodeProfile> Profile() const;

@@ -163,7 +163,7 @@ void InitializeParam(const InitializerSpec& spec, ParamRole role, uint64_t seed,
   }
 }
 
-void InitializeExecutor(const InitializerSpec& spec, uint64_t seed, Executor* exec) {
+void InitializeParams(const InitializerSpec& spec, uint64_t seed, ModelParams* exec) {
   const std::vector<ParamInfo>& params = exec->graph().params();
   for (int i = 0; i < exec->num_params(); ++i) {
     // One independent stream per parameter: (seed, i) mixed by splitmix64.
@@ -171,13 +171,13 @@ void InitializeExecutor(const InitializerSpec& spec, uint64_t seed, Executor* ex
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     z ^= z >> 31;
-    Tensor tmp = Tensor::Empty(exec->param(i).shape());
+    Tensor tmp = Tensor::Empty(params[i].shape);
     InitializeParam(spec, params[i].role, z, tmp);
     CHECK_OK(exec->WriteParam(i, tmp.data(), tmp.num_elements()));
   }
   const std::vector<ParamInfo>& aux = exec->graph().aux_states();
   for (int i = 0; i < exec->num_aux(); ++i) {
-    Tensor tmp = Tensor::Empty(exec->aux(i).shape());
+    Tensor tmp = Tensor::Empty(aux[i].shape);
     InitializeParam(spec, aux[i].role, 0, tmp);
     CHECK_OK(exec->WriteAux(i, tmp.data(), tmp.num_elements()));
   }

@@ -21,8 +21,8 @@
 #include <string>
 
 #include "common/status.h"
-#include "nn/executor.h"
 #include "nn/graph.h"
+#include "nn/model_params.h"
 #include "nn/tensor.h"
 
 namespace pstrain {
@@ -48,9 +48,10 @@ struct InitializerSpec {
 // Fills `t` (a parameter with the given role and shape) by the rules above.
 void InitializeParam(const InitializerSpec& spec, ParamRole role, uint64_t seed, const Tensor& t);
 
-// Initializes every parameter and aux state of `exec` (param i with seed
-// (seed, i); aux by their fixed rules). Not thread-safe with Forward/Backward.
-void InitializeExecutor(const InitializerSpec& spec, uint64_t seed, Executor* exec);
+// Initializes every parameter and aux state of `params` (an executor or a
+// device group; param i with seed (seed, i); aux by their fixed rules),
+// through host copies. Not thread-safe with Forward/Backward.
+void InitializeParams(const InitializerSpec& spec, uint64_t seed, ModelParams* params);
 
 }  // namespace pstrain
 

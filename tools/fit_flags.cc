@@ -39,7 +39,8 @@ DEFINE_string(model_prefix, "", "save parameters to <prefix>-%04d.params every -
 DEFINE_int32(save_period, 1, "epochs between checkpoints");
 DEFINE_int32(load_epoch, 0, "resume from <prefix>-%04d.params of this epoch");
 DEFINE_string(kv_store, "device", "local, device, dist_sync, dist_async, dist_device_sync");
-DEFINE_string(gpus, "", "GPUs to use, e.g. 0,1; empty: the CPU");
+DEFINE_string(gpus, "", "GPUs to use, e.g. 0,1 (the same GPU may be listed twice); empty: the CPU");
+DEFINE_string(gpu_weights, "", "relative work of each --gpus entry, e.g. 3,1; empty: equal");
 DEFINE_int32(num_threads, 0, "CPU threads of the kernels; 0: all cores");
 
 namespace pstrain {

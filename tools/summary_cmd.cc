@@ -1,13 +1,13 @@
 // `pstrain summary`: each layer's output shape and parameter count of a model;
-// with --gpus N, also the device memory one training step at --batch-size
-// needs on GPU N (what the seeds compare per GPU).
+// with --gpus, also the device memory one training step at --batch-size needs
+// on each GPU (what the seeds compare per GPU).
 #include <gflags/gflags.h>
 
 #include <cstdio>
 #include <string>
 
 #include "models/models.h"
-#include "nn/executor.h"
+#include "nn/device_group.h"
 #include "tools/commands.h"
 #include "worker/train_config.h"
 
@@ -17,36 +17,47 @@ DECLARE_string(image_shape);
 DECLARE_int32(num_classes);
 DECLARE_int32(batch_size);
 DECLARE_string(gpus);
+DECLARE_string(gpu_weights);
 
 namespace pstrain {
 
 namespace {
 
-// Builds a training executor on GPU `gpu` and runs one step on zeros (the
-// peak includes the convolutions' workspace), then prints what it held.
-int PrintStepMemory(const Graph& graph, int gpu) {
-  ExecutorOptions eo;
-  eo.batch_size = FLAGS_batch_size;
-  eo.backend.device = Device::Gpu(gpu);
-  auto exec = Executor::Create(graph, eo);
-  if (!exec.ok()) {
-    std::fprintf(stderr, "pstrain summary: %s\n", exec.status().ToString().c_str());
+// Builds the training executors of one step at --batch-size split over the
+// GPUs (as `train --gpus` does), runs one step on zeros (the peak includes
+// the convolutions' workspace), and prints what each device held.
+int PrintStepMemory(const Graph& graph, const TrainingDevices& devices) {
+  DeviceGroupOptions go;
+  go.batch_size = FLAGS_batch_size;
+  go.devices.clear();
+  for (int gpu : devices.gpus) {
+    BackendOptions b;
+    b.device = Device::Gpu(gpu);
+    go.devices.push_back(b);
+  }
+  go.weights = devices.weights;
+  auto group = DeviceGroup::Create(graph, go);
+  if (!group.ok()) {
+    std::fprintf(stderr, "pstrain summary: %s\n", group.status().ToString().c_str());
     return 1;
   }
-  Executor& e = **exec;
-  e.Forward(/*is_train=*/true);
-  e.Backward();
-  e.backend().Synchronize();
-  const MemoryStats m = e.backend().memory_stats();
+  DeviceGroup& g = **group;
+  g.Forward(/*is_train=*/true);
+  g.Backward();
   const double params =
       static_cast<double>(2 * graph.NumParams() + graph.NumAuxElements()) * sizeof(float);
-  std::printf("training step at batch %d on %s:\n", FLAGS_batch_size,
-              e.backend().Describe().c_str());
-  std::printf("  device memory: peak %.1f MiB, reserved %.1f MiB\n", m.peak / 1048576.0,
-              m.reserved / 1048576.0);
-  std::printf("  activations and their gradients: %.1f MiB planned (%.1f MiB unplanned)\n",
-              e.planned_bytes() / 1048576.0, e.unplanned_bytes() / 1048576.0);
-  std::printf("  parameters, gradients, aux states: %.1f MiB\n", params / 1048576.0);
+  std::printf("training step at batch %d:\n", FLAGS_batch_size);
+  for (int d = 0; d < g.num_devices(); ++d) {
+    Executor& e = g.executor(d);
+    e.backend().Synchronize();
+    const MemoryStats m = e.backend().memory_stats();
+    std::printf(
+        "  %s, %d examples: peak %.1f MiB, reserved %.1f MiB; activations and their "
+        "gradients %.1f MiB planned (%.1f unplanned); parameters, gradients, aux states "
+        "%.1f MiB\n",
+        e.backend().Describe().c_str(), g.shares()[d], m.peak / 1048576.0, m.reserved / 1048576.0,
+        e.planned_bytes() / 1048576.0, e.unplanned_bytes() / 1048576.0, params / 1048576.0);
+  }
   return 0;
 }
 
@@ -82,12 +93,13 @@ int RunSummary(int argc, char** argv) {
   if (FLAGS_gpus.empty()) return 0;
   TrainConfig cfg;
   cfg.set_gpus(FLAGS_gpus);
-  auto gpu = TrainingGpu(cfg);
-  if (!gpu.ok()) {
-    std::fprintf(stderr, "pstrain summary: %s\n", gpu.status().ToString().c_str());
+  cfg.set_gpu_weights(FLAGS_gpu_weights);
+  auto devices = ParseTrainingDevices(cfg);
+  if (!devices.ok()) {
+    std::fprintf(stderr, "pstrain summary: %s\n", devices.status().ToString().c_str());
     return 2;
   }
-  return PrintStepMemory(*graph, *gpu);
+  return PrintStepMemory(*graph, *devices);
 }
 
 }  // namespace pstrain

@@ -22,7 +22,7 @@ DistParamSync::~DistParamSync() {
   }
 }
 
-Status DistParamSync::Init(Executor* exec) {
+Status DistParamSync::Init(ModelParams* exec) {
   exec_ = exec;
   const auto& params = exec->graph().params();
   ServerConfig config;

@@ -36,7 +36,7 @@ class DistParamSync : public ParamSync {
                 int request_timeout_ms, int barrier_timeout_ms);
   ~DistParamSync() override;
 
-  Status Init(Executor* exec) override;
+  Status Init(ModelParams* exec) override;
   void OnGradReady(int param_index) override;
   void WaitParam(int param_index) override;
   Status TakeError() override;
@@ -53,7 +53,7 @@ class DistParamSync : public ParamSync {
   const bool sync_mode_;
   const int request_timeout_ms_;
   const int barrier_timeout_ms_;
-  Executor* exec_ = nullptr;
+  ModelParams* exec_ = nullptr;
   std::vector<KVClient::Key> keys_;        // one per parameter
   std::vector<int64_t> lens_;              // elements per parameter
   std::vector<KVClient::Ticket> pending_;  // 0: nothing in flight for parameter i

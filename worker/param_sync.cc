@@ -21,7 +21,7 @@ StatusOr<std::unique_ptr<LocalParamSync>> LocalParamSync::Create(const Optimizer
   return std::unique_ptr<LocalParamSync>(new LocalParamSync(std::move(opt)));
 }
 
-Status LocalParamSync::Init(Executor* exec) {
+Status LocalParamSync::Init(ModelParams* exec) {
   exec_ = exec;
   const auto& params = exec->graph().params();
   states_.assign(params.size(), ParamState{});

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "nn/executor.h"
+#include "nn/model_params.h"
 #include "nn/optimizer.h"
 #include "proto/optimizer.pb.h"
 #include "worker/checkpoint.h"
@@ -35,9 +35,10 @@ class ParamSync {
  public:
   virtual ~ParamSync() = default;
 
-  // Binds to `exec` (not owned; outlives this object) after its parameters are
-  // initialized or loaded. A dist sync pushes rank 0's initial values here.
-  virtual Status Init(Executor* exec) = 0;
+  // Binds to `params` (an executor, or a device group's merge buffers; not
+  // owned; outlives this object) after they are initialized or loaded. A dist
+  // sync pushes rank 0's initial values here.
+  virtual Status Init(ModelParams* params) = 0;
   // Executor thread, during Backward: grad(i) is complete and param(i) is no
   // longer read by this Backward.
   virtual void OnGradReady(int param_index) = 0;
@@ -70,7 +71,7 @@ class LocalParamSync : public ParamSync {
   // InvalidArgument for a bad optimizer config.
   static StatusOr<std::unique_ptr<LocalParamSync>> Create(const OptimizerConfig& cfg);
 
-  Status Init(Executor* exec) override;
+  Status Init(ModelParams* params) override;
   void OnGradReady(int param_index) override;
   void WaitParam(int param_index) override {}
   Status TakeError() override { return Status::Ok(); }
@@ -83,7 +84,7 @@ class LocalParamSync : public ParamSync {
   explicit LocalParamSync(std::unique_ptr<Optimizer> opt) : optimizer_(std::move(opt)) {}
 
   std::unique_ptr<Optimizer> optimizer_;
-  Executor* exec_ = nullptr;
+  ModelParams* exec_ = nullptr;
   std::vector<ParamState> states_;       // momentum here on the CPU
   std::vector<Tensor> device_momentum_;  // on a device backend: per parameter, once used
 };

@@ -4,6 +4,7 @@
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -145,20 +146,38 @@ StatusOr<std::vector<int64_t>> ParseIntList(const std::string& text, const std::
   return out;
 }
 
-StatusOr<int> TrainingGpu(const TrainConfig& cfg) {
+StatusOr<TrainingDevices> ParseTrainingDevices(const TrainConfig& cfg) {
+  TrainingDevices out;
   ASSIGN_OR_RETURN(std::vector<int64_t> gpus, ParseIntList(cfg.gpus(), "--gpus"));
-  if (gpus.empty()) return -1;
   for (int64_t g : gpus) {
     if (g < 0) {
       return Status::InvalidArgument(StrCat("--gpus='", cfg.gpus(), "': GPU ", g, " is negative"));
     }
+    out.gpus.push_back(static_cast<int>(g));
   }
-  if (gpus.size() > 1) {
-    return Status::Unimplemented(StrCat("--gpus='", cfg.gpus(),
-                                        "': one GPU per worker for now (several GPUs per worker, "
-                                        "splitting the batch, are not implemented yet)"));
+  if (cfg.gpu_weights().empty()) return out;
+  const std::string& text = cfg.gpu_weights();
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = text.find(',', start);
+    const std::string item =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    char* end = nullptr;
+    const double w = std::strtod(item.c_str(), &end);
+    if (item.empty() || end == item.c_str() || *end != '\0' || !(w > 0) || !std::isfinite(w)) {
+      return Status::InvalidArgument(
+          StrCat("--gpu-weights='", text, "': '", item, "' is not a positive number"));
+    }
+    out.weights.push_back(w);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
   }
-  return static_cast<int>(gpus[0]);
+  if (out.weights.size() != std::max<size_t>(out.gpus.size(), 1)) {
+    return Status::InvalidArgument(StrCat("--gpu-weights='", text, "' has ", out.weights.size(),
+                                          " weights for ", out.gpus.size(), " GPUs (--gpus='",
+                                          cfg.gpus(), "')"));
+  }
+  return out;
 }
 
 Status ValidateTrainConfig(const TrainConfig& cfg) {
@@ -215,7 +234,7 @@ Status ValidateTrainConfig(const TrainConfig& cfg) {
           StrCat("--lr-step-epochs='", cfg.lr_step_epochs(), "' must be positive and increasing"));
     }
   }
-  RETURN_IF_ERROR(TrainingGpu(cfg).status());
+  RETURN_IF_ERROR(ParseTrainingDevices(cfg).status());
   if (cfg.test_io() == 0 && cfg.network().empty()) {
     return Status::InvalidArgument("--network is required (e.g. mlp, lenet)");
   }

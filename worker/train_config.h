@@ -34,11 +34,15 @@ Status ApplyConfigOverrides(const std::vector<std::pair<std::string, std::string
 // unless test_io; a data_dir unless benchmark; load_epoch needs model_prefix.
 Status ValidateTrainConfig(const TrainConfig& cfg);
 
-// The GPU this worker trains on: -1 (the CPU) for an empty --gpus, else its
-// ordinal. InvalidArgument for a list that does not parse or a negative
-// ordinal; Unimplemented for more than one GPU (several GPUs per worker are
-// not supported yet). Whether the GPU exists is the backend's to say.
-StatusOr<int> TrainingGpu(const TrainConfig& cfg);
+// The devices this worker trains on: --gpus as ordinals ({} for the CPU),
+// and their --gpu-weights ({} for equal shares). InvalidArgument for a list
+// that does not parse, a negative ordinal, weights that are not positive or
+// not one per GPU. Whether the GPUs exist is the backend's to say.
+struct TrainingDevices {
+  std::vector<int> gpus;
+  std::vector<double> weights;
+};
+StatusOr<TrainingDevices> ParseTrainingDevices(const TrainConfig& cfg);
 
 // "1,28,28" -> {1, 28, 28}; "" -> {}. InvalidArgument naming `what` otherwise.
 StatusOr<std::vector<int64_t>> ParseIntList(const std::string& text, const std::string& what);

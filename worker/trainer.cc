@@ -62,22 +62,39 @@ Status Trainer::Init() {
   mo.image_shape = Shape(data_.image_shape);
   mo.num_classes = data_.num_classes;
   ASSIGN_OR_RETURN(graph_, env_.build_model(mo));
-  ExecutorOptions eo;
-  eo.batch_size = cfg_.batch_size();
-  eo.backend.num_threads = cfg_.num_threads();
-  ASSIGN_OR_RETURN(const int gpu, TrainingGpu(cfg_));
-  if (gpu >= 0) eo.backend.device = Device::Gpu(gpu);
-  eo.seed = cfg_.seed() + 1;
-  ASSIGN_OR_RETURN(exec_, Executor::Create(graph_, eo));
-  const Shape out_shape = exec_->output().shape();
+  DeviceGroupOptions go;
+  go.batch_size = cfg_.batch_size();
+  ASSIGN_OR_RETURN(const TrainingDevices devices, ParseTrainingDevices(cfg_));
+  go.devices.clear();
+  for (int gpu : devices.gpus) {
+    BackendOptions b;
+    b.device = Device::Gpu(gpu);
+    go.devices.push_back(b);
+  }
+  if (go.devices.empty()) go.devices.emplace_back();  // the CPU
+  for (BackendOptions& b : go.devices) b.num_threads = cfg_.num_threads();
+  go.weights = devices.weights;
+  // MXNet: `device` and `dist_device_sync` sum on a GPU, the rest on the CPU.
+  go.merge = cfg_.kv_store() == "device" || cfg_.kv_store() == "dist_device_sync"
+                 ? MergeDevice::kDevice
+                 : MergeDevice::kLocal;
+  go.seed = cfg_.seed() + 1;
+  ASSIGN_OR_RETURN(exec_, DeviceGroup::Create(graph_, go));
+  const Shape out_shape = exec_->output_shape();
   num_classes_ = static_cast<int>(out_shape.ProductFrom(1));
   output_host_.resize(static_cast<size_t>(out_shape.num_elements()));
+  std::string where;
+  for (int d = 0; d < exec_->num_devices(); ++d) {
+    where +=
+        StrCat(d ? "; " : "", exec_->executor(d).backend().Describe(),
+               exec_->num_devices() > 1 ? StrCat(" (", exec_->shares()[d], " per batch)") : "");
+  }
   env_.log->Info(StrCat("network ", cfg_.network(), ": ", graph_.params().size(),
                         " parameter arrays, ", graph_.NumParams(), " parameters, output ",
-                        out_shape.ToString(), ", on ", exec_->backend().Describe()));
+                        out_shape.ToString(), ", on ", where));
 
   ASSIGN_OR_RETURN(InitializerSpec init, ParseInitializer(cfg_.initializer()));
-  InitializeExecutor(init, cfg_.seed(), exec_.get());
+  InitializeParams(init, cfg_.seed(), exec_.get());
 
   ASSIGN_OR_RETURN(OptimizerConfig opt, MakeOptimizerConfig(cfg_, epoch_size_, env_.num_workers));
   if (env_.make_sync) {
@@ -208,11 +225,13 @@ Status Trainer::TrainEpoch(int epoch) {
     env_.log->Info(line);
   }
   env_.log->Info(FormatTimeCostLine(epoch, result.seconds));
-  if (!exec_->backend().host_accessible()) {
-    const MemoryStats m = exec_->backend().memory_stats();
-    env_.log->Info(StrCat("Epoch[", epoch, "] ", exec_->backend().device().ToString(),
-                          " memory: peak ", m.peak >> 20, " MiB, in use ", m.in_use >> 20,
-                          " MiB, reserved ", m.reserved >> 20, " MiB"));
+  for (int d = 0; d < exec_->num_devices(); ++d) {
+    const Backend& b = exec_->executor(d).backend();
+    if (b.host_accessible()) continue;
+    const MemoryStats m = b.memory_stats();
+    env_.log->Info(StrCat("Epoch[", epoch, "] ", b.device().ToString(), " memory: peak ",
+                          m.peak >> 20, " MiB, in use ", m.in_use >> 20, " MiB, reserved ",
+                          m.reserved >> 20, " MiB"));
   }
   if (!cfg_.model_prefix().empty() && (epoch + 1) % cfg_.save_period() == 0) {
     RETURN_IF_ERROR(SaveCheckpoint(epoch + 1));
@@ -262,8 +281,8 @@ Status Trainer::SaveCheckpoint(int epoch_done) {
     NamedArray a;
     a.kind = NamedArray::Kind::kAux;
     a.name = aux[i].name;
-    a.shape = exec_->aux(i).shape().dims();
-    a.data.resize(exec_->aux(i).num_elements());
+    a.shape = graph_.aux_states()[i].shape.dims();
+    a.data.resize(graph_.aux_states()[i].shape.num_elements());
     RETURN_IF_ERROR(exec_->ReadAux(i, a.data.data(), a.data.size()));
     arrays.push_back(std::move(a));
   }
@@ -282,24 +301,24 @@ Status Trainer::LoadCheckpoint(int epoch) {
   ASSIGN_OR_RETURN(std::vector<NamedArray> arrays, LoadArrays(path));
   std::map<std::string, const NamedArray*> by_name;
   for (const NamedArray& a : arrays) by_name[a.name] = &a;
-  auto restore = [&](const ParamInfo& info, const Tensor& t, bool aux, int i) -> Status {
+  auto restore = [&](const ParamInfo& info, bool aux, int i) -> Status {
     auto it = by_name.find(info.name);
     if (it == by_name.end()) {
       return Status::InvalidArgument(StrCat(path, " has no array ", info.name));
     }
-    if (it->second->shape != t.shape().dims()) {
+    if (it->second->shape != info.shape.dims()) {
       return Status::InvalidArgument(StrCat(path, ": ", info.name, " has shape ",
                                             Shape(it->second->shape).ToString(),
-                                            ", the network wants ", t.shape().ToString()));
+                                            ", the network wants ", info.shape.ToString()));
     }
     const auto& d = it->second->data;
     return aux ? exec_->WriteAux(i, d.data(), d.size()) : exec_->WriteParam(i, d.data(), d.size());
   };
   for (int i = 0; i < exec_->num_params(); ++i) {
-    RETURN_IF_ERROR(restore(graph_.params()[i], exec_->param(i), false, i));
+    RETURN_IF_ERROR(restore(graph_.params()[i], false, i));
   }
   for (int i = 0; i < exec_->num_aux(); ++i) {
-    RETURN_IF_ERROR(restore(graph_.aux_states()[i], exec_->aux(i), true, i));
+    RETURN_IF_ERROR(restore(graph_.aux_states()[i], true, i));
   }
   env_.log->Info(StrCat("Loaded parameters from \"", path, "\""));
   return Status::Ok();

@@ -23,7 +23,7 @@
 
 #include "common/status.h"
 #include "models/models.h"
-#include "nn/executor.h"
+#include "nn/device_group.h"
 #include "nn/graph.h"
 #include "proto/optimizer.pb.h"
 #include "proto/train_config.pb.h"
@@ -71,7 +71,8 @@ class Trainer {
   const std::vector<EpochResult>& history() const { return history_; }
   // Examples per second over the whole --test-io pass (0 before Run).
   double test_io_speed() const { return test_io_speed_; }
-  const Executor& executor() const { return *exec_; }
+  // The worker's devices: one executor per device, the merge buffers as params.
+  const DeviceGroup& devices() const { return *exec_; }
   int64_t epoch_size() const { return epoch_size_; }
 
  private:
@@ -91,7 +92,7 @@ class Trainer {
   TrainerEnv env_;
   TrainData data_;
   Graph graph_;
-  std::unique_ptr<Executor> exec_;
+  std::unique_ptr<DeviceGroup> exec_;
   std::unique_ptr<ParamSync> sync_;
   int64_t epoch_size_ = 0;
   int num_classes_ = 0;

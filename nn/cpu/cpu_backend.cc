@@ -132,6 +132,11 @@ void CpuBackend::Copy(const Tensor& src, const Tensor& dst) {
   if (src.data() != dst.data()) std::memcpy(dst.data(), src.data(), dst.bytes());
 }
 
+void CpuBackend::CopyPeer(Backend& from, const Tensor& src, const Tensor& dst) {
+  CHECK(from.device().is_cpu()) << "CopyPeer from " << from.device().ToString() << " to the CPU";
+  Copy(src, dst);
+}
+
 void CpuBackend::Fill(const Tensor& t, float value) { t.Fill(value); }
 
 void CpuBackend::Add(const Tensor& src, const Tensor& dst) {

@@ -38,6 +38,7 @@ class CpuBackend : public Backend {
   void CopyFromHost(const float* src, const Tensor& dst) override;
   void CopyToHost(const Tensor& src, float* dst) override;
   void Copy(const Tensor& src, const Tensor& dst) override;
+  void CopyPeer(Backend& from, const Tensor& src, const Tensor& dst) override;
   void Fill(const Tensor& t, float value) override;
   void Add(const Tensor& src, const Tensor& dst) override;
   void ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& grad, const Tensor& weight,

@@ -88,6 +88,8 @@ Status CudaBackend::Init() {
                                "creating the compute stream");
   PSTRAIN_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking),
                                "creating the copy stream");
+  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&peer_event_, cudaEventDisableTiming),
+                               "cudaEventCreate");
   PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnCreate(&cudnn_), "cudnnCreate");
   PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnSetStream(cudnn_, stream_), "cudnnSetStream");
   if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) {
@@ -143,6 +145,7 @@ CudaBackend::~CudaBackend() {
     if (s.consumed != nullptr) cudaEventDestroy(s.consumed);
   }
   if (download_ != nullptr) cudaFreeHost(download_);
+  if (peer_event_ != nullptr) cudaEventDestroy(peer_event_);
   if (cublas_ != nullptr) cublasDestroy(cublas_);
   if (cudnn_ != nullptr) cudnnDestroy(cudnn_);
   if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
@@ -251,6 +254,20 @@ void CudaBackend::Copy(const Tensor& src, const Tensor& dst) {
   SetDevice();
   PSTRAIN_CUDA_CHECK(
       cudaMemcpyAsync(dst.data(), src.data(), dst.bytes(), cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaBackend::CopyPeer(Backend& from, const Tensor& src, const Tensor& dst) {
+  CHECK(!from.device().is_cpu()) << "CopyPeer from the CPU to " << device().ToString();
+  CHECK_EQ(src.num_elements(), dst.num_elements());
+  CudaBackend& peer = static_cast<CudaBackend&>(from);
+  // The source is complete in the peer's stream order: this stream waits for
+  // the peer's work so far, then copies.
+  PSTRAIN_CUDA_CHECK(cudaSetDevice(peer.ordinal_));
+  PSTRAIN_CUDA_CHECK(cudaEventRecord(peer.peer_event_, peer.stream_));
+  SetDevice();
+  PSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(stream_, peer.peer_event_, 0));
+  PSTRAIN_CUDA_CHECK(
+      cudaMemcpyPeerAsync(dst.data(), ordinal_, src.data(), peer.ordinal_, dst.bytes(), stream_));
 }
 
 void CudaBackend::Fill(const Tensor& t, float value) {

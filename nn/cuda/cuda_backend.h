@@ -57,6 +57,7 @@ class CudaBackend : public Backend {
   void CopyFromHost(const float* src, const Tensor& dst) override;
   void CopyToHost(const Tensor& src, float* dst) override;
   void Copy(const Tensor& src, const Tensor& dst) override;
+  void CopyPeer(Backend& from, const Tensor& src, const Tensor& dst) override;
   void Fill(const Tensor& t, float value) override;
   void Add(const Tensor& src, const Tensor& dst) override;
   void ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& grad, const Tensor& weight,
@@ -101,6 +102,7 @@ class CudaBackend : public Backend {
   std::string name_;
   cudaStream_t stream_ = nullptr;
   cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t peer_event_ = nullptr;  // recorded on this stream for a peer's CopyPeer
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::shared_ptr<CachingAllocator> allocator_;

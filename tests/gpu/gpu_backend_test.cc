@@ -1,8 +1,9 @@
 // The CUDA backend against the CPU reference (label `gpu`): every operator
 // forward and backward on the op cases' random shapes, the backend's copies
 // and element-wise steps, the optimizer step, whole models' training steps,
-// a LeNet run whose loss curve follows the CPU's, and the caching
-// allocator's reuse in a step loop. Without a GPU (or in a build without the
+// a LeNet run whose loss curve follows the CPU's, the caching allocator's
+// reuse in a step loop, and the same GPU listed two and three times training
+// like once (both merges). Without a GPU (or in a build without the
 // CUDA backend) every test skips, saying why.
 #include <gtest/gtest.h>
 
@@ -14,6 +15,7 @@
 
 #include "models/models.h"
 #include "nn/backend.h"
+#include "nn/device_group.h"
 #include "nn/executor.h"
 #include "nn/initializer.h"
 #include "tests/test_util.h"
@@ -235,7 +237,7 @@ std::unique_ptr<Executor> MakeExecutor(const Graph& g, const BackendOptions& b, 
   o.backend = b;
   auto made = Executor::Create(g, o);
   CHECK(made.ok()) << made.status();
-  InitializeExecutor(*InitializerSpec::Parse("xavier(gaussian,in,2)"), 3, made->get());
+  InitializeParams(*InitializerSpec::Parse("xavier(gaussian,in,2)"), 3, made->get());
   return std::move(made).value();
 }
 
@@ -366,6 +368,87 @@ TEST(GpuTrainingTest, LenetLossCurveFollowsTheCpuAndTheLoopAllocatesNothing) {
   EXPECT_EQ(e[0]->backend().memory_stats().reserved, reserved_after_first_step)
       << "the step loop took more device memory after the first step";
 }
+
+// Issue 11's check on one physical GPU: the same GPU listed twice (two
+// backends, two streams, two executors on half the batch each) gives the
+// parameters one listing gives after a few momentum-SGD steps, for the local
+// (CPU) and the device (first GPU, peer copies) merge, and every device ends
+// with the merged weights.
+class GpuGroupTest : public ::testing::TestWithParam<MergeDevice> {};
+
+TEST_P(GpuGroupTest, TheSameGpuTwiceTrainsLikeOnce) {
+  SKIP_WITHOUT_GPU();
+  StatusOr<Graph> g = BuildModel({"lenet", 0, Shape(), 0});
+  ASSERT_OK(g.status());
+  auto make = [&](int copies, std::vector<double> weights) {
+    DeviceGroupOptions o;
+    o.batch_size = 16;
+    o.devices.assign(copies, Gpu());
+    o.weights = std::move(weights);
+    o.merge = GetParam();
+    auto made = DeviceGroup::Create(*g, o);
+    CHECK(made.ok()) << made.status();
+    InitializeParams(*InitializerSpec::Parse("xavier(gaussian,in,2)"), 3, made->get());
+    return std::move(made).value();
+  };
+  std::unique_ptr<DeviceGroup> groups[3] = {make(1, {}), make(2, {}), make(3, {2, 1, 1})};
+  OptimizerConfig oc;
+  oc.set_learning_rate(0.05f);
+  oc.set_momentum(0.9f);
+  oc.set_rescale_grad(1.0f / 16);
+  std::unique_ptr<Optimizer> opt[3];
+  std::vector<ParamState> state[3];
+  std::vector<Tensor> mom[3];
+  for (int k = 0; k < 3; ++k) {
+    opt[k] = std::move(Optimizer::Create(oc)).value();
+    state[k].resize(groups[k]->num_params());
+    mom[k].resize(groups[k]->num_params());
+    DeviceGroup* grp = groups[k].get();
+    grp->SetGradReadyCallback([&, k, grp](int i) {
+      if (!mom[k][i].defined()) mom[k][i] = grp->backend().Zeros(grp->param(i).shape());
+      grp->backend().ApplyOptimizerStep(opt[k]->NextStep(&state[k][i]), grp->grad(i), grp->param(i),
+                                        mom[k][i]);
+    });
+  }
+  std::mt19937_64 rng(4);
+  std::uniform_real_distribution<float> u(0, 1);
+  std::vector<float> data(16 * 784), label(16);
+  for (int step = 0; step < 4; ++step) {
+    for (float& x : data) x = u(rng);
+    for (float& l : label) l = static_cast<float>(rng() % 10);
+    for (auto& grp : groups) {
+      ASSERT_OK(grp->LoadData(data.data(), data.size()));
+      ASSERT_OK(grp->LoadLabel(label.data(), label.size()));
+      grp->Forward(true);
+      grp->Backward();
+    }
+  }
+  for (auto& grp : groups) grp->Forward(false);  // hands the devices the last update
+  for (int p = 0; p < groups[0]->num_params(); ++p) {
+    std::vector<float> want(static_cast<size_t>(groups[0]->param(p).num_elements()));
+    ASSERT_OK(groups[0]->ReadParam(p, want.data(), want.size()));
+    for (int k = 1; k < 3; ++k) {
+      for (int d = 0; d < groups[k]->num_devices(); ++d) {
+        std::vector<float> got(want.size());
+        ASSERT_OK(groups[k]->executor(d).ReadParam(p, got.data(), got.size()));
+        double diff = 0, mag = 1;
+        for (size_t i = 0; i < got.size(); ++i) {
+          diff = std::max(diff, double(std::fabs(got[i] - want[i])));
+          mag = std::max(mag, double(std::fabs(want[i])));
+        }
+        EXPECT_LT(diff / mag, 1e-4)
+            << k + 1 << " listings, device " << d << ", " << g->params()[p].name;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Merges, GpuGroupTest,
+                         ::testing::Values(MergeDevice::kLocal, MergeDevice::kDevice),
+                         [](const ::testing::TestParamInfo<MergeDevice>& info) {
+                           return info.param == MergeDevice::kLocal ? std::string("local")
+                                                                    : std::string("device");
+                         });
 
 TEST(GpuBackendTest, AGpuThatIsNotThereIsAnErrorNamingIt) {
   SKIP_WITHOUT_GPU();

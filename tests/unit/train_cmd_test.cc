@@ -55,8 +55,8 @@ TEST(SummaryCmdTest, GpuMemoryOnAMachineWithoutThatGpuIsAnErrorNamingIt) {
   EXPECT_EQ(RunPstrain("summary --network lenet --gpus 63", &out), 1) << out;
   EXPECT_NE(out.find("gpu(63)"), std::string::npos) << out;
   EXPECT_NE(out.find("total parameters: 431080"), std::string::npos) << out;
-  EXPECT_EQ(RunPstrain("summary --network lenet --gpus 0,1", &out), 2) << out;
-  EXPECT_NE(out.find("one GPU per worker"), std::string::npos) << out;
+  EXPECT_EQ(RunPstrain("summary --network lenet --gpus 0,1 --gpu-weights 1", &out), 2) << out;
+  EXPECT_NE(out.find("1 weights for 2 GPUs"), std::string::npos) << out;
 }
 
 // The binary links no CUDA library (the CUDA backend is a module loaded for

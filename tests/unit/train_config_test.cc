@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "tests/test_util.h"
 
@@ -132,6 +133,30 @@ TEST(TrainConfigTest, ValidationNamesTheBadValue) {
   c = Valid();
   c.set_mom(1.5f);
   expect_bad(c, "--mom=1.5");
+}
+
+TEST(TrainConfigTest, DevicesAreGpusAndTheirWeights) {
+  TrainConfig cfg = Valid();
+  auto cpu = ParseTrainingDevices(cfg);
+  ASSERT_OK(cpu.status());
+  EXPECT_TRUE(cpu->gpus.empty());
+  EXPECT_TRUE(cpu->weights.empty());
+  cfg.set_gpus("0,0,2");
+  cfg.set_gpu_weights("2,1,0.5");
+  auto three = ParseTrainingDevices(cfg);
+  ASSERT_OK(three.status());
+  EXPECT_EQ(three->gpus, (std::vector<int>{0, 0, 2}));
+  EXPECT_EQ(three->weights, (std::vector<double>{2, 1, 0.5}));
+  ASSERT_OK(ValidateTrainConfig(cfg));
+  for (const char* bad : {"2,1", "2,1,0", "2,x,1", "2,,1", "1,2,-3"}) {
+    cfg.set_gpu_weights(bad);
+    const Status s = ValidateTrainConfig(cfg);
+    EXPECT_FALSE(s.ok()) << bad;
+    EXPECT_NE(s.message().find("--gpu-weights"), std::string::npos) << s;
+  }
+  cfg.set_gpu_weights("");
+  cfg.set_gpus("0,-1");
+  EXPECT_FALSE(ValidateTrainConfig(cfg).ok());
 }
 
 TEST(TrainConfigTest, EffectiveTextListsEveryField) {

@@ -118,7 +118,7 @@ class RecordingSync : public ParamSync {
  public:
   RecordingSync(std::unique_ptr<ParamSync> inner, std::vector<std::pair<char, int>>* calls)
       : inner_(std::move(inner)), calls_(calls) {}
-  Status Init(Executor* exec) override { return inner_->Init(exec); }
+  Status Init(ModelParams* params) override { return inner_->Init(params); }
   void OnGradReady(int i) override {
     calls_->emplace_back('g', i);
     inner_->OnGradReady(i);
@@ -191,9 +191,9 @@ TEST_F(TrainerTest, ResumeContinuesTheSameCurve) {
   EXPECT_EQ((*b)->history()[0].epoch, 1);
   EXPECT_DOUBLE_EQ((*b)->history()[0].val[0].second, (*a)->history()[1].val[0].second);
   EXPECT_DOUBLE_EQ((*b)->history()[0].train[0].second, (*a)->history()[1].train[0].second);
-  for (int i = 0; i < (*a)->executor().num_params(); ++i) {
-    const Tensor& pa = (*a)->executor().param(i);
-    const Tensor& pb = (*b)->executor().param(i);
+  for (int i = 0; i < (*a)->devices().num_params(); ++i) {
+    const Tensor& pa = (*a)->devices().param(i);
+    const Tensor& pb = (*b)->devices().param(i);
     for (int64_t k = 0; k < pa.num_elements(); ++k) {
       ASSERT_EQ(pa.at(k), pb.at(k)) << "param " << i << " element " << k;
     }

@@ -57,7 +57,7 @@ std::unique_ptr<Executor> MakeExec(const Graph& g, CpuKernels k, bool plan, int 
   o.backend.num_threads = 1;  // tiny tensors: threads would only add barrier waits
   auto e = Executor::Create(g, o);
   CHECK(e.ok()) << e.status();
-  InitializeExecutor(*InitializerSpec::Parse("xavier(gaussian,in,2)"), 5, e->get());
+  InitializeParams(*InitializerSpec::Parse("xavier(gaussian,in,2)"), 5, e->get());
   std::mt19937_64 rng(11);
   testing::FillUniform(e.value()->data(), &rng, -1, 1);
   if (train) {
@@ -206,7 +206,7 @@ TEST(ExecutorTest, LenetLearnsSyntheticClasses) {
   auto made = Executor::Create(*g, o);
   ASSERT_OK(made.status());
   Executor* e = made->get();
-  InitializeExecutor(*InitializerSpec::Parse("xavier(gaussian,in,2)"), 1, e);
+  InitializeParams(*InitializerSpec::Parse("xavier(gaussian,in,2)"), 1, e);
   std::mt19937_64 rng(9);
   std::vector<Tensor> patterns;
   for (int c = 0; c < 10; ++c) {
@@ -272,7 +272,7 @@ TEST_P(ModelKernelsTest, OneDnnMatchesReferenceOnAWholeStep) {
     auto made = Executor::Create(*g, o);
     ASSERT_OK(made.status());
     e[k] = std::move(made).value();
-    InitializeExecutor(*InitializerSpec::Parse("xavier(gaussian,in,2)"), 4, e[k].get());
+    InitializeParams(*InitializerSpec::Parse("xavier(gaussian,in,2)"), 4, e[k].get());
     std::mt19937_64 rng(5);
     testing::FillUniform(e[k]->data(), &rng, 0, 1);
     for (int n = 0; n < 3; ++n) e[k]->label().data()[n] = static_cast<float>(n);

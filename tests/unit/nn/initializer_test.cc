@@ -71,8 +71,8 @@ TEST(InitializerTest, RolesAndDeterminism) {
   ASSERT_OK(a.status());
   ASSERT_OK(b.status());
   const InitializerSpec spec = *InitializerSpec::Parse("uniform(0.07)");
-  InitializeExecutor(spec, 42, a->get());
-  InitializeExecutor(spec, 42, b->get());
+  InitializeParams(spec, 42, a->get());
+  InitializeParams(spec, 42, b->get());
   for (int p = 0; p < (*a)->num_params(); ++p) {
     const ParamInfo& info = g->params()[p];
     const Tensor& t = (*a)->param(p);

@@ -1,0 +1,308 @@
+#include "nn/device_group.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace pstrain {
+
+StatusOr<std::vector<int>> SplitBatch(int batch_size, int num_devices,
+                                      const std::vector<double>& weights) {
+  if (num_devices < 1) return Status::InvalidArgument("no device to split the batch over");
+  std::vector<double> w = weights;
+  if (w.empty()) w.assign(num_devices, 1.0);
+  if (static_cast<int>(w.size()) != num_devices) {
+    return Status::InvalidArgument(StrCat(w.size(), " weights for ", num_devices, " devices"));
+  }
+  double total = 0;
+  for (double x : w) {
+    if (!(x > 0) || !std::isfinite(x)) {
+      return Status::InvalidArgument(StrCat("device weight ", x, " must be positive"));
+    }
+    total += x;
+  }
+  std::vector<int> shares(num_devices);
+  int sum = 0;
+  for (int d = 0; d < num_devices; ++d) {
+    shares[d] = static_cast<int>(std::lround(w[d] / total * batch_size));
+    sum += shares[d];
+  }
+  shares.back() += batch_size - sum;  // MXNet gives the rest to the last device
+  for (int d = 0; d < num_devices; ++d) {
+    if (shares[d] < 1) {
+      return Status::InvalidArgument(StrCat("a batch of ", batch_size, " split over ", num_devices,
+                                            " devices leaves device ", d,
+                                            " no example (shares must be >= 1)"));
+    }
+  }
+  return shares;
+}
+
+DeviceGroup::DeviceGroup(const Graph& graph, const DeviceGroupOptions& options)
+    : graph_(graph), options_(options) {}
+
+DeviceGroup::~DeviceGroup() {
+  // The merge buffers belong to their backend: they go first.
+  merge_param_.clear();
+  merge_grad_.clear();
+  host_staging_.clear();
+}
+
+StatusOr<std::unique_ptr<DeviceGroup>> DeviceGroup::Create(const Graph& graph,
+                                                           const DeviceGroupOptions& options) {
+  if (options.devices.empty()) return Status::InvalidArgument("a device group needs a device");
+  for (const BackendOptions& b : options.devices) {
+    if (b.device.type != options.devices[0].device.type) {
+      return Status::InvalidArgument(
+          StrCat("one worker's devices must be of one kind: ", b.device.ToString(), " and ",
+                 options.devices[0].device.ToString()));
+    }
+  }
+  std::unique_ptr<DeviceGroup> g(new DeviceGroup(graph, options));
+  RETURN_IF_ERROR(g->Init());
+  return g;
+}
+
+Status DeviceGroup::Init() {
+  ASSIGN_OR_RETURN(
+      shares_,
+      SplitBatch(options_.batch_size, static_cast<int>(options_.devices.size()), options_.weights));
+  for (size_t d = 0; d < options_.devices.size(); ++d) {
+    ExecutorOptions eo;
+    eo.batch_size = shares_[d];
+    eo.backend = options_.devices[d];
+    eo.for_training = options_.for_training;
+    eo.seed = options_.seed + d;
+    eo.profile = options_.profile;
+    auto made = Executor::Create(graph_, eo);
+    if (!made.ok()) {
+      return made.status().WithContext(
+          StrCat("device ", d, " (", options_.devices[d].device.ToString(), ")"));
+    }
+    execs_.push_back(std::move(made).value());
+  }
+  const int P = num_params();
+  grads_in_.assign(P, 0);
+  stale_.assign(P, false);
+  Executor& first = *execs_[0];
+  separate_merge_ = execs_.size() > 1 && options_.merge == MergeDevice::kLocal;
+  if (!separate_merge_) {
+    merge_backend_ = &first.backend();
+    for (int i = 0; i < P; ++i) {
+      merge_param_.push_back(first.param(i));
+      merge_grad_.push_back(options_.for_training ? first.grad(i) : Tensor());
+    }
+  } else {
+    BackendOptions cpu;
+    cpu.num_threads = options_.devices[0].device.is_cpu() ? options_.devices[0].num_threads : 0;
+    ASSIGN_OR_RETURN(own_merge_backend_, Backend::Create(cpu));
+    merge_backend_ = own_merge_backend_.get();
+    for (int i = 0; i < P; ++i) {
+      const Shape& s = graph_.params()[i].shape;
+      merge_param_.push_back(merge_backend_->Zeros(s));
+      merge_grad_.push_back(options_.for_training ? merge_backend_->Zeros(s) : Tensor());
+      if (!first.backend().host_accessible()) host_staging_.push_back(merge_backend_->Empty(s));
+      // Every device starts from the merge buffers' values.
+      first.backend().CopyToHost(first.param(i), merge_param_[i].data());
+      stale_[i] = true;
+    }
+  }
+  // Each executor reports its gradients; the group acts once all have.
+  for (auto& e : execs_) {
+    e->SetGradReadyCallback([this](int p) {
+      if (++grads_in_[p] < num_devices()) return;
+      grads_in_[p] = 0;
+      if (num_devices() > 1) {
+        Merge(p);
+        stale_[p] = true;  // the sync updates the merged parameter from here on
+      }
+      if (on_grad_ready_) on_grad_ready_(p);
+    });
+  }
+  return Status::Ok();
+}
+
+void DeviceGroup::Merge(int i) {
+  const Tensor& mg = merge_grad_[i];
+  Backend& mb = *merge_backend_;
+  for (int d = 0; d < num_devices(); ++d) {
+    if (SharesMerge(d)) continue;
+    Executor& e = *execs_[d];
+    const Tensor& g = e.grad(i);
+    if (separate_merge_) {
+      // kLocal: sum in host memory.
+      if (e.backend().host_accessible()) {
+        if (d == 0) {
+          mb.Copy(g, mg);
+        } else {
+          mb.Add(g, mg);
+        }
+      } else if (d == 0) {
+        e.backend().CopyToHost(g, mg.data());
+      } else {
+        e.backend().CopyToHost(g, host_staging_[i].data());
+        mb.Add(host_staging_[i], mg);
+      }
+    } else if (mb.host_accessible() && e.backend().host_accessible()) {
+      mb.Add(g, mg);  // kDevice between host devices: read in place
+    } else {
+      // kDevice between GPUs: the other device's gradient over to the first.
+      Tensor scratch = mb.Empty(mg.shape());
+      mb.CopyPeer(e.backend(), g, scratch);
+      mb.Add(scratch, mg);
+    }
+  }
+}
+
+void DeviceGroup::Broadcast(int i) {
+  const Tensor& mp = merge_param_[i];
+  for (int d = 0; d < num_devices(); ++d) {
+    if (SharesMerge(d)) continue;
+    Executor& e = *execs_[d];
+    if (separate_merge_) {
+      e.backend().CopyFromHost(mp.data(), e.param(i));
+    } else {
+      e.backend().CopyPeer(*merge_backend_, mp, e.param(i));
+    }
+  }
+}
+
+void DeviceGroup::Forward(bool is_train) {
+  const int n = execs_[0]->num_nodes();
+  for (NodeId i = 0; i < n; ++i) {
+    for (int p : graph_.node(i).params) {
+      if (on_param_needed_) on_param_needed_(p);
+      if (stale_[p]) {
+        Broadcast(p);
+        stale_[p] = false;
+      }
+    }
+    for (auto& e : execs_) e->ForwardNode(i, is_train);
+  }
+}
+
+void DeviceGroup::Backward() {
+  for (NodeId i = execs_[0]->num_nodes() - 1; i >= 0; --i) {
+    for (auto& e : execs_) e->BackwardNode(i);
+  }
+}
+
+Status DeviceGroup::LoadData(const float* src, size_t n) {
+  const size_t row = static_cast<size_t>(execs_[0]->data().shape().ProductFrom(1));
+  if (n != row * static_cast<size_t>(options_.batch_size)) {
+    return Status::InvalidArgument(StrCat("a batch of ", n, " values does not fit the input (",
+                                          options_.batch_size, " x ", row, ")"));
+  }
+  size_t offset = 0;
+  for (int d = 0; d < num_devices(); ++d) {
+    const size_t count = row * static_cast<size_t>(shares_[d]);
+    RETURN_IF_ERROR(execs_[d]->LoadData(src + offset, count));
+    offset += count;
+  }
+  return Status::Ok();
+}
+
+Status DeviceGroup::LoadLabel(const float* src, size_t n) {
+  if (n < static_cast<size_t>(options_.batch_size)) {
+    return Status::InvalidArgument(
+        StrCat(n, " labels for a batch of ", options_.batch_size, " examples"));
+  }
+  size_t offset = 0;
+  for (int d = 0; d < num_devices(); ++d) {
+    RETURN_IF_ERROR(execs_[d]->LoadLabel(src + offset, static_cast<size_t>(shares_[d])));
+    offset += static_cast<size_t>(shares_[d]);
+  }
+  return Status::Ok();
+}
+
+Shape DeviceGroup::output_shape() const {
+  Shape s = execs_[0]->output().shape();
+  s[0] = options_.batch_size;
+  return s;
+}
+
+Status DeviceGroup::ReadOutput(float* dst, size_t n) const {
+  const size_t row = static_cast<size_t>(execs_[0]->output().shape().ProductFrom(1));
+  if (n != row * static_cast<size_t>(options_.batch_size)) {
+    return Status::InvalidArgument(StrCat("output ", output_shape().ToString(), " has ",
+                                          row * options_.batch_size, " values, got ", n));
+  }
+  size_t offset = 0;
+  for (int d = 0; d < num_devices(); ++d) {
+    const size_t count = row * static_cast<size_t>(shares_[d]);
+    RETURN_IF_ERROR(execs_[d]->ReadOutput(dst + offset, count));
+    offset += count;
+  }
+  return Status::Ok();
+}
+
+float DeviceGroup::Loss() const {
+  double sum = 0;
+  for (int d = 0; d < num_devices(); ++d) sum += double(execs_[d]->Loss()) * shares_[d];
+  return static_cast<float>(sum / options_.batch_size);
+}
+
+std::vector<MemoryStats> DeviceGroup::memory_stats() const {
+  std::vector<MemoryStats> out;
+  for (const auto& e : execs_) out.push_back(e->backend().memory_stats());
+  if (own_merge_backend_) out.push_back(own_merge_backend_->memory_stats());
+  return out;
+}
+
+namespace {
+Status CheckIndex(const char* what, int i, int count, const std::vector<ParamInfo>& infos,
+                  size_t n) {
+  if (i < 0 || i >= count) {
+    return Status::InvalidArgument(StrCat(what, " index ", i, " out of range [0, ", count, ")"));
+  }
+  if (static_cast<int64_t>(n) != infos[i].shape.num_elements()) {
+    return Status::InvalidArgument(StrCat(what, " '", infos[i].name, "' has ",
+                                          infos[i].shape.num_elements(), " elements, got ", n));
+  }
+  return Status::Ok();
+}
+}  // namespace
+
+Status DeviceGroup::ReadParam(int i, float* dst, size_t n) const {
+  if (!separate_merge_) return execs_[0]->ReadParam(i, dst, n);
+  RETURN_IF_ERROR(CheckIndex("parameter", i, num_params(), graph_.params(), n));
+  merge_backend_->CopyToHost(merge_param_[i], dst);
+  return Status::Ok();
+}
+
+Status DeviceGroup::WriteParam(int i, const float* src, size_t n) {
+  if (!separate_merge_) {
+    RETURN_IF_ERROR(execs_[0]->WriteParam(i, src, n));
+  } else {
+    RETURN_IF_ERROR(CheckIndex("parameter", i, num_params(), graph_.params(), n));
+    merge_backend_->CopyFromHost(src, merge_param_[i]);
+  }
+  if (num_devices() > 1) stale_[i] = true;
+  return Status::Ok();
+}
+
+Status DeviceGroup::ReadGrad(int i, float* dst, size_t n) const {
+  if (!separate_merge_) return execs_[0]->ReadGrad(i, dst, n);
+  RETURN_IF_ERROR(CheckIndex("gradient of parameter", i, num_params(), graph_.params(), n));
+  merge_backend_->CopyToHost(merge_grad_[i], dst);
+  return Status::Ok();
+}
+
+Status DeviceGroup::ReadAux(int i, float* dst, size_t n) const {
+  return execs_[0]->ReadAux(i, dst, n);
+}
+
+Status DeviceGroup::WriteAux(int i, const float* src, size_t n) {
+  for (auto& e : execs_) RETURN_IF_ERROR(e->WriteAux(i, src, n));
+  return Status::Ok();
+}
+
+float* DeviceGroup::host_param(int i) const {
+  return merge_backend_->host_accessible() ? merge_param_[i].data() : nullptr;
+}
+
+float* DeviceGroup::host_grad(int i) const {
+  return merge_backend_->host_accessible() && merge_grad_[i].defined() ? merge_grad_[i].data()
+                                                                       : nullptr;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,143 @@
+// DeviceGroup: one worker's data parallelism over several devices, MXNet's
+// multi-GPU module (`--gpus 0,1,...`). Each device has an executor for its
+// share of the batch (proportional to optional weights, `--gpu-weights`;
+// the same device may be listed twice: each entry has its own backend,
+// streams and memory). The executors run in lockstep, node by node, on the
+// caller's thread (a GPU's calls only enqueue, so the devices compute
+// together). The moment parameter i's gradient is complete on every device,
+// the gradients are summed into a merge buffer:
+//
+//   kLocal   on the CPU (MXNet's `local`): each device's gradient copied to
+//            host memory and added there;
+//   kDevice  on the first device (MXNet's `device`): the others' gradients
+//            copied over (peer copies) and added there;
+//
+// and the group's grad-ready callback fires once: the ParamSync updates the
+// merge buffer's parameter (locally, or through the parameter servers).
+// Before the first node that reads parameter i in the next forward, the
+// param-needed callback fires once and the parameter is copied to every
+// device that does not share the merge buffer.
+//
+// With one device the group is its executor: the merge buffers are that
+// executor's own tensors, nothing is copied.
+//
+// The group is a ModelParams whose param/grad are the merge buffers. Aux
+// states (BatchNorm's moving statistics) stay per device, as in MXNet; reads
+// come from the first device, writes go to all.
+//
+// Threads: one (the trainer's), like an executor.
+#ifndef PSTRAIN_NN_DEVICE_GROUP_H_
+#define PSTRAIN_NN_DEVICE_GROUP_H_
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "common/status.h"
+#include "nn/executor.h"
+#include "nn/model_params.h"
+
+namespace pstrain {
+
+enum class MergeDevice { kLocal, kDevice };
+
+struct DeviceGroupOptions {
+  // The whole batch of one step, split over the devices.
+  int batch_size = 1;
+  // One entry per device (BackendOptions::device, kernels, threads, ...).
+  std::vector<BackendOptions> devices = {BackendOptions()};
+  // Relative work of each device (empty: equal). The batch is split as MXNet
+  // does: round(w_d / sum(w) * batch) each, the last takes the rest; every
+  // share must be at least 1.
+  std::vector<double> weights;
+  MergeDevice merge = MergeDevice::kLocal;
+  bool for_training = true;
+  uint64_t seed = 1;  // dropout masks: device d uses seed + d
+  bool profile = false;
+};
+
+// The number of examples each device gets (MXNet's _split_input_slice).
+// InvalidArgument when the weights are not positive, their count is not the
+// device count, or a device would get no example.
+StatusOr<std::vector<int>> SplitBatch(int batch_size, int num_devices,
+                                      const std::vector<double>& weights);
+
+class DeviceGroup : public ModelParams {
+ public:
+  // The errors of SplitBatch and of Executor::Create for each device, and
+  // InvalidArgument for no device or devices of different kinds.
+  static StatusOr<std::unique_ptr<DeviceGroup>> Create(const Graph& graph,
+                                                       const DeviceGroupOptions& options);
+  ~DeviceGroup() override;
+
+  // Once per parameter and step; see the class comment.
+  void SetGradReadyCallback(std::function<void(int param_index)> fn) {
+    on_grad_ready_ = std::move(fn);
+  }
+  void SetParamNeededCallback(std::function<void(int param_index)> fn) {
+    on_param_needed_ = std::move(fn);
+  }
+
+  void Forward(bool is_train);
+  void Backward();
+
+  // The whole batch in host memory, split over the devices by rows.
+  // InvalidArgument when n does not fit.
+  Status LoadData(const float* src, size_t n);
+  Status LoadLabel(const float* src, size_t n);
+  // The whole batch's output, the devices' rows in order.
+  Status ReadOutput(float* dst, size_t n) const;
+  // The output's shape for the whole batch.
+  Shape output_shape() const;
+  // Mean cross-entropy over the whole batch.
+  float Loss() const;
+
+  int num_devices() const { return static_cast<int>(execs_.size()); }
+  Executor& executor(int d) const { return *execs_[d]; }
+  const std::vector<int>& shares() const { return shares_; }
+  // Device memory held by each device's backend, and by the merge buffers'.
+  std::vector<MemoryStats> memory_stats() const;
+
+  // ---- ModelParams: the merge buffers ----
+  const Graph& graph() const override { return graph_; }
+  const Tensor& param(int i) const override { return merge_param_[i]; }
+  const Tensor& grad(int i) const override { return merge_grad_[i]; }
+  Backend& backend() const override { return *merge_backend_; }
+  Status ReadParam(int i, float* dst, size_t n) const override;
+  Status WriteParam(int i, const float* src, size_t n) override;
+  Status ReadGrad(int i, float* dst, size_t n) const override;
+  Status ReadAux(int i, float* dst, size_t n) const override;
+  Status WriteAux(int i, const float* src, size_t n) override;
+  float* host_param(int i) const override;
+  float* host_grad(int i) const override;
+
+ private:
+  DeviceGroup(const Graph& graph, const DeviceGroupOptions& options);
+  Status Init();
+  // Sums parameter i's gradients into the merge buffer.
+  void Merge(int i);
+  // Copies the merge buffer's parameter i to every device that needs it.
+  void Broadcast(int i);
+  // Whether device d's param/grad tensors are the merge buffers themselves.
+  bool SharesMerge(int d) const { return d == 0 && !separate_merge_; }
+
+  const Graph graph_;
+  const DeviceGroupOptions options_;
+  std::vector<int> shares_;
+  std::vector<std::unique_ptr<Executor>> execs_;
+  // kLocal with a device backend: a CPU backend of its own; kDevice or one
+  // host device: the first executor's.
+  std::unique_ptr<Backend> own_merge_backend_;
+  Backend* merge_backend_ = nullptr;
+  bool separate_merge_ = false;
+  std::vector<Tensor> merge_param_, merge_grad_;
+  std::vector<Tensor> host_staging_;  // kLocal from a device: one host tensor per param
+  std::vector<int> grads_in_;         // per param: devices whose gradient is complete
+  std::vector<bool> stale_;           // per param: devices hold an older value
+  std::function<void(int)> on_grad_ready_;
+  std::function<void(int)> on_param_needed_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_NN_DEVICE_GROUP_H_

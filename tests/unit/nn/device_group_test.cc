@@ -1,0 +1,247 @@
+// DeviceGroup on CPU devices (the same code path as several GPUs, whose
+// copies and sums go through the same Backend calls): the batch split, the
+// merged gradients and the parameters after training steps equal one device
+// on the whole batch, for both merges; callbacks once per parameter; errors.
+#include "nn/device_group.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "models/models.h"
+#include "nn/initializer.h"
+#include "tests/test_util.h"
+
+namespace pstrain {
+namespace {
+
+TEST(SplitBatchTest, EqualWeightedAndRoundedShares) {
+  EXPECT_EQ(*SplitBatch(128, 2, {}), (std::vector<int>{64, 64}));
+  EXPECT_EQ(*SplitBatch(128, 3, {}), (std::vector<int>{43, 43, 42}));
+  EXPECT_EQ(*SplitBatch(10, 2, {3, 1}), (std::vector<int>{8, 2}));
+  EXPECT_EQ(*SplitBatch(7, 1, {}), (std::vector<int>{7}));
+  EXPECT_EQ(*SplitBatch(100, 3, {1, 1, 2}), (std::vector<int>{25, 25, 50}));
+}
+
+TEST(SplitBatchTest, BadWeightsAndEmptySharesAreErrors) {
+  EXPECT_FALSE(SplitBatch(2, 3, {}).ok());
+  EXPECT_NE(SplitBatch(2, 3, {}).status().message().find("no example"), std::string::npos);
+  EXPECT_FALSE(SplitBatch(8, 2, {1}).ok());
+  EXPECT_FALSE(SplitBatch(8, 2, {1, 0}).ok());
+  EXPECT_FALSE(SplitBatch(8, 2, {1, -2}).ok());
+  EXPECT_FALSE(SplitBatch(8, 0, {}).ok());
+}
+
+Graph Lenet() {
+  StatusOr<Graph> g = BuildModel({"lenet", 0, Shape(), 0});
+  CHECK(g.ok()) << g.status();
+  return *g;
+}
+
+BackendOptions Cpu() {
+  BackendOptions b;
+  b.num_threads = 1;
+  return b;
+}
+
+std::unique_ptr<DeviceGroup> MakeGroup(const Graph& g, int devices, MergeDevice merge,
+                                       std::vector<double> weights = {}) {
+  DeviceGroupOptions o;
+  o.batch_size = 8;
+  o.devices.assign(devices, Cpu());
+  o.weights = std::move(weights);
+  o.merge = merge;
+  auto made = DeviceGroup::Create(g, o);
+  CHECK(made.ok()) << made.status();
+  InitializeParams(*InitializerSpec::Parse("xavier(gaussian,in,2)"), 7, made->get());
+  return std::move(made).value();
+}
+
+struct Batch {
+  std::vector<float> data, label;
+};
+Batch RandomBatch(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(0, 1);
+  Batch b;
+  b.data.resize(8 * 784);
+  for (float& x : b.data) x = u(rng);
+  for (int n = 0; n < 8; ++n) b.label.push_back(static_cast<float>(rng() % 10));
+  return b;
+}
+
+void ExpectClose(const std::vector<float>& a, const std::vector<float>& b, double tol,
+                 const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  double diff = 0, mag = 1;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+    mag = std::max(mag, double(std::fabs(b[i])));
+  }
+  EXPECT_LE(diff / mag, tol) << what;
+}
+
+std::vector<float> Read(const ModelParams& m, int i, bool grad) {
+  std::vector<float> v(static_cast<size_t>(m.graph().params()[i].shape.num_elements()));
+  const Status s = grad ? m.ReadGrad(i, v.data(), v.size()) : m.ReadParam(i, v.data(), v.size());
+  CHECK(s.ok()) << s;
+  return v;
+}
+
+// A training loop as the trainer and LocalParamSync run it, on any group.
+class Trainer {
+ public:
+  explicit Trainer(DeviceGroup* g) : g_(g), states_(g->num_params()), mom_(g->num_params()) {
+    OptimizerConfig oc;
+    oc.set_learning_rate(0.1f);
+    oc.set_momentum(0.9f);
+    oc.set_wd(1e-4f);
+    oc.set_rescale_grad(1.0f / 8);
+    opt_ = std::move(Optimizer::Create(oc)).value();
+    g_->SetGradReadyCallback([this](int i) {
+      ++grads_;
+      const Optimizer::Step s = opt_->NextStep(&states_[i]);
+      if (!mom_[i].defined()) mom_[i] = g_->backend().Zeros(g_->param(i).shape());
+      g_->backend().ApplyOptimizerStep(s, g_->grad(i), g_->param(i), mom_[i]);
+    });
+    g_->SetParamNeededCallback([this](int) { ++needed_; });
+  }
+  void Step(const Batch& b) {
+    ASSERT_OK(g_->LoadData(b.data.data(), b.data.size()));
+    ASSERT_OK(g_->LoadLabel(b.label.data(), b.label.size()));
+    g_->Forward(true);
+    g_->Backward();
+  }
+  int grads_ = 0, needed_ = 0;
+
+ private:
+  DeviceGroup* g_;
+  std::unique_ptr<Optimizer> opt_;
+  std::vector<ParamState> states_;
+  std::vector<Tensor> mom_;
+};
+
+class DeviceGroupTest : public ::testing::TestWithParam<MergeDevice> {};
+
+TEST_P(DeviceGroupTest, TwoDevicesComputeWhatOneDoesOnTheWholeBatch) {
+  const Graph g = Lenet();
+  auto one = MakeGroup(g, 1, GetParam());
+  auto two = MakeGroup(g, 2, GetParam());
+  auto skew = MakeGroup(g, 3, GetParam(), {3, 1, 2});  // shares 4, 1, 3
+  EXPECT_EQ(two->shares(), (std::vector<int>{4, 4}));
+  EXPECT_EQ(skew->shares(), (std::vector<int>{4, 1, 3}));
+  const Batch b = RandomBatch(1);
+  for (DeviceGroup* d : {one.get(), two.get(), skew.get()}) {
+    ASSERT_OK(d->LoadData(b.data.data(), b.data.size()));
+    ASSERT_OK(d->LoadLabel(b.label.data(), b.label.size()));
+    d->Forward(true);
+    d->Backward();
+  }
+  std::vector<float> out1(80), out2(80), out3(80);
+  ASSERT_OK(one->ReadOutput(out1.data(), out1.size()));
+  ASSERT_OK(two->ReadOutput(out2.data(), out2.size()));
+  ASSERT_OK(skew->ReadOutput(out3.data(), out3.size()));
+  ExpectClose(out2, out1, 1e-6, "output, 2 devices");
+  ExpectClose(out3, out1, 1e-6, "output, 3 devices");
+  EXPECT_NEAR(two->Loss(), one->Loss(), 1e-5);
+  EXPECT_NEAR(skew->Loss(), one->Loss(), 1e-5);
+  for (int i = 0; i < one->num_params(); ++i) {
+    ExpectClose(Read(*two, i, true), Read(*one, i, true), 1e-5, g.params()[i].name);
+    ExpectClose(Read(*skew, i, true), Read(*one, i, true), 1e-5, g.params()[i].name);
+  }
+}
+
+TEST_P(DeviceGroupTest, TrainingStepsMatchOneDeviceAndEveryDeviceGetsTheWeights) {
+  const Graph g = Lenet();
+  auto one = MakeGroup(g, 1, GetParam());
+  auto two = MakeGroup(g, 2, GetParam(), {1, 3});
+  Trainer t1(one.get()), t2(two.get());
+  for (int step = 0; step < 5; ++step) {
+    const Batch b = RandomBatch(step + 10);
+    t1.Step(b);
+    t2.Step(b);
+  }
+  // Once per parameter and step, whatever the device count.
+  EXPECT_EQ(t2.grads_, 5 * g.params().size());
+  EXPECT_EQ(t2.needed_, 5 * g.params().size());
+  EXPECT_EQ(t1.grads_, t2.grads_);
+  for (int i = 0; i < one->num_params(); ++i) {
+    ExpectClose(Read(*two, i, false), Read(*one, i, false), 1e-4, g.params()[i].name);
+  }
+  // The next forward hands every device the merged weights.
+  two->Forward(false);
+  for (int d = 0; d < two->num_devices(); ++d) {
+    for (int i = 0; i < two->num_params(); ++i) {
+      ExpectClose(Read(two->executor(d), i, false), Read(*two, i, false), 0,
+                  StrCat("device ", d, " ", g.params()[i].name));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Merges, DeviceGroupTest,
+                         ::testing::Values(MergeDevice::kLocal, MergeDevice::kDevice),
+                         [](const ::testing::TestParamInfo<MergeDevice>& info) {
+                           return info.param == MergeDevice::kLocal ? std::string("local")
+                                                                    : std::string("device");
+                         });
+
+TEST(DeviceGroupTest, OneDeviceIsItsExecutor) {
+  const Graph g = Lenet();
+  auto one = MakeGroup(g, 1, MergeDevice::kLocal);
+  EXPECT_EQ(one->param(0).data(), one->executor(0).param(0).data());
+  EXPECT_EQ(one->grad(0).data(), one->executor(0).grad(0).data());
+  EXPECT_EQ(one->host_param(0), one->executor(0).host_param(0));
+  EXPECT_EQ(&one->backend(), &one->executor(0).backend());
+}
+
+TEST(DeviceGroupTest, AuxStatesStayPerDeviceReadFromTheFirst) {
+  StatusOr<Graph> g = BuildModel({"neon-cifar10-conv", 0, Shape(), 0});
+  ASSERT_OK(g.status());
+  DeviceGroupOptions o;
+  o.batch_size = 4;
+  o.devices.assign(2, Cpu());
+  auto made = DeviceGroup::Create(*g, o);
+  ASSERT_OK(made.status());
+  DeviceGroup& d = **made;
+  InitializeParams(*InitializerSpec::Parse("xavier(gaussian,in,2)"), 3, &d);
+  std::vector<float> data(4 * 3 * 32 * 32), label = {0, 1, 2, 3};
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<float> u(0, 1);
+  for (float& x : data) x = u(rng);
+  ASSERT_OK(d.LoadData(data.data(), data.size()));
+  ASSERT_OK(d.LoadLabel(label.data(), label.size()));
+  d.Forward(true);
+  const size_t n = static_cast<size_t>(g->aux_states()[0].shape.num_elements());
+  std::vector<float> a0(n), a1(n), group(n);
+  ASSERT_OK(d.executor(0).ReadAux(0, a0.data(), n));
+  ASSERT_OK(d.executor(1).ReadAux(0, a1.data(), n));
+  ASSERT_OK(d.ReadAux(0, group.data(), n));
+  EXPECT_NE(a0, a1) << "each device folds its own batch statistics in";
+  EXPECT_EQ(group, a0);
+}
+
+TEST(DeviceGroupTest, BadShapesAndDevicesAreErrors) {
+  const Graph g = Lenet();
+  auto two = MakeGroup(g, 2, MergeDevice::kLocal);
+  std::vector<float> v(10);
+  EXPECT_FALSE(two->LoadData(v.data(), v.size()).ok());
+  EXPECT_FALSE(two->LoadLabel(v.data(), 3).ok());
+  EXPECT_FALSE(two->ReadOutput(v.data(), v.size()).ok());
+  EXPECT_FALSE(two->ReadParam(99, v.data(), 1).ok());
+  DeviceGroupOptions o;
+  o.batch_size = 8;
+  BackendOptions gpu;
+  gpu.device = Device::Gpu(0);
+  o.devices = {Cpu(), gpu};
+  auto mixed = DeviceGroup::Create(g, o);
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_NE(mixed.status().message().find("one kind"), std::string::npos) << mixed.status();
+  o.devices = {Cpu(), Cpu(), Cpu()};
+  o.batch_size = 2;
+  EXPECT_FALSE(DeviceGroup::Create(g, o).ok());
+}
+
+}  // namespace
+}  // namespace pstrain
