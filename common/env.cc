@@ -165,11 +165,20 @@ StatusOr<JobEnv> ReadJobEnv(const Environment& env, bool cluster_required) {
   RETURN_IF_ERROR(read_ms("PSTRAIN_BARRIER_TIMEOUT_MS", &job.barrier_timeout_ms, 1));
   RETURN_IF_ERROR(read_ms("PSTRAIN_REQUEST_TIMEOUT_MS", &job.request_timeout_ms, 1));
   job.bind_host = env.Get("PSTRAIN_BIND_HOST").value_or(job.bind_host);
+  job.job_id = env.Get("PSTRAIN_JOB_ID").value_or("");
   ASSIGN_OR_RETURN(job.max_message_bytes,
                    env.GetInt("PSTRAIN_MAX_MESSAGE_BYTES", job.max_message_bytes, 1024));
   ASSIGN_OR_RETURN(int64_t threads,
                    env.GetInt("PSTRAIN_SERVER_THREADS", job.server_threads, 1, 64));
   job.server_threads = static_cast<int>(threads);
+  const std::string nonfinite = env.Get("PSTRAIN_NONFINITE").value_or("fail");
+  if (nonfinite != "fail" && nonfinite != "skip") {
+    return Status::InvalidArgument(
+        StrCat("environment variable PSTRAIN_NONFINITE='", nonfinite, "' must be fail or skip"));
+  }
+  job.skip_nonfinite = nonfinite == "skip";
+  ASSIGN_OR_RETURN(job.round_timeout_ms,
+                   env.GetInt("PSTRAIN_ROUND_TIMEOUT_MS", job.round_timeout_ms, 0));
   job.placement = env.Get("PSTRAIN_PLACEMENT").value_or(job.placement);
   if (job.placement != "balanced" && job.placement != "mxnet") {
     return Status::InvalidArgument(StrCat("environment variable PSTRAIN_PLACEMENT='", job.placement,

@@ -62,6 +62,7 @@ struct JobEnv {
   std::string interface;             // DMLC_INTERFACE: NIC whose IP to advertise
   int port = 0;                      // PORT: this node's port (0: pick a free one)
   int verbose = 0;                   // PS_VERBOSE: 0, 1 (connections), 2 (every message)
+  std::string job_id;                // PSTRAIN_JOB_ID: the same on every node of a job
   int64_t bigarray_bound = 1000000;  // MXNET_KVSTORE_BIGARRAY_BOUND (elements)
   int heartbeat_interval_ms = 1000;  // PSTRAIN_HEARTBEAT_INTERVAL_MS (0: off)
   int heartbeat_timeout_ms = 10000;  // PSTRAIN_HEARTBEAT_TIMEOUT_MS
@@ -69,11 +70,15 @@ struct JobEnv {
   int barrier_timeout_ms = 600000;   // PSTRAIN_BARRIER_TIMEOUT_MS
   int request_timeout_ms = 600000;   // PSTRAIN_REQUEST_TIMEOUT_MS: one push/pull
   // Parameter server (net/, server/, worker/ KV client):
-  std::string bind_host = "0.0.0.0";  // PSTRAIN_BIND_HOST: address to bind (vs. advertise)
+  // PSTRAIN_BIND_HOST: address to bind; empty: the advertised one (the
+  // scheduler: DMLC_PS_ROOT_URI); 0.0.0.0: every interface.
+  std::string bind_host;
   int64_t max_message_bytes = int64_t{1} << 31;  // PSTRAIN_MAX_MESSAGE_BYTES: per frame
-  int server_threads = 2;           // PSTRAIN_SERVER_THREADS: request shards per server
-  std::string placement = "mxnet";  // PSTRAIN_PLACEMENT: mxnet | balanced
-  int64_t chunk_elems = 262144;     // PSTRAIN_CHUNK_ELEMS: balanced placement chunk size
+  int server_threads = 2;             // PSTRAIN_SERVER_THREADS: request shards per server
+  bool skip_nonfinite = false;        // PSTRAIN_NONFINITE: fail (false) | skip (true)
+  int64_t round_timeout_ms = 120000;  // PSTRAIN_ROUND_TIMEOUT_MS: a dist_sync round's wait
+  std::string placement = "mxnet";    // PSTRAIN_PLACEMENT: mxnet | balanced
+  int64_t chunk_elems = 262144;       // PSTRAIN_CHUNK_ELEMS: balanced placement chunk size
   // PSTRAIN_SHM_BYTES: each server's and worker's shared-memory arena for
   // co-located peers (net/shm_arena.h); 0: TCP only.
   int64_t shm_bytes = int64_t{128} << 20;

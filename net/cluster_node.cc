@@ -25,6 +25,7 @@ ClusterOptions ClusterOptionsFromJobEnv(const JobEnv& env) {
   o.shm_bytes = env.shm_bytes;
   o.shm_store_bytes = env.role == Role::kServer ? env.shm_store_bytes : 0;
   o.verbose = env.verbose;
+  o.job_id = env.job_id;
   return o;
 }
 
@@ -39,7 +40,8 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Create(const ClusterOptions&
   node->nonce_ = (uint64_t{rd()} << 32) ^ rd() ^
                  static_cast<uint64_t>(SteadyClock::now().time_since_epoch().count());
   VanOptions vo;
-  vo.bind_host = options.bind_host;
+  // Listen where peers are told to connect, not on every interface.
+  vo.bind_host = options.bind_host.empty() ? node->host_ : options.bind_host;
   vo.port = options.port;
   vo.max_message_bytes = options.max_message_bytes;
   vo.shm_bytes = static_cast<uint64_t>(std::max<int64_t>(0, options.shm_bytes));
@@ -131,6 +133,10 @@ Status ClusterNode::Start() {
   me->set_host(host_);
   me->set_port(port_);
   me->set_nonce(nonce_);
+  me->set_num_servers(options_.num_servers);
+  me->set_num_workers(options_.num_workers);
+  me->set_job_id(options_.job_id);
+  me->set_build(options_.build);
   if (const ShmInfo* shm = van_->shm_info()) *me->mutable_shm() = *shm;
   if (options_.verbose >= 1) {
     LOG(INFO) << RoleName(options_.role) << " at " << host_ << ":" << port_

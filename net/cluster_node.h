@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/build_info.h"
 #include "common/deadline.h"
 #include "common/env.h"
 #include "common/mutex.h"
@@ -37,9 +38,9 @@ struct ClusterOptions {
   int root_port = 0;
   int num_servers = 1;
   int num_workers = 1;
-  std::string advertise_host;  // empty: see AdvertisedHost (van.h)
-  std::string interface;       // DMLC_INTERFACE
-  std::string bind_host = "0.0.0.0";
+  std::string advertise_host;        // empty: see AdvertisedHost (van.h)
+  std::string interface;             // DMLC_INTERFACE
+  std::string bind_host;             // empty: advertise_host's address (or the one chosen for it)
   int port = 0;                      // 0: any free port
   int heartbeat_interval_ms = 1000;  // 0: no heartbeats
   int heartbeat_timeout_ms = 10000;
@@ -50,6 +51,8 @@ struct ClusterOptions {
   int64_t shm_bytes = 0;        // shared-memory ring for co-located peers (0: TCP only)
   int64_t shm_store_bytes = 0;  // servers: room for stored values in the arena
   int verbose = 0;
+  std::string job_id;             // PSTRAIN_JOB_ID: every node of a job must say the same
+  std::string build = BuildId();  // this binary's (tests set another)
 };
 
 // The options a process gets from its environment (common/env.h).

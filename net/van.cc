@@ -621,7 +621,7 @@ bool Van::ReceiveOne(void* socket) {
 // hands it on in its sender's order.
 void Van::Finish(Message&& msg) {
   const PsHeader& h = msg.header;
-  if (h.version() != PROTOCOL_VERSION_CURRENT) {
+  if (h.version() != PROTOCOL_VERSION_CURRENT && h.cmd() != CMD_REGISTER) {
     Drop(&msg, StrCat("protocol version ", h.version(), " from ", NodeIdName(h.sender()),
                       ", expected ", static_cast<int>(PROTOCOL_VERSION_CURRENT)));
     return;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace pstrain {
 
@@ -99,61 +100,119 @@ Optimizer::Step Optimizer::Begin(size_t n, ParamState* state) {
   return s;
 }
 
-void Optimizer::ApplyStep(const Step& s, const float* grad, const float* in, float* out, float* m,
-                          size_t n) {
+namespace {
+
+// 1 for NaN and +-Inf (all exponent bits set), else 0: integer operations,
+// so the compiler vectorizes an OR over a loop (a float test would not be).
+inline uint32_t NonFinite(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return (u & 0x7f800000u) == 0x7f800000u;
+}
+
+UpdateCheck CheckOf(uint32_t bad) {
+  UpdateCheck c;
+  if (bad & 1u) c.bad_grad = 0;
+  c.bad_weight = (bad & 2u) != 0;
+  return c;
+}
+
+}  // namespace
+
+bool AllFinite(const float* x, size_t n) {
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; ++i) bad |= NonFinite(x[i]);
+  return bad == 0;
+}
+
+UpdateCheck Optimizer::ApplyStep(const Step& s, const float* grad, const float* in, float* out,
+                                 float* m, size_t n) {
+  uint32_t bad = 0;  // bit 0: a gradient value, bit 1: a weight written
   if (s.test) {
-    for (size_t i = 0; i < n; ++i) out[i] = in[i] + s.rescale * grad[i];
-    return;
+    for (size_t i = 0; i < n; ++i) {
+      out[i] = in[i] + s.rescale * grad[i];
+      bad |= NonFinite(grad[i]) | NonFinite(out[i]) << 1;
+    }
+    return CheckOf(bad);
   }
   if (s.mom == 0.0f) {
     for (size_t i = 0; i < n; ++i) {
       float g = s.rescale * grad[i];
       if (s.do_clip) g = std::clamp(g, -s.clip, s.clip);
       out[i] = in[i] - s.lr * (g + s.wd * in[i]);
+      bad |= NonFinite(grad[i]) | NonFinite(out[i]) << 1;
     }
-    return;
+    return CheckOf(bad);
   }
   for (size_t i = 0; i < n; ++i) {
     float g = s.rescale * grad[i];
     if (s.do_clip) g = std::clamp(g, -s.clip, s.clip);
     m[i] = s.mom * m[i] - s.lr * (g + s.wd * in[i]);
     out[i] = in[i] + m[i];
+    bad |= NonFinite(grad[i]) | NonFinite(out[i]) << 1;
   }
+  return CheckOf(bad);
 }
 
-void Optimizer::Update(const float* grad, float* weight, size_t n, ParamState* state) {
+UpdateCheck Optimizer::Update(const float* grad, float* weight, size_t n, ParamState* state) {
   const Step s = Begin(n, state);
-  ApplyStep(s, grad, weight, weight, state->momentum.empty() ? nullptr : state->momentum.data(), n);
+  return ApplyStep(s, grad, weight, weight,
+                   state->momentum.empty() ? nullptr : state->momentum.data(), n);
 }
 
-void Optimizer::Update(const float* const* grads, size_t num_grads, float* weight, size_t n,
-                       ParamState* state) {
-  Update(grads, num_grads, weight, weight, n, state);
+UpdateCheck Optimizer::Update(const float* const* grads, size_t num_grads, float* weight, size_t n,
+                              ParamState* state) {
+  return Update(grads, num_grads, weight, weight, n, state);
 }
 
-void Optimizer::Update(const float* const* grads, size_t num_grads, const float* in, float* out,
-                       size_t n, ParamState* state) {
+UpdateCheck Optimizer::Update(const float* const* grads, size_t num_grads, const float* in,
+                              float* out, size_t n, ParamState* state) {
   CHECK_GE(num_grads, 1u);
   const Step s = Begin(n, state);
   float* m = state->momentum.empty() ? nullptr : state->momentum.data();
-  if (num_grads == 1) {
-    ApplyStep(s, grads[0], in, out, m, n);
-    return;
-  }
-  // The sum of one block stays in L1 between the adds and the update.
+  if (num_grads == 1) return ApplyStep(s, grads[0], in, out, m, n);
+  // The sum of one block stays in L1 between the adds and the update. Each
+  // gradient is checked while it is summed; the sum is not (a non-finite sum
+  // of finite gradients shows in the weights).
   constexpr size_t kBlock = 1024;
   alignas(64) float sum[kBlock];
+  uint32_t few[32] = {};  // per gradient: held NaN or Inf (no allocation for W <= 32)
+  std::vector<uint32_t> many(num_grads > 32 ? num_grads : 0, 0);
+  uint32_t* bad_grad = num_grads > 32 ? many.data() : few;
+  bool bad_weight = false;
   for (size_t b = 0; b < n; b += kBlock) {
     const size_t len = std::min(kBlock, n - b);
     const float* g0 = grads[0] + b;
     const float* g1 = grads[1] + b;
-    for (size_t i = 0; i < len; ++i) sum[i] = g0[i] + g1[i];
+    uint32_t b0 = 0, b1 = 0;
+    for (size_t i = 0; i < len; ++i) {
+      sum[i] = g0[i] + g1[i];
+      b0 |= NonFinite(g0[i]);
+      b1 |= NonFinite(g1[i]);
+    }
+    bad_grad[0] |= b0;
+    bad_grad[1] |= b1;
     for (size_t k = 2; k < num_grads; ++k) {
       const float* g = grads[k] + b;
-      for (size_t i = 0; i < len; ++i) sum[i] += g[i];
+      uint32_t bk = 0;
+      for (size_t i = 0; i < len; ++i) {
+        sum[i] += g[i];
+        bk |= NonFinite(g[i]);
+      }
+      bad_grad[k] |= bk;
     }
-    ApplyStep(s, sum, in + b, out + b, m == nullptr ? nullptr : m + b, len);
+    bad_weight |=
+        ApplyStep(s, sum, in + b, out + b, m == nullptr ? nullptr : m + b, len).bad_weight;
   }
+  UpdateCheck c;
+  c.bad_weight = bad_weight;
+  for (size_t k = 0; k < num_grads; ++k) {
+    if (bad_grad[k]) {
+      c.bad_grad = static_cast<int>(k);
+      break;
+    }
+  }
+  return c;
 }
 
 }  // namespace pstrain

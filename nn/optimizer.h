@@ -47,6 +47,19 @@ struct ParamState {
   float wd_mult = 1.0f;
 };
 
+// What an update saw, found in the same pass as the update (an integer test
+// of the exponent bits per element, so it costs no extra pass over memory):
+// NaN or Inf in a gradient, or in the weights it wrote. A job must not go on
+// (or end well) with such weights.
+struct UpdateCheck {
+  int bad_grad = -1;        // index of the first gradient holding NaN or Inf, or -1
+  bool bad_weight = false;  // the weights written hold NaN or Inf
+  bool ok() const { return bad_grad < 0 && !bad_weight; }
+};
+
+// Whether x[0, n) holds no NaN and no Inf.
+bool AllFinite(const float* x, size_t n);
+
 class Optimizer {
  public:
   static StatusOr<std::unique_ptr<Optimizer>> Create(const OptimizerConfig& cfg);
@@ -54,19 +67,21 @@ class Optimizer {
   // Applies one update of `grad` to `weight` (n elements each).
   // Thread-safe for calls with different `state` objects; calls for one
   // parameter must be serialized by the caller. `grad` is not modified.
-  void Update(const float* grad, float* weight, size_t n, ParamState* state);
+  // A non-finite gradient is applied like any other (the caller decides what
+  // to do about it); the check says so.
+  UpdateCheck Update(const float* grad, float* weight, size_t n, ParamState* state);
   // One update whose gradient is grads[0] + grads[1] + ... (summed in that
   // order, so the result equals Update on the summed array bit for bit),
   // without materializing the sum: a dist_sync server's round.
   // REQUIRES: num_grads >= 1.
-  void Update(const float* const* grads, size_t num_grads, float* weight, size_t n,
-              ParamState* state);
+  UpdateCheck Update(const float* const* grads, size_t num_grads, float* weight, size_t n,
+                     ParamState* state);
   // The same, reading the weights from `in` and writing the result to `out`
   // (equal, or not overlapping): a server whose stored value is still being
   // read by a pull reply writes the update to a fresh buffer instead of
   // copying the value first.
-  void Update(const float* const* grads, size_t num_grads, const float* in, float* out, size_t n,
-              ParamState* state);
+  UpdateCheck Update(const float* const* grads, size_t num_grads, const float* in, float* out,
+                     size_t n, ParamState* state);
 
   // The constants of one update: what a device backend needs to apply the
   // rule above to a parameter in its own memory (nn/backend.h), the same
@@ -84,9 +99,9 @@ class Optimizer {
   Step NextStep(ParamState* state);
   // The rule over n elements on the host: out = in - ..., using and updating
   // mom (n floats; unused, may be null, unless s.uses_momentum()). `in` and
-  // `out` are equal or do not overlap.
-  static void ApplyStep(const Step& s, const float* grad, const float* in, float* out, float* mom,
-                        size_t n);
+  // `out` are equal or do not overlap. The check's bad_grad is 0 or -1.
+  static UpdateCheck ApplyStep(const Step& s, const float* grad, const float* in, float* out,
+                               float* mom, size_t n);
 
   // The rate the next update with the current global count would use.
   float CurrentLr() const;

@@ -19,7 +19,8 @@ int64_t MillisSince(SteadyClock::time_point t) {
 StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const ClusterOptions& options) {
   std::unique_ptr<Scheduler> s(new Scheduler(options));
   VanOptions vo;
-  vo.bind_host = options.bind_host;
+  // Listen at the address the nodes connect to (DMLC_PS_ROOT_URI), unless told otherwise.
+  vo.bind_host = options.bind_host.empty() ? options.root_host : options.bind_host;
   vo.port = options.root_port;
   vo.verbose = options.verbose;
   vo.name = "scheduler";
@@ -114,6 +115,26 @@ void Scheduler::Handle(Message&& msg) {
   }
 }
 
+std::string Scheduler::JobMismatch(const PsHeader& h) const {
+  const NodeInfo& n = h.node();
+  if (h.version() != PROTOCOL_VERSION_CURRENT) {
+    return StrCat("speaks protocol version ", h.version(), ", the scheduler ",
+                  static_cast<int>(PROTOCOL_VERSION_CURRENT));
+  }
+  if (n.num_servers() != options_.num_servers || n.num_workers() != options_.num_workers) {
+    return StrCat("has DMLC_NUM_SERVER=", n.num_servers(), " DMLC_NUM_WORKER=", n.num_workers(),
+                  ", the scheduler ", options_.num_servers, " and ", options_.num_workers);
+  }
+  if (n.job_id() != options_.job_id) {
+    return StrCat("belongs to job '", n.job_id(), "' (PSTRAIN_JOB_ID), the scheduler to '",
+                  options_.job_id, "'");
+  }
+  if (n.build() != options_.build) {
+    return StrCat("runs build ", n.build(), ", the scheduler ", options_.build);
+  }
+  return "";
+}
+
 void Scheduler::Register(const Message& msg) {
   const NodeInfo& n = msg.header.node();
   auto reject = [&](const std::string& why) {
@@ -127,13 +148,26 @@ void Scheduler::Register(const Message& msg) {
       van_->Disconnect(kPendingIdBase - 1);
     }
   };
-  if (started_ || !failure_.ok()) {
+  if (!failure_.ok()) {
+    reject(StrCat("the job has failed: ", failure_.message()));
+    return;
+  }
+  if (started_) {
     reject("the job already has all its nodes");
     return;
   }
   const Role role = static_cast<Role>(n.role());
   if (role != Role::kServer && role != Role::kWorker) {
     reject(StrCat("role ", n.role(), " cannot register"));
+    return;
+  }
+  // Every node must be part of the same job: one that is not cannot take
+  // part, and the job cannot run without it, so it ends here, naming it.
+  const std::string mismatch = JobMismatch(msg.header);
+  if (!mismatch.empty()) {
+    const std::string why = StrCat(RoleName(role), " at ", n.host(), ":", n.port(), " ", mismatch);
+    reject(why);
+    Abort(StrCat(why, "; every node of a job must agree"), -1);
     return;
   }
   int have = 0;

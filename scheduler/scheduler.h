@@ -23,7 +23,8 @@ namespace pstrain {
 
 class Scheduler {
  public:
-  // Binds options.bind_host:options.root_port (root_port 0: any free port, for tests).
+  // Binds options.bind_host (empty: options.root_host) : options.root_port
+  // (root_port 0: any free port, for tests).
   static StatusOr<std::unique_ptr<Scheduler>> Create(const ClusterOptions& options);
   ~Scheduler();
 
@@ -48,6 +49,9 @@ class Scheduler {
   explicit Scheduler(const ClusterOptions& options) : options_(options) {}
   void Handle(Message&& msg);
   void Register(const Message& msg) REQUIRES(mu_);
+  // Why a registering node is not part of this job (protocol, S and W, job
+  // id, build), or "" when it is.
+  std::string JobMismatch(const PsHeader& h) const;
   void EnterBarrier(const Message& msg) REQUIRES(mu_);
   void Broadcast(const Message& msg, int except) REQUIRES(mu_);
   void Abort(const std::string& why, int except) REQUIRES(mu_);

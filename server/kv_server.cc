@@ -1,7 +1,10 @@
 #include "server/kv_server.h"
 
+#include <google/protobuf/util/message_differencer.h>
+
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <optional>
@@ -57,10 +60,12 @@ struct KVServer::KeyState {
     std::atomic_thread_fence(std::memory_order_acquire);
     return readers != nullptr && ShmArena::Readers(readers) > 0;
   }
-  int merged = 0;              // pushes in the open round
-  std::vector<char> in_round;  // per worker rank: pushed in the open round
-  std::vector<Op> waiting;     // pushes of the open round, answered when it closes
-  std::deque<Op> deferred;     // ops that must wait for the open round to close
+  int merged = 0;                  // pushes in the open round
+  SteadyClock::time_point opened;  // when the open round's first push arrived
+  bool warned = false;             // the open round was reported as slow
+  std::vector<char> in_round;      // per worker rank: pushed in the open round
+  std::vector<Op> waiting;         // pushes of the open round, answered when it closes
+  std::deque<Op> deferred;         // ops that must wait for the open round to close
   ParamState state;
 };
 
@@ -68,10 +73,12 @@ struct KVServer::Shard {
   Mutex mu;
   CondVar cv{&mu};
   std::deque<std::vector<Op>> queue GUARDED_BY(mu);
-  bool busy GUARDED_BY(mu) = false;  // the shard thread is running ops
+  // Someone runs this shard's ops: its thread, or the receive thread inline
+  // (small requests to an idle shard). At most one at a time.
+  bool busy GUARDED_BY(mu) = false;
   bool stop GUARDED_BY(mu) = false;
-  // Touched by one thread at a time: the shard thread, or the receive thread
-  // while the shard is idle with an empty queue (see HandleMessage).
+  bool check_rounds GUARDED_BY(mu) = false;  // the tick asked for a look at open rounds
+  // Touched only by whoever is busy.
   std::unordered_map<uint64_t, KeyState> keys;
 };
 
@@ -104,6 +111,7 @@ KVServer::KVServer(ClusterNode* node, const KVServerOptions& options)
     threads_.emplace_back([this, s] { ShardLoop(s); });
   }
   node_->SetMessageHandler([this](Message&& m) { HandleMessage(std::move(m)); });
+  node_->AddTickListener([this] { RequestRoundCheck(); });
 }
 
 KVServer::~KVServer() {
@@ -149,6 +157,11 @@ void KVServer::ReplyError(const PsHeader& request, const Status& error) {
 }
 
 void KVServer::HandleConfig(const Message& msg) {
+  if (!IsWorkerId(msg.header.sender())) {
+    LOG(WARNING) << node_->Self() << ": ignoring a config from " << NodeIdName(msg.header.sender())
+                 << ": only workers configure the servers";
+    return;
+  }
   ServerConfig cfg;
   const std::string& body = msg.header.body();
   if (!cfg.ParseFromString(body)) {
@@ -166,12 +179,30 @@ void KVServer::HandleConfig(const Message& msg) {
   }
   {
     MutexLock l(&config_mu_);
-    // Every worker sends the same config; only a different one replaces the
-    // optimizer (and with it the global update count).
-    if (config_ == nullptr || config_->SerializeAsString() != cfg.SerializeAsString()) {
-      if (config_ != nullptr) LOG(WARNING) << node_->Self() << ": optimizer config replaced";
+    // Set once per job: every worker sends the same one (compared field by
+    // field: map order on the wire is not fixed); another one is refused, so
+    // the optimizer can never change under a running job.
+    if (config_ == nullptr || cfg.generation() > config_->generation()) {
+      if (config_ != nullptr) {
+        LOG(INFO) << node_->Self() << ": configuration generation " << cfg.generation() << " from "
+                  << NodeIdName(msg.header.sender()) << " replaces generation "
+                  << config_->generation();
+      }
       config_ = std::make_shared<const ServerConfig>(cfg);
       optimizer_ = std::move(opt);
+    } else {
+      std::string diff;
+      google::protobuf::util::MessageDifferencer d;
+      d.ReportDifferencesToString(&diff);
+      if (!d.Compare(*config_, cfg)) {
+        ReplyError(msg.header,
+                   Status::FailedPrecondition(StrCat(
+                       "refused the configuration of ", NodeIdName(msg.header.sender()),
+                       ": the servers run with another one, set once per job (every worker must "
+                       "send the same); differences (ours -> theirs): ",
+                       diff)));
+        return;
+      }
     }
   }
   Message reply;
@@ -270,36 +301,91 @@ void KVServer::HandleMessage(Message&& msg) {
     Shard* shard = shards_[s].get();
     {
       MutexLock l(&shard->mu);
-      // Only this thread enqueues, so an idle shard with an empty queue stays
-      // idle while we run its ops here, and per-key order is kept.
+      // Only this thread enqueues requests, so running them here while the
+      // shard is idle with an empty queue keeps per-key order.
       if (!small || shard->busy || !shard->queue.empty()) {
         shard->queue.push_back(std::move(per_shard[s]));
         shard->cv.Signal();
         continue;
       }
+      shard->busy = true;
     }
     for (const Op& op : per_shard[s]) Submit(shard, op);
+    MutexLock l(&shard->mu);
+    shard->busy = false;
+    shard->cv.Signal();  // the shard thread may be waiting to look at its rounds
   }
 }
 
 void KVServer::ShardLoop(Shard* shard) {
   for (;;) {
     std::vector<Op> ops;
+    bool check = false;
     {
       MutexLock l(&shard->mu);
-      // Woken by new work or stop; the deadline only re-checks `stop`.
+      // Woken by new work, a round check or stop; the deadline only re-checks `stop`.
       shard->cv.WaitUntil(Deadline::InMillis(500), [shard]() REQUIRES(shard->mu) {
-        return shard->stop || !shard->queue.empty();
+        return shard->stop || (!shard->busy && (!shard->queue.empty() || shard->check_rounds));
       });
       if (shard->stop) return;
-      if (shard->queue.empty()) continue;
-      ops = std::move(shard->queue.front());
-      shard->queue.pop_front();
+      if (shard->busy) continue;
+      if (shard->check_rounds) {
+        check = true;
+        shard->check_rounds = false;
+      } else if (!shard->queue.empty()) {
+        ops = std::move(shard->queue.front());
+        shard->queue.pop_front();
+      } else {
+        continue;
+      }
       shard->busy = true;
     }
-    for (const Op& op : ops) Submit(shard, op);
+    if (check) {
+      CheckRounds(shard);
+    } else {
+      for (const Op& op : ops) Submit(shard, op);
+    }
     MutexLock l(&shard->mu);
     shard->busy = false;
+  }
+}
+
+void KVServer::RequestRoundCheck() {
+  if (options_.round_timeout_ms <= 0) return;
+  for (auto& s : shards_) {
+    MutexLock l(&s->mu);
+    s->check_rounds = true;
+    s->cv.Signal();
+  }
+}
+
+void KVServer::CheckRounds(Shard* shard) {
+  const auto now = SteadyClock::now();
+  const int64_t timeout = options_.round_timeout_ms;
+  for (auto& [wire, ks] : shard->keys) {
+    if (ks.merged == 0) continue;
+    const int64_t open_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - ks.opened).count();
+    if (open_ms < timeout / 4) continue;
+    std::string missing;
+    for (size_t w = 0; w < ks.in_round.size(); ++w) {
+      if (!ks.in_round[w]) missing += StrCat(missing.empty() ? "" : ", ", w);
+    }
+    const std::string what =
+        StrCat("the dist_sync round ", ks.state.num_updates + 1, " of ", PartName(wire),
+               " has waited ", open_ms, " ms for the push of worker rank(s) ", missing, " (",
+               ks.merged, " of ", ks.in_round.size(), " pushed)");
+    if (open_ms < timeout) {
+      if (!ks.warned) LOG(WARNING) << node_->Self() << ": " << what;
+      ks.warned = true;
+      continue;
+    }
+    node_->Fail(
+        Status::DeadlineExceeded(StrCat(node_->Self(), ": ", what,
+                                        "; a worker that is alive but never pushes stops the "
+                                        "job after PSTRAIN_ROUND_TIMEOUT_MS=",
+                                        timeout)));
+    return;
   }
 }
 
@@ -380,11 +466,27 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
     return;
   }
   auto cfg = config();
-  const float* grad = op.req->part_values[op.part];
-  // One update with the sum of `k` gradients (summed in order, never stored).
-  // While a reply still reads the stored value, the update goes to a fresh
-  // buffer (the same pass, no copy first) that then becomes the value.
-  auto apply = [&](const float* const* g, size_t k) {
+  // One update with the sum of the gradients of `ops` (summed in order, never
+  // stored). While a reply still reads the stored value, the update goes to a
+  // fresh buffer (the same pass, no copy first) that then becomes the value.
+  // Returns what the update saw; an error ends the job.
+  auto apply = [&](const std::vector<Op>& ops) -> Status {
+    std::vector<const float*> g;
+    g.reserve(ops.size());
+    std::vector<int> from;  // the worker of each gradient in g
+    const int64_t round = ks->state.num_updates + 1;
+    for (const Op& o : ops) {
+      const float* v = o.req->part_values[o.part];
+      if (options_.skip_nonfinite && !AllFinite(v, n)) {
+        LOG(WARNING) << node_->Self() << ": skipped the push of worker rank " << o.worker()
+                     << " to " << PartName(wire) << " in round " << round
+                     << ": it holds NaN or Inf (PSTRAIN_NONFINITE=skip)";
+        continue;
+      }
+      g.push_back(v);
+      from.push_back(o.worker());
+    }
+    if (g.empty()) return Status::Ok();  // every push skipped: no update this round
     if (cfg != nullptr) {
       auto it = cfg->wd_mult().find(WireKeyUser(wire));
       ks->state.wd_mult = it == cfg->wd_mult().end() ? 1.0f : it->second;
@@ -392,12 +494,36 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
     std::optional<ShmArena::Stored> fresh;
     if (ks->Shared()) fresh = node_->AllocateStored(n * sizeof(float));
     float* out = fresh.has_value() ? reinterpret_cast<float*>(fresh->data) : ks->data;
+    UpdateCheck check;
     if (auto opt = optimizer()) {
-      opt->Update(g, k, ks->data, out, n, &ks->state);
+      check = opt->Update(g.data(), g.size(), ks->data, out, n, &ks->state);
     } else {
-      SumInto(g, k, out, n);
+      SumInto(g.data(), g.size(), out, n);
+      for (size_t k = 0; k < g.size() && check.bad_grad < 0; ++k) {
+        if (!AllFinite(g[k], n)) check.bad_grad = static_cast<int>(k);
+      }
+      check.bad_weight = !AllFinite(out, n);
     }
     if (fresh.has_value()) ks->Store(*std::move(fresh), n);
+    if (check.bad_grad >= 0) {
+      return Status::FailedPrecondition(
+          StrCat("worker rank ", from[check.bad_grad], " pushed NaN or Inf in ", PartName(wire),
+                 " (round ", round,
+                 " of that key); the job stops so that it cannot end with a "
+                 "broken model (PSTRAIN_NONFINITE=skip would leave such pushes out)"));
+    }
+    if (check.bad_weight) {
+      return Status::FailedPrecondition(
+          StrCat("the update of ", PartName(wire), " in round ", round,
+                 " made its weights NaN or Inf although the gradients were finite: the learning "
+                 "rate is too large for them (lower --lr, or clip with --clip-gradient)"));
+    }
+    return Status::Ok();
+  };
+  // The error of an update: every push of it is answered with it, and the job ends.
+  auto finish = [&](const std::vector<Op>& ops, const Status& s) {
+    for (const Op& d : ops) CompletePart(d, ks, s);
+    if (!s.ok()) node_->Fail(Status(s.code(), StrCat(node_->Self(), ": ", s.message())));
   };
   if (cfg == nullptr || !cfg->sync_mode()) {
     if (optimizer() == nullptr) {
@@ -407,30 +533,29 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
                               " but no optimizer was configured (send the config first)")));
       return;
     }
-    apply(&grad, 1);
-    CompletePart(op, ks, Status::Ok());
+    finish({op}, apply({op}));
     return;
   }
   if (num_workers == 1) {  // a round of one: apply straight out of the received frame
-    apply(&grad, 1);
-    CompletePart(op, ks, Status::Ok());
+    finish({op}, apply({op}));
     return;
   }
   // The pushed values stay in their requests (held until the round closes),
   // so the round's update reads them all in one pass, summed in arrival order.
+  if (ks->merged == 0) {
+    ks->opened = SteadyClock::now();
+    ks->warned = false;
+  }
   ++ks->merged;
   ks->in_round[op.worker()] = 1;
   ks->waiting.push_back(op);
   if (ks->merged < num_workers) return;
-  std::vector<const float*> grads;
-  grads.reserve(ks->waiting.size());
-  for (const Op& w : ks->waiting) grads.push_back(w.req->part_values[w.part]);
-  apply(grads.data(), grads.size());
+  const Status s = apply(ks->waiting);
   ks->merged = 0;
   std::fill(ks->in_round.begin(), ks->in_round.end(), 0);
   std::vector<Op> done;
   done.swap(ks->waiting);
-  for (const Op& d : done) CompletePart(d, ks, Status::Ok());
+  finish(done, s);
   (void)shard;
 }
 

@@ -33,6 +33,15 @@ namespace pstrain {
 
 struct KVServerOptions {
   int num_threads = 2;  // request shards (PSTRAIN_SERVER_THREADS)
+  // A pushed gradient with NaN or Inf: false (PSTRAIN_NONFINITE=fail) ends
+  // the job with an error naming the worker, key and round; true (=skip)
+  // leaves it out of the update with a warning. Weights an update makes
+  // non-finite from finite gradients always end the job.
+  bool skip_nonfinite = false;
+  // A dist_sync round still waiting for some worker's push after this long
+  // ends the job naming the worker(s) (a warning at a quarter of it); 0: never.
+  // PSTRAIN_ROUND_TIMEOUT_MS.
+  int64_t round_timeout_ms = 120000;
 };
 
 class KVServer {
@@ -63,6 +72,10 @@ class KVServer {
   void Submit(Shard* shard, const Op& op);
   void Drain(Shard* shard, KeyState* ks);
   void Execute(Shard* shard, KeyState* ks, const Op& op);
+  // Heartbeat thread: asks every shard to look at its open rounds.
+  void RequestRoundCheck();
+  // Shard (busy): reports rounds open past a quarter of the timeout, fails the job past it.
+  void CheckRounds(Shard* shard);
   void CompletePart(const Op& op, const KeyState* ks, const Status& s);
   // out = grads[0] + ... + grads[k-1] (n elements each, summed in that order).
   static void SumInto(const float* const* grads, size_t k, float* out, size_t n);

@@ -53,6 +53,8 @@ int RunServerRole(const JobEnv& env) {
   }
   KVServerOptions so;
   so.num_threads = env.server_threads;
+  so.skip_nonfinite = env.skip_nonfinite;
+  so.round_timeout_ms = env.round_timeout_ms;
   Status s;
   int64_t served = 0;
   std::string self;

@@ -182,8 +182,11 @@ StatusOr<double> MeasureCeiling(int64_t tensor_bytes, int64_t tensors, int64_t c
   return 2.0 * static_cast<double>(tensor_bytes * tensors) * iters / secs / 1e9;
 }
 
-ServerConfig MakeConfig(bool sync, float rescale) {
+// Each configuration of one kvbench job gets the next generation (servers
+// refuse a different configuration of the same generation).
+ServerConfig MakeConfig(bool sync, float rescale, uint32_t* generation) {
   ServerConfig c;
+  c.set_generation((*generation)++);
   c.set_sync_mode(sync);
   c.mutable_optimizer()->set_type(OptimizerConfig::TEST);
   c.mutable_optimizer()->set_rescale_grad(rescale);
@@ -197,7 +200,8 @@ Deadline RequestDeadline(const ClusterOptions& o) {
   return Deadline::InMillis(o.request_timeout_ms);
 }
 
-StatusOr<Result> RunConfig(KVClient* kv, const Config& cfg, uint64_t key_base, int iters) {
+StatusOr<Result> RunConfig(KVClient* kv, const Config& cfg, uint64_t key_base, int iters,
+                           uint32_t* generation) {
   const ClusterOptions& o = kv->node()->options();
   const int64_t elems = std::max<int64_t>(1, cfg.tensor_bytes / 4);
   std::vector<KVClient::Key> keys;
@@ -209,7 +213,8 @@ StatusOr<Result> RunConfig(KVClient* kv, const Config& cfg, uint64_t key_base, i
   const size_t total = static_cast<size_t>(elems * cfg.tensors);
   std::vector<float> weights(total, 1.0f), grads(total, 0.001f);
   RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
-  RETURN_IF_ERROR(kv->SetServerConfig(MakeConfig(cfg.mode != "async", 1e-3f), RequestDeadline(o)));
+  RETURN_IF_ERROR(
+      kv->SetServerConfig(MakeConfig(cfg.mode != "async", 1e-3f, generation), RequestDeadline(o)));
   RETURN_IF_ERROR(kv->Wait(kv->Init(keys, lens, weights.data()), RequestDeadline(o)));
   RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
 
@@ -283,7 +288,7 @@ Status CheckAll(const std::vector<float>& v, float expect, const std::string& wh
 
 // mxnet_facts.md 1.11: keys start at 1; TEST optimizer with rate 2; rank r
 // pushes (r+1) each round; after round i everyone pulls 1 + 2 * W(W+1)/2 * i.
-Status Verify(KVClient* kv, int rounds) {
+Status Verify(KVClient* kv, int rounds, uint32_t* generation) {
   const ClusterOptions& o = kv->node()->options();
   const int W = kv->num_workers();
   const float mine = static_cast<float>(kv->rank() + 1);
@@ -293,7 +298,7 @@ Status Verify(KVClient* kv, int rounds) {
   std::vector<float> ones(total, 1.0f), grad(total, mine), got(total, 0.0f);
 
   RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
-  RETURN_IF_ERROR(kv->SetServerConfig(MakeConfig(true, 2.0f), RequestDeadline(o)));
+  RETURN_IF_ERROR(kv->SetServerConfig(MakeConfig(true, 2.0f, generation), RequestDeadline(o)));
   RETURN_IF_ERROR(kv->Wait(kv->Init(keys, lens, ones.data()), RequestDeadline(o)));
   RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
   for (int i = 1; i <= rounds; ++i) {
@@ -312,7 +317,7 @@ Status Verify(KVClient* kv, int rounds) {
   // dist_async: every push applied exactly once (TEST optimizer, rate 1).
   const std::vector<KVClient::Key> akeys = {900002, 900003};
   RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
-  RETURN_IF_ERROR(kv->SetServerConfig(MakeConfig(false, 1.0f), RequestDeadline(o)));
+  RETURN_IF_ERROR(kv->SetServerConfig(MakeConfig(false, 1.0f, generation), RequestDeadline(o)));
   RETURN_IF_ERROR(kv->Wait(kv->Init(akeys, lens, ones.data()), RequestDeadline(o)));
   RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
   for (int i = 0; i < rounds; ++i) {
@@ -343,8 +348,9 @@ int RunWorker(const JobEnv& env) {
   };
   Status s = kv.Start();
   if (!s.ok()) return fail(s);
+  uint32_t generation = 0;
   if (FLAGS_verify) {
-    s = Verify(&kv, FLAGS_verify_rounds);
+    s = Verify(&kv, FLAGS_verify_rounds, &generation);
     if (!s.ok()) return fail(s);
   } else {
     auto bytes = ParseList("tensor-bytes", FLAGS_tensor_bytes);
@@ -375,7 +381,7 @@ int RunWorker(const JobEnv& env) {
           return fail(Status::InvalidArgument(
               StrCat("--calls: '", FLAGS_calls, "' is not step, tensor or auto")));
         }
-        auto r = RunConfig(&kv, cfg, key_base, std::max(1, FLAGS_iters));
+        auto r = RunConfig(&kv, cfg, key_base, std::max(1, FLAGS_iters), &generation);
         if (!r.ok()) return fail(r.status());
         results.push_back(*r);
         key_base += 100000;

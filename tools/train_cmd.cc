@@ -4,9 +4,11 @@
 // servers leave through the cluster-role hook; a worker with a `dist_*`
 // --kv-store joins the cluster and exchanges its parameters with the servers;
 // `local` and `device` train in this process alone.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "models/models.h"
 #include "net/cluster_node.h"
@@ -75,6 +77,17 @@ int RunTrain(int argc, char** argv) {
   auto cfg = TrainConfigFromFlags();
   if (!cfg.ok()) {
     std::fprintf(stderr, "pstrain train: %s\n", cfg.status().ToString().c_str());
+    return 2;
+  }
+  // A wrong network name is found now, not after the data has loaded (which
+  // for ImageNet takes minutes) or the cluster has formed.
+  const std::vector<std::string> models = KnownModels();
+  if (cfg->test_io() == 0 &&
+      std::find(models.begin(), models.end(), cfg->network()) == models.end()) {
+    std::string known;
+    for (const std::string& m : models) known += (known.empty() ? "" : ", ") + m;
+    std::fprintf(stderr, "pstrain train: --network='%s' is not a known model (known: %s)\n",
+                 cfg->network().c_str(), known.c_str());
     return 2;
   }
   TrainLog log;

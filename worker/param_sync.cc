@@ -33,8 +33,18 @@ Status LocalParamSync::Init(ModelParams* exec) {
 void LocalParamSync::OnGradReady(int i) {
   float* w = exec_->host_param(i);
   if (w != nullptr) {
-    optimizer_->Update(exec_->host_grad(i), w, static_cast<size_t>(exec_->param(i).num_elements()),
-                       &states_[i]);
+    const UpdateCheck c = optimizer_->Update(
+        exec_->host_grad(i), w, static_cast<size_t>(exec_->param(i).num_elements()), &states_[i]);
+    if (!c.ok() && error_.ok()) {
+      const std::string& name = exec_->graph().params()[i].name;
+      error_ = Status::FailedPrecondition(
+          c.bad_grad >= 0
+              ? StrCat("the gradient of ", name, " holds NaN or Inf at update ",
+                       states_[i].num_updates, ": training stops (the model would be broken)")
+              : StrCat("update ", states_[i].num_updates, " made ", name,
+                       " NaN or Inf although its gradient was finite: the learning rate is too "
+                       "large (lower --lr, or clip with --clip-gradient)"));
+    }
     return;
   }
   const Optimizer::Step step = optimizer_->NextStep(&states_[i]);

@@ -74,7 +74,12 @@ class LocalParamSync : public ParamSync {
   Status Init(ModelParams* params) override;
   void OnGradReady(int param_index) override;
   void WaitParam(int param_index) override {}
-  Status TakeError() override { return Status::Ok(); }
+  // A gradient or update with NaN or Inf (checked on the CPU, in the update's pass).
+  Status TakeError() override {
+    Status s = error_;
+    error_ = Status::Ok();
+    return s;
+  }
   std::vector<NamedArray> SaveState() const override;
   Status LoadState(const std::vector<NamedArray>& arrays) override;
 
@@ -87,6 +92,7 @@ class LocalParamSync : public ParamSync {
   ModelParams* exec_ = nullptr;
   std::vector<ParamState> states_;       // momentum here on the CPU
   std::vector<Tensor> device_momentum_;  // on a device backend: per parameter, once used
+  Status error_;
 };
 
 }  // namespace pstrain

@@ -199,5 +199,46 @@ TEST(OptimizerTest, RejectsBadConfig) {
   EXPECT_NE(s.status().message().find("steps[1] = 10"), std::string::npos) << s.status();
 }
 
+// NaN and Inf are found in the update's own pass: in which gradient, or in
+// the weights an update wrote, for every rule, one gradient or several (more
+// than the 32 kept without allocation too).
+TEST(OptimizerTest, UpdatesSayWhichGradientHeldNanOrInfAndWhetherTheWeightsAreBroken) {
+  const float nan = std::nanf(""), inf = INFINITY;
+  EXPECT_TRUE(AllFinite(std::vector<float>(100, 1.0f).data(), 100));
+  EXPECT_FALSE(AllFinite(std::vector<float>{1, nan, 2}.data(), 3));
+  EXPECT_FALSE(AllFinite(std::vector<float>{1, 2, -inf}.data(), 3));
+  for (float mom : {0.0f, 0.9f}) {
+    auto opt = MakeSgd(0.1f, mom, 1e-4f, 1.0f, -1);
+    std::vector<float> w(2500, 1.0f);
+    std::vector<float> good(2500, 0.5f);
+    ParamState st;
+    EXPECT_TRUE(opt->Update(good.data(), w.data(), w.size(), &st).ok());
+    std::vector<float> bad = good;
+    bad[1777] = nan;
+    UpdateCheck c = opt->Update(bad.data(), w.data(), w.size(), &st);
+    EXPECT_EQ(c.bad_grad, 0);
+    EXPECT_TRUE(c.bad_weight);  // a NaN gradient makes a NaN weight
+    for (int k : {2, 3, 40}) {
+      std::vector<std::vector<float>> grads(k, good);
+      grads[k - 1][5] = inf;
+      grads[k / 2][2400] = nan;
+      std::vector<const float*> ptrs;
+      for (const auto& g : grads) ptrs.push_back(g.data());
+      std::vector<float> fresh(2500, 1.0f);
+      ParamState s2;
+      c = opt->Update(ptrs.data(), ptrs.size(), fresh.data(), fresh.size(), &s2);
+      EXPECT_EQ(c.bad_grad, k / 2) << k << " gradients, momentum " << mom;
+      EXPECT_TRUE(c.bad_weight);
+    }
+  }
+  // Finite gradients, but a rate that overflows the weights.
+  auto huge = MakeSgd(3e38f, 0.0f, 0.0f, 1.0f, -1);
+  std::vector<float> w(10, 1.0f), g(10, 10.0f);
+  ParamState st;
+  const UpdateCheck c = huge->Update(g.data(), w.data(), w.size(), &st);
+  EXPECT_EQ(c.bad_grad, -1);
+  EXPECT_TRUE(c.bad_weight);
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <thread>
 #include <vector>
@@ -45,9 +46,12 @@ struct JobResult {
 // `kill_server` (if >= 0) is stopped once `kill_now` becomes true.
 // `shm_bytes` > 0 gives every server and worker a shared-memory arena (ring
 // of that size, servers also a store of 4x it).
+// `tweak_worker(w, &options)` changes worker w's options before it starts.
 JobResult RunJob(int S, int W, const Body& body, KVClientOptions ko = {},
                  std::atomic<bool>* kill_now = nullptr, int num_registering_workers = -1,
-                 const std::string& host = "127.0.0.1", int64_t shm_bytes = 0) {
+                 const std::string& host = "127.0.0.1", int64_t shm_bytes = 0,
+                 const std::function<void(int, ClusterOptions*)>& tweak_worker = nullptr,
+                 KVServerOptions server_options = KVServerOptions{2}) {
   JobResult r;
   ClusterOptions o = TestOptions(S, W, host);
   o.shm_bytes = shm_bytes;
@@ -69,7 +73,7 @@ JobResult RunJob(int S, int W, const Body& body, KVClientOptions ko = {},
         r.servers[s] = node.status();
         return;
       }
-      KVServer server(node->get(), KVServerOptions{2});
+      KVServer server(node->get(), server_options);
       if (kill_now != nullptr && s == S - 1) {
         // This server "dies": it registers, then goes silent when told to.
         Status st = (*node)->Start();
@@ -89,6 +93,7 @@ JobResult RunJob(int S, int W, const Body& body, KVClientOptions ko = {},
     threads.emplace_back([&, w] {
       ClusterOptions wo = o;
       wo.role = Role::kWorker;
+      if (tweak_worker) tweak_worker(w, &wo);
       auto node = ClusterNode::Create(wo);
       if (!node.ok()) {
         r.workers[w] = node.status();
@@ -453,6 +458,185 @@ TEST(InProcClusterTest, DeadServerFailsWorkersWithItsName) {
     EXPECT_NE(s.message().find("server rank"), std::string::npos) << s;
     EXPECT_NE(s.message().find("127.0.0.1:"), std::string::npos) << s;
   }
+}
+
+// A node that is not part of the scheduler's job (another DMLC_NUM_WORKER,
+// job id, build) ends the job within seconds, and every node's error names
+// it and the mismatch (a worker with another W used to hang dist_sync).
+TEST(InProcClusterTest, ANodeOfAnotherJobEndsItNamingTheNode) {
+  struct Case {
+    std::function<void(ClusterOptions*)> tweak;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {[](ClusterOptions* o) { o->num_workers = 3; },
+       "has DMLC_NUM_SERVER=1 DMLC_NUM_WORKER=3, the scheduler 1 and 2"},
+      {[](ClusterOptions* o) { o->job_id = "other-job"; },
+       "belongs to job 'other-job' (PSTRAIN_JOB_ID), the scheduler to ''"},
+      {[](ClusterOptions* o) { o->build = "0.0.1+elsewhere"; },
+       "runs build 0.0.1+elsewhere, the scheduler " + std::string(BuildId())},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.want);
+    const auto start = std::chrono::steady_clock::now();
+    JobResult r = RunJob(
+        1, 2, [](KVClient& kv) { return Status::Ok(); }, {}, nullptr, -1, "127.0.0.1", 0,
+        [&](int w, ClusterOptions* o) {
+          if (w == 1) c.tweak(o);
+        });
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(secs, 4.0);
+    EXPECT_FALSE(r.scheduler.ok());
+    EXPECT_NE(r.scheduler.message().find("worker at 127.0.0.1:"), std::string::npos) << r.scheduler;
+    EXPECT_NE(r.scheduler.message().find(c.want), std::string::npos) << r.scheduler;
+    for (const Status& s : r.servers) {
+      EXPECT_NE(s.message().find(c.want), std::string::npos) << s;
+    }
+    for (const Status& s : r.workers) {
+      EXPECT_NE(s.message().find(c.want), std::string::npos) << s;
+    }
+  }
+}
+
+// One worker's NaN push in a dist_sync round: by default the job stops within
+// seconds and every node names the worker, key and round (it used to train
+// on to a useless model); with skip_nonfinite the round updates from the
+// other workers' pushes and the job ends well.
+Status NanPushes(KVClient& kv, int bad_round, std::vector<float>* final_value) {
+  const std::vector<KVClient::Key> keys = {3};
+  const std::vector<int64_t> lens = {1000};
+  std::vector<float> ones(1000, 1.0f), got(1000);
+  RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));
+  RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, ones.data()), Soon()));
+  RETURN_IF_ERROR(kv.Barrier(Soon()));
+  for (int round = 1; round <= 3; ++round) {
+    std::vector<float> grad(1000, 1.0f);
+    if (kv.rank() == 1 && round == bad_round) grad[123] = std::nanf("");
+    RETURN_IF_ERROR(kv.Wait(kv.PushPull(keys, lens, grad.data(), got.data()), Soon()));
+  }
+  if (kv.rank() == 0) *final_value = got;
+  return Status::Ok();
+}
+
+TEST(InProcClusterTest, ANanPushStopsTheJobNamingWorkerKeyAndRound) {
+  std::vector<float> final_value;
+  const auto start = std::chrono::steady_clock::now();
+  JobResult r = RunJob(1, 2, [&](KVClient& kv) { return NanPushes(kv, 2, &final_value); });
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
+  const std::string want = "worker rank 1 pushed NaN or Inf in key 3 part 0 (round 2 of that key)";
+  EXPECT_NE(r.scheduler.message().find(want), std::string::npos) << r.scheduler;
+  for (const Status& s : r.workers) EXPECT_NE(s.message().find(want), std::string::npos) << s;
+  for (const Status& s : r.servers) EXPECT_NE(s.message().find(want), std::string::npos) << s;
+}
+
+TEST(InProcClusterTest, ANanPushIsLeftOutWhenTheServersSkipThem) {
+  KVServerOptions skip{2};
+  skip.skip_nonfinite = true;
+  std::vector<float> final_value;
+  ExpectAllOk(RunJob(
+      1, 2, [&](KVClient& kv) { return NanPushes(kv, 2, &final_value); }, {}, nullptr, -1,
+      "127.0.0.1", 0, nullptr, skip));
+  // TEST optimizer, rescale 1: w += sum of the round's pushes; round 2 has
+  // only worker 0's: 1 + 2 + 1 + 2.
+  ASSERT_EQ(final_value.size(), 1000u);
+  for (float v : final_value) ASSERT_EQ(v, 6.0f);
+}
+
+// A worker that is alive (heartbeats flow) but never pushes its part of a
+// dist_sync round: the server ends the job after the round timeout, naming
+// the worker and the key, instead of everyone waiting for the 600 s request
+// deadline.
+TEST(InProcClusterTest, ARoundThatCannotCloseEndsTheJobNamingTheMissingWorker) {
+  KVServerOptions so{2};
+  so.round_timeout_ms = 800;
+  const auto start = std::chrono::steady_clock::now();
+  JobResult r = RunJob(
+      1, 2,
+      [](KVClient& kv) -> Status {
+        const std::vector<float> ones(10, 1.0f);
+        std::vector<float> got(10);
+        RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));
+        RETURN_IF_ERROR(kv.Wait(kv.Init({3}, {10}, ones.data()), Soon()));
+        RETURN_IF_ERROR(kv.Barrier(Soon()));
+        if (kv.rank() == 0) return kv.Wait(kv.PushPull({3}, {10}, ones.data(), got.data()), Soon());
+        // Rank 1 stays alive and silent until the job ends.
+        for (int i = 0; i < 500 && kv.node()->health().ok(); ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        return kv.node()->health();
+      },
+      {}, nullptr, -1, "127.0.0.1", 0, nullptr, so);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 4.0);
+  const std::string want = "has waited";
+  const std::string who = "for the push of worker rank(s) 1 (1 of 2 pushed)";
+  EXPECT_NE(r.scheduler.message().find(who), std::string::npos) << r.scheduler;
+  EXPECT_NE(r.scheduler.message().find("key 3 part 0"), std::string::npos) << r.scheduler;
+  for (const Status& s : r.workers) EXPECT_NE(s.message().find(who), std::string::npos) << s;
+}
+
+// The servers' configuration is set once per job: a worker that sends
+// another one (here a different learning rate) is refused, naming the
+// difference, and the job keeps the first; the same one from every worker,
+// in any map order, is accepted; a higher generation replaces it on purpose.
+TEST(InProcClusterTest, TheConfigurationIsSetOncePerJob) {
+  std::atomic<int> refused{0};
+  JobResult r = RunJob(1, 2, [&](KVClient& kv) -> Status {
+    ServerConfig c;
+    c.set_sync_mode(true);
+    c.mutable_optimizer()->set_learning_rate(0.1f);
+    // Map entries inserted in another order per worker: the same config.
+    for (int k = 0; k < 20; ++k) {
+      const int key = kv.rank() == 0 ? k : 19 - k;
+      (*c.mutable_wd_mult())[key] = 0.0f;
+    }
+    RETURN_IF_ERROR(kv.SetServerConfig(c, Soon()));
+    RETURN_IF_ERROR(kv.Barrier(Soon()));
+    if (kv.rank() == 1) {
+      ServerConfig other = c;
+      other.mutable_optimizer()->set_learning_rate(1e6f);
+      const Status s = kv.SetServerConfig(other, Soon());
+      if (s.ok()) return Status::Internal("a different configuration was accepted");
+      if (s.message().find("refused the configuration of worker rank 1") == std::string::npos ||
+          s.message().find("learning_rate") == std::string::npos) {
+        return Status::Internal(StrCat("unexpected refusal: ", s.message()));
+      }
+      ++refused;
+      other.set_generation(1);
+      RETURN_IF_ERROR(kv.SetServerConfig(other, Soon()));
+    }
+    return kv.Barrier(Soon());
+  });
+  ExpectAllOk(r);
+  EXPECT_EQ(refused.load(), 1);
+}
+
+// A registration in another protocol version is read (only CMD_REGISTER is)
+// and refused by name.
+TEST(InProcClusterTest, AnotherProtocolVersionIsRefusedByName) {
+  ClusterOptions o = TestOptions(1, 1, "127.0.0.1");
+  o.root_port = 0;
+  auto sched = Scheduler::Create(o);
+  ASSERT_OK(sched.status());
+  Status result;
+  std::thread st([&] { result = (*sched)->Run(); });
+  VanOptions vo;
+  vo.bind_host = "127.0.0.1";
+  auto van = Van::Create(vo, [](Message&&) {});
+  ASSERT_OK(van.status());
+  (*van)->StartReceiving();
+  ASSERT_OK((*van)->Connect(kSchedulerId, "127.0.0.1", (*sched)->port()));
+  Message reg;
+  reg.header.set_version(7);
+  reg.header.set_cmd(CMD_REGISTER);
+  reg.header.mutable_node()->set_role(static_cast<int>(Role::kServer));
+  reg.header.mutable_node()->set_host("127.0.0.1");
+  reg.header.mutable_node()->set_port((*van)->port());
+  ASSERT_OK((*van)->Send(kSchedulerId, reg));
+  st.join();
+  EXPECT_FALSE(result.ok());
+  EXPECT_NE(result.message().find("speaks protocol version 7, the scheduler 1"), std::string::npos)
+      << result;
 }
 
 TEST(VanTest, MalformedMessagesAreDroppedAndGoodOnesStillArrive) {

@@ -1,9 +1,15 @@
 // Addresses (bind vs advertise, host names, DMLC_INTERFACE) and the parameter
 // server's environment variables.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "common/env.h"
+#include "net/cluster_node.h"
 #include "net/van.h"
+#include "scheduler/scheduler.h"
 #include "tests/test_util.h"
 
 namespace pstrain {
@@ -39,6 +45,43 @@ TEST(AddressTest, BindFailureNamesTheAddress) {
   ASSERT_FALSE(second.ok());
   EXPECT_NE(second.status().message().find(StrCat("127.0.0.1:", vo.port)), std::string::npos)
       << second.status();
+}
+
+// Whether a TCP connection to ip:port is accepted.
+bool Accepts(const std::string& ip, int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
+  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  close(fd);
+  return ok;
+}
+
+// A node listens where its peers are told to connect (127.0.0.1 here), not
+// on every interface (127.0.0.2 is another local address), unless
+// PSTRAIN_BIND_HOST says so; the scheduler likewise at DMLC_PS_ROOT_URI.
+TEST(AddressTest, NodesBindTheAdvertisedAddressByDefault) {
+  for (const char* bind : {"", "0.0.0.0"}) {
+    ClusterOptions o;
+    o.role = Role::kWorker;
+    o.root_host = "127.0.0.1";
+    o.root_port = 1;  // nothing to reach: Create only queues the connection
+    o.advertise_host = "127.0.0.1";
+    o.bind_host = bind;
+    auto node = ClusterNode::Create(o);
+    ASSERT_OK(node.status());
+    EXPECT_TRUE(Accepts("127.0.0.1", (*node)->port()));
+    EXPECT_EQ(Accepts("127.0.0.2", (*node)->port()), *bind != 0) << "bind '" << bind << "'";
+    ClusterOptions so;
+    so.root_host = "127.0.0.1";
+    so.bind_host = bind;
+    auto sched = Scheduler::Create(so);
+    ASSERT_OK(sched.status());
+    EXPECT_TRUE(Accepts("127.0.0.1", (*sched)->port()));
+    EXPECT_EQ(Accepts("127.0.0.2", (*sched)->port()), *bind != 0) << "bind '" << bind << "'";
+  }
 }
 
 TEST(PsEnvTest, ReadsParameterServerVariables) {

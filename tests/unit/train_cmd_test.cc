@@ -93,6 +93,19 @@ TEST(SummaryCmdTest, AMissingOrBrokenCudaModuleIsAnErrorSayingWhich) {
   }
 }
 
+// A wrong network name is reported at once, before any data is read (a data
+// directory that does not exist is not even looked at).
+TEST(TrainCmdTest, AnUnknownNetworkIsReportedBeforeTheDataLoads) {
+  std::string out;
+  EXPECT_EQ(
+      RunPstrain("train --network no-such-net --kv-store local --data-dir /no/such/dir", &out), 2)
+      << out;
+  EXPECT_NE(out.find("--network='no-such-net' is not a known model (known: mlp, lenet"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("/no/such/dir"), std::string::npos) << out;
+}
+
 TEST(TrainCmdTest, AGpuThatIsNotThereIsAnErrorNamingIt) {
   std::string out;
   const std::string mnist = testing::SharedDataDir() + "/mnist";

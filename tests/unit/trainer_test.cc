@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <regex>
@@ -245,6 +246,41 @@ TEST_F(TrainerTest, SyntheticBenchmarkTrains) {
   ASSERT_OK((*t)->Run());
   ASSERT_EQ((*t)->history().size(), 1u);
   EXPECT_TRUE((*t)->history()[0].val.empty());
+}
+
+// --kv-store local: a gradient or an update with NaN or Inf is an error the
+// loop returns (training stops non-zero), naming the parameter.
+TEST(LocalParamSyncTest, NanGradientsAndOverflowingUpdatesAreErrors) {
+  StatusOr<Graph> g = BuildModel({"mlp", 0, Shape(), 0});
+  ASSERT_OK(g.status());
+  ExecutorOptions eo;
+  eo.batch_size = 2;
+  auto exec = Executor::Create(*g, eo);
+  ASSERT_OK(exec.status());
+  Executor& e = **exec;
+  OptimizerConfig oc;
+  oc.set_learning_rate(0.1f);
+  auto sync = LocalParamSync::Create(oc);
+  ASSERT_OK(sync.status());
+  ASSERT_OK((*sync)->Init(&e));
+  (*sync)->OnGradReady(0);
+  ASSERT_OK((*sync)->TakeError());
+  e.host_grad(2)[7] = std::nanf("");
+  (*sync)->OnGradReady(2);
+  Status s = (*sync)->TakeError();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("gradient of fc2_weight holds NaN or Inf at update 1"),
+            std::string::npos)
+      << s;
+  ASSERT_OK((*sync)->TakeError());  // reported once
+  oc.set_learning_rate(3e38f);
+  auto huge = LocalParamSync::Create(oc);
+  ASSERT_OK(huge.status());
+  ASSERT_OK((*huge)->Init(&e));
+  e.host_grad(0)[0] = 100.0f;
+  (*huge)->OnGradReady(0);
+  s = (*huge)->TakeError();
+  EXPECT_NE(s.message().find("learning rate is too large"), std::string::npos) << s;
 }
 
 }  // namespace
