@@ -166,6 +166,13 @@ StatusOr<JobEnv> ReadJobEnv(const Environment& env, bool cluster_required) {
   RETURN_IF_ERROR(read_ms("PSTRAIN_REQUEST_TIMEOUT_MS", &job.request_timeout_ms, 1));
   job.bind_host = env.Get("PSTRAIN_BIND_HOST").value_or(job.bind_host);
   job.job_id = env.Get("PSTRAIN_JOB_ID").value_or("");
+  job.key_file = env.Get("PSTRAIN_KEY_FILE").value_or("");
+  const std::string wire = env.Get("PSTRAIN_WIRE_SECURITY").value_or("curve");
+  if (wire != "curve" && wire != "auth") {
+    return Status::InvalidArgument(
+        StrCat("environment variable PSTRAIN_WIRE_SECURITY='", wire, "' must be curve or auth"));
+  }
+  job.encrypt = wire == "curve";
   ASSIGN_OR_RETURN(job.max_message_bytes,
                    env.GetInt("PSTRAIN_MAX_MESSAGE_BYTES", job.max_message_bytes, 1024));
   ASSIGN_OR_RETURN(int64_t threads,

@@ -63,6 +63,8 @@ struct JobEnv {
   int port = 0;                      // PORT: this node's port (0: pick a free one)
   int verbose = 0;                   // PS_VERBOSE: 0, 1 (connections), 2 (every message)
   std::string job_id;                // PSTRAIN_JOB_ID: the same on every node of a job
+  std::string key_file;              // PSTRAIN_KEY_FILE: the job's CURVE keys; empty: none
+  bool encrypt = true;               // PSTRAIN_WIRE_SECURITY: curve (true) | auth (false)
   int64_t bigarray_bound = 1000000;  // MXNET_KVSTORE_BIGARRAY_BOUND (elements)
   int heartbeat_interval_ms = 1000;  // PSTRAIN_HEARTBEAT_INTERVAL_MS (0: off)
   int heartbeat_timeout_ms = 10000;  // PSTRAIN_HEARTBEAT_TIMEOUT_MS

@@ -26,6 +26,8 @@ ClusterOptions ClusterOptionsFromJobEnv(const JobEnv& env) {
   o.shm_store_bytes = env.role == Role::kServer ? env.shm_store_bytes : 0;
   o.verbose = env.verbose;
   o.job_id = env.job_id;
+  o.key_file = env.key_file;
+  o.encrypt = env.encrypt;
   return o;
 }
 
@@ -49,6 +51,12 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Create(const ClusterOptions&
   vo.verbose = options.verbose;
   vo.name = RoleName(options.role);
   vo.send_timeout_ms = std::max(1000, options.heartbeat_timeout_ms);
+  vo.routing_id = NodeRoute(node->nonce_);
+  if (!options.key_file.empty()) {
+    ASSIGN_OR_RETURN(JobKeys keys, ReadJobKeys(options.key_file));
+    vo.keys = std::make_shared<const JobKeys>(std::move(keys));
+    vo.encrypt = options.encrypt;
+  }
   ClusterNode* raw = node.get();
   ASSIGN_OR_RETURN(node->van_, Van::Create(vo, [raw](Message&& m) { raw->Handle(std::move(m)); }));
   node->port_ = node->van_->port();
@@ -205,6 +213,10 @@ void ClusterNode::Handle(Message&& msg) {
         }
         table = table_;
       }
+      // Messages claiming a member's id are taken only from that member's
+      // connection from now on.
+      for (const auto& [id, info] : table) van_->ExpectRoute(id, NodeRoute(info.nonce()));
+      if (h.has_scheduler_route()) van_->ExpectRoute(kSchedulerId, h.scheduler_route());
       // Workers talk to every server, servers answer every worker.
       van_->SetSelfId(id());
       Status connected;
@@ -227,7 +239,17 @@ void ClusterNode::Handle(Message&& msg) {
         cv_.SignalAll();
       }
       if (connected.ok() && handler_) {
-        for (Message& m : early) handler_(std::move(m));
+        for (Message& m : early) {
+          // They arrived before the routes were known: check them now.
+          auto it = table.find(m.header.sender());
+          if (!m.route.empty() && (it == table.end() || m.route != NodeRoute(it->second.nonce()))) {
+            LOG(WARNING) << Self() << ": dropped an early message claiming to come from "
+                         << NodeIdName(m.header.sender())
+                         << " that arrived on another node's connection: forged sender";
+            continue;
+          }
+          handler_(std::move(m));
+        }
       }
       return;
     }

@@ -51,7 +51,13 @@ struct ClusterOptions {
   int64_t shm_bytes = 0;        // shared-memory ring for co-located peers (0: TCP only)
   int64_t shm_store_bytes = 0;  // servers: room for stored values in the arena
   int verbose = 0;
-  std::string job_id;             // PSTRAIN_JOB_ID: every node of a job must say the same
+  std::string job_id;  // PSTRAIN_JOB_ID: every node of a job must say the same
+  // PSTRAIN_KEY_FILE: the job's CURVE keys (net/job_keys.h); empty: no
+  // authentication and no encryption.
+  std::string key_file;
+  // PSTRAIN_WIRE_SECURITY: with keys, true = curve (authenticate and encrypt),
+  // false = auth (authenticate connections only; VanOptions::encrypt).
+  bool encrypt = true;
   std::string build = BuildId();  // this binary's (tests set another)
 };
 

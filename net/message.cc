@@ -1,8 +1,20 @@
 #include "net/message.h"
 
+#include <cstdio>
 #include <cstdlib>
 
 namespace pstrain {
+
+namespace {
+std::string Route(char kind, uint64_t nonce) {
+  char buf[18];
+  std::snprintf(buf, sizeof(buf), "%c%016llx", kind, static_cast<unsigned long long>(nonce));
+  return buf;
+}
+}  // namespace
+
+std::string NodeRoute(uint64_t nonce) { return Route('n', nonce); }
+std::string SchedulerRoute(uint64_t nonce) { return Route('s', nonce); }
 
 Blob Blob::Copy(const void* data, size_t size) {
   char* dst = nullptr;

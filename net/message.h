@@ -52,6 +52,9 @@ struct Message {
   Blob keys;                 // uint64 per part
   Blob lens;                 // uint32 per part
   std::vector<Blob> values;  // float32 parts
+  // Receiver only: the ZeroMQ routing id of the connection it came on (empty
+  // for messages from a shared-memory queue, whose sender the queue fixes).
+  std::string route;
 
   uint64_t key(size_t i) const {
     uint64_t k;
@@ -64,6 +67,11 @@ struct Message {
     return n;
   }
 };
+
+// The ZeroMQ routing id a node connects with, from its registration nonce
+// ("n" + 16 hex digits), and the scheduler's ("s" + 16 hex digits).
+std::string NodeRoute(uint64_t nonce);
+std::string SchedulerRoute(uint64_t nonce);
 
 // ps-lite's node ids: scheduler 1, server rank r -> 8 + 2r, worker rank r -> 9 + 2r.
 constexpr int kSchedulerId = 1;

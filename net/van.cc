@@ -132,6 +132,24 @@ StatusOr<std::unique_ptr<Van>> Van::Create(const VanOptions& options, Handler ha
   van->options_ = options;
   van->handler_ = std::move(handler);
   van->context_ = zmq_ctx_new();
+  if (options.keys != nullptr && van->context_ != nullptr) {
+    if (options.encrypt && !zmq_has("curve")) {
+      return Status::Unavailable(
+          StrCat(options.name, ": a job key was given, but this ZeroMQ has no CURVE security"));
+    }
+    uint8_t key[32];
+    if (zmq_z85_decode(key, options.keys->client_public.c_str()) == nullptr) {
+      return Status::InvalidArgument(StrCat(options.name, ": the job's client key is not Z85"));
+    }
+    van->client_key_.assign(reinterpret_cast<char*>(key), sizeof(key));
+    // The handler must listen before the ROUTER takes its first handshake.
+    void* zap = zmq_socket(van->context_, ZMQ_REP);
+    if (zap == nullptr || zmq_bind(zap, "inproc://zeromq.zap.01") != 0) {
+      if (zap != nullptr) zmq_close(zap);
+      return Status::IOError(StrCat(options.name, ": cannot start authentication: ", ZmqError()));
+    }
+    van->zap_socket_ = zap;
+  }
   if (van->context_ == nullptr) return Status::IOError("zmq_ctx_new: " + ZmqError());
   van->router_ = zmq_socket(van->context_, ZMQ_ROUTER);
   int64_t max_size = options.max_message_bytes;
@@ -140,6 +158,33 @@ StatusOr<std::unique_ptr<Van>> Van::Create(const VanOptions& options, Handler ha
   zmq_setsockopt(van->router_, ZMQ_LINGER, &linger, sizeof(linger));
   int hwm = 0;  // never drop inbound messages; senders are bounded by their own HWM
   zmq_setsockopt(van->router_, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+  if (options.keys != nullptr) {
+    // Failed handshakes (a peer without CURVE, or with other keys) are
+    // reported on a monitor socket the authentication thread reads.
+    const std::string monitor = StrCat("inproc://monitor-", reinterpret_cast<uintptr_t>(van.get()));
+    zmq_socket_monitor(van->router_, monitor.c_str(),
+                       ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                           ZMQ_EVENT_HANDSHAKE_FAILED_AUTH);
+    void* events = zmq_socket(van->context_, ZMQ_PAIR);
+    zmq_connect(events, monitor.c_str());
+    Van* raw = van.get();
+    void* zap = van->zap_socket_;
+    van->zap_socket_ = nullptr;
+    van->zap_ = std::thread([raw, zap, events] { raw->ZapLoop(zap, events); });
+    int server = 1;
+    const std::string domain = "pstrain";
+    const bool set =
+        options.encrypt
+            ? zmq_setsockopt(van->router_, ZMQ_CURVE_SERVER, &server, sizeof(server)) == 0 &&
+                  zmq_setsockopt(van->router_, ZMQ_CURVE_SECRETKEY,
+                                 options.keys->server_secret.c_str(),
+                                 options.keys->server_secret.size()) == 0
+            : zmq_setsockopt(van->router_, ZMQ_PLAIN_SERVER, &server, sizeof(server)) == 0;
+    if (!set || zmq_setsockopt(van->router_, ZMQ_ZAP_DOMAIN, domain.data(), domain.size()) != 0) {
+      return Status::InvalidArgument(
+          StrCat(options.name, ": the job's server key is not usable: ", ZmqError()));
+    }
+  }
 
   std::string ip = "*";
   if (!options.bind_host.empty() && options.bind_host != "*" && options.bind_host != "0.0.0.0") {
@@ -187,6 +232,9 @@ Van::~Van() {
     peers_.clear();
   }
   if (router_ != nullptr) zmq_close(router_);
+  zap_stop_ = true;
+  if (zap_.joinable()) zap_.join();
+  if (zap_socket_ != nullptr) zmq_close(zap_socket_);
   if (context_ != nullptr) zmq_ctx_term(context_);
   if (doorbell_in_ >= 0) close(doorbell_in_);
   if (doorbell_out_ >= 0) close(doorbell_out_);
@@ -215,6 +263,85 @@ void Van::OpenDoorbell() {
 }
 
 void Van::SetSelfId(int id) { self_id_ = id; }
+
+void Van::ExpectRoute(int id, const std::string& route) {
+  MutexLock l(&mu_);
+  routes_[id] = route;
+}
+
+void Van::ZapLoop(void* socket, void* events) {
+  zmq_pollitem_t items[2] = {{socket, 0, ZMQ_POLLIN, 0}, {events, 0, ZMQ_POLLIN, 0}};
+  while (!zap_stop_.load()) {
+    if (zmq_poll(items, 2, 100) <= 0) continue;
+    if (items[1].revents & ZMQ_POLLIN) {
+      // A monitor event: 2 frames, (uint16 event, uint32 value) and the address.
+      std::string address;
+      for (int frame = 0;; ++frame) {
+        zmq_msg_t f;
+        zmq_msg_init(&f);
+        if (zmq_msg_recv(&f, events, ZMQ_DONTWAIT) < 0) {
+          zmq_msg_close(&f);
+          break;
+        }
+        if (frame == 1) address.assign(static_cast<char*>(zmq_msg_data(&f)), zmq_msg_size(&f));
+        const bool more = zmq_msg_more(&f);
+        zmq_msg_close(&f);
+        if (!more) break;
+      }
+      const int64_t n = ++refused_;
+      LOG_IF(WARNING, n <= 10 || n % 100 == 0)
+          << options_.name << ": refused a connection"
+          << (address.empty() ? "" : " from " + address)
+          << ": its handshake failed (it does not use this job's key)";
+    }
+    if ((items[0].revents & ZMQ_POLLIN) == 0) continue;
+    // version, request id, domain, address, routing id, mechanism, credentials...
+    std::vector<std::string> frames;
+    for (;;) {
+      zmq_msg_t f;
+      zmq_msg_init(&f);
+      if (zmq_msg_recv(&f, socket, 0) < 0) {
+        zmq_msg_close(&f);
+        break;
+      }
+      frames.emplace_back(static_cast<char*>(zmq_msg_data(&f)), zmq_msg_size(&f));
+      const bool more = zmq_msg_more(&f);
+      zmq_msg_close(&f);
+      if (!more) break;
+    }
+    // CURVE: the client's public key; PLAIN: user name and password (the
+    // job's secret, compared in constant time).
+    bool ok = false;
+    if (frames.size() >= 7 && frames[0] == "1.0") {
+      if (options_.encrypt) {
+        ok = frames[5] == "CURVE" && frames[6] == client_key_;
+      } else if (frames[5] == "PLAIN" && frames.size() >= 8) {
+        const std::string& want = options_.keys->client_secret;
+        const std::string& got = frames[7];
+        unsigned diff = got.size() != want.size();
+        for (size_t i = 0; i < want.size() && i < got.size(); ++i) diff |= got[i] ^ want[i];
+        ok = diff == 0;
+      }
+    }
+    if (!ok) {
+      const int64_t n = ++refused_;
+      LOG_IF(WARNING, n <= 10 || n % 100 == 0) << options_.name << ": refused a connection from "
+                                               << (frames.size() > 3 ? frames[3] : std::string("?"))
+                                               << ": it does not hold this job's key";
+    }
+    const std::string reply[] = {"1.0",
+                                 frames.size() > 1 ? frames[1] : std::string(),
+                                 ok ? "200" : "400",
+                                 ok ? "OK" : "not a member of this job",
+                                 "",
+                                 ""};
+    for (size_t i = 0; i < 6; ++i) {
+      zmq_send(socket, reply[i].data(), reply[i].size(), i + 1 < 6 ? ZMQ_SNDMORE : 0);
+    }
+  }
+  zmq_close(socket);
+  zmq_close(events);
+}
 
 bool Van::PeerMapsOurArena(int id) {
   MutexLock l(&mu_);
@@ -250,6 +377,31 @@ Status Van::Connect(int id, const std::string& host, int port, const ShmInfo* sh
                  sizeof(options_.send_timeout_ms));
   int hwm = 100000;
   zmq_setsockopt(peer->socket, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+  if (!options_.routing_id.empty()) {
+    zmq_setsockopt(peer->socket, ZMQ_ROUTING_ID, options_.routing_id.data(),
+                   options_.routing_id.size());
+  }
+  if (options_.keys != nullptr && !options_.encrypt) {
+    const JobKeys& k = *options_.keys;
+    const std::string user = "pstrain";
+    if (zmq_setsockopt(peer->socket, ZMQ_PLAIN_USERNAME, user.data(), user.size()) != 0 ||
+        zmq_setsockopt(peer->socket, ZMQ_PLAIN_PASSWORD, k.client_secret.data(),
+                       k.client_secret.size()) != 0) {
+      return Status::InvalidArgument(
+          StrCat(options_.name, ": cannot set the job's password: ", ZmqError()));
+    }
+  } else if (options_.keys != nullptr) {
+    const JobKeys& k = *options_.keys;
+    if (zmq_setsockopt(peer->socket, ZMQ_CURVE_SERVERKEY, k.server_public.c_str(),
+                       k.server_public.size()) != 0 ||
+        zmq_setsockopt(peer->socket, ZMQ_CURVE_PUBLICKEY, k.client_public.c_str(),
+                       k.client_public.size()) != 0 ||
+        zmq_setsockopt(peer->socket, ZMQ_CURVE_SECRETKEY, k.client_secret.c_str(),
+                       k.client_secret.size()) != 0) {
+      return Status::InvalidArgument(
+          StrCat(options_.name, ": the job's client keys are not usable: ", ZmqError()));
+    }
+  }
   if (zmq_connect(peer->socket, peer->address.c_str()) != 0) {
     return Status::IOError(StrCat(options_.name, ": cannot connect to ", NodeIdName(id), " at ",
                                   host, ":", port, ": ", ZmqError()));
@@ -271,6 +423,15 @@ Status Van::Connect(int id, const std::string& host, int port, const ShmInfo* sh
   }
   peers_[id] = std::move(peer);
   return Status::Ok();
+}
+
+void Van::Rename(int from, int to) {
+  MutexLock l(&mu_);
+  auto it = peers_.find(from);
+  if (it == peers_.end()) return;
+  std::shared_ptr<Peer> peer = std::move(it->second);
+  peers_.erase(it);
+  peers_[to] = std::move(peer);
 }
 
 void Van::Disconnect(int id) {
@@ -596,6 +757,8 @@ bool Van::ReceiveOne(void* socket) {
                       expect - 1));
     return true;
   }
+  msg.route.assign(static_cast<const char*>(zmq_msg_data(&frames[0]->msg)),
+                   zmq_msg_size(&frames[0]->msg));
   auto blob = [](const std::shared_ptr<ZmqFrame>& f) {
     void* d = zmq_msg_data(&f->msg);
     return Blob(std::shared_ptr<const void>(f, d), d, zmq_msg_size(&f->msg));
@@ -625,6 +788,23 @@ void Van::Finish(Message&& msg) {
     Drop(&msg, StrCat("protocol version ", h.version(), " from ", NodeIdName(h.sender()),
                       ", expected ", static_cast<int>(PROTOCOL_VERSION_CURRENT)));
     return;
+  }
+  if (!msg.route.empty()) {
+    std::string expected;
+    {
+      MutexLock l(&mu_);
+      auto it = routes_.find(h.sender());
+      if (it != routes_.end()) expected = it->second;
+    }
+    if (!expected.empty() && expected != msg.route) {
+      // Nothing of it may touch the claimed sender's order or arena.
+      msg.header.clear_shm_seq();
+      msg.header.clear_shm_frame_offset();
+      msg.header.clear_shm_frame_bytes();
+      Drop(&msg, StrCat("a message claiming to come from ", NodeIdName(h.sender()),
+                        " arrived on another node's connection: forged sender"));
+      return;
+    }
   }
   const bool data = h.cmd() == CMD_DATA;
   const bool in_shm = data && h.shm_frame_offset_size() > 0;

@@ -36,6 +36,7 @@
 
 #include "common/mutex.h"
 #include "common/status.h"
+#include "net/job_keys.h"
 #include "net/message.h"
 #include "net/shm_arena.h"
 
@@ -51,6 +52,19 @@ struct VanOptions {
   uint64_t shm_bytes = 0;         // PSTRAIN_SHM_BYTES: arena ring (0: no arena, TCP only)
   uint64_t shm_store_bytes = 0;   // arena store (servers' stored values)
   uint64_t shm_min_bytes = 4096;  // smaller values are not copied into the ring
+  // The job's CURVE keys (net/job_keys.h): the ROUTER accepts only peers that
+  // hold them, and every frame is encrypted. Null: no security (anyone who
+  // reaches the port can connect).
+  std::shared_ptr<const JobKeys> keys;
+  // With keys: true (PSTRAIN_WIRE_SECURITY=curve) authenticates every
+  // connection and encrypts every frame (CURVE); false (=auth) only
+  // authenticates each connection when it opens (ZeroMQ's PLAIN, the job's
+  // secret as password) and sends frames in the clear: for a network no one
+  // else can listen on, at the speed of no security.
+  bool encrypt = true;
+  // This node's ZeroMQ routing id on every connection it opens (peers check
+  // it against the sender a message claims; see ExpectRoute). Empty: ZeroMQ's.
+  std::string routing_id;
 };
 
 class Van {
@@ -83,12 +97,22 @@ class Van {
   // This node's id (once the scheduler assigned it): messages that peers queue
   // for it in shared memory are found under it. Call before Connect.
   void SetSelfId(int id);
+  // From now on a message that claims to come from node `id` is taken only
+  // from a connection with routing id `route` (the one the node table gives
+  // that node); others are dropped as forged. Messages from ids with no
+  // expected route are taken from any connection.
+  void ExpectRoute(int id, const std::string& route);
+  // Connections refused for not holding the job's keys (for tests).
+  int64_t refused() const { return refused_.load(); }
 
   // Opens (or replaces) the connection to node `id` at host:port (a name or an
   // IP). With `shm` (the peer's arena from the node table) it also tries to map
   // the peer's arena; failing that is not an error (the peer is elsewhere).
   Status Connect(int id, const std::string& host, int port, const ShmInfo* shm = nullptr);
   void Disconnect(int id);
+  // The connection to `from` becomes the connection to `to` (a peer known by
+  // a temporary id until it has its own); no-op if there is none.
+  void Rename(int from, int to);
   // Sends `msg` to node `id`. Unavailable if there is no connection to `id` or
   // the send blocks past send_timeout_ms. Value Blobs are kept alive until
   // ZeroMQ releases them.
@@ -129,6 +153,9 @@ class Van {
   // in `extra`; false (nothing taken) when one does not fit.
   bool PlaceInShm(const Message& msg, PsHeader* extra);
   bool ReceiveOne(void* socket);
+  // ZeroMQ's authentication handler (RFC 27) for the ROUTER: admits the
+  // CURVE clients that hold the job's client key.
+  void ZapLoop(void* socket, void* events);
 
   VanOptions options_;
   Handler handler_;
@@ -157,8 +184,14 @@ class Van {
   };
   std::map<int, InOrder> order_;
   std::thread receiver_;
+  std::thread zap_;
+  void* zap_socket_ = nullptr;  // until the thread takes it
+  std::atomic<bool> zap_stop_{false};
+  std::atomic<int64_t> refused_{0};
+  std::string client_key_;  // the job's client public key, 32 bytes (with keys)
   Mutex mu_;
   std::map<int, std::shared_ptr<Peer>> peers_ GUARDED_BY(mu_);
+  std::map<int, std::string> routes_ GUARDED_BY(mu_);
 };
 
 // Resolves a host name or IP to an IPv4 address string ("127.0.0.1").

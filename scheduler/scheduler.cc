@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <random>
 #include <tuple>
 
 namespace pstrain {
@@ -26,6 +27,19 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const ClusterOptions& opt
   vo.name = "scheduler";
   vo.max_message_bytes = 1 << 20;  // control messages only
   vo.send_timeout_ms = 1000;
+  std::random_device rd;
+  s->nonce_ = (uint64_t{rd()} << 32) ^ rd() ^
+              static_cast<uint64_t>(SteadyClock::now().time_since_epoch().count());
+  vo.routing_id = SchedulerRoute(s->nonce_);
+  if (!options.key_file.empty()) {
+    ASSIGN_OR_RETURN(JobKeys keys, ReadJobKeys(options.key_file));
+    vo.keys = std::make_shared<const JobKeys>(std::move(keys));
+    vo.encrypt = options.encrypt;
+  } else {
+    LOG(WARNING) << "scheduler: this job is not authenticated (no PSTRAIN_KEY_FILE): any process "
+                    "that can reach its ports can join it or send to it; `pstrain launch` makes a "
+                    "key for every job, `pstrain keygen FILE` makes one for a job started by hand";
+  }
   Scheduler* raw = s.get();
   ASSIGN_OR_RETURN(s->van_, Van::Create(vo, [raw](Message&& m) { raw->Handle(std::move(m)); }));
   s->port_ = s->van_->port();
@@ -161,6 +175,12 @@ void Scheduler::Register(const Message& msg) {
     reject(StrCat("role ", n.role(), " cannot register"));
     return;
   }
+  // The registration must come on the connection its nonce names: later
+  // messages claiming this node's id are taken only from that one.
+  if (!msg.route.empty() && msg.route != NodeRoute(n.nonce())) {
+    reject("its connection does not carry the routing id its nonce implies");
+    return;
+  }
   // Every node must be part of the same job: one that is not cannot take
   // part, and the job cannot run without it, so it ends here, naming it.
   const std::string mismatch = JobMismatch(msg.header);
@@ -200,6 +220,7 @@ void Scheduler::Register(const Message& msg) {
   int server_rank = 0, worker_rank = 0;
   Message table;
   table.header = Header(CMD_NODE_TABLE);
+  table.header.set_scheduler_route(SchedulerRoute(nonce_));
   const auto now = SteadyClock::now();
   for (NodeInfo& info : sorted) {
     if (static_cast<Role>(info.role()) == Role::kServer) {
@@ -211,11 +232,16 @@ void Scheduler::Register(const Message& msg) {
     }
     *table.header.add_nodes() = info;
     nodes_[info.id()] = Node{info, now};
+    van_->ExpectRoute(info.id(), NodeRoute(info.nonce()));
   }
-  for (size_t i = 0; i < pending_.size(); ++i) van_->Disconnect(kPendingIdBase + i);
-  for (const auto& [id, node] : nodes_) {
-    Status c = van_->Connect(id, node.info.host(), node.info.port());
-    if (!c.ok()) LOG(ERROR) << "scheduler: " << c;
+  // The connections opened at registration become the nodes' (a second
+  // connection with the same routing id would be refused by the node).
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    for (const auto& [id, node] : nodes_) {
+      if (node.info.nonce() == pending_[i].nonce() && node.info.port() == pending_[i].port()) {
+        van_->Rename(kPendingIdBase + static_cast<int>(i), id);
+      }
+    }
   }
   started_ = true;
   if (options_.verbose >= 1) {

@@ -63,6 +63,7 @@ class Scheduler {
   ClusterOptions options_;
   std::unique_ptr<Van> van_;
   int port_ = 0;
+  uint64_t nonce_ = 0;  // names the scheduler's connections (SchedulerRoute)
 
   Mutex mu_;
   CondVar cv_{&mu_};

@@ -24,6 +24,7 @@ struct Command {
 int RunVersion(int argc, char** argv);
 // parameter server (tools/scheduler_cmd.cc, server_cmd.cc, kvbench_cmd.cc):
 int RunSchedulerCmd(int argc, char** argv);
+int RunKeygen(int argc, char** argv);
 int RunServerCmd(int argc, char** argv);
 int RunKvbench(int argc, char** argv);
 // training (tools/train_cmd.cc, tools/summary_cmd.cc):

@@ -27,6 +27,8 @@ const Command kCommands[] = {
      "parse_log_cmd.cc"},
 
     // parameter server (scheduler/, server/, worker/):
+    {"keygen", "write new keys for a job started by hand (PSTRAIN_KEY_FILE)", RunKeygen, "",
+     /*raw_args=*/true},
     {"kvbench", "push/pull throughput of the parameter server (--verify: conformance check)",
      RunKvbench, "kvbench_cmd.cc,cluster_role.cc"},
     {"scheduler", "run the scheduler of a job (DMLC_* variables)", RunSchedulerCmd,

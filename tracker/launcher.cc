@@ -12,8 +12,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <filesystem>
 #include <set>
 
+#include "net/job_keys.h"
 #include "tracker/process.h"
 #include "tracker/shell.h"
 
@@ -28,6 +30,8 @@ bool Forwarded(const std::string& name) {
   for (const char* n : kNames) {
     if (name == n) return true;
   }
+  // Not the launcher's key file path: each ssh host gets its own copy.
+  if (name == "PSTRAIN_KEY_FILE") return false;
   return name.rfind("PSTRAIN_", 0) == 0 || name.rfind("MXNET_", 0) == 0;
 }
 
@@ -56,6 +60,12 @@ std::string DefaultJobId() {
   char buf[32];
   strftime(buf, sizeof(buf), "%Y%m%d-%H%M%S", &tm_utc);
   return StrCat(buf, "-", getpid());
+}
+
+std::string CurrentDir();
+
+std::string AbsolutePath(const std::string& path) {
+  return !path.empty() && path[0] == '/' ? path : CurrentDir() + "/" + path;
 }
 
 std::string CurrentDir() {
@@ -126,6 +136,10 @@ launcher exits non-zero naming it; Ctrl-C stops every process on every host.
   --no-host-key-check     ssh: StrictHostKeyChecking=no (checking is on by default)
   --mpi-option ARG        extra mpirun argument, e.g. --oversubscribe (repeatable)
   --mpirun PATH           mpirun to use (default: mpirun; Open MPI or MPICH)
+  --key-file FILE         the job's keys (pstrain keygen); default: new keys per job
+                          in <log-dir>/job.key, or the launcher's PSTRAIN_KEY_FILE
+  --no-keys               no authentication or encryption (anyone who reaches the
+                          job's ports can join it or send to it)
   --timeout SECONDS       stop the job after this long (default: no limit)
   --quiet                 write output only to the log files
   -h, --help              this text
@@ -234,6 +248,11 @@ StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args) {
     } else if (name == "--quiet") {
       RETURN_IF_ERROR(no_value());
       o.quiet = true;
+    } else if (name == "--key-file") {
+      RETURN_IF_ERROR(take(&o.key_file));
+    } else if (name == "--no-keys") {
+      RETURN_IF_ERROR(no_value());
+      o.no_keys = true;
     } else {
       return Status::InvalidArgument(
           StrCat("unknown option '", a, "' (see pstrain launch --help; put the command after --)"));
@@ -262,13 +281,18 @@ std::string RemoteCommand(const std::string& dir, const std::map<std::string, st
   // after 5 s. The wrapper kills whatever the job left in its group when the
   // job ends, and exits with the job's status.
   static const char kScript[] =
-      "d=$1; shift; cd \"$d\" || exit 127; exec 3<&0; "
+      "d=$1; shift; cd \"$d\" || exit 127; "
+      "k=$(mktemp) || exit 127; n=0; "
+      "while IFS= read -r l && [ \"$l\" != pstrain-keys-end ]; do printf '%s\\n' \"$l\"; "
+      "n=$((n+1)); done >\"$k\"; "
+      "if [ $n -gt 0 ]; then set -- PSTRAIN_KEY_FILE=\"$k\" \"$@\"; fi; exec 3<&0; "
       "setsid env -- \"$@\" </dev/null & p=$!; "
       "( while read -r _ <&3; do :; done; kill -TERM -\"$p\"; i=0; "
       "while [ $i -lt 50 ] && kill -0 -\"$p\"; do sleep 0.1; i=$((i+1)); done; "
       "kill -KILL -\"$p\" ) "
       ">/dev/null 2>&1 & w=$!; exec 3<&-; "
-      "wait \"$p\"; r=$?; kill -KILL -\"$p\" 2>/dev/null; kill \"$w\" 2>/dev/null; exit \"$r\"";
+      "wait \"$p\"; r=$?; kill -KILL -\"$p\" 2>/dev/null; kill \"$w\" 2>/dev/null; rm -f \"$k\"; "
+      "exit \"$r\"";
   std::vector<std::string> words = {"/bin/sh", "-c", kScript, "pstrain-remote", dir};
   for (const auto& [k, v] : vars) words.push_back(k + "=" + v);
   for (const std::string& c : command) words.push_back(c);
@@ -367,6 +391,22 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
   ASSIGN_OR_RETURN(plan.root_port, FindFreePort(plan.root_uri));
 
   const std::map<std::string, std::string> local_env = env.All();
+  if (!o.no_keys) {
+    std::string given = o.key_file;
+    if (given.empty()) {
+      auto it = local_env.find("PSTRAIN_KEY_FILE");
+      if (it != local_env.end()) given = it->second;
+    }
+    if (!given.empty()) {
+      ASSIGN_OR_RETURN(plan.keys, ReadJobKeys(given));
+      plan.key_file = AbsolutePath(given);
+    } else {
+      ASSIGN_OR_RETURN(plan.keys, GenerateJobKeys());
+      plan.key_file = AbsolutePath(plan.log_dir + "/job.key");
+      plan.write_key = true;
+    }
+    plan.key_text = FormatJobKeys(plan.keys);
+  }
   std::map<std::string, std::string> user_vars;
   for (const auto& [k, v] : o.env) {
     if (v) {
@@ -390,6 +430,12 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
     v["DMLC_NUM_WORKER"] = std::to_string(o.num_workers);
     v["DMLC_JOB_CLUSTER"] = cluster;
     v["PSTRAIN_JOB_ID"] = plan.job_id;
+    // Local and mpi processes (and the scheduler, always here) read the
+    // launcher's file; ssh sessions get their own copy through stdin
+    // (RemoteCommand).
+    if (!plan.key_file.empty() && (plan.launcher != LauncherKind::kSsh || role == "scheduler")) {
+      v["PSTRAIN_KEY_FILE"] = plan.key_file;
+    }
     return v;
   };
   auto merged = [&](std::map<std::string, std::string> base,
@@ -511,6 +557,7 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
       t.spec.argv.push_back(RemoteCommand(dir, vars, o.command));
       t.spec.env = local_env;
       t.spec.pipe_stdin = true;
+      t.spec.stdin_data = plan.key_text + kRemoteKeysEnd + "\n";
       t.stop_by_closing_stdin = true;
       plan.tasks.push_back(std::move(t));
     }
@@ -576,6 +623,13 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
 
 StatusOr<JobResult> ExecutePlan(LaunchPlan plan, const LaunchOptions& options,
                                 const SupervisorOptions& supervisor) {
+  if (plan.write_key) {
+    std::error_code ec;
+    std::filesystem::create_directories(plan.log_dir, ec);
+    // A log folder used again holds an earlier job's key: each job gets new ones.
+    std::filesystem::remove(plan.key_file, ec);
+    RETURN_IF_ERROR(WriteJobKeys(plan.keys, plan.key_file).WithContext("the job's key file"));
+  }
   for (const auto& cmd : plan.sync_commands) {
     std::string out;
     int status = 0;

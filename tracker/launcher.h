@@ -19,6 +19,7 @@
 
 #include "common/env.h"
 #include "common/status.h"
+#include "net/job_keys.h"
 #include "tracker/hostfile.h"
 #include "tracker/supervisor.h"
 
@@ -47,6 +48,11 @@ struct LaunchOptions {
   int timeout_s = 0;  // stop the job after this long; 0: no limit
   int sync_timeout_s = 600;
   bool quiet = false;  // do not copy the processes' output to the terminal
+  // The job's CURVE keys (PSTRAIN_KEY_FILE for every process): --key-file, else
+  // the launcher's PSTRAIN_KEY_FILE, else new keys in <log-dir>/job.key.
+  // --no-keys runs the job without (anyone who reaches its ports can join).
+  std::string key_file;
+  bool no_keys = false;
   bool help = false;
   std::vector<std::string> command;  // the job: run by every process
 };
@@ -68,6 +74,13 @@ struct LaunchPlan {
   std::vector<Host> hosts;  // ssh: the host file; mpi: empty
   std::vector<Task> tasks;  // scheduler first, then servers, then workers (or groups)
   std::vector<std::vector<std::string>> sync_commands;  // rsync per host, run before the tasks
+  // The job's keys: their file (absolute; empty with --no-keys), whether the
+  // launcher makes it (new keys), and its text (written to it, and given to
+  // each ssh session on stdin: never on a command line).
+  std::string key_file;
+  bool write_key = false;
+  JobKeys keys;
+  std::string key_text;
 };
 
 // Builds the plan: reads the host file, picks the scheduler address and a free
@@ -82,8 +95,12 @@ StatusOr<JobResult> ExecutePlan(LaunchPlan plan, const LaunchOptions& options,
 // The remote command the ssh launcher runs: a constant /bin/sh script that
 // starts `command` with `vars` in `dir` as its own process group, and kills
 // that group when its stdin (the ssh session) closes. Every word is quoted.
+// It first reads the job's key file from stdin, up to a line
+// kRemoteKeysEnd, into a private temporary file that it names in
+// PSTRAIN_KEY_FILE (nothing before the marker: no keys) and removes at the end.
 std::string RemoteCommand(const std::string& dir, const std::map<std::string, std::string>& vars,
                           const std::vector<std::string>& command);
+inline constexpr char kRemoteKeysEnd[] = "pstrain-keys-end";
 
 // An address of this host for the scheduler: 127.0.0.1 when every host is a
 // loopback name (or there are none); else the address the host name resolves

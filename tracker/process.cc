@@ -96,6 +96,8 @@ StatusOr<std::unique_ptr<Subprocess>> Subprocess::Start(const ProcessSpec& spec)
   if (spec.pipe_stdin) {
     close(in_pipe[0]);
     p->in_fd_ = in_pipe[1];
+    if (!spec.stdin_data.empty())
+      WriteAll(p->in_fd_, spec.stdin_data.data(), spec.stdin_data.size());
   }
   p->out_fd_ = out_pipe[0];
   p->err_fd_ = err_pipe[0];

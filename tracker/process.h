@@ -24,6 +24,9 @@ struct ProcessSpec {
   // True: the caller holds a pipe to the child's stdin (CloseStdin() sends EOF).
   // False: stdin is /dev/null.
   bool pipe_stdin = false;
+  // With pipe_stdin: written to the child's stdin right after it starts (a
+  // few KB at most: it must fit the pipe). Secrets go here, never in argv.
+  std::string stdin_data;
 };
 
 class Subprocess {

@@ -282,11 +282,13 @@ void SendRaw(int port, const std::vector<std::string>& frames) {
   zmq_ctx_term(ctx);
 }
 
+// Malformed messages; the well-formed ones claim worker rank 5 (id 19), a
+// sender with no connection of its own, so validation sees them.
 void SendGarbage(int port) {
   PsHeader h;
   h.set_version(PROTOCOL_VERSION_CURRENT);
   h.set_cmd(CMD_DATA);
-  h.set_sender(9);
+  h.set_sender(19);
   h.set_request_id(77);
   h.set_push(true);
   h.set_dtype(DTYPE_FLOAT32);
@@ -303,6 +305,8 @@ void SendGarbage(int port) {
   SendRaw(port, {header, key, len, std::string(8, 'v')});         // short values
   SendRaw(port, {header, key, len, std::string(24 << 20, 'v')});  // oversized
   SendRaw(port, {header, key, len, std::string(16, 'v')});        // wrong server's key
+  h.set_sender(9);  // worker rank 0, which has a connection of its own
+  SendRaw(port, {h.SerializeAsString(), key, len, std::string(16, 'v')});  // forged sender
 }
 
 TEST_F(ClusterTest, GarbageTruncatedAndOversizedMessagesDoNotHurtAServer) {
@@ -323,6 +327,7 @@ TEST_F(ClusterTest, GarbageTruncatedAndOversizedMessagesDoNotHurtAServer) {
   const std::string log = job[1]->Log();
   EXPECT_NE(log.find("dropped a malformed message"), std::string::npos) << log;
   EXPECT_NE(log.find("belongs to server rank 768"), std::string::npos) << log;
+  EXPECT_NE(log.find("forged sender"), std::string::npos) << log;
 }
 
 }  // namespace

@@ -1,16 +1,19 @@
 // The local launcher: a 2-server 2-worker job of env_probe on this host.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include "logtools/log_table.h"
+#include "net/job_keys.h"
 #include "tests/launcher/launch_test_util.h"
 
 namespace pstrain::testing {
 namespace {
 
 std::vector<std::string> ProbeCommand(const TempDir& dir, std::vector<std::string> extra) {
-  std::vector<std::string> cmd = {"--", EnvProbe(), "--out=" + dir.Sub("reports"),
-                                  "--show=PROBE_SPACEY,PROBE_FORWARDED,PROBE_COLON"};
+  std::vector<std::string> cmd = {
+      "--", EnvProbe(), "--out=" + dir.Sub("reports"),
+      "--show=PROBE_SPACEY,PROBE_FORWARDED,PROBE_COLON,PSTRAIN_KEY_FILE"};
   cmd.insert(cmd.end(), extra.begin(), extra.end());
   return cmd;
 }
@@ -56,7 +59,13 @@ TEST_F(LocalLauncherTest, TwoServersTwoWorkersSucceed) {
     EXPECT_EQ(kv.at("arg1"), kSpacey);
     EXPECT_EQ(kv.at("arg2"), "$PATH");
     EXPECT_EQ(kv.at("arg3"), "it's");
+    // Every process of the job reads the job's own keys, made by the launcher.
+    EXPECT_EQ(kv.at("PSTRAIN_KEY_FILE"), dir_.Sub("logs") + "/job.key");
   }
+  struct stat st;
+  ASSERT_EQ(stat((dir_.Sub("logs") + "/job.key").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_OK(ReadJobKeys(dir_.Sub("logs") + "/job.key").status());
   // dmlc-core's local numbering: workers are tasks 0..W-1, servers follow.
   EXPECT_EQ(reports["worker-1"]["DMLC_TASK_ID"], "1");
   EXPECT_EQ(reports["server-0"]["DMLC_TASK_ID"], "2");

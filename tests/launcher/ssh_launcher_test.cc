@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
+
 #include "tests/launcher/launch_test_util.h"
 #include "tracker/launcher.h"
 
@@ -108,7 +110,8 @@ class SshLauncherTest : public ::testing::Test {
                                      "--env",        "PROBE_FORWARDED"};
     args.insert(args.end(), launcher_extra.begin(), launcher_extra.end());
     std::vector<std::string> cmd = {"--", EnvProbe(), "--out=" + dir_.Sub("reports"),
-                                    "--show=PROBE_SPACEY,PROBE_FORWARDED,PSTRAIN_PROBE_AUTO"};
+                                    "--show=PROBE_SPACEY,PROBE_FORWARDED,PSTRAIN_PROBE_AUTO,"
+                                    "PSTRAIN_KEY_FILE"};
     args.insert(args.end(), cmd.begin(), cmd.end());
     args.insert(args.end(), probe_extra.begin(), probe_extra.end());
     return args;
@@ -145,6 +148,18 @@ TEST_F(SshLauncherTest, TwoServersTwoWorkersOverSsh) {
     EXPECT_EQ(kv.at("PROBE_SPACEY"), kSpacey);
     EXPECT_EQ(kv.at("PROBE_FORWARDED"), "from the launcher");
     EXPECT_EQ(kv.at("PSTRAIN_PROBE_AUTO"), "forwarded $too");
+    // The job's keys: the scheduler (here) reads the launcher's file; the
+    // others got theirs over the ssh session into a private file of the
+    // remote side (never on a command line), gone at the end.
+    const std::string key = kv.at("PSTRAIN_KEY_FILE");
+    if (name == "scheduler-0") {
+      EXPECT_EQ(key, dir_.Sub("logs") + "/job.key");
+    } else {
+      EXPECT_NE(key, dir_.Sub("logs") + "/job.key");
+      EXPECT_FALSE(key.empty());
+      EXPECT_FALSE(std::filesystem::exists(key)) << key;
+    }
+    EXPECT_EQ(run.output.find("server-secret"), std::string::npos);
     EXPECT_EQ(kv.at("cwd"), dir_.Sub("work"));
     EXPECT_EQ(kv.at("arg0"), "plain");
     EXPECT_EQ(kv.at("arg1"), kSpacey);

@@ -14,116 +14,19 @@
 #include "scheduler/scheduler.h"
 #include "server/kv_server.h"
 #include "tests/test_util.h"
+#include "tests/unit/inproc_job.h"
 #include "worker/kv_client.h"
 
 namespace pstrain {
 namespace {
 
-using Body = std::function<Status(KVClient& kv)>;
-
-ClusterOptions TestOptions(int S, int W, const std::string& host) {
-  ClusterOptions o;
-  o.root_host = host;
-  o.bind_host = host;
-  o.advertise_host = host;
-  o.num_servers = S;
-  o.num_workers = W;
-  o.heartbeat_interval_ms = 100;
-  o.heartbeat_timeout_ms = 1500;
-  o.startup_timeout_ms = 5000;
-  o.barrier_timeout_ms = 5000;
-  o.request_timeout_ms = 5000;
-  return o;
-}
-
-struct JobResult {
-  Status scheduler;
-  std::vector<Status> servers;
-  std::vector<Status> workers;
-};
-
-// Runs a job; `body(kv)` runs on every worker between Start and Finish.
-// `kill_server` (if >= 0) is stopped once `kill_now` becomes true.
-// `shm_bytes` > 0 gives every server and worker a shared-memory arena (ring
-// of that size, servers also a store of 4x it).
-// `tweak_worker(w, &options)` changes worker w's options before it starts.
-JobResult RunJob(int S, int W, const Body& body, KVClientOptions ko = {},
-                 std::atomic<bool>* kill_now = nullptr, int num_registering_workers = -1,
-                 const std::string& host = "127.0.0.1", int64_t shm_bytes = 0,
-                 const std::function<void(int, ClusterOptions*)>& tweak_worker = nullptr,
-                 KVServerOptions server_options = KVServerOptions{2}) {
-  JobResult r;
-  ClusterOptions o = TestOptions(S, W, host);
-  o.shm_bytes = shm_bytes;
-  if (num_registering_workers >= 0) o.startup_timeout_ms = 2000;
-  o.root_port = 0;
-  auto sched = Scheduler::Create(o);
-  CHECK_OK(sched.status());
-  o.root_port = (*sched)->port();
-  std::thread st([&] { r.scheduler = (*sched)->Run(); });
-  r.servers.resize(S);
-  std::vector<std::thread> threads;
-  for (int s = 0; s < S; ++s) {
-    threads.emplace_back([&, s] {
-      ClusterOptions so = o;
-      so.role = Role::kServer;
-      so.shm_store_bytes = 4 * shm_bytes;
-      auto node = ClusterNode::Create(so);
-      if (!node.ok()) {
-        r.servers[s] = node.status();
-        return;
-      }
-      KVServer server(node->get(), server_options);
-      if (kill_now != nullptr && s == S - 1) {
-        // This server "dies": it registers, then goes silent when told to.
-        Status st = (*node)->Start();
-        for (int i = 0; i < 500 && !kill_now->load(); ++i) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        }
-        (*node)->Stop();
-        r.servers[s] = st.ok() ? Status::Cancelled("killed by the test") : st;
-        return;
-      }
-      r.servers[s] = server.Run();
-    });
-  }
-  const int starting = num_registering_workers < 0 ? W : num_registering_workers;
-  r.workers.resize(starting);
-  for (int w = 0; w < starting; ++w) {
-    threads.emplace_back([&, w] {
-      ClusterOptions wo = o;
-      wo.role = Role::kWorker;
-      if (tweak_worker) tweak_worker(w, &wo);
-      auto node = ClusterNode::Create(wo);
-      if (!node.ok()) {
-        r.workers[w] = node.status();
-        return;
-      }
-      KVClient kv(node->get(), ko);
-      Status s = kv.Start();
-      if (s.ok()) s = body(kv);
-      if (s.ok()) {
-        s = kv.Finish(Deadline::InMillis(5000));
-      } else {
-        (*node)->Fail(s);
-      }
-      r.workers[w] = s;
-    });
-  }
-  for (auto& t : threads) t.join();
-  st.join();
-  return r;
-}
-
-ServerConfig Config(bool sync, float rate) {
-  ServerConfig c;
-  c.set_sync_mode(sync);
-  c.mutable_optimizer()->set_type(OptimizerConfig::TEST);
-  c.mutable_optimizer()->set_rescale_grad(rate);
-  return c;
-}
-
-Deadline Soon() { return Deadline::InMillis(5000); }
+using testing::Config;
+using testing::ExpectAllOk;
+using testing::JobResult;
+using testing::RunJob;
+using testing::Soon;
+using testing::TestOptions;
+using Body = testing::Body;
 
 // mxnet_facts.md 1.11 on a small and a sharded key.
 Status Conformance(KVClient& kv, int rounds) {
@@ -148,12 +51,6 @@ Status Conformance(KVClient& kv, int rounds) {
     }
   }
   return Status::Ok();
-}
-
-void ExpectAllOk(const JobResult& r) {
-  EXPECT_OK(r.scheduler);
-  for (const Status& s : r.servers) EXPECT_OK(s);
-  for (const Status& s : r.workers) EXPECT_OK(s);
 }
 
 // Runs the job over TCP, then with every node's values in shared memory.
@@ -622,11 +519,13 @@ TEST(InProcClusterTest, AnotherProtocolVersionIsRefusedByName) {
   std::thread st([&] { result = (*sched)->Run(); });
   VanOptions vo;
   vo.bind_host = "127.0.0.1";
+  vo.routing_id = NodeRoute(77);
   auto van = Van::Create(vo, [](Message&&) {});
   ASSERT_OK(van.status());
   (*van)->StartReceiving();
   ASSERT_OK((*van)->Connect(kSchedulerId, "127.0.0.1", (*sched)->port()));
   Message reg;
+  reg.header.mutable_node()->set_nonce(77);
   reg.header.set_version(7);
   reg.header.set_cmd(CMD_REGISTER);
   reg.header.mutable_node()->set_role(static_cast<int>(Role::kServer));

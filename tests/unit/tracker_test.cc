@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -74,12 +75,15 @@ TEST(ShellTest, QuotedWordsSurviveARealShell) {
   EXPECT_EQ(out, "[" + kTricky + "][it's][][plain][--flag=$x]");
 }
 
-// Runs `command_line` with /bin/sh -c, holding its stdin open like an ssh session.
-std::string RunWithOpenStdin(const std::string& command_line) {
+// Runs `command_line` with /bin/sh -c, holding its stdin open like an ssh
+// session after writing `stdin_data` (the launcher's keys, or just the marker).
+std::string RunWithOpenStdin(const std::string& command_line,
+                             const std::string& stdin_data = std::string(kRemoteKeysEnd) + "\n") {
   ProcessSpec spec;
   spec.argv = {"/bin/sh", "-c", command_line};
   spec.env = Environment().All();
   spec.pipe_stdin = true;
+  spec.stdin_data = stdin_data;
   auto p = Subprocess::Start(spec);
   EXPECT_TRUE(p.ok()) << p.status();
   if (!p.ok()) return "";
@@ -104,12 +108,32 @@ TEST(RemoteCommandTest, RunsInDirWithVariablesAndArguments) {
   EXPECT_EQ(RunWithOpenStdin(cmd), kTricky + "|worker|" + kTricky + "|/tmp");
 }
 
+// The job's keys arrive on stdin (never on a command line): the job sees them
+// in a private file named by PSTRAIN_KEY_FILE, which is gone when it ends.
+TEST(RemoteCommandTest, KeysFromStdinGoToAPrivateFileForTheJob) {
+  const std::string keys = "server-public a\nclient-secret b\n";
+  std::string cmd = RemoteCommand(
+      "/tmp", {},
+      {"/bin/sh", "-c",
+       "echo \"$PSTRAIN_KEY_FILE\"; stat -c %a \"$PSTRAIN_KEY_FILE\"; cat \"$PSTRAIN_KEY_FILE\""});
+  const std::string out = RunWithOpenStdin(cmd, keys + kRemoteKeysEnd + "\n");
+  const size_t nl = out.find('\n');
+  ASSERT_NE(nl, std::string::npos) << out;
+  const std::string path = out.substr(0, nl);
+  EXPECT_EQ(out.substr(nl + 1), "600\n" + keys);
+  EXPECT_FALSE(std::filesystem::exists(path)) << path << " left behind";
+  // No keys before the marker: no PSTRAIN_KEY_FILE.
+  cmd = RemoteCommand("/tmp", {}, {"/bin/sh", "-c", "echo \"[${PSTRAIN_KEY_FILE:-}]\""});
+  EXPECT_EQ(RunWithOpenStdin(cmd), "[]\n");
+}
+
 TEST(RemoteCommandTest, EndOfStdinKillsTheJobsProcessGroup) {
   std::string cmd = RemoteCommand("/", {}, {"/bin/sh", "-c", "sleep 30 & echo $!; wait"});
   ProcessSpec spec;
   spec.argv = {"/bin/sh", "-c", cmd};
   spec.env = Environment().All();
   spec.pipe_stdin = true;
+  spec.stdin_data = std::string(kRemoteKeysEnd) + "\n";
   auto p = Subprocess::Start(spec);
   ASSERT_OK(p.status());
   std::string out;

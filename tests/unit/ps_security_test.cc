@@ -1,0 +1,255 @@
+// The attacks of issue 12, replayed on loopback against a job that has keys:
+// a process without the job's key cannot register, push, configure or abort
+// (its handshake fails, nothing reaches the job); a member that forges another
+// node's sender is dropped; the job ends well each time. And the key files.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "net/job_keys.h"
+#include "net/van.h"
+#include "tests/test_util.h"
+#include "tests/unit/inproc_job.h"
+
+namespace pstrain {
+namespace {
+
+using testing::Config;
+using testing::ExpectAllOk;
+using testing::JobResult;
+using testing::JobSpec;
+using testing::RunJobWith;
+using testing::Soon;
+
+std::string TempPath(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          StrCat("pstrain-", getpid(), "-", name, "-",
+                 std::chrono::steady_clock::now().time_since_epoch().count()))
+      .string();
+}
+
+// A fresh key file, removed with the object.
+struct KeyFile {
+  std::string path = TempPath("job.key");
+  KeyFile() {
+    auto keys = GenerateJobKeys();
+    CHECK(keys.ok()) << keys.status();
+    CHECK_OK(WriteJobKeys(*keys, path));
+  }
+  ~KeyFile() { std::filesystem::remove(path); }
+};
+
+TEST(JobKeysTest, WrittenPrivateAndReadBack) {
+  KeyFile f;
+  struct stat st;
+  ASSERT_EQ(stat(f.path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  auto keys = ReadJobKeys(f.path);
+  ASSERT_OK(keys.status());
+  EXPECT_EQ(keys->server_public.size(), 40u);
+  EXPECT_NE(keys->server_public, keys->client_public);
+  auto again = GenerateJobKeys();
+  ASSERT_OK(again.status());
+  const Status exists = WriteJobKeys(*again, f.path);
+  EXPECT_EQ(exists.code(), StatusCode::kFailedPrecondition) << exists;
+}
+
+TEST(JobKeysTest, AFileOthersCanReadOrAMalformedOneIsRefusedByName) {
+  KeyFile f;
+  chmod(f.path.c_str(), 0644);
+  auto open = ReadJobKeys(f.path);
+  ASSERT_FALSE(open.ok());
+  EXPECT_NE(open.status().message().find("readable by others (mode 644)"), std::string::npos)
+      << open.status();
+  chmod(f.path.c_str(), 0600);
+  {
+    std::ofstream out(f.path, std::ios::app);
+    out << "client-secret not-a-key\n";
+  }
+  auto bad = ReadJobKeys(f.path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find(f.path + ":6:"), std::string::npos) << bad.status();
+  const std::string partial = TempPath("partial.key");
+  {
+    std::ofstream out(partial);
+    out << "server-public " << std::string(40, '0') << "\n";
+  }
+  chmod(partial.c_str(), 0600);
+  auto missing = ReadJobKeys(partial);
+  std::filesystem::remove(partial);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("has no server-secret line"), std::string::npos)
+      << missing.status();
+}
+
+// The values MXNet's conformance check expects, with the job's keys, over TCP
+// and through shared memory.
+Status Rounds(KVClient& kv, int rounds) {
+  const int W = kv.num_workers();
+  const std::vector<KVClient::Key> keys = {3, 4};
+  const std::vector<int64_t> lens = {6, 300000};
+  const size_t n = lens[0] + lens[1];
+  std::vector<float> ones(n, 1.0f), grad(n, kv.rank() + 1.0f), got(n);
+  RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 2.0f), Soon()));
+  RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, ones.data()), Soon()));
+  RETURN_IF_ERROR(kv.Barrier(Soon()));
+  for (int i = 1; i <= rounds; ++i) {
+    RETURN_IF_ERROR(kv.Wait(kv.PushPull(keys, lens, grad.data(), got.data()), Soon()));
+    const float expect = 1.0f + 2.0f * W * (W + 1) / 2.0f * i;
+    for (size_t j = 0; j < n; ++j) {
+      if (got[j] != expect) {
+        return Status::Internal(StrCat("round ", i, " element ", j, ": ", got[j], " != ", expect));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+TEST(SecurityTest, AJobWithKeysTrainsOverTcpAndSharedMemoryEncryptedOrNot) {
+  KeyFile key;
+  for (bool encrypt : {true, false}) {
+    for (int64_t shm : {int64_t{0}, int64_t{16} << 20}) {
+      SCOPED_TRACE(StrCat(shm > 0 ? "shared memory" : "tcp", encrypt ? ", curve" : ", auth"));
+      JobSpec spec;
+      spec.key_file = key.path;
+      spec.encrypt = encrypt;
+      spec.shm_bytes = shm;
+      ExpectAllOk(RunJobWith(
+          2, 2, [](KVClient& kv) { return Rounds(kv, 3); }, spec));
+    }
+  }
+}
+
+// A process that sends to one of the job's ports, with or without the keys.
+class Intruder {
+ public:
+  Intruder(const std::string& key_file, uint64_t nonce, bool encrypt = true) {
+    VanOptions vo;
+    vo.bind_host = "127.0.0.1";
+    vo.name = "intruder";
+    vo.routing_id = NodeRoute(nonce);
+    if (!key_file.empty()) {
+      auto keys = ReadJobKeys(key_file);
+      CHECK(keys.ok()) << keys.status();
+      vo.keys = std::make_shared<const JobKeys>(*keys);
+      vo.encrypt = encrypt;
+    }
+    auto van = Van::Create(vo, [this](Message&&) { ++received; });
+    CHECK(van.ok()) << van.status();
+    van_ = std::move(van).value();
+    van_->StartReceiving();
+  }
+  void Send(int port, PsHeader h, std::vector<float> values = {}) {
+    // One connection per port (a second with the same routing id is refused).
+    if (connected_.insert(port).second) CHECK_OK(van_->Connect(port, "127.0.0.1", port));
+    Message m;
+    h.set_version(PROTOCOL_VERSION_CURRENT);
+    m.header = h;
+    if (h.cmd() == CMD_DATA) {
+      const uint64_t key = 3;
+      const uint32_t len = static_cast<uint32_t>(values.size());
+      m.keys = Blob::Copy(&key, sizeof(key));
+      m.lens = Blob::Copy(&len, sizeof(len));
+      m.values.push_back(Blob::Copy(values.data(), values.size() * sizeof(float)));
+      m.header.set_num_keys(1);
+      m.header.set_num_value_frames(1);
+      m.header.set_value_bytes(values.size() * sizeof(float));
+      m.header.set_dtype(DTYPE_FLOAT32);
+    }
+    (void)van_->Send(port, m);
+  }
+  std::atomic<int> received{0};
+
+ private:
+  std::unique_ptr<Van> van_;
+  std::set<int> connected_;
+};
+
+PsHeader Forged(PsCommand cmd, int sender) {
+  PsHeader h;
+  h.set_cmd(cmd);
+  h.set_sender(sender);
+  h.set_receiver(ServerId(0));
+  h.set_request_id(424242);
+  return h;
+}
+
+// A NaN push claiming worker 0, a configuration with a huge learning rate and
+// an abort claiming the scheduler, all sent to server 0 while the job runs.
+void Attack(Intruder* in, int server_port) {
+  PsHeader push = Forged(CMD_DATA, WorkerId(0));
+  push.set_push(true);
+  in->Send(server_port, push, std::vector<float>(6, std::nanf("")));
+  PsHeader config = Forged(CMD_CONFIG, WorkerId(0));
+  ServerConfig c = Config(false, 1e6f);
+  c.set_generation(99);
+  config.set_body(c.SerializeAsString());
+  in->Send(server_port, config);
+  PsHeader abort = Forged(CMD_ABORT, kSchedulerId);
+  abort.set_error_message("forged abort");
+  in->Send(server_port, abort);
+}
+
+// Without the key: nothing it sends arrives, and its registration does not
+// take the job's only worker slot (it used to, and the real worker was then
+// turned away). With the key but another node's sender: dropped as forged.
+TEST(SecurityTest, OutsidersAndForgedSendersCannotHarmTheJob) {
+  KeyFile key;
+  KeyFile other;  // another job's
+  for (int kind = 0; kind < 5; ++kind) {
+    // 0-2 against a curve job, 3-4 against an auth job (connections
+    // authenticated, frames in the clear).
+    const bool member = kind == 2 || kind == 4;
+    const bool encrypt = kind <= 2;
+    SCOPED_TRACE(kind == 0   ? "an outsider without CURVE"
+                 : kind == 1 ? "an outsider with another job's key"
+                 : kind == 2 ? "a member forging senders"
+                 : kind == 3 ? "an outsider with another job's password (auth)"
+                             : "a member forging senders (auth)");
+    Intruder intruder(kind == 0                  ? ""
+                      : (kind == 1 || kind == 3) ? other.path
+                                                 : key.path,
+                      7, encrypt);
+    std::atomic<int> server_port{0};
+    JobSpec spec;
+    spec.key_file = key.path;
+    spec.encrypt = encrypt;
+    spec.on_scheduler = [&](int port) {
+      if (member) return;  // a member's registration would be a real one
+      PsHeader reg;
+      reg.set_cmd(CMD_REGISTER);
+      reg.mutable_node()->set_role(static_cast<int>(Role::kWorker));
+      reg.mutable_node()->set_host("127.0.0.1");
+      reg.mutable_node()->set_port(1);
+      reg.mutable_node()->set_nonce(7);
+      reg.mutable_node()->set_num_servers(1);
+      reg.mutable_node()->set_num_workers(1);
+      reg.mutable_node()->set_build(BuildId());
+      intruder.Send(port, reg);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    };
+    spec.on_server = [&](int rank, int port) { server_port = port; };
+    JobResult r = RunJobWith(
+        1, 1,
+        [&](KVClient& kv) -> Status {
+          Attack(&intruder, server_port.load());
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          return Rounds(kv, 3);
+        },
+        spec);
+    ExpectAllOk(r);
+    EXPECT_EQ(intruder.received.load(), 0) << "nothing may answer it";
+  }
+}
+
+}  // namespace
+}  // namespace pstrain
