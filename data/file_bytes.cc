@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -60,13 +61,19 @@ StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path) {
   if (EndsWith(path, ".gz")) return ReadGzip(path);
   FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) return Status::IOError(StrCat(path, ": cannot open: ", std::strerror(errno)));
-  std::vector<uint8_t> out;
-  std::vector<uint8_t> chunk(1 << 20);
+  // Read straight into a buffer of the file's size (one allocation, no
+  // copy); a file that grows meanwhile is read to its end all the same.
+  struct stat st;
+  size_t expect = ::fstat(fileno(f), &st) == 0 && st.st_size > 0 ? st.st_size : 0;
+  std::vector<uint8_t> out(expect + 1);
+  size_t have = 0;
   while (true) {
-    size_t n = std::fread(chunk.data(), 1, chunk.size(), f);
-    out.insert(out.end(), chunk.begin(), chunk.begin() + n);
-    if (n < chunk.size()) break;
+    const size_t n = std::fread(out.data() + have, 1, out.size() - have, f);
+    have += n;
+    if (have < out.size()) break;
+    out.resize(out.size() + std::max<size_t>(out.size() / 2, 1 << 16));
   }
+  out.resize(have);
   bool failed = std::ferror(f) != 0;
   std::fclose(f);
   if (failed) return Status::IOError(StrCat(path, ": read error at byte offset ", out.size()));

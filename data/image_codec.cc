@@ -67,7 +67,9 @@ std::string FirstBytesHex(std::string_view bytes) {
 constexpr int64_t kMaxPixels = int64_t{1} << 28;
 
 Status CheckSize(int64_t height, int64_t width, std::string_view where) {
-  if (height <= 0 || width <= 0 || height * width > kMaxPixels) {
+  // Each side first: the product of two corrupt 32-bit sides overflows.
+  if (height <= 0 || width <= 0 || height > kMaxPixels || width > kMaxPixels ||
+      height * width > kMaxPixels) {
     return Status::Corruption(StrCat(where, ": image size ", width, "x", height,
                                      " is empty or larger than ", kMaxPixels, " pixels"));
   }

@@ -129,4 +129,78 @@ Status ValidateDataRequest(const Message& msg, int server_rank) {
   return Status::Ok();
 }
 
+Decoded DecodeFrames(const std::vector<Blob>& frames) {
+  Decoded d;
+  if (frames.size() > kMaxValueFrames + 4) {
+    d.error = StrCat("more than ", kMaxValueFrames + 4, " frames");
+    return d;
+  }
+  if (frames.size() < 2) {
+    d.error = "no header frame";
+    return d;
+  }
+  Message& msg = d.msg;
+  const Blob& header = frames[1];
+  if (header.size() > kMaxHeaderBytes ||
+      !msg.header.ParseFromArray(header.data(), static_cast<int>(header.size()))) {
+    d.error = StrCat("header frame of ", header.size(), " bytes is not a PsHeader");
+    return d;
+  }
+  d.header_ok = true;
+  const bool data = msg.header.cmd() == CMD_DATA;
+  const bool in_shm = data && msg.header.shm_frame_offset_size() > 0;
+  const uint64_t expect = data ? 4 + (in_shm ? 0 : msg.header.num_value_frames()) : 2;
+  if (frames.size() != expect) {
+    d.error =
+        StrCat(NodeIdName(msg.header.sender()), " sent ", frames.size() - 1, " frames for command ",
+               PsCommand_Name(msg.header.cmd()), ", header implies ", expect - 1);
+    return d;
+  }
+  msg.route.assign(frames[0].data(), frames[0].size());
+  if (data) {
+    msg.keys = frames[2];
+    msg.lens = frames[3];
+    msg.values.reserve(frames.size() - 4);
+    for (size_t i = 4; i < frames.size(); ++i) {
+      Blob b = frames[i];
+      // Values are read as floats in place; copy the rare misaligned frame.
+      if (reinterpret_cast<uintptr_t>(b.data()) % alignof(float) != 0) {
+        b = Blob::Copy(b.data(), b.size());
+      }
+      msg.values.push_back(std::move(b));
+    }
+  }
+  return d;
+}
+
+Decoded DecodeQueued(const Blob& env) {
+  Decoded d;
+  Message& msg = d.msg;
+  uint32_t hlen = 0;
+  if (env.size() >= sizeof(hlen)) std::memcpy(&hlen, env.data(), sizeof(hlen));
+  if (env.size() < 4 + uint64_t{hlen} || hlen > kMaxHeaderBytes ||
+      !msg.header.ParseFromArray(env.data() + 4, static_cast<int>(hlen))) {
+    d.error = StrCat("queued message of ", env.size(), " bytes has no PsHeader");
+    return d;
+  }
+  d.header_ok = true;
+  if (msg.header.cmd() != CMD_DATA) return d;
+  const PsHeader& h = msg.header;
+  const uint64_t keys_at = QueuedKeysAt(hlen);
+  const uint64_t n = h.num_keys();
+  const uint64_t values_at = (keys_at + n * 12 + 7) / 8 * 8;
+  const bool inline_values = h.shm_frame_offset_size() == 0 && h.num_value_frames() > 0;
+  const uint64_t values = inline_values ? h.value_bytes() : 0;
+  if (n > (env.size() >> 3) || values > env.size() ||
+      (inline_values && h.num_value_frames() != 1) || values_at + values != env.size()) {
+    d.error =
+        StrCat("queued ", env.size(), " bytes for ", n, " keys and ", values, " bytes of values");
+    return d;
+  }
+  msg.keys = Blob::Copy(env.data() + keys_at, n * 8);
+  msg.lens = Blob::Copy(env.data() + keys_at + n * 8, n * 4);
+  if (inline_values) msg.values.push_back(env.Slice(values_at, values));
+  return d;
+}
+
 }  // namespace pstrain

@@ -68,6 +68,35 @@ struct Message {
   }
 };
 
+// ---- decoding what arrives (both transports), before anything uses it ----
+
+// Most value frames one message may carry; more is treated as garbage.
+inline constexpr size_t kMaxValueFrames = 1 << 16;
+// A header larger than this is garbage.
+inline constexpr size_t kMaxHeaderBytes = 1 << 20;
+// Where the keys start in a queued message whose header has `hlen` bytes:
+// the envelope is uint32 header bytes, the header, padding to 8, keys, lens,
+// (padding to 8, inline values).
+inline uint64_t QueuedKeysAt(uint64_t hlen) { return (4 + hlen + 7) / 8 * 8; }
+
+// A received message as far as it could be read: `error` empty when it is
+// well formed as far as these checks go (the data frames' agreement with the
+// header is ValidateFrames'); `header_ok` when msg.header was parsed (a
+// dropped message's header still tells whose numbered stream it was in).
+struct Decoded {
+  Message msg;
+  bool header_ok = false;
+  std::string error;
+};
+// ZeroMQ: frames[0] the sender's routing id, frames[1] the header, then (data
+// messages) keys, lens and the value frames. Copies a misaligned value frame
+// (floats are read in place).
+Decoded DecodeFrames(const std::vector<Blob>& frames);
+// A shared-memory queue entry (one ring block): the header and, for data
+// messages, keys and lens (copied: the sender can still write its arena) and
+// the values inline or named by offsets in the sender's arena.
+Decoded DecodeQueued(const Blob& envelope);
+
 // The ZeroMQ routing id a node connects with, from its registration nonce
 // ("n" + 16 hex digits), and the scheduler's ("s" + 16 hex digits).
 std::string NodeRoute(uint64_t nonce);

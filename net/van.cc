@@ -20,13 +20,6 @@
 namespace pstrain {
 namespace {
 
-// Where the keys start in a queued message whose header has `hlen` bytes.
-uint64_t QueuedKeysAt(uint64_t hlen) { return (4 + hlen + 7) / 8 * 8; }
-
-// Most value frames one message may carry; more is treated as garbage.
-constexpr size_t kMaxValueFrames = 1 << 16;
-// A header larger than this is garbage.
-constexpr size_t kMaxHeaderBytes = 1 << 20;
 // Frames smaller than this are copied into ZeroMQ (cheaper than a reference).
 constexpr size_t kCopyBelowBytes = 512;
 // Messages of one peer waiting for an earlier-numbered one past which its
@@ -648,42 +641,18 @@ bool Van::DrainQueue(int peer, const std::shared_ptr<ShmMapping>& mapping, int m
       Drop(nullptr, StrCat(NodeIdName(peer), ": queue entry: ", envelope.status().message()));
       continue;
     }
-    const Blob& env = *envelope;
-    uint32_t hlen = 0;
-    if (env.size() >= sizeof(hlen)) std::memcpy(&hlen, env.data(), sizeof(hlen));
-    Message msg;
-    if (env.size() < 4 + uint64_t{hlen} || hlen > kMaxHeaderBytes ||
-        !msg.header.ParseFromArray(env.data() + 4, static_cast<int>(hlen))) {
-      Drop(nullptr,
-           StrCat(NodeIdName(peer), ": queued message of ", env.size(), " bytes has no PsHeader"));
+    Decoded d = DecodeQueued(*envelope);
+    if (!d.error.empty()) {
+      Drop(d.header_ok ? &d.msg : nullptr, StrCat(NodeIdName(peer), ": ", d.error), peer);
       continue;
     }
+    Message& msg = d.msg;
     if (msg.header.sender() != peer) {
       Drop(&msg,
            StrCat("message queued by ", NodeIdName(peer), " claims to come from ",
                   NodeIdName(msg.header.sender())),
            peer);
       continue;
-    }
-    if (msg.header.cmd() == CMD_DATA) {
-      const PsHeader& h = msg.header;
-      const uint64_t keys_at = QueuedKeysAt(hlen);
-      const uint64_t n = h.num_keys();
-      const uint64_t values_at = (keys_at + n * 12 + 7) / 8 * 8;
-      const bool inline_values = h.shm_frame_offset_size() == 0 && h.num_value_frames() > 0;
-      const uint64_t values = inline_values ? h.value_bytes() : 0;
-      const uint64_t expect = values_at + values;
-      if (n > (env.size() >> 3) || values > env.size() ||
-          (inline_values && h.num_value_frames() != 1) || expect != env.size()) {
-        Drop(&msg, StrCat(NodeIdName(peer), " queued ", env.size(), " bytes for ", n, " keys and ",
-                          values, " bytes of values"));
-        continue;
-      }
-      // Copied: the peer can still write its arena, and the server reads the
-      // lengths again after validating them.
-      msg.keys = Blob::Copy(env.data() + keys_at, n * 8);
-      msg.lens = Blob::Copy(env.data() + keys_at + n * 8, n * 4);
-      if (inline_values) msg.values.push_back(env.Slice(values_at, values));
     }
     Finish(std::move(msg));
   }
@@ -736,47 +705,19 @@ bool Van::ReceiveOne(void* socket) {
     Drop(nullptr, "more than " + std::to_string(kMaxValueFrames + 4) + " frames");
     return true;
   }
-  // frames[0] is the sender's ZeroMQ routing id.
-  if (frames.size() < 2) {
-    Drop(nullptr, "no header frame");
+  // Wrapped without a copy: each Blob keeps its ZeroMQ frame alive.
+  std::vector<Blob> blobs;
+  blobs.reserve(frames.size());
+  for (const auto& f : frames) {
+    void* data = zmq_msg_data(&f->msg);
+    blobs.emplace_back(std::shared_ptr<const void>(f, data), data, zmq_msg_size(&f->msg));
+  }
+  Decoded d = DecodeFrames(blobs);
+  if (!d.error.empty()) {
+    Drop(d.header_ok ? &d.msg : nullptr, d.error);
     return true;
   }
-  const size_t hsize = zmq_msg_size(&frames[1]->msg);
-  Message msg;
-  if (hsize > kMaxHeaderBytes ||
-      !msg.header.ParseFromArray(zmq_msg_data(&frames[1]->msg), static_cast<int>(hsize))) {
-    Drop(nullptr, StrCat("header frame of ", hsize, " bytes is not a PsHeader"));
-    return true;
-  }
-  const bool data = msg.header.cmd() == CMD_DATA;
-  const bool in_shm = data && msg.header.shm_frame_offset_size() > 0;
-  const size_t expect = data ? 4 + (in_shm ? 0 : msg.header.num_value_frames()) : 2;
-  if (frames.size() != expect) {
-    Drop(&msg, StrCat(NodeIdName(msg.header.sender()), " sent ", frames.size() - 1,
-                      " frames for command ", PsCommand_Name(msg.header.cmd()), ", header implies ",
-                      expect - 1));
-    return true;
-  }
-  msg.route.assign(static_cast<const char*>(zmq_msg_data(&frames[0]->msg)),
-                   zmq_msg_size(&frames[0]->msg));
-  auto blob = [](const std::shared_ptr<ZmqFrame>& f) {
-    void* d = zmq_msg_data(&f->msg);
-    return Blob(std::shared_ptr<const void>(f, d), d, zmq_msg_size(&f->msg));
-  };
-  if (data) {
-    msg.keys = blob(frames[2]);
-    msg.lens = blob(frames[3]);
-    msg.values.reserve(frames.size() - 4);
-    for (size_t i = 4; i < frames.size(); ++i) {
-      Blob b = blob(frames[i]);
-      // Values are read as floats in place; copy the rare misaligned frame.
-      if (reinterpret_cast<uintptr_t>(b.data()) % alignof(float) != 0) {
-        b = Blob::Copy(b.data(), b.size());
-      }
-      msg.values.push_back(std::move(b));
-    }
-  }
-  Finish(std::move(msg));
+  Finish(std::move(d.msg));
   return true;
 }
 

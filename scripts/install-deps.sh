@@ -9,6 +9,7 @@ PACKAGES=(
   libprotobuf-dev protobuf-compiler          # wire headers and configs
   libgflags-dev libgoogle-glog-dev           # flags and logging
   libgtest-dev libgmock-dev                  # tests
+  clang libclang-rt-14-dev libomp-dev        # tests: thread-safety analysis and the fuzzers
   libdnnl-dev                                # CPU kernels (oneDNN)
   ocl-icd-opencl-dev                         # Debian's oneDNN is built with an OpenCL GPU
                                              # runtime: its CMake package requires OpenCL

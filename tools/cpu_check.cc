@@ -32,11 +32,22 @@ bool CpuCanRun(const char* arch, bool (*supports)(const char* level), char* msg,
 namespace {
 
 #if defined(__x86_64__) && defined(__GNUC__)
+// The features each level adds (the x86-64 psABI's list; __builtin_cpu_supports
+// needs literals, and not every compiler knows the level names).
 bool CpuSupports(const char* level) {
-  __builtin_cpu_init();  // __builtin_cpu_supports needs a literal level
-  if (std::strcmp(level, "x86-64-v2") == 0) return __builtin_cpu_supports("x86-64-v2");
-  if (std::strcmp(level, "x86-64-v3") == 0) return __builtin_cpu_supports("x86-64-v3");
-  if (std::strcmp(level, "x86-64-v4") == 0) return __builtin_cpu_supports("x86-64-v4");
+  __builtin_cpu_init();
+  const bool v2 = __builtin_cpu_supports("popcnt") && __builtin_cpu_supports("sse3") &&
+                  __builtin_cpu_supports("ssse3") && __builtin_cpu_supports("sse4.1") &&
+                  __builtin_cpu_supports("sse4.2");
+  const bool v3 = v2 && __builtin_cpu_supports("avx") && __builtin_cpu_supports("avx2") &&
+                  __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") &&
+                  __builtin_cpu_supports("fma");
+  const bool v4 = v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
+                  __builtin_cpu_supports("avx512vl");
+  if (std::strcmp(level, "x86-64-v2") == 0) return v2;
+  if (std::strcmp(level, "x86-64-v3") == 0) return v3;
+  if (std::strcmp(level, "x86-64-v4") == 0) return v4;
   return true;
 }
 

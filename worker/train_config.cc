@@ -80,7 +80,9 @@ Status ApplyConfigOverrides(const std::vector<std::pair<std::string, std::string
                             TrainConfig* cfg) {
   const pb::Descriptor* desc = cfg->GetDescriptor();
   const pb::Reflection* refl = cfg->GetReflection();
-  for (const auto& [raw_name, value] : values) {
+  for (const auto& entry : values) {
+    const std::string& raw_name = entry.first;
+    const std::string& value = entry.second;
     std::string name = raw_name;
     for (char& c : name) {
       if (c == '-') c = '_';

@@ -206,6 +206,22 @@ TEST(ImageCodecTest, HugeDeclaredSizesAreRefusedNotAllocated) {
   EXPECT_FALSE(dec.Decode(png, "big.rec:8", 3, &out).ok());
 }
 
+// Found by tests/fuzz/fuzz_image: sides of 2^32 - 1 overflowed the pixel
+// count (to a negative number that passed the check).
+TEST(ImageCodecTest, SidesWhoseProductOverflowsAreRefused) {
+  std::string png = "\x89PNG\r\n\x1a\n";
+  png += std::string("\0\0\0\x0dIHDR", 8);
+  png += std::string("\xff\xff\xff\xff\xff\xff\xff\xff\x08\x02\0\0\0", 13);
+  png += std::string(4, '\0');
+  ImageDecoder dec;
+  int h = 0, w = 0;
+  Status s = dec.ReadSize(png, "odd.png", &h, &w);
+  EXPECT_EQ(s.code(), StatusCode::kCorruption);
+  EXPECT_THAT(s.message(), HasSubstr("odd.png: image size 4294967295x4294967295"));
+  Image out;
+  EXPECT_EQ(dec.Decode(png, "odd.png", 3, &out).code(), StatusCode::kCorruption);
+}
+
 TEST(ImageCodecTest, TruncatedAndGarbledJpegsAreCorruption) {
   const std::string jpeg = Jpeg(Pattern(64, 64));
   ImageDecoder dec;

@@ -1,0 +1,201 @@
+// Writes the seed inputs of the fuzz harnesses: well-formed examples of what
+// each one reads, so fuzzing starts from inputs that get past the first check.
+//   make_seeds OUT_DIR     writes OUT_DIR/{wire,recordio,readers,image,config}/
+// The config seeds are the job configs of configs/ (PSTRAIN_SOURCE_DIR).
+#include <zlib.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/env.h"
+#include "data/image_codec.h"
+#include "data/image_recordio.h"
+#include "data/recordio.h"
+#include "net/message.h"
+
+namespace pstrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+void WriteFile(const fs::path& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out << bytes;
+  if (!out) {
+    std::fprintf(stderr, "make_seeds: cannot write %s\n", path.c_str());
+    std::exit(1);
+  }
+}
+
+template <typename T>
+std::string Bytes(const std::vector<T>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+// One part of a SplitParts input: uint16 length, then the bytes.
+std::string Part(const std::string& bytes) {
+  const size_t n = bytes.size();
+  if (n > 0xffff) std::abort();
+  return std::string{static_cast<char>(n & 0xff), static_cast<char>(n >> 8)} + bytes;
+}
+
+// A data request of worker rank 0 for server rank 0: `parts` parts of 3 floats.
+PsHeader DataHeader(int parts, bool push) {
+  PsHeader h;
+  h.set_cmd(CMD_DATA);
+  h.set_sender(WorkerId(0));
+  h.set_receiver(8);
+  h.set_request_id(7);
+  h.set_dtype(DTYPE_FLOAT32);
+  h.set_push(push);
+  h.set_pull(true);
+  h.set_num_keys(parts);
+  h.set_num_value_frames(push ? 1 : 0);
+  h.set_value_bytes(push ? parts * 3 * sizeof(float) : 0);
+  return h;
+}
+
+void WireSeeds(const fs::path& dir) {
+  int n = 0;
+  auto seed = [&](const std::string& bytes) {
+    WriteFile(dir / ("seed" + std::to_string(n++)), bytes);
+  };
+  for (bool push : {true, false}) {
+    const int parts = 2;
+    const PsHeader h = DataHeader(parts, push);
+    std::vector<uint64_t> keys{WireKey(0, 3, 0), WireKey(0, 5, 0)};
+    std::vector<uint32_t> lens{3, 3};
+    std::vector<float> values{1, 2, 3, 4, 5, 6};
+    // ZeroMQ frames: routing id, header, keys, lens, values.
+    std::string frames(1, '\0');
+    frames += Part(NodeRoute(0x0123456789abcdef)) + Part(h.SerializeAsString()) +
+              Part(Bytes(keys)) + Part(Bytes(lens));
+    if (push) frames += Part(Bytes(values));
+    seed(frames);
+    // A queue entry: uint32 header bytes, header, padding to 8, keys, lens,
+    // padding to 8, the values inline.
+    const std::string header = h.SerializeAsString();
+    std::string env(4, '\0');
+    const uint32_t hlen = static_cast<uint32_t>(header.size());
+    std::memcpy(env.data(), &hlen, 4);
+    env += header;
+    env.resize(QueuedKeysAt(hlen), '\0');
+    env += Bytes(keys) + Bytes(lens);
+    env.resize((env.size() + 7) / 8 * 8, '\0');
+    if (push) env += Bytes(values);
+    seed("\x01" + env);
+  }
+  // A control message: registration.
+  PsHeader reg;
+  reg.set_cmd(CMD_REGISTER);
+  reg.mutable_node()->set_role(static_cast<int>(Role::kServer));
+  reg.mutable_node()->set_num_servers(1);
+  reg.mutable_node()->set_num_workers(1);
+  reg.mutable_node()->set_host("127.0.0.1");
+  reg.mutable_node()->set_port(9091);
+  std::string frames(1, '\0');
+  frames += Part(NodeRoute(42)) + Part(reg.SerializeAsString());
+  seed(frames);
+}
+
+void RecordIOSeeds(const fs::path& dir) {
+  Image image;
+  image.Resize(4, 6, 3);
+  for (size_t i = 0; i < image.pixels.size(); ++i) image.pixels[i] = static_cast<uint8_t>(i * 7);
+  std::string jpeg;
+  if (!EncodeJpeg(image, 90, &jpeg).ok()) std::abort();
+  const std::string path = (dir / "seed0").string();
+  auto writer = RecordIOWriter::Create(path);
+  if (!writer.ok()) std::abort();
+  // One label, several labels, and a payload holding the magic word (split
+  // into pieces on disk).
+  std::string magic(4, '\0');
+  const uint32_t word = kRecordIOMagic;
+  std::memcpy(magic.data(), &word, 4);
+  for (const std::string& payload :
+       {PackImageRecord(1, {3.0f}, jpeg), PackImageRecord(2, {1.0f, 0.5f}, jpeg),
+        PackImageRecord(3, {0.0f}, std::string(8, 'x') + magic + "tail")}) {
+    if (!(*writer)->Write(payload).ok()) std::abort();
+  }
+  if (!(*writer)->Close().ok()) std::abort();
+}
+
+std::string Gzip(const std::string& bytes) {
+  uLongf size = compressBound(bytes.size()) + 32;
+  std::string out(size, '\0');
+  z_stream z{};
+  if (deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) std::abort();
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data()));
+  z.avail_in = bytes.size();
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = size;
+  if (deflate(&z, Z_FINISH) != Z_STREAM_END) std::abort();
+  out.resize(z.total_out);
+  deflateEnd(&z);
+  return out;
+}
+
+void ReaderSeeds(const fs::path& dir) {
+  auto be32 = [](uint32_t v) {
+    return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16),
+                       static_cast<char>(v >> 8), static_cast<char>(v)};
+  };
+  // MNIST: two 28x28 images and their labels.
+  std::string images = be32(0x803) + be32(2) + be32(28) + be32(28);
+  for (int i = 0; i < 2 * 28 * 28; ++i) images += static_cast<char>(i % 251);
+  const std::string labels = be32(0x801) + be32(2) + "\x03\x07";
+  WriteFile(dir / "mnist", Part(images) + Part(labels));
+  WriteFile(dir / "mnist_gz", Part(Gzip(images)) + Part(Gzip(labels)));
+  // CIFAR-10: one record (label + 3x32x32), and a RecordIO index.
+  std::string cifar(1, '\x04');
+  for (int i = 0; i < 3 * 32 * 32; ++i) cifar += static_cast<char>(i % 253);
+  WriteFile(dir / "cifar", Part(cifar) + Part("0\t0\n1\t3088\n"));
+}
+
+void ImageSeeds(const fs::path& dir) {
+  for (int channels : {3, 1}) {
+    Image image;
+    image.Resize(5, 7, channels);
+    for (size_t i = 0; i < image.pixels.size(); ++i) image.pixels[i] = static_cast<uint8_t>(i * 13);
+    std::string jpeg;
+    if (!EncodeJpeg(image, 75, &jpeg).ok()) std::abort();
+    WriteFile(dir / ("jpeg" + std::to_string(channels)), jpeg);
+  }
+}
+
+void ConfigSeeds(const fs::path& dir) {
+  const fs::path configs = fs::path(PSTRAIN_SOURCE_DIR) / "configs";
+  for (const auto& entry : fs::directory_iterator(configs)) {
+    if (entry.path().extension() == ".cfg")
+      fs::copy_file(entry.path(), dir / entry.path().filename(),
+                    fs::copy_options::overwrite_existing);
+  }
+}
+
+}  // namespace
+}  // namespace pstrain
+
+int main(int argc, char** argv) {
+  using namespace pstrain;
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: make_seeds OUT_DIR\n");
+    return 2;
+  }
+  const fs::path out = argv[1];
+  const std::pair<const char*, void (*)(const fs::path&)> kinds[] = {{"wire", WireSeeds},
+                                                                     {"recordio", RecordIOSeeds},
+                                                                     {"readers", ReaderSeeds},
+                                                                     {"image", ImageSeeds},
+                                                                     {"config", ConfigSeeds}};
+  for (const auto& [name, make] : kinds) {
+    fs::create_directories(out / name);
+    make(out / name);
+  }
+  return 0;
+}
