@@ -166,6 +166,8 @@ StatusOr<JobEnv> ReadJobEnv(const Environment& env, bool cluster_required) {
   RETURN_IF_ERROR(read_ms("PSTRAIN_REQUEST_TIMEOUT_MS", &job.request_timeout_ms, 1));
   job.bind_host = env.Get("PSTRAIN_BIND_HOST").value_or(job.bind_host);
   job.job_id = env.Get("PSTRAIN_JOB_ID").value_or("");
+  ASSIGN_OR_RETURN(int64_t launch_rank, env.GetInt("PSTRAIN_LAUNCH_RANK", -1, 0, INT32_MAX));
+  job.launch_rank = static_cast<int>(launch_rank);
   job.key_file = env.Get("PSTRAIN_KEY_FILE").value_or("");
   const std::string wire = env.Get("PSTRAIN_WIRE_SECURITY").value_or("curve");
   if (wire != "curve" && wire != "auth") {

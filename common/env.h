@@ -63,6 +63,7 @@ struct JobEnv {
   int port = 0;                      // PORT: this node's port (0: pick a free one)
   int verbose = 0;                   // PS_VERBOSE: 0, 1 (connections), 2 (every message)
   std::string job_id;                // PSTRAIN_JOB_ID: the same on every node of a job
+  int launch_rank = -1;              // PSTRAIN_LAUNCH_RANK: the launcher's number (-1: none)
   std::string key_file;              // PSTRAIN_KEY_FILE: the job's CURVE keys; empty: none
   bool encrypt = true;               // PSTRAIN_WIRE_SECURITY: curve (true) | auth (false)
   int64_t bigarray_bound = 1000000;  // MXNET_KVSTORE_BIGARRAY_BOUND (elements)

@@ -1,7 +1,10 @@
 #include "net/cluster_node.h"
 
+#include <algorithm>
 #include <chrono>
 #include <random>
+
+#include "common/job_cause.h"
 
 namespace pstrain {
 
@@ -28,6 +31,7 @@ ClusterOptions ClusterOptionsFromJobEnv(const JobEnv& env) {
   o.job_id = env.job_id;
   o.key_file = env.key_file;
   o.encrypt = env.encrypt;
+  o.launch_rank = env.launch_rank;
   return o;
 }
 
@@ -145,6 +149,7 @@ Status ClusterNode::Start() {
   me->set_num_workers(options_.num_workers);
   me->set_job_id(options_.job_id);
   me->set_build(options_.build);
+  if (options_.launch_rank >= 0) me->set_launch_rank(options_.launch_rank);
   if (const ShmInfo* shm = van_->shm_info()) *me->mutable_shm() = *shm;
   if (options_.verbose >= 1) {
     LOG(INFO) << RoleName(options_.role) << " at " << host_ << ":" << port_
@@ -153,18 +158,50 @@ Status ClusterNode::Start() {
   }
   RETURN_IF_ERROR(Send(kSchedulerId, reg));
   const Deadline deadline = Deadline::InMillis(options_.startup_timeout_ms);
+  // Past this without the table, say what the connection to the scheduler
+  // looks like (refused, unanswered, our key refused) and keep waiting.
+  const Deadline warn = Deadline::InMillis(std::min(5000, options_.startup_timeout_ms / 2));
+  bool warned = false;
+  PsHeader table;
+  for (;;) {
+    {
+      MutexLock l(&mu_);
+      cv_.WaitUntil(warned ? deadline : warn.Min(deadline),
+                    [this]() REQUIRES(mu_) { return table_arrived_ || !health_.ok(); });
+      if (!health_.ok()) return health_;
+      if (table_arrived_) {
+        table.Swap(&table_header_);
+        break;
+      }
+    }
+    const ConnectionReport report = van_->DescribeConnection(kSchedulerId);
+    const std::string& link = report.text;
+    const bool connected = report.kind == ConnectionReport::kConnected;
+    const bool unreachable =
+        report.kind == ConnectionReport::kRefused || report.kind == ConnectionReport::kNoAnswer;
+    if (deadline.Expired()) {
+      return Status::DeadlineExceeded(StrCat(
+          RoleName(options_.role), " at ", host_, ":", port_,
+          ": no node table from the scheduler at ", options_.root_host, ":", options_.root_port,
+          " within ", options_.startup_timeout_ms, " ms (PSTRAIN_STARTUP_TIMEOUT_MS): ", link,
+          connected     ? StrCat("; did all ", options_.num_servers, " servers and ",
+                                 options_.num_workers, " workers start?")
+          : unreachable ? "; is the scheduler running there?"
+                        : ""));
+    }
+    if (!warned && !connected) {
+      LOG(WARNING) << RoleName(options_.role) << " at " << host_ << ":" << port_
+                   << ": no answer from the scheduler at " << options_.root_host << ":"
+                   << options_.root_port << " yet: " << link << "; still trying for "
+                   << deadline.RemainingMillis() << " ms";
+    }
+    warned = true;
+  }
+  // Name lookups, connections and arena mappings happen here, on the caller's
+  // thread: the receive thread goes on reading (heartbeats, an abort) meanwhile.
+  RETURN_IF_ERROR(AdoptTable(table));
   {
     MutexLock l(&mu_);
-    cv_.WaitUntil(deadline, [this]() REQUIRES(mu_) { return have_table_ || !health_.ok(); });
-    if (!health_.ok()) return health_;
-    if (!have_table_) {
-      return Status::DeadlineExceeded(
-          StrCat(RoleName(options_.role), " at ", host_, ":", port_,
-                 ": no node table from the scheduler at ", options_.root_host, ":",
-                 options_.root_port, " within ", options_.startup_timeout_ms,
-                 " ms (PSTRAIN_STARTUP_TIMEOUT_MS); is the scheduler running and did all ",
-                 options_.num_servers, " servers and ", options_.num_workers, " workers start?"));
-    }
     last_scheduler_contact_ = SteadyClock::now();
   }
   if (options_.heartbeat_interval_ms > 0) {
@@ -172,6 +209,71 @@ Status ClusterNode::Start() {
   }
   if (options_.verbose >= 1) LOG(INFO) << "started as " << Self();
   return Status::Ok();
+}
+
+Status ClusterNode::AdoptTable(const PsHeader& h) {
+  std::map<int, NodeInfo> table;
+  {
+    MutexLock l(&mu_);
+    for (const NodeInfo& n : h.nodes()) {
+      table_[n.id()] = n;
+      if (n.nonce() == nonce_ && n.port() == port_) {
+        id_ = n.id();
+        rank_ = n.rank();
+      }
+    }
+    if (id_ < 0) {
+      health_ = Status::Internal("the scheduler's node table does not list this node");
+      cv_.SignalAll();
+      return health_;
+    }
+    table = table_;
+  }
+  // Messages claiming a member's id are taken only from that member's
+  // connection from now on.
+  for (const auto& [id, info] : table) van_->ExpectRoute(id, NodeRoute(info.nonce()));
+  if (h.has_scheduler_route()) van_->ExpectRoute(kSchedulerId, h.scheduler_route());
+  // Workers talk to every server, servers answer every worker.
+  van_->SetSelfId(id());
+  for (const auto& [id, info] : table) {
+    const bool peer = options_.role == Role::kWorker ? IsServerId(id) : IsWorkerId(id);
+    if (!peer) continue;
+    Status connected =
+        van_->Connect(id, info.host(), info.port(), info.has_shm() ? &info.shm() : nullptr);
+    if (!connected.ok()) {
+      MutexLock l(&mu_);
+      if (health_.ok()) health_ = connected;
+      cv_.SignalAll();
+      return connected;
+    }
+  }
+  // Hand on what arrived before the table, in order; what arrives meanwhile
+  // joins the backlog until it is empty (the handler never runs on two
+  // threads at once, and a peer's messages keep their order).
+  for (;;) {
+    std::vector<Message> early;
+    {
+      MutexLock l(&mu_);
+      if (early_.empty()) {
+        have_table_ = true;
+        cv_.SignalAll();
+        return health_;
+      }
+      early.swap(early_);
+    }
+    if (!handler_) continue;
+    for (Message& m : early) {
+      // They arrived before the routes were known: check them now.
+      auto it = table.find(m.header.sender());
+      if (!m.route.empty() && (it == table.end() || m.route != NodeRoute(it->second.nonce()))) {
+        LOG(WARNING) << Self() << ": dropped an early message claiming to come from "
+                     << NodeIdName(m.header.sender())
+                     << " that arrived on another node's connection: forged sender";
+        continue;
+      }
+      handler_(std::move(m));
+    }
+  }
 }
 
 void ClusterNode::Handle(Message&& msg) {
@@ -195,62 +297,12 @@ void ClusterNode::Handle(Message&& msg) {
       return;
     }
     case CMD_NODE_TABLE: {
-      std::map<int, NodeInfo> table;
-      {
-        MutexLock l(&mu_);
-        if (have_table_) return;
-        for (const NodeInfo& n : h.nodes()) {
-          table_[n.id()] = n;
-          if (n.nonce() == nonce_ && n.port() == port_) {
-            id_ = n.id();
-            rank_ = n.rank();
-          }
-        }
-        if (id_ < 0) {
-          health_ = Status::Internal("the scheduler's node table does not list this node");
-          cv_.SignalAll();
-          return;
-        }
-        table = table_;
-      }
-      // Messages claiming a member's id are taken only from that member's
-      // connection from now on.
-      for (const auto& [id, info] : table) van_->ExpectRoute(id, NodeRoute(info.nonce()));
-      if (h.has_scheduler_route()) van_->ExpectRoute(kSchedulerId, h.scheduler_route());
-      // Workers talk to every server, servers answer every worker.
-      van_->SetSelfId(id());
-      Status connected;
-      for (const auto& [id, info] : table) {
-        const bool peer = options_.role == Role::kWorker ? IsServerId(id) : IsWorkerId(id);
-        if (peer && connected.ok()) {
-          connected =
-              van_->Connect(id, info.host(), info.port(), info.has_shm() ? &info.shm() : nullptr);
-        }
-      }
-      std::vector<Message> early;
-      {
-        MutexLock l(&mu_);
-        if (!connected.ok()) {
-          health_ = connected;
-        } else {
-          have_table_ = true;
-        }
-        early.swap(early_);
-        cv_.SignalAll();
-      }
-      if (connected.ok() && handler_) {
-        for (Message& m : early) {
-          // They arrived before the routes were known: check them now.
-          auto it = table.find(m.header.sender());
-          if (!m.route.empty() && (it == table.end() || m.route != NodeRoute(it->second.nonce()))) {
-            LOG(WARNING) << Self() << ": dropped an early message claiming to come from "
-                         << NodeIdName(m.header.sender())
-                         << " that arrived on another node's connection: forged sender";
-            continue;
-          }
-          handler_(std::move(m));
-        }
-      }
+      // Adopted by Start() on its own thread (connecting may block).
+      MutexLock l(&mu_);
+      if (table_arrived_) return;
+      table_arrived_ = true;
+      table_header_ = h;
+      cv_.SignalAll();
       return;
     }
     case CMD_HEARTBEAT:
@@ -269,7 +321,8 @@ void ClusterNode::Handle(Message&& msg) {
       return;
     }
     case CMD_ABORT:
-      Fail(Status::Unavailable(h.error_message()));
+      // The scheduler knows already: nothing to send back (from the receive thread).
+      Failed(Status::Unavailable(h.error_message()), /*tell_scheduler=*/false, kBlameSelf);
       return;
     case CMD_SHUTDOWN: {
       MutexLock l(&mu_);
@@ -283,18 +336,35 @@ void ClusterNode::Handle(Message&& msg) {
   }
 }
 
-void ClusterNode::Fail(const Status& error) {
+void ClusterNode::Fail(const Status& error, int blame) {
+  Failed(error, /*tell_scheduler=*/true, blame);
+}
+
+void ClusterNode::Failed(const Status& error, bool tell_scheduler, int blame) {
   {
     MutexLock l(&mu_);
     if (!health_.ok() || shutdown_) return;
     health_ = error;
     cv_.SignalAll();
   }
-  LOG(ERROR) << Self() << ": " << error;
-  Message abort;
-  abort.header = Header(CMD_ABORT);
-  abort.header.set_error_message(error.message());
-  (void)Send(kSchedulerId, abort);  // best effort: the scheduler may be the one that is gone
+  std::string cause;  // the launcher's name of the node to blame (common/job_cause.h)
+  if (blame == kSchedulerId) {
+    cause = JobProcessName("scheduler", 0);
+  } else if (blame != kBlameSelf && (IsServerId(blame) || IsWorkerId(blame))) {
+    cause = JobProcessName(IsServerId(blame) ? "server" : "worker", RankOfId(blame));
+  }
+  if (cause.empty()) {
+    LOG(ERROR) << Self() << ": " << error;
+  } else {
+    LOG(ERROR) << Self() << ": " << kJobCauseMarker << cause << ": " << error;
+  }
+  if (tell_scheduler) {
+    Message abort;
+    abort.header = Header(CMD_ABORT);
+    abort.header.set_error_message(error.message());
+    if (blame != kBlameSelf) abort.header.set_blame(blame);
+    (void)Send(kSchedulerId, abort);  // best effort: the scheduler may be the one that is gone
+  }
   for (const auto& l : failure_listeners_) l(error);
 }
 
@@ -343,11 +413,24 @@ Status ClusterNode::WaitShutdown(Deadline deadline) {
 
 void ClusterNode::HeartbeatLoop() {
   const auto interval = std::chrono::milliseconds(std::min(options_.heartbeat_interval_ms, 1000));
+  auto last_beat = SteadyClock::now();
   for (;;) {
     {
       MutexLock l(&mu_);
       cv_.WaitUntil(Deadline::In(interval), [this]() REQUIRES(mu_) { return stopping_; });
       if (stopping_) return;
+      // Woken far too late: this process was not running (SIGSTOP, a frozen
+      // host), so the scheduler's silence meanwhile says nothing about it;
+      // what it sent is still to be read. A fresh timeout.
+      const auto now = SteadyClock::now();
+      const int64_t late_ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(now - last_beat - interval).count();
+      if (late_ms > options_.heartbeat_timeout_ms / 2) {
+        LOG(WARNING) << Self() << ": this process did not run for " << late_ms
+                     << " ms (stopped or starved); the scheduler gets a fresh heartbeat timeout";
+        last_scheduler_contact_ = now;
+      }
+      last_beat = now;
     }
     Message hb;
     hb.header = Header(CMD_HEARTBEAT);
@@ -362,10 +445,11 @@ void ClusterNode::HeartbeatLoop() {
       done = shutdown_ || !health_.ok();
     }
     if (!done && silent_ms > options_.heartbeat_timeout_ms) {
-      Fail(Status::Unavailable(
-          StrCat("scheduler at ", options_.root_host, ":", options_.root_port, " silent for ",
-                 silent_ms, " ms (PSTRAIN_HEARTBEAT_TIMEOUT_MS=", options_.heartbeat_timeout_ms,
-                 "); declared dead")));
+      Fail(Status::Unavailable(StrCat(
+               "scheduler at ", options_.root_host, ":", options_.root_port, " silent for ",
+               silent_ms, " ms (PSTRAIN_HEARTBEAT_TIMEOUT_MS=", options_.heartbeat_timeout_ms,
+               "); declared dead")),
+           kSchedulerId);
     }
     for (const auto& t : tick_listeners_) t();
   }

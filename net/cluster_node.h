@@ -11,7 +11,8 @@
 // timeout, a local error reported with Fail), health() turns into that error
 // for good, every waiter wakes with it and the failure listeners run once.
 // Threads: all methods are thread-safe. Handlers and listeners run on the
-// receive or heartbeat thread and must not block.
+// receive or heartbeat thread and must not block; nothing that can block
+// (name lookups, connecting, mapping arenas) runs on the receive thread.
 #ifndef PSTRAIN_NET_CLUSTER_NODE_H_
 #define PSTRAIN_NET_CLUSTER_NODE_H_
 
@@ -59,6 +60,7 @@ struct ClusterOptions {
   // false = auth (authenticate connections only; VanOptions::encrypt).
   bool encrypt = true;
   std::string build = BuildId();  // this binary's (tests set another)
+  int launch_rank = -1;           // PSTRAIN_LAUNCH_RANK (-1: none)
 };
 
 // The options a process gets from its environment (common/env.h).
@@ -75,14 +77,17 @@ class ClusterNode {
   ~ClusterNode();
 
   // Install before Start(). The handler receives CMD_DATA and CMD_CONFIG
-  // messages (requests on servers, replies on workers) on the receive thread.
+  // messages (requests on servers, replies on workers) in arrival order, one
+  // at a time: on the receive thread, or (those that came before the node
+  // table) on the thread in Start().
   void SetMessageHandler(MessageHandler handler);
   void AddFailureListener(FailureListener listener);
   // Runs on the heartbeat thread about every heartbeat interval (at most 1 s).
   void AddTickListener(TickListener listener);
 
-  // Registers and waits (startup_timeout_ms) for the node table, then connects
-  // to peers and starts heartbeats.
+  // Registers and waits (startup_timeout_ms) for the node table, then (on this
+  // thread) connects to peers, hands on the messages that came early and
+  // starts heartbeats.
   Status Start();
   // Waits until every member of `group` (kServerGroup, kWorkerGroup or both)
   // entered the same barrier generation.
@@ -93,8 +98,10 @@ class ClusterNode {
   // scheduler's liveness (heartbeats) and `deadline`.
   Status WaitShutdown(Deadline deadline);
   // Records a local fatal error, tells the scheduler (which tells everyone) and
-  // wakes every waiter. The first error wins.
-  void Fail(const Status& error);
+  // wakes every waiter. The first error wins. `blame`: the node whose fault it
+  // is, when it is not this one (the launcher's summary names it).
+  void Fail(const Status& error, int blame = kBlameSelf);
+  static constexpr int kBlameSelf = -1;
 
   // Stops heartbeats and closes the sockets; no handler or listener runs after
   // it returns. Idempotent. The KV server and client call it in their destructors.
@@ -135,6 +142,11 @@ class ClusterNode {
  private:
   explicit ClusterNode(const ClusterOptions& options);
   void Handle(Message&& msg);
+  // Start(): takes the node table (ids, routes), connects to the peers and
+  // hands on the early messages.
+  Status AdoptTable(const PsHeader& table) EXCLUDES(mu_);
+  // Fail(), telling the scheduler or not (not when the news came from it).
+  void Failed(const Status& error, bool tell_scheduler, int blame) EXCLUDES(mu_);
   void HeartbeatLoop();
   PsHeader Header(PsCommand cmd) const;
 
@@ -153,7 +165,9 @@ class ClusterNode {
   int id_ GUARDED_BY(mu_) = -1;
   int rank_ GUARDED_BY(mu_) = -1;
   std::map<int, NodeInfo> table_ GUARDED_BY(mu_);
-  bool have_table_ GUARDED_BY(mu_) = false;     // and connected to the peers
+  bool table_arrived_ GUARDED_BY(mu_) = false;  // the scheduler's CMD_NODE_TABLE came
+  PsHeader table_header_ GUARDED_BY(mu_);       // it, until Start() takes it
+  bool have_table_ GUARDED_BY(mu_) = false;     // adopted, connected, early messages handed on
   std::vector<Message> early_ GUARDED_BY(mu_);  // data that arrived before the table
   bool shutdown_ GUARDED_BY(mu_) = false;
   bool stopping_ GUARDED_BY(mu_) = false;

@@ -65,8 +65,22 @@ struct Van::Peer {
   uint64_t next_seq = 0;               // shm_seq of the next message (with theirs), under mu
   sockaddr_un doorbell{};              // the peer's doorbell (with theirs)
   socklen_t doorbell_len = 0;          // 0: none, messages to it go over ZeroMQ
+  // The DEALER's connection events (a PAIR), read under mu by
+  // DescribeConnection, and what they told so far.
+  void* monitor = nullptr;
+  int tcp_up = 0;          // TCP connections made
+  int retries = 0;         // reconnects scheduled (after a refused or lost connection)
+  int lost = 0;            // connections lost
+  int auth_refused = 0;    // handshakes the peer refused (not our job's key)
+  int other_failures = 0;  // handshakes failed otherwise (security settings differ)
+  bool up = false;
+  bool handshake_ok = false;
   ~Peer() {
-    if (socket != nullptr) zmq_close(socket);
+    if (socket != nullptr) {
+      if (monitor != nullptr) zmq_socket_monitor(socket, nullptr, 0);
+      zmq_close(socket);
+    }
+    if (monitor != nullptr) zmq_close(monitor);
   }
 };
 
@@ -395,6 +409,23 @@ Status Van::Connect(int id, const std::string& host, int port, const ShmInfo* sh
           StrCat(options_.name, ": the job's client keys are not usable: ", ZmqError()));
     }
   }
+  // Connection events, so that a peer that cannot be reached can be told
+  // apart from one that refuses us or went away (DescribeConnection).
+  static std::atomic<uint64_t> monitors{0};
+  const std::string events = StrCat("inproc://peer-events-", reinterpret_cast<uintptr_t>(this), "-",
+                                    monitors.fetch_add(1));
+  if (zmq_socket_monitor(peer->socket, events.c_str(),
+                         ZMQ_EVENT_CONNECTED | ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_DISCONNECTED |
+                             ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
+    peer->monitor = zmq_socket(context_, ZMQ_PAIR);
+    if (peer->monitor != nullptr && zmq_connect(peer->monitor, events.c_str()) != 0) {
+      zmq_close(peer->monitor);
+      peer->monitor = nullptr;
+    }
+    if (peer->monitor == nullptr) zmq_socket_monitor(peer->socket, nullptr, 0);
+  }
   if (zmq_connect(peer->socket, peer->address.c_str()) != 0) {
     return Status::IOError(StrCat(options_.name, ": cannot connect to ", NodeIdName(id), " at ",
                                   host, ":", port, ": ", ZmqError()));
@@ -416,6 +447,88 @@ Status Van::Connect(int id, const std::string& host, int port, const ShmInfo* sh
   }
   peers_[id] = std::move(peer);
   return Status::Ok();
+}
+
+ConnectionReport Van::DescribeConnection(int id) {
+  std::shared_ptr<Peer> peer;
+  {
+    MutexLock l(&mu_);
+    auto it = peers_.find(id);
+    if (it != peers_.end()) peer = it->second;
+  }
+  if (peer == nullptr) return {ConnectionReport::kNone, "no connection was opened"};
+  MutexLock l(&peer->mu);
+  Peer& p = *peer;
+  // Each event: a frame of (uint16 event, uint32 value), then the address.
+  for (int n = 0; p.monitor != nullptr && n < 100000; ++n) {
+    zmq_msg_t f;
+    zmq_msg_init(&f);
+    if (zmq_msg_recv(&f, p.monitor, ZMQ_DONTWAIT) < 0) {
+      zmq_msg_close(&f);
+      break;
+    }
+    uint16_t event = 0;
+    if (zmq_msg_size(&f) >= sizeof(event)) std::memcpy(&event, zmq_msg_data(&f), sizeof(event));
+    const bool more = zmq_msg_more(&f);
+    zmq_msg_close(&f);
+    while (more) {
+      zmq_msg_init(&f);
+      const bool got = zmq_msg_recv(&f, p.monitor, ZMQ_DONTWAIT) >= 0;
+      const bool again = got && zmq_msg_more(&f);
+      zmq_msg_close(&f);
+      if (!again) break;
+    }
+    switch (event) {
+      case ZMQ_EVENT_CONNECTED:
+        ++p.tcp_up;
+        p.up = true;
+        break;
+      case ZMQ_EVENT_CONNECT_RETRIED:
+        ++p.retries;
+        break;
+      case ZMQ_EVENT_DISCONNECTED:
+        if (p.up) ++p.lost;
+        p.up = false;
+        p.handshake_ok = false;
+        break;
+      case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
+        p.handshake_ok = true;
+        break;
+      case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
+        ++p.auth_refused;
+        break;
+      case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+      case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        ++p.other_failures;
+        break;
+      default:
+        break;
+    }
+  }
+  const std::string& at = p.address;
+  using R = ConnectionReport;
+  if (p.up && p.handshake_ok) return {R::kConnected, StrCat("connected to ", at)};
+  if (p.auth_refused > 0) {
+    return {R::kKeyRefused,
+            StrCat(at, " refused our handshake ", p.auth_refused,
+                   " time(s): this process does not hold the job's key (PSTRAIN_KEY_FILE)")};
+  }
+  if (p.other_failures > 0) {
+    return {R::kHandshakeFailed,
+            StrCat("the handshake with ", at, " failed ", p.other_failures,
+                   " time(s): this process's key or security setting is not the job's "
+                   "(PSTRAIN_KEY_FILE, PSTRAIN_WIRE_SECURITY)")};
+  }
+  if (p.tcp_up == 0 && p.retries > 0) {
+    return {R::kRefused, StrCat("every TCP connection to ", at, " was refused (", p.retries,
+                                " attempts): nothing listens there")};
+  }
+  if (p.tcp_up == 0) {
+    return {R::kNoAnswer, StrCat("no TCP connection to ", at, " yet: the host does not answer")};
+  }
+  if (!p.up)
+    return {R::kLost, StrCat("the connection to ", at, " was lost (", p.lost, " time(s))")};
+  return {R::kHandshaking, StrCat("TCP connection to ", at, " open, handshake not finished")};
 }
 
 void Van::Rename(int from, int to) {

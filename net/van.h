@@ -67,6 +67,24 @@ struct VanOptions {
   std::string routing_id;
 };
 
+// The state of a connection to a peer, from ZeroMQ's events, and a sentence
+// for error messages ("every TCP connection to tcp://10.0.0.2:9000 was
+// refused (12 attempts): nothing listens there").
+struct ConnectionReport {
+  enum Kind {
+    kNone,             // never opened
+    kConnected,        // up, handshake done
+    kRefused,          // every TCP connection refused
+    kNoAnswer,         // no TCP connection, no refusal either (the host does not answer)
+    kKeyRefused,       // the peer refused our handshake: we do not hold the job's key
+    kHandshakeFailed,  // the handshake failed otherwise (keys or security settings differ)
+    kLost,             // was up, is down
+    kHandshaking,      // TCP up, handshake under way
+  };
+  Kind kind = kNone;
+  std::string text;
+};
+
 class Van {
  public:
   // Called on the receive thread with every well-formed message, in arrival order.
@@ -110,6 +128,8 @@ class Van {
   // the peer's arena; failing that is not an error (the peer is elsewhere).
   Status Connect(int id, const std::string& host, int port, const ShmInfo* shm = nullptr);
   void Disconnect(int id);
+  // What happened to the connection to node `id` so far, for error messages.
+  ConnectionReport DescribeConnection(int id);
   // The connection to `from` becomes the connection to `to` (a peer known by
   // a temporary id until it has its own); no-op if there is none.
   void Rename(int from, int to);

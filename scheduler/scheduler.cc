@@ -5,6 +5,8 @@
 #include <random>
 #include <tuple>
 
+#include "common/job_cause.h"
+
 namespace pstrain {
 namespace {
 
@@ -73,10 +75,21 @@ void Scheduler::Broadcast(const Message& msg, int except) {
   }
 }
 
-void Scheduler::Abort(const std::string& why, int except) {
+void Scheduler::Abort(const std::string& why, int except, int culprit) {
   if (!failure_.ok() || done_) return;
   failure_ = Status::Unavailable(why);
-  LOG(ERROR) << "scheduler: " << why;
+  std::string cause;
+  if (culprit == kSchedulerId) {
+    cause = JobProcessName("scheduler", 0);
+  } else if (auto it = nodes_.find(culprit); it != nodes_.end()) {
+    cause =
+        JobProcessName(RoleName(static_cast<Role>(it->second.info.role())), it->second.info.rank());
+  }
+  if (cause.empty()) {
+    LOG(ERROR) << "scheduler: " << why;
+  } else {
+    LOG(ERROR) << "scheduler: " << kJobCauseMarker << cause << ": " << why;
+  }
   Message m;
   m.header = Header(CMD_ABORT);
   m.header.set_error_message(why);
@@ -121,7 +134,7 @@ void Scheduler::Handle(Message&& msg) {
     case CMD_ABORT:
       if (it == nodes_.end()) return;
       Abort(StrCat(Describe(h.sender()), " failed: ", h.error_message(), OpenBarriers()),
-            h.sender());
+            h.sender(), h.has_blame() ? h.blame() : h.sender());
       return;
     default:
       LOG(WARNING) << "scheduler: ignoring command " << PsCommand_Name(h.cmd()) << " from "
@@ -211,12 +224,30 @@ void Scheduler::Register(const Message& msg) {
   }
   if (static_cast<int>(pending_.size()) < options_.num_servers + options_.num_workers) return;
 
-  // Everyone is here: ranks by (role, host, port, nonce), so they do not depend on arrival order.
+  // Everyone is here. Ranks: the launcher's numbers (PSTRAIN_LAUNCH_RANK)
+  // for a role whose nodes all have distinct ones in range, so that
+  // "server-1" of the launcher's logs is server rank 1; otherwise by (role,
+  // host, port, nonce). Neither depends on arrival order.
+  auto launch_ranks_usable = [&](int role, int count) REQUIRES(mu_) {
+    std::set<int> seen;
+    for (const NodeInfo& p : pending_) {
+      if (p.role() != role) continue;
+      if (p.launch_rank() < 0 || p.launch_rank() >= count || !seen.insert(p.launch_rank()).second) {
+        return false;
+      }
+    }
+    return true;
+  };
+  const bool by_launch[2] = {
+      launch_ranks_usable(static_cast<int>(Role::kServer), options_.num_servers),
+      launch_ranks_usable(static_cast<int>(Role::kWorker), options_.num_workers)};
+  auto order = [&](const NodeInfo& n) {
+    const bool use = by_launch[static_cast<Role>(n.role()) == Role::kServer ? 0 : 1];
+    return std::make_tuple(n.role(), use ? n.launch_rank() : -1, n.host(), n.port(), n.nonce());
+  };
   std::vector<NodeInfo> sorted = pending_;
-  std::sort(sorted.begin(), sorted.end(), [](const NodeInfo& a, const NodeInfo& b) {
-    return std::make_tuple(a.role(), a.host(), a.port(), a.nonce()) <
-           std::make_tuple(b.role(), b.host(), b.port(), b.nonce());
-  });
+  std::sort(sorted.begin(), sorted.end(),
+            [&](const NodeInfo& a, const NodeInfo& b) { return order(a) < order(b); });
   int server_rank = 0, worker_rank = 0;
   Message table;
   table.header = Header(CMD_NODE_TABLE);
@@ -307,11 +338,22 @@ Status Scheduler::Run() {
   const auto start = SteadyClock::now();
   const Deadline startup = Deadline::InMillis(options_.startup_timeout_ms);
   MutexLock l(&mu_);
+  auto last_look = SteadyClock::now();
   for (;;) {
     cv_.WaitUntil(Deadline::InMillis(100),
                   [this]() REQUIRES(mu_) { return done_ || !failure_.ok(); });
     if (!failure_.ok()) return failure_;
     if (done_) return Status::Ok();
+    // Woken far too late: the scheduler itself did not run (SIGSTOP, a frozen
+    // host). The nodes' silence meanwhile proves nothing, and their
+    // heartbeats may still be unread: every node gets a fresh timeout.
+    const int64_t late_ms = MillisSince(last_look) - 100;
+    last_look = SteadyClock::now();
+    if (started_ && late_ms > options_.heartbeat_timeout_ms / 2) {
+      LOG(WARNING) << "scheduler: did not run for " << late_ms
+                   << " ms (stopped or starved); every node gets a fresh heartbeat timeout";
+      for (auto& [id, node] : nodes_) node.last_seen = last_look;
+    }
     if (!started_ && startup.Expired()) {
       int servers = 0, workers = 0;
       std::string who;
@@ -335,7 +377,7 @@ Status Scheduler::Run() {
           Abort(StrCat(Describe(id), " sent no heartbeat for ", silent,
                        " ms (PSTRAIN_HEARTBEAT_TIMEOUT_MS=", options_.heartbeat_timeout_ms,
                        "); declared dead"),
-                id);
+                id, id);
           break;
         }
       }

@@ -54,7 +54,10 @@ class Scheduler {
   std::string JobMismatch(const PsHeader& h) const;
   void EnterBarrier(const Message& msg) REQUIRES(mu_);
   void Broadcast(const Message& msg, int except) REQUIRES(mu_);
-  void Abort(const std::string& why, int except) REQUIRES(mu_);
+  // Ends the job: every node but `except` gets CMD_ABORT with `why`. With a
+  // `culprit` (a node id) the log line names it for the launcher
+  // (common/job_cause.h).
+  void Abort(const std::string& why, int except, int culprit = -1) REQUIRES(mu_);
   std::string Describe(int id) const REQUIRES(mu_);
   // "; barrier of group 4 generation 3 is still waiting for worker rank 2 at ..." per open barrier.
   std::string OpenBarriers() const REQUIRES(mu_);

@@ -368,8 +368,11 @@ void KVServer::CheckRounds(Shard* shard) {
         std::chrono::duration_cast<std::chrono::milliseconds>(now - ks.opened).count();
     if (open_ms < timeout / 4) continue;
     std::string missing;
+    int first_missing = -1;
     for (size_t w = 0; w < ks.in_round.size(); ++w) {
-      if (!ks.in_round[w]) missing += StrCat(missing.empty() ? "" : ", ", w);
+      if (ks.in_round[w]) continue;
+      missing += StrCat(missing.empty() ? "" : ", ", w);
+      if (first_missing < 0) first_missing = static_cast<int>(w);
     }
     const std::string what =
         StrCat("the dist_sync round ", ks.state.num_updates + 1, " of ", PartName(wire),
@@ -384,7 +387,8 @@ void KVServer::CheckRounds(Shard* shard) {
         Status::DeadlineExceeded(StrCat(node_->Self(), ": ", what,
                                         "; a worker that is alive but never pushes stops the "
                                         "job after PSTRAIN_ROUND_TIMEOUT_MS=",
-                                        timeout)));
+                                        timeout)),
+        first_missing >= 0 ? WorkerId(first_missing) : ClusterNode::kBlameSelf);
     return;
   }
 }
@@ -470,6 +474,7 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   // stored). While a reply still reads the stored value, the update goes to a
   // fresh buffer (the same pass, no copy first) that then becomes the value.
   // Returns what the update saw; an error ends the job.
+  int blame = ClusterNode::kBlameSelf;  // whose push broke an update
   auto apply = [&](const std::vector<Op>& ops) -> Status {
     std::vector<const float*> g;
     g.reserve(ops.size());
@@ -506,6 +511,7 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
     }
     if (fresh.has_value()) ks->Store(*std::move(fresh), n);
     if (check.bad_grad >= 0) {
+      blame = WorkerId(from[check.bad_grad]);
       return Status::FailedPrecondition(
           StrCat("worker rank ", from[check.bad_grad], " pushed NaN or Inf in ", PartName(wire),
                  " (round ", round,
@@ -523,7 +529,7 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   // The error of an update: every push of it is answered with it, and the job ends.
   auto finish = [&](const std::vector<Op>& ops, const Status& s) {
     for (const Op& d : ops) CompletePart(d, ks, s);
-    if (!s.ok()) node_->Fail(Status(s.code(), StrCat(node_->Self(), ": ", s.message())));
+    if (!s.ok()) node_->Fail(Status(s.code(), StrCat(node_->Self(), ": ", s.message())), blame);
   };
   if (cfg == nullptr || !cfg->sync_mode()) {
     if (optimizer() == nullptr) {

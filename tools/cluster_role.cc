@@ -55,20 +55,15 @@ int RunServerRole(const JobEnv& env) {
   so.num_threads = env.server_threads;
   so.skip_nonfinite = env.skip_nonfinite;
   so.round_timeout_ms = env.round_timeout_ms;
-  Status s;
-  int64_t served = 0;
-  std::string self;
-  {
-    KVServer server(node->get(), so);
-    s = server.Run();
-    served = server.requests_served();
-    self = (*node)->Self();
-  }
+  // Said before the server stops: closing the sockets may wait (up to the
+  // linger time) for messages a dead peer never takes.
+  KVServer server(node->get(), so);
+  const Status s = server.Run();
   if (!s.ok()) {
-    LOG(ERROR) << self << ": " << s;
+    LOG(ERROR) << (*node)->Self() << ": " << s;
     return 1;
   }
-  LOG(INFO) << self << ": job done after " << served << " requests";
+  LOG(INFO) << (*node)->Self() << ": job done after " << server.requests_served() << " requests";
   return 0;
 }
 

@@ -10,9 +10,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string_view>
+
+#include "common/job_cause.h"
 
 namespace pstrain::tracker {
 namespace {
@@ -161,6 +164,7 @@ class Job {
           Fail(StrCat(name, " (MPI rank ", rank, ") under ", r.task.role, " (", r.task.host,
                       ") exited with code ", code),
                1);
+          reason_from_exit_ = true;
           return;
         }
       } else {
@@ -168,6 +172,7 @@ class Job {
         if (int failed = FailedRankFromNotice(whole); failed >= 0) r.failed_rank = failed;
       }
     }
+    NoteCause(name, text);
     if (name != b.name) {
       FlushBatch(b, stream);
       b.name = name;
@@ -286,6 +291,47 @@ class Job {
     }
   }
 
+  // Whose fault a failure is (common/job_cause.h): the scheduler's verdict,
+  // else the first a node gave (a node that found the scheduler silent); and
+  // whether that process is stopped (SIGSTOP) right now, when it runs here.
+  void NoteCause(const std::string& reporter, std::string_view text) {
+    if (text.find(kJobCauseMarker) == std::string_view::npos) return;
+    const bool from_scheduler = reporter.rfind("scheduler", 0) == 0;
+    if (!cause_name_.empty() && (cause_from_scheduler_ || !from_scheduler)) return;
+    std::string name, why;
+    if (!ParseJobCause(std::string(text), &name, &why)) return;
+    cause_name_ = name;
+    cause_why_ = why;
+    cause_reporter_ = reporter;
+    cause_from_scheduler_ = from_scheduler;
+    cause_where_.clear();
+    for (const Running& r : running_) {
+      if (r.task.tags != OutputTags::kNone || Name(r.task, r.task.rank) != name) continue;
+      cause_where_ = StrCat(" on ", r.task.host, " (pid ", r.proc->pid());
+      // /proc/PID/stat: "pid (comm) S ...", T when stopped. (For a remote
+      // process this is its ssh client, which is not.)
+      std::ifstream stat(StrCat("/proc/", r.proc->pid(), "/stat"));
+      std::string line;
+      std::getline(stat, line);
+      const size_t paren = line.rfind(") ");
+      if (paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'T') {
+        cause_where_ += ", stopped";
+      }
+      cause_where_ += ")";
+    }
+  }
+
+  // The job's reason names the first process to exit; when the scheduler
+  // blamed another one, the reason names that one first.
+  void BlameCause() {
+    if (!reason_from_exit_ || cause_name_.empty()) return;
+    if (result_.reason.rfind(cause_name_ + " ", 0) == 0) return;
+    result_.reason =
+        StrCat(cause_name_, cause_where_, " caused it; ",
+               cause_from_scheduler_ ? std::string("the scheduler") : cause_reporter_,
+               " says: ", cause_why_, " (the first process to exit was ", result_.reason, ")");
+  }
+
   void Fail(const std::string& reason, int exit_code) {
     if (stopping_) return;
     result_.success = false;
@@ -293,6 +339,13 @@ class Job {
     result_.exit_code = exit_code;
     WriteAll(options_.terminal_err_fd, StrCat("pstrain launch: ", reason, "; stopping the job\n"));
     StopAll();
+  }
+
+  // SIGTERM, and SIGCONT so that a stopped process (SIGSTOP) acts on it.
+  static void Terminate(Running& r) {
+    r.proc->SignalGroup(SIGTERM);
+    r.proc->SignalGroup(SIGCONT);
+    r.signalled = true;
   }
 
   void StopAll() {
@@ -303,8 +356,7 @@ class Job {
       if (r.task.stop_by_closing_stdin) {
         r.proc->CloseStdin();
       } else {
-        r.proc->SignalGroup(SIGTERM);
-        r.signalled = true;
+        Terminate(r);
       }
     }
   }
@@ -317,8 +369,7 @@ class Job {
     for (Running& r : running_) {
       if (r.proc->exited()) continue;
       if (!r.signalled && since >= options_.stdin_grace_ms) {
-        r.proc->SignalGroup(SIGTERM);
-        r.signalled = true;
+        Terminate(r);
       }
       int kill_after =
           options_.term_grace_ms + (r.task.stop_by_closing_stdin ? options_.stdin_grace_ms : 0);
@@ -349,6 +400,7 @@ class Job {
           }
         }
         Fail(StrCat(who, " (pid ", r.proc->pid(), ") ", r.proc->ExitDescription()), 1);
+        reason_from_exit_ = true;
       }
     }
     return all;
@@ -402,6 +454,7 @@ class Job {
       FlushPartial(r, 1);
     }
     if (result_.success) result_.exit_code = 0;
+    if (!result_.success) BlameCause();
   }
 
   const SupervisorOptions& options_;
@@ -410,6 +463,12 @@ class Job {
   JobResult result_;
   bool stopping_ = false;
   SteadyClock::time_point stop_started_;
+  bool reason_from_exit_ = false;  // the job failed because a process exited badly
+  std::string cause_name_;         // whose fault: "server-0"
+  std::string cause_why_;
+  std::string cause_reporter_;  // who said so: "scheduler-0", "worker-1"
+  bool cause_from_scheduler_ = false;
+  std::string cause_where_;  // " on HOST (pid N[, stopped])"
 };
 
 }  // namespace

@@ -40,13 +40,25 @@ KVClient::KVClient(ClusterNode* node, const KVClientOptions& options)
     MutexLock l(&mu_);
     queued_.resize(node->num_servers());
     inflight_count_.assign(node->num_servers(), 0);
+    outbox_.resize(node->num_servers());
+    flushing_.assign(node->num_servers(), false);
   }
   node_->SetMessageHandler([this](Message&& m) { HandleReply(std::move(m)); });
   node_->AddFailureListener([this](const Status& s) { FailAll(s); });
   node_->AddTickListener([this] { ExpireRequests(); });
+  sender_ = std::thread([this] { SenderLoop(); });
 }
 
-KVClient::~KVClient() { node_->Stop(); }
+KVClient::~KVClient() {
+  // The node first: no reply handler runs after it stops (sends fail fast).
+  node_->Stop();
+  {
+    MutexLock l(&mu_);
+    sender_stop_ = true;
+    cv_.SignalAll();
+  }
+  sender_.join();
+}
 
 StatusOr<const std::vector<PartPlan>*> KVClient::Parts(Key key, int64_t len) {
   auto it = plans_.find(key);
@@ -179,7 +191,7 @@ KVClient::Ticket KVClient::Issue(Kind kind, const std::vector<Key>& keys,
       }
     }
   }
-  RunCallbacks();
+  FlushAndRunCallbacks(/*may_block=*/true);
   return ticket;
 }
 
@@ -226,14 +238,67 @@ void KVClient::Enqueue(std::unique_ptr<Sub> sub) {
 
 void KVClient::SendSub(std::unique_ptr<Sub> sub) {
   sub->deadline = Deadline::InMillis(options_.request_timeout_ms);
-  Status s = node_->Send(ServerId(sub->server), sub->msg);
-  if (!s.ok()) {
-    if (Callback c = FinishSub(sub->ticket, s)) to_run_.emplace_back(std::move(c), s);
-    return;
-  }
   ++inflight_count_[sub->server];
   const uint64_t id = sub->id;
+  // In flight before it is sent: the reply may come before Send returns.
+  outbox_[sub->server].emplace_back(id, std::move(sub->msg));
   inflight_[id] = std::move(sub);
+}
+
+void KVClient::Flush() {
+  MutexLock l(&mu_);
+  for (size_t s = 0; s < outbox_.size(); ++s) {
+    if (flushing_[s] || outbox_[s].empty()) continue;
+    flushing_[s] = true;
+    while (!outbox_[s].empty()) {
+      auto [id, msg] = std::move(outbox_[s].front());
+      outbox_[s].pop_front();
+      Status sent;
+      {
+        // Unlocked: a send may block (a full connection) for up to the
+        // send timeout, and replies must get through meanwhile.
+        mu_.Unlock();
+        sent = node_->Send(ServerId(static_cast<int>(s)), msg);
+        mu_.Lock();
+      }
+      if (sent.ok()) continue;
+      auto it = inflight_.find(id);
+      if (it == inflight_.end()) continue;  // the job failed meanwhile
+      const Ticket ticket = it->second->ticket;
+      inflight_.erase(it);
+      --inflight_count_[s];
+      if (Callback c = FinishSub(ticket, sent)) to_run_.emplace_back(std::move(c), sent);
+      Pump(static_cast<int>(s));
+    }
+    flushing_[s] = false;
+  }
+}
+
+void KVClient::FlushAndRunCallbacks(bool may_block) {
+  if (may_block) {
+    Flush();
+  } else {
+    MutexLock l(&mu_);
+    for (size_t s = 0; s < outbox_.size(); ++s) {
+      if (!flushing_[s] && !outbox_[s].empty()) sender_wanted_ = true;
+    }
+    if (sender_wanted_) cv_.SignalAll();
+  }
+  RunCallbacks();
+}
+
+void KVClient::SenderLoop() {
+  for (;;) {
+    {
+      MutexLock l(&mu_);
+      cv_.WaitUntil(Deadline::Never(),
+                    [this]() REQUIRES(mu_) { return sender_wanted_ || sender_stop_; });
+      if (sender_stop_) return;
+      sender_wanted_ = false;
+    }
+    Flush();
+    RunCallbacks();
+  }
 }
 
 void KVClient::Pump(int server) {
@@ -316,7 +381,7 @@ void KVClient::HandleReply(Message&& msg) {
     if (Callback c = FinishSub(sub->ticket, st)) to_run_.emplace_back(std::move(c), st);
     Pump(sub->server);
   }
-  RunCallbacks();
+  FlushAndRunCallbacks(/*may_block=*/false);  // the receive thread: the sender thread sends
 }
 
 Status KVClient::Wait(Ticket ticket, Deadline deadline) {
@@ -364,7 +429,7 @@ Status KVClient::SetServerConfig(const ServerConfig& config, Deadline deadline) 
       Enqueue(std::move(sub));
     }
   }
-  RunCallbacks();
+  FlushAndRunCallbacks(/*may_block=*/true);
   return Wait(ticket, deadline);
 }
 
@@ -378,6 +443,7 @@ void KVClient::FailAll(const Status& s) {
       for (auto& sub : q) affected.push_back(sub->ticket);
       q.clear();
     }
+    for (auto& o : outbox_) o.clear();
     // Abandoned: ZeroMQ may still hold their frames until the node stops.
     inflight_.clear();
     std::fill(inflight_count_.begin(), inflight_count_.end(), 0);
@@ -391,17 +457,19 @@ void KVClient::FailAll(const Status& s) {
 
 void KVClient::ExpireRequests() {
   std::string late;
+  int server = -1;
   {
     MutexLock l(&mu_);
     for (const auto& [id, sub] : inflight_) {
       if (sub->deadline.Expired()) {
+        server = ServerId(sub->server);
         late = StrCat("no reply from ", node_->Describe(ServerId(sub->server)), " to request ", id,
                       " within ", options_.request_timeout_ms, " ms (PSTRAIN_REQUEST_TIMEOUT_MS)");
         break;
       }
     }
   }
-  if (!late.empty()) node_->Fail(Status::DeadlineExceeded(late));
+  if (!late.empty()) node_->Fail(Status::DeadlineExceeded(late), server);
 }
 
 }  // namespace pstrain

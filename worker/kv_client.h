@@ -23,8 +23,12 @@
 // ClusterNode is stopped (this object's destructor does it).
 //
 // Threads: every method is thread-safe. Callbacks run on the node's receive or
-// heartbeat thread (or the calling thread for requests that complete at once)
-// and must not block; they may issue new requests.
+// heartbeat thread, on the client's sender thread, or on the calling thread
+// (requests that complete at once), and must not block; they may issue new
+// requests. No lock is held while a message is sent: requests are handed to
+// a per-server outbox under the lock and sent, in order, after it is released
+// by the calling thread, or by the sender thread when the request was let
+// out of the queue by a reply (the receive thread never sends).
 #ifndef PSTRAIN_WORKER_KV_CLIENT_H_
 #define PSTRAIN_WORKER_KV_CLIENT_H_
 
@@ -33,6 +37,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -122,7 +127,15 @@ class KVClient {
   void Pump(int server) REQUIRES(mu_);
   // Marks one sub-request of `ticket` done; returns the callback to run, if any.
   Callback FinishSub(Ticket ticket, const Status& s) REQUIRES(mu_);
+  // Registers `sub` as in flight and puts its message in its server's outbox.
   void SendSub(std::unique_ptr<Sub> sub) REQUIRES(mu_);
+  // Sends what the outboxes hold, each server's in order, no lock held while
+  // sending; a server another thread is flushing is left to that thread.
+  void Flush() EXCLUDES(mu_);
+  // Flush() now on the calling thread, or (on the receive thread) by the
+  // sender thread; then the callbacks.
+  void FlushAndRunCallbacks(bool may_block) EXCLUDES(mu_);
+  void SenderLoop();
   void RunCallbacks() EXCLUDES(mu_);
   void HandleReply(Message&& msg);
   void FailAll(const Status& s);
@@ -136,13 +149,19 @@ class KVClient {
   Status failure_ GUARDED_BY(mu_);
   Ticket next_ticket_ GUARDED_BY(mu_) = 1;
   uint64_t next_request_ GUARDED_BY(mu_) = 1;
-  uint64_t next_seq_ GUARDED_BY(mu_) = 0;
   std::unordered_map<Ticket, TicketState> tickets_ GUARDED_BY(mu_);
   std::unordered_map<uint64_t, std::unique_ptr<Sub>> inflight_ GUARDED_BY(mu_);
   std::vector<std::deque<std::unique_ptr<Sub>>> queued_ GUARDED_BY(mu_);  // per server
   std::vector<int> inflight_count_ GUARDED_BY(mu_);                       // per server
   std::unordered_map<Key, std::pair<int64_t, std::vector<PartPlan>>> plans_ GUARDED_BY(mu_);
   std::vector<std::pair<Callback, Status>> to_run_ GUARDED_BY(mu_);  // run after unlocking
+  // Per server: messages to send, in order (request id, message), and whether
+  // a thread is sending them now.
+  std::vector<std::deque<std::pair<uint64_t, Message>>> outbox_ GUARDED_BY(mu_);
+  std::vector<bool> flushing_ GUARDED_BY(mu_);
+  bool sender_wanted_ GUARDED_BY(mu_) = false;  // the receive thread filled an outbox
+  bool sender_stop_ GUARDED_BY(mu_) = false;
+  std::thread sender_;
 };
 
 }  // namespace pstrain

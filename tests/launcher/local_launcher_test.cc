@@ -3,6 +3,10 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
 #include "logtools/log_table.h"
 #include "net/job_keys.h"
 #include "tests/launcher/launch_test_util.h"
@@ -101,6 +105,82 @@ TEST_F(LocalLauncherTest, FailingProcessStopsTheJob) {
   Reports reports = ReadReports(dir_.Sub("reports"));
   EXPECT_EQ(reports.size(), 5u) << run.output;
   EXPECT_EQ(Survivors(reports), std::vector<std::string>{}) << run.output;
+}
+
+// The pid of the job's process whose environment has DMLC_ROLE=`role`,
+// PSTRAIN_LAUNCH_RANK=`rank` and `tag` (-1: none).
+int FindJobProcess(const std::string& tag, const std::string& role, int rank) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "environ", std::ios::binary);
+    std::string env((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto has = [&](const std::string& kv) { return env.find(kv + '\0') != std::string::npos; };
+    if (has(tag) && has("DMLC_ROLE=" + role) &&
+        (role == "scheduler" || has("PSTRAIN_LAUNCH_RANK=" + std::to_string(rank)))) {
+      return std::stoi(name);
+    }
+  }
+  return -1;
+}
+
+// A process of a real job that stops (SIGSTOP) is the one the summary names,
+// not the first process to exit; and the launcher's "server-1" is the
+// scheduler's server rank 1.
+TEST_F(LocalLauncherTest, AStoppedProcessIsNamedInTheSummary) {
+  for (const std::string victim : {"server", "scheduler"}) {
+    SCOPED_TRACE(victim);
+    TempDir dir;
+    const std::string tag = StrCat("PROBE_JOB=", victim, getpid());
+    Launch launch({"-n",
+                   "2",
+                   "-s",
+                   "2",
+                   "--launcher",
+                   "local",
+                   "--log-dir",
+                   dir.Sub("logs"),
+                   "--timeout",
+                   "60",
+                   "--env",
+                   tag,
+                   "--env",
+                   "PSTRAIN_HEARTBEAT_TIMEOUT_MS=2000",
+                   "--",
+                   PstrainBinary(),
+                   "kvbench",
+                   "--tensor-bytes=4096",
+                   "--tensors=4",
+                   "--iters=100000000",
+                   "--ceiling-iters=10",
+                   "--mode=sync",
+                   "--rounds=1"},
+                  dir.path());
+    const int rank = victim == "server" ? 1 : 0;
+    ASSERT_TRUE(launch.PumpUntil([&] { return FindJobProcess(tag, victim, rank) > 0; }, 30000))
+        << launch.output();
+    // Past start-up: the table went out, the benchmark runs.
+    launch.PumpUntil([] { return false; }, 1500);
+    const int pid = FindJobProcess(tag, victim, rank);
+    ASSERT_GT(pid, 0);
+    ASSERT_EQ(kill(pid, SIGSTOP), 0);
+    LaunchRun run = launch.Wait(30000);
+    EXPECT_NE(run.exit_code(), 0) << run.output;
+    EXPECT_LT(run.seconds, 25) << run.output;
+    const std::string summary = run.output.substr(run.output.rfind("pstrain launch: job"));
+    EXPECT_NE(summary.find(StrCat("failed: ", victim, "-", rank, " on 127.0.0.1 (pid ", pid,
+                                  ", stopped) caused it; ")),
+              std::string::npos)
+        << summary;
+    if (victim == "server") {
+      EXPECT_NE(summary.find("the scheduler says: server rank 1 at 127.0.0.1:"), std::string::npos)
+          << summary;
+    } else {
+      EXPECT_NE(summary.find("scheduler at 127.0.0.1:"), std::string::npos) << summary;
+      EXPECT_NE(summary.find("silent for"), std::string::npos) << summary;
+    }
+    kill(pid, SIGKILL);
+  }
 }
 
 TEST_F(LocalLauncherTest, InterruptStopsEveryProcess) {

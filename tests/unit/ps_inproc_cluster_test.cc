@@ -6,7 +6,9 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -180,6 +182,96 @@ TEST(InProcClusterTest, DistAsyncAppliesEveryPushExactlyOnce) {
     }
     return Status::Ok();
   });
+}
+
+// No lock is held while sending: requests leave a per-server outbox in order,
+// sent by the calling thread or (when a reply lets them out of the queue) by
+// the client's sender thread. Three threads per worker, one request in flight
+// per server, and chains of requests issued from callbacks: every push is
+// applied once, and each thread's pulls see its own earlier pushes.
+TEST(InProcClusterTest, QueuedRequestsLeaveInOrderFromAnyThread) {
+  KVClientOptions one_at_a_time;
+  one_at_a_time.max_inflight_per_server = 1;
+  constexpr int kThreads = 3, kPushes = 40;
+  auto body = [](KVClient& kv) -> Status {
+    RETURN_IF_ERROR(kv.SetServerConfig(Config(false, 1.0f), Soon()));
+    // Key t of each thread, sharded over both servers (big) or not.
+    const std::vector<int64_t> lens = {5, 400000, 7};
+    std::vector<float> zeros(400000, 0.0f);
+    for (int t = 0; t < kThreads; ++t) {
+      RETURN_IF_ERROR(kv.Wait(kv.Init({uint64_t(t)}, {lens[t]}, zeros.data()), Soon()));
+    }
+    RETURN_IF_ERROR(kv.Barrier(Soon()));
+    const float g = kv.rank() + 1.0f;
+    std::vector<Status> results(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        const std::vector<KVClient::Key> key = {uint64_t(t)};
+        const std::vector<int64_t> len = {lens[t]};
+        std::vector<float> grad(lens[t], g), got(lens[t]);
+        std::vector<KVClient::Ticket> tickets;
+        for (int i = 1; i <= kPushes; ++i) {
+          tickets.push_back(kv.Push(key, len, grad.data(), /*priority=*/i % 3));
+          if (i % 10 != 0) continue;
+          // Own pushes reach the server in call order, before this pull.
+          Status s = kv.Wait(kv.Pull(key, len, got.data()), Soon());
+          if (s.ok() && got[0] < i * g) {
+            s = Status::Internal(
+                StrCat("key ", t, ": pull after ", i, " pushes of ", g, " saw ", got[0]));
+          }
+          if (!s.ok()) {
+            results[t] = s;
+            return;
+          }
+        }
+        for (auto ticket : tickets) {
+          Status s = kv.Wait(ticket, Soon());
+          if (!s.ok()) results[t] = s;
+        }
+        // A chain: each callback (on the receive or sender thread) issues
+        // the next push.
+        std::mutex mu;
+        std::condition_variable cv;
+        int left = kPushes;
+        Status chain;
+        std::function<void(const Status&)> next = [&](const Status& s) {
+          {
+            std::lock_guard<std::mutex> l(mu);
+            if (!s.ok()) chain = s;
+            if (--left == 0 || !s.ok()) {
+              left = 0;
+              cv.notify_all();
+              return;
+            }
+          }
+          kv.Push(key, len, grad.data(), 0, next);
+        };
+        kv.Push(key, len, grad.data(), 0, next);
+        std::unique_lock<std::mutex> l(mu);
+        if (!cv.wait_for(l, std::chrono::seconds(30), [&] { return left == 0; })) {
+          chain = Status::DeadlineExceeded("the callback chain stalled");
+        }
+        if (!chain.ok()) results[t] = chain;
+      });
+    }
+    for (auto& th : threads) th.join();
+    for (const Status& s : results) RETURN_IF_ERROR(s);
+    RETURN_IF_ERROR(kv.Barrier(Soon()));
+    const float expect = 2 * kPushes * (1.0f + 2.0f);  // both workers, both phases
+    for (int t = 0; t < kThreads; ++t) {
+      std::vector<float> got(lens[t]);
+      RETURN_IF_ERROR(kv.Wait(kv.Pull({uint64_t(t)}, {lens[t]}, got.data()), Soon()));
+      for (float v : got) {
+        if (v != expect) return Status::Internal(StrCat("key ", t, ": ", v, ", expected ", expect));
+      }
+    }
+    return Status::Ok();
+  };
+  for (int64_t shm : {int64_t{0}, int64_t{16} << 20}) {
+    SCOPED_TRACE(shm > 0 ? "shared memory" : "tcp");
+    ExpectAllOk(RunJob(2, 2, body, one_at_a_time, nullptr, -1, "127.0.0.1", shm));
+  }
 }
 
 TEST(InProcClusterTest, PullSeesOwnEarlierPushInSyncModeAndSgdRuns) {

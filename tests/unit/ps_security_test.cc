@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "net/cluster_node.h"
 #include "net/job_keys.h"
 #include "net/van.h"
 #include "tests/test_util.h"
@@ -249,6 +250,100 @@ TEST(SecurityTest, OutsidersAndForgedSendersCannotHarmTheJob) {
     ExpectAllOk(r);
     EXPECT_EQ(intruder.received.load(), 0) << "nothing may answer it";
   }
+}
+
+// What a node says when it cannot join: the connection's own events tell a
+// port where nothing listens from a scheduler that refuses our key.
+ConnectionReport ReportAfter(Van& from, int port, ConnectionReport::Kind want) {
+  // ZeroMQ connects (and shakes hands) without a message being sent.
+  CHECK_OK(from.Connect(port, "127.0.0.1", port));
+  ConnectionReport r;
+  for (int i = 0; i < 100; ++i) {  // up to 5 s
+    r = from.DescribeConnection(port);
+    if (r.kind == want) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return r;
+}
+
+std::unique_ptr<Van> TestVan(const std::string& key_file) {
+  VanOptions vo;
+  vo.bind_host = "127.0.0.1";
+  vo.name = "test";
+  if (!key_file.empty()) {
+    auto keys = ReadJobKeys(key_file);
+    CHECK(keys.ok()) << keys.status();
+    vo.keys = std::make_shared<const JobKeys>(*keys);
+  }
+  auto van = Van::Create(vo, [](Message&&) {});
+  CHECK(van.ok()) << van.status();
+  (*van)->StartReceiving();
+  return std::move(van).value();
+}
+
+TEST(ConnectionReportTest, RefusedUnansweredKeyRefusedAndConnectedAreToldApart) {
+  KeyFile key, other;
+  auto job = TestVan(key.path);
+  {
+    // A port nothing listens on: a just-closed one.
+    int port = 0;
+    {
+      auto gone = TestVan("");
+      port = gone->port();
+    }
+    auto v = TestVan("");
+    const ConnectionReport r = ReportAfter(*v, port, ConnectionReport::kRefused);
+    EXPECT_EQ(r.kind, ConnectionReport::kRefused) << r.text;
+    EXPECT_NE(r.text.find("was refused"), std::string::npos) << r.text;
+    EXPECT_NE(r.text.find(StrCat("127.0.0.1:", port)), std::string::npos) << r.text;
+  }
+  {
+    auto v = TestVan("");  // no security against a CURVE job
+    const ConnectionReport r = ReportAfter(*v, job->port(), ConnectionReport::kHandshakeFailed);
+    EXPECT_EQ(r.kind, ConnectionReport::kHandshakeFailed) << r.text;
+    EXPECT_NE(r.text.find("PSTRAIN_KEY_FILE"), std::string::npos) << r.text;
+  }
+  {
+    auto v = TestVan(other.path);  // another job's keys
+    const ConnectionReport r = ReportAfter(*v, job->port(), ConnectionReport::kHandshakeFailed);
+    EXPECT_TRUE(r.kind == ConnectionReport::kHandshakeFailed ||
+                r.kind == ConnectionReport::kKeyRefused)
+        << r.text;
+  }
+  {
+    auto v = TestVan(key.path);
+    const ConnectionReport r = ReportAfter(*v, job->port(), ConnectionReport::kConnected);
+    EXPECT_EQ(r.kind, ConnectionReport::kConnected) << r.text;
+  }
+  {
+    auto v = TestVan("");
+    EXPECT_EQ(v->DescribeConnection(12345).kind, ConnectionReport::kNone);
+  }
+}
+
+// A node whose scheduler is not there says so (not only that the table did
+// not come), within its start-up timeout.
+TEST(ConnectionReportTest, ANodeWhoseSchedulerIsNotThereSaysTheConnectionWasRefused) {
+  int port = 0;
+  {
+    auto gone = TestVan("");
+    port = gone->port();
+  }
+  ClusterOptions o = testing::TestOptions(1, 1, "127.0.0.1");
+  o.role = Role::kServer;
+  o.root_port = port;
+  o.startup_timeout_ms = 1500;
+  auto node = ClusterNode::Create(o);
+  ASSERT_OK(node.status());
+  const auto start = std::chrono::steady_clock::now();
+  const Status s = (*node)->Start();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 3.0);
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(
+      s.message().find(StrCat("every TCP connection to tcp://127.0.0.1:", port, " was refused")),
+      std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("is the scheduler running there?"), std::string::npos) << s;
 }
 
 }  // namespace

@@ -348,6 +348,58 @@ TEST_F(SupervisorTest, FirstFailureStopsTheOthersAndIsNamed) {
   for (int pid : result->pids) EXPECT_NE(kill(pid, 0), 0) << "pid " << pid << " survived";
 }
 
+// The first process to exit is often not the one at fault: the scheduler
+// ends the job after a server stops answering and exits first. Its verdict
+// (common/job_cause.h) names the process in the summary, stopped or not; a
+// node's verdict counts when the scheduler gave none.
+TEST_F(SupervisorTest, TheSchedulersVerdictNamesTheCauseNotTheFirstToExit) {
+  std::vector<Task> tasks;
+  tasks.push_back(ShellTask("scheduler", 0,
+                            "sleep 0.3; echo 'E1122 scheduler.cc:79] scheduler: job failed; cause: "
+                            "server-1: server rank 1 at 127.0.0.1:9 sent no heartbeat' >&2; "
+                            "exit 1"));
+  tasks.push_back(ShellTask("server", 0, "exec sleep 30"));
+  tasks.push_back(ShellTask("server", 1, "kill -STOP $$; exec sleep 30"));
+  tasks.push_back(ShellTask("worker", 0,
+                            "sleep 0.1; echo 'worker rank 0: job failed; cause: worker-3: other' "
+                            ">&2; exec sleep 30"));
+  options_.term_grace_ms = 500;
+  const auto start = SteadyClock::now();
+  auto result = RunJob(std::move(tasks), options_);
+  ASSERT_OK(result.status());
+  EXPECT_FALSE(result->success);
+  const std::string& why = result->reason;
+  EXPECT_EQ(why.find("server-1 on here (pid "), 0u) << why;
+  EXPECT_NE(why.find(", stopped) caused it; the scheduler says: server rank 1 at 127.0.0.1:9 "
+                     "sent no heartbeat (the first process to exit was scheduler-0 on here"),
+            std::string::npos)
+      << why;
+  // SIGTERM came with SIGCONT: the stopped process did not wait for SIGKILL.
+  EXPECT_LT(SteadyClock::now() - start, std::chrono::seconds(5));
+  for (int pid : result->pids) EXPECT_NE(kill(pid, 0), 0) << "pid " << pid << " survived";
+
+  std::vector<Task> no_scheduler_word;
+  no_scheduler_word.push_back(ShellTask("scheduler", 0, "kill -STOP $$; exec sleep 30"));
+  no_scheduler_word.push_back(ShellTask(
+      "worker", 0,
+      "echo 'worker rank 0: job failed; cause: scheduler-0: scheduler silent' >&2; exit 1"));
+  result = RunJob(std::move(no_scheduler_word), options_);
+  ASSERT_OK(result.status());
+  EXPECT_EQ(result->reason.find("scheduler-0 on here (pid "), 0u) << result->reason;
+  EXPECT_NE(result->reason.find("caused it; worker-0 says: scheduler silent"), std::string::npos)
+      << result->reason;
+
+  // The process that exited is the one at fault: the reason stays as it was.
+  std::vector<Task> itself;
+  itself.push_back(ShellTask("scheduler", 0, "exec sleep 30"));
+  itself.push_back(ShellTask(
+      "worker", 0, "echo 'scheduler: job failed; cause: worker-0: bad data' >&2; exit 2"));
+  result = RunJob(std::move(itself), options_);
+  ASSERT_OK(result.status());
+  EXPECT_EQ(result->reason.find("worker-0 on here (pid "), 0u) << result->reason;
+  EXPECT_NE(result->reason.find("exited with code 2"), std::string::npos) << result->reason;
+}
+
 TEST_F(SupervisorTest, StopRequestAndTimeout) {
   int stop[2];
   ASSERT_EQ(pipe(stop), 0);
