@@ -24,12 +24,13 @@ done
 
 # CUDA off: nvcc does not take clang's sanitizer flags; the CUDA backend is a
 # module of its own (nn/cuda/) that the main build compiles.
+mkdir -p "$BUILD_DIR"
 CC=clang CXX=clang++ cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DPSTRAIN_FUZZ=ON -DPSTRAIN_THREAD_SAFETY=ON -DPSTRAIN_WITH_CUDA=OFF -DPSTRAIN_BUILD_TESTS=OFF \
-  >"$BUILD_DIR.configure.log" 2>&1 || { cat "$BUILD_DIR.configure.log" >&2; exit 1; }
+  >"$BUILD_DIR/configure.log" 2>&1 || { cat "$BUILD_DIR/configure.log" >&2; exit 1; }
 echo "clang_checks: building all of pstrain with clang (thread-safety analysis as errors)"
-cmake --build "$BUILD_DIR" -j "$JOBS" >"$BUILD_DIR.build.log" 2>&1 ||
-  { grep -E "error|Error" "$BUILD_DIR.build.log" | head -50 >&2; echo "clang_checks: build failed, see $BUILD_DIR.build.log" >&2; exit 1; }
+cmake --build "$BUILD_DIR" -j "$JOBS" >"$BUILD_DIR/build.log" 2>&1 ||
+  { grep -E "error|Error" "$BUILD_DIR/build.log" | head -50 >&2; echo "clang_checks: build failed, see $BUILD_DIR/build.log" >&2; exit 1; }
 echo "clang_checks: thread-safety analysis: no findings"
 
 FUZZ_BIN="$BUILD_DIR/tests/fuzz"
