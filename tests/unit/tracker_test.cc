@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/env.h"
@@ -423,6 +424,136 @@ TEST_F(SupervisorTest, StopRequestAndTimeout) {
   ASSERT_OK(timed_out.status());
   EXPECT_EQ(timed_out->exit_code, 1);
   EXPECT_NE(timed_out->reason.find("--timeout"), std::string::npos);
+}
+
+// Server recovery: a task with restarts left is started again (with
+// PSTRAIN_RESTART=n) when its process is killed, and the job goes on.
+TEST_F(SupervisorTest, KilledProcessIsRestartedAndTheJobSucceeds) {
+  std::vector<Task> tasks;
+  tasks.push_back(ShellTask("worker", 0, "sleep 0.5; echo done"));
+  Task server = ShellTask("server", 1,
+                          "echo \"run ${PSTRAIN_RESTART:-none}\"; "
+                          "if [ -z \"${PSTRAIN_RESTART:-}\" ]; then kill -9 $$; fi; "
+                          "echo \"saw PSTRAIN_RESTART=$PSTRAIN_RESTART\"");
+  server.max_restarts = 2;
+  tasks.push_back(server);
+  auto result = RunJob(std::move(tasks), options_);
+  ASSERT_OK(result.status());
+  EXPECT_TRUE(result->success) << result->reason;
+  EXPECT_EQ(result->exit_code, 0);
+  ASSERT_EQ(result->pids.size(), 2u);
+  ASSERT_EQ(result->restarted_pids.size(), 2u);
+  EXPECT_TRUE(result->restarted_pids[0].empty());
+  ASSERT_EQ(result->restarted_pids[1].size(), 1u);
+  EXPECT_NE(result->restarted_pids[1][0], result->pids[1]);
+
+  const std::string restart_line =
+      StrCat("pstrain launch: server-1 on here (pid ", result->pids[1],
+             ") was killed by signal 9 (SIGKILL); restarting it (restart 1 of 2)\n");
+  // One log for both runs, in order: the first run, the restart, the second.
+  EXPECT_EQ(Read(dir_ + "/server-1.log"),
+            "run none\n" + restart_line + "run 1\nsaw PSTRAIN_RESTART=1\n");
+  const std::string terminal = Read(terminal_);
+  EXPECT_NE(terminal.find(restart_line), std::string::npos) << terminal;
+  EXPECT_NE(terminal.find("[server-1] saw PSTRAIN_RESTART=1\n"), std::string::npos) << terminal;
+  EXPECT_EQ(Read(dir_ + "/worker-0.log"), "done\n");
+}
+
+// A process that fails every time is restarted max_restarts times; its next
+// failure fails the job, naming the restarts.
+TEST_F(SupervisorTest, ProcessThatKeepsFailingFailsTheJobAfterItsRestarts) {
+  std::vector<Task> tasks;
+  tasks.push_back(ShellTask("scheduler", 0, "exec sleep 30"));
+  Task server = ShellTask("server", 0, "echo \"run ${PSTRAIN_RESTART:-0}\"; exit 3");
+  server.max_restarts = 2;
+  tasks.push_back(server);
+  options_.term_grace_ms = 500;
+  const auto start = SteadyClock::now();
+  auto result = RunJob(std::move(tasks), options_);
+  ASSERT_OK(result.status());
+  EXPECT_FALSE(result->success);
+  EXPECT_EQ(result->exit_code, 1);
+  ASSERT_EQ(result->restarted_pids.size(), 2u);
+  EXPECT_TRUE(result->restarted_pids[0].empty());
+  ASSERT_EQ(result->restarted_pids[1].size(), 2u) << "3 runs: the first and 2 restarts";
+  EXPECT_EQ(result->reason,
+            StrCat("server-0 on here (pid ", result->restarted_pids[1][1],
+                   ") exited with code 3; it had been restarted 2 times, as many as allowed"));
+  const std::string log = Read(dir_ + "/server-0.log");
+  EXPECT_EQ(log, StrCat("run 0\n", "pstrain launch: server-0 on here (pid ", result->pids[1],
+                        ") exited with code 3; restarting it (restart 1 of 2)\n", "run 1\n",
+                        "pstrain launch: server-0 on here (pid ", result->restarted_pids[1][0],
+                        ") exited with code 3; restarting it (restart 2 of 2)\n", "run 2\n"));
+  const std::string terminal = Read(terminal_);
+  EXPECT_EQ(terminal.find("restart 3"), std::string::npos) << terminal;
+  EXPECT_NE(terminal.find("as many as allowed; stopping the job"), std::string::npos) << terminal;
+  EXPECT_LT(SteadyClock::now() - start, std::chrono::seconds(10));
+  for (int pid : result->pids) EXPECT_NE(kill(pid, 0), 0) << "pid " << pid << " survived";
+}
+
+// max_restarts = 0 (the default): the first abnormal exit fails the job.
+TEST_F(SupervisorTest, WithoutRestartsAKilledProcessFailsTheJob) {
+  std::vector<Task> tasks;
+  tasks.push_back(ShellTask("scheduler", 0, "exec sleep 30"));
+  tasks.push_back(ShellTask("server", 0, "kill -9 $$"));
+  options_.term_grace_ms = 500;
+  auto result = RunJob(std::move(tasks), options_);
+  ASSERT_OK(result.status());
+  EXPECT_FALSE(result->success);
+  EXPECT_EQ(result->exit_code, 1);
+  EXPECT_EQ(result->reason,
+            StrCat("server-0 on here (pid ", result->pids[1], ") killed by signal 9 (Killed)"));
+  ASSERT_EQ(result->restarted_pids.size(), 2u);
+  EXPECT_TRUE(result->restarted_pids[0].empty());
+  EXPECT_TRUE(result->restarted_pids[1].empty());
+  EXPECT_EQ(Read(terminal_).find("restarting"), std::string::npos) << Read(terminal_);
+}
+
+// Processes that end because the job is being stopped (a stop request, the
+// deadline) are not restarted, whatever their restarts left.
+TEST_F(SupervisorTest, StopRequestAndTimeoutRestartNothing) {
+  int stop[2];
+  ASSERT_EQ(pipe(stop), 0);
+  options_.stop_fd = stop[0];
+  options_.term_grace_ms = 500;
+  std::vector<Task> tasks;
+  for (int rank = 0; rank < 2; ++rank) {
+    // server-0 dies by SIGTERM; server-1 exits 5 on it.
+    Task server = ShellTask(
+        "server", rank,
+        rank == 0 ? "echo up; exec sleep 30" : "trap 'exit 5' TERM; echo up; sleep 30 & wait");
+    server.max_restarts = 3;
+    tasks.push_back(server);
+  }
+  std::thread requester([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    unsigned char sig = SIGINT;
+    EXPECT_EQ(write(stop[1], &sig, 1), 1);
+  });
+  auto stopped = RunJob(std::move(tasks), options_);
+  requester.join();
+  close(stop[0]);
+  close(stop[1]);
+  ASSERT_OK(stopped.status());
+  EXPECT_FALSE(stopped->success);
+  EXPECT_EQ(stopped->exit_code, 128 + SIGINT);
+  EXPECT_EQ(stopped->reason, "interrupted by SIGINT");
+  EXPECT_EQ(stopped->restarted_pids, (std::vector<std::vector<int>>{{}, {}}));
+  EXPECT_EQ(Read(terminal_).find("restarting"), std::string::npos) << Read(terminal_);
+  EXPECT_EQ(Read(dir_ + "/server-1.log"), "up\n");
+  for (int pid : stopped->pids) EXPECT_NE(kill(pid, 0), 0) << "pid " << pid << " survived";
+
+  options_.stop_fd = -1;
+  options_.deadline = Deadline::InMillis(300);
+  std::vector<Task> slow;
+  Task server = ShellTask("server", 0, "exec sleep 30");
+  server.max_restarts = 3;
+  slow.push_back(server);
+  auto timed_out = RunJob(std::move(slow), options_);
+  ASSERT_OK(timed_out.status());
+  EXPECT_EQ(timed_out->exit_code, 1);
+  EXPECT_EQ(timed_out->reason, "the job ran past its --timeout");
+  EXPECT_EQ(timed_out->restarted_pids, (std::vector<std::vector<int>>{{}}));
 }
 
 TEST_F(SupervisorTest, CommandThatCannotStartIsAnError) {
