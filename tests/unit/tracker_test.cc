@@ -242,6 +242,140 @@ TEST(PlanTest, SshPlacementFollowsMxnet) {
   EXPECT_NE(std::find(argv.begin(), argv.end(), "StrictHostKeyChecking=no"), argv.end());
 }
 
+TEST(LaunchArgsTest, RestartServers) {
+  auto o = ParseLaunchArgs({"-n", "2", "--restart-servers", "3", "prog"});
+  ASSERT_OK(o.status());
+  EXPECT_EQ(o->restart_servers, 3);
+  EXPECT_EQ(ParseLaunchArgs({"-n", "2", "prog"})->restart_servers, 0) << "off by default";
+  EXPECT_EQ(ParseLaunchArgs({"-n", "2", "--restart-servers=0", "prog"})->restart_servers, 0);
+  auto negative = ParseLaunchArgs({"-n", "2", "--restart-servers", "-1", "prog"});
+  EXPECT_EQ(negative.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(negative.status().message().find("--restart-servers '-1' is not an integer >= 0"),
+            std::string::npos)
+      << negative.status();
+  EXPECT_FALSE(ParseLaunchArgs({"-n", "2", "--restart-servers", "x", "prog"}).ok());
+  EXPECT_FALSE(ParseLaunchArgs({"-n", "2", "--restart-servers"}).ok());
+  auto mpi = ParseLaunchArgs({"-n", "2", "--launcher", "mpi", "--restart-servers", "1", "prog"});
+  EXPECT_EQ(mpi.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(mpi.status().message().find("mpirun owns its processes"), std::string::npos)
+      << mpi.status();
+  EXPECT_OK(
+      ParseLaunchArgs({"-n", "2", "--launcher", "mpi", "--restart-servers", "0", "prog"}).status());
+  // Options built by hand are checked by the planner too (before mpirun runs).
+  LaunchOptions by_hand = *ParseLaunchArgs({"-n", "1", "--launcher", "mpi", "prog"});
+  by_hand.restart_servers = 1;
+  EXPECT_EQ(PlanLaunch(by_hand, Environment::Isolated({})).status().code(),
+            StatusCode::kInvalidArgument);
+  by_hand.launcher = LauncherKind::kLocal;
+  by_hand.restart_servers = -2;
+  EXPECT_EQ(PlanLaunch(by_hand, Environment::Isolated({})).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+// --restart-servers K: servers may be restarted K times; every process learns
+// K and where the snapshots go (the absolute log folder's snapshots/ unless the
+// user chose).
+TEST(PlanTest, RestartServersLocal) {
+  auto o =
+      ParseLaunchArgs({"-n", "2", "-s", "2", "--launcher", "local", "--host-ip", "127.0.0.1",
+                       "--log-dir", "rel/logs", "--restart-servers", "2", "--no-keys", "prog"});
+  ASSERT_OK(o.status());
+  auto plan = PlanLaunch(*o, Environment::Isolated({{"PSTRAIN_SERVER_RESTARTS", "7"}}));
+  ASSERT_OK(plan.status());
+  ASSERT_EQ(plan->tasks.size(), 5u);
+  const std::string snapshots = std::filesystem::current_path().string() + "/rel/logs/snapshots";
+  for (const Task& t : plan->tasks) {
+    SCOPED_TRACE(t.role + "-" + std::to_string(t.rank));
+    EXPECT_EQ(t.spec.env.at("PSTRAIN_SERVER_RESTARTS"), "2") << "the flag, not a stale value";
+    EXPECT_EQ(t.spec.env.at("PSTRAIN_SNAPSHOT_DIR"), snapshots);
+    EXPECT_EQ(t.spec.env.count("PSTRAIN_RESTART"), 0u) << "only restarted processes have it";
+    EXPECT_EQ(t.max_restarts, t.role == "server" ? 2 : 0);
+    EXPECT_TRUE(t.restart_specs.empty()) << "local restarts add PSTRAIN_RESTART to spec.env";
+  }
+  EXPECT_EQ(plan->tasks[0].role, "scheduler");
+
+  // The user's snapshot folder, from the environment or --env, stays.
+  plan = PlanLaunch(*o, Environment::Isolated({{"PSTRAIN_SNAPSHOT_DIR", "/data/snaps"}}));
+  ASSERT_OK(plan.status());
+  for (const Task& t : plan->tasks) EXPECT_EQ(t.spec.env.at("PSTRAIN_SNAPSHOT_DIR"), "/data/snaps");
+  auto with_env = ParseLaunchArgs({"-n", "1", "--launcher", "local", "--host-ip", "127.0.0.1",
+                                   "--restart-servers", "1", "--env",
+                                   "PSTRAIN_SNAPSHOT_DIR=/x/snaps", "--no-keys", "prog"});
+  ASSERT_OK(with_env.status());
+  plan = PlanLaunch(*with_env, Environment::Isolated({}));
+  ASSERT_OK(plan.status());
+  for (const Task& t : plan->tasks) EXPECT_EQ(t.spec.env.at("PSTRAIN_SNAPSHOT_DIR"), "/x/snaps");
+
+  // Without the flag: no restarts, and every process is told so.
+  auto plain = ParseLaunchArgs(
+      {"-n", "1", "--launcher", "local", "--host-ip", "127.0.0.1", "--no-keys", "prog"});
+  ASSERT_OK(plain.status());
+  plan = PlanLaunch(*plain, Environment::Isolated({{"PSTRAIN_SERVER_RESTARTS", "7"}}));
+  ASSERT_OK(plan.status());
+  for (const Task& t : plan->tasks) {
+    EXPECT_EQ(t.spec.env.at("PSTRAIN_SERVER_RESTARTS"), "0");
+    EXPECT_EQ(t.spec.env.count("PSTRAIN_SNAPSHOT_DIR"), 0u);
+    EXPECT_EQ(t.max_restarts, 0);
+  }
+}
+
+// Over ssh the variables travel in the remote command, so each restart of a
+// server has its own remote command naming PSTRAIN_RESTART.
+TEST(PlanTest, RestartServersSsh) {
+  std::string hosts = ::testing::TempDir() + "/restart_hosts";
+  std::FILE* f = std::fopen(hosts.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("h1\nh2\n", f);
+  std::fclose(f);
+  auto o = ParseLaunchArgs(
+      {"-n", "1", "-s", "2", "-H", hosts, "--host-ip", "127.0.0.1", "--log-dir", "/abs/logs",
+       "--restart-servers", "2", "--", "/bin/sh", "-c",
+       "printf '%s|%s|%s' \"${PSTRAIN_RESTART:-none}\" \"$PSTRAIN_SERVER_RESTARTS\" "
+       "\"$PSTRAIN_SNAPSHOT_DIR\""});
+  ASSERT_OK(o.status());
+  auto plan = PlanLaunch(*o, Environment::Isolated({}));
+  ASSERT_OK(plan.status());
+  ASSERT_EQ(plan->tasks.size(), 4u);
+  const Task& sched = plan->tasks[0];
+  EXPECT_EQ(sched.spec.env.at("PSTRAIN_SERVER_RESTARTS"), "2");
+  EXPECT_EQ(sched.spec.env.at("PSTRAIN_SNAPSHOT_DIR"), "/abs/logs/snapshots");
+  EXPECT_EQ(sched.max_restarts, 0);
+  for (size_t i = 1; i < plan->tasks.size(); ++i) {
+    const Task& t = plan->tasks[i];
+    SCOPED_TRACE(t.role + "-" + std::to_string(t.rank));
+    const std::string& remote = t.spec.argv.back();
+    EXPECT_NE(remote.find("'PSTRAIN_SERVER_RESTARTS=2'"), std::string::npos) << remote;
+    EXPECT_NE(remote.find("'PSTRAIN_SNAPSHOT_DIR=/abs/logs/snapshots'"), std::string::npos);
+    EXPECT_EQ(remote.find("PSTRAIN_RESTART="), std::string::npos);
+    // The first run, as the remote host sees it.
+    EXPECT_EQ(RunWithOpenStdin(remote), "none|2|/abs/logs/snapshots");
+    if (t.role != "server") {
+      EXPECT_EQ(t.max_restarts, 0);
+      EXPECT_TRUE(t.restart_specs.empty());
+      continue;
+    }
+    EXPECT_EQ(t.max_restarts, 2);
+    ASSERT_EQ(t.restart_specs.size(), 2u);
+    for (int n = 1; n <= 2; ++n) {
+      const ProcessSpec& again = t.restart_specs[static_cast<size_t>(n) - 1];
+      EXPECT_EQ(std::vector<std::string>(again.argv.begin(), again.argv.end() - 1),
+                std::vector<std::string>(t.spec.argv.begin(), t.spec.argv.end() - 1))
+          << "the same host and ssh options";
+      EXPECT_EQ(again.stdin_data, t.spec.stdin_data) << "the same keys";
+      EXPECT_EQ(RunWithOpenStdin(again.argv.back()), StrCat(n, "|2|/abs/logs/snapshots"));
+    }
+  }
+
+  // A snapshot folder in the launcher's environment is forwarded, not replaced.
+  plan = PlanLaunch(*o, Environment::Isolated({{"PSTRAIN_SNAPSHOT_DIR", "/shared/snaps"}}));
+  ASSERT_OK(plan.status());
+  for (size_t i = 1; i < plan->tasks.size(); ++i) {
+    const std::string& remote = plan->tasks[i].spec.argv.back();
+    EXPECT_NE(remote.find("'PSTRAIN_SNAPSHOT_DIR=/shared/snaps'"), std::string::npos) << remote;
+    EXPECT_EQ(remote.find("/abs/logs/snapshots"), std::string::npos) << remote;
+  }
+}
+
 TEST(PlanTest, MissingForwardedVariableIsAnError) {
   auto o = ParseLaunchArgs({"-n", "1", "--env", "NOT_SET_ANYWHERE", "prog"});
   ASSERT_OK(o.status());
