@@ -48,11 +48,16 @@ int RunLaunch(int argc, char** argv) {
     return 1;
   }
   std::string job_id = plan->job_id, log_dir = plan->log_dir;
+  const std::string restarts =
+      options.restart_servers > 0
+          ? StrCat(", each server restarted up to ", options.restart_servers, " times")
+          : std::string();
   std::fprintf(stderr,
-               "pstrain launch: job %s: 1 scheduler at %s:%d, %d servers, %d workers (%s); "
+               "pstrain launch: job %s: 1 scheduler at %s:%d, %d servers, %d workers (%s%s); "
                "logs in %s\n",
                job_id.c_str(), plan->root_uri.c_str(), plan->root_port, options.num_servers,
-               options.num_workers, tracker::LauncherName(plan->launcher), log_dir.c_str());
+               options.num_workers, tracker::LauncherName(plan->launcher), restarts.c_str(),
+               log_dir.c_str());
 
   if (pipe2(g_stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
     std::perror("pstrain launch: pipe");
@@ -73,8 +78,13 @@ int RunLaunch(int argc, char** argv) {
     return 1;
   }
   if (result->success) {
-    std::fprintf(stderr, "pstrain launch: job %s finished: all %zu processes exited 0\n",
-                 job_id.c_str(), result->pids.size());
+    size_t restarted = 0;
+    for (const std::vector<int>& pids : result->restarted_pids) restarted += pids.size();
+    const std::string after =
+        restarted > 0 ? StrCat(" (after ", restarted, restarted == 1 ? " restart)" : " restarts)")
+                      : std::string();
+    std::fprintf(stderr, "pstrain launch: job %s finished: all %zu processes exited 0%s\n",
+                 job_id.c_str(), result->pids.size(), after.c_str());
     return 0;
   }
   std::fprintf(stderr, "pstrain launch: job %s failed: %s (logs in %s)\n", job_id.c_str(),

@@ -94,6 +94,21 @@ StatusOr<MpiFlavour> DetectMpi(const std::string& mpirun,
       StrCat("'", mpirun, " --version' names neither Open MPI nor MPICH: ", out.substr(0, 200)));
 }
 
+// --restart-servers: a count, and not under mpirun, which starts and ends
+// every rank itself and cannot start one of them again.
+Status CheckRestarts(const LaunchOptions& o) {
+  if (o.restart_servers < 0) {
+    return Status::InvalidArgument(
+        StrCat("--restart-servers ", o.restart_servers, " must be >= 0"));
+  }
+  if (o.restart_servers > 0 && o.launcher == LauncherKind::kMpi) {
+    return Status::InvalidArgument(
+        "--restart-servers works only with the local and ssh launchers: mpirun owns its "
+        "processes and cannot restart one rank");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 const char* LauncherName(LauncherKind kind) {
@@ -141,6 +156,12 @@ launcher exits non-zero naming it; Ctrl-C stops every process on every host.
   --no-keys               no authentication or encryption (anyone who reaches the
                           job's ports can join it or send to it)
   --timeout SECONDS       stop the job after this long (default: no limit)
+  --restart-servers K     server recovery (local and ssh launchers): a server
+                          that exits non-zero or is killed is started again with
+                          the same rank, up to K times per server, and reloads
+                          its snapshot from PSTRAIN_SNAPSHOT_DIR (default:
+                          <log-dir>/snapshots); the scheduler waits for the
+                          replacement. Default 0: a dead server fails the job
   --quiet                 write output only to the log files
   -h, --help              this text
 )";
@@ -245,6 +266,9 @@ StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args) {
     } else if (name == "--timeout") {
       RETURN_IF_ERROR(take(&v));
       ASSIGN_OR_RETURN(o.timeout_s, ParseCount(name, v, 0));
+    } else if (name == "--restart-servers") {
+      RETURN_IF_ERROR(take(&v));
+      ASSIGN_OR_RETURN(o.restart_servers, ParseCount(name, v, 0));
     } else if (name == "--quiet") {
       RETURN_IF_ERROR(no_value());
       o.quiet = true;
@@ -270,6 +294,7 @@ StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args) {
   if (!o.sync_dst_dir.empty() && *o.launcher != LauncherKind::kSsh) {
     return Status::InvalidArgument("--sync-dst-dir works only with --launcher ssh");
   }
+  RETURN_IF_ERROR(CheckRestarts(o));
   return o;
 }
 
@@ -372,6 +397,7 @@ StatusOr<int> FindFreePort(const std::string& ip) {
 }
 
 StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) {
+  RETURN_IF_ERROR(CheckRestarts(o));
   LaunchPlan plan;
   plan.launcher = o.launcher.value_or(LauncherKind::kLocal);
   plan.job_id = o.job_id.empty() ? DefaultJobId() : o.job_id;
@@ -420,6 +446,16 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
     }
     user_vars[k] = it->second;
   }
+  // Server recovery: the scheduler, servers and workers all learn how many
+  // times a server may be replaced (0 too, so that a value left in the
+  // user's environment cannot make the scheduler wait for a replacement that
+  // never comes); the servers keep their snapshots in one folder per rank
+  // below PSTRAIN_SNAPSHOT_DIR, by default in the job's log folder (on ssh
+  // hosts the same absolute path, which the servers create).
+  if (o.restart_servers > 0 && local_env.count("PSTRAIN_SNAPSHOT_DIR") == 0 &&
+      user_vars.count("PSTRAIN_SNAPSHOT_DIR") == 0) {
+    user_vars["PSTRAIN_SNAPSHOT_DIR"] = AbsolutePath(plan.log_dir) + "/snapshots";
+  }
   const char* cluster = LauncherName(plan.launcher);
   auto job_vars = [&](const std::string& role) {
     std::map<std::string, std::string> v = user_vars;
@@ -430,6 +466,7 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
     v["DMLC_NUM_WORKER"] = std::to_string(o.num_workers);
     v["DMLC_JOB_CLUSTER"] = cluster;
     v["PSTRAIN_JOB_ID"] = plan.job_id;
+    v["PSTRAIN_SERVER_RESTARTS"] = std::to_string(o.restart_servers);
     // Local and mpi processes (and the scheduler, always here) read the
     // launcher's file; ssh sessions get their own copy through stdin
     // (RemoteCommand).
@@ -483,6 +520,7 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
       vars["PSTRAIN_LAUNCH_RANK"] = std::to_string(rank);
       t.spec.argv = o.command;
       t.spec.env = merged(local_env, vars);
+      if (server) t.max_restarts = o.restart_servers;
       plan.tasks.push_back(std::move(t));
     }
     return plan;
@@ -559,6 +597,17 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
       t.spec.pipe_stdin = true;
       t.spec.stdin_data = plan.key_text + kRemoteKeysEnd + "\n";
       t.stop_by_closing_stdin = true;
+      if (server) {
+        // The remote process's environment travels in the remote command, so
+        // each restart has its own, naming PSTRAIN_RESTART.
+        t.max_restarts = o.restart_servers;
+        for (int n = 1; n <= o.restart_servers; ++n) {
+          ProcessSpec again = t.spec;
+          vars["PSTRAIN_RESTART"] = std::to_string(n);
+          again.argv.back() = RemoteCommand(dir, vars, o.command);
+          t.restart_specs.push_back(std::move(again));
+        }
+      }
       plan.tasks.push_back(std::move(t));
     }
     return plan;

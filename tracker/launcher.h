@@ -5,9 +5,14 @@
 // Every process gets MXNet's environment: DMLC_ROLE, DMLC_PS_ROOT_URI,
 // DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER, DMLC_NUM_WORKER, DMLC_NODE_HOST (local
 // and ssh), DMLC_TASK_ID and DMLC_JOB_CLUSTER as dmlc-core's tracker sets them,
-// plus PSTRAIN_LAUNCH_RANK (rank within the role) and
-// PSTRAIN_JOB_ID, plus the variables given with --env. The scheduler always
-// runs on the launching host.
+// plus PSTRAIN_LAUNCH_RANK (rank within the role), PSTRAIN_JOB_ID and
+// PSTRAIN_SERVER_RESTARTS, plus the variables given with --env. The scheduler
+// always runs on the launching host.
+//
+// Server recovery (--restart-servers K, local and ssh): every server task may
+// be restarted K times (Task::max_restarts); every process gets
+// PSTRAIN_SERVER_RESTARTS=K and, unless the user set it, PSTRAIN_SNAPSHOT_DIR=
+// <absolute log dir>/snapshots; a restarted server gets PSTRAIN_RESTART=n.
 #ifndef PSTRAIN_TRACKER_LAUNCHER_H_
 #define PSTRAIN_TRACKER_LAUNCHER_H_
 
@@ -46,6 +51,10 @@ struct LaunchOptions {
   std::string ssh = "ssh";
   std::string rsync = "rsync";
   int timeout_s = 0;  // stop the job after this long; 0: no limit
+  // --restart-servers K: a server process that exits non-zero or is killed is
+  // started again with the same rank, up to K times per server (>= 0; local
+  // and ssh only: mpirun owns its processes).
+  int restart_servers = 0;
   int sync_timeout_s = 600;
   bool quiet = false;  // do not copy the processes' output to the terminal
   // The job's CURVE keys (PSTRAIN_KEY_FILE for every process): --key-file, else

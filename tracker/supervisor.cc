@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -86,6 +87,7 @@ struct Running {
   std::string pending[2];  // partial last line of stdout, stderr
   bool signalled = false;
   int failed_rank = -1;  // groups: the rank mpirun reported as the first to fail
+  int restarts = 0;      // how many times the task's process was started again
 };
 
 // Open MPI's abort notice names the failed process "Process name: [[job,1],RANK]".
@@ -103,6 +105,7 @@ class Job {
   Job(const SupervisorOptions& options) : options_(options), logs_(options.log_dir) {}
 
   StatusOr<JobResult> Run(std::vector<Task> tasks) {
+    result_.restarted_pids.reserve(tasks.size());
     for (Task& t : tasks) {
       auto proc = Subprocess::Start(t.spec);
       if (!proc.ok()) {
@@ -111,6 +114,7 @@ class Job {
         return proc.status().WithContext(StrCat("starting ", Name(t, t.rank), " on ", t.host));
       }
       result_.pids.push_back((*proc)->pid());
+      result_.restarted_pids.emplace_back();
       running_.push_back(Running{std::move(t), std::move(proc).value(), {}, false});
     }
     Loop();
@@ -377,9 +381,77 @@ class Job {
     }
   }
 
+  // Whether `r`, which has just exited abnormally, is started again rather
+  // than failing the job. REQUIRES: !stopping_.
+  bool MayRestart(const Running& r) const {
+    return r.task.tags == OutputTags::kNone && !r.signalled && r.restarts < r.task.max_restarts &&
+           !options_.deadline.Expired();
+  }
+
+  // "exited with code 3", "was killed by signal 9 (SIGKILL)". REQUIRES: exited.
+  static std::string HowItEnded(const Subprocess& p) {
+    const int status = p.wait_status();
+    if (WIFSIGNALED(status)) {
+      return StrCat("was killed by signal ", WTERMSIG(status), " (", SignalName(WTERMSIG(status)),
+                    ")");
+    }
+    return p.ExitDescription();
+  }
+
+  // Starts running_[index]'s task again in place of its process, which has
+  // exited abnormally (and been drained): says so on the terminal and in the
+  // task's log, and counts the restart. Returns false, having failed the job,
+  // when the new process cannot be started.
+  bool Restart(size_t index) {
+    Running& r = running_[index];
+    const int n = r.restarts + 1;
+    const std::string name = Name(r.task, r.task.rank);
+    // What the old process (or what was left of its group) still writes
+    // belongs before the restart line; its group was just killed, so its
+    // pipes close at once unless something escaped the group.
+    Deadline drained = Deadline::InMillis(500);
+    while ((r.proc->stdout_fd() >= 0 || r.proc->stderr_fd() >= 0) && !drained.Expired()) {
+      pollfd fds[2];
+      nfds_t count = 0;
+      for (int fd : {r.proc->stdout_fd(), r.proc->stderr_fd()}) {
+        if (fd >= 0) fds[count++] = {fd, POLLIN, 0};
+      }
+      poll(fds, count, 50);
+      DrainNow(r);
+    }
+    FlushPartial(r, 0);
+    FlushPartial(r, 1);
+    const std::string line = StrCat(
+        "pstrain launch: ", name, " on ", r.task.host, " (pid ", r.proc->pid(), ") ",
+        HowItEnded(*r.proc), "; restarting it (restart ", n, " of ", r.task.max_restarts, ")\n");
+    WriteAll(options_.terminal_err_fd, line);
+    logs_.Write(name, line);
+
+    ProcessSpec spec = static_cast<size_t>(n) <= r.task.restart_specs.size()
+                           ? r.task.restart_specs[static_cast<size_t>(n) - 1]
+                           : r.task.spec;
+    spec.env["PSTRAIN_RESTART"] = std::to_string(n);
+    auto proc = Subprocess::Start(spec);
+    r.restarts = n;
+    if (!proc.ok()) {
+      Fail(StrCat("cannot restart ", name, " on ", r.task.host, " (restart ", n, " of ",
+                  r.task.max_restarts, "): ", proc.status().message()),
+           1);
+      reason_from_exit_ = true;
+      return false;
+    }
+    r.proc = std::move(proc).value();
+    r.pending[0].clear();
+    r.pending[1].clear();
+    r.signalled = false;
+    result_.restarted_pids[index].push_back(r.proc->pid());
+    return true;
+  }
+
   bool ReapAll() {
     bool all = true;
-    for (Running& r : running_) {
+    for (size_t i = 0; i < running_.size(); ++i) {
+      Running& r = running_[i];
       if (r.proc->exited()) continue;
       if (!r.proc->Poll()) {
         all = false;
@@ -390,6 +462,10 @@ class Job {
       DrainNow(r);
       // Whatever the job's process left in its group goes with it.
       r.proc->SignalGroup(SIGKILL);
+      if (!r.proc->succeeded() && !stopping_ && MayRestart(r)) {
+        if (Restart(i)) all = false;
+        continue;
+      }
       if (!r.proc->succeeded() && !stopping_) {
         std::string who = StrCat(Name(r.task, r.task.rank), " on ", r.task.host);
         if (r.task.tags != OutputTags::kNone) {
@@ -399,7 +475,17 @@ class Job {
                          who);
           }
         }
-        Fail(StrCat(who, " (pid ", r.proc->pid(), ") ", r.proc->ExitDescription()), 1);
+        std::string restarted;
+        if (r.restarts > 0) {
+          restarted =
+              StrCat("; it had been restarted ", r.restarts, r.restarts == 1 ? " time" : " times");
+          if (r.restarts >= r.task.max_restarts) restarted += ", as many as allowed";
+        }
+        if (r.restarts < r.task.max_restarts && r.task.tags == OutputTags::kNone &&
+            options_.deadline.Expired()) {
+          restarted += "; not restarted: the job ran past its --timeout";
+        }
+        Fail(StrCat(who, " (pid ", r.proc->pid(), ") ", r.proc->ExitDescription(), restarted), 1);
         reason_from_exit_ = true;
       }
     }

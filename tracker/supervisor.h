@@ -7,10 +7,15 @@
 // group of processes (one mpirun) has its lines split by the MPI rank tag that
 // mpirun adds (Open MPI --tag-output, MPICH -prepend-rank).
 //
-// Policy: the job succeeds when every process exits with code 0. The first
-// process that exits non-zero or is killed fails the job: all others are
-// stopped (stdin closed first for tasks that ask for it, then SIGTERM to each
-// process group, then SIGKILL after a grace period) and the result names it.
+// Policy: the job succeeds when every process exits with code 0 (for a task
+// that was restarted: its last process). The first process that exits
+// non-zero or is killed fails the job: all others are stopped (stdin closed
+// first for tasks that ask for it, then SIGTERM to each process group, then
+// SIGKILL after a grace period) and the result names it. A task with restarts
+// left (Task::max_restarts) does not fail the job: its process is started
+// again, a line on the launcher's stderr and in its log saying so. Nothing is
+// restarted once the job is stopping (a failure, a stop request, the deadline),
+// and no process the supervisor signalled is restarted.
 //
 // Thread safety: RunJob runs on the calling thread; nothing is shared.
 #ifndef PSTRAIN_TRACKER_SUPERVISOR_H_
@@ -45,6 +50,19 @@ struct Task {
   // Stop by closing stdin first (the ssh wrapper kills the remote process group
   // on EOF), and signal only if that has not ended it within stdin_grace_ms.
   bool stop_by_closing_stdin = false;
+  // How many times the process may be started again after it exits non-zero
+  // or is killed by a signal (server recovery: pstrain launch
+  // --restart-servers). Restart n (1, 2, ...) runs `spec`, or
+  // restart_specs[n-1] when there is one, with PSTRAIN_RESTART=n added to its
+  // environment; its output goes on to the same log file and prefix. A
+  // restart that fails again counts too: once max_restarts are used up, the
+  // next abnormal exit fails the job. 0: the first abnormal exit fails the job.
+  // Ignored for tasks with tags (mpirun owns its ranks).
+  int max_restarts = 0;
+  // Optional: the spec of restart n is restart_specs[n-1], for commands that
+  // must carry PSTRAIN_RESTART themselves (the ssh launcher's remote command:
+  // the ssh client's environment does not reach the remote process).
+  std::vector<ProcessSpec> restart_specs;
 };
 
 struct SupervisorOptions {
@@ -65,7 +83,11 @@ struct JobResult {
   bool success = false;
   int exit_code = 0;   // what the launcher should exit with: 0, 1, or 128+signal
   std::string reason;  // empty on success; else what failed, e.g. "worker-1 ... exited with code 3"
-  std::vector<int> pids;  // every process started, in task order (for tests and logs)
+  // The first process of each task, in task order (for tests and logs).
+  std::vector<int> pids;
+  // Per task, in task order (same size as pids): the pids of its restarts, in
+  // the order they were started; empty for a task that was never restarted.
+  std::vector<std::vector<int>> restarted_pids;
 };
 
 // Starts `tasks` in order and supervises them to the end. Returns an error

@@ -202,6 +202,72 @@ TEST_F(LocalLauncherTest, InterruptStopsEveryProcess) {
   }
 }
 
+// --restart-servers: a server killed on its first run is started again with
+// the same rank and PSTRAIN_RESTART=1, and the job still succeeds; one that
+// keeps failing fails the job once its restarts are used up.
+TEST_F(LocalLauncherTest, KilledServerIsRestarted) {
+  const std::string script =
+      "echo \"$DMLC_ROLE-$PSTRAIN_LAUNCH_RANK restart=${PSTRAIN_RESTART:-0} "
+      "of=$PSTRAIN_SERVER_RESTARTS snapshots=$PSTRAIN_SNAPSHOT_DIR\"; "
+      "if [ \"$DMLC_ROLE-$PSTRAIN_LAUNCH_RANK\" = server-1 ]; then "
+      "  if [ -n \"$FAIL_ALWAYS\" ]; then exit 4; fi; "
+      "  if [ -z \"${PSTRAIN_RESTART:-}\" ]; then kill -9 $$; fi; "
+      "fi";
+  auto args = [&](const TempDir& dir, const std::string& restarts) {
+    return std::vector<std::string>{"-n",
+                                    "1",
+                                    "-s",
+                                    "2",
+                                    "--launcher",
+                                    "local",
+                                    "--log-dir",
+                                    dir.Sub("logs"),
+                                    "--timeout",
+                                    "60",
+                                    "--restart-servers",
+                                    restarts,
+                                    "--",
+                                    "/bin/sh",
+                                    "-c",
+                                    script};
+  };
+  LaunchRun run = RunLaunch(args(dir_, "1"), dir_.path(), 30000);
+  ASSERT_EQ(run.exit_code(), 0) << run.output;
+  const std::string snapshots = dir_.Sub("logs") + "/snapshots";
+  EXPECT_NE(run.output.find("pstrain launch: server-1 on 127.0.0.1 (pid "), std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find(") was killed by signal 9 (SIGKILL); restarting it (restart 1 of 1)"),
+            std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("[server-1] server-1 restart=1 of=1 snapshots=" + snapshots + "\n"),
+            std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("[worker-0] worker-0 restart=0 of=1 snapshots=" + snapshots + "\n"),
+            std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("all 4 processes exited 0 (after 1 restart)"), std::string::npos)
+      << run.output;
+  const std::string log = ReadFile(dir_.Sub("logs") + "/server-1.log");
+  EXPECT_NE(log.find("server-1 restart=0"), std::string::npos) << log;
+  EXPECT_LT(log.find("server-1 restart=0"), log.find("restarting it (restart 1 of 1)")) << log;
+  EXPECT_LT(log.find("restarting it"), log.find("server-1 restart=1")) << log;
+  EXPECT_EQ(ReadFile(dir_.Sub("logs") + "/server-0.log"),
+            "server-0 restart=0 of=1 snapshots=" + snapshots + "\n")
+      << "server-0 ran once";
+
+  TempDir dir;
+  run = RunLaunch(args(dir, "1"), dir.path(), 30000, {{"FAIL_ALWAYS", "1"}});
+  EXPECT_EQ(run.exit_code(), 1) << run.output;
+  EXPECT_NE(run.output.find("exited with code 4; restarting it (restart 1 of 1)"),
+            std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("failed: server-1 on 127.0.0.1 (pid "), std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("exited with code 4; it had been restarted 1 time, as many as allowed"),
+            std::string::npos)
+      << run.output;
+}
+
 TEST_F(LocalLauncherTest, CommandThatCannotRunIsAnError) {
   LaunchRun run = RunLaunch({"-n", "1", "--launcher", "local", "--log-dir", dir_.Sub("logs"), "--",
                              dir_.Sub("no-such-program")},

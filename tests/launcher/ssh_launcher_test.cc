@@ -216,6 +216,58 @@ TEST_F(SshLauncherTest, FailingRemoteProcessStopsTheJob) {
   EXPECT_EQ(Survivors(reports), std::vector<std::string>{}) << run.output;
 }
 
+// --restart-servers over ssh: a remote server killed on its first run is
+// started again through a new ssh session, and the restart's remote command
+// carries PSTRAIN_RESTART (the ssh client's environment does not travel).
+TEST_F(SshLauncherTest, KilledRemoteServerIsRestarted) {
+  const std::string& d = keys_->path();
+  const std::string script =
+      "echo \"$DMLC_ROLE-$PSTRAIN_LAUNCH_RANK restart=${PSTRAIN_RESTART:-0} "
+      "of=$PSTRAIN_SERVER_RESTARTS snapshots=$PSTRAIN_SNAPSHOT_DIR\"; "
+      "if [ \"$DMLC_ROLE-$PSTRAIN_LAUNCH_RANK\" = server-1 ] && [ -z \"${PSTRAIN_RESTART:-}\" ]; "
+      "then kill -9 $$; fi";
+  LaunchRun run = RunLaunch({"-n",
+                             "1",
+                             "-s",
+                             "2",
+                             "-H",
+                             d + "/hosts",
+                             "--log-dir",
+                             dir_.Sub("logs"),
+                             "--timeout",
+                             "60",
+                             "--restart-servers",
+                             "1",
+                             "--ssh-option",
+                             "IdentityFile=" + d + "/userkey",
+                             "--ssh-option",
+                             "IdentitiesOnly=yes",
+                             "--ssh-option",
+                             "UserKnownHostsFile=" + d + "/known_hosts",
+                             "--",
+                             "/bin/sh",
+                             "-c",
+                             script},
+                            dir_.Sub("work"), 60000, env_);
+  ASSERT_EQ(run.exit_code(), 0) << run.output;
+  const std::string snapshots = dir_.Sub("logs") + "/snapshots";
+  // The remote wrapper reports the job's death by SIGKILL as exit code 137.
+  EXPECT_NE(run.output.find(StrCat("pstrain launch: server-1 on localhost:", port_, " (pid ")),
+            std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find(") exited with code 137; restarting it (restart 1 of 1)"),
+            std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("[server-1] server-1 restart=1 of=1 snapshots=" + snapshots + "\n"),
+            std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("[server-0] server-0 restart=0 of=1 snapshots=" + snapshots + "\n"),
+            std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("all 4 processes exited 0 (after 1 restart)"), std::string::npos)
+      << run.output;
+}
+
 TEST_F(SshLauncherTest, InterruptStopsRemoteProcesses) {
   Launch launch(Args({}, {"--sleep=60"}), dir_.Sub("work"), env_);
   ASSERT_TRUE(launch.PumpUntil([&] { return ReadReports(dir_.Sub("reports")).size() == 5; }, 30000))

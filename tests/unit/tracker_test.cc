@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/env.h"
@@ -241,6 +242,140 @@ TEST(PlanTest, SshPlacementFollowsMxnet) {
   EXPECT_NE(std::find(argv.begin(), argv.end(), "StrictHostKeyChecking=no"), argv.end());
 }
 
+TEST(LaunchArgsTest, RestartServers) {
+  auto o = ParseLaunchArgs({"-n", "2", "--restart-servers", "3", "prog"});
+  ASSERT_OK(o.status());
+  EXPECT_EQ(o->restart_servers, 3);
+  EXPECT_EQ(ParseLaunchArgs({"-n", "2", "prog"})->restart_servers, 0) << "off by default";
+  EXPECT_EQ(ParseLaunchArgs({"-n", "2", "--restart-servers=0", "prog"})->restart_servers, 0);
+  auto negative = ParseLaunchArgs({"-n", "2", "--restart-servers", "-1", "prog"});
+  EXPECT_EQ(negative.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(negative.status().message().find("--restart-servers '-1' is not an integer >= 0"),
+            std::string::npos)
+      << negative.status();
+  EXPECT_FALSE(ParseLaunchArgs({"-n", "2", "--restart-servers", "x", "prog"}).ok());
+  EXPECT_FALSE(ParseLaunchArgs({"-n", "2", "--restart-servers"}).ok());
+  auto mpi = ParseLaunchArgs({"-n", "2", "--launcher", "mpi", "--restart-servers", "1", "prog"});
+  EXPECT_EQ(mpi.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(mpi.status().message().find("mpirun owns its processes"), std::string::npos)
+      << mpi.status();
+  EXPECT_OK(
+      ParseLaunchArgs({"-n", "2", "--launcher", "mpi", "--restart-servers", "0", "prog"}).status());
+  // Options built by hand are checked by the planner too (before mpirun runs).
+  LaunchOptions by_hand = *ParseLaunchArgs({"-n", "1", "--launcher", "mpi", "prog"});
+  by_hand.restart_servers = 1;
+  EXPECT_EQ(PlanLaunch(by_hand, Environment::Isolated({})).status().code(),
+            StatusCode::kInvalidArgument);
+  by_hand.launcher = LauncherKind::kLocal;
+  by_hand.restart_servers = -2;
+  EXPECT_EQ(PlanLaunch(by_hand, Environment::Isolated({})).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+// --restart-servers K: servers may be restarted K times; every process learns
+// K and where the snapshots go (the absolute log folder's snapshots/ unless the
+// user chose).
+TEST(PlanTest, RestartServersLocal) {
+  auto o =
+      ParseLaunchArgs({"-n", "2", "-s", "2", "--launcher", "local", "--host-ip", "127.0.0.1",
+                       "--log-dir", "rel/logs", "--restart-servers", "2", "--no-keys", "prog"});
+  ASSERT_OK(o.status());
+  auto plan = PlanLaunch(*o, Environment::Isolated({{"PSTRAIN_SERVER_RESTARTS", "7"}}));
+  ASSERT_OK(plan.status());
+  ASSERT_EQ(plan->tasks.size(), 5u);
+  const std::string snapshots = std::filesystem::current_path().string() + "/rel/logs/snapshots";
+  for (const Task& t : plan->tasks) {
+    SCOPED_TRACE(t.role + "-" + std::to_string(t.rank));
+    EXPECT_EQ(t.spec.env.at("PSTRAIN_SERVER_RESTARTS"), "2") << "the flag, not a stale value";
+    EXPECT_EQ(t.spec.env.at("PSTRAIN_SNAPSHOT_DIR"), snapshots);
+    EXPECT_EQ(t.spec.env.count("PSTRAIN_RESTART"), 0u) << "only restarted processes have it";
+    EXPECT_EQ(t.max_restarts, t.role == "server" ? 2 : 0);
+    EXPECT_TRUE(t.restart_specs.empty()) << "local restarts add PSTRAIN_RESTART to spec.env";
+  }
+  EXPECT_EQ(plan->tasks[0].role, "scheduler");
+
+  // The user's snapshot folder, from the environment or --env, stays.
+  plan = PlanLaunch(*o, Environment::Isolated({{"PSTRAIN_SNAPSHOT_DIR", "/data/snaps"}}));
+  ASSERT_OK(plan.status());
+  for (const Task& t : plan->tasks) EXPECT_EQ(t.spec.env.at("PSTRAIN_SNAPSHOT_DIR"), "/data/snaps");
+  auto with_env = ParseLaunchArgs({"-n", "1", "--launcher", "local", "--host-ip", "127.0.0.1",
+                                   "--restart-servers", "1", "--env",
+                                   "PSTRAIN_SNAPSHOT_DIR=/x/snaps", "--no-keys", "prog"});
+  ASSERT_OK(with_env.status());
+  plan = PlanLaunch(*with_env, Environment::Isolated({}));
+  ASSERT_OK(plan.status());
+  for (const Task& t : plan->tasks) EXPECT_EQ(t.spec.env.at("PSTRAIN_SNAPSHOT_DIR"), "/x/snaps");
+
+  // Without the flag: no restarts, and every process is told so.
+  auto plain = ParseLaunchArgs(
+      {"-n", "1", "--launcher", "local", "--host-ip", "127.0.0.1", "--no-keys", "prog"});
+  ASSERT_OK(plain.status());
+  plan = PlanLaunch(*plain, Environment::Isolated({{"PSTRAIN_SERVER_RESTARTS", "7"}}));
+  ASSERT_OK(plan.status());
+  for (const Task& t : plan->tasks) {
+    EXPECT_EQ(t.spec.env.at("PSTRAIN_SERVER_RESTARTS"), "0");
+    EXPECT_EQ(t.spec.env.count("PSTRAIN_SNAPSHOT_DIR"), 0u);
+    EXPECT_EQ(t.max_restarts, 0);
+  }
+}
+
+// Over ssh the variables travel in the remote command, so each restart of a
+// server has its own remote command naming PSTRAIN_RESTART.
+TEST(PlanTest, RestartServersSsh) {
+  std::string hosts = ::testing::TempDir() + "/restart_hosts";
+  std::FILE* f = std::fopen(hosts.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("h1\nh2\n", f);
+  std::fclose(f);
+  auto o = ParseLaunchArgs(
+      {"-n", "1", "-s", "2", "-H", hosts, "--host-ip", "127.0.0.1", "--log-dir", "/abs/logs",
+       "--restart-servers", "2", "--", "/bin/sh", "-c",
+       "printf '%s|%s|%s' \"${PSTRAIN_RESTART:-none}\" \"$PSTRAIN_SERVER_RESTARTS\" "
+       "\"$PSTRAIN_SNAPSHOT_DIR\""});
+  ASSERT_OK(o.status());
+  auto plan = PlanLaunch(*o, Environment::Isolated({}));
+  ASSERT_OK(plan.status());
+  ASSERT_EQ(plan->tasks.size(), 4u);
+  const Task& sched = plan->tasks[0];
+  EXPECT_EQ(sched.spec.env.at("PSTRAIN_SERVER_RESTARTS"), "2");
+  EXPECT_EQ(sched.spec.env.at("PSTRAIN_SNAPSHOT_DIR"), "/abs/logs/snapshots");
+  EXPECT_EQ(sched.max_restarts, 0);
+  for (size_t i = 1; i < plan->tasks.size(); ++i) {
+    const Task& t = plan->tasks[i];
+    SCOPED_TRACE(t.role + "-" + std::to_string(t.rank));
+    const std::string& remote = t.spec.argv.back();
+    EXPECT_NE(remote.find("'PSTRAIN_SERVER_RESTARTS=2'"), std::string::npos) << remote;
+    EXPECT_NE(remote.find("'PSTRAIN_SNAPSHOT_DIR=/abs/logs/snapshots'"), std::string::npos);
+    EXPECT_EQ(remote.find("PSTRAIN_RESTART="), std::string::npos);
+    // The first run, as the remote host sees it.
+    EXPECT_EQ(RunWithOpenStdin(remote), "none|2|/abs/logs/snapshots");
+    if (t.role != "server") {
+      EXPECT_EQ(t.max_restarts, 0);
+      EXPECT_TRUE(t.restart_specs.empty());
+      continue;
+    }
+    EXPECT_EQ(t.max_restarts, 2);
+    ASSERT_EQ(t.restart_specs.size(), 2u);
+    for (int n = 1; n <= 2; ++n) {
+      const ProcessSpec& again = t.restart_specs[static_cast<size_t>(n) - 1];
+      EXPECT_EQ(std::vector<std::string>(again.argv.begin(), again.argv.end() - 1),
+                std::vector<std::string>(t.spec.argv.begin(), t.spec.argv.end() - 1))
+          << "the same host and ssh options";
+      EXPECT_EQ(again.stdin_data, t.spec.stdin_data) << "the same keys";
+      EXPECT_EQ(RunWithOpenStdin(again.argv.back()), StrCat(n, "|2|/abs/logs/snapshots"));
+    }
+  }
+
+  // A snapshot folder in the launcher's environment is forwarded, not replaced.
+  plan = PlanLaunch(*o, Environment::Isolated({{"PSTRAIN_SNAPSHOT_DIR", "/shared/snaps"}}));
+  ASSERT_OK(plan.status());
+  for (size_t i = 1; i < plan->tasks.size(); ++i) {
+    const std::string& remote = plan->tasks[i].spec.argv.back();
+    EXPECT_NE(remote.find("'PSTRAIN_SNAPSHOT_DIR=/shared/snaps'"), std::string::npos) << remote;
+    EXPECT_EQ(remote.find("/abs/logs/snapshots"), std::string::npos) << remote;
+  }
+}
+
 TEST(PlanTest, MissingForwardedVariableIsAnError) {
   auto o = ParseLaunchArgs({"-n", "1", "--env", "NOT_SET_ANYWHERE", "prog"});
   ASSERT_OK(o.status());
@@ -423,6 +558,136 @@ TEST_F(SupervisorTest, StopRequestAndTimeout) {
   ASSERT_OK(timed_out.status());
   EXPECT_EQ(timed_out->exit_code, 1);
   EXPECT_NE(timed_out->reason.find("--timeout"), std::string::npos);
+}
+
+// Server recovery: a task with restarts left is started again (with
+// PSTRAIN_RESTART=n) when its process is killed, and the job goes on.
+TEST_F(SupervisorTest, KilledProcessIsRestartedAndTheJobSucceeds) {
+  std::vector<Task> tasks;
+  tasks.push_back(ShellTask("worker", 0, "sleep 0.5; echo done"));
+  Task server = ShellTask("server", 1,
+                          "echo \"run ${PSTRAIN_RESTART:-none}\"; "
+                          "if [ -z \"${PSTRAIN_RESTART:-}\" ]; then kill -9 $$; fi; "
+                          "echo \"saw PSTRAIN_RESTART=$PSTRAIN_RESTART\"");
+  server.max_restarts = 2;
+  tasks.push_back(server);
+  auto result = RunJob(std::move(tasks), options_);
+  ASSERT_OK(result.status());
+  EXPECT_TRUE(result->success) << result->reason;
+  EXPECT_EQ(result->exit_code, 0);
+  ASSERT_EQ(result->pids.size(), 2u);
+  ASSERT_EQ(result->restarted_pids.size(), 2u);
+  EXPECT_TRUE(result->restarted_pids[0].empty());
+  ASSERT_EQ(result->restarted_pids[1].size(), 1u);
+  EXPECT_NE(result->restarted_pids[1][0], result->pids[1]);
+
+  const std::string restart_line =
+      StrCat("pstrain launch: server-1 on here (pid ", result->pids[1],
+             ") was killed by signal 9 (SIGKILL); restarting it (restart 1 of 2)\n");
+  // One log for both runs, in order: the first run, the restart, the second.
+  EXPECT_EQ(Read(dir_ + "/server-1.log"),
+            "run none\n" + restart_line + "run 1\nsaw PSTRAIN_RESTART=1\n");
+  const std::string terminal = Read(terminal_);
+  EXPECT_NE(terminal.find(restart_line), std::string::npos) << terminal;
+  EXPECT_NE(terminal.find("[server-1] saw PSTRAIN_RESTART=1\n"), std::string::npos) << terminal;
+  EXPECT_EQ(Read(dir_ + "/worker-0.log"), "done\n");
+}
+
+// A process that fails every time is restarted max_restarts times; its next
+// failure fails the job, naming the restarts.
+TEST_F(SupervisorTest, ProcessThatKeepsFailingFailsTheJobAfterItsRestarts) {
+  std::vector<Task> tasks;
+  tasks.push_back(ShellTask("scheduler", 0, "exec sleep 30"));
+  Task server = ShellTask("server", 0, "echo \"run ${PSTRAIN_RESTART:-0}\"; exit 3");
+  server.max_restarts = 2;
+  tasks.push_back(server);
+  options_.term_grace_ms = 500;
+  const auto start = SteadyClock::now();
+  auto result = RunJob(std::move(tasks), options_);
+  ASSERT_OK(result.status());
+  EXPECT_FALSE(result->success);
+  EXPECT_EQ(result->exit_code, 1);
+  ASSERT_EQ(result->restarted_pids.size(), 2u);
+  EXPECT_TRUE(result->restarted_pids[0].empty());
+  ASSERT_EQ(result->restarted_pids[1].size(), 2u) << "3 runs: the first and 2 restarts";
+  EXPECT_EQ(result->reason,
+            StrCat("server-0 on here (pid ", result->restarted_pids[1][1],
+                   ") exited with code 3; it had been restarted 2 times, as many as allowed"));
+  const std::string log = Read(dir_ + "/server-0.log");
+  EXPECT_EQ(log, StrCat("run 0\n", "pstrain launch: server-0 on here (pid ", result->pids[1],
+                        ") exited with code 3; restarting it (restart 1 of 2)\n", "run 1\n",
+                        "pstrain launch: server-0 on here (pid ", result->restarted_pids[1][0],
+                        ") exited with code 3; restarting it (restart 2 of 2)\n", "run 2\n"));
+  const std::string terminal = Read(terminal_);
+  EXPECT_EQ(terminal.find("restart 3"), std::string::npos) << terminal;
+  EXPECT_NE(terminal.find("as many as allowed; stopping the job"), std::string::npos) << terminal;
+  EXPECT_LT(SteadyClock::now() - start, std::chrono::seconds(10));
+  for (int pid : result->pids) EXPECT_NE(kill(pid, 0), 0) << "pid " << pid << " survived";
+}
+
+// max_restarts = 0 (the default): the first abnormal exit fails the job.
+TEST_F(SupervisorTest, WithoutRestartsAKilledProcessFailsTheJob) {
+  std::vector<Task> tasks;
+  tasks.push_back(ShellTask("scheduler", 0, "exec sleep 30"));
+  tasks.push_back(ShellTask("server", 0, "kill -9 $$"));
+  options_.term_grace_ms = 500;
+  auto result = RunJob(std::move(tasks), options_);
+  ASSERT_OK(result.status());
+  EXPECT_FALSE(result->success);
+  EXPECT_EQ(result->exit_code, 1);
+  EXPECT_EQ(result->reason,
+            StrCat("server-0 on here (pid ", result->pids[1], ") killed by signal 9 (Killed)"));
+  ASSERT_EQ(result->restarted_pids.size(), 2u);
+  EXPECT_TRUE(result->restarted_pids[0].empty());
+  EXPECT_TRUE(result->restarted_pids[1].empty());
+  EXPECT_EQ(Read(terminal_).find("restarting"), std::string::npos) << Read(terminal_);
+}
+
+// Processes that end because the job is being stopped (a stop request, the
+// deadline) are not restarted, whatever their restarts left.
+TEST_F(SupervisorTest, StopRequestAndTimeoutRestartNothing) {
+  int stop[2];
+  ASSERT_EQ(pipe(stop), 0);
+  options_.stop_fd = stop[0];
+  options_.term_grace_ms = 500;
+  std::vector<Task> tasks;
+  for (int rank = 0; rank < 2; ++rank) {
+    // server-0 dies by SIGTERM; server-1 exits 5 on it.
+    Task server = ShellTask(
+        "server", rank,
+        rank == 0 ? "echo up; exec sleep 30" : "trap 'exit 5' TERM; echo up; sleep 30 & wait");
+    server.max_restarts = 3;
+    tasks.push_back(server);
+  }
+  std::thread requester([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    unsigned char sig = SIGINT;
+    EXPECT_EQ(write(stop[1], &sig, 1), 1);
+  });
+  auto stopped = RunJob(std::move(tasks), options_);
+  requester.join();
+  close(stop[0]);
+  close(stop[1]);
+  ASSERT_OK(stopped.status());
+  EXPECT_FALSE(stopped->success);
+  EXPECT_EQ(stopped->exit_code, 128 + SIGINT);
+  EXPECT_EQ(stopped->reason, "interrupted by SIGINT");
+  EXPECT_EQ(stopped->restarted_pids, (std::vector<std::vector<int>>{{}, {}}));
+  EXPECT_EQ(Read(terminal_).find("restarting"), std::string::npos) << Read(terminal_);
+  EXPECT_EQ(Read(dir_ + "/server-1.log"), "up\n");
+  for (int pid : stopped->pids) EXPECT_NE(kill(pid, 0), 0) << "pid " << pid << " survived";
+
+  options_.stop_fd = -1;
+  options_.deadline = Deadline::InMillis(300);
+  std::vector<Task> slow;
+  Task server = ShellTask("server", 0, "exec sleep 30");
+  server.max_restarts = 3;
+  slow.push_back(server);
+  auto timed_out = RunJob(std::move(slow), options_);
+  ASSERT_OK(timed_out.status());
+  EXPECT_EQ(timed_out->exit_code, 1);
+  EXPECT_EQ(timed_out->reason, "the job ran past its --timeout");
+  EXPECT_EQ(timed_out->restarted_pids, (std::vector<std::vector<int>>{{}}));
 }
 
 TEST_F(SupervisorTest, CommandThatCannotStartIsAnError) {
