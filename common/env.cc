@@ -168,6 +168,17 @@ StatusOr<JobEnv> ReadJobEnv(const Environment& env, bool cluster_required) {
   job.job_id = env.Get("PSTRAIN_JOB_ID").value_or("");
   ASSIGN_OR_RETURN(int64_t launch_rank, env.GetInt("PSTRAIN_LAUNCH_RANK", -1, 0, INT32_MAX));
   job.launch_rank = static_cast<int>(launch_rank);
+  ASSIGN_OR_RETURN(int64_t restarts, env.GetInt("PSTRAIN_SERVER_RESTARTS", 0, 0, 1000));
+  job.server_restarts = static_cast<int>(restarts);
+  ASSIGN_OR_RETURN(int64_t restart_timeout,
+                   env.GetInt("PSTRAIN_RESTART_TIMEOUT_MS", job.restart_timeout_ms, 1, INT32_MAX));
+  job.restart_timeout_ms = static_cast<int>(restart_timeout);
+  job.snapshot_dir = env.Get("PSTRAIN_SNAPSHOT_DIR").value_or("");
+  ASSIGN_OR_RETURN(int64_t every, env.GetInt("PSTRAIN_SNAPSHOT_EVERY", 1, 1, 1000000));
+  job.snapshot_every = static_cast<int>(every);
+  ASSIGN_OR_RETURN(job.snapshot_sync, env.GetBool("PSTRAIN_SNAPSHOT_SYNC", false));
+  ASSIGN_OR_RETURN(int64_t restart, env.GetInt("PSTRAIN_RESTART", 0, 0, INT32_MAX));
+  job.restart = static_cast<int>(restart);
   job.key_file = env.Get("PSTRAIN_KEY_FILE").value_or("");
   const std::string wire = env.Get("PSTRAIN_WIRE_SECURITY").value_or("curve");
   if (wire != "curve" && wire != "auth") {

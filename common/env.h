@@ -89,6 +89,21 @@ struct JobEnv {
   // this much (address space; pages cost only once used), so co-located
   // workers pull them without a copy on the server.
   int64_t shm_store_bytes = int64_t{4} << 30;
+  // Server recovery. PSTRAIN_SERVER_RESTARTS: how many times a dead server
+  // may be replaced by a restarted process (0: a dead server ends the job).
+  int server_restarts = 0;
+  // PSTRAIN_RESTART_TIMEOUT_MS: how long the job waits for a replacement.
+  int restart_timeout_ms = 60000;
+  // PSTRAIN_SNAPSHOT_DIR: servers keep their snapshots in <dir>/server-<rank>
+  // (empty: no snapshots).
+  std::string snapshot_dir;
+  // PSTRAIN_SNAPSHOT_EVERY: rounds between a key's snapshots (workers send it
+  // to the servers, and keep that many pushes to re-send).
+  int snapshot_every = 1;
+  // PSTRAIN_SNAPSHOT_SYNC: fdatasync every snapshot (survive a host crash).
+  bool snapshot_sync = false;
+  // PSTRAIN_RESTART: set by the launcher on a restarted process (its count).
+  int restart = 0;
 };
 
 // Parses the variables above. When `role_required` is true a missing

@@ -32,6 +32,9 @@ ClusterOptions ClusterOptionsFromJobEnv(const JobEnv& env) {
   o.key_file = env.key_file;
   o.encrypt = env.encrypt;
   o.launch_rank = env.launch_rank;
+  o.server_restarts = env.server_restarts;
+  o.restart_timeout_ms = env.restart_timeout_ms;
+  o.restart = env.restart;
   return o;
 }
 
@@ -100,6 +103,9 @@ void ClusterNode::AddFailureListener(FailureListener l) {
   failure_listeners_.push_back(std::move(l));
 }
 void ClusterNode::AddTickListener(TickListener l) { tick_listeners_.push_back(std::move(l)); }
+void ClusterNode::AddReplacedListener(ReplacedListener l) {
+  replaced_listeners_.push_back(std::move(l));
+}
 
 int ClusterNode::id() const {
   MutexLock l(&mu_);
@@ -150,6 +156,7 @@ Status ClusterNode::Start() {
   me->set_job_id(options_.job_id);
   me->set_build(options_.build);
   if (options_.launch_rank >= 0) me->set_launch_rank(options_.launch_rank);
+  if (options_.restart > 0) me->set_restart(options_.restart);
   if (const ShmInfo* shm = van_->shm_info()) *me->mutable_shm() = *shm;
   if (options_.verbose >= 1) {
     LOG(INFO) << RoleName(options_.role) << " at " << host_ << ":" << port_
@@ -307,6 +314,18 @@ void ClusterNode::Handle(Message&& msg) {
     }
     case CMD_HEARTBEAT:
       return;
+    case CMD_NODE_REPLACED: {
+      // Connecting may block: the heartbeat thread does it.
+      if (options_.role != Role::kWorker || h.sender() != kSchedulerId ||
+          !IsServerId(h.node().id()) || RankOfId(h.node().id()) >= options_.num_servers) {
+        LOG(WARNING) << Self() << ": ignoring a replacement notice from " << NodeIdName(h.sender());
+        return;
+      }
+      MutexLock l(&mu_);
+      replaced_.push_back(h.node());
+      cv_.SignalAll();
+      return;
+    }
     case CMD_BARRIER: {
       MutexLock l(&mu_);
       if (h.error_code() != 0) {
@@ -402,8 +421,11 @@ Status ClusterNode::Finish(Deadline deadline) {
 
 Status ClusterNode::WaitShutdown(Deadline deadline) {
   MutexLock l(&mu_);
-  cv_.WaitUntil(deadline, [this]() REQUIRES(mu_) { return shutdown_ || !health_.ok(); });
+  cv_.WaitUntil(deadline,
+                [this]() REQUIRES(mu_) { return shutdown_ || !health_.ok() || stopping_; });
   if (!health_.ok()) return health_;
+  if (!shutdown_ && stopping_)
+    return Status::Cancelled(StrCat(RoleName(options_.role), " stopped"));
   if (!shutdown_) {
     return Status::DeadlineExceeded(StrCat(RoleName(options_.role), " rank ", rank_,
                                            ": no shutdown from the scheduler in time"));
@@ -411,27 +433,63 @@ Status ClusterNode::WaitShutdown(Deadline deadline) {
   return Status::Ok();
 }
 
+void ClusterNode::AdoptReplacement(const NodeInfo& info) {
+  const int id = info.id();
+  for (const auto& listener : replaced_listeners_) listener(id, /*connected=*/false);
+  Status s = van_->Connect(id, info.host(), info.port(), info.has_shm() ? &info.shm() : nullptr);
+  if (!s.ok()) {
+    Fail(s.WithContext(StrCat("connecting to the replacement of ", NodeIdName(id))), id);
+    return;
+  }
+  van_->ExpectRoute(id, NodeRoute(info.nonce()));
+  {
+    MutexLock l(&mu_);
+    table_[id] = info;
+  }
+  LOG(WARNING) << Self() << ": " << Describe(id) << " replaces the server process that died"
+               << " (restart " << info.restart() << "); sending it what it has not answered";
+  for (const auto& listener : replaced_listeners_) listener(id, /*connected=*/true);
+  Message ready;
+  ready.header = Header(CMD_NODE_REPLACED);
+  ready.header.set_is_reply(true);
+  *ready.header.mutable_node() = info;
+  (void)Send(kSchedulerId, ready);
+}
+
 void ClusterNode::HeartbeatLoop() {
   const auto interval = std::chrono::milliseconds(std::min(options_.heartbeat_interval_ms, 1000));
   auto last_beat = SteadyClock::now();
   for (;;) {
+    std::vector<NodeInfo> replaced;
+    bool early = false;
     {
       MutexLock l(&mu_);
-      cv_.WaitUntil(Deadline::In(interval), [this]() REQUIRES(mu_) { return stopping_; });
+      cv_.WaitUntil(Deadline::In(interval),
+                    [this]() REQUIRES(mu_) { return stopping_ || !replaced_.empty(); });
       if (stopping_) return;
-      // Woken far too late: this process was not running (SIGSTOP, a frozen
-      // host), so the scheduler's silence meanwhile says nothing about it;
-      // what it sent is still to be read. A fresh timeout.
-      const auto now = SteadyClock::now();
-      const int64_t late_ms =
-          std::chrono::duration_cast<std::chrono::milliseconds>(now - last_beat - interval).count();
-      if (late_ms > options_.heartbeat_timeout_ms / 2) {
-        LOG(WARNING) << Self() << ": this process did not run for " << late_ms
-                     << " ms (stopped or starved); the scheduler gets a fresh heartbeat timeout";
+      replaced.swap(replaced_);
+      early = !replaced.empty() && SteadyClock::now() - last_beat < interval;
+    }
+    if (early) {  // woken for a replacement, not for a heartbeat
+      for (const NodeInfo& info : replaced) AdoptReplacement(info);
+      continue;
+    }
+    // Woken far too late: this process was not running (SIGSTOP, a frozen
+    // host), so the scheduler's silence meanwhile says nothing about it;
+    // what it sent is still to be read. A fresh timeout.
+    const auto now = SteadyClock::now();
+    const int64_t late_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - last_beat - interval).count();
+    last_beat = now;
+    if (late_ms > options_.heartbeat_timeout_ms / 2) {
+      {
+        MutexLock l(&mu_);
         last_scheduler_contact_ = now;
       }
-      last_beat = now;
+      LOG(WARNING) << Self() << ": this process did not run for " << late_ms
+                   << " ms (stopped or starved); the scheduler gets a fresh heartbeat timeout";
     }
+    for (const NodeInfo& info : replaced) AdoptReplacement(info);
     Message hb;
     hb.header = Header(CMD_HEARTBEAT);
     (void)Send(kSchedulerId, hb);

@@ -61,6 +61,12 @@ struct ClusterOptions {
   bool encrypt = true;
   std::string build = BuildId();  // this binary's (tests set another)
   int launch_rank = -1;           // PSTRAIN_LAUNCH_RANK (-1: none)
+  // Server recovery: how many times a dead server may be replaced
+  // (PSTRAIN_SERVER_RESTARTS; the scheduler waits restart_timeout_ms for
+  // each), and this process's restart count (PSTRAIN_RESTART).
+  int server_restarts = 0;
+  int restart_timeout_ms = 60000;
+  int restart = 0;
 };
 
 // The options a process gets from its environment (common/env.h).
@@ -71,6 +77,12 @@ class ClusterNode {
   using MessageHandler = std::function<void(Message&&)>;
   using FailureListener = std::function<void(const Status&)>;
   using TickListener = std::function<void()>;
+  // A worker's server `id` is replaced by a restarted process (same rank and
+  // id). Each listener runs twice on the heartbeat thread: with `connected`
+  // false before the connection is replaced (stop sending to it), then true
+  // (send it what it has not answered). The scheduler hears that this worker
+  // is ready for the replacement once every listener returned.
+  using ReplacedListener = std::function<void(int id, bool connected)>;
 
   // Binds this node's socket. REQUIRES: options.role is server or worker.
   static StatusOr<std::unique_ptr<ClusterNode>> Create(const ClusterOptions& options);
@@ -84,6 +96,7 @@ class ClusterNode {
   void AddFailureListener(FailureListener listener);
   // Runs on the heartbeat thread about every heartbeat interval (at most 1 s).
   void AddTickListener(TickListener listener);
+  void AddReplacedListener(ReplacedListener listener);
 
   // Registers and waits (startup_timeout_ms) for the node table, then (on this
   // thread) connects to peers, hands on the messages that came early and
@@ -123,21 +136,21 @@ class ClusterNode {
   ShmArena::Stored AllocateOutgoing(uint64_t bytes) {
     return AllocateOrHeap(arena_.get(), bytes, /*outgoing=*/true);
   }
-  Status health() const;
+  Status health() const EXCLUDES(mu_);
   // Messages this node sent through shared memory (values in its arena, or the
   // whole message through a peer's queue; a message may count twice).
   int64_t shm_messages() const;
 
   Role role() const { return options_.role; }
-  int id() const;
-  int rank() const;
+  int id() const EXCLUDES(mu_);
+  int rank() const EXCLUDES(mu_);
   int num_servers() const { return options_.num_servers; }
   int num_workers() const { return options_.num_workers; }
   int port() const { return port_; }
   const ClusterOptions& options() const { return options_; }
   // "server rank 1 at 127.0.0.1:40001".
-  std::string Describe(int id) const;
-  std::string Self() const { return Describe(id()); }
+  std::string Describe(int id) const EXCLUDES(mu_);
+  std::string Self() const EXCLUDES(mu_) { return Describe(id()); }
 
  private:
   explicit ClusterNode(const ClusterOptions& options);
@@ -148,6 +161,9 @@ class ClusterNode {
   // Fail(), telling the scheduler or not (not when the news came from it).
   void Failed(const Status& error, bool tell_scheduler, int blame) EXCLUDES(mu_);
   void HeartbeatLoop();
+  // Heartbeat thread: connects to the replacement of a server (CMD_NODE_REPLACED),
+  // runs the listeners and tells the scheduler this worker is ready for it.
+  void AdoptReplacement(const NodeInfo& info) EXCLUDES(mu_);
   PsHeader Header(PsCommand cmd) const;
 
   ClusterOptions options_;
@@ -159,16 +175,18 @@ class ClusterNode {
   MessageHandler handler_;
   std::vector<FailureListener> failure_listeners_;
   std::vector<TickListener> tick_listeners_;
+  std::vector<ReplacedListener> replaced_listeners_;
 
   mutable Mutex mu_;
   CondVar cv_{&mu_};
   int id_ GUARDED_BY(mu_) = -1;
   int rank_ GUARDED_BY(mu_) = -1;
   std::map<int, NodeInfo> table_ GUARDED_BY(mu_);
-  bool table_arrived_ GUARDED_BY(mu_) = false;  // the scheduler's CMD_NODE_TABLE came
-  PsHeader table_header_ GUARDED_BY(mu_);       // it, until Start() takes it
-  bool have_table_ GUARDED_BY(mu_) = false;     // adopted, connected, early messages handed on
-  std::vector<Message> early_ GUARDED_BY(mu_);  // data that arrived before the table
+  bool table_arrived_ GUARDED_BY(mu_) = false;      // the scheduler's CMD_NODE_TABLE came
+  PsHeader table_header_ GUARDED_BY(mu_);           // it, until Start() takes it
+  bool have_table_ GUARDED_BY(mu_) = false;         // adopted, connected, early messages handed on
+  std::vector<Message> early_ GUARDED_BY(mu_);      // data that arrived before the table
+  std::vector<NodeInfo> replaced_ GUARDED_BY(mu_);  // replacements the heartbeat thread adopts
   bool shutdown_ GUARDED_BY(mu_) = false;
   bool stopping_ GUARDED_BY(mu_) = false;
   Status health_ GUARDED_BY(mu_);

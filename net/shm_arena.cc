@@ -281,6 +281,13 @@ bool ShmArena::Enqueue(int receiver, uint64_t offset, uint64_t bytes) {
   return true;
 }
 
+void ShmArena::ResetQueue(int receiver) {
+  if (receiver < 0 || receiver >= kShmMaxQueues) return;
+  MutexLock l(&queue_mu_);
+  Queue* q = QueueAt(base_, receiver);
+  __atomic_store_n(&q->tail, __atomic_load_n(&q->head, __ATOMIC_RELAXED), __ATOMIC_RELEASE);
+}
+
 void ShmArena::SetSleeping(bool sleeping) {
   auto* h = reinterpret_cast<ArenaHeader*>(base_);
   __atomic_store_n(&h->sleeping, sleeping ? 1u : 0u, __ATOMIC_SEQ_CST);

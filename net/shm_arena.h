@@ -112,6 +112,13 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
   // is full or the id has no queue. The caller keeps its own order per
   // receiver (the Van numbers messages under the peer's lock).
   bool Enqueue(int receiver, uint64_t offset, uint64_t bytes) EXCLUDES(queue_mu_);
+  // Empties the queue read by node `receiver` (the producer moves the
+  // consumer's position): for a receiver that died and is replaced by a
+  // process that must not see what was queued for the old one. The blocks
+  // those entries name stay held (the ring then falls back to TCP while they
+  // block it). REQUIRES: nobody reads that queue now (the old reader is gone,
+  // the new one has not mapped the arena yet).
+  void ResetQueue(int receiver) EXCLUDES(queue_mu_);
   // This node's receive thread is (about to be) asleep: peers that enqueue
   // must ring its doorbell. Sequentially consistent, so an enqueue that misses
   // the flag is seen by the rescan that follows setting it.

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstring>
 #include <optional>
+#include <random>
 #include <vector>
 
 namespace pstrain {
@@ -63,6 +64,7 @@ struct Van::Peer {
   std::shared_ptr<ShmMapping> theirs;  // the peer's arena, mapped here (null: TCP)
   std::atomic<bool> maps_mine{false};  // the peer said it mapped our arena
   uint64_t next_seq = 0;               // shm_seq of the next message (with theirs), under mu
+  uint64_t stream = 0;                 // names this connection's numbering (shm_stream)
   sockaddr_un doorbell{};              // the peer's doorbell (with theirs)
   socklen_t doorbell_len = 0;          // 0: none, messages to it go over ZeroMQ
   // The DEALER's connection events (a PAIR), read under mu by
@@ -359,6 +361,11 @@ bool Van::PeerMapsOurArena(int id) {
 Status Van::Connect(int id, const std::string& host, int port, const ShmInfo* shm) {
   ASSIGN_OR_RETURN(std::string ip, ResolveHost(host));
   auto peer = std::make_shared<Peer>();
+  {
+    std::random_device rd;
+    peer->stream = (uint64_t{rd()} << 32) ^ rd();
+    if (peer->stream == 0) peer->stream = 1;
+  }
   if (shm != nullptr && options_.shm_bytes > 0) {
     auto mapped = ShmMapping::Open(*shm);
     if (mapped.ok()) {
@@ -445,6 +452,8 @@ Status Van::Connect(int id, const std::string& host, int port, const ShmInfo* sh
     }
     ++inbound_version_;
   }
+  // A replaced peer: what was queued for its old process is not for the new one.
+  if (arena_ != nullptr && peers_.count(id) > 0) arena_->ResetQueue(id);
   peers_[id] = std::move(peer);
   return Status::Ok();
 }
@@ -602,7 +611,10 @@ Status Van::Send(int id, const Message& msg) {
   MutexLock l(&peer->mu);
   // Numbered under the peer's lock: the receiver restores this order whichever
   // way (queue or ZeroMQ) each message goes.
-  if (ordered) extra.set_shm_seq(peer->next_seq++);
+  if (ordered) {
+    extra.set_shm_seq(peer->next_seq++);
+    extra.set_shm_stream(peer->stream);
+  }
   if (ordered && mine_mapped && peer->doorbell_len > 0) {
     // Values not placed in shared memory travel inside the queued message, as
     // one frame.
@@ -793,7 +805,9 @@ void Van::Drop(const Message* msg, const std::string& why, int stream) {
     }
   }
   // A numbered message that is dropped must not hold up the ones after it.
-  if (h.has_shm_seq()) Deliver(stream >= 0 ? stream : h.sender(), h.shm_seq(), nullptr);
+  if (h.has_shm_seq()) {
+    Deliver(stream >= 0 ? stream : h.sender(), h.shm_stream(), h.shm_seq(), nullptr);
+  }
 }
 
 // Reads one multipart message; false when none was waiting.
@@ -909,14 +923,23 @@ void Van::Finish(Message&& msg) {
     return;
   }
   const int sender = h.sender();
-  const uint64_t seq = h.shm_seq();
-  Deliver(sender, seq, &msg);
+  Deliver(sender, h.shm_stream(), h.shm_seq(), &msg);
 }
 
 // Hands `msg` (null: a dropped message) on when it is its sender's next, then
 // any stashed ones that follow it.
-void Van::Deliver(int sender, uint64_t seq, Message* msg) {
+void Van::Deliver(int sender, uint64_t stream, uint64_t seq, Message* msg) {
   InOrder& o = order_[sender];
+  if (stream != o.stream) {
+    // A new connection from that node (a replaced process): its numbers start
+    // over, and what its predecessor left waiting is not coming.
+    if (o.stream != 0 && options_.verbose >= 1) {
+      LOG(INFO) << options_.name << ": " << NodeIdName(sender) << " numbers its messages anew ("
+                << o.stash.size() << " of the old numbering dropped)";
+    }
+    o = InOrder{};
+    o.stream = stream;
+  }
   if (seq < o.expected || o.stash.count(seq) > 0) {
     ++dropped_;
     LOG(WARNING) << options_.name << ": dropped message " << seq << " from " << NodeIdName(sender)

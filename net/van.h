@@ -126,6 +126,9 @@ class Van {
   // Opens (or replaces) the connection to node `id` at host:port (a name or an
   // IP). With `shm` (the peer's arena from the node table) it also tries to map
   // the peer's arena; failing that is not an error (the peer is elsewhere).
+  // Replacing a connection starts a new numbering of the messages to `id` and
+  // empties the queue `id` reads in our arena (see ShmArena::ResetQueue): for a
+  // peer process replaced by a new one, before the new one maps our arena.
   Status Connect(int id, const std::string& host, int port, const ShmInfo* shm = nullptr);
   void Disconnect(int id);
   // What happened to the connection to node `id` so far, for error messages.
@@ -168,7 +171,7 @@ class Van {
   // Counts and logs a malformed message; a numbered one is skipped in the
   // order of `stream` (default: its sender) so later ones are not held up.
   void Drop(const Message* msg, const std::string& why, int stream = -1);
-  void Deliver(int sender, uint64_t seq, Message* msg);
+  void Deliver(int sender, uint64_t stream, uint64_t seq, Message* msg);
   // Puts msg's values in the arena (references or ring copies) and lists them
   // in `extra`; false (nothing taken) when one does not fit.
   bool PlaceInShm(const Message& msg, PsHeader* extra);
@@ -199,6 +202,7 @@ class Van {
   // Receive thread only: per sender, the next shm_seq to hand on and the
   // messages that arrived before it (null: dropped).
   struct InOrder {
+    uint64_t stream = 0;  // the sender's numbering (a new one restarts at 0)
     uint64_t expected = 0;
     std::map<uint64_t, std::optional<Message>> stash;
   };

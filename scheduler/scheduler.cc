@@ -131,6 +131,21 @@ void Scheduler::Handle(Message&& msg) {
         cv_.SignalAll();
       }
       return;
+    case CMD_NODE_REPLACED: {
+      // A worker is ready for a replacement server.
+      auto r = replacing_.find(h.node().id());
+      if (!h.is_reply() || it == nodes_.end() || !IsWorkerId(h.sender()) || r == replacing_.end()) {
+        return;
+      }
+      r->second.waiting.erase(h.sender());
+      if (!r->second.waiting.empty()) return;
+      Status sent = van_->Send(r->first, r->second.table);
+      if (!sent.ok()) LOG(WARNING) << "scheduler: " << sent;
+      LOG(INFO) << "scheduler: every worker is ready for " << Describe(r->first)
+                << "; it gets the node table";
+      replacing_.erase(r);
+      return;
+    }
     case CMD_ABORT:
       if (it == nodes_.end()) return;
       Abort(StrCat(Describe(h.sender()), " failed: ", h.error_message(), OpenBarriers()),
@@ -180,6 +195,10 @@ void Scheduler::Register(const Message& msg) {
     return;
   }
   if (started_) {
+    if (static_cast<Role>(n.role()) == Role::kServer && options_.server_restarts > 0) {
+      Replace(msg);
+      return;
+    }
     reject("the job already has all its nodes");
     return;
   }
@@ -249,9 +268,6 @@ void Scheduler::Register(const Message& msg) {
   std::sort(sorted.begin(), sorted.end(),
             [&](const NodeInfo& a, const NodeInfo& b) { return order(a) < order(b); });
   int server_rank = 0, worker_rank = 0;
-  Message table;
-  table.header = Header(CMD_NODE_TABLE);
-  table.header.set_scheduler_route(SchedulerRoute(nonce_));
   const auto now = SteadyClock::now();
   for (NodeInfo& info : sorted) {
     if (static_cast<Role>(info.role()) == Role::kServer) {
@@ -261,7 +277,6 @@ void Scheduler::Register(const Message& msg) {
       info.set_rank(worker_rank);
       info.set_id(WorkerId(worker_rank++));
     }
-    *table.header.add_nodes() = info;
     nodes_[info.id()] = Node{info, now};
     van_->ExpectRoute(info.id(), NodeRoute(info.nonce()));
   }
@@ -278,8 +293,136 @@ void Scheduler::Register(const Message& msg) {
   if (options_.verbose >= 1) {
     for (const auto& [id, node] : nodes_) LOG(INFO) << "scheduler: " << Describe(id);
   }
-  Broadcast(table, -1);
+  Broadcast(NodeTable(), -1);
   cv_.SignalAll();
+}
+
+Message Scheduler::NodeTable() const {
+  Message table;
+  table.header = Header(CMD_NODE_TABLE);
+  table.header.set_scheduler_route(SchedulerRoute(nonce_));
+  for (const auto& [id, node] : nodes_) *table.header.add_nodes() = node.info;
+  return table;
+}
+
+void Scheduler::ServerSilent(int id, const std::string& why) {
+  if (dead_.count(id) > 0) return;
+  const int used = restarts_used_[id];
+  if (used >= options_.server_restarts) {
+    Abort(options_.server_restarts > 0
+              ? StrCat(why, "; it was replaced ", used,
+                       " time(s) already, as many as allowed (PSTRAIN_SERVER_RESTARTS=",
+                       options_.server_restarts, ")")
+              : why,
+          id, id);
+    return;
+  }
+  LOG(WARNING) << "scheduler: " << why << "; waiting up to " << options_.restart_timeout_ms
+               << " ms (PSTRAIN_RESTART_TIMEOUT_MS) for its replacement (restart " << used + 1
+               << " of " << options_.server_restarts << ")";
+  dead_[id] = Dead{SteadyClock::now(), why};
+}
+
+void Scheduler::Replace(const Message& msg) {
+  const NodeInfo& n = msg.header.node();
+  auto refuse = [&](const std::string& why) {
+    LOG(WARNING) << "scheduler: refusing server at " << n.host() << ":" << n.port() << ": " << why;
+    if (van_->Connect(kPendingIdBase - 2, n.host(), n.port()).ok()) {
+      Message m;
+      m.header = Header(CMD_ABORT);
+      m.header.set_error_message(StrCat("scheduler refused this server: ", why));
+      (void)van_->Send(kPendingIdBase - 2, m);
+      van_->Disconnect(kPendingIdBase - 2);
+    }
+  };
+  if (!msg.route.empty() && msg.route != NodeRoute(n.nonce())) {
+    refuse("its connection does not carry the routing id its nonce implies");
+    return;
+  }
+  const std::string mismatch = JobMismatch(msg.header);
+  if (!mismatch.empty()) {
+    refuse(mismatch);
+    return;
+  }
+  // Which server it replaces: the launcher's rank, else the one dead server.
+  int id = -1;
+  if (n.launch_rank() >= 0 && n.launch_rank() < options_.num_servers) {
+    id = ServerId(n.launch_rank());
+  } else if (dead_.size() == 1) {
+    id = dead_.begin()->first;
+  } else {
+    refuse(StrCat("the job has all its servers running and ", dead_.size(),
+                  " dead; a replacement must say which rank it takes (PSTRAIN_LAUNCH_RANK)"));
+    return;
+  }
+  if (dead_.count(id) == 0 && n.restart() <= 0) {
+    refuse(StrCat(Describe(id), " is alive, and this process is not a restart (PSTRAIN_RESTART)"));
+    return;
+  }
+  if (replacing_.count(id) > 0) {
+    refuse(StrCat(Describe(id), " is being replaced already"));
+    return;
+  }
+  if (restarts_used_[id] >= options_.server_restarts) {
+    refuse(StrCat(Describe(id), " was replaced ", restarts_used_[id],
+                  " time(s) already, as many as allowed (PSTRAIN_SERVER_RESTARTS=",
+                  options_.server_restarts, ")"));
+    return;
+  }
+  // Its registration connection becomes the one to `id`.
+  Status s = van_->Connect(kPendingIdBase - 2, n.host(), n.port());
+  if (!s.ok()) {
+    LOG(WARNING) << "scheduler: " << s;
+    return;
+  }
+  van_->Rename(kPendingIdBase - 2, id);
+  van_->ExpectRoute(id, NodeRoute(n.nonce()));
+  const int used = ++restarts_used_[id];
+  NodeInfo info = n;
+  info.set_rank(RankOfId(id));
+  info.set_id(id);
+  nodes_[id] = Node{info, SteadyClock::now()};
+  dead_.erase(id);
+  LOG(WARNING) << "scheduler: " << Describe(id)
+               << " replaces the server process that died (restart " << used << " of "
+               << options_.server_restarts << "); waiting for every worker to connect to it";
+  Replacing& r = replacing_[id];
+  r.table = NodeTable();
+  r.since = SteadyClock::now();
+  Message notice;
+  notice.header = Header(CMD_NODE_REPLACED);
+  *notice.header.mutable_node() = info;
+  for (const auto& [wid, node] : nodes_) {
+    if (!IsWorkerId(wid)) continue;
+    r.waiting.insert(wid);
+    Status sent = van_->Send(wid, notice);
+    if (!sent.ok()) LOG(WARNING) << "scheduler: " << sent;
+  }
+}
+
+void Scheduler::CheckReplacements() {
+  for (const auto& [id, d] : dead_) {
+    const int64_t waited = MillisSince(d.since);
+    if (waited > options_.restart_timeout_ms) {
+      const int culprit = id;
+      const std::string why =
+          StrCat(d.why, "; no replacement registered within ", waited,
+                 " ms (PSTRAIN_RESTART_TIMEOUT_MS=", options_.restart_timeout_ms, ")");
+      Abort(why, culprit, culprit);
+      return;
+    }
+  }
+  for (const auto& [id, r] : replacing_) {
+    const int64_t waited = MillisSince(r.since);
+    if (waited > options_.restart_timeout_ms && !r.waiting.empty()) {
+      const int worker = *r.waiting.begin();
+      Abort(StrCat(Describe(worker), " did not get ready for the replacement of ", Describe(id),
+                   " within ", waited,
+                   " ms (PSTRAIN_RESTART_TIMEOUT_MS=", options_.restart_timeout_ms, ")"),
+            -1, worker);
+      return;
+    }
+  }
 }
 
 std::string Scheduler::OpenBarriers() const {
@@ -373,14 +516,19 @@ Status Scheduler::Run() {
     if (started_ && options_.heartbeat_interval_ms > 0) {
       for (const auto& [id, node] : nodes_) {
         const int64_t silent = MillisSince(node.last_seen);
-        if (silent > options_.heartbeat_timeout_ms) {
-          Abort(StrCat(Describe(id), " sent no heartbeat for ", silent,
-                       " ms (PSTRAIN_HEARTBEAT_TIMEOUT_MS=", options_.heartbeat_timeout_ms,
-                       "); declared dead"),
-                id, id);
-          break;
+        if (silent <= options_.heartbeat_timeout_ms || dead_.count(id) > 0) continue;
+        const std::string why =
+            StrCat(Describe(id), " sent no heartbeat for ", silent,
+                   " ms (PSTRAIN_HEARTBEAT_TIMEOUT_MS=", options_.heartbeat_timeout_ms,
+                   "); declared dead");
+        if (IsServerId(id) && options_.server_restarts > 0) {
+          ServerSilent(id, why);
+          continue;
         }
+        Abort(why, id, id);
+        break;
       }
+      if (failure_.ok()) CheckReplacements();
     }
   }
 }

@@ -5,6 +5,14 @@
 // runs barriers per group with generation numbers, answers heartbeats, declares
 // a node dead when it is silent past the heartbeat timeout and tells everyone
 // (CMD_ABORT naming it), and broadcasts SHUTDOWN once every worker finished.
+//
+// Server recovery (ClusterOptions::server_restarts > 0): a server declared
+// dead does not end the job at once. The scheduler waits restart_timeout_ms
+// for a restarted process to register (one with PSTRAIN_RESTART set, or any
+// server while one is dead); it takes the dead one's rank and id, every
+// worker hears of it (CMD_NODE_REPLACED), connects and re-sends what the lost
+// rounds need, and once every worker answered, the replacement gets the node
+// table and serves. No replacement in time, or no restarts left: the job ends.
 #ifndef PSTRAIN_SCHEDULER_SCHEDULER_H_
 #define PSTRAIN_SCHEDULER_SCHEDULER_H_
 
@@ -41,6 +49,17 @@ class Scheduler {
     NodeInfo info;
     SteadyClock::time_point last_seen;
   };
+  // A server declared dead, waiting for its replacement.
+  struct Dead {
+    SteadyClock::time_point since;
+    std::string why;
+  };
+  // A replacement waiting for every worker to be ready for it.
+  struct Replacing {
+    Message table;          // what it gets once they are
+    std::set<int> waiting;  // workers that have not answered yet
+    SteadyClock::time_point since;
+  };
   struct BarrierState {
     uint64_t generation = 0;  // last completed
     std::set<int> arrived;
@@ -49,6 +68,14 @@ class Scheduler {
   explicit Scheduler(const ClusterOptions& options) : options_(options) {}
   void Handle(Message&& msg);
   void Register(const Message& msg) REQUIRES(mu_);
+  // A server registering while the job runs: the replacement of a dead one.
+  void Replace(const Message& msg) REQUIRES(mu_);
+  // A server silent past the heartbeat timeout: ends the job, or (restarts
+  // left) waits for its replacement.
+  void ServerSilent(int id, const std::string& why) REQUIRES(mu_);
+  // Runs from Run(): replacements that did not come, or workers that did not answer, in time.
+  void CheckReplacements() REQUIRES(mu_);
+  Message NodeTable() const REQUIRES(mu_);
   // Why a registering node is not part of this job (protocol, S and W, job
   // id, build), or "" when it is.
   std::string JobMismatch(const PsHeader& h) const;
@@ -75,6 +102,9 @@ class Scheduler {
   bool started_ GUARDED_BY(mu_) = false;
   std::map<int, BarrierState> barriers_ GUARDED_BY(mu_);
   std::set<int> finished_ GUARDED_BY(mu_);
+  std::map<int, Dead> dead_ GUARDED_BY(mu_);            // servers waiting for a replacement
+  std::map<int, Replacing> replacing_ GUARDED_BY(mu_);  // replacements waiting for the workers
+  std::map<int, int> restarts_used_ GUARDED_BY(mu_);    // per server id
   bool done_ GUARDED_BY(mu_) = false;
   Status failure_ GUARDED_BY(mu_);
 };

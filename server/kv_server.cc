@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <optional>
 #include <set>
 #include <unordered_map>
@@ -60,6 +61,7 @@ struct KVServer::KeyState {
     std::atomic_thread_fence(std::memory_order_acquire);
     return readers != nullptr && ShmArena::Readers(readers) > 0;
   }
+  uint64_t rounds = 0;             // dist_sync rounds closed (async: updates applied)
   int merged = 0;                  // pushes in the open round
   SteadyClock::time_point opened;  // when the open round's first push arrived
   bool warned = false;             // the open round was reported as slow
@@ -125,9 +127,85 @@ KVServer::~KVServer() {
 }
 
 Status KVServer::Run() {
+  RETURN_IF_ERROR(OpenSnapshots());
   RETURN_IF_ERROR(node_->Start());
+  if (snapshots_ != nullptr && node_->rank() != options_.snapshot_rank) {
+    const Status s = Status::FailedPrecondition(
+        StrCat(node_->Self(), ": holds the snapshots of server rank ", options_.snapshot_rank, " (",
+               snapshots_->dir(), ") but the scheduler made it rank ", node_->rank(),
+               "; every server needs a distinct PSTRAIN_LAUNCH_RANK below DMLC_NUM_SERVER"));
+    node_->Fail(s);
+    return s;
+  }
   // Bounded by the scheduler: it ends the job, or heartbeats declare it dead.
   return node_->WaitShutdown(Deadline::Never());
+}
+
+namespace {
+
+std::string ConfigPath(const std::string& dir) { return dir + "/config.pb"; }
+
+}  // namespace
+
+Status KVServer::OpenSnapshots() {
+  if (options_.snapshot_dir.empty()) return Status::Ok();
+  ASSIGN_OR_RETURN(snapshots_, SnapshotStore::Open(options_.snapshot_dir, options_.snapshot_sync));
+  if (options_.restart <= 0) return snapshots_->Clear();  // a new job: nothing to resume
+  // A replacement: the job's configuration and every key as last snapshotted.
+  const std::string path = ConfigPath(options_.snapshot_dir);
+  std::ifstream in(path, std::ios::binary);
+  const bool have_config = static_cast<bool>(in);
+  if (have_config) {
+    auto cfg = std::make_shared<ServerConfig>();
+    if (!cfg->ParseFromIstream(&in)) {
+      return Status::Corruption(StrCat(path, ": not a ServerConfig"));
+    }
+    std::shared_ptr<Optimizer> opt;
+    if (cfg->has_optimizer()) {
+      ASSIGN_OR_RETURN(opt, Optimizer::Create(cfg->optimizer()));
+    }
+    MutexLock l(&config_mu_);
+    config_ = std::move(cfg);
+    optimizer_ = std::move(opt);
+  }
+  ASSIGN_OR_RETURN(std::vector<KeySnapshot> keys, snapshots_->LoadAll());
+  const int num_workers = node_->num_workers();
+  uint64_t floats = 0;
+  for (KeySnapshot& k : keys) {
+    KeyState& ks = shards_[ShardOf(k.wire_key, shards_.size())]->keys[k.wire_key];
+    const size_t n = k.value.size();
+    ShmArena::Stored stored = node_->AllocateStored(n * sizeof(float));
+    std::memcpy(stored.data, k.value.data(), n * sizeof(float));
+    ks.Store(std::move(stored), n);
+    ks.state = std::move(k.state);
+    ks.rounds = k.rounds;
+    ks.in_round.assign(num_workers, 0);
+    ks.initialized = true;
+    floats += n;
+  }
+  LOG(WARNING) << "server (restart " << options_.restart << "): resumed " << keys.size()
+               << " keys (" << floats << " floats) from " << options_.snapshot_dir
+               << (have_config ? "" : "; no configuration saved yet");
+  return Status::Ok();
+}
+
+Status KVServer::MaybeSnapshot(uint64_t wire, KeyState* ks, bool force) {
+  if (snapshots_ == nullptr) return Status::Ok();
+  auto cfg = config();
+  const uint64_t every = cfg != nullptr ? cfg->snapshot_every() : 0;
+  if (!force && (every == 0 || ks->rounds % every != 0)) return Status::Ok();
+  return snapshots_->Write(wire, ks->rounds, ks->data, ks->size, ks->state)
+      .WithContext(StrCat("snapshot of ", PartName(wire)));
+}
+
+bool KVServer::MustWait(const KeyState& ks, const Op& op) {
+  if (!ks.initialized || ks.in_round.empty()) return false;
+  if (ks.in_round[op.worker()]) return true;
+  const PsHeader& h = op.header();
+  // A push of a later round than the next one (a worker re-sending to a
+  // replacement may deliver them out of order).
+  return h.push() && h.push_rounds_size() > static_cast<int>(op.part) &&
+         h.push_rounds(static_cast<int>(op.part)) > ks.rounds + 1;
 }
 
 std::shared_ptr<const ServerConfig> KVServer::config() const {
@@ -190,6 +268,21 @@ void KVServer::HandleConfig(const Message& msg) {
       }
       config_ = std::make_shared<const ServerConfig>(cfg);
       optimizer_ = std::move(opt);
+      if (snapshots_ != nullptr) {
+        // Written before the answer: a replacement finds the job's configuration.
+        const std::string path = ConfigPath(snapshots_->dir());
+        const std::string tmp = path + ".tmp";
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        const bool ok = out && cfg.SerializeToOstream(&out) && (out.close(), !out.fail()) &&
+                        std::rename(tmp.c_str(), path.c_str()) == 0;
+        if (!ok) {
+          const Status s = Status::IOError(
+              StrCat(node_->Self(), ": cannot write ", path, ": ", std::strerror(errno)));
+          node_->Fail(s);
+          ReplyError(msg.header, s);
+          return;
+        }
+      }
     } else {
       std::string diff;
       google::protobuf::util::MessageDifferencer d;
@@ -395,8 +488,7 @@ void KVServer::CheckRounds(Shard* shard) {
 
 void KVServer::Submit(Shard* shard, const Op& op) {
   KeyState& ks = shard->keys[op.req->msg.key(op.part)];
-  const bool blocked =
-      !ks.deferred.empty() || (ks.initialized && !ks.in_round.empty() && ks.in_round[op.worker()]);
+  const bool blocked = !ks.deferred.empty() || MustWait(ks, op);
   if (!blocked) {
     Execute(shard, &ks, op);
     if (ks.deferred.empty()) return;
@@ -419,7 +511,7 @@ void KVServer::Drain(Shard* shard, KeyState* ks) {
       Op op = std::move(todo.front());
       todo.pop_front();
       const int w = op.worker();
-      if (skipped.count(w) || (!ks->in_round.empty() && ks->in_round[w])) {
+      if (skipped.count(w) || MustWait(*ks, op)) {
         skipped.insert(w);
         keep.push_back(std::move(op));
         continue;
@@ -444,6 +536,12 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
       ks->Store(std::move(fresh), n);
       ks->in_round.assign(num_workers, 0);
       ks->initialized = true;
+      // A replacement must find every key, also one never pushed yet.
+      if (Status s = MaybeSnapshot(wire, ks, /*force=*/true); !s.ok()) {
+        CompletePart(op, ks, s);
+        node_->Fail(Status(s.code(), StrCat(node_->Self(), ": ", s.message())));
+        return;
+      }
     } else if (ks->size != n) {
       CompletePart(op, ks,
                    Status::InvalidArgument(StrCat("init of ", PartName(wire), " with ", n,
@@ -470,6 +568,26 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
     return;
   }
   auto cfg = config();
+  const bool sync = cfg != nullptr && cfg->sync_mode();
+  if (sync && h.push_rounds_size() == static_cast<int>(h.num_keys())) {
+    // A tagged push (recovery on): a round closed already is in the value
+    // (this is a copy re-sent to a replacement, or its answer was lost).
+    const uint64_t round = h.push_rounds(static_cast<int>(op.part));
+    if (round <= ks->rounds) {
+      CompletePart(op, ks, Status::Ok());
+      return;
+    }
+    if (round != ks->rounds + 1) {
+      const Status s = Status::FailedPrecondition(StrCat(
+          node_->Self(), ": worker rank ", op.worker(), " pushed round ", round, " of ",
+          PartName(wire), " but round ", ks->rounds + 1,
+          " is the next one: the rounds between were lost (the snapshot is older than what the "
+          "worker kept; every worker must run with the same PSTRAIN_SNAPSHOT_EVERY)"));
+      CompletePart(op, ks, s);
+      node_->Fail(s, WorkerId(op.worker()));
+      return;
+    }
+  }
   // One update with the sum of the gradients of `ops` (summed in order, never
   // stored). While a reply still reads the stored value, the update goes to a
   // fresh buffer (the same pass, no copy first) that then becomes the value.
@@ -539,11 +657,17 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
                               " but no optimizer was configured (send the config first)")));
       return;
     }
-    finish({op}, apply({op}));
+    Status st = apply({op});
+    ++ks->rounds;
+    if (st.ok()) st = MaybeSnapshot(wire, ks, /*force=*/false);
+    finish({op}, st);
     return;
   }
   if (num_workers == 1) {  // a round of one: apply straight out of the received frame
-    finish({op}, apply({op}));
+    Status st = apply({op});
+    ++ks->rounds;
+    if (st.ok()) st = MaybeSnapshot(wire, ks, /*force=*/false);
+    finish({op}, st);
     return;
   }
   // The pushed values stay in their requests (held until the round closes),
@@ -556,7 +680,14 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   ks->in_round[op.worker()] = 1;
   ks->waiting.push_back(op);
   if (ks->merged < num_workers) return;
-  const Status s = apply(ks->waiting);
+  // Summed in worker-rank order, whatever the arrival order: a deterministic
+  // job gives the same bits every time (and after a server's recovery).
+  std::sort(ks->waiting.begin(), ks->waiting.end(),
+            [](const Op& a, const Op& b) { return a.worker() < b.worker(); });
+  Status s = apply(ks->waiting);
+  ++ks->rounds;
+  // Before the answers: a worker forgets a push once it is answered.
+  if (s.ok()) s = MaybeSnapshot(wire, ks, /*force=*/false);
   ks->merged = 0;
   std::fill(ks->in_round.begin(), ks->in_round.end(), 0);
   std::vector<Op> done;

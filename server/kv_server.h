@@ -28,6 +28,7 @@
 #include "common/status.h"
 #include "net/cluster_node.h"
 #include "nn/optimizer.h"
+#include "server/snapshot.h"
 
 namespace pstrain {
 
@@ -42,6 +43,14 @@ struct KVServerOptions {
   // ends the job naming the worker(s) (a warning at a quarter of it); 0: never.
   // PSTRAIN_ROUND_TIMEOUT_MS.
   int64_t round_timeout_ms = 120000;
+  // Server recovery: this server's snapshot folder (empty: no snapshots), and
+  // whether it replaces a dead server (load the snapshots) or starts the job
+  // (clear them).
+  std::string snapshot_dir;
+  int snapshot_rank = -1;  // the server rank whose snapshots snapshot_dir holds
+  int restart = 0;
+  // Write snapshots with fdatasync (survive a host crash, not only a process's).
+  bool snapshot_sync = false;
 };
 
 class KVServer {
@@ -65,6 +74,13 @@ class KVServer {
   struct Shard;
   struct KeyState;
 
+  // Loads (restart) or clears the snapshots; before the node starts.
+  Status OpenSnapshots();
+  // Writes ks's snapshot if this round is one to snapshot; an error ends the job.
+  Status MaybeSnapshot(uint64_t wire, KeyState* ks, bool force);
+  // Whether `op` must wait for the key's open round to close (the worker
+  // pushed in it already, or the op's push belongs to a later round).
+  static bool MustWait(const KeyState& ks, const Op& op);
   void HandleMessage(Message&& msg);
   void HandleConfig(const Message& msg);
   void ReplyError(const PsHeader& request, const Status& error);
@@ -92,6 +108,7 @@ class KVServer {
   mutable Mutex config_mu_;
   std::shared_ptr<const ServerConfig> config_ GUARDED_BY(config_mu_);
   std::shared_ptr<Optimizer> optimizer_ GUARDED_BY(config_mu_);
+  std::unique_ptr<SnapshotStore> snapshots_;  // null: no snapshots; set before Start
 };
 
 }  // namespace pstrain

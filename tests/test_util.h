@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "common/status.h"
@@ -29,6 +30,14 @@ inline std::string SharedDataDir() {
 // The built `pstrain` binary.
 inline std::string PstrainBinary() { return PSTRAIN_BINARY; }
 inline std::string SourceDir() { return PSTRAIN_SOURCE_DIR; }
+// A new empty folder under $TMPDIR (or /tmp) named after `what`; "" if none
+// could be made. The caller removes it.
+inline std::string MakeTempDir(const std::string& what) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern =
+      std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/pstrain-" + what + "-XXXXXX";
+  return mkdtemp(pattern.data()) != nullptr ? pattern : std::string();
+}
 
 }  // namespace pstrain::testing
 

@@ -55,6 +55,19 @@ int RunServerRole(const JobEnv& env) {
   so.num_threads = env.server_threads;
   so.skip_nonfinite = env.skip_nonfinite;
   so.round_timeout_ms = env.round_timeout_ms;
+  if (!env.snapshot_dir.empty()) {
+    // One folder per server rank: the launcher's rank, which the scheduler
+    // keeps (checked once the node table came).
+    if (env.launch_rank < 0) {
+      LOG(ERROR) << "server: PSTRAIN_SNAPSHOT_DIR needs PSTRAIN_LAUNCH_RANK (this server's rank; "
+                    "`pstrain launch` sets it) to know whose snapshots are whose";
+      return 2;
+    }
+    so.snapshot_dir = StrCat(env.snapshot_dir, "/server-", env.launch_rank);
+    so.snapshot_rank = env.launch_rank;
+    so.restart = env.restart;
+    so.snapshot_sync = env.snapshot_sync;
+  }
   // Said before the server stops: closing the sockets may wait (up to the
   // linger time) for messages a dead peer never takes.
   KVServer server(node->get(), so);

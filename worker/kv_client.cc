@@ -30,6 +30,8 @@ KVClientOptions KVClientOptionsFromJobEnv(const JobEnv& env) {
   ko.bigarray_bound = env.bigarray_bound;
   ko.chunk_elems = env.chunk_elems;
   ko.request_timeout_ms = env.request_timeout_ms;
+  ko.recover = env.server_restarts > 0;
+  ko.snapshot_every = env.snapshot_every;
   return ko;
 }
 
@@ -42,6 +44,10 @@ KVClient::KVClient(ClusterNode* node, const KVClientOptions& options)
     inflight_count_.assign(node->num_servers(), 0);
     outbox_.resize(node->num_servers());
     flushing_.assign(node->num_servers(), false);
+    paused_.assign(node->num_servers(), false);
+  }
+  if (options_.recover) {
+    node_->AddReplacedListener([this](int id, bool connected) { ServerReplaced(id, connected); });
   }
   node_->SetMessageHandler([this](Message&& m) { HandleReply(std::move(m)); });
   node_->AddFailureListener([this](const Status& s) { FailAll(s); });
@@ -184,6 +190,32 @@ KVClient::Ticket KVClient::Issue(Kind kind, const std::vector<Key>& keys,
               sub->msg.values.emplace_back(nullptr, start, n * sizeof(float));
             }
           }
+          if (options_.recover && h.push()) {
+            size_t run = 0;
+            uint64_t used = 0;  // floats of runs[run] before this part
+            for (size_t i = 0; i < b.keys.size(); ++i) {
+              const uint64_t round = ++pushes_[b.keys[i]];
+              h.add_push_rounds(round);
+              if (options_.snapshot_every <= 1) continue;
+              // A copy: the caller reuses its buffer once this is answered,
+              // and a replacement may need it until the next snapshot.
+              while (used == b.runs[run].second) {
+                ++run;
+                used = 0;
+              }
+              const float* v = b.runs[run].first + used;
+              used += b.lens[i];
+              auto& kept = kept_[b.keys[i]];
+              Kept k;
+              if (kept.size() >= static_cast<size_t>(options_.snapshot_every)) {
+                k = std::move(kept.front());  // its buffer is reused: no allocation per push
+                kept.pop_front();
+              }
+              k.round = round;
+              k.values.assign(v, v + b.lens[i]);
+              kept.push_back(std::move(k));
+            }
+          }
           sub->outs = std::move(b.outs);
           sub->expect_bytes = has_out ? b.floats * sizeof(float) : 0;
           Enqueue(std::move(sub));
@@ -241,14 +273,15 @@ void KVClient::SendSub(std::unique_ptr<Sub> sub) {
   ++inflight_count_[sub->server];
   const uint64_t id = sub->id;
   // In flight before it is sent: the reply may come before Send returns.
-  outbox_[sub->server].emplace_back(id, std::move(sub->msg));
+  // With recovery the request keeps its message, to send it again to a replacement.
+  outbox_[sub->server].emplace_back(id, options_.recover ? sub->msg : std::move(sub->msg));
   inflight_[id] = std::move(sub);
 }
 
 void KVClient::Flush() {
   MutexLock l(&mu_);
   for (size_t s = 0; s < outbox_.size(); ++s) {
-    if (flushing_[s] || outbox_[s].empty()) continue;
+    if (flushing_[s] || paused_[s] || outbox_[s].empty()) continue;
     flushing_[s] = true;
     while (!outbox_[s].empty()) {
       auto [id, msg] = std::move(outbox_[s].front());
@@ -271,6 +304,7 @@ void KVClient::Flush() {
       Pump(static_cast<int>(s));
     }
     flushing_[s] = false;
+    cv_.SignalAll();  // ServerReplaced may wait for this
   }
 }
 
@@ -280,7 +314,7 @@ void KVClient::FlushAndRunCallbacks(bool may_block) {
   } else {
     MutexLock l(&mu_);
     for (size_t s = 0; s < outbox_.size(); ++s) {
-      if (!flushing_[s] && !outbox_[s].empty()) sender_wanted_ = true;
+      if (!flushing_[s] && !paused_[s] && !outbox_[s].empty()) sender_wanted_ = true;
     }
     if (sender_wanted_) cv_.SignalAll();
   }
@@ -377,6 +411,13 @@ void KVClient::HandleReply(Message&& msg) {
   }
   {
     MutexLock l(&mu_);
+    const PsHeader& sent = sub->msg.header;
+    if (st.ok() && options_.snapshot_every > 1 && sent.push_rounds_size() > 0) {
+      for (int i = 0; i < sent.push_rounds_size(); ++i) {
+        uint64_t& a = answered_[sub->msg.key(static_cast<size_t>(i))];
+        a = std::max<uint64_t>(a, sent.push_rounds(i));
+      }
+    }
     --inflight_count_[sub->server];
     if (Callback c = FinishSub(sub->ticket, st)) to_run_.emplace_back(std::move(c), st);
     Pump(sub->server);
@@ -425,7 +466,9 @@ Status KVClient::SetServerConfig(const ServerConfig& config, Deadline deadline) 
     t.remaining = node_->num_servers();
     for (int s = 0; s < node_->num_servers(); ++s) {
       std::unique_ptr<Sub> sub = NewSub(ticket, s, INT32_MAX, CMD_CONFIG);
-      sub->msg.header.set_body(config.SerializeAsString());
+      ServerConfig sent = config;
+      if (options_.recover) sent.set_snapshot_every(static_cast<uint32_t>(options_.snapshot_every));
+      sub->msg.header.set_body(sent.SerializeAsString());
       Enqueue(std::move(sub));
     }
   }
@@ -453,6 +496,83 @@ void KVClient::FailAll(const Status& s) {
     cv_.SignalAll();
   }
   RunCallbacks();
+}
+
+void KVClient::ServerReplaced(int id, bool connected) {
+  if (!IsServerId(id) || RankOfId(id) >= node_->num_servers()) return;
+  const int server = RankOfId(id);
+  {
+    MutexLock l(&mu_);
+    if (!connected) {
+      // Nothing may reach the new process before what it lacks: wait for a
+      // send in progress (bounded by the send timeout) and hold the rest.
+      paused_[server] = true;
+      cv_.WaitUntil(Deadline::InMillis(60000),
+                    [&]() REQUIRES(mu_) { return !flushing_[server] || !failure_.ok(); });
+      return;
+    }
+    std::deque<std::pair<uint64_t, Message>>& out = outbox_[server];
+    out.clear();  // every message in it belongs to a request in flight, sent again below
+    // 1. Answered pushes the replacement may have lost (after its last
+    // snapshot; it skips the rounds it holds), oldest round first.
+    std::vector<std::pair<uint64_t, uint64_t>> kept;  // (round, wire key)
+    for (const auto& [wire, copies] : kept_) {
+      if (WireKeyServer(wire) != server) continue;
+      const uint64_t answered = answered_.count(wire) > 0 ? answered_.at(wire) : 0;
+      for (const Kept& k : copies) {
+        if (k.round <= answered) kept.emplace_back(k.round, wire);
+      }
+    }
+    std::sort(kept.begin(), kept.end());
+    const uint64_t first_kept = next_request_;  // requests made here are the kept pushes
+    if (!kept.empty()) {
+      const Ticket ticket = next_ticket_++;
+      TicketState& t = tickets_[ticket];
+      t.remaining = static_cast<int>(kept.size());
+      t.cb = [this](const Status& s) {
+        if (!s.ok()) node_->Fail(s.WithContext("re-sending pushes to a replaced server"));
+      };
+      for (const auto& [round, wire] : kept) {
+        const Kept* k = nullptr;
+        for (const Kept& c : kept_[wire]) {
+          if (c.round == round) k = &c;
+        }
+        std::unique_ptr<Sub> sub = NewSub(ticket, server, INT32_MAX, CMD_DATA);
+        PsHeader& h = sub->msg.header;
+        h.set_push(true);
+        h.set_dtype(DTYPE_FLOAT32);
+        h.set_num_keys(1);
+        h.add_push_rounds(round);
+        h.set_num_value_frames(1);
+        h.set_value_bytes(k->values.size() * sizeof(float));
+        sub->msg.keys = Blob::Copy(&wire, sizeof(wire));
+        const uint32_t len = static_cast<uint32_t>(k->values.size());
+        sub->msg.lens = Blob::Copy(&len, sizeof(len));
+        sub->msg.values.push_back(Blob::Copy(k->values.data(), k->values.size() * sizeof(float)));
+        sub->deadline = Deadline::InMillis(options_.request_timeout_ms);
+        ++inflight_count_[server];
+        out.emplace_back(sub->id, sub->msg);
+        inflight_[sub->id] = std::move(sub);
+      }
+    }
+    // 2. Every request it has not answered, in the order they were made.
+    const size_t resent = out.size();
+    std::vector<Sub*> unanswered;
+    for (auto& [rid, sub] : inflight_) {
+      if (sub->server == server && rid < first_kept) unanswered.push_back(sub.get());
+    }
+    std::sort(unanswered.begin(), unanswered.end(),
+              [](const Sub* a, const Sub* b) { return a->id < b->id; });
+    for (Sub* sub : unanswered) {
+      sub->deadline = Deadline::InMillis(options_.request_timeout_ms);
+      out.emplace_back(sub->id, sub->msg);
+    }
+    LOG(WARNING) << node_->Self() << ": sending the replacement of server rank " << server << " "
+                 << resent << " kept push(es) and " << unanswered.size()
+                 << " unanswered request(s)";
+    paused_[server] = false;
+  }
+  FlushAndRunCallbacks(/*may_block=*/false);  // the sender thread sends them
 }
 
 void KVClient::ExpireRequests() {

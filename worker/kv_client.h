@@ -22,6 +22,14 @@
 // requests are abandoned; their buffers must then stay valid until the
 // ClusterNode is stopped (this object's destructor does it).
 //
+// Server recovery (options.recover): every push carries its round per key
+// part (PsHeader.push_rounds), every request is kept until answered, and with
+// snapshot_every > 1 a copy of the last snapshot_every pushes of each part.
+// When the scheduler says a server was replaced, the client stops sending to
+// it, and once connected to the new process sends it first the answered
+// pushes it may have lost (those after its last snapshot), then every request
+// it has not answered, in their order; the server skips rounds it holds.
+//
 // Threads: every method is thread-safe. Callbacks run on the node's receive or
 // heartbeat thread, on the client's sender thread, or on the calling thread
 // (requests that complete at once), and must not block; they may issue new
@@ -54,6 +62,8 @@ struct KVClientOptions {
   int64_t chunk_elems = 262144;             // PSTRAIN_CHUNK_ELEMS
   int max_inflight_per_server = 32;
   int request_timeout_ms = 600000;  // PSTRAIN_REQUEST_TIMEOUT_MS
+  bool recover = false;             // PSTRAIN_SERVER_RESTARTS > 0
+  int snapshot_every = 1;           // PSTRAIN_SNAPSHOT_EVERY
 };
 
 // The options a worker gets from its environment (PSTRAIN_PLACEMENT,
@@ -138,6 +148,9 @@ class KVClient {
   void SenderLoop();
   void RunCallbacks() EXCLUDES(mu_);
   void HandleReply(Message&& msg);
+  // Server `id` is being replaced: stop sending to it (connected false), then
+  // send it what it may lack (true).
+  void ServerReplaced(int id, bool connected) EXCLUDES(mu_);
   void FailAll(const Status& s);
   void ExpireRequests();
 
@@ -159,6 +172,16 @@ class KVClient {
   // a thread is sending them now.
   std::vector<std::deque<std::pair<uint64_t, Message>>> outbox_ GUARDED_BY(mu_);
   std::vector<bool> flushing_ GUARDED_BY(mu_);
+  std::vector<bool> paused_ GUARDED_BY(mu_);  // per server: being replaced, send nothing
+  // Recovery: pushes issued per wire key (the round of the next is one more),
+  // the highest round answered, and copies of the last pushes (snapshot_every > 1).
+  struct Kept {
+    uint64_t round = 0;
+    std::vector<float> values;
+  };
+  std::unordered_map<uint64_t, uint64_t> pushes_ GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, uint64_t> answered_ GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, std::deque<Kept>> kept_ GUARDED_BY(mu_);
   bool sender_wanted_ GUARDED_BY(mu_) = false;  // the receive thread filled an outbox
   bool sender_stop_ GUARDED_BY(mu_) = false;
   std::thread sender_;

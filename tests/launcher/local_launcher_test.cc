@@ -183,6 +183,89 @@ TEST_F(LocalLauncherTest, AStoppedProcessIsNamedInTheSummary) {
   }
 }
 
+// Server recovery end to end: a dist_sync training job whose server-1 is
+// killed (SIGKILL) in the middle of training is restarted by the launcher,
+// resumes from its snapshots, and the job saves exactly the model of an
+// undisturbed run.
+TEST_F(LocalLauncherTest, AServerKilledMidTrainingIsRestartedAndTheModelIsBitIdentical) {
+  const std::string mnist = SharedDataDir() + "/mnist";
+  ASSERT_TRUE(std::filesystem::exists(mnist + "/train-images-idx3-ubyte.gz")) << mnist;
+  auto train = [&](const TempDir& dir, const std::string& tag) {
+    return std::vector<std::string>{"-n",
+                                    "2",
+                                    "-s",
+                                    "2",
+                                    "--launcher",
+                                    "local",
+                                    "--log-dir",
+                                    dir.Sub("logs"),
+                                    "--timeout",
+                                    "150",
+                                    "--restart-servers",
+                                    "1",
+                                    "--env",
+                                    tag,
+                                    "--env",
+                                    "PSTRAIN_HEARTBEAT_TIMEOUT_MS=3000",
+                                    "--",
+                                    PstrainBinary(),
+                                    "train",
+                                    "--network",
+                                    "mlp",
+                                    "--kv-store",
+                                    "dist_sync",
+                                    "--data-dir",
+                                    mnist,
+                                    "--num-examples",
+                                    "38400",
+                                    "--num-epochs",
+                                    "1",
+                                    "--batch-size",
+                                    "64",
+                                    "--lr",
+                                    "0.1",
+                                    "--disp-batches",
+                                    "10",
+                                    "--num-threads",
+                                    "1",
+                                    "--seed",
+                                    "7",
+                                    "--model-prefix",
+                                    dir.Sub("model")};
+  };
+  TempDir calm;
+  LaunchRun undisturbed = RunLaunch(train(calm, "PROBE_JOB=calm"), calm.path(), 150000);
+  ASSERT_EQ(undisturbed.exit_code(), 0) << undisturbed.output;
+
+  TempDir dir;
+  const std::string tag = StrCat("PROBE_JOB=recovery", getpid());
+  Launch launch(train(dir, tag), dir.path());
+  // Killed once both workers are well into the epoch (300 batches each).
+  ASSERT_TRUE(launch.PumpUntil(
+      [&] {
+        return ReadFile(dir.Sub("logs") + "/worker-1.log").find("Batch [30]") != std::string::npos;
+      },
+      120000))
+      << launch.output();
+  const int pid = FindJobProcess(tag, "server", 1);
+  ASSERT_GT(pid, 0);
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  LaunchRun run = launch.Wait(150000);
+  ASSERT_EQ(run.exit_code(), 0) << run.output;
+  EXPECT_NE(run.output.find(StrCat("server-1 on 127.0.0.1 (pid ", pid,
+                                   ") was killed by signal 9 (SIGKILL); restarting it")),
+            std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("(after 1 restart)"), std::string::npos) << run.output;
+  EXPECT_NE(ReadFile(dir.Sub("logs") + "/server-1.log").find("resumed"), std::string::npos);
+  EXPECT_NE(ReadFile(dir.Sub("logs") + "/worker-0.log").find("replaces the server process"),
+            std::string::npos);
+  const std::string expect = ReadFile(calm.Sub("model-0001.params"));
+  ASSERT_GT(expect.size(), 100000u);
+  EXPECT_TRUE(ReadFile(dir.Sub("model-0001.params")) == expect)
+      << "the recovered run saved another model than the undisturbed one";
+}
+
 TEST_F(LocalLauncherTest, InterruptStopsEveryProcess) {
   for (int sig : {SIGINT, SIGTERM}) {
     SCOPED_TRACE(sig);

@@ -1,0 +1,278 @@
+// Server recovery inside one process: a server of a dist_sync job dies in the
+// middle of training (its node closes every socket at once, as a killed
+// process's would), a new one with the same rank takes its place from its
+// snapshots, the workers re-send what it lacks, and the job ends with exactly
+// the weights of a run nobody disturbed.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "net/cluster_node.h"
+#include "scheduler/scheduler.h"
+#include "server/kv_server.h"
+#include "tests/test_util.h"
+#include "worker/kv_client.h"
+
+namespace pstrain {
+namespace {
+
+struct RecoverySpec {
+  int num_servers = 2;
+  int num_workers = 2;
+  int steps = 24;
+  int kill_after_step = -1;  // worker rank 0 kills server rank 1 after this step (-1: never)
+  bool replace = true;       // start a replacement after the kill
+  int restarts = 1;          // PSTRAIN_SERVER_RESTARTS
+  int snapshot_every = 1;
+  int64_t shm_bytes = 0;
+  int restart_timeout_ms = 3000;
+};
+
+struct RecoveryResult {
+  Status scheduler;
+  std::vector<Status> workers;
+  std::vector<float> weights;  // worker rank 0's pull after the last step
+  int replacement_started = 0;
+};
+
+// Keys: a small one, a middle one, and one big enough to be split over the servers.
+const std::vector<uint64_t> kKeys = {3, 7, 12};
+const std::vector<int64_t> kLens = {10, 4000, 150000};
+
+ClusterOptions BaseOptions(const RecoverySpec& spec) {
+  ClusterOptions o;
+  o.root_host = o.bind_host = o.advertise_host = "127.0.0.1";
+  o.num_servers = spec.num_servers;
+  o.num_workers = spec.num_workers;
+  o.heartbeat_interval_ms = 100;
+  o.heartbeat_timeout_ms = 1500;
+  o.startup_timeout_ms = 10000;
+  o.barrier_timeout_ms = 20000;
+  o.request_timeout_ms = 20000;
+  o.shm_bytes = spec.shm_bytes;
+  o.server_restarts = spec.restarts;
+  o.restart_timeout_ms = spec.restart_timeout_ms;
+  return o;
+}
+
+RecoveryResult RunRecoveryJob(const RecoverySpec& spec, const std::string& snapshot_dir) {
+  RecoveryResult r;
+  ClusterOptions o = BaseOptions(spec);
+  auto sched = Scheduler::Create(o);
+  CHECK_OK(sched.status());
+  o.root_port = (*sched)->port();
+  std::thread st([&] { r.scheduler = (*sched)->Run(); });
+
+  std::atomic<bool> kill{false};
+  std::atomic<bool> job_over{false};
+  auto run_server = [&](int rank, int restart) {
+    ClusterOptions so = o;
+    so.role = Role::kServer;
+    so.launch_rank = rank;
+    so.restart = restart;
+    so.shm_store_bytes = 4 * spec.shm_bytes;
+    auto node = ClusterNode::Create(so);
+    if (!node.ok()) {
+      LOG(ERROR) << node.status();
+      return;
+    }
+    KVServerOptions ko;
+    ko.snapshot_dir = StrCat(snapshot_dir, "/server-", rank);
+    ko.snapshot_rank = rank;
+    ko.restart = restart;
+    auto server = std::make_unique<KVServer>(node->get(), ko);
+    const bool victim = restart == 0 && rank == spec.num_servers - 1 && spec.kill_after_step >= 0;
+    if (!victim) {
+      Status s = server->Run();
+      if (!s.ok()) LOG(WARNING) << "server " << rank << " (restart " << restart << "): " << s;
+      return;
+    }
+    // The victim serves until told to die, then vanishes without a word.
+    std::thread serve([&] { (void)server->Run(); });
+    while (!kill.load() && !job_over.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    (*node)->Stop();  // unblocks Run: sockets closed, nothing more answered
+    serve.join();
+    server.reset();
+  };
+  std::vector<std::thread> threads;
+  for (int s = 0; s < spec.num_servers; ++s) threads.emplace_back(run_server, s, 0);
+  std::thread replacement([&] {
+    if (spec.kill_after_step < 0 || !spec.replace) return;
+    while (!kill.load() && !job_over.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (job_over.load()) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the launcher's restart
+    r.replacement_started = 1;
+    run_server(spec.num_servers - 1, 1);
+  });
+
+  r.workers.resize(spec.num_workers);
+  int64_t total = 0;
+  for (int64_t n : kLens) total += n;
+  r.weights.resize(total);
+  for (int w = 0; w < spec.num_workers; ++w) {
+    threads.emplace_back([&, w] {
+      ClusterOptions wo = o;
+      wo.role = Role::kWorker;
+      wo.launch_rank = w;
+      auto node = ClusterNode::Create(wo);
+      if (!node.ok()) {
+        r.workers[w] = node.status();
+        return;
+      }
+      KVClientOptions ko;
+      ko.bigarray_bound = 100000;
+      ko.recover = spec.restarts > 0;
+      ko.snapshot_every = spec.snapshot_every;
+      KVClient kv(node->get(), ko);
+      auto body = [&]() -> Status {
+        RETURN_IF_ERROR(kv.Start());
+        ServerConfig c;
+        c.set_sync_mode(true);
+        c.mutable_optimizer()->set_learning_rate(0.05f);
+        c.mutable_optimizer()->set_momentum(0.9f);
+        c.mutable_optimizer()->set_wd(1e-4f);
+        c.mutable_optimizer()->set_rescale_grad(1.0f / spec.num_workers);
+        RETURN_IF_ERROR(kv.SetServerConfig(c, Deadline::InMillis(10000)));
+        std::vector<float> weights(total), grads(total);
+        for (int64_t i = 0; i < total; ++i) weights[i] = std::sin(0.001f * static_cast<float>(i));
+        RETURN_IF_ERROR(kv.Wait(kv.Init(kKeys, kLens, weights.data()), Deadline::InMillis(10000)));
+        RETURN_IF_ERROR(kv.Barrier(Deadline::InMillis(10000)));
+        RETURN_IF_ERROR(kv.Wait(kv.Pull(kKeys, kLens, weights.data()), Deadline::InMillis(10000)));
+        for (int step = 1; step <= spec.steps; ++step) {
+          // A gradient that depends on the weights, the worker and the step:
+          // any lost or doubled update changes every later step.
+          for (int64_t i = 0; i < total; ++i) {
+            grads[i] = std::cos(weights[i] * 1.7f + 0.3f * static_cast<float>(kv.rank()) +
+                                0.01f * static_cast<float>(step + i % 97));
+          }
+          // Half the steps: push, then pull; the others: one push-pull.
+          if (step % 2 == 0) {
+            const auto push = kv.Push(kKeys, kLens, grads.data());
+            RETURN_IF_ERROR(kv.Wait(push, Deadline::InMillis(20000)));
+            RETURN_IF_ERROR(
+                kv.Wait(kv.Pull(kKeys, kLens, weights.data()), Deadline::InMillis(20000)));
+          } else {
+            RETURN_IF_ERROR(kv.Wait(kv.PushPull(kKeys, kLens, grads.data(), weights.data()),
+                                    Deadline::InMillis(20000)));
+          }
+          if (kv.rank() == 0 && step == spec.kill_after_step) kill = true;
+        }
+        if (kv.rank() == 0) r.weights = weights;
+        return kv.Finish(Deadline::InMillis(20000));
+      };
+      Status s = body();
+      if (!s.ok()) (*node)->Fail(s);
+      r.workers[w] = s;
+    });
+  }
+  // Workers first (they end the job), then the servers.
+  for (size_t i = spec.num_servers; i < threads.size(); ++i) threads[i].join();
+  job_over = true;
+  for (int s = 0; s < spec.num_servers; ++s) threads[s].join();
+  replacement.join();
+  st.join();
+  return r;
+}
+
+class ServerRecoveryTest : public ::testing::TestWithParam<int64_t> {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("recovery");
+    ASSERT_FALSE(dir_.empty());
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string dir_;
+};
+
+std::vector<float> Undisturbed(const RecoverySpec& base, const std::string& dir) {
+  RecoverySpec spec = base;
+  spec.kill_after_step = -1;
+  RecoveryResult r = RunRecoveryJob(spec, dir + "/undisturbed");
+  EXPECT_TRUE(r.scheduler.ok()) << r.scheduler;
+  for (const Status& s : r.workers) EXPECT_TRUE(s.ok()) << s;
+  return r.weights;
+}
+
+void ExpectBitIdentical(const std::vector<float>& a, const std::vector<float>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  size_t differ = 0, first = a.size();
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+      if (first == a.size()) first = i;
+      ++differ;
+    }
+  }
+  EXPECT_EQ(differ, 0u) << "first difference at element " << first << ": " << a[first] << " vs "
+                        << b[first];
+}
+
+TEST_P(ServerRecoveryTest, AKilledServerIsReplacedAndTheRunEndsBitIdentical) {
+  RecoverySpec spec;
+  spec.shm_bytes = GetParam();
+  spec.kill_after_step = 9;
+  const std::vector<float> expect = Undisturbed(spec, dir_);
+  RecoveryResult r = RunRecoveryJob(spec, dir_ + "/killed");
+  EXPECT_EQ(r.replacement_started, 1);
+  ASSERT_TRUE(r.scheduler.ok()) << r.scheduler;
+  for (const Status& s : r.workers) ASSERT_TRUE(s.ok()) << s;
+  ExpectBitIdentical(r.weights, expect);
+}
+
+TEST_P(ServerRecoveryTest, SnapshotsEveryFewRoundsAreCompletedFromTheWorkersCopies) {
+  RecoverySpec spec;
+  spec.shm_bytes = GetParam();
+  spec.kill_after_step = 10;
+  spec.snapshot_every = 4;  // the last snapshot is 2 rounds old when it dies
+  const std::vector<float> expect = Undisturbed(spec, dir_);
+  RecoveryResult r = RunRecoveryJob(spec, dir_ + "/killed");
+  ASSERT_TRUE(r.scheduler.ok()) << r.scheduler;
+  for (const Status& s : r.workers) ASSERT_TRUE(s.ok()) << s;
+  ExpectBitIdentical(r.weights, expect);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ServerRecoveryTest, ::testing::Values(0, 32 << 20),
+                         [](const ::testing::TestParamInfo<int64_t>& p) {
+                           return p.param == 0 ? std::string("tcp") : std::string("shm");
+                         });
+
+TEST(ServerRecoveryFailureTest, NoReplacementInTimeEndsTheJobNamingTheServer) {
+  const std::string dir = testing::MakeTempDir("recovery");
+  RecoverySpec spec;
+  spec.kill_after_step = 3;
+  spec.replace = false;
+  spec.restart_timeout_ms = 1500;
+  RecoveryResult r = RunRecoveryJob(spec, dir);
+  EXPECT_FALSE(r.scheduler.ok());
+  EXPECT_NE(r.scheduler.message().find("server rank 1"), std::string::npos) << r.scheduler;
+  EXPECT_NE(r.scheduler.message().find("no replacement registered"), std::string::npos)
+      << r.scheduler;
+  for (const Status& s : r.workers) EXPECT_FALSE(s.ok());
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ServerRecoveryFailureTest, WithoutRestartsADeadServerEndsTheJob) {
+  const std::string dir = testing::MakeTempDir("recovery");
+  RecoverySpec spec;
+  spec.kill_after_step = 3;
+  spec.replace = false;
+  spec.restarts = 0;
+  RecoveryResult r = RunRecoveryJob(spec, dir);
+  EXPECT_FALSE(r.scheduler.ok());
+  EXPECT_NE(r.scheduler.message().find("server rank 1"), std::string::npos) << r.scheduler;
+  EXPECT_NE(r.scheduler.message().find("declared dead"), std::string::npos) << r.scheduler;
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace pstrain
