@@ -177,6 +177,12 @@ StatusOr<JobEnv> ReadJobEnv(const Environment& env, bool cluster_required) {
   ASSIGN_OR_RETURN(int64_t every, env.GetInt("PSTRAIN_SNAPSHOT_EVERY", 1, 1, 1000000));
   job.snapshot_every = static_cast<int>(every);
   ASSIGN_OR_RETURN(job.snapshot_sync, env.GetBool("PSTRAIN_SNAPSHOT_SYNC", false));
+  const std::string loss = env.Get("PSTRAIN_WORKER_LOSS").value_or("fail");
+  if (loss != "fail" && loss != "continue") {
+    return Status::InvalidArgument(
+        StrCat("PSTRAIN_WORKER_LOSS='", loss, "': expected fail or continue"));
+  }
+  job.continue_without_lost_workers = loss == "continue";
   ASSIGN_OR_RETURN(int64_t restart, env.GetInt("PSTRAIN_RESTART", 0, 0, INT32_MAX));
   job.restart = static_cast<int>(restart);
   job.key_file = env.Get("PSTRAIN_KEY_FILE").value_or("");

@@ -102,6 +102,9 @@ struct JobEnv {
   int snapshot_every = 1;
   // PSTRAIN_SNAPSHOT_SYNC: fdatasync every snapshot (survive a host crash).
   bool snapshot_sync = false;
+  // PSTRAIN_WORKER_LOSS: a dead worker ends the job (fail, false) or the job
+  // goes on with the others (continue, true).
+  bool continue_without_lost_workers = false;
   // PSTRAIN_RESTART: set by the launcher on a restarted process (its count).
   int restart = 0;
 };

@@ -35,6 +35,7 @@ ClusterOptions ClusterOptionsFromJobEnv(const JobEnv& env) {
   o.server_restarts = env.server_restarts;
   o.restart_timeout_ms = env.restart_timeout_ms;
   o.restart = env.restart;
+  o.continue_without_lost_workers = env.continue_without_lost_workers;
   return o;
 }
 
@@ -103,6 +104,7 @@ void ClusterNode::AddFailureListener(FailureListener l) {
   failure_listeners_.push_back(std::move(l));
 }
 void ClusterNode::AddTickListener(TickListener l) { tick_listeners_.push_back(std::move(l)); }
+void ClusterNode::AddLostListener(LostListener l) { lost_listeners_.push_back(std::move(l)); }
 void ClusterNode::AddReplacedListener(ReplacedListener l) {
   replaced_listeners_.push_back(std::move(l));
 }
@@ -324,6 +326,18 @@ void ClusterNode::Handle(Message&& msg) {
       MutexLock l(&mu_);
       replaced_.push_back(h.node());
       cv_.SignalAll();
+      return;
+    }
+    case CMD_WORKER_LOST: {
+      const int lost = h.node().id();
+      if (h.sender() != kSchedulerId || !IsWorkerId(lost) ||
+          RankOfId(lost) >= options_.num_workers) {
+        LOG(WARNING) << Self() << ": ignoring a lost-worker notice from " << NodeIdName(h.sender());
+        return;
+      }
+      LOG(WARNING) << Self() << ": " << NodeIdName(lost)
+                   << " is lost; the job goes on without it (PSTRAIN_WORKER_LOSS=continue)";
+      for (const auto& listener : lost_listeners_) listener(lost);
       return;
     }
     case CMD_BARRIER: {

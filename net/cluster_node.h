@@ -67,6 +67,9 @@ struct ClusterOptions {
   int server_restarts = 0;
   int restart_timeout_ms = 60000;
   int restart = 0;
+  // PSTRAIN_WORKER_LOSS=continue: the scheduler lets the job go on when a
+  // worker dies (servers rescale to the workers left).
+  bool continue_without_lost_workers = false;
 };
 
 // The options a process gets from its environment (common/env.h).
@@ -83,6 +86,9 @@ class ClusterNode {
   // (send it what it has not answered). The scheduler hears that this worker
   // is ready for the replacement once every listener returned.
   using ReplacedListener = std::function<void(int id, bool connected)>;
+  // Worker `id` died and the job goes on without it (CMD_WORKER_LOST). Runs on
+  // the receive thread; must not block.
+  using LostListener = std::function<void(int id)>;
 
   // Binds this node's socket. REQUIRES: options.role is server or worker.
   static StatusOr<std::unique_ptr<ClusterNode>> Create(const ClusterOptions& options);
@@ -97,6 +103,7 @@ class ClusterNode {
   // Runs on the heartbeat thread about every heartbeat interval (at most 1 s).
   void AddTickListener(TickListener listener);
   void AddReplacedListener(ReplacedListener listener);
+  void AddLostListener(LostListener listener);
 
   // Registers and waits (startup_timeout_ms) for the node table, then (on this
   // thread) connects to peers, hands on the messages that came early and
@@ -176,6 +183,7 @@ class ClusterNode {
   std::vector<FailureListener> failure_listeners_;
   std::vector<TickListener> tick_listeners_;
   std::vector<ReplacedListener> replaced_listeners_;
+  std::vector<LostListener> lost_listeners_;
 
   mutable Mutex mu_;
   CondVar cv_{&mu_};

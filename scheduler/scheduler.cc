@@ -69,7 +69,7 @@ std::string Scheduler::Describe(int id) const {
 
 void Scheduler::Broadcast(const Message& msg, int except) {
   for (const auto& [id, node] : nodes_) {
-    if (id == except) continue;
+    if (id == except || lost_.count(id) > 0) continue;
     Status s = van_->Send(id, msg);
     if (!s.ok()) LOG(WARNING) << s;
   }
@@ -104,6 +104,13 @@ void Scheduler::Abort(const std::string& why, int except, int culprit) {
 void Scheduler::Handle(Message&& msg) {
   MutexLock l(&mu_);
   const PsHeader& h = msg.header;
+  if (lost_.count(h.sender()) > 0) {
+    if (h.cmd() != CMD_HEARTBEAT) {
+      LOG(WARNING) << "scheduler: ignoring " << PsCommand_Name(h.cmd()) << " from "
+                   << Describe(h.sender()) << ", which the job went on without";
+    }
+    return;
+  }
   auto it = nodes_.find(h.sender());
   if (it != nodes_.end()) it->second.last_seen = SteadyClock::now();
   switch (h.cmd()) {
@@ -123,13 +130,7 @@ void Scheduler::Handle(Message&& msg) {
     case CMD_FINISH:
       if (it == nodes_.end() || !IsWorkerId(h.sender())) return;
       finished_.insert(h.sender());
-      if (static_cast<int>(finished_.size()) == options_.num_workers && failure_.ok()) {
-        Message m;
-        m.header = Header(CMD_SHUTDOWN);
-        Broadcast(m, -1);
-        done_ = true;
-        cv_.SignalAll();
-      }
+      MaybeShutdown();
       return;
     case CMD_NODE_REPLACED: {
       // A worker is ready for a replacement server.
@@ -393,7 +394,7 @@ void Scheduler::Replace(const Message& msg) {
   notice.header = Header(CMD_NODE_REPLACED);
   *notice.header.mutable_node() = info;
   for (const auto& [wid, node] : nodes_) {
-    if (!IsWorkerId(wid)) continue;
+    if (!IsWorkerId(wid) || lost_.count(wid) > 0) continue;
     r.waiting.insert(wid);
     Status sent = van_->Send(wid, notice);
     if (!sent.ok()) LOG(WARNING) << "scheduler: " << sent;
@@ -433,7 +434,7 @@ std::string Scheduler::OpenBarriers() const {
     for (const auto& [id, node] : nodes_) {
       const bool member =
           (IsServerId(id) && (group & kServerGroup)) || (IsWorkerId(id) && (group & kWorkerGroup));
-      if (member && b.arrived.count(id) == 0)
+      if (member && b.arrived.count(id) == 0 && lost_.count(id) == 0)
         missing += StrCat(missing.empty() ? "" : ", ", Describe(id));
     }
     out += StrCat("; barrier of group ", group, " generation ", b.generation + 1,
@@ -464,17 +465,75 @@ void Scheduler::EnterBarrier(const Message& msg) {
     return;
   }
   b.arrived.insert(h.sender());
+  MaybeReleaseBarrier(group);
+}
+
+int Scheduler::BarrierMembers(int group) const {
   int members = 0;
   for (const auto& [id, node] : nodes_) {
+    if (lost_.count(id) > 0) continue;
     if ((IsServerId(id) && (group & kServerGroup)) || (IsWorkerId(id) && (group & kWorkerGroup))) {
       ++members;
     }
   }
-  if (static_cast<int>(b.arrived.size()) < members) return;
+  return members;
+}
+
+void Scheduler::MaybeReleaseBarrier(int group) {
+  BarrierState& b = barriers_[group];
+  for (int id : lost_) b.arrived.erase(id);
+  if (b.arrived.empty() || static_cast<int>(b.arrived.size()) < BarrierMembers(group)) return;
   ++b.generation;
+  Message reply;
+  reply.header = Header(CMD_BARRIER);
+  reply.header.set_group(group);
   reply.header.set_generation(b.generation);
   for (int id : b.arrived) (void)van_->Send(id, reply);
   b.arrived.clear();
+}
+
+void Scheduler::MaybeShutdown() {
+  int finished = 0;
+  for (int id : finished_) finished += lost_.count(id) == 0;
+  const int left = options_.num_workers - static_cast<int>(lost_.size());
+  if (finished < left || !failure_.ok() || done_) return;
+  Message m;
+  m.header = Header(CMD_SHUTDOWN);
+  Broadcast(m, -1);
+  done_ = true;
+  cv_.SignalAll();
+}
+
+void Scheduler::LoseWorker(int id, const std::string& why) {
+  if (finished_.count(id) > 0) {
+    // It said it was done: its silence now (an exit before the shutdown) harms nobody.
+    lost_.insert(id);
+    MaybeShutdown();
+    return;
+  }
+  const int left = options_.num_workers - static_cast<int>(lost_.size()) - 1;
+  if (left <= 0) {
+    Abort(StrCat(why, "; it was the last worker of the job"), id, id);
+    return;
+  }
+  Message notice;
+  notice.header = Header(CMD_WORKER_LOST);
+  *notice.header.mutable_node() = nodes_.at(id).info;
+  LOG(WARNING) << "scheduler: " << why << "; the job goes on with " << left << " of "
+               << options_.num_workers << " workers (PSTRAIN_WORKER_LOSS=continue)";
+  lost_.insert(id);
+  Broadcast(notice, -1);
+  for (auto& [group, b] : barriers_) MaybeReleaseBarrier(group);
+  for (auto it = replacing_.begin(); it != replacing_.end();) {
+    it->second.waiting.erase(id);
+    if (!it->second.waiting.empty()) {
+      ++it;
+      continue;
+    }
+    (void)van_->Send(it->first, it->second.table);
+    it = replacing_.erase(it);
+  }
+  MaybeShutdown();
 }
 
 Status Scheduler::Run() {
@@ -516,7 +575,9 @@ Status Scheduler::Run() {
     if (started_ && options_.heartbeat_interval_ms > 0) {
       for (const auto& [id, node] : nodes_) {
         const int64_t silent = MillisSince(node.last_seen);
-        if (silent <= options_.heartbeat_timeout_ms || dead_.count(id) > 0) continue;
+        if (silent <= options_.heartbeat_timeout_ms || dead_.count(id) > 0 || lost_.count(id) > 0) {
+          continue;
+        }
         const std::string why =
             StrCat(Describe(id), " sent no heartbeat for ", silent,
                    " ms (PSTRAIN_HEARTBEAT_TIMEOUT_MS=", options_.heartbeat_timeout_ms,
@@ -524,6 +585,10 @@ Status Scheduler::Run() {
         if (IsServerId(id) && options_.server_restarts > 0) {
           ServerSilent(id, why);
           continue;
+        }
+        if (IsWorkerId(id) && options_.continue_without_lost_workers) {
+          LoseWorker(id, why);
+          break;  // lost_ changed: look again at the next tick
         }
         Abort(why, id, id);
         break;

@@ -13,6 +13,11 @@
 // worker hears of it (CMD_NODE_REPLACED), connects and re-sends what the lost
 // rounds need, and once every worker answered, the replacement gets the node
 // table and serves. No replacement in time, or no restarts left: the job ends.
+//
+// Lost workers (ClusterOptions::continue_without_lost_workers): a worker
+// declared dead is dropped from the job (CMD_WORKER_LOST to everyone): the
+// servers close its rounds with the others' pushes and rescale, barriers and
+// the job's end count only the workers left. The last worker lost ends the job.
 #ifndef PSTRAIN_SCHEDULER_SCHEDULER_H_
 #define PSTRAIN_SCHEDULER_SCHEDULER_H_
 
@@ -76,6 +81,15 @@ class Scheduler {
   // Runs from Run(): replacements that did not come, or workers that did not answer, in time.
   void CheckReplacements() REQUIRES(mu_);
   Message NodeTable() const REQUIRES(mu_);
+  // A worker silent past the heartbeat timeout with PSTRAIN_WORKER_LOSS=continue:
+  // everyone hears that the job goes on without it (or it ends, if it was the last).
+  void LoseWorker(int id, const std::string& why) REQUIRES(mu_);
+  // Members of barrier `group` still in the job.
+  int BarrierMembers(int group) const REQUIRES(mu_);
+  // Completes barrier `group` if every member still in the job arrived.
+  void MaybeReleaseBarrier(int group) REQUIRES(mu_);
+  // Every worker still in the job finished: SHUTDOWN.
+  void MaybeShutdown() REQUIRES(mu_);
   // Why a registering node is not part of this job (protocol, S and W, job
   // id, build), or "" when it is.
   std::string JobMismatch(const PsHeader& h) const;
@@ -103,6 +117,7 @@ class Scheduler {
   std::map<int, BarrierState> barriers_ GUARDED_BY(mu_);
   std::set<int> finished_ GUARDED_BY(mu_);
   std::map<int, Dead> dead_ GUARDED_BY(mu_);            // servers waiting for a replacement
+  std::set<int> lost_ GUARDED_BY(mu_);                  // workers the job goes on without
   std::map<int, Replacing> replacing_ GUARDED_BY(mu_);  // replacements waiting for the workers
   std::map<int, int> restarts_used_ GUARDED_BY(mu_);    // per server id
   bool done_ GUARDED_BY(mu_) = false;

@@ -80,6 +80,7 @@ struct KVServer::Shard {
   bool busy GUARDED_BY(mu) = false;
   bool stop GUARDED_BY(mu) = false;
   bool check_rounds GUARDED_BY(mu) = false;  // the tick asked for a look at open rounds
+  bool remove_lost GUARDED_BY(mu) = false;   // a worker was lost: drop its pushes
   // Touched only by whoever is busy.
   std::unordered_map<uint64_t, KeyState> keys;
 };
@@ -112,6 +113,10 @@ KVServer::KVServer(ClusterNode* node, const KVServerOptions& options)
     Shard* s = shards_[i].get();
     threads_.emplace_back([this, s] { ShardLoop(s); });
   }
+  live_workers_ = node->num_workers();
+  lost_ = std::make_unique<std::atomic<bool>[]>(static_cast<size_t>(node->num_workers()));
+  for (int w = 0; w < node->num_workers(); ++w) lost_[w] = false;
+  node_->AddLostListener([this](int id) { HandleWorkerLost(id); });
   node_->SetMessageHandler([this](Message&& m) { HandleMessage(std::move(m)); });
   node_->AddTickListener([this] { RequestRoundCheck(); });
 }
@@ -162,7 +167,7 @@ Status KVServer::OpenSnapshots() {
     }
     std::shared_ptr<Optimizer> opt;
     if (cfg->has_optimizer()) {
-      ASSIGN_OR_RETURN(opt, Optimizer::Create(cfg->optimizer()));
+      ASSIGN_OR_RETURN(opt, MakeOptimizer(*cfg));
     }
     MutexLock l(&config_mu_);
     config_ = std::move(cfg);
@@ -208,6 +213,63 @@ bool KVServer::MustWait(const KeyState& ks, const Op& op) {
          h.push_rounds(static_cast<int>(op.part)) > ks.rounds + 1;
 }
 
+StatusOr<std::shared_ptr<Optimizer>> KVServer::MakeOptimizer(const ServerConfig& cfg) const {
+  OptimizerConfig oc = cfg.optimizer();
+  const int live = live_workers_.load();
+  if (live > 0 && live < node_->num_workers()) {
+    // rescale_grad is 1/(batch * W): the sum of fewer gradients needs more.
+    oc.set_rescale_grad(oc.rescale_grad() * static_cast<float>(node_->num_workers()) /
+                        static_cast<float>(live));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt, Optimizer::Create(oc));
+  return std::shared_ptr<Optimizer>(std::move(opt));
+}
+
+void KVServer::HandleWorkerLost(int id) {
+  const int w = RankOfId(id);
+  if (w < 0 || w >= node_->num_workers() || lost_[w].exchange(true)) return;
+  const int live = --live_workers_;
+  {
+    MutexLock l(&config_mu_);
+    if (config_ != nullptr && config_->has_optimizer()) {
+      auto opt = MakeOptimizer(*config_);
+      if (opt.ok()) optimizer_ = *std::move(opt);
+    }
+  }
+  LOG(WARNING) << node_->Self() << ": worker rank " << w << " is lost: rounds close with the "
+               << live << " workers left, gradients rescaled by " << node_->num_workers() << "/"
+               << live;
+  for (auto& shard : shards_) {
+    MutexLock l(&shard->mu);
+    shard->remove_lost = true;
+    shard->cv.Signal();
+  }
+}
+
+void KVServer::RemoveLost(Shard* shard) {
+  for (auto& [wire, ks] : shard->keys) {
+    if (ks.in_round.empty()) continue;
+    auto gone = [this](const Op& op) { return lost_[op.worker()].load(); };
+    for (size_t w = 0; w < ks.in_round.size(); ++w) {
+      if (lost_[w].load()) ks.in_round[w] = 0;
+    }
+    const size_t before = ks.waiting.size();
+    ks.waiting.erase(std::remove_if(ks.waiting.begin(), ks.waiting.end(), gone), ks.waiting.end());
+    ks.merged -= static_cast<int>(before - ks.waiting.size());
+    ks.deferred.erase(std::remove_if(ks.deferred.begin(), ks.deferred.end(), gone),
+                      ks.deferred.end());
+    if (ks.merged > 0 && ks.merged >= live_workers_.load()) {
+      // Complete now: the last push runs again and closes the round.
+      Op last = ks.waiting.back();
+      ks.waiting.pop_back();
+      --ks.merged;
+      ks.in_round[last.worker()] = 0;
+      Execute(shard, &ks, last);
+    }
+    Drain(shard, &ks);
+  }
+}
+
 std::shared_ptr<const ServerConfig> KVServer::config() const {
   MutexLock l(&config_mu_);
   return config_;
@@ -248,7 +310,7 @@ void KVServer::HandleConfig(const Message& msg) {
   }
   std::shared_ptr<Optimizer> opt;
   if (cfg.has_optimizer()) {
-    auto created = Optimizer::Create(cfg.optimizer());
+    auto created = MakeOptimizer(cfg);
     if (!created.ok()) {
       ReplyError(msg.header, created.status());
       return;
@@ -317,6 +379,10 @@ void KVServer::HandleMessage(Message&& msg) {
   if (s.ok() && RankOfId(msg.header.sender()) >= node_->num_workers()) {
     s = Status::InvalidArgument(StrCat("request from ", NodeIdName(msg.header.sender()),
                                        ", but the job has ", node_->num_workers(), " workers"));
+  }
+  if (s.ok() && lost_[RankOfId(msg.header.sender())].load()) {
+    s = Status::FailedPrecondition(
+        StrCat(NodeIdName(msg.header.sender()), " was declared lost; the job went on without it"));
   }
   if (!s.ok()) {
     ReplyError(msg.header, s);
@@ -414,15 +480,20 @@ void KVServer::ShardLoop(Shard* shard) {
   for (;;) {
     std::vector<Op> ops;
     bool check = false;
+    bool lost = false;
     {
       MutexLock l(&shard->mu);
       // Woken by new work, a round check or stop; the deadline only re-checks `stop`.
       shard->cv.WaitUntil(Deadline::InMillis(500), [shard]() REQUIRES(shard->mu) {
-        return shard->stop || (!shard->busy && (!shard->queue.empty() || shard->check_rounds));
+        return shard->stop || (!shard->busy && (!shard->queue.empty() || shard->check_rounds ||
+                                                shard->remove_lost));
       });
       if (shard->stop) return;
       if (shard->busy) continue;
-      if (shard->check_rounds) {
+      if (shard->remove_lost) {
+        lost = true;
+        shard->remove_lost = false;
+      } else if (shard->check_rounds) {
         check = true;
         shard->check_rounds = false;
       } else if (!shard->queue.empty()) {
@@ -433,7 +504,9 @@ void KVServer::ShardLoop(Shard* shard) {
       }
       shard->busy = true;
     }
-    if (check) {
+    if (lost) {
+      RemoveLost(shard);
+    } else if (check) {
       CheckRounds(shard);
     } else {
       for (const Op& op : ops) Submit(shard, op);
@@ -463,7 +536,7 @@ void KVServer::CheckRounds(Shard* shard) {
     std::string missing;
     int first_missing = -1;
     for (size_t w = 0; w < ks.in_round.size(); ++w) {
-      if (ks.in_round[w]) continue;
+      if (ks.in_round[w] || lost_[w].load()) continue;
       missing += StrCat(missing.empty() ? "" : ", ", w);
       if (first_missing < 0) first_missing = static_cast<int>(w);
     }
@@ -663,7 +736,8 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
     finish({op}, st);
     return;
   }
-  if (num_workers == 1) {  // a round of one: apply straight out of the received frame
+  const int live = live_workers_.load();
+  if (live == 1 && ks->merged == 0) {  // a round of one: apply straight out of the received frame
     Status st = apply({op});
     ++ks->rounds;
     if (st.ok()) st = MaybeSnapshot(wire, ks, /*force=*/false);
@@ -679,7 +753,7 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   ++ks->merged;
   ks->in_round[op.worker()] = 1;
   ks->waiting.push_back(op);
-  if (ks->merged < num_workers) return;
+  if (ks->merged < live) return;
   // Summed in worker-rank order, whatever the arrival order: a deterministic
   // job gives the same bits every time (and after a server's recovery).
   std::sort(ks->waiting.begin(), ks->waiting.end(),

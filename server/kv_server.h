@@ -82,6 +82,12 @@ class KVServer {
   // pushed in it already, or the op's push belongs to a later round).
   static bool MustWait(const KeyState& ks, const Op& op);
   void HandleMessage(Message&& msg);
+  // Receive thread: worker `id` is gone; the shards drop its pushes.
+  void HandleWorkerLost(int id);
+  // Shard (busy): drops lost workers' pushes and closes the rounds now complete.
+  void RemoveLost(Shard* shard);
+  // The optimizer of `cfg` for the workers left (rescaled when some are lost).
+  StatusOr<std::shared_ptr<Optimizer>> MakeOptimizer(const ServerConfig& cfg) const;
   void HandleConfig(const Message& msg);
   void ReplyError(const PsHeader& request, const Status& error);
   void ShardLoop(Shard* shard);
@@ -109,6 +115,9 @@ class KVServer {
   std::shared_ptr<const ServerConfig> config_ GUARDED_BY(config_mu_);
   std::shared_ptr<Optimizer> optimizer_ GUARDED_BY(config_mu_);
   std::unique_ptr<SnapshotStore> snapshots_;  // null: no snapshots; set before Start
+  // Workers still in the job, and which ranks are lost (set once, never cleared).
+  std::atomic<int> live_workers_{0};
+  std::unique_ptr<std::atomic<bool>[]> lost_;
 };
 
 }  // namespace pstrain

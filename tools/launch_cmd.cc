@@ -83,6 +83,16 @@ int RunLaunch(int argc, char** argv) {
     const std::string after =
         restarted > 0 ? StrCat(" (after ", restarted, restarted == 1 ? " restart)" : " restarts)")
                       : std::string();
+    if (!result->lost.empty()) {
+      std::string lost;
+      for (const std::string& name : result->lost) lost += (lost.empty() ? "" : ", ") + name;
+      std::fprintf(stderr,
+                   "pstrain launch: job %s finished: the %zu processes left exited 0%s; it went on "
+                   "without %s\n",
+                   job_id.c_str(), result->pids.size() - result->lost.size(), after.c_str(),
+                   lost.c_str());
+      return 0;
+    }
     std::fprintf(stderr, "pstrain launch: job %s finished: all %zu processes exited 0%s\n",
                  job_id.c_str(), result->pids.size(), after.c_str());
     return 0;

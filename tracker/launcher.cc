@@ -101,6 +101,11 @@ Status CheckRestarts(const LaunchOptions& o) {
     return Status::InvalidArgument(
         StrCat("--restart-servers ", o.restart_servers, " must be >= 0"));
   }
+  if (o.continue_without_lost_workers && o.launcher == LauncherKind::kMpi) {
+    return Status::InvalidArgument(
+        "--worker-loss continue works only with the local and ssh launchers: mpirun ends the "
+        "whole job when one rank fails");
+  }
   if (o.restart_servers > 0 && o.launcher == LauncherKind::kMpi) {
     return Status::InvalidArgument(
         "--restart-servers works only with the local and ssh launchers: mpirun owns its "
@@ -162,6 +167,11 @@ launcher exits non-zero naming it; Ctrl-C stops every process on every host.
                           its snapshot from PSTRAIN_SNAPSHOT_DIR (default:
                           <log-dir>/snapshots); the scheduler waits for the
                           replacement. Default 0: a dead server fails the job
+  --worker-loss fail|continue
+                          a worker that dies ends the job (fail, the default),
+                          or the job goes on with the workers left, the servers
+                          rescaling their gradients (continue; local and ssh
+                          launchers; the dead worker's data is not trained on)
   --quiet                 write output only to the log files
   -h, --help              this text
 )";
@@ -269,6 +279,13 @@ StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args) {
     } else if (name == "--restart-servers") {
       RETURN_IF_ERROR(take(&v));
       ASSIGN_OR_RETURN(o.restart_servers, ParseCount(name, v, 0));
+    } else if (name == "--worker-loss") {
+      RETURN_IF_ERROR(take(&v));
+      if (v != "fail" && v != "continue") {
+        return Status::InvalidArgument(
+            StrCat("--worker-loss '", v, "': expected fail or continue"));
+      }
+      o.continue_without_lost_workers = v == "continue";
     } else if (name == "--quiet") {
       RETURN_IF_ERROR(no_value());
       o.quiet = true;
@@ -467,6 +484,7 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
     v["DMLC_JOB_CLUSTER"] = cluster;
     v["PSTRAIN_JOB_ID"] = plan.job_id;
     v["PSTRAIN_SERVER_RESTARTS"] = std::to_string(o.restart_servers);
+    v["PSTRAIN_WORKER_LOSS"] = o.continue_without_lost_workers ? "continue" : "fail";
     // Local and mpi processes (and the scheduler, always here) read the
     // launcher's file; ssh sessions get their own copy through stdin
     // (RemoteCommand).
@@ -521,6 +539,7 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
       t.spec.argv = o.command;
       t.spec.env = merged(local_env, vars);
       if (server) t.max_restarts = o.restart_servers;
+      t.may_be_lost = !server && o.continue_without_lost_workers;
       plan.tasks.push_back(std::move(t));
     }
     return plan;
@@ -597,6 +616,7 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
       t.spec.pipe_stdin = true;
       t.spec.stdin_data = plan.key_text + kRemoteKeysEnd + "\n";
       t.stop_by_closing_stdin = true;
+      t.may_be_lost = !server && o.continue_without_lost_workers;
       if (server) {
         // The remote process's environment travels in the remote command, so
         // each restart has its own, naming PSTRAIN_RESTART.

@@ -55,6 +55,9 @@ struct LaunchOptions {
   // started again with the same rank, up to K times per server (>= 0; local
   // and ssh only: mpirun owns its processes).
   int restart_servers = 0;
+  // --worker-loss continue: a dead worker does not end the job (the others
+  // go on, rescaled; PSTRAIN_WORKER_LOSS). Local and ssh launchers.
+  bool continue_without_lost_workers = false;
   int sync_timeout_s = 600;
   bool quiet = false;  // do not copy the processes' output to the terminal
   // The job's CURVE keys (PSTRAIN_KEY_FILE for every process): --key-file, else

@@ -466,6 +466,17 @@ class Job {
         if (Restart(i)) all = false;
         continue;
       }
+      if (!r.proc->succeeded() && !stopping_ && r.task.may_be_lost && !r.signalled &&
+          r.task.tags == OutputTags::kNone) {
+        const std::string name = Name(r.task, r.task.rank);
+        const std::string line =
+            StrCat("pstrain launch: ", name, " on ", r.task.host, " (pid ", r.proc->pid(), ") ",
+                   HowItEnded(*r.proc), "; the job goes on without it (--worker-loss continue)\n");
+        WriteAll(options_.terminal_err_fd, line);
+        logs_.Write(name, line);
+        result_.lost.push_back(name);
+        continue;
+      }
       if (!r.proc->succeeded() && !stopping_) {
         std::string who = StrCat(Name(r.task, r.task.rank), " on ", r.task.host);
         if (r.task.tags != OutputTags::kNone) {

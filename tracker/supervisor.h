@@ -63,6 +63,10 @@ struct Task {
   // must carry PSTRAIN_RESTART themselves (the ssh launcher's remote command:
   // the ssh client's environment does not reach the remote process).
   std::vector<ProcessSpec> restart_specs;
+  // A worker the job may go on without (--worker-loss continue): when its
+  // process exits abnormally the supervisor says so and lets the job run; the
+  // job succeeds if every other process exits 0.
+  bool may_be_lost = false;
 };
 
 struct SupervisorOptions {
@@ -88,6 +92,9 @@ struct JobResult {
   // Per task, in task order (same size as pids): the pids of its restarts, in
   // the order they were started; empty for a task that was never restarted.
   std::vector<std::vector<int>> restarted_pids;
+  // Tasks whose process died and that the job went on without (may_be_lost),
+  // as "worker-1".
+  std::vector<std::string> lost;
 };
 
 // Starts `tasks` in order and supervises them to the end. Returns an error

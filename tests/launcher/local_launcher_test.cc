@@ -266,6 +266,76 @@ TEST_F(LocalLauncherTest, AServerKilledMidTrainingIsRestartedAndTheModelIsBitIde
       << "the recovered run saved another model than the undisturbed one";
 }
 
+// --worker-loss continue: a training worker killed in the middle of an epoch
+// is reported, and the job finishes with the other one.
+TEST_F(LocalLauncherTest, AKilledWorkerIsLeftBehindWithWorkerLossContinue) {
+  const std::string mnist = SharedDataDir() + "/mnist";
+  ASSERT_TRUE(std::filesystem::exists(mnist + "/train-images-idx3-ubyte.gz")) << mnist;
+  TempDir dir;
+  const std::string tag = StrCat("PROBE_JOB=lost", getpid());
+  Launch launch({"-n",
+                 "2",
+                 "-s",
+                 "1",
+                 "--launcher",
+                 "local",
+                 "--log-dir",
+                 dir.Sub("logs"),
+                 "--timeout",
+                 "150",
+                 "--worker-loss",
+                 "continue",
+                 "--env",
+                 tag,
+                 "--env",
+                 "PSTRAIN_HEARTBEAT_TIMEOUT_MS=2000",
+                 "--",
+                 PstrainBinary(),
+                 "train",
+                 "--network",
+                 "mlp",
+                 "--kv-store",
+                 "dist_sync",
+                 "--data-dir",
+                 mnist,
+                 "--num-examples",
+                 "38400",
+                 "--num-epochs",
+                 "1",
+                 "--batch-size",
+                 "64",
+                 "--lr",
+                 "0.1",
+                 "--disp-batches",
+                 "10",
+                 "--num-threads",
+                 "1"},
+                dir.path());
+  ASSERT_TRUE(launch.PumpUntil(
+      [&] {
+        return ReadFile(dir.Sub("logs") + "/worker-1.log").find("Batch [30]") != std::string::npos;
+      },
+      120000))
+      << launch.output();
+  const int pid = FindJobProcess(tag, "worker", 1);
+  ASSERT_GT(pid, 0);
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  LaunchRun run = launch.Wait(150000);
+  ASSERT_EQ(run.exit_code(), 0) << run.output;
+  EXPECT_NE(
+      run.output.find(StrCat("worker-1 on 127.0.0.1 (pid ", pid,
+                             ") was killed by signal 9 (SIGKILL); the job goes on without it")),
+      std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("the 3 processes left exited 0; it went on without worker-1"),
+            std::string::npos)
+      << run.output;
+  const std::string log = ReadFile(dir.Sub("logs") + "/worker-0.log");
+  EXPECT_NE(log.find("is lost; the job goes on without it"), std::string::npos) << log;
+  EXPECT_NE(log.find("Validation-accuracy="), std::string::npos) << log;
+  EXPECT_NE(ReadFile(dir.Sub("logs") + "/server-0.log").find("rescaled by 2/1"), std::string::npos);
+}
+
 TEST_F(LocalLauncherTest, InterruptStopsEveryProcess) {
   for (int sig : {SIGINT, SIGTERM}) {
     SCOPED_TRACE(sig);

@@ -60,6 +60,8 @@ struct JobSpec {
   // The job's key file (PSTRAIN_KEY_FILE) for every node; empty: none.
   std::string key_file;
   bool encrypt = true;  // with key_file: curve (true) or auth (false)
+  // Changes every node's options (scheduler's too) before anything starts.
+  std::function<void(ClusterOptions*)> tweak_all;
   // Called with the scheduler's port once it is bound, before any node starts.
   std::function<void(int port)> on_scheduler;
   // Called on a server's thread with its rank and port before it registers.
@@ -75,6 +77,7 @@ inline JobResult RunJobWith(int S, int W, const Body& body, const JobSpec& spec)
   o.encrypt = spec.encrypt;
   if (spec.num_registering_workers >= 0) o.startup_timeout_ms = 2000;
   o.root_port = 0;
+  if (spec.tweak_all) spec.tweak_all(&o);
   auto sched = Scheduler::Create(o);
   CHECK_OK(sched.status());
   o.root_port = (*sched)->port();

@@ -18,6 +18,7 @@
 #include "scheduler/scheduler.h"
 #include "server/kv_server.h"
 #include "tests/test_util.h"
+#include "tests/unit/inproc_job.h"
 #include "worker/kv_client.h"
 
 namespace pstrain {
@@ -272,6 +273,77 @@ TEST(ServerRecoveryFailureTest, WithoutRestartsADeadServerEndsTheJob) {
   EXPECT_NE(r.scheduler.message().find("server rank 1"), std::string::npos) << r.scheduler;
   EXPECT_NE(r.scheduler.message().find("declared dead"), std::string::npos) << r.scheduler;
   std::filesystem::remove_all(dir);
+}
+
+// PSTRAIN_WORKER_LOSS=continue: a worker that dies silently is dropped; its
+// open rounds close with the others' pushes and the gradients are rescaled
+// to the workers left, so each round still moves the weights by exactly 1.
+TEST(LostWorkerTest, TheJobGoesOnWithTheWorkersLeftAndRescales) {
+  const int kSteps = 8, kDiesAfter = 3;
+  const std::vector<uint64_t> keys = {5, 9};
+  const std::vector<int64_t> lens = {100, 300000};  // the second is split over both servers
+  testing::JobSpec spec;
+  spec.client.bigarray_bound = 100000;
+  spec.tweak_all = [](ClusterOptions* o) { o->continue_without_lost_workers = true; };
+  // Worker thread w is worker rank w.
+  spec.tweak_worker = [](int w, ClusterOptions* o) { o->launch_rank = w; };
+  spec.server.round_timeout_ms = 0;
+  std::vector<std::vector<float>> finals(3);
+  testing::JobResult r = testing::RunJobWith(
+      2, 3,
+      [&](KVClient& kv) -> Status {
+        ServerConfig c;
+        c.set_sync_mode(true);
+        c.mutable_optimizer()->set_type(OptimizerConfig::TEST);
+        c.mutable_optimizer()->set_rescale_grad(1.0f / 3);
+        RETURN_IF_ERROR(kv.SetServerConfig(c, Deadline::InMillis(5000)));
+        std::vector<float> w(100 + 300000, 0.0f), ones(w.size(), 1.0f);
+        RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, w.data()), Deadline::InMillis(5000)));
+        RETURN_IF_ERROR(kv.Barrier(Deadline::InMillis(5000)));
+        for (int step = 1; step <= kSteps; ++step) {
+          RETURN_IF_ERROR(kv.Wait(kv.Push(keys, lens, ones.data()), Deadline::InMillis(10000)));
+          RETURN_IF_ERROR(kv.Wait(kv.Pull(keys, lens, w.data()), Deadline::InMillis(10000)));
+          if (kv.rank() == 2 && step == kDiesAfter) {
+            kv.node()->Stop();  // dies without a word
+            return Status::Cancelled("worker 2 died");
+          }
+        }
+        RETURN_IF_ERROR(kv.Barrier(Deadline::InMillis(10000)));  // barriers count the living
+        finals[kv.rank()] = w;
+        return Status::Ok();
+      },
+      spec);
+  EXPECT_TRUE(r.scheduler.ok()) << r.scheduler;
+  for (const Status& s : r.servers) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(r.workers[0].ok()) << r.workers[0];
+  EXPECT_TRUE(r.workers[1].ok()) << r.workers[1];
+  EXPECT_FALSE(r.workers[2].ok());
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_EQ(finals[w].size(), 300100u);
+    size_t wrong = 0;
+    for (float v : finals[w]) wrong += v != static_cast<float>(kSteps);
+    EXPECT_EQ(wrong, 0u) << "worker " << w << ": first value " << finals[w][0] << ", last "
+                         << finals[w].back() << ", expected " << kSteps;
+  }
+}
+
+TEST(LostWorkerTest, ByDefaultADeadWorkerEndsTheJob) {
+  testing::JobSpec spec;
+  spec.tweak_worker = [](int w, ClusterOptions* o) { o->launch_rank = w; };
+  testing::JobResult r = testing::RunJobWith(
+      1, 2,
+      [&](KVClient& kv) -> Status {
+        if (kv.rank() == 1) {
+          kv.node()->Stop();
+          return Status::Cancelled("worker 1 died");
+        }
+        return kv.Barrier(Deadline::InMillis(10000));
+      },
+      spec);
+  EXPECT_FALSE(r.scheduler.ok());
+  EXPECT_NE(r.scheduler.message().find("worker rank 1"), std::string::npos) << r.scheduler;
+  EXPECT_NE(r.scheduler.message().find("declared dead"), std::string::npos) << r.scheduler;
+  EXPECT_FALSE(r.workers[0].ok());
 }
 
 }  // namespace

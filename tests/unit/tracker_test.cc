@@ -272,6 +272,32 @@ TEST(LaunchArgsTest, RestartServers) {
             StatusCode::kInvalidArgument);
 }
 
+TEST(LaunchArgsTest, WorkerLoss) {
+  EXPECT_FALSE(ParseLaunchArgs({"-n", "2", "prog"})->continue_without_lost_workers)
+      << "fail by default";
+  EXPECT_TRUE(ParseLaunchArgs({"-n", "2", "--worker-loss", "continue", "prog"})
+                  ->continue_without_lost_workers);
+  EXPECT_FALSE(
+      ParseLaunchArgs({"-n", "2", "--worker-loss=fail", "prog"})->continue_without_lost_workers);
+  auto bad = ParseLaunchArgs({"-n", "2", "--worker-loss", "ignore", "prog"});
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("expected fail or continue"), std::string::npos)
+      << bad.status();
+  auto mpi = ParseLaunchArgs({"-n", "2", "--launcher", "mpi", "--worker-loss", "continue", "prog"});
+  EXPECT_EQ(mpi.status().code(), StatusCode::kInvalidArgument);
+  // The plan: every process hears the policy; only workers may be lost.
+  auto o = ParseLaunchArgs(
+      {"-n", "2", "-s", "1", "--launcher", "local", "--worker-loss", "continue", "prog"});
+  ASSERT_OK(o.status());
+  auto plan = PlanLaunch(*o, Environment::Isolated({{"PSTRAIN_WORKER_LOSS", "fail"}}));
+  ASSERT_OK(plan.status());
+  ASSERT_EQ(plan->tasks.size(), 4u);
+  for (const Task& t : plan->tasks) {
+    EXPECT_EQ(t.spec.env.at("PSTRAIN_WORKER_LOSS"), "continue") << t.role;
+    EXPECT_EQ(t.may_be_lost, t.role == "worker") << t.role;
+  }
+}
+
 // --restart-servers K: servers may be restarted K times; every process learns
 // K and where the snapshots go (the absolute log folder's snapshots/ unless the
 // user chose).
