@@ -6,6 +6,9 @@
 // run (the ceiling). --verify runs MXNet's dist_sync conformance check
 // (mxnet_facts.md 1.11) on a small and a sharded key, and a dist_async check
 // that every push is applied exactly once; any mismatch exits 1.
+// --shapes-of MODEL moves exactly the parameter arrays of a zoo model instead,
+// one call per array as a training loop issues them (MXNet's workers push and
+// pull each parameter by itself), so the figures are those training sees.
 #include <gflags/gflags.h>
 #include <zmq.h>
 
@@ -18,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "models/models.h"
 #include "net/cluster_node.h"
 #include "tools/cluster_role.h"
 #include "tools/commands.h"
@@ -40,6 +44,11 @@ DEFINE_bool(verify, false,
             "run MXNet's dist_sync conformance check and a dist_async exactly-once check "
             "instead of the benchmark; exit 1 on a mismatch");
 DEFINE_int32(verify_rounds, 5, "rounds of the --verify checks");
+DEFINE_string(shapes_of, "",
+              "comma list of zoo models (mlp, lenet, inception-bn-28-small, inception-bn, "
+              "resnet-50, inception-v3, ...): one configuration per model and mode that pushes "
+              "and pulls exactly its parameter arrays, one call per array; replaces "
+              "--tensor-bytes and --tensors");
 
 namespace pstrain {
 namespace {
@@ -72,7 +81,35 @@ struct Config {
   int64_t tensors;
   std::string mode;
   int64_t calls = 1;  // KV calls per step; tensors are split evenly over them
+  // --shapes-of: the model, and its arrays' sizes in elements (tensor_bytes is
+  // then their mean, tensors their count, one call per array).
+  std::string model;
+  std::vector<int64_t> sizes;
 };
+
+// The parameter arrays (elements each, in key order) of zoo model `spec`:
+// a model name, with "-<layers>" for resnet ("resnet-50").
+StatusOr<std::vector<int64_t>> ModelArraySizes(const std::string& spec) {
+  ModelOptions mo;
+  mo.name = spec;
+  const size_t dash = spec.rfind('-');
+  if (spec.rfind("resnet-", 0) == 0 && dash != std::string::npos) {
+    mo.name = "resnet";
+    char* end = nullptr;
+    const long layers = std::strtol(spec.c_str() + dash + 1, &end, 10);
+    if (*end != '\0' || layers <= 0) {
+      return Status::InvalidArgument(StrCat("--shapes-of: '", spec, "': expected resnet-<layers>"));
+    }
+    mo.num_layers = static_cast<int>(layers);
+  }
+  auto graph = BuildModel(mo);
+  if (!graph.ok()) return graph.status().WithContext(StrCat("--shapes-of ", spec));
+  std::vector<int64_t> sizes;
+  for (const ParamInfo& p : graph->params()) sizes.push_back(p.shape.num_elements());
+  if (sizes.empty())
+    return Status::InvalidArgument(StrCat("--shapes-of: ", spec, " has no parameters"));
+  return sizes;
+}
 
 struct Result {
   Config cfg;
@@ -208,9 +245,11 @@ StatusOr<Result> RunConfig(KVClient* kv, const Config& cfg, uint64_t key_base, i
   std::vector<int64_t> lens;
   for (int64_t i = 0; i < cfg.tensors; ++i) {
     keys.push_back(key_base + i);
-    lens.push_back(elems);
+    lens.push_back(cfg.sizes.empty() ? elems : cfg.sizes[static_cast<size_t>(i)]);
   }
-  const size_t total = static_cast<size_t>(elems * cfg.tensors);
+  int64_t total_elems = 0;
+  for (int64_t n : lens) total_elems += n;
+  const size_t total = static_cast<size_t>(total_elems);
   std::vector<float> weights(total, 1.0f), grads(total, 0.001f);
   RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
   RETURN_IF_ERROR(
@@ -232,18 +271,25 @@ StatusOr<Result> RunConfig(KVClient* kv, const Config& cfg, uint64_t key_base, i
   const int64_t per_call = cfg.tensors / calls;
   std::vector<std::vector<KVClient::Key>> call_keys(calls);
   std::vector<std::vector<int64_t>> call_lens(calls);
+  std::vector<size_t> call_at(calls);  // where each call's values start
+  size_t at = 0;
   for (int64_t c = 0; c < calls; ++c) {
     call_keys[c].assign(keys.begin() + c * per_call, keys.begin() + (c + 1) * per_call);
     call_lens[c].assign(lens.begin() + c * per_call, lens.begin() + (c + 1) * per_call);
+    call_at[c] = at;
+    for (int64_t n : call_lens[c]) at += static_cast<size_t>(n);
   }
   std::vector<KVClient::Ticket> tickets;
   const int64_t shm_before = kv->node()->shm_messages();
   for (int round = 0; round < rounds; ++round) {
     // The ceiling is the better of two raw framings: one message per step, and
     // one per call as the KV store sends them.
+    // A model's mix: the ceiling moves the same bytes as one message per step.
     ASSIGN_OR_RETURN(double ceiling,
-                     MeasureCeiling(elems * 4, cfg.tensors, 1, ceiling_iters, *kv->node()));
-    if (calls > 1) {
+                     cfg.sizes.empty()
+                         ? MeasureCeiling(elems * 4, cfg.tensors, 1, ceiling_iters, *kv->node())
+                         : MeasureCeiling(total_elems * 4, 1, 1, ceiling_iters, *kv->node()));
+    if (calls > 1 && cfg.sizes.empty()) {
       ASSIGN_OR_RETURN(double per_call,
                        MeasureCeiling(elems * 4, cfg.tensors, calls, ceiling_iters, *kv->node()));
       ceiling = std::max(ceiling, per_call);
@@ -255,7 +301,7 @@ StatusOr<Result> RunConfig(KVClient* kv, const Config& cfg, uint64_t key_base, i
       if (step == warmup) start = Clock::now();
       tickets.clear();
       for (int64_t c = 0; c < calls; ++c) {
-        const size_t at = static_cast<size_t>(c * per_call * elems);
+        const size_t at = call_at[c];
         if (cfg.mode == "pushpull") {
           tickets.push_back(
               kv->PushPull(call_keys[c], call_lens[c], grads.data() + at, weights.data() + at));
@@ -271,7 +317,7 @@ StatusOr<Result> RunConfig(KVClient* kv, const Config& cfg, uint64_t key_base, i
   }
   if (kv->node()->shm_messages() > shm_before) r.transport = "shm";
   r.pairs_per_s = r.steps_per_s * cfg.tensors;
-  r.payload_gbps = 2.0 * static_cast<double>(elems * 4 * cfg.tensors) * r.steps_per_s / 1e9;
+  r.payload_gbps = 2.0 * static_cast<double>(total_elems * 4) * r.steps_per_s / 1e9;
   RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
   return r;
 }
@@ -372,7 +418,32 @@ int RunWorker(const JobEnv& env) {
     }
     std::vector<Result> results;
     uint64_t key_base = 0;
-    for (size_t c = 0; c < bytes->size(); ++c) {
+    std::vector<std::pair<std::string, std::vector<int64_t>>> models;
+    if (!FLAGS_shapes_of.empty()) {
+      std::stringstream ms(FLAGS_shapes_of);
+      std::string name;
+      while (std::getline(ms, name, ',')) {
+        auto sizes = ModelArraySizes(name);
+        if (!sizes.ok()) return fail(sizes.status());
+        models.emplace_back(name, *std::move(sizes));
+      }
+    }
+    for (const auto& [name, sizes] : models) {
+      int64_t total = 0;
+      for (int64_t n : sizes) total += n;
+      for (const std::string& mode : modes) {
+        Config cfg{total * 4 / static_cast<int64_t>(sizes.size()),
+                   static_cast<int64_t>(sizes.size()), mode};
+        cfg.calls = cfg.tensors;  // one call per array, as training issues them
+        cfg.model = name;
+        cfg.sizes = sizes;
+        auto r = RunConfig(&kv, cfg, key_base, std::max(1, FLAGS_iters), &generation);
+        if (!r.ok()) return fail(r.status());
+        results.push_back(*r);
+        key_base += 100000;
+      }
+    }
+    for (size_t c = 0; c < bytes->size() && models.empty(); ++c) {
       for (const std::string& mode : modes) {
         Config cfg{(*bytes)[c], (*counts)[c], mode};
         if (FLAGS_calls == "tensor" || (FLAGS_calls == "auto" && cfg.tensor_bytes >= 64 * 1024)) {
@@ -394,16 +465,20 @@ int RunWorker(const JobEnv& env) {
         "pairs/s/worker | payload GB/s | raw ZeroMQ GB/s | of raw |\n");
     std::printf("|---:|---:|---:|---|---|---:|---:|---:|---:|---:|\n");
     for (const Result& r : results) {
-      std::printf("| %lld | %lld | %lld | %s | %s | %.1f | %.0f | %.3f | %.3f | %.0f%% |\n",
-                  static_cast<long long>(r.cfg.tensor_bytes), static_cast<long long>(r.cfg.tensors),
+      const std::string bytes_col = r.cfg.model.empty()
+                                        ? std::to_string(r.cfg.tensor_bytes)
+                                        : StrCat(r.cfg.model, " (mean ", r.cfg.tensor_bytes, ")");
+      std::printf("| %s | %lld | %lld | %s | %s | %.1f | %.0f | %.3f | %.3f | %.0f%% |\n",
+                  bytes_col.c_str(), static_cast<long long>(r.cfg.tensors),
                   static_cast<long long>(r.cfg.calls), r.cfg.mode.c_str(), r.transport.c_str(),
                   r.steps_per_s, r.pairs_per_s, r.payload_gbps, r.ceiling_gbps,
                   100.0 * r.payload_gbps / r.ceiling_gbps);
     }
     for (const Result& r : results) {
       std::printf(
-          "kvbench: tensor_bytes=%lld tensors=%lld servers=%d workers=%d mode=%s "
+          "kvbench: %stensor_bytes=%lld tensors=%lld servers=%d workers=%d mode=%s "
           "steps_per_s=%.2f pairs_per_s=%.0f payload_gbps=%.4f ceiling_gbps=%.4f transport=%s\n",
+          r.cfg.model.empty() ? "" : StrCat("model=", r.cfg.model, " ").c_str(),
           static_cast<long long>(r.cfg.tensor_bytes), static_cast<long long>(r.cfg.tensors),
           kv.num_servers(), kv.num_workers(), r.cfg.mode.c_str(), r.steps_per_s, r.pairs_per_s,
           r.payload_gbps, r.ceiling_gbps, r.transport.c_str());

@@ -206,6 +206,31 @@ TEST_F(ClusterTest, BenchmarkPrintsTableAndScriptLines) {
   EXPECT_NE(log.find("| tensor bytes |"), std::string::npos) << log;
 }
 
+// --shapes-of moves exactly a zoo model's parameter arrays, one call each.
+TEST_F(ClusterTest, BenchmarkMovesTheParameterArraysOfAModel) {
+  auto job = StartJob(2, 1,
+                      {"kvbench", "--shapes-of=inception-bn-28-small,lenet", "--iters=10",
+                       "--rounds=1", "--ceiling-iters=5", "--mode=sync"});
+  for (Proc* p : job) EXPECT_EQ(p->Wait(90), 0) << p->Log();
+  const std::string log = job.back()->Log();
+  // 78 arrays, 1.65 M floats (84,760 bytes each on average); LeNet 8 arrays.
+  EXPECT_NE(log.find("kvbench: model=inception-bn-28-small tensor_bytes=84760 tensors=78 "
+                     "servers=2 workers=1 mode=sync steps_per_s="),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("kvbench: model=lenet tensor_bytes="), std::string::npos) << log;
+  EXPECT_NE(log.find("| inception-bn-28-small (mean 84760) | 78 | 78 | sync |"), std::string::npos)
+      << log;
+  procs_.clear();
+  port_ = FreePort();
+  auto bad = StartJob(1, 1, {"kvbench", "--shapes-of=resnet-x"});
+  EXPECT_NE(bad.back()->Wait(60), 0);
+  EXPECT_NE(bad.back()->Log().find("--shapes-of: 'resnet-x': expected resnet-<layers>"),
+            std::string::npos)
+      << bad.back()->Log();
+  for (size_t i = 0; i + 1 < bad.size(); ++i) EXPECT_NE(bad[i]->Wait(60), 0) << bad[i]->Log();
+}
+
 TEST_F(ClusterTest, KilledServerFailsEveryoneWithinDeadlineNamingIt) {
   std::vector<int> ports = {FreePort(), FreePort()};
   auto job = StartJob(2, 2,
