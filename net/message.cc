@@ -96,34 +96,34 @@ Status ValidateFrames(const Message& msg) {
 
 Status ValidateDataRequest(const Message& msg, int server_rank) {
   const PsHeader& h = msg.header;
-  const std::string from =
-      StrCat("data request ", h.request_id(), " from ", NodeIdName(h.sender()), ": ");
-  if (!IsWorkerId(h.sender())) return Status::InvalidArgument(StrCat(from, "not from a worker"));
+  // The message is built only for an error: this runs for every request.
+  auto bad = [&h](const auto&... parts) {
+    return Status::InvalidArgument(
+        StrCat("data request ", h.request_id(), " from ", NodeIdName(h.sender()), ": ", parts...));
+  };
+  if (!IsWorkerId(h.sender())) return bad("not from a worker");
   if (h.dtype() != DTYPE_FLOAT32) {
-    return Status::InvalidArgument(StrCat(from, "dtype ", h.dtype(), " is not float32"));
+    return bad("dtype ", h.dtype(), " is not float32");
   }
   if (!h.init() && !h.push() && !h.pull()) {
-    return Status::InvalidArgument(StrCat(from, "neither init, push nor pull"));
+    return bad("neither init, push nor pull");
   }
   if (h.init() && (h.push() || h.pull())) {
-    return Status::InvalidArgument(StrCat(from, "init cannot be combined with push or pull"));
+    return bad("init cannot be combined with push or pull");
   }
-  if (h.num_keys() == 0) return Status::InvalidArgument(StrCat(from, "has no keys"));
+  if (h.num_keys() == 0) return bad("has no keys");
   const bool want_values = h.init() || h.push();
   if (want_values != (h.value_bytes() > 0)) {
-    return Status::InvalidArgument(
-        StrCat(from, want_values ? "push without values" : "pull carries values"));
+    return bad(want_values ? "push without values" : "pull carries values");
   }
   for (uint64_t i = 0; i < h.num_keys(); ++i) {
     const uint64_t w = msg.key(i);
     if (WireKeyServer(w) != server_rank) {
-      return Status::InvalidArgument(StrCat(from, "key ", WireKeyUser(w), " part ", WireKeyPart(w),
-                                            " belongs to server rank ", WireKeyServer(w),
-                                            ", not to server rank ", server_rank));
+      return bad("key ", WireKeyUser(w), " part ", WireKeyPart(w), " belongs to server rank ",
+                 WireKeyServer(w), ", not to server rank ", server_rank);
     }
     if (msg.len(i) == 0) {
-      return Status::InvalidArgument(
-          StrCat(from, "key ", WireKeyUser(w), " part ", WireKeyPart(w), " has length 0"));
+      return bad("key ", WireKeyUser(w), " part ", WireKeyPart(w), " has length 0");
     }
   }
   return Status::Ok();

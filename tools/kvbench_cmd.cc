@@ -77,8 +77,8 @@ StatusOr<std::vector<int64_t>> ParseList(const std::string& flag, const std::str
 }
 
 struct Config {
-  int64_t tensor_bytes;
-  int64_t tensors;
+  int64_t tensor_bytes = 0;
+  int64_t tensors = 0;
   std::string mode;
   int64_t calls = 1;  // KV calls per step; tensors are split evenly over them
   // --shapes-of: the model, and its arrays' sizes in elements (tensor_bytes is
@@ -432,8 +432,10 @@ int RunWorker(const JobEnv& env) {
       int64_t total = 0;
       for (int64_t n : sizes) total += n;
       for (const std::string& mode : modes) {
-        Config cfg{total * 4 / static_cast<int64_t>(sizes.size()),
-                   static_cast<int64_t>(sizes.size()), mode};
+        Config cfg;
+        cfg.tensor_bytes = total * 4 / static_cast<int64_t>(sizes.size());
+        cfg.tensors = static_cast<int64_t>(sizes.size());
+        cfg.mode = mode;
         cfg.calls = cfg.tensors;  // one call per array, as training issues them
         cfg.model = name;
         cfg.sizes = sizes;
@@ -445,7 +447,10 @@ int RunWorker(const JobEnv& env) {
     }
     for (size_t c = 0; c < bytes->size() && models.empty(); ++c) {
       for (const std::string& mode : modes) {
-        Config cfg{(*bytes)[c], (*counts)[c], mode};
+        Config cfg;
+        cfg.tensor_bytes = (*bytes)[c];
+        cfg.tensors = (*counts)[c];
+        cfg.mode = mode;
         if (FLAGS_calls == "tensor" || (FLAGS_calls == "auto" && cfg.tensor_bytes >= 64 * 1024)) {
           cfg.calls = cfg.tensors;
         } else if (FLAGS_calls != "step" && FLAGS_calls != "auto") {

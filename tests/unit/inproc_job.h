@@ -56,7 +56,7 @@ struct JobSpec {
   int64_t shm_bytes = 0;
   // Changes worker w's options before it starts.
   std::function<void(int w, ClusterOptions*)> tweak_worker;
-  KVServerOptions server{2};
+  KVServerOptions server;  // 2 request shards
   // The job's key file (PSTRAIN_KEY_FILE) for every node; empty: none.
   std::string key_file;
   bool encrypt = true;  // with key_file: curve (true) or auth (false)
@@ -143,7 +143,7 @@ inline JobResult RunJob(int S, int W, const Body& body, KVClientOptions ko = {},
                         std::atomic<bool>* kill_now = nullptr, int num_registering_workers = -1,
                         const std::string& host = "127.0.0.1", int64_t shm_bytes = 0,
                         const std::function<void(int, ClusterOptions*)>& tweak_worker = nullptr,
-                        KVServerOptions server_options = KVServerOptions{2}) {
+                        KVServerOptions server_options = KVServerOptions()) {
   JobSpec spec;
   spec.client = ko;
   spec.kill_now = kill_now;

@@ -520,7 +520,7 @@ TEST(InProcClusterTest, ANanPushStopsTheJobNamingWorkerKeyAndRound) {
 }
 
 TEST(InProcClusterTest, ANanPushIsLeftOutWhenTheServersSkipThem) {
-  KVServerOptions skip{2};
+  KVServerOptions skip;
   skip.skip_nonfinite = true;
   std::vector<float> final_value;
   ExpectAllOk(RunJob(
@@ -537,7 +537,7 @@ TEST(InProcClusterTest, ANanPushIsLeftOutWhenTheServersSkipThem) {
 // the worker and the key, instead of everyone waiting for the 600 s request
 // deadline.
 TEST(InProcClusterTest, ARoundThatCannotCloseEndsTheJobNamingTheMissingWorker) {
-  KVServerOptions so{2};
+  KVServerOptions so;
   so.round_timeout_ms = 800;
   const auto start = std::chrono::steady_clock::now();
   JobResult r = RunJob(
