@@ -61,7 +61,7 @@ KVClient::~KVClient() {
   {
     MutexLock l(&mu_);
     sender_stop_ = true;
-    cv_.SignalAll();
+    sender_cv_.SignalAll();
   }
   sender_.join();
 }
@@ -304,7 +304,7 @@ void KVClient::Flush() {
       Pump(static_cast<int>(s));
     }
     flushing_[s] = false;
-    cv_.SignalAll();  // ServerReplaced may wait for this
+    if (paused_[s]) flushed_cv_.SignalAll();  // ServerReplaced waits for this
   }
 }
 
@@ -316,7 +316,7 @@ void KVClient::FlushAndRunCallbacks(bool may_block) {
     for (size_t s = 0; s < outbox_.size(); ++s) {
       if (!flushing_[s] && !paused_[s] && !outbox_[s].empty()) sender_wanted_ = true;
     }
-    if (sender_wanted_) cv_.SignalAll();
+    if (sender_wanted_) sender_cv_.Signal();
   }
   RunCallbacks();
 }
@@ -325,8 +325,8 @@ void KVClient::SenderLoop() {
   for (;;) {
     {
       MutexLock l(&mu_);
-      cv_.WaitUntil(Deadline::Never(),
-                    [this]() REQUIRES(mu_) { return sender_wanted_ || sender_stop_; });
+      sender_cv_.WaitUntil(Deadline::Never(),
+                           [this]() REQUIRES(mu_) { return sender_wanted_ || sender_stop_; });
       if (sender_stop_) return;
       sender_wanted_ = false;
     }
@@ -351,8 +351,10 @@ KVClient::Callback KVClient::FinishSub(Ticket ticket, const Status& s) {
   if (!s.ok() && t.status.ok()) t.status = s;
   if (--t.remaining > 0) return nullptr;
   t.done = true;
-  cv_.SignalAll();
-  if (!t.cb) return nullptr;
+  if (!t.cb) {
+    cv_.SignalAll();  // a Wait for it
+    return nullptr;
+  }
   // A ticket with a callback is reported through it and forgotten.
   Callback cb = std::move(t.cb);
   Status st = t.status;
@@ -494,6 +496,7 @@ void KVClient::FailAll(const Status& s) {
       if (Callback c = FinishSub(t, s)) to_run_.emplace_back(std::move(c), s);
     }
     cv_.SignalAll();
+    flushed_cv_.SignalAll();
   }
   RunCallbacks();
 }
@@ -507,8 +510,8 @@ void KVClient::ServerReplaced(int id, bool connected) {
       // Nothing may reach the new process before what it lacks: wait for a
       // send in progress (bounded by the send timeout) and hold the rest.
       paused_[server] = true;
-      cv_.WaitUntil(Deadline::InMillis(60000),
-                    [&]() REQUIRES(mu_) { return !flushing_[server] || !failure_.ok(); });
+      flushed_cv_.WaitUntil(Deadline::InMillis(60000),
+                            [&]() REQUIRES(mu_) { return !flushing_[server] || !failure_.ok(); });
       return;
     }
     std::deque<std::pair<uint64_t, Message>>& out = outbox_[server];

@@ -60,7 +60,10 @@ struct KVClientOptions {
   Placement placement = Placement::kMxnet;  // PSTRAIN_PLACEMENT
   int64_t bigarray_bound = 1000000;         // MXNET_KVSTORE_BIGARRAY_BOUND
   int64_t chunk_elems = 262144;             // PSTRAIN_CHUNK_ELEMS
-  int max_inflight_per_server = 32;
+  // 256: a training step's push and pull of every array of a model like
+  // inception-bn (156 requests) leave at once; a request let out of the queue by
+  // a reply costs a hand-off to the sender thread (bench/RESULTS.md, issue 13).
+  int max_inflight_per_server = 256;
   int request_timeout_ms = 600000;  // PSTRAIN_REQUEST_TIMEOUT_MS
   bool recover = false;             // PSTRAIN_SERVER_RESTARTS > 0
   int snapshot_every = 1;           // PSTRAIN_SNAPSHOT_EVERY
@@ -158,7 +161,9 @@ class KVClient {
   KVClientOptions options_;
 
   Mutex mu_;
-  CondVar cv_{&mu_};
+  CondVar cv_{&mu_};          // tickets done (Wait)
+  CondVar sender_cv_{&mu_};   // the sender thread: work or stop
+  CondVar flushed_cv_{&mu_};  // a paused server's send in progress ended (ServerReplaced)
   Status failure_ GUARDED_BY(mu_);
   Ticket next_ticket_ GUARDED_BY(mu_) = 1;
   uint64_t next_request_ GUARDED_BY(mu_) = 1;
