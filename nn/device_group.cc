@@ -248,23 +248,9 @@ std::vector<MemoryStats> DeviceGroup::memory_stats() const {
   return out;
 }
 
-namespace {
-Status CheckIndex(const char* what, int i, int count, const std::vector<ParamInfo>& infos,
-                  size_t n) {
-  if (i < 0 || i >= count) {
-    return Status::InvalidArgument(StrCat(what, " index ", i, " out of range [0, ", count, ")"));
-  }
-  if (static_cast<int64_t>(n) != infos[i].shape.num_elements()) {
-    return Status::InvalidArgument(StrCat(what, " '", infos[i].name, "' has ",
-                                          infos[i].shape.num_elements(), " elements, got ", n));
-  }
-  return Status::Ok();
-}
-}  // namespace
-
 Status DeviceGroup::ReadParam(int i, float* dst, size_t n) const {
   if (!separate_merge_) return execs_[0]->ReadParam(i, dst, n);
-  RETURN_IF_ERROR(CheckIndex("parameter", i, num_params(), graph_.params(), n));
+  RETURN_IF_ERROR(CheckArrayCopy("parameter", i, graph_.params(), n));
   merge_backend_->CopyToHost(merge_param_[i], dst);
   return Status::Ok();
 }
@@ -273,7 +259,7 @@ Status DeviceGroup::WriteParam(int i, const float* src, size_t n) {
   if (!separate_merge_) {
     RETURN_IF_ERROR(execs_[0]->WriteParam(i, src, n));
   } else {
-    RETURN_IF_ERROR(CheckIndex("parameter", i, num_params(), graph_.params(), n));
+    RETURN_IF_ERROR(CheckArrayCopy("parameter", i, graph_.params(), n));
     merge_backend_->CopyFromHost(src, merge_param_[i]);
   }
   if (num_devices() > 1) stale_[i] = true;
@@ -282,7 +268,7 @@ Status DeviceGroup::WriteParam(int i, const float* src, size_t n) {
 
 Status DeviceGroup::ReadGrad(int i, float* dst, size_t n) const {
   if (!separate_merge_) return execs_[0]->ReadGrad(i, dst, n);
-  RETURN_IF_ERROR(CheckIndex("gradient of parameter", i, num_params(), graph_.params(), n));
+  RETURN_IF_ERROR(CheckArrayCopy("gradient of parameter", i, graph_.params(), n));
   merge_backend_->CopyToHost(merge_grad_[i], dst);
   return Status::Ok();
 }

@@ -344,9 +344,8 @@ float Executor::Loss() const {
   return impl_->softmax == kInvalidNode ? 0.0f : impl_->ops[impl_->softmax]->Loss();
 }
 
-namespace {
-Status CheckCopy(const char* what, int i, int count, const std::vector<ParamInfo>& infos,
-                 size_t n) {
+Status CheckArrayCopy(const char* what, int i, const std::vector<ParamInfo>& infos, size_t n) {
+  const int count = static_cast<int>(infos.size());
   if (i < 0 || i >= count) {
     return Status::InvalidArgument(StrCat(what, " index ", i, " out of range [0, ", count, ")"));
   }
@@ -356,7 +355,6 @@ Status CheckCopy(const char* what, int i, int count, const std::vector<ParamInfo
   }
   return Status::Ok();
 }
-}  // namespace
 
 Status Executor::LoadData(const float* src, size_t n) {
   const Tensor d = data();
@@ -390,21 +388,21 @@ Status Executor::ReadOutput(float* dst, size_t n) const {
 }
 
 Status Executor::ReadParam(int i, float* dst, size_t n) const {
-  RETURN_IF_ERROR(CheckCopy("parameter", i, num_params(), graph_.params(), n));
+  RETURN_IF_ERROR(CheckArrayCopy("parameter", i, graph_.params(), n));
   MutexLock lock(&node_mu_[OwnerNodeOfParam(i)]);
   backend_->CopyToHost(params_[i], dst);
   return Status::Ok();
 }
 
 Status Executor::WriteParam(int i, const float* src, size_t n) {
-  RETURN_IF_ERROR(CheckCopy("parameter", i, num_params(), graph_.params(), n));
+  RETURN_IF_ERROR(CheckArrayCopy("parameter", i, graph_.params(), n));
   MutexLock lock(&node_mu_[OwnerNodeOfParam(i)]);
   backend_->CopyFromHost(src, params_[i]);
   return Status::Ok();
 }
 
 Status Executor::ReadGrad(int i, float* dst, size_t n) const {
-  RETURN_IF_ERROR(CheckCopy("gradient of parameter", i, num_params(), graph_.params(), n));
+  RETURN_IF_ERROR(CheckArrayCopy("gradient of parameter", i, graph_.params(), n));
   if (!grads_[i].defined()) {
     return Status::FailedPrecondition("an inference executor has no gradients");
   }
@@ -413,14 +411,14 @@ Status Executor::ReadGrad(int i, float* dst, size_t n) const {
 }
 
 Status Executor::ReadAux(int i, float* dst, size_t n) const {
-  RETURN_IF_ERROR(CheckCopy("aux state", i, num_aux(), graph_.aux_states(), n));
+  RETURN_IF_ERROR(CheckArrayCopy("aux state", i, graph_.aux_states(), n));
   MutexLock lock(&node_mu_[graph_.aux_states()[i].node]);
   backend_->CopyToHost(aux_[i], dst);
   return Status::Ok();
 }
 
 Status Executor::WriteAux(int i, const float* src, size_t n) {
-  RETURN_IF_ERROR(CheckCopy("aux state", i, num_aux(), graph_.aux_states(), n));
+  RETURN_IF_ERROR(CheckArrayCopy("aux state", i, graph_.aux_states(), n));
   MutexLock lock(&node_mu_[graph_.aux_states()[i].node]);
   backend_->CopyFromHost(src, aux_[i]);
   return Status::Ok();

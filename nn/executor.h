@@ -72,6 +72,11 @@ struct NodeProfile {
   double backward_s = 0;
 };
 
+// Checks a copy of `n` floats into or out of array `i` of `infos` (a
+// parameter, its gradient or an aux state, named by `what`): InvalidArgument
+// naming the array for an index out of range or a wrong length.
+Status CheckArrayCopy(const char* what, int i, const std::vector<ParamInfo>& infos, size_t n);
+
 class Executor : public ModelParams {
  public:
   // Builds the executor. InvalidArgument if graph.status() is not ok, the batch
