@@ -178,21 +178,23 @@ std::string Scheduler::JobMismatch(const PsHeader& h) const {
   return "";
 }
 
+void Scheduler::Refuse(const NodeInfo& n, const std::string& why) {
+  LOG(WARNING) << "scheduler: refusing the registration of "
+               << RoleName(static_cast<Role>(n.role())) << " at " << n.host() << ":" << n.port()
+               << ": " << why;
+  if (van_->Connect(kPendingIdBase - 1, n.host(), n.port()).ok()) {
+    Message m;
+    m.header = Header(CMD_ABORT);
+    m.header.set_error_message(StrCat("scheduler rejected this node: ", why));
+    (void)van_->Send(kPendingIdBase - 1, m);
+    van_->Disconnect(kPendingIdBase - 1);
+  }
+}
+
 void Scheduler::Register(const Message& msg) {
   const NodeInfo& n = msg.header.node();
-  auto reject = [&](const std::string& why) {
-    LOG(WARNING) << "scheduler: rejecting registration from " << n.host() << ":" << n.port() << ": "
-                 << why;
-    if (van_->Connect(kPendingIdBase - 1, n.host(), n.port()).ok()) {
-      Message m;
-      m.header = Header(CMD_ABORT);
-      m.header.set_error_message(StrCat("scheduler rejected this node: ", why));
-      (void)van_->Send(kPendingIdBase - 1, m);
-      van_->Disconnect(kPendingIdBase - 1);
-    }
-  };
   if (!failure_.ok()) {
-    reject(StrCat("the job has failed: ", failure_.message()));
+    Refuse(n, StrCat("the job has failed: ", failure_.message()));
     return;
   }
   if (started_) {
@@ -200,18 +202,18 @@ void Scheduler::Register(const Message& msg) {
       Replace(msg);
       return;
     }
-    reject("the job already has all its nodes");
+    Refuse(n, "the job already has all its nodes");
     return;
   }
   const Role role = static_cast<Role>(n.role());
   if (role != Role::kServer && role != Role::kWorker) {
-    reject(StrCat("role ", n.role(), " cannot register"));
+    Refuse(n, StrCat("role ", n.role(), " cannot register"));
     return;
   }
   // The registration must come on the connection its nonce names: later
   // messages claiming this node's id are taken only from that one.
   if (!msg.route.empty() && msg.route != NodeRoute(n.nonce())) {
-    reject("its connection does not carry the routing id its nonce implies");
+    Refuse(n, "its connection does not carry the routing id its nonce implies");
     return;
   }
   // Every node must be part of the same job: one that is not cannot take
@@ -219,7 +221,7 @@ void Scheduler::Register(const Message& msg) {
   const std::string mismatch = JobMismatch(msg.header);
   if (!mismatch.empty()) {
     const std::string why = StrCat(RoleName(role), " at ", n.host(), ":", n.port(), " ", mismatch);
-    reject(why);
+    Refuse(n, why);
     Abort(StrCat(why, "; every node of a job must agree"), -1);
     return;
   }
@@ -227,8 +229,8 @@ void Scheduler::Register(const Message& msg) {
   for (const NodeInfo& p : pending_) have += p.role() == n.role();
   const int want = role == Role::kServer ? options_.num_servers : options_.num_workers;
   if (have >= want) {
-    reject(StrCat("already have ", want, " ", RoleName(role), "s (DMLC_NUM_",
-                  role == Role::kServer ? "SERVER" : "WORKER", "=", want, ")"));
+    Refuse(n, StrCat("already have ", want, " ", RoleName(role), "s (DMLC_NUM_",
+                     role == Role::kServer ? "SERVER" : "WORKER", "=", want, ")"));
     return;
   }
   Status s = van_->Connect(kPendingIdBase + static_cast<int>(pending_.size()), n.host(), n.port());
@@ -326,23 +328,13 @@ void Scheduler::ServerSilent(int id, const std::string& why) {
 
 void Scheduler::Replace(const Message& msg) {
   const NodeInfo& n = msg.header.node();
-  auto refuse = [&](const std::string& why) {
-    LOG(WARNING) << "scheduler: refusing server at " << n.host() << ":" << n.port() << ": " << why;
-    if (van_->Connect(kPendingIdBase - 2, n.host(), n.port()).ok()) {
-      Message m;
-      m.header = Header(CMD_ABORT);
-      m.header.set_error_message(StrCat("scheduler refused this server: ", why));
-      (void)van_->Send(kPendingIdBase - 2, m);
-      van_->Disconnect(kPendingIdBase - 2);
-    }
-  };
   if (!msg.route.empty() && msg.route != NodeRoute(n.nonce())) {
-    refuse("its connection does not carry the routing id its nonce implies");
+    Refuse(n, "its connection does not carry the routing id its nonce implies");
     return;
   }
   const std::string mismatch = JobMismatch(msg.header);
   if (!mismatch.empty()) {
-    refuse(mismatch);
+    Refuse(n, mismatch);
     return;
   }
   // Which server it replaces: the launcher's rank, else the one dead server.
@@ -352,22 +344,23 @@ void Scheduler::Replace(const Message& msg) {
   } else if (dead_.size() == 1) {
     id = dead_.begin()->first;
   } else {
-    refuse(StrCat("the job has all its servers running and ", dead_.size(),
-                  " dead; a replacement must say which rank it takes (PSTRAIN_LAUNCH_RANK)"));
+    Refuse(n, StrCat("the job has all its servers running and ", dead_.size(),
+                     " dead; a replacement must say which rank it takes (PSTRAIN_LAUNCH_RANK)"));
     return;
   }
   if (dead_.count(id) == 0 && n.restart() <= 0) {
-    refuse(StrCat(Describe(id), " is alive, and this process is not a restart (PSTRAIN_RESTART)"));
+    Refuse(n,
+           StrCat(Describe(id), " is alive, and this process is not a restart (PSTRAIN_RESTART)"));
     return;
   }
   if (replacing_.count(id) > 0) {
-    refuse(StrCat(Describe(id), " is being replaced already"));
+    Refuse(n, StrCat(Describe(id), " is being replaced already"));
     return;
   }
   if (restarts_used_[id] >= options_.server_restarts) {
-    refuse(StrCat(Describe(id), " was replaced ", restarts_used_[id],
-                  " time(s) already, as many as allowed (PSTRAIN_SERVER_RESTARTS=",
-                  options_.server_restarts, ")"));
+    Refuse(n, StrCat(Describe(id), " was replaced ", restarts_used_[id],
+                     " time(s) already, as many as allowed (PSTRAIN_SERVER_RESTARTS=",
+                     options_.server_restarts, ")"));
     return;
   }
   // Its registration connection becomes the one to `id`.

@@ -73,6 +73,8 @@ class Scheduler {
   explicit Scheduler(const ClusterOptions& options) : options_(options) {}
   void Handle(Message&& msg);
   void Register(const Message& msg) REQUIRES(mu_);
+  // Tells node `n` (not a member) why it may not join, and logs it.
+  void Refuse(const NodeInfo& n, const std::string& why) REQUIRES(mu_);
   // A server registering while the job runs: the replacement of a dead one.
   void Replace(const Message& msg) REQUIRES(mu_);
   // A server silent past the heartbeat timeout: ends the job, or (restarts

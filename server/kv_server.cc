@@ -194,11 +194,8 @@ Status KVServer::OpenSnapshots() {
   return Status::Ok();
 }
 
-Status KVServer::MaybeSnapshot(uint64_t wire, KeyState* ks, bool force) {
-  if (snapshots_ == nullptr) return Status::Ok();
-  auto cfg = config();
-  const uint64_t every = cfg != nullptr ? cfg->snapshot_every() : 0;
-  if (!force && (every == 0 || ks->rounds % every != 0)) return Status::Ok();
+Status KVServer::MaybeSnapshot(uint64_t wire, KeyState* ks, uint64_t every) {
+  if (snapshots_ == nullptr || every == 0 || ks->rounds % every != 0) return Status::Ok();
   return snapshots_->Write(wire, ks->rounds, ks->data, ks->size, ks->state)
       .WithContext(StrCat("snapshot of ", PartName(wire)));
 }
@@ -610,7 +607,7 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
       ks->in_round.assign(num_workers, 0);
       ks->initialized = true;
       // A replacement must find every key, also one never pushed yet.
-      if (Status s = MaybeSnapshot(wire, ks, /*force=*/true); !s.ok()) {
+      if (Status s = MaybeSnapshot(wire, ks, /*every=*/1); !s.ok()) {
         CompletePart(op, ks, s);
         node_->Fail(Status(s.code(), StrCat(node_->Self(), ": ", s.message())));
         return;
@@ -642,6 +639,7 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   }
   auto cfg = config();
   const bool sync = cfg != nullptr && cfg->sync_mode();
+  const uint64_t snapshot_every = cfg != nullptr ? cfg->snapshot_every() : 0;
   if (sync && h.push_rounds_size() == static_cast<int>(h.num_keys())) {
     // A tagged push (recovery on): a round closed already is in the value
     // (this is a copy re-sent to a replacement, or its answer was lost).
@@ -732,7 +730,7 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
     }
     Status st = apply({op});
     ++ks->rounds;
-    if (st.ok()) st = MaybeSnapshot(wire, ks, /*force=*/false);
+    if (st.ok()) st = MaybeSnapshot(wire, ks, snapshot_every);
     finish({op}, st);
     return;
   }
@@ -740,7 +738,7 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   if (live == 1 && ks->merged == 0) {  // a round of one: apply straight out of the received frame
     Status st = apply({op});
     ++ks->rounds;
-    if (st.ok()) st = MaybeSnapshot(wire, ks, /*force=*/false);
+    if (st.ok()) st = MaybeSnapshot(wire, ks, snapshot_every);
     finish({op}, st);
     return;
   }
@@ -761,7 +759,7 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   Status s = apply(ks->waiting);
   ++ks->rounds;
   // Before the answers: a worker forgets a push once it is answered.
-  if (s.ok()) s = MaybeSnapshot(wire, ks, /*force=*/false);
+  if (s.ok()) s = MaybeSnapshot(wire, ks, snapshot_every);
   ks->merged = 0;
   std::fill(ks->in_round.begin(), ks->in_round.end(), 0);
   std::vector<Op> done;

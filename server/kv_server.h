@@ -76,8 +76,9 @@ class KVServer {
 
   // Loads (restart) or clears the snapshots; before the node starts.
   Status OpenSnapshots();
-  // Writes ks's snapshot if this round is one to snapshot; an error ends the job.
-  Status MaybeSnapshot(uint64_t wire, KeyState* ks, bool force);
+  // Writes ks's snapshot when its closed rounds are a multiple of `every`
+  // (0: never; 1: now); an error ends the job.
+  Status MaybeSnapshot(uint64_t wire, KeyState* ks, uint64_t every);
   // Whether `op` must wait for the key's open round to close (the worker
   // pushed in it already, or the op's push belongs to a later round).
   static bool MustWait(const KeyState& ks, const Op& op);

@@ -183,70 +183,71 @@ TEST_F(LocalLauncherTest, AStoppedProcessIsNamedInTheSummary) {
   }
 }
 
+// Two workers train the MLP on MNIST (dist_sync, 300 batches each, seeded)
+// under the local launcher, with `options` for the launcher.
+std::vector<std::string> MnistTrainingJob(const TempDir& dir, int servers,
+                                          const std::vector<std::string>& options) {
+  std::vector<std::string> args = {"-n",         "2",     "-s",        std::to_string(servers),
+                                   "--launcher", "local", "--log-dir", dir.Sub("logs"),
+                                   "--timeout",  "150"};
+  args.insert(args.end(), options.begin(), options.end());
+  const std::vector<std::string> train = {"--",
+                                          PstrainBinary(),
+                                          "train",
+                                          "--network",
+                                          "mlp",
+                                          "--kv-store",
+                                          "dist_sync",
+                                          "--data-dir",
+                                          SharedDataDir() + "/mnist",
+                                          "--num-examples",
+                                          "38400",
+                                          "--num-epochs",
+                                          "1",
+                                          "--batch-size",
+                                          "64",
+                                          "--lr",
+                                          "0.1",
+                                          "--disp-batches",
+                                          "10",
+                                          "--num-threads",
+                                          "1",
+                                          "--seed",
+                                          "7",
+                                          "--model-prefix",
+                                          dir.Sub("model")};
+  args.insert(args.end(), train.begin(), train.end());
+  return args;
+}
+
+// Waits until worker-1 is well into its epoch (it logged batch 30).
+bool WellIntoTheEpoch(Launch& launch, const TempDir& dir) {
+  return launch.PumpUntil(
+      [&] {
+        return ReadFile(dir.Sub("logs") + "/worker-1.log").find("Batch [30]") != std::string::npos;
+      },
+      120000);
+}
+
 // Server recovery end to end: a dist_sync training job whose server-1 is
 // killed (SIGKILL) in the middle of training is restarted by the launcher,
 // resumes from its snapshots, and the job saves exactly the model of an
 // undisturbed run.
 TEST_F(LocalLauncherTest, AServerKilledMidTrainingIsRestartedAndTheModelIsBitIdentical) {
-  const std::string mnist = SharedDataDir() + "/mnist";
-  ASSERT_TRUE(std::filesystem::exists(mnist + "/train-images-idx3-ubyte.gz")) << mnist;
-  auto train = [&](const TempDir& dir, const std::string& tag) {
-    return std::vector<std::string>{"-n",
-                                    "2",
-                                    "-s",
-                                    "2",
-                                    "--launcher",
-                                    "local",
-                                    "--log-dir",
-                                    dir.Sub("logs"),
-                                    "--timeout",
-                                    "150",
-                                    "--restart-servers",
-                                    "1",
-                                    "--env",
-                                    tag,
-                                    "--env",
-                                    "PSTRAIN_HEARTBEAT_TIMEOUT_MS=3000",
-                                    "--",
-                                    PstrainBinary(),
-                                    "train",
-                                    "--network",
-                                    "mlp",
-                                    "--kv-store",
-                                    "dist_sync",
-                                    "--data-dir",
-                                    mnist,
-                                    "--num-examples",
-                                    "38400",
-                                    "--num-epochs",
-                                    "1",
-                                    "--batch-size",
-                                    "64",
-                                    "--lr",
-                                    "0.1",
-                                    "--disp-batches",
-                                    "10",
-                                    "--num-threads",
-                                    "1",
-                                    "--seed",
-                                    "7",
-                                    "--model-prefix",
-                                    dir.Sub("model")};
+  ASSERT_TRUE(std::filesystem::exists(SharedDataDir() + "/mnist/train-images-idx3-ubyte.gz"));
+  auto options = [](const std::string& tag) {
+    return std::vector<std::string>{
+        "--restart-servers", "1", "--env", tag, "--env", "PSTRAIN_HEARTBEAT_TIMEOUT_MS=3000"};
   };
   TempDir calm;
-  LaunchRun undisturbed = RunLaunch(train(calm, "PROBE_JOB=calm"), calm.path(), 150000);
+  LaunchRun undisturbed =
+      RunLaunch(MnistTrainingJob(calm, 2, options("PROBE_JOB=calm")), calm.path(), 150000);
   ASSERT_EQ(undisturbed.exit_code(), 0) << undisturbed.output;
 
   TempDir dir;
   const std::string tag = StrCat("PROBE_JOB=recovery", getpid());
-  Launch launch(train(dir, tag), dir.path());
-  // Killed once both workers are well into the epoch (300 batches each).
-  ASSERT_TRUE(launch.PumpUntil(
-      [&] {
-        return ReadFile(dir.Sub("logs") + "/worker-1.log").find("Batch [30]") != std::string::npos;
-      },
-      120000))
-      << launch.output();
+  Launch launch(MnistTrainingJob(dir, 2, options(tag)), dir.path());
+  ASSERT_TRUE(WellIntoTheEpoch(launch, dir)) << launch.output();
   const int pid = FindJobProcess(tag, "server", 1);
   ASSERT_GT(pid, 0);
   ASSERT_EQ(kill(pid, SIGKILL), 0);
@@ -269,54 +270,14 @@ TEST_F(LocalLauncherTest, AServerKilledMidTrainingIsRestartedAndTheModelIsBitIde
 // --worker-loss continue: a training worker killed in the middle of an epoch
 // is reported, and the job finishes with the other one.
 TEST_F(LocalLauncherTest, AKilledWorkerIsLeftBehindWithWorkerLossContinue) {
-  const std::string mnist = SharedDataDir() + "/mnist";
-  ASSERT_TRUE(std::filesystem::exists(mnist + "/train-images-idx3-ubyte.gz")) << mnist;
+  ASSERT_TRUE(std::filesystem::exists(SharedDataDir() + "/mnist/train-images-idx3-ubyte.gz"));
   TempDir dir;
   const std::string tag = StrCat("PROBE_JOB=lost", getpid());
-  Launch launch({"-n",
-                 "2",
-                 "-s",
-                 "1",
-                 "--launcher",
-                 "local",
-                 "--log-dir",
-                 dir.Sub("logs"),
-                 "--timeout",
-                 "150",
-                 "--worker-loss",
-                 "continue",
-                 "--env",
-                 tag,
-                 "--env",
-                 "PSTRAIN_HEARTBEAT_TIMEOUT_MS=2000",
-                 "--",
-                 PstrainBinary(),
-                 "train",
-                 "--network",
-                 "mlp",
-                 "--kv-store",
-                 "dist_sync",
-                 "--data-dir",
-                 mnist,
-                 "--num-examples",
-                 "38400",
-                 "--num-epochs",
-                 "1",
-                 "--batch-size",
-                 "64",
-                 "--lr",
-                 "0.1",
-                 "--disp-batches",
-                 "10",
-                 "--num-threads",
-                 "1"},
+  Launch launch(MnistTrainingJob(dir, 1,
+                                 {"--worker-loss", "continue", "--env", tag, "--env",
+                                  "PSTRAIN_HEARTBEAT_TIMEOUT_MS=2000"}),
                 dir.path());
-  ASSERT_TRUE(launch.PumpUntil(
-      [&] {
-        return ReadFile(dir.Sub("logs") + "/worker-1.log").find("Batch [30]") != std::string::npos;
-      },
-      120000))
-      << launch.output();
+  ASSERT_TRUE(WellIntoTheEpoch(launch, dir)) << launch.output();
   const int pid = FindJobProcess(tag, "worker", 1);
   ASSERT_GT(pid, 0);
   ASSERT_EQ(kill(pid, SIGKILL), 0);

@@ -186,7 +186,8 @@ RecoveryResult RunRecoveryJob(const RecoverySpec& spec, const std::string& snaps
   return r;
 }
 
-class ServerRecoveryTest : public ::testing::TestWithParam<int64_t> {
+// Each test gets a snapshot folder of its own.
+class RecoveryDirTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = testing::MakeTempDir("recovery");
@@ -194,6 +195,25 @@ class ServerRecoveryTest : public ::testing::TestWithParam<int64_t> {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
   std::string dir_;
+};
+
+class ServerRecoveryTest : public RecoveryDirTest, public ::testing::WithParamInterface<int64_t> {};
+
+// Server rank 1 dies after step 3 and nobody replaces it: the job must end,
+// every worker with an error; returns the scheduler's verdict.
+class ServerRecoveryFailureTest : public RecoveryDirTest {
+ protected:
+  Status DeadServerNotReplaced(int restarts) {
+    RecoverySpec spec;
+    spec.kill_after_step = 3;
+    spec.replace = false;
+    spec.restarts = restarts;
+    spec.restart_timeout_ms = 1500;
+    RecoveryResult r = RunRecoveryJob(spec, dir_);
+    for (const Status& s : r.workers) EXPECT_FALSE(s.ok());
+    EXPECT_NE(r.scheduler.message().find("server rank 1"), std::string::npos) << r.scheduler;
+    return r.scheduler;
+  }
 };
 
 std::vector<float> Undisturbed(const RecoverySpec& base, const std::string& dir) {
@@ -247,32 +267,16 @@ INSTANTIATE_TEST_SUITE_P(Transports, ServerRecoveryTest, ::testing::Values(0, 32
                            return p.param == 0 ? std::string("tcp") : std::string("shm");
                          });
 
-TEST(ServerRecoveryFailureTest, NoReplacementInTimeEndsTheJobNamingTheServer) {
-  const std::string dir = testing::MakeTempDir("recovery");
-  RecoverySpec spec;
-  spec.kill_after_step = 3;
-  spec.replace = false;
-  spec.restart_timeout_ms = 1500;
-  RecoveryResult r = RunRecoveryJob(spec, dir);
-  EXPECT_FALSE(r.scheduler.ok());
-  EXPECT_NE(r.scheduler.message().find("server rank 1"), std::string::npos) << r.scheduler;
-  EXPECT_NE(r.scheduler.message().find("no replacement registered"), std::string::npos)
-      << r.scheduler;
-  for (const Status& s : r.workers) EXPECT_FALSE(s.ok());
-  std::filesystem::remove_all(dir);
+TEST_F(ServerRecoveryFailureTest, NoReplacementInTimeEndsTheJobNamingTheServer) {
+  const Status verdict = DeadServerNotReplaced(/*restarts=*/1);
+  EXPECT_FALSE(verdict.ok());
+  EXPECT_NE(verdict.message().find("no replacement registered"), std::string::npos) << verdict;
 }
 
-TEST(ServerRecoveryFailureTest, WithoutRestartsADeadServerEndsTheJob) {
-  const std::string dir = testing::MakeTempDir("recovery");
-  RecoverySpec spec;
-  spec.kill_after_step = 3;
-  spec.replace = false;
-  spec.restarts = 0;
-  RecoveryResult r = RunRecoveryJob(spec, dir);
-  EXPECT_FALSE(r.scheduler.ok());
-  EXPECT_NE(r.scheduler.message().find("server rank 1"), std::string::npos) << r.scheduler;
-  EXPECT_NE(r.scheduler.message().find("declared dead"), std::string::npos) << r.scheduler;
-  std::filesystem::remove_all(dir);
+TEST_F(ServerRecoveryFailureTest, WithoutRestartsADeadServerEndsTheJob) {
+  const Status verdict = DeadServerNotReplaced(/*restarts=*/0);
+  EXPECT_FALSE(verdict.ok());
+  EXPECT_NE(verdict.message().find("declared dead"), std::string::npos) << verdict;
 }
 
 // PSTRAIN_WORKER_LOSS=continue: a worker that dies silently is dropped; its
