@@ -38,17 +38,6 @@ BackendOptions Gpu() {
   return o;
 }
 
-// max |a - b| relative to max(1, max |b|).
-double RelMaxDiff(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.shape(), b.shape());
-  double diff = 0, mag = 1;
-  for (int64_t i = 0; i < a.num_elements(); ++i) {
-    diff = std::max(diff, static_cast<double>(std::fabs(a.at(i) - b.at(i))));
-    mag = std::max(mag, static_cast<double>(std::fabs(b.at(i))));
-  }
-  return diff / mag;
-}
-
 constexpr double kTol = 1e-4;
 
 class GpuOpTest : public ::testing::TestWithParam<int> {};

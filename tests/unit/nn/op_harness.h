@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -18,6 +19,17 @@
 #include "nn/tensor.h"
 
 namespace pstrain::testing {
+
+// max |a - b| relative to max(1, max |b|).
+inline double RelMaxDiff(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  double diff = 0, mag = 1;
+  for (int64_t i = 0; i < a.num_elements(); ++i) {
+    diff = std::max(diff, static_cast<double>(std::fabs(a.at(i) - b.at(i))));
+    mag = std::max(mag, static_cast<double>(std::fabs(b.at(i))));
+  }
+  return diff / mag;
+}
 
 inline void FillUniform(const Tensor& t, std::mt19937_64* rng, float lo, float hi) {
   std::uniform_real_distribution<float> d(lo, hi);
