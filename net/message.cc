@@ -46,30 +46,29 @@ std::string NodeIdName(int id) {
 
 Status ValidateFrames(const Message& msg) {
   const PsHeader& h = msg.header;
-  const std::string from =
-      StrCat("message from ", NodeIdName(h.sender()), " request ", h.request_id(), ": ");
+  // The message is built only for an error: this runs for every message.
+  auto bad = [&h](const auto&... parts) {
+    return Status::InvalidArgument(StrCat("message from ", NodeIdName(h.sender()), " request ",
+                                          h.request_id(), ": ", parts...));
+  };
   const uint64_t n = h.num_keys();
   if (n > (uint64_t{1} << 32)) {
-    return Status::InvalidArgument(StrCat(from, "num_keys ", n, " is absurd"));
+    return bad("num_keys ", n, " is absurd");
   }
   if (msg.keys.size() != n * sizeof(uint64_t)) {
-    return Status::InvalidArgument(StrCat(from, "keys frame has ", msg.keys.size(),
-                                          " bytes, expected ", n * sizeof(uint64_t),
-                                          " for num_keys=", n));
+    return bad("keys frame has ", msg.keys.size(), " bytes, expected ", n * sizeof(uint64_t),
+               " for num_keys=", n);
   }
   if (msg.lens.size() != n * sizeof(uint32_t)) {
-    return Status::InvalidArgument(StrCat(from, "lens frame has ", msg.lens.size(),
-                                          " bytes, expected ", n * sizeof(uint32_t)));
+    return bad("lens frame has ", msg.lens.size(), " bytes, expected ", n * sizeof(uint32_t));
   }
   if (msg.values.size() != h.num_value_frames()) {
-    return Status::InvalidArgument(StrCat(from, "has ", msg.values.size(),
-                                          " value frames, header says ", h.num_value_frames()));
+    return bad("has ", msg.values.size(), " value frames, header says ", h.num_value_frames());
   }
   uint64_t total = 0;
   for (const Blob& v : msg.values) total += v.size();
   if (total != h.value_bytes()) {
-    return Status::InvalidArgument(
-        StrCat(from, "value frames hold ", total, " bytes, header says ", h.value_bytes()));
+    return bad("value frames hold ", total, " bytes, header says ", h.value_bytes());
   }
   if (n == 0 || msg.values.empty()) return Status::Ok();
   // Parts must fill the value frames exactly, in order, none straddling two.
@@ -82,14 +81,12 @@ Status ValidateFrames(const Message& msg) {
       used = 0;
     }
     if (frame >= msg.values.size() || used + bytes > msg.values[frame].size()) {
-      return Status::InvalidArgument(StrCat(from, "part ", i, " (", msg.len(i),
-                                            " elements) does not fit in the value frames"));
+      return bad("part ", i, " (", msg.len(i), " elements) does not fit in the value frames");
     }
     used += bytes;
   }
   if (frame + 1 != msg.values.size() || used != msg.values[frame].size()) {
-    return Status::InvalidArgument(
-        StrCat(from, "value frames hold more bytes than the parts' lengths"));
+    return bad("value frames hold more bytes than the parts' lengths");
   }
   return Status::Ok();
 }

@@ -31,7 +31,8 @@ class Blob {
       : owner_(std::move(owner)), data_(static_cast<const char*>(data)), size_(size) {}
   // A Blob that owns a fresh copy of `size` bytes at `data`.
   static Blob Copy(const void* data, size_t size);
-  // A Blob owning a zero-filled writable buffer of `size` bytes; *writable points at it.
+  // A Blob owning an uninitialized writable buffer of `size` bytes (64-byte
+  // aligned); *writable points at it.
   static Blob Allocate(size_t size, char** writable);
 
   const char* data() const { return data_; }

@@ -469,7 +469,9 @@ void KVServer::HandleMessage(Message&& msg) {
     for (const Op& op : per_shard[s]) Submit(shard, op);
     MutexLock l(&shard->mu);
     shard->busy = false;
-    shard->cv.Signal();  // the shard thread may be waiting to look at its rounds
+    // The shard thread may have been asked to look at its rounds meanwhile;
+    // otherwise it has nothing to do (waking it for nothing costs a thread switch).
+    if (shard->check_rounds || shard->remove_lost) shard->cv.Signal();
   }
 }
 
