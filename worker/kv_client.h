@@ -3,8 +3,9 @@
 //
 // Every call takes a list of keys, each with its length in float32 elements;
 // values of all keys lie back to back in the caller's buffer, in key-list order.
-// A call becomes at most one message per server (zero-copy: the message frames
-// reference the caller's buffer) and returns a ticket at once; completion is
+// A call becomes at most one message per server (its frames reference the
+// caller's buffer, except that small arrays not adjacent there are gathered
+// into one copied frame) and returns a ticket at once; completion is
 // reported by Wait(ticket, deadline) or by the callback, never both needed.
 //
 // Ordering: requests touching a key reach its server in call order, so a pull
@@ -136,6 +137,11 @@ class KVClient {
   StatusOr<const std::vector<PartPlan>*> Parts(Key key, int64_t len) REQUIRES(mu_);
   // A request to `server` under `ticket` with its header filled in (id, sender, receiver).
   std::unique_ptr<Sub> NewSub(Ticket ticket, int server, int priority, PsCommand cmd) REQUIRES(mu_);
+  // The value frames of a message to `server` from the caller's runs (start,
+  // floats), in order: a run is referenced in place, consecutive small runs
+  // are gathered into one copied frame.
+  void AddValueFrames(int server, const std::vector<std::pair<const float*, uint64_t>>& runs,
+                      std::vector<Blob>* frames) REQUIRES(mu_);
   void Enqueue(std::unique_ptr<Sub> sub) REQUIRES(mu_);
   void Pump(int server) REQUIRES(mu_);
   // Marks one sub-request of `ticket` done; returns the callback to run, if any.

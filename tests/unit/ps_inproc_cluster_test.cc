@@ -162,6 +162,46 @@ TEST(InProcClusterTest, PushPullCarriesTheNewValueInOneRoundTrip) {
   });
 }
 
+// One call whose small arrays alternate between the two servers (their parts
+// are gathered into one value frame per server) around big ones (frames of
+// their own), every element distinct: each lands on its own key and place.
+TEST(InProcClusterTest, ScatteredSmallArraysOfOneCallKeepTheirPlaces) {
+  ExpectOkOverTcpAndSharedMemory(2, 2, [](KVClient& kv) -> Status {
+    const std::vector<KVClient::Key> keys = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+    const std::vector<int64_t> lens = {5, 7, 1000, 3, 20000, 9, 11, 64, 2, 1, 30000};
+    size_t n = 0;
+    for (int64_t l : lens) n += static_cast<size_t>(l);
+    std::vector<float> init(n), grad(n), got(n), pulled(n);
+    for (size_t j = 0; j < n; ++j) {
+      init[j] = static_cast<float>(j % 5);
+      grad[j] = static_cast<float>((kv.rank() + 1) * (j % 13 + 1));
+    }
+    RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 2.0f), Soon()));
+    RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, init.data()), Soon()));
+    RETURN_IF_ERROR(kv.Barrier(Soon()));
+    const int W = kv.num_workers();
+    for (int i = 1; i <= 3; ++i) {
+      // Rounds 1 and 3 push then pull, round 2 pushes and pulls in one call.
+      if (i == 2) {
+        RETURN_IF_ERROR(kv.Wait(kv.PushPull(keys, lens, grad.data(), got.data()), Soon()));
+      } else {
+        auto push = kv.Push(keys, lens, grad.data());
+        auto pull = kv.Pull(keys, lens, got.data());
+        RETURN_IF_ERROR(kv.Wait(push, Soon()));
+        RETURN_IF_ERROR(kv.Wait(pull, Soon()));
+      }
+      for (size_t j = 0; j < n; ++j) {
+        const float expect = init[j] + 2.0f * i * (j % 13 + 1) * (W * (W + 1) / 2);
+        if (got[j] != expect) {
+          return Status::Internal(
+              StrCat("round ", i, " element ", j, ": ", got[j], " != ", expect));
+        }
+      }
+    }
+    return Status::Ok();
+  });
+}
+
 TEST(InProcClusterTest, DistAsyncAppliesEveryPushExactlyOnce) {
   ExpectOkOverTcpAndSharedMemory(2, 3, [](KVClient& kv) -> Status {
     const std::vector<KVClient::Key> keys = {7, 8};
