@@ -126,6 +126,89 @@ Status ValidateDataRequest(const Message& msg, int server_rank) {
   return Status::Ok();
 }
 
+uint64_t EnvelopeBytes(const std::string& header, const Message& msg, bool inline_values) {
+  const bool data = msg.header.cmd() == CMD_DATA;
+  const uint64_t keys_at = QueuedKeysAt(header.size());
+  if (!data) return keys_at;
+  const uint64_t values_at = (keys_at + msg.keys.size() + msg.lens.size() + 7) / 8 * 8;
+  uint64_t values = 0;
+  if (inline_values) {
+    for (const Blob& v : msg.values) values += v.size();
+  }
+  return values_at + values;
+}
+
+void WriteEnvelope(const std::string& header, const Message& msg, bool inline_values, char* dst) {
+  const auto hlen = static_cast<uint32_t>(header.size());
+  std::memcpy(dst, &hlen, sizeof(hlen));
+  std::memcpy(dst + 4, header.data(), header.size());
+  const uint64_t keys_at = QueuedKeysAt(header.size());
+  std::memset(dst + 4 + hlen, 0, keys_at - 4 - hlen);  // padding: no stray bytes on the wire
+  if (msg.header.cmd() != CMD_DATA) return;
+  char* at = dst + keys_at;
+  std::memcpy(at, msg.keys.data(), msg.keys.size());
+  at += msg.keys.size();
+  std::memcpy(at, msg.lens.data(), msg.lens.size());
+  at += msg.lens.size();
+  const uint64_t values_at = (keys_at + msg.keys.size() + msg.lens.size() + 7) / 8 * 8;
+  std::memset(at, 0, dst + values_at - at);
+  if (!inline_values) return;
+  at = dst + values_at;
+  for (const Blob& v : msg.values) {
+    std::memcpy(at, v.data(), v.size());
+    at += v.size();
+  }
+}
+
+namespace {
+
+// The envelope's parts; `own`: the bytes are ours to keep (a ZeroMQ frame),
+// else copied out where the sender may still write (its arena).
+Decoded DecodeEnvelope(const Blob& env, bool own) {
+  Decoded d;
+  Message& msg = d.msg;
+  uint32_t hlen = 0;
+  if (env.size() >= sizeof(hlen)) std::memcpy(&hlen, env.data(), sizeof(hlen));
+  if (env.size() < 4 + uint64_t{hlen} || hlen > kMaxHeaderBytes ||
+      !msg.header.ParseFromArray(env.data() + 4, static_cast<int>(hlen))) {
+    d.error =
+        StrCat(own ? "packed" : "queued", " message of ", env.size(), " bytes has no PsHeader");
+    return d;
+  }
+  d.header_ok = true;
+  if (msg.header.cmd() != CMD_DATA) return d;
+  const PsHeader& h = msg.header;
+  const uint64_t keys_at = QueuedKeysAt(hlen);
+  const uint64_t n = h.num_keys();
+  const uint64_t values_at = (keys_at + n * 12 + 7) / 8 * 8;
+  const bool inline_values = h.shm_frame_offset_size() == 0 && h.num_value_frames() > 0;
+  const uint64_t values = inline_values ? h.value_bytes() : 0;
+  if (n > (env.size() >> 3) || values > env.size() ||
+      (inline_values && h.num_value_frames() != 1) || values_at + values != env.size()) {
+    d.error = StrCat(own ? "packed " : "queued ", env.size(), " bytes for ", n, " keys and ",
+                     values, " bytes of values");
+    return d;
+  }
+  if (own) {
+    msg.keys = env.Slice(keys_at, n * 8);
+    msg.lens = env.Slice(keys_at + n * 8, n * 4);
+  } else {
+    msg.keys = Blob::Copy(env.data() + keys_at, n * 8);
+    msg.lens = Blob::Copy(env.data() + keys_at + n * 8, n * 4);
+  }
+  if (inline_values) {
+    Blob v = env.Slice(values_at, values);
+    // Values are read as floats in place; copy the rare misaligned frame.
+    if (reinterpret_cast<uintptr_t>(v.data()) % alignof(float) != 0) {
+      v = Blob::Copy(v.data(), v.size());
+    }
+    msg.values.push_back(std::move(v));
+  }
+  return d;
+}
+
+}  // namespace
+
 Decoded DecodeFrames(const std::vector<Blob>& frames) {
   Decoded d;
   if (frames.size() > kMaxValueFrames + 4) {
@@ -136,8 +219,15 @@ Decoded DecodeFrames(const std::vector<Blob>& frames) {
     d.error = "no header frame";
     return d;
   }
-  Message& msg = d.msg;
   const Blob& header = frames[1];
+  if (frames.size() == 2 && header.size() >= sizeof(kPackedMagic) &&
+      std::memcmp(header.data(), kPackedMagic, sizeof(kPackedMagic)) == 0) {
+    d = DecodeEnvelope(header.Slice(sizeof(kPackedMagic), header.size() - sizeof(kPackedMagic)),
+                       /*own=*/true);
+    d.msg.route.assign(frames[0].data(), frames[0].size());
+    return d;
+  }
+  Message& msg = d.msg;
   if (header.size() > kMaxHeaderBytes ||
       !msg.header.ParseFromArray(header.data(), static_cast<int>(header.size()))) {
     d.error = StrCat("header frame of ", header.size(), " bytes is not a PsHeader");
@@ -170,34 +260,6 @@ Decoded DecodeFrames(const std::vector<Blob>& frames) {
   return d;
 }
 
-Decoded DecodeQueued(const Blob& env) {
-  Decoded d;
-  Message& msg = d.msg;
-  uint32_t hlen = 0;
-  if (env.size() >= sizeof(hlen)) std::memcpy(&hlen, env.data(), sizeof(hlen));
-  if (env.size() < 4 + uint64_t{hlen} || hlen > kMaxHeaderBytes ||
-      !msg.header.ParseFromArray(env.data() + 4, static_cast<int>(hlen))) {
-    d.error = StrCat("queued message of ", env.size(), " bytes has no PsHeader");
-    return d;
-  }
-  d.header_ok = true;
-  if (msg.header.cmd() != CMD_DATA) return d;
-  const PsHeader& h = msg.header;
-  const uint64_t keys_at = QueuedKeysAt(hlen);
-  const uint64_t n = h.num_keys();
-  const uint64_t values_at = (keys_at + n * 12 + 7) / 8 * 8;
-  const bool inline_values = h.shm_frame_offset_size() == 0 && h.num_value_frames() > 0;
-  const uint64_t values = inline_values ? h.value_bytes() : 0;
-  if (n > (env.size() >> 3) || values > env.size() ||
-      (inline_values && h.num_value_frames() != 1) || values_at + values != env.size()) {
-    d.error =
-        StrCat("queued ", env.size(), " bytes for ", n, " keys and ", values, " bytes of values");
-    return d;
-  }
-  msg.keys = Blob::Copy(env.data() + keys_at, n * 8);
-  msg.lens = Blob::Copy(env.data() + keys_at + n * 8, n * 4);
-  if (inline_values) msg.values.push_back(env.Slice(values_at, values));
-  return d;
-}
+Decoded DecodeQueued(const Blob& env) { return DecodeEnvelope(env, /*own=*/false); }
 
 }  // namespace pstrain

@@ -79,6 +79,18 @@ inline constexpr size_t kMaxHeaderBytes = 1 << 20;
 // the envelope is uint32 header bytes, the header, padding to 8, keys, lens,
 // (padding to 8, inline values).
 inline uint64_t QueuedKeysAt(uint64_t hlen) { return (4 + hlen + 7) / 8 * 8; }
+// The envelope of `msg` with the serialized header `header` (whose
+// num_value_frames is 1 when `inline_values`): its size, and writing it to
+// `dst` (8-byte aligned, EnvelopeBytes long). Data messages carry keys and
+// lens, and with `inline_values` every value frame, back to back.
+uint64_t EnvelopeBytes(const std::string& header, const Message& msg, bool inline_values);
+void WriteEnvelope(const std::string& header, const Message& msg, bool inline_values, char* dst);
+
+// A small data message crosses ZeroMQ as one frame, not four (each frame
+// costs more than copying a few KB): these 8 bytes, then its envelope with
+// the values inline. No serialized PsHeader starts with a 0 byte (a field
+// number is never 0), so a receiver tells the two apart by the first byte.
+inline constexpr char kPackedMagic[8] = {'\0', 'p', 's', 'p', 'a', 'c', 'k', '1'};
 
 // A received message as far as it could be read: `error` empty when it is
 // well formed as far as these checks go (the data frames' agreement with the
@@ -90,8 +102,9 @@ struct Decoded {
   std::string error;
 };
 // ZeroMQ: frames[0] the sender's routing id, frames[1] the header, then (data
-// messages) keys, lens and the value frames. Copies a misaligned value frame
-// (floats are read in place).
+// messages) keys, lens and the value frames; or frames[1] a packed message
+// (kPackedMagic, then its envelope). Copies misaligned values (floats are
+// read in place).
 Decoded DecodeFrames(const std::vector<Blob>& frames);
 // A shared-memory queue entry (one ring block): the header and, for data
 // messages, keys and lens (copied: the sender can still write its arena) and

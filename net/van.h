@@ -165,6 +165,9 @@ class Van {
   // REQUIRES: peer.mu held.
   bool SendThroughQueue(int id, Peer& peer, const std::string& header, const Message& msg,
                         bool inline_values);
+  // A message to `id` could not be sent: takes back its number and the arena
+  // blocks `placed` lists (null: none). REQUIRES: peer.mu held.
+  Status SendFailed(int id, Peer& peer, bool ordered, const PsHeader* placed);
   // Receive thread: messages `peer` queued for node `me`; true if any.
   bool DrainQueue(int peer, const std::shared_ptr<ShmMapping>& mapping, int me);
   void Finish(Message&& msg);

@@ -1,7 +1,7 @@
 // Messages as a node receives them, on either transport: decoding
-// (DecodeFrames for ZeroMQ frames, DecodeQueued for a shared-memory queue
-// entry), the frames' agreement with the header, and a server's validation
-// of a data request. Nothing may crash, read out of bounds or loop.
+// (DecodeFrames for ZeroMQ frames, ordinary or one packed frame;
+// DecodeQueued for a shared-memory queue entry), the frames' agreement with the header, and a
+// server's validation of a data request. Nothing may crash, read out of bounds or loop.
 #include <cstdint>
 
 #include "net/message.h"

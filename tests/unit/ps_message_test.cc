@@ -2,6 +2,9 @@
 // against the receiving server.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <vector>
+
 #include "net/message.h"
 
 namespace pstrain {
@@ -122,6 +125,95 @@ TEST(MessageTest, BadRequestsAreRejected) {
   push_without.header.set_num_value_frames(0);
   push_without.header.set_value_bytes(0);
   EXPECT_FALSE(ValidateDataRequest(push_without, 0).ok());
+}
+
+// A packed frame as the Van sends a small data message: the magic, then the
+// envelope with the values inline in one frame.
+Blob Packed(const Message& m) {
+  PsHeader h = m.header;
+  const bool inline_values = !m.values.empty();
+  if (inline_values) h.set_num_value_frames(1);
+  const std::string header = h.SerializeAsString();
+  const uint64_t bytes = EnvelopeBytes(header, m, inline_values);
+  char* dst = nullptr;
+  Blob b = Blob::Allocate(sizeof(kPackedMagic) + bytes, &dst);
+  std::memcpy(dst, kPackedMagic, sizeof(kPackedMagic));
+  WriteEnvelope(header, m, inline_values, dst + sizeof(kPackedMagic));
+  return b;
+}
+
+std::vector<float> Floats(const std::vector<Blob>& frames) {
+  std::vector<float> out;
+  for (const Blob& b : frames) {
+    const auto* f = reinterpret_cast<const float*>(b.data());
+    out.insert(out.end(), f, f + b.size() / 4);
+  }
+  return out;
+}
+
+TEST(MessageTest, PackedFrameCarriesTheSameMessage) {
+  Message m = MakePush(1, {3, 5, 7}, 3);  // three value frames become one
+  float* v = const_cast<float*>(reinterpret_cast<const float*>(m.values[1].data()));
+  v[2] = 42.0f;
+  const Blob route = Blob::Copy("n0123", 5);
+  Decoded d = DecodeFrames({route, Packed(m)});
+  ASSERT_TRUE(d.error.empty()) << d.error;
+  EXPECT_EQ(d.msg.route, "n0123");
+  EXPECT_EQ(d.msg.header.num_keys(), 3u);
+  EXPECT_EQ(d.msg.header.num_value_frames(), 1u);
+  ASSERT_EQ(d.msg.keys.size(), m.keys.size());
+  EXPECT_EQ(std::memcmp(d.msg.keys.data(), m.keys.data(), m.keys.size()), 0);
+  ASSERT_EQ(d.msg.lens.size(), m.lens.size());
+  EXPECT_EQ(std::memcmp(d.msg.lens.data(), m.lens.data(), m.lens.size()), 0);
+  EXPECT_EQ(Floats(d.msg.values), Floats(m.values));
+  EXPECT_TRUE(ValidateFrames(d.msg).ok()) << ValidateFrames(d.msg);
+  EXPECT_TRUE(ValidateDataRequest(d.msg, 1).ok());
+
+  // A pull (no values) and a control message pack as well.
+  Message pull = MakePush(1, {4, 4});
+  pull.header.set_push(false);
+  pull.header.set_pull(true);
+  pull.header.set_num_value_frames(0);
+  pull.header.set_value_bytes(0);
+  pull.values.clear();
+  Decoded p = DecodeFrames({route, Packed(pull)});
+  ASSERT_TRUE(p.error.empty()) << p.error;
+  EXPECT_TRUE(p.msg.values.empty());
+  EXPECT_TRUE(ValidateFrames(p.msg).ok());
+  Message beat;
+  beat.header.set_version(PROTOCOL_VERSION_CURRENT);
+  beat.header.set_cmd(CMD_HEARTBEAT);
+  Decoded b = DecodeFrames({route, Packed(beat)});
+  ASSERT_TRUE(b.error.empty()) << b.error;
+  EXPECT_EQ(b.msg.header.cmd(), CMD_HEARTBEAT);
+}
+
+TEST(MessageTest, MalformedPackedFramesAreRejected) {
+  const Blob route = Blob::Copy("n0123", 5);
+  const Blob good = Packed(MakePush(1, {3, 5}));
+  ASSERT_TRUE(DecodeFrames({route, good}).error.empty());
+  auto decode = [&](const Blob& frame) { return DecodeFrames({route, frame}); };
+  // Cut short anywhere: in the magic, the header length, the header, the
+  // keys or the values.
+  for (size_t cut : {size_t{3}, size_t{8}, size_t{10}, size_t{20}, good.size() - 4}) {
+    Decoded d = decode(good.Slice(0, cut));
+    EXPECT_FALSE(d.error.empty()) << "cut at " << cut;
+  }
+  // A header length past the frame's end.
+  std::string bytes(good.data(), good.size());
+  const uint32_t huge = 1u << 30;
+  std::memcpy(&bytes[sizeof(kPackedMagic)], &huge, 4);
+  Decoded d = decode(Blob::Copy(bytes.data(), bytes.size()));
+  EXPECT_NE(d.error.find("packed message of"), std::string::npos) << d.error;
+  // Trailing bytes after the values.
+  std::string longer(good.data(), good.size());
+  longer += std::string(8, '\0');
+  d = decode(Blob::Copy(longer.data(), longer.size()));
+  EXPECT_NE(d.error.find("packed "), std::string::npos) << d.error;
+  // A packed frame followed by more frames is an ordinary message whose
+  // header frame is not a PsHeader.
+  Decoded extra = DecodeFrames({route, good, good});
+  EXPECT_FALSE(extra.error.empty());
 }
 
 TEST(MessageTest, BlobSliceSharesOwnership) {
