@@ -69,6 +69,9 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Create(const ClusterOptions&
   ASSIGN_OR_RETURN(node->van_, Van::Create(vo, [raw](Message&& m) { raw->Handle(std::move(m)); }));
   node->port_ = node->van_->port();
   node->arena_ = node->van_->arena();
+  node->van_->SetBurstEnd([raw] {
+    if (raw->burst_end_) raw->burst_end_();
+  });
   node->van_->StartReceiving();
   RETURN_IF_ERROR(node->van_->Connect(kSchedulerId, options.root_host, options.root_port)
                       .WithContext(StrCat(RoleName(options.role), " ", node->host_, ":",
@@ -95,11 +98,20 @@ Status ClusterNode::Send(int id, const Message& msg) {
   return van_->Send(id, msg);
 }
 
+Status ClusterNode::SendBatch(int id, const std::vector<const Message*>& msgs, size_t* sent) {
+  if (sent != nullptr) *sent = 0;
+  if (van_ == nullptr) return Status::Cancelled("node stopped");
+  return van_->SendBatch(id, msgs, sent);
+}
+
 int64_t ClusterNode::shm_messages() const {
   return van_ != nullptr ? van_->shm_sent() + van_->shm_queued() : 0;
 }
 
 void ClusterNode::SetMessageHandler(MessageHandler handler) { handler_ = std::move(handler); }
+void ClusterNode::SetBurstEndHandler(std::function<void()> handler) {
+  burst_end_ = std::move(handler);
+}
 void ClusterNode::AddFailureListener(FailureListener l) {
   failure_listeners_.push_back(std::move(l));
 }

@@ -99,6 +99,9 @@ class ClusterNode {
   // at a time: on the receive thread, or (those that came before the node
   // table) on the thread in Start().
   void SetMessageHandler(MessageHandler handler);
+  // Install before Start(): runs on the receive thread after each pass of
+  // messages it handed on (Van::SetBurstEnd).
+  void SetBurstEndHandler(std::function<void()> handler);
   void AddFailureListener(FailureListener listener);
   // Runs on the heartbeat thread about every heartbeat interval (at most 1 s).
   void AddTickListener(TickListener listener);
@@ -128,6 +131,8 @@ class ClusterNode {
   void Stop();
 
   Status Send(int id, const Message& msg);
+  // Van::SendBatch.
+  Status SendBatch(int id, const std::vector<const Message*>& msgs, size_t* sent = nullptr);
   // Buffers for values this node sends, in its shared-memory arena when it has
   // room (co-located peers then get them without a copy; see
   // net/shm_arena.h), else on the heap. Contents undefined. A stored buffer
@@ -180,6 +185,7 @@ class ClusterNode {
   int port_ = 0;
   std::string host_;  // advertised
   MessageHandler handler_;
+  std::function<void()> burst_end_;
   std::vector<FailureListener> failure_listeners_;
   std::vector<TickListener> tick_listeners_;
   std::vector<ReplacedListener> replaced_listeners_;

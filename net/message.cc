@@ -260,6 +260,48 @@ Decoded DecodeFrames(const std::vector<Blob>& frames) {
   return d;
 }
 
+bool IsBatch(const std::vector<Blob>& frames) {
+  return frames.size() == 2 && frames[1].size() >= sizeof(kBatchMagic) &&
+         std::memcmp(frames[1].data(), kBatchMagic, sizeof(kBatchMagic)) == 0;
+}
+
+std::vector<Decoded> DecodeBatch(const std::vector<Blob>& frames) {
+  std::vector<Decoded> out;
+  const Blob& frame = frames[1];
+  const std::string route(frames[0].data(), frames[0].size());
+  uint32_t count = 0;
+  if (frame.size() >= 16) std::memcpy(&count, frame.data() + 8, sizeof(count));
+  if (frame.size() < 16 || count == 0 || count > kMaxBatch) {
+    out.emplace_back();
+    out.back().error = StrCat("batch frame of ", frame.size(), " bytes says it holds ", count,
+                              " messages (1 to ", kMaxBatch, ")");
+    return out;
+  }
+  out.reserve(count);
+  uint64_t at = 16;
+  for (uint32_t i = 0; i < count; ++i) {
+    uint64_t bytes = 0;
+    if (frame.size() - at >= 8) std::memcpy(&bytes, frame.data() + at, sizeof(bytes));
+    if (frame.size() - at < 8 || bytes > frame.size() - at - 8 ||
+        (bytes + 7) / 8 * 8 > frame.size() - at - 8) {
+      out.emplace_back();
+      out.back().error = StrCat("message ", i, " of a batch of ", count, " overruns its ",
+                                frame.size(), "-byte frame at byte ", at);
+      return out;
+    }
+    out.push_back(DecodeEnvelope(frame.Slice(at + 8, bytes), /*own=*/true));
+    out.back().msg.route = route;
+    if (!out.back().error.empty()) return out;
+    at += 8 + (bytes + 7) / 8 * 8;
+  }
+  if (at != frame.size()) {
+    out.emplace_back();
+    out.back().error =
+        StrCat("batch frame has ", frame.size() - at, " bytes after its ", count, " messages");
+  }
+  return out;
+}
+
 Decoded DecodeQueued(const Blob& env) { return DecodeEnvelope(env, /*own=*/false); }
 
 }  // namespace pstrain

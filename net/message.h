@@ -91,6 +91,14 @@ void WriteEnvelope(const std::string& header, const Message& msg, bool inline_va
 // the values inline. No serialized PsHeader starts with a 0 byte (a field
 // number is never 0), so a receiver tells the two apart by the first byte.
 inline constexpr char kPackedMagic[8] = {'\0', 'p', 's', 'p', 'a', 'c', 'k', '1'};
+// Several small data messages to one peer cross ZeroMQ as one frame (a
+// sender's burst of requests, a server's replies to them): these 8 bytes,
+// uint32 count, uint32 0, then per message uint64 envelope bytes and the
+// envelope (values inline), padded to 8.
+inline constexpr char kBatchMagic[8] = {'\0', 'p', 's', 'b', 'a', 't', 'c', 'h'};
+inline constexpr uint32_t kMaxBatch = 4096;
+// Whether received ZeroMQ frames (routing id first) are one batch frame.
+bool IsBatch(const std::vector<Blob>& frames);
 
 // A received message as far as it could be read: `error` empty when it is
 // well formed as far as these checks go (the data frames' agreement with the
@@ -106,6 +114,10 @@ struct Decoded {
 // (kPackedMagic, then its envelope). Copies misaligned values (floats are
 // read in place).
 Decoded DecodeFrames(const std::vector<Blob>& frames);
+// A batch frame's messages in order. A malformed frame gives one Decoded
+// with the error; a malformed envelope inside gives its error in its place,
+// and none after it is read (their bounds are not trusted).
+std::vector<Decoded> DecodeBatch(const std::vector<Blob>& frames);
 // A shared-memory queue entry (one ring block): the header and, for data
 // messages, keys and lens (copied: the sender can still write its arena) and
 // the values inline or named by offsets in the sender's arena.

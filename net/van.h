@@ -95,6 +95,10 @@ class Van {
   // its handler never sees a half-built owner (a node queued to a bound port
   // delivers at once).
   static StatusOr<std::unique_ptr<Van>> Create(const VanOptions& options, Handler handler);
+  // Called on the receive thread after each pass that handed messages on,
+  // before it looks for more (a handler may gather its answers until then).
+  // Set before StartReceiving.
+  void SetBurstEnd(std::function<void()> burst_end) { burst_end_ = std::move(burst_end); }
   // Starts the receive thread. Call once.
   void StartReceiving();
   // Stops the receive thread and closes every socket; queued sends are dropped.
@@ -140,6 +144,14 @@ class Van {
   // the send blocks past send_timeout_ms. Value Blobs are kept alive until
   // ZeroMQ releases them.
   Status Send(int id, const Message& msg);
+  // Sends `msgs` to node `id` in their order, stopping at the first error;
+  // `*sent` (optional) says how many went. Over TCP, consecutive small data
+  // messages (IsBatchable) go as one ZeroMQ frame (kBatchMagic); to a peer
+  // that shares memory with this node each goes as Send sends it.
+  Status SendBatch(int id, const std::vector<const Message*>& msgs, size_t* sent = nullptr);
+  // Whether `msg` may go in a batch: a data message whose keys, lens and
+  // values fit in kPackBytes.
+  static bool IsBatchable(const Message& msg);
 
   // Messages dropped as malformed so far (for tests).
   int64_t dropped() const { return dropped_.load(); }
@@ -168,6 +180,10 @@ class Van {
   // A message to `id` could not be sent: takes back its number and the arena
   // blocks `placed` lists (null: none). REQUIRES: peer.mu held.
   Status SendFailed(int id, Peer& peer, bool ordered, const PsHeader* placed);
+  std::shared_ptr<Peer> FindPeer(int id) EXCLUDES(mu_);
+  // msgs[begin, end) as one batch frame. EXCLUDES: peer.mu.
+  Status SendFrameOf(int id, Peer& peer, const std::vector<const Message*>& msgs, size_t begin,
+                     size_t end);
   // Receive thread: messages `peer` queued for node `me`; true if any.
   bool DrainQueue(int peer, const std::shared_ptr<ShmMapping>& mapping, int me);
   void Finish(Message&& msg);
@@ -185,6 +201,7 @@ class Van {
 
   VanOptions options_;
   Handler handler_;
+  std::function<void()> burst_end_;
   void* context_ = nullptr;
   void* router_ = nullptr;
   int port_ = 0;

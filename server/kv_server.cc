@@ -118,6 +118,7 @@ KVServer::KVServer(ClusterNode* node, const KVServerOptions& options)
   for (int w = 0; w < node->num_workers(); ++w) lost_[w] = false;
   node_->AddLostListener([this](int id) { HandleWorkerLost(id); });
   node_->SetMessageHandler([this](Message&& m) { HandleMessage(std::move(m)); });
+  node_->SetBurstEndHandler([this] { SendHeldReplies(); });
   node_->AddTickListener([this] { RequestRoundCheck(); });
 }
 
@@ -290,7 +291,37 @@ void KVServer::ReplyError(const PsHeader& request, const Status& error) {
   h.set_is_reply(true);
   h.set_error_code(static_cast<int>(error.code()));
   h.set_error_message(StrCat(node_->Self(), ": ", error.message()));
-  (void)node_->Send(request.sender(), reply);
+  Answer(request.sender(), std::move(reply));
+}
+
+void KVServer::Answer(int worker, Message&& reply) {
+  if (std::this_thread::get_id() == burst_thread_.load(std::memory_order_relaxed)) {
+    held_replies_.emplace_back(worker, std::move(reply));
+    return;
+  }
+  Status s = node_->Send(worker, reply);
+  if (!s.ok()) LOG(WARNING) << node_->Self() << ": " << s;
+}
+
+void KVServer::SendHeldReplies() {
+  burst_thread_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+  if (held_replies_.empty()) return;
+  std::vector<std::pair<int, Message>> held;
+  held.swap(held_replies_);
+  std::vector<bool> done(held.size(), false);
+  std::vector<const Message*> batch;
+  for (size_t i = 0; i < held.size(); ++i) {
+    if (done[i]) continue;
+    const int worker = held[i].first;
+    batch.clear();
+    for (size_t j = i; j < held.size(); ++j) {
+      if (held[j].first != worker) continue;
+      batch.push_back(&held[j].second);
+      done[j] = true;
+    }
+    Status s = node_->SendBatch(worker, batch);
+    if (!s.ok()) LOG(WARNING) << node_->Self() << ": " << s;
+  }
 }
 
 void KVServer::HandleConfig(const Message& msg) {
@@ -363,7 +394,7 @@ void KVServer::HandleConfig(const Message& msg) {
   reply.header.set_sender(node_->id());
   reply.header.set_request_id(msg.header.request_id());
   reply.header.set_is_reply(true);
-  (void)node_->Send(msg.header.sender(), reply);
+  Answer(msg.header.sender(), std::move(reply));
 }
 
 void KVServer::HandleMessage(Message&& msg) {
@@ -820,8 +851,7 @@ void KVServer::SendReply(Request* r) {
     h.set_value_bytes(r->reply_bytes);
     for (const Request::Slot& slot : r->slots) reply.values.push_back(slot.blob);
   }
-  Status s = node_->Send(r->msg.header.sender(), reply);
-  if (!s.ok()) LOG(WARNING) << node_->Self() << ": " << s;
+  Answer(r->msg.header.sender(), std::move(reply));
   ++served_;
 }
 

@@ -8,7 +8,9 @@
 // ever touched by two threads, and it sees each worker's requests for a key in
 // the order the worker sent them. A request is answered once all its keys are
 // done; the reply of a pull is assembled by the shards in one buffer and sent
-// without a further copy.
+// without a further copy. Replies made on the receive thread wait for the end
+// of the burst of requests it is handling and leave together (one message per
+// worker over TCP where they are small).
 //
 // dist_sync: a push is held until every worker has pushed that key, then the
 // optimizer runs once on the sum and all held pushes are answered. A pull or a
@@ -103,12 +105,21 @@ class KVServer {
   // out = grads[0] + ... + grads[k-1] (n elements each, summed in that order).
   static void SumInto(const float* const* grads, size_t k, float* out, size_t n);
   void SendReply(Request* r);
+  // Sends `reply` to `worker`, or on the receive thread holds it until the
+  // end of the burst of messages it is handling (SendHeldReplies sends what
+  // each worker is owed in one batch where it can).
+  void Answer(int worker, Message&& reply);
+  void SendHeldReplies();
   std::shared_ptr<const ServerConfig> config() const;
   std::shared_ptr<Optimizer> optimizer() const;
 
   ClusterNode* node_;
   KVServerOptions options_;
   std::vector<std::unique_ptr<Shard>> shards_;
+  // The receive thread (known once it ended a burst), and the replies it
+  // made in the current one (touched by it alone).
+  std::atomic<std::thread::id> burst_thread_{};
+  std::vector<std::pair<int, Message>> held_replies_;
   std::vector<std::thread> threads_;
   std::atomic<int64_t> served_{0};
 

@@ -100,6 +100,7 @@ KVClient::Ticket KVClient::Issue(Kind kind, const std::vector<Key>& keys,
                                  const std::vector<int64_t>& lens, const float* vals, float* out,
                                  int priority, Callback cb) {
   Ticket ticket;
+  bool flush_here = false;  // else the sender thread sends what was queued
   {
     MutexLock l(&mu_);
     ticket = next_ticket_++;
@@ -220,9 +221,32 @@ KVClient::Ticket KVClient::Issue(Kind kind, const std::vector<Key>& keys,
         }
       }
     }
+    for (size_t s = 0; s < outbox_.size() && !flush_here; ++s) {
+      if (outbox_[s].empty() || flushing_[s] || paused_[s]) continue;
+      if (Deferrable(static_cast<int>(s))) {
+        WakeSender();
+      } else {
+        flush_here = true;
+      }
+    }
   }
-  FlushAndRunCallbacks(/*may_block=*/true);
+  if (flush_here) Flush();
+  RunCallbacks();
   return ticket;
+}
+
+bool KVClient::Deferrable(int server) {
+  const auto& out = outbox_[server];
+  // Replies are still to come (the connection is busy) and the newest message
+  // may join a batch (earlier ones were judged when they came).
+  return inflight_count_[server] > static_cast<int>(out.size()) &&
+         Van::IsBatchable(out.back().second) && !node_->SharesMemoryWith(ServerId(server));
+}
+
+void KVClient::WakeSender() {
+  if (sender_wanted_) return;
+  sender_wanted_ = true;
+  sender_cv_.Signal();
 }
 
 KVClient::Ticket KVClient::Init(const std::vector<Key>& keys, const std::vector<int64_t>& lens,
@@ -314,28 +338,41 @@ void KVClient::Flush() {
     if (flushing_[s] || paused_[s] || outbox_[s].empty()) continue;
     flushing_[s] = true;
     while (!outbox_[s].empty()) {
-      auto [id, msg] = std::move(outbox_[s].front());
-      outbox_[s].pop_front();
-      Status sent;
+      std::deque<std::pair<uint64_t, Message>> out;
+      out.swap(outbox_[s]);
+      std::vector<std::pair<uint64_t, Status>> failed;  // request, why
       {
         // Unlocked: a send may block (a full connection) for up to the
         // send timeout, and replies must get through meanwhile.
         mu_.Unlock();
-        sent = node_->Send(ServerId(static_cast<int>(s)), msg);
+        failed = SendInOrder(static_cast<int>(s), out);
         mu_.Lock();
       }
-      if (sent.ok()) continue;
-      auto it = inflight_.find(id);
-      if (it == inflight_.end()) continue;  // the job failed meanwhile
-      const Ticket ticket = it->second->ticket;
-      inflight_.erase(it);
-      --inflight_count_[s];
-      if (Callback c = FinishSub(ticket, sent)) to_run_.emplace_back(std::move(c), sent);
-      Pump(static_cast<int>(s));
+      for (const auto& [id, why] : failed) {
+        auto it = inflight_.find(id);
+        if (it == inflight_.end()) continue;  // the job failed meanwhile
+        const Ticket ticket = it->second->ticket;
+        inflight_.erase(it);
+        --inflight_count_[s];
+        if (Callback c = FinishSub(ticket, why)) to_run_.emplace_back(std::move(c), why);
+      }
+      if (!failed.empty()) Pump(static_cast<int>(s));
     }
     flushing_[s] = false;
     if (paused_[s]) flushed_cv_.SignalAll();  // ServerReplaced waits for this
   }
+}
+
+std::vector<std::pair<uint64_t, Status>> KVClient::SendInOrder(
+    int server, const std::deque<std::pair<uint64_t, Message>>& out) {
+  std::vector<const Message*> msgs;
+  msgs.reserve(out.size());
+  for (const auto& [id, msg] : out) msgs.push_back(&msg);
+  size_t sent = 0;
+  const Status st = node_->SendBatch(ServerId(server), msgs, &sent);
+  std::vector<std::pair<uint64_t, Status>> failed;
+  for (size_t i = sent; !st.ok() && i < out.size(); ++i) failed.emplace_back(out[i].first, st);
+  return failed;
 }
 
 void KVClient::FlushAndRunCallbacks(bool may_block) {
@@ -344,9 +381,8 @@ void KVClient::FlushAndRunCallbacks(bool may_block) {
   } else {
     MutexLock l(&mu_);
     for (size_t s = 0; s < outbox_.size(); ++s) {
-      if (!flushing_[s] && !paused_[s] && !outbox_[s].empty()) sender_wanted_ = true;
+      if (!flushing_[s] && !paused_[s] && !outbox_[s].empty()) WakeSender();
     }
-    if (sender_wanted_) sender_cv_.Signal();
   }
   RunCallbacks();
 }

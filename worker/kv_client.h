@@ -38,6 +38,12 @@
 // a per-server outbox under the lock and sent, in order, after it is released
 // by the calling thread, or by the sender thread when the request was let
 // out of the queue by a reply (the receive thread never sends).
+//
+// Batching: a small request to a server reached over TCP that still owes
+// replies is left to the sender thread, which sends everything queued for
+// that server meanwhile as one message (Van::SendBatch); a burst of small
+// calls thus costs a few messages, not one each, and an idle connection
+// still gets a request at once from the calling thread.
 #ifndef PSTRAIN_WORKER_KV_CLIENT_H_
 #define PSTRAIN_WORKER_KV_CLIENT_H_
 
@@ -151,6 +157,15 @@ class KVClient {
   // Sends what the outboxes hold, each server's in order, no lock held while
   // sending; a server another thread is flushing is left to that thread.
   void Flush() EXCLUDES(mu_);
+  // Sends `out` (request id, message) to `server` in order, consecutive small
+  // messages as one batch; returns the requests whose send failed. No lock held.
+  std::vector<std::pair<uint64_t, Status>> SendInOrder(
+      int server, const std::deque<std::pair<uint64_t, Message>>& out) EXCLUDES(mu_);
+  // Whether what `server`'s outbox holds may wait for the sender thread, to
+  // leave in one batch with what follows: small messages to a busy TCP
+  // connection (a reply is due), where a batch saves more than the hand-off costs.
+  bool Deferrable(int server) REQUIRES(mu_);
+  void WakeSender() REQUIRES(mu_);
   // Flush() now on the calling thread, or (on the receive thread) by the
   // sender thread; then the callbacks.
   void FlushAndRunCallbacks(bool may_block) EXCLUDES(mu_);

@@ -1,5 +1,5 @@
 // Messages as a node receives them, on either transport: decoding
-// (DecodeFrames for ZeroMQ frames, ordinary or one packed frame;
+// (DecodeFrames for ZeroMQ frames, ordinary or one packed frame; DecodeBatch for a batch;
 // DecodeQueued for a shared-memory queue entry), the frames' agreement with the header, and a
 // server's validation of a data request. Nothing may crash, read out of bounds or loop.
 #include <cstdint>
@@ -19,6 +19,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::vector<Blob> frames;
     for (std::string_view part : fuzz::SplitParts(data + 1, size - 1)) {
       frames.push_back(Blob::Copy(part.data(), part.size()));
+    }
+    if (IsBatch(frames)) {
+      for (const Decoded& one : DecodeBatch(frames)) {
+        if (one.error.empty() && one.msg.header.cmd() == CMD_DATA && ValidateFrames(one.msg).ok()) {
+          for (int rank : {0, 1, 7}) (void)ValidateDataRequest(one.msg, rank);
+        }
+      }
+      return 0;
     }
     d = DecodeFrames(frames);
   }

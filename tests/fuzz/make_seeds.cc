@@ -95,6 +95,20 @@ void WireSeeds(const fs::path& dir) {
     packed += Part(NodeRoute(0x0123456789abcdef)) +
               Part(std::string(kPackedMagic, sizeof(kPackedMagic)) + env);
     seed(packed);
+    // Two of it in one batch frame: magic, count, 0, then per message its
+    // envelope's bytes and the envelope padded to 8.
+    std::string batch(kBatchMagic, sizeof(kBatchMagic));
+    const uint32_t two[2] = {2, 0};
+    batch.append(reinterpret_cast<const char*>(two), 8);
+    for (int i = 0; i < 2; ++i) {
+      const uint64_t bytes = env.size();
+      batch.append(reinterpret_cast<const char*>(&bytes), 8);
+      batch += env;
+      batch.resize((batch.size() + 7) / 8 * 8, '\0');
+    }
+    std::string batched(1, '\0');
+    batched += Part(NodeRoute(0x0123456789abcdef)) + Part(batch);
+    seed(batched);
   }
   // A control message: registration.
   PsHeader reg;

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -668,6 +669,66 @@ TEST(InProcClusterTest, AnotherProtocolVersionIsRefusedByName) {
   EXPECT_FALSE(result.ok());
   EXPECT_NE(result.message().find("speaks protocol version 7, the scheduler 1"), std::string::npos)
       << result;
+}
+
+// Small data messages leave as one batch frame, a big one between them on
+// its own: all arrive, in order, with their values.
+TEST(VanTest, ABatchArrivesAsItsMessagesInOrder) {
+  std::mutex mu;
+  std::vector<Message> got;
+  VanOptions vo;
+  vo.bind_host = "127.0.0.1";
+  auto receiver = Van::Create(vo, [&](Message&& m) {
+    std::lock_guard<std::mutex> l(mu);
+    got.push_back(std::move(m));
+  });
+  ASSERT_OK(receiver.status());
+  (*receiver)->StartReceiving();
+  auto sender = Van::Create(vo, [](Message&&) {});
+  ASSERT_OK(sender.status());
+  ASSERT_OK((*sender)->Connect(ServerId(0), "127.0.0.1", (*receiver)->port()));
+  const std::vector<uint32_t> lens = {3, 5, 7, 30000, 1, 2};
+  std::vector<Message> msgs(lens.size());
+  std::vector<const Message*> ptrs;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    Message& m = msgs[i];
+    m.header.set_version(PROTOCOL_VERSION_CURRENT);
+    m.header.set_cmd(CMD_DATA);
+    m.header.set_sender(WorkerId(0));
+    m.header.set_request_id(i);
+    m.header.set_push(true);
+    m.header.set_dtype(DTYPE_FLOAT32);
+    m.header.set_num_keys(1);
+    m.header.set_num_value_frames(1);
+    m.header.set_value_bytes(lens[i] * 4);
+    const uint64_t key = WireKey(0, i, 0);
+    m.keys = Blob::Copy(&key, 8);
+    m.lens = Blob::Copy(&lens[i], 4);
+    std::vector<float> v(lens[i]);
+    for (size_t j = 0; j < v.size(); ++j) v[j] = static_cast<float>(i * 100000 + j);
+    m.values.push_back(Blob::Copy(v.data(), v.size() * 4));
+    ptrs.push_back(&m);
+  }
+  EXPECT_FALSE(Van::IsBatchable(msgs[3]));
+  size_t sent = 0;
+  ASSERT_OK((*sender)->SendBatch(ServerId(0), ptrs, &sent));
+  EXPECT_EQ(sent, msgs.size());
+  for (int i = 0; i < 500; ++i) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (got.size() == msgs.size()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::lock_guard<std::mutex> l(mu);
+  ASSERT_EQ(got.size(), msgs.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].header.request_id(), i);
+    ASSERT_EQ(got[i].values.size(), 1u);
+    ASSERT_EQ(got[i].values[0].size(), lens[i] * 4);
+    EXPECT_EQ(std::memcmp(got[i].values[0].data(), msgs[i].values[0].data(), lens[i] * 4), 0);
+  }
+  EXPECT_EQ((*receiver)->dropped(), 0);
 }
 
 TEST(VanTest, MalformedMessagesAreDroppedAndGoodOnesStillArrive) {

@@ -216,6 +216,104 @@ TEST(MessageTest, MalformedPackedFramesAreRejected) {
   EXPECT_FALSE(extra.error.empty());
 }
 
+// A batch frame of `msgs` as the Van builds one.
+Blob Batch(const std::vector<Message>& msgs) {
+  std::string frame(kBatchMagic, sizeof(kBatchMagic));
+  const auto count = static_cast<uint32_t>(msgs.size());
+  frame.append(reinterpret_cast<const char*>(&count), 4);
+  frame.append(4, '\0');
+  for (const Message& m : msgs) {
+    const Blob packed = Packed(m);
+    const uint64_t bytes = packed.size() - sizeof(kPackedMagic);
+    frame.append(reinterpret_cast<const char*>(&bytes), 8);
+    frame.append(packed.data() + sizeof(kPackedMagic), bytes);
+    frame.append((bytes + 7) / 8 * 8 - bytes, '\0');
+  }
+  return Blob::Copy(frame.data(), frame.size());
+}
+
+TEST(MessageTest, BatchFrameCarriesItsMessagesInOrder) {
+  const Blob route = Blob::Copy("n0123", 5);
+  std::vector<Message> msgs = {MakePush(1, {3}), MakePush(1, {5, 7}, 2), MakePush(1, {1})};
+  for (size_t i = 0; i < msgs.size(); ++i) msgs[i].header.set_request_id(100 + i);
+  const std::vector<Blob> frames = {route, Batch(msgs)};
+  ASSERT_TRUE(IsBatch(frames));
+  EXPECT_FALSE(IsBatch({route, Packed(msgs[0])}));
+  std::vector<Decoded> got = DecodeBatch(frames);
+  ASSERT_EQ(got.size(), 3u);
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(got[i].error.empty()) << got[i].error;
+    EXPECT_EQ(got[i].msg.header.request_id(), 100 + i);
+    EXPECT_EQ(got[i].msg.route, "n0123");
+    EXPECT_EQ(Floats(got[i].msg.values), Floats(msgs[i].values));
+    EXPECT_TRUE(ValidateFrames(got[i].msg).ok()) << ValidateFrames(got[i].msg);
+  }
+}
+
+TEST(MessageTest, MalformedBatchFramesAreRejectedWithoutReadingPastThem) {
+  const Blob route = Blob::Copy("n0123", 5);
+  std::vector<Message> msgs = {MakePush(1, {3}), MakePush(1, {5}), MakePush(1, {7})};
+  const Blob good = Batch(msgs);
+  auto decode = [&](const std::string& bytes) {
+    return DecodeBatch({route, Blob::Copy(bytes.data(), bytes.size())});
+  };
+  std::string bytes(good.data(), good.size());
+  // A count of 0 or past the limit.
+  for (uint32_t count : {0u, kMaxBatch + 1}) {
+    std::string b = bytes;
+    std::memcpy(&b[8], &count, 4);
+    std::vector<Decoded> d = decode(b);
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_NE(d[0].error.find("says it holds"), std::string::npos) << d[0].error;
+  }
+  // A count larger than what follows: the three, then an overrun.
+  {
+    std::string b = bytes;
+    const uint32_t count = 4;
+    std::memcpy(&b[8], &count, 4);
+    std::vector<Decoded> d = decode(b);
+    ASSERT_EQ(d.size(), 4u);
+    EXPECT_TRUE(d[2].error.empty());
+    EXPECT_NE(d[3].error.find("overruns"), std::string::npos) << d[3].error;
+  }
+  // The second message's length pointing past the end: the first arrives,
+  // nothing after the bad one is read.
+  {
+    std::string b = bytes;
+    uint64_t first = 0;
+    std::memcpy(&first, &b[16], 8);
+    const uint64_t huge = uint64_t{1} << 40;
+    std::memcpy(&b[16 + 8 + (first + 7) / 8 * 8], &huge, 8);
+    std::vector<Decoded> d = decode(b);
+    ASSERT_EQ(d.size(), 2u);
+    EXPECT_TRUE(d[0].error.empty()) << d[0].error;
+    EXPECT_NE(d[1].error.find("message 1 of a batch of 3 overruns"), std::string::npos)
+        << d[1].error;
+  }
+  // A garbled envelope in the middle: its error in its place, none after.
+  {
+    std::string b = bytes;
+    uint64_t first = 0;
+    std::memcpy(&first, &b[16], 8);
+    const size_t second = 16 + 8 + (first + 7) / 8 * 8;
+    const uint32_t hlen = 1u << 30;
+    std::memcpy(&b[second + 8], &hlen, 4);
+    std::vector<Decoded> d = decode(b);
+    ASSERT_EQ(d.size(), 2u);
+    EXPECT_FALSE(d[1].error.empty());
+  }
+  // Bytes after the last message.
+  {
+    std::vector<Decoded> d = decode(bytes + std::string(8, '\0'));
+    ASSERT_EQ(d.size(), 4u);
+    EXPECT_NE(d[3].error.find("bytes after its 3 messages"), std::string::npos) << d[3].error;
+  }
+  // Too short for its count.
+  std::vector<Decoded> d = decode(bytes.substr(0, 12));
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_FALSE(d[0].error.empty());
+}
+
 TEST(MessageTest, BlobSliceSharesOwnership) {
   std::vector<char> bytes = {1, 2, 3, 4};
   Blob b = Blob::Copy(bytes.data(), bytes.size());
