@@ -295,7 +295,10 @@ void KVServer::ReplyError(const PsHeader& request, const Status& error) {
 }
 
 void KVServer::Answer(int worker, Message&& reply) {
-  if (std::this_thread::get_id() == burst_thread_.load(std::memory_order_relaxed)) {
+  // Held only where a batch can form: a co-located worker gets each reply
+  // through shared memory at once.
+  if (std::this_thread::get_id() == burst_thread_.load(std::memory_order_relaxed) &&
+      !node_->SharesMemoryWith(worker)) {
     held_replies_.emplace_back(worker, std::move(reply));
     return;
   }

@@ -8,9 +8,9 @@
 // ever touched by two threads, and it sees each worker's requests for a key in
 // the order the worker sent them. A request is answered once all its keys are
 // done; the reply of a pull is assembled by the shards in one buffer and sent
-// without a further copy. Replies made on the receive thread wait for the end
-// of the burst of requests it is handling and leave together (one message per
-// worker over TCP where they are small).
+// without a further copy. Replies to a worker reached over TCP made on the
+// receive thread wait for the end of the burst of requests it is handling and
+// leave together (small ones as one message).
 //
 // dist_sync: a push is held until every worker has pushed that key, then the
 // optimizer runs once on the sum and all held pushes are answered. A pull or a
@@ -105,9 +105,9 @@ class KVServer {
   // out = grads[0] + ... + grads[k-1] (n elements each, summed in that order).
   static void SumInto(const float* const* grads, size_t k, float* out, size_t n);
   void SendReply(Request* r);
-  // Sends `reply` to `worker`, or on the receive thread holds it until the
-  // end of the burst of messages it is handling (SendHeldReplies sends what
-  // each worker is owed in one batch where it can).
+  // Sends `reply` to `worker`, or on the receive thread holds it for a worker
+  // reached over TCP until the end of the burst of messages it is handling
+  // (SendHeldReplies sends what each worker is owed in one batch).
   void Answer(int worker, Message&& reply);
   void SendHeldReplies();
   std::shared_ptr<const ServerConfig> config() const;
