@@ -152,6 +152,8 @@ class ClusterNode {
   // Messages this node sent through shared memory (values in its arena, or the
   // whole message through a peer's queue; a message may count twice).
   int64_t shm_messages() const;
+  // Messages this node sent inside batch frames over TCP (Van::SendBatch).
+  int64_t batched_messages() const { return van_ != nullptr ? van_->batched() : 0; }
 
   Role role() const { return options_.role; }
   int id() const EXCLUDES(mu_);

@@ -677,6 +677,8 @@ Status Van::SendFrameOf(int id, Peer& peer, const std::vector<const Message*>& m
     zmq_msg_close(&m);
     return SendFailed(id, peer, /*ordered=*/false, nullptr);
   }
+  batched_ += static_cast<int64_t>(n);
+  ++batch_frames_;
   return Status::Ok();
 }
 

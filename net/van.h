@@ -161,6 +161,9 @@ class Van {
   int64_t shm_fallbacks() const { return shm_fallbacks_.load(); }
   // Messages sent through the peers' shared-memory queues instead of ZeroMQ.
   int64_t shm_queued() const { return shm_queued_.load(); }
+  // Messages sent inside batch frames (SendBatch), and those frames.
+  int64_t batched() const { return batched_.load(); }
+  int64_t batch_frames() const { return batch_frames_.load(); }
   // Times this node woke a sleeping peer through its doorbell.
   int64_t doorbells_rung() const { return doorbells_rung_.load(); }
   // Whether node `id` has mapped this node's arena (it said so).
@@ -215,6 +218,8 @@ class Van {
   int doorbell_out_ = -1;            // rings peers' doorbells
   std::atomic<int> self_id_{-1};
   std::atomic<int64_t> shm_queued_{0};
+  std::atomic<int64_t> batched_{0};
+  std::atomic<int64_t> batch_frames_{0};
   std::atomic<int64_t> doorbells_rung_{0};
   // Peers whose arena is mapped here, whose queues ReceiveLoop reads.
   std::vector<std::pair<int, std::shared_ptr<ShmMapping>>> inbound_ GUARDED_BY(mu_);

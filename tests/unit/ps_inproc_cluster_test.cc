@@ -203,6 +203,52 @@ TEST(InProcClusterTest, ScatteredSmallArraysOfOneCallKeepTheirPlaces) {
   });
 }
 
+// Over TCP a burst of small calls leaves in batches (and the replies come
+// back in batches), with every value right; through shared memory nothing
+// is batched.
+TEST(InProcClusterTest, BurstsOfSmallCallsTravelInBatchesOverTcp) {
+  for (int64_t shm : {int64_t{0}, int64_t{16} << 20}) {
+    SCOPED_TRACE(shm > 0 ? "shared memory" : "tcp");
+    std::atomic<int64_t> batched{0};
+    ExpectAllOk(RunJob(
+        1, 2,
+        [&](KVClient& kv) -> Status {
+          const int n = 64;
+          std::vector<KVClient::Key> keys(n);
+          std::vector<int64_t> lens(n, 256);
+          for (int i = 0; i < n; ++i) keys[i] = static_cast<KVClient::Key>(i);
+          std::vector<float> zeros(n * 256, 0.0f), grad(n * 256), got(n * 256);
+          for (size_t j = 0; j < grad.size(); ++j) grad[j] = static_cast<float>(j % 7);
+          RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));
+          RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, zeros.data()), Soon()));
+          RETURN_IF_ERROR(kv.Barrier(Soon()));
+          for (int round = 1; round <= 3; ++round) {
+            std::vector<KVClient::Ticket> tickets;
+            for (int i = 0; i < n; ++i) {  // one call per array, as training issues them
+              tickets.push_back(
+                  kv.PushPull({keys[i]}, {256}, grad.data() + i * 256, got.data() + i * 256));
+            }
+            for (auto t : tickets) RETURN_IF_ERROR(kv.Wait(t, Soon()));
+            for (size_t j = 0; j < got.size(); ++j) {
+              const float expect = 2.0f * round * static_cast<float>(j % 7);
+              if (got[j] != expect) {
+                return Status::Internal(
+                    StrCat("round ", round, " element ", j, ": ", got[j], " != ", expect));
+              }
+            }
+          }
+          batched += kv.node()->batched_messages();
+          return Status::Ok();
+        },
+        {}, nullptr, -1, "127.0.0.1", shm));
+    if (shm == 0) {
+      EXPECT_GT(batched.load(), 0) << "no request went in a batch";
+    } else {
+      EXPECT_EQ(batched.load(), 0);
+    }
+  }
+}
+
 TEST(InProcClusterTest, DistAsyncAppliesEveryPushExactlyOnce) {
   ExpectOkOverTcpAndSharedMemory(2, 3, [](KVClient& kv) -> Status {
     const std::vector<KVClient::Key> keys = {7, 8};
