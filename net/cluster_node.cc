@@ -276,7 +276,7 @@ Status ClusterNode::AdoptTable(const PsHeader& h) {
     {
       MutexLock l(&mu_);
       if (early_.empty()) {
-        have_table_ = true;
+        have_table_.store(true, std::memory_order_release);
         cv_.SignalAll();
         return health_;
       }
@@ -306,10 +306,10 @@ void ClusterNode::Handle(Message&& msg) {
   switch (h.cmd()) {
     case CMD_DATA:
     case CMD_CONFIG: {
-      {
+      if (!have_table_.load(std::memory_order_acquire)) {
         // A peer may get its table (and talk to us) before ours arrives.
         MutexLock l(&mu_);
-        if (!have_table_) {
+        if (!have_table_.load(std::memory_order_relaxed)) {
           early_.push_back(std::move(msg));
           return;
         }

@@ -16,6 +16,7 @@
 #ifndef PSTRAIN_NET_CLUSTER_NODE_H_
 #define PSTRAIN_NET_CLUSTER_NODE_H_
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -198,9 +199,11 @@ class ClusterNode {
   int id_ GUARDED_BY(mu_) = -1;
   int rank_ GUARDED_BY(mu_) = -1;
   std::map<int, NodeInfo> table_ GUARDED_BY(mu_);
-  bool table_arrived_ GUARDED_BY(mu_) = false;      // the scheduler's CMD_NODE_TABLE came
-  PsHeader table_header_ GUARDED_BY(mu_);           // it, until Start() takes it
-  bool have_table_ GUARDED_BY(mu_) = false;         // adopted, connected, early messages handed on
+  bool table_arrived_ GUARDED_BY(mu_) = false;  // the scheduler's CMD_NODE_TABLE came
+  PsHeader table_header_ GUARDED_BY(mu_);       // it, until Start() takes it
+  // Adopted, connected, early messages handed on. Set under mu_ (with early_
+  // empty), never cleared: once true, data messages skip the lock.
+  std::atomic<bool> have_table_{false};
   std::vector<Message> early_ GUARDED_BY(mu_);      // data that arrived before the table
   std::vector<NodeInfo> replaced_ GUARDED_BY(mu_);  // replacements the heartbeat thread adopts
   bool shutdown_ GUARDED_BY(mu_) = false;
