@@ -172,7 +172,7 @@ Decoded DecodeEnvelope(const Blob& env, bool own) {
   if (env.size() < 4 + uint64_t{hlen} || hlen > kMaxHeaderBytes ||
       !msg.header.ParseFromArray(env.data() + 4, static_cast<int>(hlen))) {
     d.error =
-        StrCat(own ? "packed" : "queued", " message of ", env.size(), " bytes has no PsHeader");
+        StrCat(own ? "batched" : "queued", " message of ", env.size(), " bytes has no PsHeader");
     return d;
   }
   d.header_ok = true;
@@ -185,7 +185,7 @@ Decoded DecodeEnvelope(const Blob& env, bool own) {
   const uint64_t values = inline_values ? h.value_bytes() : 0;
   if (n > (env.size() >> 3) || values > env.size() ||
       (inline_values && h.num_value_frames() != 1) || values_at + values != env.size()) {
-    d.error = StrCat(own ? "packed " : "queued ", env.size(), " bytes for ", n, " keys and ",
+    d.error = StrCat(own ? "batched " : "queued ", env.size(), " bytes for ", n, " keys and ",
                      values, " bytes of values");
     return d;
   }
@@ -220,13 +220,6 @@ Decoded DecodeFrames(const std::vector<Blob>& frames) {
     return d;
   }
   const Blob& header = frames[1];
-  if (frames.size() == 2 && header.size() >= sizeof(kPackedMagic) &&
-      std::memcmp(header.data(), kPackedMagic, sizeof(kPackedMagic)) == 0) {
-    d = DecodeEnvelope(header.Slice(sizeof(kPackedMagic), header.size() - sizeof(kPackedMagic)),
-                       /*own=*/true);
-    d.msg.route.assign(frames[0].data(), frames[0].size());
-    return d;
-  }
   Message& msg = d.msg;
   if (header.size() > kMaxHeaderBytes ||
       !msg.header.ParseFromArray(header.data(), static_cast<int>(header.size()))) {

@@ -86,15 +86,13 @@ inline uint64_t QueuedKeysAt(uint64_t hlen) { return (4 + hlen + 7) / 8 * 8; }
 uint64_t EnvelopeBytes(const std::string& header, const Message& msg, bool inline_values);
 void WriteEnvelope(const std::string& header, const Message& msg, bool inline_values, char* dst);
 
-// A small data message crosses ZeroMQ as one frame, not four (each frame
-// costs more than copying a few KB): these 8 bytes, then its envelope with
-// the values inline. No serialized PsHeader starts with a 0 byte (a field
-// number is never 0), so a receiver tells the two apart by the first byte.
-inline constexpr char kPackedMagic[8] = {'\0', 'p', 's', 'p', 'a', 'c', 'k', '1'};
-// Several small data messages to one peer cross ZeroMQ as one frame (a
-// sender's burst of requests, a server's replies to them): these 8 bytes,
-// uint32 count, uint32 0, then per message uint64 envelope bytes and the
-// envelope (values inline), padded to 8.
+// Small data messages cross ZeroMQ as one frame, not four (each frame costs
+// more than copying a few KB), and a burst of them to one peer (a sender's
+// requests, a server's replies to them) as one frame together: these 8
+// bytes, uint32 count, uint32 0, then per message uint64 envelope bytes and
+// the envelope (values inline), padded to 8. No serialized PsHeader starts
+// with a 0 byte (a field number is never 0), so a receiver tells a batch
+// from a header frame by the first byte.
 inline constexpr char kBatchMagic[8] = {'\0', 'p', 's', 'b', 'a', 't', 'c', 'h'};
 inline constexpr uint32_t kMaxBatch = 4096;
 // Whether received ZeroMQ frames (routing id first) are one batch frame.
@@ -110,9 +108,8 @@ struct Decoded {
   std::string error;
 };
 // ZeroMQ: frames[0] the sender's routing id, frames[1] the header, then (data
-// messages) keys, lens and the value frames; or frames[1] a packed message
-// (kPackedMagic, then its envelope). Copies misaligned values (floats are
-// read in place).
+// messages) keys, lens and the value frames (a batch frame is DecodeBatch's).
+// Copies a misaligned value frame (floats are read in place).
 Decoded DecodeFrames(const std::vector<Blob>& frames);
 // A batch frame's messages in order. A malformed frame gives one Decoded
 // with the error; a malformed envelope inside gives its error in its place,

@@ -24,14 +24,56 @@ namespace {
 // Frames smaller than this are copied into ZeroMQ (cheaper than a reference).
 constexpr size_t kCopyBelowBytes = 512;
 // Data messages whose keys, lens and (not shared-memory) values fit in this
-// many bytes cross ZeroMQ as one packed frame (kPackedMagic): one copy of
-// them costs less than three more frames through ZeroMQ on both ends.
+// many bytes cross ZeroMQ as one frame (a batch, kBatchMagic, of one or
+// more): one copy of them costs less than three more frames through ZeroMQ
+// on both ends.
 constexpr uint64_t kPackBytes = 32 * 1024;
 // A batch frame stops growing past this many bytes of keys, lens and values.
 constexpr uint64_t kMaxBatchBytes = 4 << 20;
 // Messages of one peer waiting for an earlier-numbered one past which its
 // shared-memory queue is not read (the missing one is on ZeroMQ).
 constexpr size_t kMaxStashed = 1 << 16;
+
+// Bytes a data message carries besides its header: keys, lens and (with
+// `values`) its values.
+uint64_t PayloadBytes(const Message& msg, bool values) {
+  uint64_t bytes = msg.keys.size() + msg.lens.size();
+  if (values) {
+    for (const Blob& v : msg.values) bytes += v.size();
+  }
+  return bytes;
+}
+
+// One message of a batch frame: its serialized header and whether its
+// values travel inline.
+struct Framed {
+  std::string header;
+  const Message* msg = nullptr;
+  bool inline_values = false;
+};
+
+// Initialises `m` with the batch frame of `items` (see kBatchMagic).
+void BuildBatchFrame(const std::vector<Framed>& items, zmq_msg_t* m) {
+  std::vector<uint64_t> bytes(items.size());
+  uint64_t total = 16;
+  for (size_t i = 0; i < items.size(); ++i) {
+    bytes[i] = EnvelopeBytes(items[i].header, *items[i].msg, items[i].inline_values);
+    total += 8 + (bytes[i] + 7) / 8 * 8;
+  }
+  zmq_msg_init_size(m, total);
+  char* dst = static_cast<char*>(zmq_msg_data(m));
+  std::memcpy(dst, kBatchMagic, sizeof(kBatchMagic));
+  const uint32_t count[2] = {static_cast<uint32_t>(items.size()), 0};
+  std::memcpy(dst + 8, count, sizeof(count));
+  uint64_t at = 16;
+  for (size_t i = 0; i < items.size(); ++i) {
+    std::memcpy(dst + at, &bytes[i], 8);
+    WriteEnvelope(items[i].header, *items[i].msg, items[i].inline_values, dst + at + 8);
+    const uint64_t padded = (bytes[i] + 7) / 8 * 8;
+    std::memset(dst + at + 8 + bytes[i], 0, padded - bytes[i]);
+    at += 8 + padded;
+  }
+}
 
 struct ZmqFrame {
   zmq_msg_t msg;
@@ -597,10 +639,7 @@ std::shared_ptr<Van::Peer> Van::FindPeer(int id) {
 }
 
 bool Van::IsBatchable(const Message& msg) {
-  if (msg.header.cmd() != CMD_DATA) return false;
-  uint64_t bytes = msg.keys.size() + msg.lens.size();
-  for (const Blob& v : msg.values) bytes += v.size();
-  return bytes <= kPackBytes;
+  return msg.header.cmd() == CMD_DATA && PayloadBytes(msg, true) <= kPackBytes;
 }
 
 Status Van::SendBatch(int id, const std::vector<const Message*>& msgs, size_t* sent) {
@@ -619,9 +658,7 @@ Status Van::SendBatch(int id, const std::vector<const Message*>& msgs, size_t* s
     uint64_t bytes = 0;
     while (!one_by_one && end < msgs.size() && end - i < kMaxBatch && bytes < kMaxBatchBytes &&
            IsBatchable(*msgs[end])) {
-      bytes += msgs[end]->keys.size() + msgs[end]->lens.size();
-      for (const Blob& v : msgs[end]->values) bytes += v.size();
-      ++end;
+      bytes += PayloadBytes(*msgs[end++], true);
     }
     if (end - i < 2) {
       RETURN_IF_ERROR(Send(id, *msgs[i]));
@@ -637,41 +674,24 @@ Status Van::SendBatch(int id, const std::vector<const Message*>& msgs, size_t* s
 Status Van::SendFrameOf(int id, Peer& peer, const std::vector<const Message*>& msgs, size_t begin,
                         size_t end) {
   const size_t n = end - begin;
-  std::vector<std::string> headers(n);
-  uint64_t total = 16;
+  std::vector<Framed> items(n);
   for (size_t i = 0; i < n; ++i) {
     const Message& msg = *msgs[begin + i];
-    msg.header.SerializeToString(&headers[i]);
+    items[i].msg = &msg;
+    items[i].inline_values = !msg.values.empty();
+    msg.header.SerializeToString(&items[i].header);
     if (msg.values.size() > 1) {
       PsHeader one;  // the values travel inline, as one frame
       one.set_num_value_frames(1);
-      headers[i] += one.SerializeAsString();
+      items[i].header += one.SerializeAsString();
     }
-    total += 8 + (EnvelopeBytes(headers[i], msg, !msg.values.empty()) + 7) / 8 * 8;
     if (options_.verbose >= 2) {
       LOG(INFO) << options_.name << " -> " << NodeIdName(id) << ": "
                 << msg.header.ShortDebugString() << " (batch of " << n << ")";
     }
   }
   zmq_msg_t m;
-  zmq_msg_init_size(&m, total);
-  char* dst = static_cast<char*>(zmq_msg_data(&m));
-  std::memcpy(dst, kBatchMagic, sizeof(kBatchMagic));
-  const auto count = static_cast<uint32_t>(n);
-  const uint32_t zero = 0;
-  std::memcpy(dst + 8, &count, 4);
-  std::memcpy(dst + 12, &zero, 4);
-  uint64_t at = 16;
-  for (size_t i = 0; i < n; ++i) {
-    const Message& msg = *msgs[begin + i];
-    const bool inline_values = !msg.values.empty();
-    const uint64_t bytes = EnvelopeBytes(headers[i], msg, inline_values);
-    std::memcpy(dst + at, &bytes, 8);
-    WriteEnvelope(headers[i], msg, inline_values, dst + at + 8);
-    const uint64_t padded = (bytes + 7) / 8 * 8;
-    std::memset(dst + at + 8 + bytes, 0, padded - bytes);
-    at += 8 + padded;
-  }
+  BuildBatchFrame(items, &m);
   MutexLock l(&peer.mu);
   if (zmq_msg_send(&m, peer.socket, 0) < 0) {
     zmq_msg_close(&m);
@@ -721,18 +741,11 @@ Status Van::Send(int id, const Message& msg) {
     }
   }
   zmq_msg_t m;
-  uint64_t value_bytes = 0;
-  for (const Blob& v : msg.values) value_bytes += v.size();
-  if (data && msg.keys.size() + msg.lens.size() + (in_shm ? 0 : value_bytes) <= kPackBytes) {
-    // One frame: the envelope, values inline.
+  if (data && PayloadBytes(msg, !in_shm) <= kPackBytes) {
+    // One frame, a batch of one: the envelope, values inline.
     const bool inline_values = !msg.values.empty() && !in_shm;
     if (inline_values) extra.set_num_value_frames(1);
-    header += extra.SerializeAsString();
-    const uint64_t bytes = EnvelopeBytes(header, msg, inline_values);
-    zmq_msg_init_size(&m, sizeof(kPackedMagic) + bytes);
-    char* dst = static_cast<char*>(zmq_msg_data(&m));
-    std::memcpy(dst, kPackedMagic, sizeof(kPackedMagic));
-    WriteEnvelope(header, msg, inline_values, dst + sizeof(kPackedMagic));
+    BuildBatchFrame({{header + extra.SerializeAsString(), &msg, inline_values}}, &m);
     if (zmq_msg_send(&m, peer->socket, 0) < 0) {
       zmq_msg_close(&m);
       return SendFailed(id, *peer, ordered, in_shm ? &extra : nullptr);

@@ -1,5 +1,5 @@
 // Messages as a node receives them, on either transport: decoding
-// (DecodeFrames for ZeroMQ frames, ordinary or one packed frame; DecodeBatch for a batch;
+// (DecodeFrames for ZeroMQ frames, DecodeBatch for a batch frame of small messages;
 // DecodeQueued for a shared-memory queue entry), the frames' agreement with the header, and a
 // server's validation of a data request. Nothing may crash, read out of bounds or loop.
 #include <cstdint>

@@ -90,11 +90,6 @@ void WireSeeds(const fs::path& dir) {
     env.resize((env.size() + 7) / 8 * 8, '\0');
     if (push) env += Bytes(values);
     seed("\x01" + env);
-    // The same over ZeroMQ as one packed frame: routing id, magic + envelope.
-    std::string packed(1, '\0');
-    packed += Part(NodeRoute(0x0123456789abcdef)) +
-              Part(std::string(kPackedMagic, sizeof(kPackedMagic)) + env);
-    seed(packed);
     // Two of it in one batch frame: magic, count, 0, then per message its
     // envelope's bytes and the envelope padded to 8.
     std::string batch(kBatchMagic, sizeof(kBatchMagic));

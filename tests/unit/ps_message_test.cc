@@ -127,19 +127,32 @@ TEST(MessageTest, BadRequestsAreRejected) {
   EXPECT_FALSE(ValidateDataRequest(push_without, 0).ok());
 }
 
-// A packed frame as the Van sends a small data message: the magic, then the
-// envelope with the values inline in one frame.
-Blob Packed(const Message& m) {
+// The envelope of `m` as the Van puts it in a batch frame: values inline, as
+// one frame.
+std::string Envelope(const Message& m) {
   PsHeader h = m.header;
   const bool inline_values = !m.values.empty();
   if (inline_values) h.set_num_value_frames(1);
   const std::string header = h.SerializeAsString();
-  const uint64_t bytes = EnvelopeBytes(header, m, inline_values);
-  char* dst = nullptr;
-  Blob b = Blob::Allocate(sizeof(kPackedMagic) + bytes, &dst);
-  std::memcpy(dst, kPackedMagic, sizeof(kPackedMagic));
-  WriteEnvelope(header, m, inline_values, dst + sizeof(kPackedMagic));
-  return b;
+  std::string env(EnvelopeBytes(header, m, inline_values), '\0');
+  WriteEnvelope(header, m, inline_values, env.data());
+  return env;
+}
+
+// A batch frame of `msgs` as the Van builds one.
+Blob Batch(const std::vector<Message>& msgs) {
+  std::string frame(kBatchMagic, sizeof(kBatchMagic));
+  const auto count = static_cast<uint32_t>(msgs.size());
+  frame.append(reinterpret_cast<const char*>(&count), 4);
+  frame.append(4, '\0');
+  for (const Message& m : msgs) {
+    const std::string env = Envelope(m);
+    const uint64_t bytes = env.size();
+    frame.append(reinterpret_cast<const char*>(&bytes), 8);
+    frame += env;
+    frame.append((bytes + 7) / 8 * 8 - bytes, '\0');
+  }
+  return Blob::Copy(frame.data(), frame.size());
 }
 
 std::vector<float> Floats(const std::vector<Blob>& frames) {
@@ -151,12 +164,19 @@ std::vector<float> Floats(const std::vector<Blob>& frames) {
   return out;
 }
 
-TEST(MessageTest, PackedFrameCarriesTheSameMessage) {
+// The one message of a well-formed batch frame.
+Decoded DecodeOne(const Blob& route, const Blob& frame) {
+  std::vector<Decoded> d = DecodeBatch({route, frame});
+  EXPECT_EQ(d.size(), 1u);
+  return d.empty() ? Decoded{} : std::move(d[0]);
+}
+
+TEST(MessageTest, ABatchOfOneCarriesTheSameMessage) {
   Message m = MakePush(1, {3, 5, 7}, 3);  // three value frames become one
   float* v = const_cast<float*>(reinterpret_cast<const float*>(m.values[1].data()));
   v[2] = 42.0f;
   const Blob route = Blob::Copy("n0123", 5);
-  Decoded d = DecodeFrames({route, Packed(m)});
+  Decoded d = DecodeOne(route, Batch({m}));
   ASSERT_TRUE(d.error.empty()) << d.error;
   EXPECT_EQ(d.msg.route, "n0123");
   EXPECT_EQ(d.msg.header.num_keys(), 3u);
@@ -169,67 +189,58 @@ TEST(MessageTest, PackedFrameCarriesTheSameMessage) {
   EXPECT_TRUE(ValidateFrames(d.msg).ok()) << ValidateFrames(d.msg);
   EXPECT_TRUE(ValidateDataRequest(d.msg, 1).ok());
 
-  // A pull (no values) and a control message pack as well.
+  // A pull (no values) and a control message travel the same way.
   Message pull = MakePush(1, {4, 4});
   pull.header.set_push(false);
   pull.header.set_pull(true);
   pull.header.set_num_value_frames(0);
   pull.header.set_value_bytes(0);
   pull.values.clear();
-  Decoded p = DecodeFrames({route, Packed(pull)});
+  Decoded p = DecodeOne(route, Batch({pull}));
   ASSERT_TRUE(p.error.empty()) << p.error;
   EXPECT_TRUE(p.msg.values.empty());
   EXPECT_TRUE(ValidateFrames(p.msg).ok());
   Message beat;
   beat.header.set_version(PROTOCOL_VERSION_CURRENT);
   beat.header.set_cmd(CMD_HEARTBEAT);
-  Decoded b = DecodeFrames({route, Packed(beat)});
+  Decoded b = DecodeOne(route, Batch({beat}));
   ASSERT_TRUE(b.error.empty()) << b.error;
   EXPECT_EQ(b.msg.header.cmd(), CMD_HEARTBEAT);
 }
 
-TEST(MessageTest, MalformedPackedFramesAreRejected) {
+TEST(MessageTest, MalformedBatchesOfOneAreRejected) {
   const Blob route = Blob::Copy("n0123", 5);
-  const Blob good = Packed(MakePush(1, {3, 5}));
-  ASSERT_TRUE(DecodeFrames({route, good}).error.empty());
-  auto decode = [&](const Blob& frame) { return DecodeFrames({route, frame}); };
-  // Cut short anywhere: in the magic, the header length, the header, the
-  // keys or the values.
-  for (size_t cut : {size_t{3}, size_t{8}, size_t{10}, size_t{20}, good.size() - 4}) {
-    Decoded d = decode(good.Slice(0, cut));
-    EXPECT_FALSE(d.error.empty()) << "cut at " << cut;
+  const Blob good = Batch({MakePush(1, {3, 5})});
+  ASSERT_TRUE(DecodeOne(route, good).error.empty());
+  // The first error of whatever the frames decode to ("" when none).
+  auto error = [&](const std::vector<Blob>& frames) -> std::string {
+    if (!IsBatch(frames)) return DecodeFrames(frames).error;
+    for (const Decoded& d : DecodeBatch(frames)) {
+      if (!d.error.empty()) return d.error;
+    }
+    return "";
+  };
+  // Cut short anywhere: in the magic, the count, the envelope's length, its
+  // header length, its header, the keys or the values.
+  for (size_t cut :
+       {size_t{3}, size_t{8}, size_t{12}, size_t{20}, size_t{26}, size_t{40}, good.size() - 4}) {
+    EXPECT_FALSE(error({route, good.Slice(0, cut)}).empty()) << "cut at " << cut;
   }
-  // A header length past the frame's end.
+  // A header length past the envelope's end.
   std::string bytes(good.data(), good.size());
   const uint32_t huge = 1u << 30;
-  std::memcpy(&bytes[sizeof(kPackedMagic)], &huge, 4);
-  Decoded d = decode(Blob::Copy(bytes.data(), bytes.size()));
-  EXPECT_NE(d.error.find("packed message of"), std::string::npos) << d.error;
-  // Trailing bytes after the values.
+  std::memcpy(&bytes[24], &huge, 4);
+  const std::string e = error({route, Blob::Copy(bytes.data(), bytes.size())});
+  EXPECT_NE(e.find("batched message of"), std::string::npos) << e;
+  // Trailing bytes after the message.
   std::string longer(good.data(), good.size());
   longer += std::string(8, '\0');
-  d = decode(Blob::Copy(longer.data(), longer.size()));
-  EXPECT_NE(d.error.find("packed "), std::string::npos) << d.error;
-  // A packed frame followed by more frames is an ordinary message whose
+  const std::string t = error({route, Blob::Copy(longer.data(), longer.size())});
+  EXPECT_NE(t.find("bytes after its 1 messages"), std::string::npos) << t;
+  // A batch frame followed by more frames is an ordinary message whose
   // header frame is not a PsHeader.
-  Decoded extra = DecodeFrames({route, good, good});
-  EXPECT_FALSE(extra.error.empty());
-}
-
-// A batch frame of `msgs` as the Van builds one.
-Blob Batch(const std::vector<Message>& msgs) {
-  std::string frame(kBatchMagic, sizeof(kBatchMagic));
-  const auto count = static_cast<uint32_t>(msgs.size());
-  frame.append(reinterpret_cast<const char*>(&count), 4);
-  frame.append(4, '\0');
-  for (const Message& m : msgs) {
-    const Blob packed = Packed(m);
-    const uint64_t bytes = packed.size() - sizeof(kPackedMagic);
-    frame.append(reinterpret_cast<const char*>(&bytes), 8);
-    frame.append(packed.data() + sizeof(kPackedMagic), bytes);
-    frame.append((bytes + 7) / 8 * 8 - bytes, '\0');
-  }
-  return Blob::Copy(frame.data(), frame.size());
+  EXPECT_FALSE(IsBatch({route, good, good}));
+  EXPECT_FALSE(DecodeFrames({route, good, good}).error.empty());
 }
 
 TEST(MessageTest, BatchFrameCarriesItsMessagesInOrder) {
@@ -238,7 +249,7 @@ TEST(MessageTest, BatchFrameCarriesItsMessagesInOrder) {
   for (size_t i = 0; i < msgs.size(); ++i) msgs[i].header.set_request_id(100 + i);
   const std::vector<Blob> frames = {route, Batch(msgs)};
   ASSERT_TRUE(IsBatch(frames));
-  EXPECT_FALSE(IsBatch({route, Packed(msgs[0])}));
+  EXPECT_FALSE(IsBatch({route, Blob::Copy(Envelope(msgs[0]).data(), Envelope(msgs[0]).size())}));
   std::vector<Decoded> got = DecodeBatch(frames);
   ASSERT_EQ(got.size(), 3u);
   for (size_t i = 0; i < got.size(); ++i) {
