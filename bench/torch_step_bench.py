@@ -6,7 +6,7 @@ nn_step_bench, and on a GPU the peak memory PyTorch allocated.
 
   python3 bench/torch_step_bench.py [--network lenet] [--batch 128] [--steps 50]
       [--threads 2] [--device cpu|cuda] [--image-shape 1,28,28] [--num-classes 10]
-      [--num-layers 0] [--check-params N]
+      [--num-layers 0] [--channels-last] [--check-params N]
 """
 import argparse
 import os
@@ -31,6 +31,8 @@ def main():
     ap.add_argument("--image-shape", default="1,28,28")
     ap.add_argument("--num-classes", type=int, default=10)
     ap.add_argument("--num-layers", type=int, default=0)
+    ap.add_argument("--channels-last", action="store_true",
+                    help="keep activations and weights in channels_last (NHWC) memory format")
     ap.add_argument("--check-params", type=int, default=-1,
                     help="exit 1 unless the model has this many parameters")
     a = ap.parse_args()
@@ -47,9 +49,13 @@ def main():
     if cuda:
         torch.backends.cudnn.benchmark = True
     model = model.to(dev).train()
+    fmt = torch.channels_last if a.channels_last else torch.contiguous_format
+    model = model.to(memory_format=fmt)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
     x = torch.rand(a.batch, *shape, device=dev)
+    if len(shape) == 3:
+        x = x.contiguous(memory_format=fmt)
     y = (torch.arange(a.batch) % a.num_classes).to(dev)
 
     def step():
@@ -70,8 +76,9 @@ def main():
         torch.cuda.synchronize()
     s = time.perf_counter() - t0
     cpu = time.process_time() - c0
-    print("| %s | %d | pytorch %s%s | %d | %.2f | %.2f | %.1f |"
-          % (a.network, a.batch, torch.__version__, " cuda" if cuda else "", a.threads,
+    print("| %s | %d | pytorch %s%s%s | %d | %.2f | %.2f | %.1f |"
+          % (a.network, a.batch, torch.__version__, " cuda" if cuda else "",
+             " channels_last" if a.channels_last else "", a.threads,
              1e3 * s / a.steps, 1e3 * cpu / a.steps, a.batch * a.steps / s))
     if cuda:
         print("peak memory allocated by PyTorch: %.2f MB (reserved %.2f MB)"

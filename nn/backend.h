@@ -60,6 +60,17 @@ struct MemoryStats {
   size_t reserved = 0;  // taken from the device (in_use plus the allocator's cache)
 };
 
+// Work a backend did besides the operators' kernels, since it was created.
+struct BackendCounters {
+  // Layout changes of activations and their gradients (a CPU tensor reordered
+  // between NCHW and oneDNN's blocked layout because a layer wants the other).
+  int64_t activation_reorders = 0;
+  // Layout changes of parameters and their gradients: the KV store, the
+  // optimizer and checkpoints keep them in MXNet's OIHW, a convolution may
+  // compute in another.
+  int64_t param_reorders = 0;
+};
+
 class Backend {
  public:
   // The backend for options.device. InvalidArgument for a GPU ordinal that
@@ -97,6 +108,7 @@ class Backend {
     return t;
   }
   virtual MemoryStats memory_stats() const = 0;
+  virtual BackendCounters counters() const { return {}; }
 
   // ---- operators ----
 

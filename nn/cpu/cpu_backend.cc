@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "nn/cpu/cpu_ops.h"
+#include "nn/cpu/layout.h"
 
 namespace pstrain::internal {
 namespace {
@@ -88,6 +89,13 @@ MemoryStats CpuBackend::memory_stats() const {
   return s;
 }
 
+BackendCounters CpuBackend::counters() const {
+  BackendCounters c;
+  c.activation_reorders = engine_.activation_reorders;
+  c.param_reorders = engine_.param_reorders;
+  return c;
+}
+
 StatusOr<std::unique_ptr<Operator>> CpuBackend::CreateOperator(const Node& node) {
   if (node.op == OpType::kInput) {
     return Status::InvalidArgument(StrCat("node '", node.name, "' is an input, not an operator"));
@@ -111,6 +119,8 @@ void CpuBackend::PlanGraph(const Graph& graph, int64_t batch) {
       threads_[n.id] = team;
     }
   }
+  const bool onednn = options_.cpu_kernels == CpuKernels::kOneDnn;
+  layouts_ = PlanActivationLayouts(graph, onednn ? PreferredChannelBlock() : 0);
 }
 
 void CpuBackend::EnterNode(NodeId node) {

@@ -26,10 +26,12 @@ class CpuBackend : public Backend {
 
   std::shared_ptr<Buffer> Allocate(size_t num_floats) override;
   MemoryStats memory_stats() const override;
+  BackendCounters counters() const override;
 
   StatusOr<std::unique_ptr<Operator>> CreateOperator(const Node& node) override;
-  // Sizes each node's OpenMP team: the whole team for nodes of at least
-  // kParallelWork flops, one thread below that.
+  // Sizes each node's OpenMP team (the whole team for nodes of at least
+  // kParallelWork flops, one thread below that) and plans the activation
+  // layouts (nn/cpu/layout.h).
   void PlanGraph(const Graph& graph, int64_t batch) override;
   // omp_set_num_threads(the node's team): oneDNN primitives are created for,
   // and run with, the team of their node.
@@ -46,6 +48,11 @@ class CpuBackend : public Backend {
   void Synchronize() override {}
 
   CpuEngine& engine() { return engine_; }
+  // The channel block of node `id`'s output and its gradient, 0 for plain
+  // NCHW (always 0 for a node of a graph this backend did not plan).
+  int layout(NodeId id) const {
+    return id >= 0 && static_cast<size_t>(id) < layouts_.size() ? layouts_[id] : 0;
+  }
   CpuKernels kernels() const { return options_.cpu_kernels; }
 
  private:
@@ -53,6 +60,7 @@ class CpuBackend : public Backend {
   const BackendOptions options_;
   CpuEngine engine_;
   std::vector<int> threads_;  // per node, from PlanGraph
+  std::vector<int> layouts_;  // per node, from PlanGraph
   std::shared_ptr<Counters> counters_;
 };
 

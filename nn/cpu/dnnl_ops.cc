@@ -2,11 +2,14 @@
 // activations as oneDNN primitives (created once in Setup, bound to the
 // executor's fixed buffers), fully connected as oneDNN's sgemm.
 //
-// Layouts: tensors between operators are plain NCHW. Convolution asks oneDNN
-// for its preferred (blocked) layouts with format `any` and reorders at its
-// boundary into buffers it owns; the blocked kernels are several times faster
-// than the NCHW ones, which pays for the reorders. The forward's reordered
-// source and weights are reused by the backward when the layouts agree.
+// Layouts: each activation is in the layout the backend planned for it
+// (nn/cpu/layout.h: channel-blocked between convolutions, batch norms and
+// poolings; plain NCHW at the network's edges). Convolution asks oneDNN for
+// its preferred layouts with format `any` and reorders at its boundary, into
+// buffers it owns, whatever differs from the planned one (the data batch,
+// and always the weights, which the KV store holds in OIHW). The forward's
+// reordered source and weights are reused by the backward when the layouts
+// agree. The other layers compute in the layout they are given.
 #include <omp.h>
 
 #include <algorithm>
@@ -18,6 +21,7 @@
 #include "nn/cpu/cpu_backend.h"
 #include "nn/cpu/cpu_engine.h"
 #include "nn/cpu/cpu_ops.h"
+#include "nn/cpu/layout.h"
 
 namespace pstrain::internal {
 namespace {
@@ -37,20 +41,34 @@ memory UserMemory(CpuEngine* cpu, const memory::dims& dims, float* data) {
   return memory(PlainDesc(dims), cpu->engine(), data);
 }
 
+// An activation (or its gradient) of node `id` in its planned layout.
+memory ActivationMemory(const OpContext& ctx, NodeId id, const memory::dims& dims, float* data) {
+  CpuBackend& be = CpuBackend::Of(ctx);
+  return memory(ActivationDesc(dims, be.layout(id)), be.engine().engine(), data);
+}
+
 // A tensor as one primitive wants it: the user's plain memory, or a buffer in
 // the primitive's layout plus the reorders to and from the user's.
 struct Staged {
   memory user;
   memory prim;
   std::optional<dnnl::reorder> to_prim, to_user;
+  int64_t* count = nullptr;  // CpuEngine's counter of this kind of reorder
 
-  void Init(CpuEngine* cpu, const memory& user_mem, const memory::desc& want) {
-    user = user_mem;
+  // `param`: a parameter or its gradient (else an activation or its gradient).
+  void Init(CpuEngine* cpu, const memory& user_mem, const memory::desc& want, bool param) {
     if (want == user_mem.get_desc()) {
-      prim = user_mem;
+      user = prim = user_mem;
+      count = param ? &cpu->param_reorders : &cpu->activation_reorders;
       return;
     }
-    prim = memory(want, cpu->engine());
+    Link(cpu, user_mem, memory(want, cpu->engine()), param);
+  }
+  // Stages between two existing memories.
+  void Link(CpuEngine* cpu, const memory& user_mem, const memory& prim_mem, bool param) {
+    user = user_mem;
+    prim = prim_mem;
+    count = param ? &cpu->param_reorders : &cpu->activation_reorders;
     to_prim = dnnl::reorder(user, prim);
     to_user = dnnl::reorder(prim, user);
   }
@@ -62,19 +80,20 @@ struct Staged {
       prim = other.prim;
       return;
     }
-    Init(cpu, other.user, want);
+    Init(cpu, other.user, want, other.count == &cpu->param_reorders);
   }
   void In(dnnl::stream& s) {
-    if (to_prim) Run(*to_prim, s, user, prim);
+    if (to_prim) Run(*to_prim, s, user, prim, count);
   }
   void Out(dnnl::stream& s) {
-    if (to_user) Run(*to_user, s, prim, user);
+    if (to_user) Run(*to_user, s, prim, user, count);
   }
 
  private:
   // Small reorders (weights, mostly) run on the calling thread: waking the
   // team would cost more than copying.
-  static void Run(dnnl::reorder& r, dnnl::stream& s, memory& from, memory& to) {
+  static void Run(dnnl::reorder& r, dnnl::stream& s, memory& from, memory& to, int64_t* count) {
+    ++*count;
     const int team = omp_get_max_threads();
     const bool small = from.get_desc().get_size() < (4u << 20);
     if (small && team > 1) omp_set_num_threads(1);
@@ -120,10 +139,13 @@ class DnnlConvolution : public Operator {
                                        any(w_dims), bias_any, any(dst_dims), strides, pad, pad);
     fwd_pd_ = dnnl::convolution_forward::primitive_desc(fd, cpu->engine());
     fwd_ = dnnl::convolution_forward(fwd_pd_);
-    src_.Init(cpu, UserMemory(cpu, src_dims, t_.in[0].data()), fwd_pd_.src_desc());
+    const NodeId in = node_.inputs[0];
+    src_.Init(cpu, ActivationMemory(ctx, in, src_dims, t_.in[0].data()), fwd_pd_.src_desc(),
+              false);
     w_.Init(cpu, memory(PlainDesc(w_dims), cpu->engine(), t_.params[0].data()),
-            fwd_pd_.weights_desc());
-    dst_.Init(cpu, UserMemory(cpu, dst_dims, t_.out.data()), fwd_pd_.dst_desc());
+            fwd_pd_.weights_desc(), true);
+    dst_.Init(cpu, ActivationMemory(ctx, node_.id, dst_dims, t_.out.data()), fwd_pd_.dst_desc(),
+              false);
     if (!p.no_bias) bias_ = UserMemory(cpu, b_dims, t_.params[1].data());
 
     if (t_.param_grads.empty() || !t_.out_grad.defined()) return;
@@ -133,10 +155,10 @@ class DnnlConvolution : public Operator {
     bww_pd_ = dnnl::convolution_backward_weights::primitive_desc(wd, cpu->engine(), fwd_pd_);
     bww_ = dnnl::convolution_backward_weights(bww_pd_);
     bww_src_.InitShared(cpu, src_, bww_pd_.src_desc());
-    const memory diff_dst_user = UserMemory(cpu, dst_dims, t_.out_grad.data());
-    bww_diff_dst_.Init(cpu, diff_dst_user, bww_pd_.diff_dst_desc());
+    const memory diff_dst_user = ActivationMemory(ctx, node_.id, dst_dims, t_.out_grad.data());
+    bww_diff_dst_.Init(cpu, diff_dst_user, bww_pd_.diff_dst_desc(), false);
     diff_w_.Init(cpu, memory(PlainDesc(w_dims), cpu->engine(), t_.param_grads[0].data()),
-                 bww_pd_.diff_weights_desc());
+                 bww_pd_.diff_weights_desc(), true);
     if (!p.no_bias) diff_bias_ = UserMemory(cpu, b_dims, t_.param_grads[1].data());
 
     if (!t_.in_grads[0].defined()) return;
@@ -146,7 +168,8 @@ class DnnlConvolution : public Operator {
     bwd_ = dnnl::convolution_backward_data(bwd_pd_);
     bwd_w_.InitShared(cpu, w_, bwd_pd_.weights_desc());
     bwd_diff_dst_.InitShared(cpu, bww_diff_dst_, bwd_pd_.diff_dst_desc());
-    diff_src_.Init(cpu, UserMemory(cpu, src_dims, t_.in_grads[0].data()), bwd_pd_.diff_src_desc());
+    diff_src_.Init(cpu, ActivationMemory(ctx, in, src_dims, t_.in_grads[0].data()),
+                   bwd_pd_.diff_src_desc(), false);
     has_bwd_data_ = true;
   }
 
@@ -208,43 +231,41 @@ class DnnlPooling : public Operator {
     const PoolParam& p = node_.pool;
     const Shape& xs = t_.in[0].shape();
     const Shape& ys = t_.out.shape();
-    const int64_t pr_h =
-        std::max<int64_t>(p.pad_h, (ys[2] - 1) * p.stride_h + p.kernel_h - xs[2] - p.pad_h);
-    const int64_t pr_w =
-        std::max<int64_t>(p.pad_w, (ys[3] - 1) * p.stride_w + p.kernel_w - xs[3] - p.pad_w);
-    // MXNet divides an average by the window clipped to the symmetrically
-    // padded input; oneDNN counts the extra right padding of the "full"
-    // rounding too, so those cases run the reference loops.
-    const bool avg_overflow = p.type == PoolType::kAvg && (pr_h > p.pad_h || pr_w > p.pad_w);
-    if (avg_overflow) return UseFallback(ctx);
+    if (!DnnlPoolingApplies(node_, xs.WithoutBatch())) return UseFallback(ctx);
+    const int64_t pr_h = PoolRightPad(xs[2], ys[2], p.kernel_h, p.stride_h, p.pad_h);
+    const int64_t pr_w = PoolRightPad(xs[3], ys[3], p.kernel_w, p.stride_w, p.pad_w);
+    // One layout for input and output (the input's: a pooled (C, 1, 1) is
+    // the same bytes in either).
+    const int block = CpuBackend::Of(ctx).layout(node_.inputs[0]);
     try {
       CpuEngine* cpu = &CpuBackend::Of(ctx).engine();
-      const memory::dims src_dims = Dims(xs), dst_dims = Dims(ys);
+      const memory::desc src_md = ActivationDesc(Dims(xs), block);
+      const memory::desc dst_md = ActivationDesc(Dims(ys), block);
       const dnnl::algorithm alg = p.type == PoolType::kMax
                                       ? dnnl::algorithm::pooling_max
                                       : dnnl::algorithm::pooling_avg_include_padding;
-      dnnl::pooling_forward::desc fd(dnnl::prop_kind::forward_training, alg, PlainDesc(src_dims),
-                                     PlainDesc(dst_dims), {p.stride_h, p.stride_w},
-                                     {p.kernel_h, p.kernel_w}, {p.pad_h, p.pad_w}, {pr_h, pr_w});
+      dnnl::pooling_forward::desc fd(dnnl::prop_kind::forward_training, alg, src_md, dst_md,
+                                     {p.stride_h, p.stride_w}, {p.kernel_h, p.kernel_w},
+                                     {p.pad_h, p.pad_w}, {pr_h, pr_w});
       fwd_pd_ = dnnl::pooling_forward::primitive_desc(fd, cpu->engine());
       fwd_ = dnnl::pooling_forward(fwd_pd_);
-      src_ = UserMemory(cpu, src_dims, t_.in[0].data());
-      dst_ = UserMemory(cpu, dst_dims, t_.out.data());
+      src_ = memory(src_md, cpu->engine(), t_.in[0].data());
+      dst_ = memory(dst_md, cpu->engine(), t_.out.data());
       if (p.type == PoolType::kMax) workspace_ = memory(fwd_pd_.workspace_desc(), cpu->engine());
       if (t_.in_grads[0].defined() && t_.out_grad.defined()) {
-        dnnl::pooling_backward::desc bd(alg, PlainDesc(src_dims), PlainDesc(dst_dims),
-                                        {p.stride_h, p.stride_w}, {p.kernel_h, p.kernel_w},
-                                        {p.pad_h, p.pad_w}, {pr_h, pr_w});
+        dnnl::pooling_backward::desc bd(alg, src_md, dst_md, {p.stride_h, p.stride_w},
+                                        {p.kernel_h, p.kernel_w}, {p.pad_h, p.pad_w},
+                                        {pr_h, pr_w});
         bwd_pd_ = dnnl::pooling_backward::primitive_desc(bd, cpu->engine(), fwd_pd_);
         bwd_ = dnnl::pooling_backward(bwd_pd_);
-        diff_src_ = UserMemory(cpu, src_dims, t_.in_grads[0].data());
-        diff_dst_ = UserMemory(cpu, dst_dims, t_.out_grad.data());
+        diff_src_ = memory(src_md, cpu->engine(), t_.in_grads[0].data());
+        diff_dst_ = memory(dst_md, cpu->engine(), t_.out_grad.data());
       }
     } catch (const dnnl::error& e) {
       // Average pooling's reference loops read no forward tensor in the
-      // backward either, so they fit this operator's memory plan; max pooling's
-      // would not (they need input and output), so that is an error.
-      if (p.type == PoolType::kAvg) return UseFallback(ctx);
+      // backward either, so they fit this operator's memory plan (max
+      // pooling's need input and output); they need plain tensors.
+      if (p.type == PoolType::kAvg && block == 0) return UseFallback(ctx);
       return DnnlError(node_, e);
     }
     return Status::Ok();
@@ -335,10 +356,15 @@ class DnnlBatchNorm : public Operator {
       CpuEngine* cpu = &CpuBackend::Of(ctx).engine();
       const Shape& xs = t_.in[0].shape();
       const int64_t C = xs[1];
-      // (N, C, rest...) seen as (N, C, S) when there are spatial dims.
-      memory::dims dims = {xs[0], C};
-      if (xs.ndim() > 2) dims = {xs[0], C, xs.ProductFrom(2), 1};
-      const memory::desc md = PlainDesc(dims);
+      // Images in their planned layout; other shapes (N, C, rest...) as plain
+      // (N, C, S, 1).
+      memory::desc md = PlainDesc({xs[0], C});
+      const int block = CpuBackend::Of(ctx).layout(node_.inputs[0]);
+      if (xs.ndim() == 4) {
+        md = ActivationDesc(Dims(xs), block);
+      } else if (xs.ndim() > 2) {
+        md = PlainDesc({xs[0], C, xs.ProductFrom(2), 1});
+      }
       const auto flags =
           dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
       const float eps = node_.bn.eps;
@@ -490,6 +516,56 @@ class DnnlActivation : public Operator {
   memory src_, dst_, diff_dst_, diff_src_;
 };
 
+// Flatten of a channel-blocked image: a reorder to NCHW, which is the
+// flattened (N, C*H*W) (a plain input is copied by the reference loops).
+class DnnlFlatten : public Operator {
+ public:
+  explicit DnnlFlatten(const Node& node) : Operator(node) {}
+  bool BackwardNeedsInputs() const override { return false; }
+
+ protected:
+  Status DoSetup(const OpContext& ctx) override {
+    CpuBackend& be = CpuBackend::Of(ctx);
+    const Shape& xs = t_.in[0].shape();
+    if (be.layout(node_.inputs[0]) == 0 || xs.ndim() != 4) {
+      fallback_ = MakeReferenceOperator(node_);
+      return fallback_->Setup(ctx, t_);
+    }
+    try {
+      CpuEngine* cpu = &be.engine();
+      const memory::dims dims = Dims(xs);
+      // user: the plain output and its gradient; prim: the blocked input
+      // and its gradient.
+      x_.Link(cpu, UserMemory(cpu, dims, t_.out.data()),
+              ActivationMemory(ctx, node_.inputs[0], dims, t_.in[0].data()), false);
+      if (t_.in_grads[0].defined() && t_.out_grad.defined()) {
+        dx_.Link(cpu, UserMemory(cpu, dims, t_.out_grad.data()),
+                 ActivationMemory(ctx, node_.inputs[0], dims, t_.in_grads[0].data()), false);
+      }
+    } catch (const dnnl::error& e) {
+      return DnnlError(node_, e);
+    }
+    return Status::Ok();
+  }
+
+  void DoForward(const OpContext& ctx) override {
+    if (fallback_) return fallback_->Forward(ctx);
+    x_.Out(CpuBackend::Of(ctx).engine().stream());  // blocked input -> plain output
+    CpuBackend::Of(ctx).engine().stream().wait();
+  }
+
+  void DoBackward(const OpContext& ctx) override {
+    if (fallback_) return fallback_->Backward(ctx);
+    if (!t_.in_grads[0].defined()) return;
+    dx_.In(CpuBackend::Of(ctx).engine().stream());  // plain gradient -> blocked
+    CpuBackend::Of(ctx).engine().stream().wait();
+  }
+
+ private:
+  std::unique_ptr<Operator> fallback_;
+  Staged x_, dx_;
+};
+
 }  // namespace
 
 std::unique_ptr<Operator> MakeDnnlOperator(const Node& node) {
@@ -504,6 +580,8 @@ std::unique_ptr<Operator> MakeDnnlOperator(const Node& node) {
       return std::make_unique<DnnlBatchNorm>(node);
     case OpType::kActivation:
       return std::make_unique<DnnlActivation>(node);
+    case OpType::kFlatten:
+      return std::make_unique<DnnlFlatten>(node);
     default:
       return nullptr;
   }
