@@ -5,7 +5,11 @@
 //   nn_step_bench [--network lenet] [--batch 128] [--steps 50] [--warmup 5]
 //                 [--kernels onednn|reference] [--threads 0] [--gpus N] [--profile]
 //                 [--image-shape C,H,W] [--num-classes K] [--num-layers L]
+//                 [--plain-layouts] [--no-fusion]
+// (--plain-layouts and --no-fusion turn off the CPU backend's blocked
+// activation layouts and its batch norm + ReLU fusion, to measure them.)
 // (defaults: the network's MNIST shape; resnet: 20 layers on 3,28,28, 10 classes)
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -25,7 +29,7 @@ int Run(int argc, char** argv) {
   std::string network = "lenet", kernels = "onednn";
   int batch = 128, steps = 50, warmup = 5, threads = 0, gpu = -1, num_classes = 0, layers = 0;
   std::vector<int64_t> image_shape;
-  bool profile = false;
+  bool profile = false, plain_layouts = false, no_fusion = false;
   for (int i = 1; i < argc; ++i) {
     auto value = [&](const char* flag) -> const char* {
       if (std::strcmp(argv[i], flag) != 0) return nullptr;
@@ -69,6 +73,10 @@ int Run(int argc, char** argv) {
       }
     } else if (std::strcmp(argv[i], "--profile") == 0) {
       profile = true;
+    } else if (std::strcmp(argv[i], "--plain-layouts") == 0) {
+      plain_layouts = true;
+    } else if (std::strcmp(argv[i], "--no-fusion") == 0) {
+      no_fusion = true;
     } else {
       std::fprintf(stderr, "unknown argument %s\n", argv[i]);
       return 2;
@@ -89,6 +97,8 @@ int Run(int argc, char** argv) {
   eo.batch_size = batch;
   eo.backend.num_threads = threads;
   eo.profile = profile;
+  eo.backend.cpu_blocked_layouts = !plain_layouts;
+  eo.backend.cpu_fusion = !no_fusion;
   eo.backend.cpu_kernels =
       kernels == "reference" ? pstrain::CpuKernels::kReference : pstrain::CpuKernels::kOneDnn;
   if (gpu >= 0) eo.backend.device = pstrain::Device::Gpu(gpu);
@@ -124,22 +134,33 @@ int Run(int argc, char** argv) {
   };
   for (int i = 0; i < warmup; ++i) step();
   be.Synchronize();
-  const auto t0 = std::chrono::steady_clock::now();
+  const pstrain::BackendCounters before = be.counters();
+  std::vector<double> step_s(static_cast<size_t>(steps));
   const std::clock_t c0 = std::clock();
-  for (int i = 0; i < steps; ++i) step();
-  be.Synchronize();
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int i = 0; i < steps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    be.Synchronize();
+    step_s[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
   const double cpu = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
+  const pstrain::BackendCounters after = be.counters();
+  // The median step: a shared machine's stalls (another tenant, the
+  // hypervisor) land in a few steps and would move the mean by tens of %.
+  std::sort(step_s.begin(), step_s.end());
+  const double s = step_s[step_s.size() / 2];
   // CPU ms/step (all threads) is the steadier figure on a shared machine.
   std::printf("| network | batch | kernels | threads | ms/step | cpu ms/step | samples/s |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   std::printf("| %s | %d | %s | %d | %.2f | %.2f | %.1f |\n", network.c_str(), batch,
-              gpu >= 0 ? "cuda" : kernels.c_str(), threads, 1e3 * s / steps, 1e3 * cpu / steps,
-              batch * steps / s);
+              gpu >= 0 ? "cuda" : kernels.c_str(), threads, 1e3 * s, 1e3 * cpu / steps, batch / s);
   std::printf("\non %s\n", be.Describe().c_str());
   std::printf("activation memory: %.2f MB planned, %.2f MB with one buffer per tensor\n",
               e->planned_bytes() / 1e6, e->unplanned_bytes() / 1e6);
   std::printf("peak memory held by the backend: %.2f MB\n", be.memory_stats().peak / 1e6);
+  std::printf("reorders per step: %.1f of activations, %.1f of parameters\n",
+              static_cast<double>(after.activation_reorders - before.activation_reorders) / steps,
+              static_cast<double>(after.param_reorders - before.param_reorders) / steps);
   if (profile) {
     std::printf("\n| layer | op | forward ms | backward ms |\n|---|---|---|---|\n");
     for (const pstrain::NodeProfile& row : e->Profile()) {

@@ -68,14 +68,18 @@ def main():
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
+    # The median step, as nn_step_bench reports: a shared machine's stalls land
+    # in a few steps and would move the mean by tens of percent.
+    times = []
     c0 = time.process_time()
     for _ in range(a.steps):
+        t0 = time.perf_counter()
         step()
-    if cuda:
-        torch.cuda.synchronize()
-    s = time.perf_counter() - t0
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
     cpu = time.process_time() - c0
+    s = sorted(times)[len(times) // 2] * a.steps
     print("| %s | %d | pytorch %s%s%s | %d | %.2f | %.2f | %.1f |"
           % (a.network, a.batch, torch.__version__, " cuda" if cuda else "",
              " channels_last" if a.channels_last else "", a.threads,

@@ -43,6 +43,12 @@ struct BackendOptions {
   // OpenMP team of the big operators; 0: the OpenMP default (OMP_NUM_THREADS,
   // else every core). Small operators run on one thread whatever this says.
   int num_threads = 0;
+  // oneDNN kernels: keep activations channel-blocked between the layers that
+  // compute fastest so (false: plain NCHW everywhere, each convolution
+  // reorders at its boundary), and fuse a ReLU into the batch norm before it.
+  // Both default on; benchmarks turn them off to measure what they bring.
+  bool cpu_blocked_layouts = true;
+  bool cpu_fusion = true;
   // ---- GPU ----
   // The most scratch memory one cuDNN convolution may use; the fastest
   // algorithm that fits is chosen once per shape.
@@ -117,8 +123,11 @@ class Backend {
   // op type this backend has no kernel for.
   virtual StatusOr<std::unique_ptr<Operator>> CreateOperator(const Node& node) = 0;
   // Called once per executor, before any Setup, with the graph it runs at
-  // `batch`: the CPU backend sizes the OpenMP team of each node here.
-  virtual void PlanGraph(const Graph& graph, int64_t batch) {}
+  // `batch` and, per node, whether the executor runs it in place (its output
+  // and its input's gradient share storage with its input and its output's
+  // gradient: Operator::CanRunInPlace). The CPU backend sizes the OpenMP team
+  // of each node, plans activation layouts and fuses layers here.
+  virtual void PlanGraph(const Graph& graph, int64_t batch, const std::vector<bool>& in_place) {}
   // Called on the executor's thread before each node's Setup, Forward and
   // Backward (and the gradient sums after it).
   virtual void EnterNode(NodeId node) {}

@@ -13,6 +13,7 @@ struct Item {
   int64_t floats;
   int start, end;
   int block = -1;
+  bool merged = false;  // folded into another item (in-place operators): not placed
 };
 
 // Greedy interval placement: items in start order take the free block whose
@@ -27,6 +28,7 @@ std::vector<int64_t> PlaceItems(std::vector<Item>* items, bool share) {
   std::vector<int> busy_until;  // last step of the block's current item
   for (int idx : order) {
     Item& it = (*items)[idx];
+    if (it.merged) continue;
     int best = -1;
     if (share) {
       for (size_t b = 0; b < size.size(); ++b) {
@@ -134,6 +136,27 @@ Status Executor::Init() {
     ASSIGN_OR_RETURN(m.ops[i], be.CreateOperator(nodes[i]));
   }
 
+  // In-place nodes: an element-wise operator whose input nothing else reads
+  // (not another consumer, not its producer's backward, not its own backward)
+  // writes its output, and its input gradient, over that input's storage.
+  std::vector<int> readers(N, 0);
+  for (const Node& n : nodes) {
+    for (NodeId in : n.inputs) ++readers[in];
+  }
+  std::vector<bool> in_place(N, false);
+  for (int i = 0; i < N; ++i) {
+    if (!m.ops[i] || !m.ops[i]->CanRunInPlace() || nodes[i].inputs.empty()) continue;
+    const NodeId p = nodes[i].inputs[0];
+    const bool keeps_input = train && needs_grad[i] && m.ops[i]->BackwardNeedsInputs();
+    const bool producer_rereads =
+        train && m.ops[p] && needs_grad[p] && m.ops[p]->BackwardNeedsOutput();
+    in_place[i] = options_.plan_memory && m.ops[p] != nullptr && readers[p] == 1 &&
+                  p != graph_.output() && p != m.softmax && !keeps_input && !producer_rereads &&
+                  needs_grad[i] == needs_grad[p] &&
+                  nodes[p].out_shape.num_elements() == nodes[i].out_shape.num_elements();
+  }
+  be.PlanGraph(graph_, batch, in_place);
+
   // ---- memory plan ----
   const int kForever = std::numeric_limits<int>::max();
   auto bwd = [N](int i) { return 2 * N - 1 - i; };
@@ -148,6 +171,11 @@ Status Executor::Init() {
     int end = i;
     if (i == graph_.output() || i == m.softmax) end = kForever;
     if (train && needs_grad[i] && m.ops[i]->BackwardNeedsOutput()) end = std::max(end, bwd(i));
+    if (in_place[i]) {
+      out_item[i] = out_item[n.inputs[0]];
+      items[out_item[i]].end = std::max(items[out_item[i]].end, end);
+      continue;
+    }
     out_item[i] = static_cast<int>(items.size());
     items.push_back(Item{n.out_shape.num_elements() * batch, i, end});
   }
@@ -179,6 +207,18 @@ Status Executor::Init() {
       items.push_back(
           Item{nodes[i].out_shape.num_elements() * batch, bwd(primary[i].first), bwd(i)});
     }
+    // An in-place node's input gradient is its output gradient (last node
+    // first, so chains of in-place nodes share one item).
+    for (int i = N - 1; i >= 0; --i) {
+      if (!in_place[i] || grad_item[i] < 0) continue;
+      const NodeId p = nodes[i].inputs[0];
+      Item& mine = items[grad_item[i]];
+      Item& theirs = items[grad_item[p]];
+      mine.start = std::min(mine.start, theirs.start);
+      mine.end = std::max(mine.end, theirs.end);
+      theirs.merged = true;
+      grad_item[p] = grad_item[i];
+    }
     for (int c = 0; c < N; ++c) {
       edge_item[c].assign(nodes[c].inputs.size(), -1);
       edge_is_temp[c].assign(nodes[c].inputs.size(), false);
@@ -202,7 +242,9 @@ Status Executor::Init() {
     blocks.push_back(be.Allocate(static_cast<size_t>(s)));
     planned_bytes_ += static_cast<size_t>(s) * sizeof(float);
   }
-  for (const Item& it : items) unplanned_bytes_ += static_cast<size_t>(it.floats) * sizeof(float);
+  for (const Item& it : items) {
+    if (!it.merged) unplanned_bytes_ += static_cast<size_t>(it.floats) * sizeof(float);
+  }
   auto view = [&](int item, const Shape& per_sample) {
     return Tensor(blocks[items[item].block], 0, per_sample.WithBatch(batch));
   };
@@ -223,7 +265,6 @@ Status Executor::Init() {
   }
   for (const ParamInfo& a : graph_.aux_states()) aux_.push_back(be.Zeros(a.shape));
   m.accumulate.resize(N);
-  be.PlanGraph(graph_, batch);
   m.fwd_s.assign(N, 0.0);
   m.bwd_s.assign(N, 0.0);
   for (int i = 0; i < N; ++i) {

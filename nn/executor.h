@@ -55,8 +55,10 @@ struct ExecutorOptions {
   // false: inference only (no gradient buffers, Backward is a CHECK failure,
   // forward buffers are reused as soon as their last reader ran).
   bool for_training = true;
-  // Share storage between buffers with disjoint lifetimes. false gives every
-  // tensor its own buffer (tests compare the two).
+  // Share storage between buffers with disjoint lifetimes, and run
+  // element-wise operators in place where nothing else reads their input
+  // (which lets the CPU backend fuse a ReLU into the batch norm before it).
+  // false gives every tensor its own buffer (tests compare the two).
   bool plan_memory = true;
   uint64_t seed = 1;  // dropout masks
   // Time every node's Forward/Backward (see Profile()); costs two clock reads

@@ -65,6 +65,10 @@ class Operator {
   // forward tensors alive until the backward.
   virtual bool BackwardNeedsInputs() const { return true; }
   virtual bool BackwardNeedsOutput() const { return false; }
+  // Whether Forward may write out over in[0] and Backward in_grads[0] over
+  // out_grad (element-wise operators). The executor then gives them the same
+  // storage where nothing else reads in[0] (Backend::PlanGraph's in_place).
+  virtual bool CanRunInPlace() const { return false; }
 
   // SoftmaxOutput: mean cross-entropy over the batch of the last Forward; 0
   // for others. May wait for the device.

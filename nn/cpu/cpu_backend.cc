@@ -38,6 +38,11 @@ double NodeWork(const Graph& g, const Node& n, int64_t batch) {
 // a loaded machine a team's barrier can cost a whole scheduler slice.
 constexpr double kParallelWork = 2e8;
 
+// Memory-bound layers (batch norm, activations, sums, poolings, concat) with
+// at least this many output floats (4 MB) use the team whatever their flops:
+// a second core adds bandwidth, and the pass is long enough to pay the barrier.
+constexpr int64_t kParallelFloats = int64_t{1} << 20;
+
 // Element-wise loops shorter than this stay on the calling thread.
 constexpr int64_t kParallelElements = 1 << 15;
 
@@ -110,17 +115,31 @@ StatusOr<std::unique_ptr<Operator>> CpuBackend::CreateOperator(const Node& node)
   return op;
 }
 
-void CpuBackend::PlanGraph(const Graph& graph, int64_t batch) {
+void CpuBackend::PlanGraph(const Graph& graph, int64_t batch, const std::vector<bool>& in_place) {
   // 0: the OpenMP default, which honours OMP_NUM_THREADS (else every core).
   const int team = options_.num_threads > 0 ? options_.num_threads : omp_get_max_threads();
   threads_.assign(graph.nodes().size(), 1);
   for (const Node& n : graph.nodes()) {
-    if (n.op != OpType::kInput && NodeWork(graph, n, batch) >= kParallelWork) {
+    if (n.op == OpType::kInput) continue;
+    const bool compute_bound = n.op == OpType::kConvolution || n.op == OpType::kFullyConnected;
+    if (NodeWork(graph, n, batch) >= kParallelWork ||
+        (!compute_bound && n.out_shape.num_elements() * batch >= kParallelFloats)) {
       threads_[n.id] = team;
     }
   }
   const bool onednn = options_.cpu_kernels == CpuKernels::kOneDnn;
-  layouts_ = PlanActivationLayouts(graph, onednn ? PreferredChannelBlock() : 0);
+  const bool blocked = onednn && options_.cpu_blocked_layouts;
+  layouts_ = PlanActivationLayouts(graph, blocked ? PreferredChannelBlock() : 0);
+  fuses_relu_.assign(graph.nodes().size(), 0);
+  fused_away_.assign(graph.nodes().size(), 0);
+  if (!onednn || !options_.cpu_fusion) return;
+  for (const Node& n : graph.nodes()) {
+    if (n.op != OpType::kActivation || n.act != ActType::kRelu || !in_place[n.id]) continue;
+    const Node& bn = graph.node(n.inputs[0]);
+    if (bn.op != OpType::kBatchNorm) continue;
+    fuses_relu_[bn.id] = 1;
+    fused_away_[n.id] = 1;
+  }
 }
 
 void CpuBackend::EnterNode(NodeId node) {

@@ -30,9 +30,10 @@ class CpuBackend : public Backend {
 
   StatusOr<std::unique_ptr<Operator>> CreateOperator(const Node& node) override;
   // Sizes each node's OpenMP team (the whole team for nodes of at least
-  // kParallelWork flops, one thread below that) and plans the activation
-  // layouts (nn/cpu/layout.h).
-  void PlanGraph(const Graph& graph, int64_t batch) override;
+  // kParallelWork flops or long memory-bound passes, one thread below that),
+  // plans the activation layouts (nn/cpu/layout.h) and fuses each in-place
+  // ReLU into the batch norm before it (oneDNN's fused normalization).
+  void PlanGraph(const Graph& graph, int64_t batch, const std::vector<bool>& in_place) override;
   // omp_set_num_threads(the node's team): oneDNN primitives are created for,
   // and run with, the team of their node.
   void EnterNode(NodeId node) override;
@@ -50,9 +51,11 @@ class CpuBackend : public Backend {
   CpuEngine& engine() { return engine_; }
   // The channel block of node `id`'s output and its gradient, 0 for plain
   // NCHW (always 0 for a node of a graph this backend did not plan).
-  int layout(NodeId id) const {
-    return id >= 0 && static_cast<size_t>(id) < layouts_.size() ? layouts_[id] : 0;
-  }
+  int layout(NodeId id) const { return Planned(layouts_, id); }
+  // A batch norm that applies the ReLU after it (whose output is its own,
+  // in place), and that ReLU, which then does nothing.
+  bool fuses_relu(NodeId bn) const { return Planned(fuses_relu_, bn); }
+  bool fused_away(NodeId relu) const { return Planned(fused_away_, relu); }
   CpuKernels kernels() const { return options_.cpu_kernels; }
 
  private:
@@ -61,6 +64,12 @@ class CpuBackend : public Backend {
   CpuEngine engine_;
   std::vector<int> threads_;  // per node, from PlanGraph
   std::vector<int> layouts_;  // per node, from PlanGraph
+  std::vector<int> fuses_relu_, fused_away_;
+
+  template <typename T>
+  static T Planned(const std::vector<T>& v, NodeId id) {
+    return id >= 0 && static_cast<size_t>(id) < v.size() ? v[id] : T{};
+  }
   std::shared_ptr<Counters> counters_;
 };
 

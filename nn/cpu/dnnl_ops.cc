@@ -140,8 +140,7 @@ class DnnlConvolution : public Operator {
     fwd_pd_ = dnnl::convolution_forward::primitive_desc(fd, cpu->engine());
     fwd_ = dnnl::convolution_forward(fwd_pd_);
     const NodeId in = node_.inputs[0];
-    src_.Init(cpu, ActivationMemory(ctx, in, src_dims, t_.in[0].data()), fwd_pd_.src_desc(),
-              false);
+    src_.Init(cpu, ActivationMemory(ctx, in, src_dims, t_.in[0].data()), fwd_pd_.src_desc(), false);
     w_.Init(cpu, memory(PlainDesc(w_dims), cpu->engine(), t_.params[0].data()),
             fwd_pd_.weights_desc(), true);
     dst_.Init(cpu, ActivationMemory(ctx, node_.id, dst_dims, t_.out.data()), fwd_pd_.dst_desc(),
@@ -254,8 +253,7 @@ class DnnlPooling : public Operator {
       if (p.type == PoolType::kMax) workspace_ = memory(fwd_pd_.workspace_desc(), cpu->engine());
       if (t_.in_grads[0].defined() && t_.out_grad.defined()) {
         dnnl::pooling_backward::desc bd(alg, src_md, dst_md, {p.stride_h, p.stride_w},
-                                        {p.kernel_h, p.kernel_w}, {p.pad_h, p.pad_w},
-                                        {pr_h, pr_w});
+                                        {p.kernel_h, p.kernel_w}, {p.pad_h, p.pad_w}, {pr_h, pr_w});
         bwd_pd_ = dnnl::pooling_backward::primitive_desc(bd, cpu->engine(), fwd_pd_);
         bwd_ = dnnl::pooling_backward(bwd_pd_);
         diff_src_ = memory(src_md, cpu->engine(), t_.in_grads[0].data());
@@ -365,8 +363,11 @@ class DnnlBatchNorm : public Operator {
       } else if (xs.ndim() > 2) {
         md = PlainDesc({xs[0], C, xs.ProductFrom(2), 1});
       }
-      const auto flags =
-          dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+      auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+      // The ReLU after this batch norm runs in place on its output: apply it
+      // here (its backward masks diff_dst with the workspace's sign bits).
+      fuse_relu_ = CpuBackend::Of(ctx).fuses_relu(node_.id);
+      if (fuse_relu_) flags |= dnnl::normalization_flags::fuse_norm_relu;
       const float eps = node_.bn.eps;
       train_pd_ = dnnl::batch_normalization_forward::primitive_desc(
           {dnnl::prop_kind::forward_training, md, eps, flags}, cpu->engine());
@@ -376,6 +377,7 @@ class DnnlBatchNorm : public Operator {
            flags | dnnl::normalization_flags::use_global_stats},
           cpu->engine());
       infer_ = dnnl::batch_normalization_forward(infer_pd_);
+      if (fuse_relu_) workspace_ = memory(train_pd_.workspace_desc(), cpu->engine());
       src_ = memory(md, cpu->engine(), t_.in[0].data());
       dst_ = memory(md, cpu->engine(), t_.out.data());
       const memory::desc cd = PlainDesc({C});
@@ -409,12 +411,11 @@ class DnnlBatchNorm : public Operator {
   void DoForward(const OpContext& ctx) override {
     dnnl::stream& s = CpuBackend::Of(ctx).engine().stream();
     if (ctx.is_train) {
-      train_.execute(s, {{DNNL_ARG_SRC, src_},
-                         {DNNL_ARG_DST, dst_},
-                         {DNNL_ARG_SCALE, scale_},
-                         {DNNL_ARG_SHIFT, shift_},
-                         {DNNL_ARG_MEAN, mean_},
-                         {DNNL_ARG_VARIANCE, var_}});
+      std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src_},     {DNNL_ARG_DST, dst_},
+                                           {DNNL_ARG_SCALE, scale_}, {DNNL_ARG_SHIFT, shift_},
+                                           {DNNL_ARG_MEAN, mean_},   {DNNL_ARG_VARIANCE, var_}};
+      if (fuse_relu_) args[DNNL_ARG_WORKSPACE] = workspace_;
+      train_.execute(s, args);
       s.wait();
       const float m = node_.bn.momentum;
       float* mm = t_.aux[0].data();
@@ -438,15 +439,17 @@ class DnnlBatchNorm : public Operator {
 
   void DoBackward(const OpContext& ctx) override {
     dnnl::stream& s = CpuBackend::Of(ctx).engine().stream();
-    bwd_.execute(s, {{DNNL_ARG_SRC, src_},
-                     {DNNL_ARG_MEAN, mean_},
-                     {DNNL_ARG_VARIANCE, var_},
-                     {DNNL_ARG_DIFF_DST, diff_dst_},
-                     {DNNL_ARG_SCALE, scale_},
-                     {DNNL_ARG_SHIFT, shift_},
-                     {DNNL_ARG_DIFF_SRC, diff_src_},
-                     {DNNL_ARG_DIFF_SCALE, diff_scale_},
-                     {DNNL_ARG_DIFF_SHIFT, diff_shift_}});
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src_},
+                                         {DNNL_ARG_MEAN, mean_},
+                                         {DNNL_ARG_VARIANCE, var_},
+                                         {DNNL_ARG_DIFF_DST, diff_dst_},
+                                         {DNNL_ARG_SCALE, scale_},
+                                         {DNNL_ARG_SHIFT, shift_},
+                                         {DNNL_ARG_DIFF_SRC, diff_src_},
+                                         {DNNL_ARG_DIFF_SCALE, diff_scale_},
+                                         {DNNL_ARG_DIFF_SHIFT, diff_shift_}};
+    if (fuse_relu_) args[DNNL_ARG_WORKSPACE] = workspace_;
+    bwd_.execute(s, args);
     s.wait();
     if (node_.bn.fix_gamma) t_.param_grads[0].Fill(0.0f);
   }
@@ -457,6 +460,8 @@ class DnnlBatchNorm : public Operator {
   dnnl::batch_normalization_backward::primitive_desc bwd_pd_;
   dnnl::batch_normalization_backward bwd_;
   std::vector<float> ones_;
+  bool fuse_relu_ = false;
+  memory workspace_;  // the fused ReLU's mask, from the training forward to the backward
   memory src_, dst_, scale_, shift_, mean_, var_, moving_mean_, moving_var_;
   memory diff_dst_, diff_src_, diff_scale_, diff_shift_;
 };
@@ -466,9 +471,13 @@ class DnnlActivation : public Operator {
   explicit DnnlActivation(const Node& node) : Operator(node) {}
   bool BackwardNeedsInputs() const override { return false; }
   bool BackwardNeedsOutput() const override { return true; }
+  bool CanRunInPlace() const override { return true; }
 
  protected:
   Status DoSetup(const OpContext& ctx) override {
+    // A ReLU fused into the batch norm before it (in place): nothing to do.
+    fused_away_ = CpuBackend::Of(ctx).fused_away(node_.id);
+    if (fused_away_) return Status::Ok();
     try {
       CpuEngine* cpu = &CpuBackend::Of(ctx).engine();
       const Shape& s = t_.out.shape();
@@ -495,13 +504,14 @@ class DnnlActivation : public Operator {
   }
 
   void DoForward(const OpContext& ctx) override {
+    if (fused_away_) return;
     fwd_.execute(CpuBackend::Of(ctx).engine().stream(),
                  {{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}});
     CpuBackend::Of(ctx).engine().stream().wait();
   }
 
   void DoBackward(const OpContext& ctx) override {
-    if (!t_.in_grads[0].defined()) return;
+    if (fused_away_ || !t_.in_grads[0].defined()) return;
     bwd_.execute(
         CpuBackend::Of(ctx).engine().stream(),
         {{DNNL_ARG_DST, dst_}, {DNNL_ARG_DIFF_DST, diff_dst_}, {DNNL_ARG_DIFF_SRC, diff_src_}});
@@ -513,6 +523,7 @@ class DnnlActivation : public Operator {
   dnnl::eltwise_forward fwd_;
   dnnl::eltwise_backward::primitive_desc bwd_pd_;
   dnnl::eltwise_backward bwd_;
+  bool fused_away_ = false;
   memory src_, dst_, diff_dst_, diff_src_;
 };
 

@@ -9,9 +9,7 @@ using dnnl::memory;
 using Tag = memory::format_tag;
 
 // A (C, H, W) tensor whose channels fill whole blocks.
-bool BlockableImage(const Shape& s, int block) {
-  return s.ndim() == 3 && s[0] % block == 0;
-}
+bool BlockableImage(const Shape& s, int block) { return s.ndim() == 3 && s[0] % block == 0; }
 
 // A blocked (C, 1, 1) tensor is byte for byte its plain twin.
 bool SamePlainAndBlocked(const Shape& s) { return s.ndim() == 3 && s[1] * s[2] == 1; }
@@ -54,7 +52,9 @@ int PreferredChannelBlock() {
   static const int block = [] {
     try {
       dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-      auto any = [](const memory::dims& d) { return memory::desc(d, memory::data_type::f32, Tag::any); };
+      auto any = [](const memory::dims& d) {
+        return memory::desc(d, memory::data_type::f32, Tag::any);
+      };
       const memory::dims x = {32, 64, 14, 14}, w = {64, 64, 3, 3};
       dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training,
                                         dnnl::algorithm::convolution_direct, any(x), any(w),
@@ -104,12 +104,11 @@ std::vector<int> PlanActivationLayouts(const Graph& graph, int block) {
       }
       if (!KeepsLayout(n)) continue;
       // Mixed layouts (a plain tensor that is not also a blocked one): all plain.
-      bool mixed = !blocked[n.id] && !(SamePlainAndBlocked(n.out_shape) &&
-                                        BlockableImage(n.out_shape, block));
+      bool mixed = !blocked[n.id] &&
+                   !(SamePlainAndBlocked(n.out_shape) && BlockableImage(n.out_shape, block));
       for (NodeId in : n.inputs) {
         const Shape& s = nodes[in].out_shape;
-        mixed = mixed ||
-                (!blocked[in] && !(SamePlainAndBlocked(s) && BlockableImage(s, block)));
+        mixed = mixed || (!blocked[in] && !(SamePlainAndBlocked(s) && BlockableImage(s, block)));
       }
       if (!mixed) continue;
       make_plain(n.id);

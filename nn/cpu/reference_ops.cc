@@ -418,14 +418,19 @@ class AddOp : public Operator {
  public:
   explicit AddOp(const Node& node) : Operator(node) {}
   bool BackwardNeedsInputs() const override { return false; }
+  // The sum may overwrite its first input, whose gradient is then the
+  // output's gradient itself (no copy).
+  bool CanRunInPlace() const override { return true; }
 
  protected:
   void DoForward(const OpContext& ctx) override {
     float* y = t_.out.data();
     const int64_t n = t_.out.num_elements();
     const float* a = t_.in[0].data();
+    if (a != y) {
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) y[i] = a[i];
+      for (int64_t i = 0; i < n; ++i) y[i] = a[i];
+    }
     for (size_t k = 1; k < t_.in.size(); ++k) {
       const float* b = t_.in[k].data();
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
@@ -433,8 +438,13 @@ class AddOp : public Operator {
     }
   }
   void DoBackward(const OpContext& ctx) override {
+    const float* dy = t_.out_grad.data();
+    const int64_t n = t_.out_grad.num_elements();
     for (const Tensor& g : t_.in_grads) {
-      if (g.defined()) g.CopyFrom(t_.out_grad);
+      float* dx = g.defined() ? g.data() : nullptr;
+      if (dx == nullptr || dx == dy) continue;
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+      for (int64_t i = 0; i < n; ++i) dx[i] = dy[i];
     }
   }
 };

@@ -129,7 +129,9 @@ TEST(ExecutorTest, LenetPlanReusesBuffers) {
   ASSERT_OK(g.status());
   auto train = MakeExec(*g, CpuKernels::kOneDnn, true, 32);
   auto infer = MakeExec(*g, CpuKernels::kOneDnn, true, 32, false);
-  EXPECT_LT(train->planned_bytes(), train->unplanned_bytes() * 3 / 4);
+  // (The activations run in place already share their input's storage, so
+  // what is left to share is less than it was before they did.)
+  EXPECT_LT(train->planned_bytes(), train->unplanned_bytes() * 4 / 5);
   EXPECT_LT(infer->planned_bytes(), infer->unplanned_bytes() * 3 / 4);
 }
 

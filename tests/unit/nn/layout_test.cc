@@ -1,0 +1,238 @@
+// The CPU backend's activation layouts and fusions (nn/cpu/layout.h): which
+// tensors the plan keeps channel-blocked, that blocked layouts, in-place
+// operators and the batch norm + ReLU fusion give the results of the plain
+// unfused engine and of the reference loops (outputs, finite differences),
+// and that they remove the reorders they are for.
+#include "nn/cpu/layout.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "models/models.h"
+#include "nn/executor.h"
+#include "nn/initializer.h"
+#include "tests/test_util.h"
+#include "tests/unit/nn/op_harness.h"
+
+namespace pstrain {
+namespace {
+
+using internal::PlanActivationLayouts;
+using internal::PreferredChannelBlock;
+
+Graph Model(const std::string& name, const Shape& image, int layers = 0) {
+  ModelOptions mo;
+  mo.name = name;
+  mo.image_shape = image;
+  mo.num_layers = layers;
+  StatusOr<Graph> g = BuildModel(mo);
+  CHECK(g.ok()) << g.status();
+  return std::move(g).value();
+}
+
+int Layout(const Graph& g, const std::vector<int>& plan, const std::string& node) {
+  const NodeId id = g.Find(node);
+  CHECK_NE(id, kInvalidNode) << node;
+  return plan[id];
+}
+
+TEST(LayoutPlanTest, ResnetIsBlockedFromTheFirstConvolutionToTheClassifier) {
+  const Graph g = Model("resnet", Shape{3, 28, 28}, 20);
+  const std::vector<int> plan = PlanActivationLayouts(g, 16);
+  EXPECT_EQ(Layout(g, plan, "data"), 0);
+  EXPECT_EQ(Layout(g, plan, "bn_data"), 0);  // 3 channels
+  int blocked = 0;
+  for (const Node& n : g.nodes()) {
+    const bool image = n.out_shape.ndim() == 3;
+    if (n.op == OpType::kInput || n.id == g.Find("bn_data") || !image) {
+      EXPECT_EQ(plan[n.id], 0) << n.name;
+      continue;
+    }
+    EXPECT_EQ(plan[n.id], 16) << n.name;  // every conv, bn, relu, sum and the global pool
+    ++blocked;
+  }
+  EXPECT_GT(blocked, 60);
+  EXPECT_EQ(Layout(g, plan, "flatten0"), 0);
+  EXPECT_EQ(Layout(g, plan, "fc1"), 0);
+}
+
+TEST(LayoutPlanTest, InceptionConcatenatesBlockedBranches) {
+  const Graph g = Model("inception-bn-28-small", Shape{3, 28, 28});
+  const std::vector<int> plan = PlanActivationLayouts(g, 16);
+  EXPECT_EQ(Layout(g, plan, "data"), 0);
+  for (const Node& n : g.nodes()) {
+    if (n.op == OpType::kConcat || n.op == OpType::kBatchNorm || n.op == OpType::kPooling) {
+      EXPECT_EQ(plan[n.id], 16) << n.name;
+    }
+  }
+}
+
+TEST(LayoutPlanTest, ChannelsOffTheBlockAndPlainReadersStayPlain) {
+  // LeNet: 20 and 50 channels.
+  const Graph lenet = Model("lenet", Shape{1, 28, 28});
+  for (int l : PlanActivationLayouts(lenet, 16)) EXPECT_EQ(l, 0);
+  // keras-mnist-cnn: 32 channels, but the pooling feeds a dropout (whose mask
+  // follows memory order), so the chain up to it is plain; the first
+  // convolution's output and ReLU, read by a convolution, are blocked.
+  const Graph keras = Model("keras-mnist-cnn", Shape{1, 28, 28});
+  const std::vector<int> plan = PlanActivationLayouts(keras, 16);
+  EXPECT_EQ(Layout(keras, plan, "relu1"), 16);
+  EXPECT_EQ(Layout(keras, plan, "conv2"), 0);
+  EXPECT_EQ(Layout(keras, plan, "pool1"), 0);
+  EXPECT_EQ(Layout(keras, plan, "dropout1"), 0);
+  // Block 0 (the reference kernels, or a CPU whose convolutions want NCHW).
+  const Graph resnet = Model("resnet", Shape{3, 12, 12}, 8);
+  for (int l : PlanActivationLayouts(resnet, 0)) EXPECT_EQ(l, 0);
+}
+
+TEST(LayoutPlanTest, TheGraphOutputIsPlain) {
+  Graph g;
+  NodeId x = g.Input("data", {16, 4, 4});
+  ConvParam c;
+  c.num_filter = 16;
+  NodeId conv = g.Convolution("conv", x, c);
+  g.BatchNorm("bn", conv, {});
+  const std::vector<int> plan = PlanActivationLayouts(g, 16);
+  EXPECT_EQ(plan[g.Find("bn")], 0);  // read by the caller as NCHW
+  EXPECT_EQ(plan[conv], 0);          // the batch norm keeps its input's layout
+}
+
+// data -> conv(16) -> bn -> tanh -> {conv_a, avgpool} -> concat(32) -> bn2
+//      -> sigmoid -> conv_b(16) -> add(conv_b, conv_c(data)) -> global avgpool
+//      -> fc -> softmax
+// Image tensors of 16 and 32 channels, so oneDNN's run keeps them blocked and
+// runs the activations and the sum in place; smooth operators only, so finite
+// differences are exact to O(h^2).
+Graph BlockedDag() {
+  Graph g;
+  NodeId x = g.Input("data", {3, 5, 5});
+  ConvParam c3;
+  c3.num_filter = 16;
+  c3.kernel_h = c3.kernel_w = 3;
+  c3.pad_h = c3.pad_w = 1;
+  NodeId conv = g.Convolution("conv", x, c3);
+  NodeId t = g.Activation("tanh", g.BatchNorm("bn", conv, {1e-5f, 0.9f, false}), ActType::kTanh);
+  NodeId a = g.Convolution("conv_a", t, c3);
+  PoolParam pp;
+  pp.type = PoolType::kAvg;
+  pp.kernel_h = pp.kernel_w = 3;
+  pp.pad_h = pp.pad_w = 1;
+  NodeId cat = g.Concat("concat", {a, g.Pooling("pool", t, pp)});
+  NodeId s =
+      g.Activation("sigmoid", g.BatchNorm("bn2", cat, {1e-5f, 0.9f, false}), ActType::kSigmoid);
+  NodeId sum = g.Add("sum", {g.Convolution("conv_b", s, c3), g.Convolution("conv_c", x, c3)});
+  PoolParam gp;
+  gp.type = PoolType::kAvg;
+  gp.global = true;
+  NodeId fc = g.FullyConnected("fc", g.Flatten("flatten", g.Pooling("gpool", sum, gp)), {4});
+  g.SoftmaxOutput("softmax", fc);
+  return g;
+}
+
+std::unique_ptr<Executor> Make(const Graph& g, CpuKernels kernels, bool blocked, bool fused,
+                               bool plan = true) {
+  ExecutorOptions o;
+  o.batch_size = 3;
+  o.plan_memory = plan;
+  o.backend.cpu_kernels = kernels;
+  o.backend.num_threads = 1;
+  o.backend.cpu_blocked_layouts = blocked;
+  o.backend.cpu_fusion = fused;
+  auto e = Executor::Create(g, o);
+  CHECK(e.ok()) << e.status();
+  InitializeParams(*InitializerSpec::Parse("xavier(gaussian,in,2)"), 4, e->get());
+  std::mt19937_64 rng(5);
+  testing::FillUniform(e.value()->data(), &rng, 0, 1);
+  for (int n = 0; n < 3; ++n) e.value()->label().data()[n] = static_cast<float>(n % 4);
+  return std::move(e).value();
+}
+
+double RelDiff(const Tensor& a, const Tensor& b) { return testing::RelMaxDiff(a, b); }
+
+TEST(LayoutExecutorTest, BlockedDagGradientsMatchFiniteDifferences) {
+  if (PreferredChannelBlock() == 0) GTEST_SKIP() << "oneDNN's convolutions want NCHW on this CPU";
+  const Graph g = BlockedDag();
+  ASSERT_OK(g.status());
+  std::unique_ptr<Executor> e = Make(g, CpuKernels::kOneDnn, true, true);
+  EXPECT_LT(e->unplanned_bytes(),
+            Make(g, CpuKernels::kOneDnn, true, true, false)->unplanned_bytes())
+      << "tanh, sigmoid and the sum should run in place";
+  e->Forward(true);
+  e->Backward();
+  const double h = 1e-2;
+  for (int p = 0; p < e->num_params(); ++p) {
+    const Tensor w = e->param(p);
+    std::vector<float> analytic(e->grad(p).data(), e->grad(p).data() + w.num_elements());
+    double worst = 0, mag = 1e-3;
+    for (int64_t k = 0; k < w.num_elements(); k += 7) {
+      const float saved = w.data()[k];
+      w.data()[k] = saved + static_cast<float>(h);
+      e->Forward(true);
+      const double up = e->Loss() * 3.0;
+      w.data()[k] = saved - static_cast<float>(h);
+      e->Forward(true);
+      const double down = e->Loss() * 3.0;
+      w.data()[k] = saved;
+      worst = std::max(worst, std::fabs((up - down) / (2 * h) - analytic[k]));
+      mag = std::max(mag, std::fabs(static_cast<double>(analytic[k])));
+    }
+    EXPECT_LT(worst / mag, 2e-2) << g.params()[p].name;
+  }
+}
+
+// One training step; outputs, loss, gradients and aux states must agree.
+void ExpectSameStep(Executor* a, Executor* b, const Graph& g, double tol) {
+  for (Executor* e : {a, b}) {
+    e->Forward(true);
+    e->Backward();
+  }
+  EXPECT_LT(RelDiff(a->output(), b->output()), tol);
+  EXPECT_NEAR(a->Loss(), b->Loss(), tol);
+  for (int p = 0; p < a->num_params(); ++p) {
+    EXPECT_LT(RelDiff(a->grad(p), b->grad(p)), tol) << g.params()[p].name;
+  }
+  for (int x = 0; x < a->num_aux(); ++x) {
+    EXPECT_LT(RelDiff(a->aux(x), b->aux(x)), tol) << g.aux_states()[x].name;
+  }
+}
+
+TEST(LayoutExecutorTest, BlockedFusedPlainAndReferenceRunsAgree) {
+  const Graph dag = BlockedDag();
+  const Graph resnet = Model("resnet", Shape{3, 12, 12}, 8);
+  for (const Graph* g : {&dag, &resnet}) {
+    auto fast = Make(*g, CpuKernels::kOneDnn, true, true);
+    auto plain = Make(*g, CpuKernels::kOneDnn, false, false, false);
+    auto ref = Make(*g, CpuKernels::kReference, false, false);
+    ExpectSameStep(fast.get(), plain.get(), *g, 1e-4);
+    auto fast2 = Make(*g, CpuKernels::kOneDnn, true, true);
+    ExpectSameStep(fast2.get(), ref.get(), *g, 1e-4);
+  }
+}
+
+TEST(LayoutExecutorTest, BlockedLayoutsLeaveOnlyTheEdgeReorders) {
+  if (PreferredChannelBlock() == 0) GTEST_SKIP() << "oneDNN's convolutions want NCHW on this CPU";
+  const Graph g = Model("resnet", Shape{3, 12, 12}, 8);
+  int convs = 0;
+  for (const Node& n : g.nodes()) convs += n.op == OpType::kConvolution;
+  auto reorders = [&](bool blocked) {
+    auto e = Make(g, CpuKernels::kOneDnn, blocked, blocked);
+    const BackendCounters before = e->backend().counters();
+    e->Forward(true);
+    e->Backward();
+    const BackendCounters after = e->backend().counters();
+    return after.activation_reorders - before.activation_reorders;
+  };
+  // Plain: each convolution but the first reorders its input, its output, the
+  // output's gradient and the input's gradient (the first one reads NCHW).
+  EXPECT_GE(reorders(false), 4 * (convs - 1));
+  // Blocked: at most the data batch into the first convolution and the
+  // classifier's edge, whatever the depth.
+  EXPECT_LE(reorders(true), 3);
+}
+
+}  // namespace
+}  // namespace pstrain
