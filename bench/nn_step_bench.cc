@@ -6,15 +6,20 @@
 //                 [--kernels onednn|reference] [--threads 0] [--gpus N] [--profile]
 //                 [--image-shape C,H,W] [--num-classes K] [--num-layers L]
 //                 [--plain-layouts] [--no-fusion]
+//   nn_step_bench --limits [--threads N]   this machine's oneDNN and memory limits
 // (--plain-layouts and --no-fusion turn off the CPU backend's blocked
 // activation layouts and its batch norm + ReLU fusion, to measure them.)
 // (defaults: the network's MNIST shape; resnet: 20 layers on 3,28,28, 10 classes)
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <functional>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -24,6 +29,136 @@
 #include "nn/initializer.h"
 
 namespace {
+
+using pstrain::Graph;
+using pstrain::Node;
+using pstrain::OpType;
+
+// Forward flops of a convolution or fully connected layer for the batch.
+double Flops(const Graph& g, const Node& n, int64_t batch) {
+  const double out = static_cast<double>(n.out_shape.num_elements() * batch);
+  const pstrain::Shape& in = g.node(n.inputs[0]).out_shape;
+  if (n.op == OpType::kConvolution) {
+    return 2.0 * out * static_cast<double>(in[0] / n.conv.num_group) * n.conv.kernel_h *
+           n.conv.kernel_w;
+  }
+  return 2.0 * out * static_cast<double>(in.num_elements());
+}
+
+// The least bytes a memory-bound layer moves: each input read and the output
+// written once forward; backward, the output's gradient and the tensor the
+// backward needs read, each input's gradient written.
+double MinBytes(const Graph& g, const Node& n, int64_t batch, bool backward) {
+  double in = 0;
+  for (pstrain::NodeId i : n.inputs) in += static_cast<double>(g.node(i).out_shape.num_elements());
+  const double out = static_cast<double>(n.out_shape.num_elements());
+  double floats = in + out;
+  if (backward) {
+    const bool reads_x = n.op == OpType::kBatchNorm;
+    const bool reads_y = n.op == OpType::kActivation;
+    floats = out + in + (reads_x ? in : 0) + (reads_y ? out : 0);
+  }
+  return 4.0 * floats * static_cast<double>(batch);
+}
+
+// Per op type: time, share of the step, and for convolutions and fully
+// connected layers the GFLOP/s (forward = 1x, backward = 2x the forward
+// flops), for the memory-bound ones the GB/s of MinBytes.
+void PrintOpSummary(const Graph& g, const std::vector<pstrain::NodeProfile>& rows, int64_t batch,
+                    double runs) {
+  struct Sum {
+    double fwd_s = 0, bwd_s = 0, flops = 0, bytes = 0;
+  };
+  std::vector<std::pair<std::string, Sum>> sums;
+  double total = 0;
+  size_t r = 0;
+  for (const Node& n : g.nodes()) {
+    if (n.op == OpType::kInput) continue;
+    const pstrain::NodeProfile& row = rows[r++];
+    auto it = std::find_if(sums.begin(), sums.end(), [&](auto& s) { return s.first == row.op; });
+    if (it == sums.end()) it = sums.insert(sums.end(), {row.op, Sum{}});
+    Sum& s = it->second;
+    s.fwd_s += row.forward_s / runs;
+    s.bwd_s += row.backward_s / runs;
+    total += (row.forward_s + row.backward_s) / runs;
+    if (n.op == OpType::kConvolution || n.op == OpType::kFullyConnected) {
+      s.flops += 3 * Flops(g, n, batch);
+    } else {
+      s.bytes += MinBytes(g, n, batch, false) + MinBytes(g, n, batch, true);
+    }
+  }
+  std::printf("\n| op | forward ms | backward ms | share | GFLOP/s | GB/s (least traffic) |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  for (const auto& [op, s] : sums) {
+    const double t = s.fwd_s + s.bwd_s;
+    std::printf("| %s | %.2f | %.2f | %.0f%% | %s | %s |\n", op.c_str(), 1e3 * s.fwd_s,
+                1e3 * s.bwd_s, 100 * t / total,
+                s.flops > 0 ? std::to_string(static_cast<int>(s.flops / t / 1e9)).c_str() : "",
+                s.bytes > 0 && t > 0.01 * total
+                    ? std::to_string(static_cast<int>(s.bytes / t / 1e9)).c_str()
+                    : "");
+  }
+}
+
+// This machine's limits as oneDNN and OpenMP reach them: a large sgemm, a
+// blocked 3x3 convolution (64 -> 64 channels, 28x28, batch 128, forward) and
+// a copy of 256 MB (GB/s of read + write).
+void PrintLimits(int threads) {
+  if (threads > 0) omp_set_num_threads(threads);
+  using clock = std::chrono::steady_clock;
+  auto best_of = [](int reps, const std::function<void()>& fn) {
+    double best = 1e30;
+    for (int i = 0; i < reps; ++i) {
+      const auto t0 = clock::now();
+      fn();
+      best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count());
+    }
+    return best;
+  };
+  const int64_t n = 2048;
+  std::vector<float> a(n * n, 1.0f), b(n * n, 0.5f), c(n * n);
+  const double gemm_s = best_of(
+      5, [&] { dnnl_sgemm('N', 'N', n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n); });
+  using dnnl::memory;
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream strm(eng);
+  const memory::dims x = {128, 64, 28, 28}, w = {64, 64, 3, 3};
+  auto any = [](const memory::dims& d) {
+    return memory::desc(d, memory::data_type::f32, memory::format_tag::any);
+  };
+  dnnl::convolution_forward::primitive_desc pd({dnnl::prop_kind::forward_training,
+                                                dnnl::algorithm::convolution_direct,
+                                                any(x),
+                                                any(w),
+                                                memory::desc(),
+                                                any(x),
+                                                {1, 1},
+                                                {1, 1},
+                                                {1, 1}},
+                                               eng);
+  dnnl::convolution_forward conv(pd);
+  memory src(pd.src_desc(), eng), wei(pd.weights_desc(), eng), dst(pd.dst_desc(), eng);
+  std::fill_n(static_cast<float*>(src.get_data_handle()), src.get_desc().get_size() / 4, 1.0f);
+  std::fill_n(static_cast<float*>(wei.get_data_handle()), wei.get_desc().get_size() / 4, 0.01f);
+  const double conv_s = best_of(5, [&] {
+    conv.execute(strm, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
+    strm.wait();
+  });
+  const double conv_flops = 2.0 * 128 * 64 * 28 * 28 * 64 * 9;
+  const int64_t m = int64_t{64} << 20;  // floats: 256 MB
+  std::vector<float> from(m, 1.0f), to(m, 0.0f);
+  const double copy_s = best_of(5, [&] {
+    float* t = to.data();
+    const float* f = from.data();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < m; ++i) t[i] = f[i];
+  });
+  std::printf("\n| limit (%d threads) | figure |\n|---|---|\n", omp_get_max_threads());
+  std::printf("| oneDNN sgemm 2048^3 | %.0f GFLOP/s |\n", 2.0 * n * n * n / gemm_s / 1e9);
+  std::printf("| oneDNN conv 3x3 64->64 28x28 batch 128, forward, %s | %.0f GFLOP/s |\n",
+              pd.impl_info_str(), conv_flops / conv_s / 1e9);
+  std::printf("| copy 256 MB (read + write) | %.1f GB/s |\n", 2.0 * 4 * m / copy_s / 1e9);
+}
 
 int Run(int argc, char** argv) {
   std::string network = "lenet", kernels = "onednn";
@@ -73,6 +208,9 @@ int Run(int argc, char** argv) {
       }
     } else if (std::strcmp(argv[i], "--profile") == 0) {
       profile = true;
+    } else if (std::strcmp(argv[i], "--limits") == 0) {
+      PrintLimits(threads);
+      return 0;
     } else if (std::strcmp(argv[i], "--plain-layouts") == 0) {
       plain_layouts = true;
     } else if (std::strcmp(argv[i], "--no-fusion") == 0) {
@@ -135,6 +273,8 @@ int Run(int argc, char** argv) {
   for (int i = 0; i < warmup; ++i) step();
   be.Synchronize();
   const pstrain::BackendCounters before = be.counters();
+  // The profile counts the timed steps only (first calls JIT-compile kernels).
+  const std::vector<pstrain::NodeProfile> warm = e->Profile();
   std::vector<double> step_s(static_cast<size_t>(steps));
   const std::clock_t c0 = std::clock();
   for (int i = 0; i < steps; ++i) {
@@ -162,11 +302,18 @@ int Run(int argc, char** argv) {
               static_cast<double>(after.activation_reorders - before.activation_reorders) / steps,
               static_cast<double>(after.param_reorders - before.param_reorders) / steps);
   if (profile) {
-    std::printf("\n| layer | op | forward ms | backward ms |\n|---|---|---|---|\n");
-    for (const pstrain::NodeProfile& row : e->Profile()) {
-      std::printf("| %s | %s | %.3f | %.3f |\n", row.name.c_str(), row.op.c_str(),
-                  1e3 * row.forward_s / (steps + warmup), 1e3 * row.backward_s / (steps + warmup));
+    const double runs = steps;
+    std::vector<pstrain::NodeProfile> timed = e->Profile();
+    for (size_t i = 0; i < timed.size(); ++i) {
+      timed[i].forward_s -= warm[i].forward_s;
+      timed[i].backward_s -= warm[i].backward_s;
     }
+    std::printf("\n| layer | op | forward ms | backward ms |\n|---|---|---|---|\n");
+    for (const pstrain::NodeProfile& row : timed) {
+      std::printf("| %s | %s | %.3f | %.3f |\n", row.name.c_str(), row.op.c_str(),
+                  1e3 * row.forward_s / runs, 1e3 * row.backward_s / runs);
+    }
+    PrintOpSummary(*graph, timed, batch, runs);
   }
   return 0;
 }
