@@ -186,7 +186,9 @@ TEST(TrainClusterTest, DistTrainingWithoutAClusterIsAClearError) {
 }
 
 // Issue 5's end-to-end check: a few hundred CIFAR-10 JPEGs packed by im2rec
-// train a small net for a few batches, and --test-io reads the same file.
+// train a small net for a few batches, and --test-io reads the same file. The
+// net is a ResNet-8, so the CPU engine's channel-blocked layouts and batch
+// norm + ReLU fusion (issue 17) run in a real training job.
 TEST(TrainClusterTest, Im2recPackedImagesTrainANet) {
   const std::string tarball = SharedDataDir() + "/cifar10_jpeg/cifar10-jpeg.tar.gz";
   ASSERT_TRUE(fs::exists(tarball)) << tarball;
@@ -217,7 +219,9 @@ TEST(TrainClusterTest, Im2recPackedImagesTrainANet) {
 
   CmdRun run = RunPstrain({"train",
                            "--network",
-                           "lenet",
+                           "resnet",
+                           "--num-layers",
+                           "8",
                            "--data-train",
                            train_prefix + ".rec",
                            "--data-val",
