@@ -538,7 +538,8 @@ class DnnlFlatten : public Operator {
   Status DoSetup(const OpContext& ctx) override {
     CpuBackend& be = CpuBackend::Of(ctx);
     const Shape& xs = t_.in[0].shape();
-    if (be.layout(node_.inputs[0]) == 0 || xs.ndim() != 4) {
+    // A plain input, or a blocked one of one pixel (the same bytes): a copy.
+    if (be.layout(node_.inputs[0]) == 0 || xs.ndim() != 4 || xs[2] * xs[3] == 1) {
       fallback_ = MakeReferenceOperator(node_);
       return fallback_->Setup(ctx, t_);
     }
