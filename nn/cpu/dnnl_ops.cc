@@ -32,11 +32,6 @@ using Dt = memory::data_type;
 
 memory::dims Dims(const Shape& s) { return memory::dims(s.dims().begin(), s.dims().end()); }
 
-memory::desc PlainDesc(const memory::dims& dims) {
-  static const Tag kTags[] = {Tag::undef, Tag::a, Tag::ab, Tag::abc, Tag::abcd, Tag::abcde};
-  return memory::desc(dims, Dt::f32, kTags[dims.size()]);
-}
-
 memory UserMemory(CpuEngine* cpu, const memory::dims& dims, float* data) {
   return memory(PlainDesc(dims), cpu->engine(), data);
 }
@@ -57,18 +52,15 @@ struct Staged {
 
   // `param`: a parameter or its gradient (else an activation or its gradient).
   void Init(CpuEngine* cpu, const memory& user_mem, const memory::desc& want, bool param) {
-    if (want == user_mem.get_desc()) {
-      user = prim = user_mem;
-      count = param ? &cpu->param_reorders : &cpu->activation_reorders;
-      return;
-    }
-    Link(cpu, user_mem, memory(want, cpu->engine()), param);
+    if (want != user_mem.get_desc()) return Link(cpu, user_mem, memory(want, cpu->engine()), param);
+    user = prim = user_mem;
+    count = Counter(cpu, param);
   }
   // Stages between two existing memories.
   void Link(CpuEngine* cpu, const memory& user_mem, const memory& prim_mem, bool param) {
     user = user_mem;
     prim = prim_mem;
-    count = param ? &cpu->param_reorders : &cpu->activation_reorders;
+    count = Counter(cpu, param);
     to_prim = dnnl::reorder(user, prim);
     to_user = dnnl::reorder(prim, user);
   }
@@ -80,7 +72,7 @@ struct Staged {
       prim = other.prim;
       return;
     }
-    Init(cpu, other.user, want, other.count == &cpu->param_reorders);
+    Init(cpu, other.user, want, other.count == Counter(cpu, true));
   }
   void In(dnnl::stream& s) {
     if (to_prim) Run(*to_prim, s, user, prim, count);
@@ -90,6 +82,9 @@ struct Staged {
   }
 
  private:
+  static int64_t* Counter(CpuEngine* cpu, bool param) {
+    return param ? &cpu->param_reorders : &cpu->activation_reorders;
+  }
   // Small reorders (weights, mostly) run on the calling thread: waking the
   // team would cost more than copying.
   static void Run(dnnl::reorder& r, dnnl::stream& s, memory& from, memory& to, int64_t* count) {

@@ -95,6 +95,11 @@ std::vector<int> PlanActivationLayouts(const Graph& graph, int block) {
         changed = true;
       }
     };
+    // Plain and not also a blocked tensor (as a blockable one-pixel one is).
+    auto plain_only = [&](NodeId id) {
+      const Shape& s = nodes[id].out_shape;
+      return !blocked[id] && !(SamePlainAndBlocked(s) && BlockableImage(s, block));
+    };
     for (const Node& n : nodes) {
       if (n.op == OpType::kInput) continue;
       if (!ReadsAnyLayout(graph, n)) {
@@ -103,13 +108,9 @@ std::vector<int> PlanActivationLayouts(const Graph& graph, int block) {
         }
       }
       if (!KeepsLayout(n)) continue;
-      // Mixed layouts (a plain tensor that is not also a blocked one): all plain.
-      bool mixed = !blocked[n.id] &&
-                   !(SamePlainAndBlocked(n.out_shape) && BlockableImage(n.out_shape, block));
-      for (NodeId in : n.inputs) {
-        const Shape& s = nodes[in].out_shape;
-        mixed = mixed || (!blocked[in] && !(SamePlainAndBlocked(s) && BlockableImage(s, block)));
-      }
+      // Mixed layouts: all plain.
+      bool mixed = plain_only(n.id);
+      for (NodeId in : n.inputs) mixed = mixed || plain_only(in);
       if (!mixed) continue;
       make_plain(n.id);
       for (NodeId in : n.inputs) make_plain(in);
@@ -131,11 +132,13 @@ bool DnnlPoolingApplies(const Node& node, const Shape& in) {
          PoolRightPad(in[2], out[2], p.kernel_w, p.stride_w, p.pad_w) <= p.pad_w;
 }
 
-memory::desc ActivationDesc(const memory::dims& dims, int block) {
+memory::desc PlainDesc(const memory::dims& dims) {
   static const Tag kPlain[] = {Tag::undef, Tag::a, Tag::ab, Tag::abc, Tag::abcd, Tag::abcde};
-  if (block == 0 || dims.size() != 4) {
-    return memory::desc(dims, memory::data_type::f32, kPlain[dims.size()]);
-  }
+  return memory::desc(dims, memory::data_type::f32, kPlain[dims.size()]);
+}
+
+memory::desc ActivationDesc(const memory::dims& dims, int block) {
+  if (block == 0 || dims.size() != 4) return PlainDesc(dims);
   return memory::desc(dims, memory::data_type::f32, block == 16 ? Tag::nChw16c : Tag::nChw8c);
 }
 

@@ -46,6 +46,8 @@ bool DnnlPoolingApplies(const Node& node, const Shape& in_per_sample);
 // The right padding oneDNN's pooling needs for MXNet's output size.
 int64_t PoolRightPad(int64_t in, int64_t out, int kernel, int stride, int pad);
 
+// The oneDNN descriptor of a dense row-major float tensor of `dims` (1-5 dims).
+dnnl::memory::desc PlainDesc(const dnnl::memory::dims& dims);
 // The oneDNN descriptor of a float tensor of `dims` (N, C, ...) in the
 // layout `block` (0: plain).
 dnnl::memory::desc ActivationDesc(const dnnl::memory::dims& dims, int block);
