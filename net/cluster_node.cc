@@ -282,22 +282,79 @@ Status ClusterNode::AdoptTable(const PsHeader& h) {
       }
       early.swap(early_);
     }
-    if (!handler_) continue;
     for (Message& m : early) {
       // They arrived before the routes were known: check them now.
-      auto it = table.find(m.header.sender());
-      if (!m.route.empty() && (it == table.end() || m.route != NodeRoute(it->second.nonce()))) {
+      const int sender = m.header.sender();
+      auto it = table.find(sender);
+      std::string expected;
+      if (sender == kSchedulerId) {
+        expected = h.has_scheduler_route() ? h.scheduler_route() : m.route;
+      } else if (it != table.end()) {
+        expected = NodeRoute(it->second.nonce());
+      }
+      if (!m.route.empty() && m.route != expected) {
         LOG(WARNING) << Self() << ": dropped an early message claiming to come from "
-                     << NodeIdName(m.header.sender())
+                     << NodeIdName(sender)
                      << " that arrived on another node's connection: forged sender";
         continue;
       }
-      handler_(std::move(m));
+      Dispatch(std::move(m));
     }
   }
 }
 
+namespace {
+// What a node keeps of the messages that come before its table (a peer may
+// get its table, and talk to us, before ours arrives): about one round of a
+// large model's pushes from every worker; more is a member flooding us.
+constexpr size_t kMaxEarlyMessages = 1 << 16;
+}  // namespace
+
+ClusterNode::BeforeTable ClusterNode::SortBeforeTable(const Message& msg) {
+  const PsHeader& h = msg.header;
+  const bool from_scheduler_itself =
+      h.cmd() == CMD_NODE_TABLE || h.cmd() == CMD_ABORT || h.cmd() == CMD_HEARTBEAT;
+  if (h.sender() == kSchedulerId && from_scheduler_itself) {
+    const bool route_ok =
+        msg.route.empty() ||
+        (scheduler_route_.empty() ? IsSchedulerRoute(msg.route) : msg.route == scheduler_route_);
+    const bool table_ok = h.cmd() != CMD_NODE_TABLE || msg.route.empty() ||
+                          !h.has_scheduler_route() || h.scheduler_route() == msg.route;
+    if (route_ok && table_ok) return BeforeTable::kTake;
+    LOG(WARNING) << "node on port " << port_ << ": dropped a " << PsCommand_Name(h.cmd())
+                 << " claiming to come from the scheduler that arrived on another node's"
+                 << " connection before this node's table: forged sender";
+    return BeforeTable::kDrop;
+  }
+  if (early_.size() >= kMaxEarlyMessages) {
+    LOG_EVERY_N(WARNING, 1000) << "node on port " << port_ << ": dropped a "
+                               << PsCommand_Name(h.cmd()) << " from " << NodeIdName(h.sender())
+                               << ": " << kMaxEarlyMessages
+                               << " messages wait already for this node's table";
+    return BeforeTable::kDrop;
+  }
+  return BeforeTable::kHold;
+}
+
 void ClusterNode::Handle(Message&& msg) {
+  if (!have_table_.load(std::memory_order_acquire)) {
+    MutexLock l(&mu_);
+    if (!have_table_.load(std::memory_order_relaxed)) {
+      switch (SortBeforeTable(msg)) {
+        case BeforeTable::kTake:
+          break;
+        case BeforeTable::kHold:
+          early_.push_back(std::move(msg));
+          return;
+        case BeforeTable::kDrop:
+          return;
+      }
+    }
+  }
+  Dispatch(std::move(msg));
+}
+
+void ClusterNode::Dispatch(Message&& msg) {
   const PsHeader& h = msg.header;
   if (h.sender() == kSchedulerId) {
     MutexLock l(&mu_);
@@ -305,24 +362,16 @@ void ClusterNode::Handle(Message&& msg) {
   }
   switch (h.cmd()) {
     case CMD_DATA:
-    case CMD_CONFIG: {
-      if (!have_table_.load(std::memory_order_acquire)) {
-        // A peer may get its table (and talk to us) before ours arrives.
-        MutexLock l(&mu_);
-        if (!have_table_.load(std::memory_order_relaxed)) {
-          early_.push_back(std::move(msg));
-          return;
-        }
-      }
+    case CMD_CONFIG:
       if (handler_) handler_(std::move(msg));
       return;
-    }
     case CMD_NODE_TABLE: {
       // Adopted by Start() on its own thread (connecting may block).
       MutexLock l(&mu_);
       if (table_arrived_) return;
       table_arrived_ = true;
       table_header_ = h;
+      scheduler_route_ = msg.route.empty() ? h.scheduler_route() : msg.route;
       cv_.SignalAll();
       return;
     }

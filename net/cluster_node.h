@@ -169,7 +169,16 @@ class ClusterNode {
 
  private:
   explicit ClusterNode(const ClusterOptions& options);
+  // Receive thread: holds or drops what comes before the table, then Dispatch.
   void Handle(Message&& msg);
+  void Dispatch(Message&& msg);
+  // Before the table no member's route is known, so a message claiming one
+  // could come from any member's connection. The scheduler's own (its table,
+  // an abort, heartbeats) are taken from a connection with the scheduler's
+  // form of route (its table's, once the table came); the rest wait in early_
+  // for AdoptTable, which checks them against the table.
+  enum class BeforeTable { kTake, kHold, kDrop };
+  BeforeTable SortBeforeTable(const Message& msg) REQUIRES(mu_);
   // Start(): takes the node table (ids, routes), connects to the peers and
   // hands on the early messages.
   Status AdoptTable(const PsHeader& table) EXCLUDES(mu_);
@@ -199,12 +208,13 @@ class ClusterNode {
   int id_ GUARDED_BY(mu_) = -1;
   int rank_ GUARDED_BY(mu_) = -1;
   std::map<int, NodeInfo> table_ GUARDED_BY(mu_);
-  bool table_arrived_ GUARDED_BY(mu_) = false;  // the scheduler's CMD_NODE_TABLE came
-  PsHeader table_header_ GUARDED_BY(mu_);       // it, until Start() takes it
+  bool table_arrived_ GUARDED_BY(mu_) = false;   // the scheduler's CMD_NODE_TABLE came
+  PsHeader table_header_ GUARDED_BY(mu_);        // it, until Start() takes it
+  std::string scheduler_route_ GUARDED_BY(mu_);  // the table's route of the scheduler
   // Adopted, connected, early messages handed on. Set under mu_ (with early_
   // empty), never cleared: once true, data messages skip the lock.
   std::atomic<bool> have_table_{false};
-  std::vector<Message> early_ GUARDED_BY(mu_);      // data that arrived before the table
+  std::vector<Message> early_ GUARDED_BY(mu_);      // what arrived before the table
   std::vector<NodeInfo> replaced_ GUARDED_BY(mu_);  // replacements the heartbeat thread adopts
   bool shutdown_ GUARDED_BY(mu_) = false;
   bool stopping_ GUARDED_BY(mu_) = false;

@@ -15,6 +15,7 @@ std::string Route(char kind, uint64_t nonce) {
 
 std::string NodeRoute(uint64_t nonce) { return Route('n', nonce); }
 std::string SchedulerRoute(uint64_t nonce) { return Route('s', nonce); }
+bool IsSchedulerRoute(const std::string& route) { return route.size() == 17 && route[0] == 's'; }
 
 Blob Blob::Copy(const void* data, size_t size) {
   char* dst = nullptr;

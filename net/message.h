@@ -124,6 +124,8 @@ Decoded DecodeQueued(const Blob& envelope);
 // ("n" + 16 hex digits), and the scheduler's ("s" + 16 hex digits).
 std::string NodeRoute(uint64_t nonce);
 std::string SchedulerRoute(uint64_t nonce);
+// Whether `route` has the form SchedulerRoute gives.
+bool IsSchedulerRoute(const std::string& route);
 
 // ps-lite's node ids: scheduler 1, server rank r -> 8 + 2r, worker rank r -> 9 + 2r.
 constexpr int kSchedulerId = 1;

@@ -252,6 +252,39 @@ TEST(SecurityTest, OutsidersAndForgedSendersCannotHarmTheJob) {
   }
 }
 
+// Before its table a node knows nobody's route, so a member's messages
+// claiming the scheduler or a worker could come from any connection then:
+// they are held and checked against the table (the push and configuration),
+// or taken only from a scheduler's connection (the abort). A forged abort
+// taken then used to end the job (SecurityTest above, when the attack
+// overtook the server's table).
+TEST(SecurityTest, ForgedMessagesBeforeTheTableAreNotTaken) {
+  KeyFile key;
+  for (bool encrypt : {true, false}) {
+    SCOPED_TRACE(encrypt ? "curve" : "auth");
+    Intruder intruder(key.path, 7, encrypt);
+    std::atomic<bool> attacked{false};
+    JobSpec spec;
+    spec.key_file = key.path;
+    spec.encrypt = encrypt;
+    spec.on_server = [&](int rank, int port) {
+      Attack(&intruder, port);  // the server has not even registered yet
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      attacked = true;
+    };
+    spec.tweak_worker = [&](int w, ClusterOptions*) {
+      for (int i = 0; i < 500 && !attacked.load(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    };
+    JobResult r = RunJobWith(
+        1, 1, [](KVClient& kv) { return Rounds(kv, 3); }, spec);
+    ExpectAllOk(r);
+    EXPECT_TRUE(attacked.load());
+    EXPECT_EQ(intruder.received.load(), 0) << "nothing may answer it";
+  }
+}
+
 // What a node says when it cannot join: the connection's own events tell a
 // port where nothing listens from a scheduler that refuses our key.
 ConnectionReport ReportAfter(Van& from, int port, ConnectionReport::Kind want) {
