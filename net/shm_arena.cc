@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <iterator>
@@ -63,6 +64,20 @@ static_assert(__atomic_always_lock_free(sizeof(int32_t), nullptr),
 
 std::string Errno() { return std::strerror(errno); }
 
+std::string ReadHostIdentity() {
+  std::string boot;
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof(buf), f) != nullptr) boot = buf;
+    std::fclose(f);
+  }
+  while (!boot.empty() && (boot.back() == '\n' || boot.back() == ' ')) boot.pop_back();
+  struct stat st {};
+  const std::string net =
+      stat("/proc/self/ns/net", &st) == 0 ? StrCat(st.st_dev, ":", st.st_ino) : "?";
+  return StrCat(boot.empty() ? "?" : boot, "/net:", net);
+}
+
 // One received frame's hold on its block: destroying it hands the block back.
 struct FrameHold {
   std::shared_ptr<ShmMapping> mapping;  // keeps the mapping alive while read
@@ -77,6 +92,8 @@ struct StoreHold {
 };
 
 }  // namespace
+
+std::string ThisHost() { return ReadHostIdentity(); }
 
 StatusOr<std::shared_ptr<ShmArena>> ShmArena::Create(uint64_t ring_bytes, uint64_t store_bytes) {
   ring_bytes = ring_bytes / kShmAlign * kShmAlign;
@@ -114,6 +131,7 @@ StatusOr<std::shared_ptr<ShmArena>> ShmArena::Create(uint64_t ring_bytes, uint64
   a->info_.set_bytes(bytes);
   a->info_.set_token(token);
   a->info_.set_uid(getuid());
+  a->info_.set_host(ThisHost());
   return a;
 }
 
@@ -313,6 +331,10 @@ uint64_t ShmArena::store_used_bytes() {
 
 StatusOr<std::shared_ptr<ShmMapping>> ShmMapping::Open(const ShmInfo& info) {
   const std::string path = StrCat("/proc/", info.pid(), "/fd/", info.fd());
+  if (const std::string here = ThisHost(); info.host() != here) {
+    return Status::Unavailable(
+        StrCat("arena ", path, " is on another host (", info.host(), ", this is ", here, ")"));
+  }
   if (info.uid() != getuid()) {
     return Status::Unavailable(StrCat("arena ", path, " belongs to uid ", info.uid()));
   }

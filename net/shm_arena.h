@@ -162,12 +162,20 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
 // or from the heap when `arena` is null or has no room (readers null then).
 ShmArena::Stored AllocateOrHeap(ShmArena* arena, uint64_t bytes, bool outgoing);
 
+// What tells this host from another for shared memory: the kernel's boot id
+// (random at every boot, so two machines never share it) and this process's
+// network namespace. Processes in two network namespaces of one machine (the
+// emulated hosts of bench/cluster) are other hosts: their traffic must take
+// the network, as it would between machines.
+std::string ThisHost();
+
 // A peer's arena mapped into this process.
 class ShmMapping : public std::enable_shared_from_this<ShmMapping> {
  public:
   // Maps the arena `info` describes. Unavailable when it is not reachable from
-  // here (another host, another PID namespace, no permission, a stale entry):
-  // the caller then talks to that peer over TCP.
+  // here (another host or network namespace by ThisHost(), another PID
+  // namespace, no permission, a stale entry): the caller then talks to that
+  // peer over TCP.
   static StatusOr<std::shared_ptr<ShmMapping>> Open(const ShmInfo& info);
   ~ShmMapping();
   ShmMapping(const ShmMapping&) = delete;

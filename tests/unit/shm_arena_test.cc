@@ -3,6 +3,9 @@
 #include "net/shm_arena.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include <atomic>
@@ -137,6 +140,30 @@ TEST(ShmArenaTest, MappingRefusesAWrongTokenOrAMissingArena) {
   auto s = ShmMapping::Open(gone).status();
   EXPECT_EQ(s.code(), StatusCode::kUnavailable);
   EXPECT_NE(s.message().find("/fd/100000"), std::string::npos) << s;
+}
+
+// Two network namespaces of one machine are two hosts (bench/cluster): the
+// arena stays where it is and the peer talks over TCP.
+TEST(ShmArenaTest, AnArenaInAnotherNetworkNamespaceIsOnAnotherHost) {
+  auto arena = MakeArena(1 << 20);
+  ASSERT_OK(ShmMapping::Open(arena->info()).status());  // the same host maps it
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (unshare(CLONE_NEWNET) != 0) _exit(2);
+    const Status s = ShmMapping::Open(arena->info()).status();
+    _exit(s.code() == StatusCode::kUnavailable &&
+                  s.message().find("on another host") != std::string::npos
+              ? 0
+              : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 2) {
+    GTEST_SKIP() << "cannot make a network namespace here (needs root or user namespaces)";
+  }
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "a process in another network namespace mapped the arena";
 }
 
 TEST(ShmArenaTest, ResolveRejectsOffsetsThatAreNotLiveBlocks) {
