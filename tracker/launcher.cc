@@ -345,6 +345,32 @@ StatusOr<std::string> DetectHostIp(const std::vector<Host>& hosts) {
   bool all_loopback = true;
   for (const Host& h : hosts) all_loopback = all_loopback && IsLoopbackHost(h.address());
   if (all_loopback) return std::string("127.0.0.1");
+  // The address this host's routing picks towards the job's hosts (no packet
+  // is sent): the one they can reach us at, also where the host name
+  // resolves to another network (a network namespace, a second interface).
+  for (const Host& h : hosts) {
+    if (IsLoopbackHost(h.address())) continue;
+    addrinfo hints{};
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_DGRAM;
+    addrinfo* res = nullptr;
+    if (getaddrinfo(h.address().c_str(), "1", &hints, &res) != 0) continue;
+    std::string found;
+    const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+      sockaddr_in self{};
+      socklen_t len = sizeof(self);
+      char buf[INET_ADDRSTRLEN];
+      if (connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+          getsockname(fd, reinterpret_cast<sockaddr*>(&self), &len) == 0 &&
+          inet_ntop(AF_INET, &self.sin_addr, buf, sizeof(buf)) && !IsLoopbackHost(buf)) {
+        found = buf;
+      }
+      close(fd);
+    }
+    freeaddrinfo(res);
+    if (!found.empty()) return found;
+  }
   char name[256] = {0};
   if (gethostname(name, sizeof(name) - 1) == 0) {
     addrinfo hints{};
