@@ -118,7 +118,8 @@ struct Result {
   double payload_gbps = 0;
   double ceiling_gbps = 0;
   // How this worker's values travelled: "shm" (shared memory with co-located
-  // servers, net/shm_arena.h) or "tcp".
+  // servers, net/shm_arena.h), "tcp", or "shm(1/3)+tcp" (the servers on this
+  // host, here 1 of 3, in shared memory, the others over TCP).
   std::string transport = "tcp";
 };
 
@@ -315,7 +316,14 @@ StatusOr<Result> RunConfig(KVClient* kv, const Config& cfg, uint64_t key_base, i
     r.steps_per_s = std::max(r.steps_per_s, per_round / Seconds(start, Clock::now()));
     RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
   }
-  if (kv->node()->shm_messages() > shm_before) r.transport = "shm";
+  if (kv->node()->shm_messages() > shm_before) {
+    // Values take shared memory only to servers on this host (ThisHost in
+    // net/shm_arena.h); the others are reached over TCP.
+    int shared = 0;
+    const int servers = kv->num_servers();
+    for (int s = 0; s < servers; ++s) shared += kv->node()->SharesMemoryWith(ServerId(s)) ? 1 : 0;
+    r.transport = shared == servers ? "shm" : StrCat("shm(", shared, "/", servers, ")+tcp");
+  }
   r.pairs_per_s = r.steps_per_s * cfg.tensors;
   r.payload_gbps = 2.0 * static_cast<double>(total_elems * 4) * r.steps_per_s / 1e9;
   RETURN_IF_ERROR(kv->Barrier(BarrierDeadline(o)));
