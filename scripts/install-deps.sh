@@ -21,7 +21,7 @@ PACKAGES=(
 )
 # Benchmarks compare against PyTorch; install them with PSTRAIN_BENCH_DEPS=1.
 if [[ "${PSTRAIN_BENCH_DEPS:-0}" == "1" ]]; then
-  PACKAGES+=(python3-torch python3-torchvision)
+  PACKAGES+=(python3-torch python3-torchvision iperf3)
 fi
 
 missing=()
