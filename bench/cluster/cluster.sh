@@ -8,6 +8,7 @@
 #   cluster.sh status [--name pst]
 #   cluster.sh exec HOST CMD...             run CMD on host HOST (1..N)
 #   cluster.sh launch [pstrain launch args] pstrain launch --launcher ssh from host 1
+#                                           (--launcher mpi: Open MPI's mpirun over ssh)
 #   cluster.sh ssh-options                  the --ssh-option flags for the hosts
 #   cluster.sh link HOST up|down            take a host's link down (a fault) or back up
 #   cluster.sh kill HOST                    kill -9 every process on HOST but its sshd (a fault)
@@ -302,6 +303,21 @@ cmd_launch() {
   STATE=/run/pstrain-cluster/$NAME
   num_hosts >/dev/null
   [ -x "$PSTRAIN" ] || die "$PSTRAIN is not built (set PSTRAIN=/path/to/pstrain)"
+  local a prev= mpi=
+  for a in "$@"; do
+    [ "$a" = -- ] && break
+    { [ "$prev" = --launcher ] && [ "$a" = mpi ]; } || [ "$a" = --launcher=mpi ] && mpi=1
+    prev=$a
+  done
+  if [ -n "$mpi" ]; then
+    # Open MPI's mpirun starts its daemons over ssh with the hosts' keys; the
+    # emulated hosts share this machine's cores, so ranks may outnumber them.
+    local root=()
+    [ "$(id -u)" = 0 ] && root=(--mpi-option --allow-run-as-root)
+    exec ip netns exec "$(host_ns 1)" "$PSTRAIN" launch -H "$STATE/hosts" \
+      --mpi-option --mca --mpi-option plm_rsh_args --mpi-option "$(ssh_opts_plain)" \
+      --mpi-option --oversubscribe "${root[@]}" "$@"
+  fi
   # shellcheck disable=SC2046
   exec ip netns exec "$(host_ns 1)" "$PSTRAIN" launch --launcher ssh -H "$STATE/hosts" \
     $(cmd_ssh_options --name "$NAME") "$@"

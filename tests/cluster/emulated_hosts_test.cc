@@ -1,6 +1,6 @@
 // Three emulated hosts (bench/cluster/cluster.sh: network namespaces with
-// their own addresses, sshd and 1 Gbit/s links): the ssh launcher starts a job
-// across them, values between hosts take TCP and within a host shared
+// their own addresses, sshd and 1 Gbit/s links): the ssh launcher and mpirun
+// start a job across them, values between hosts take TCP and within a host shared
 // memory, and a host whose link goes down or whose processes die ends the
 // job everywhere, naming the host, with nothing left running.
 #include <gtest/gtest.h>
@@ -148,6 +148,24 @@ TEST_F(EmulatedHostsTest, KvbenchVerifiesAcrossHostsOverTcpAndWithinAHostInShare
     ++lines;
   }
   EXPECT_EQ(lines, 3) << bench.out;
+}
+
+TEST_F(EmulatedHostsTest, MpirunLaunchesAcrossHosts) {
+  Ran verify = Launch({"--launcher", "mpi", "-n", "3", "-s", "3", "--timeout", "120", "--",
+                       PstrainBinary(), "kvbench", "--verify", "--verify-rounds", "3"});
+  ASSERT_EQ(verify.code, 0) << verify.out;
+  for (int w = 0; w < 3; ++w) {
+    EXPECT_NE(verify.out.find(StrCat("[worker-", w, "] kvbench: verify dist_sync ok")),
+              std::string::npos)
+        << "worker " << w << ":\n"
+        << verify.out;
+  }
+  // Open MPI fills each host's slots (its cores) before the next host.
+  int hosts = 0;
+  for (int h = 1; h <= 3; ++h) {
+    hosts += verify.out.find(StrCat(kSubnet, ".", 10 + h, ":")) != std::string::npos ? 1 : 0;
+  }
+  EXPECT_GE(hosts, 2) << verify.out;
 }
 
 // A fault on host 3 while the job runs; every other process must end,
