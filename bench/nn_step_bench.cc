@@ -34,17 +34,6 @@ using pstrain::Graph;
 using pstrain::Node;
 using pstrain::OpType;
 
-// Forward flops of a convolution or fully connected layer for the batch.
-double Flops(const Graph& g, const Node& n, int64_t batch) {
-  const double out = static_cast<double>(n.out_shape.num_elements() * batch);
-  const pstrain::Shape& in = g.node(n.inputs[0]).out_shape;
-  if (n.op == OpType::kConvolution) {
-    return 2.0 * out * static_cast<double>(in[0] / n.conv.num_group) * n.conv.kernel_h *
-           n.conv.kernel_w;
-  }
-  return 2.0 * out * static_cast<double>(in.num_elements());
-}
-
 // The least bytes a memory-bound layer moves: each input read and the output
 // written once forward; backward, the output's gradient and the tensor the
 // backward needs read, each input's gradient written.
@@ -82,7 +71,7 @@ void PrintOpSummary(const Graph& g, const std::vector<pstrain::NodeProfile>& row
     s.bwd_s += row.backward_s / runs;
     total += (row.forward_s + row.backward_s) / runs;
     if (n.op == OpType::kConvolution || n.op == OpType::kFullyConnected) {
-      s.flops += 3 * Flops(g, n, batch);
+      s.flops += 3 * g.ForwardFlops(n.id) * static_cast<double>(batch);
     } else {
       s.bytes += MinBytes(g, n, batch, false) + MinBytes(g, n, batch, true);
     }

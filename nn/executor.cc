@@ -113,20 +113,8 @@ Status Executor::Init() {
   }
 
   // Which nodes run backward: those on a path from a parameter to the loss.
-  std::vector<bool> reaches_loss(N, false), needs_grad(N, false);
-  if (train) {
-    reaches_loss[m.softmax] = true;
-    for (int i = N - 1; i >= 0; --i) {
-      if (!reaches_loss[i]) continue;
-      for (NodeId in : nodes[i].inputs) reaches_loss[in] = true;
-    }
-    for (int i = 0; i < N; ++i) {
-      if (nodes[i].op == OpType::kInput || !reaches_loss[i]) continue;
-      bool g = !nodes[i].params.empty();
-      for (NodeId in : nodes[i].inputs) g = g || needs_grad[in];
-      needs_grad[i] = g;
-    }
-  }
+  const std::vector<bool> needs_grad =
+      train ? graph_.NodesWithBackward() : std::vector<bool>(N, false);
   m.runs_backward = needs_grad;
 
   // Operators (created before planning: they say what their backward reads).

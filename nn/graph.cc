@@ -302,6 +302,62 @@ int64_t Graph::NumAuxElements() const {
   return total;
 }
 
+double Graph::ForwardFlops(NodeId id) const {
+  const Node& n = nodes_[id];
+  const double out = static_cast<double>(n.out_shape.num_elements());
+  auto in = [&](int k) {
+    return static_cast<double>(nodes_[n.inputs[k]].out_shape.num_elements());
+  };
+  switch (n.op) {
+    case OpType::kConvolution: {
+      const Shape& x = nodes_[n.inputs[0]].out_shape;
+      return 2.0 * out * static_cast<double>(x[0] / n.conv.num_group) * n.conv.kernel_h *
+             n.conv.kernel_w;
+    }
+    case OpType::kFullyConnected:
+      return 2.0 * out * in(0);
+    case OpType::kPooling:
+      return out * n.pool.kernel_h * n.pool.kernel_w;
+    case OpType::kBatchNorm:
+      return 5.0 * out;
+    case OpType::kActivation:
+      return (n.act == ActType::kRelu ? 1.0 : 4.0) * out;
+    case OpType::kAdd:
+      return out * static_cast<double>(n.inputs.size() - 1);
+    case OpType::kDropout:
+      return 2.0 * out;
+    case OpType::kSoftmaxOutput:
+      return 4.0 * in(0);
+    case OpType::kInput:
+    case OpType::kConcat:
+    case OpType::kFlatten:
+      return 0;
+  }
+  return 0;
+}
+
+std::vector<bool> Graph::NodesWithBackward() const {
+  const int count = static_cast<int>(nodes_.size());
+  std::vector<bool> reaches_loss(count, false), needs_grad(count, false);
+  NodeId loss = kInvalidNode;
+  for (const Node& n : nodes_) {
+    if (n.op == OpType::kSoftmaxOutput) loss = n.id;
+  }
+  if (loss == kInvalidNode) return needs_grad;
+  reaches_loss[loss] = true;
+  for (int i = count - 1; i >= 0; --i) {
+    if (!reaches_loss[i]) continue;
+    for (NodeId in : nodes_[i].inputs) reaches_loss[in] = true;
+  }
+  for (int i = 0; i < count; ++i) {
+    if (nodes_[i].op == OpType::kInput || !reaches_loss[i]) continue;
+    bool g = !nodes_[i].params.empty();
+    for (NodeId in : nodes_[i].inputs) g = g || needs_grad[in];
+    needs_grad[i] = g;
+  }
+  return needs_grad;
+}
+
 std::vector<LayerSummary> Graph::Summary() const {
   std::vector<LayerSummary> rows;
   for (const Node& n : nodes_) {

@@ -178,6 +178,19 @@ class Graph {
 
   int64_t NumParams() const;  // total trainable elements
   int64_t NumAuxElements() const;
+  // Floating-point operations of node `id`'s forward pass for one sample, an
+  // estimate: a convolution or fully connected layer counts 2 per
+  // multiply-add (bias excluded), pooling one per window element read,
+  // batch norm 5 per element (mean, variance, normalize, scale, shift), ReLU 1
+  // and tanh/sigmoid 4 per element, a sum one per element and extra input,
+  // dropout 2 per element, the softmax loss 4 per class; inputs, concat and
+  // flatten (copies) 0. Its backward is about twice this (the input's and the
+  // parameters' gradients).
+  double ForwardFlops(NodeId id) const;
+  // Per node: whether the executor runs its backward, i.e. it lies on a path
+  // from a parameter to the SoftmaxOutput (the first convolution computes no
+  // input gradient, but its weights'). All false without a SoftmaxOutput.
+  std::vector<bool> NodesWithBackward() const;
   // One row per non-input node, in creation order.
   std::vector<LayerSummary> Summary() const;
 

@@ -42,6 +42,13 @@ DEFINE_string(kv_store, "device", "local, device, dist_sync, dist_async, dist_de
 DEFINE_string(gpus, "", "GPUs to use, e.g. 0,1 (the same GPU may be listed twice); empty: the CPU");
 DEFINE_string(gpu_weights, "", "relative work of each --gpus entry, e.g. 3,1; empty: equal");
 DEFINE_int32(num_threads, 0, "CPU threads of the kernels; 0: all cores");
+DEFINE_double(emulate_compute, 0,
+              "seconds of emulated compute per batch (> 0): no data is read and nothing is "
+              "computed, each batch waits this long and pushes gradients of the model's shapes "
+              "at the points of its backward; unset: real compute");
+DEFINE_double(time_dilation, 1,
+              "with --emulate-compute: waits last K times longer and reported times are divided "
+              "by K (for links shaped K times slower); >= 1");
 
 namespace pstrain {
 namespace {

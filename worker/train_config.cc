@@ -48,7 +48,48 @@ bool ParseDouble(const std::string& s, double* out) {
   return true;
 }
 
+// --emulate-compute and --time-dilation: their values, and the flags that
+// make no sense when nothing is computed.
+Status ValidateEmulation(const TrainConfig& cfg) {
+  if (cfg.has_emulate_compute() &&
+      !(cfg.emulate_compute() > 0 && std::isfinite(cfg.emulate_compute()))) {
+    return Status::InvalidArgument(StrCat("--emulate-compute=", cfg.emulate_compute(),
+                                          " must be a number of seconds per batch > 0"));
+  }
+  if (!(cfg.time_dilation() >= 1 && std::isfinite(cfg.time_dilation()))) {
+    return Status::InvalidArgument(
+        StrCat("--time-dilation=", cfg.time_dilation(), " must be a factor >= 1 (1: no dilation)"));
+  }
+  if (!cfg.has_emulate_compute()) {
+    if (cfg.time_dilation() != 1) {
+      return Status::InvalidArgument(
+          StrCat("--time-dilation=", cfg.time_dilation(),
+                 " needs --emulate-compute: it stretches emulated compute, not real compute"));
+    }
+    return Status::Ok();
+  }
+  const std::string emulating = StrCat("--emulate-compute=", cfg.emulate_compute());
+  if (cfg.test_io() != 0) {
+    return Status::InvalidArgument(
+        StrCat(emulating, " reads no data: it cannot be combined with --test-io"));
+  }
+  if (!cfg.gpus().empty()) {
+    return Status::InvalidArgument(StrCat(
+        emulating, " computes on no device: it cannot be combined with --gpus=", cfg.gpus()));
+  }
+  if (!cfg.model_prefix().empty()) {
+    return Status::InvalidArgument(
+        StrCat(emulating,
+               " trains no real weights: it cannot be combined with --model-prefix (checkpoints)"));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
+
+bool EmulationNeedsNoData(const TrainConfig& cfg) {
+  return cfg.emulate_compute() > 0 && !cfg.image_shape().empty() && cfg.num_examples() > 0;
+}
 
 StatusOr<TrainConfig> ParseTrainConfigText(const std::string& text, const std::string& source) {
   TrainConfig cfg;
@@ -87,12 +128,17 @@ Status ApplyConfigOverrides(const std::vector<std::pair<std::string, std::string
     for (char& c : name) {
       if (c == '-') c = '_';
     }
+    // Errors name the flag as MXNet spells it, whichever way it came.
+    std::string flag = raw_name;
+    for (char& c : flag) {
+      if (c == '_') c = '-';
+    }
     const pb::FieldDescriptor* f = desc->FindFieldByName(name);
     if (f == nullptr || f->is_repeated()) {
-      return Status::InvalidArgument(StrCat("--", raw_name, " is not a training config field"));
+      return Status::InvalidArgument(StrCat("--", flag, " is not a training config field"));
     }
     auto bad = [&](const char* type) {
-      return Status::InvalidArgument(StrCat("--", raw_name, "='", value, "' is not ", type));
+      return Status::InvalidArgument(StrCat("--", flag, "='", value, "' is not ", type));
     };
     int64_t i = 0;
     double d = 0;
@@ -237,13 +283,15 @@ Status ValidateTrainConfig(const TrainConfig& cfg) {
     }
   }
   RETURN_IF_ERROR(ParseTrainingDevices(cfg).status());
+  RETURN_IF_ERROR(ValidateEmulation(cfg));
   if (cfg.test_io() == 0 && cfg.network().empty()) {
     return Status::InvalidArgument("--network is required (e.g. mlp, lenet)");
   }
-  if (cfg.benchmark() == 0 && cfg.data_dir().empty() && cfg.data_train().empty()) {
+  if (cfg.benchmark() == 0 && cfg.data_dir().empty() && cfg.data_train().empty() &&
+      !EmulationNeedsNoData(cfg)) {
     return Status::InvalidArgument(
         "--data-dir (MNIST, CIFAR-10 binary) or --data-train (RecordIO) is required unless "
-        "--benchmark 1");
+        "--benchmark 1 (or --emulate-compute with --image-shape and --num-examples)");
   }
   if (cfg.benchmark() != 0 && shape.empty()) {
     return Status::InvalidArgument("--benchmark 1 needs --image-shape C,H,W");

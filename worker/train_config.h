@@ -31,8 +31,15 @@ Status ApplyConfigOverrides(const std::vector<std::pair<std::string, std::string
 
 // Checks ranges and names: positive batch size, epochs, disp_batches; known
 // optimizer and kv_store; image_shape, lr_step_epochs and gpus parse; a network
-// unless test_io; a data_dir unless benchmark; load_epoch needs model_prefix.
+// unless test_io; a data_dir unless benchmark (or EmulationNeedsNoData);
+// load_epoch needs model_prefix; emulate_compute, when set, > 0 and without
+// test_io, gpus or model_prefix; time_dilation >= 1, and 1 unless emulating.
 Status ValidateTrainConfig(const TrainConfig& cfg);
+
+// Whether `train` may leave the data unopened: compute is emulated
+// (--emulate-compute) and the flags give what the data would, the image shape
+// and the number of examples (the classes default to 10, as the data sets').
+bool EmulationNeedsNoData(const TrainConfig& cfg);
 
 // The devices this worker trains on: --gpus as ordinals ({} for the CPU),
 // and their --gpu-weights ({} for equal shares). InvalidArgument for a list

@@ -1,6 +1,7 @@
 #include "worker/trainer.h"
 
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <utility>
 
@@ -14,6 +15,12 @@ namespace {
 
 double SecondsSince(SteadyClock::time_point t) {
   return std::chrono::duration<double>(SteadyClock::now() - t).count();
+}
+
+std::string Fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
 }
 
 StatusOr<InitializerSpec> ParseInitializer(const std::string& text) {
@@ -40,7 +47,14 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& cfg, Train
 }
 
 Status Trainer::Init() {
-  if (env_.open_data) {
+  const bool emulated = cfg_.emulate_compute() > 0;
+  if (EmulationNeedsNoData(cfg_)) {
+    // The flags say what the data would: nothing is opened.
+    ASSIGN_OR_RETURN(data_.image_shape, ParseIntList(cfg_.image_shape(), "--image-shape"));
+    data_.num_classes = cfg_.num_classes() > 0 ? cfg_.num_classes() : 10;
+    data_.total_train_examples = cfg_.num_examples();
+    data_.kind = "none";
+  } else if (env_.open_data) {
     ASSIGN_OR_RETURN(data_, env_.open_data(env_.rank, env_.num_workers));
   } else {
     ASSIGN_OR_RETURN(data_, OpenTrainData(cfg_, env_.rank, env_.num_workers));
@@ -51,9 +65,19 @@ Status Trainer::Init() {
     return Status::InvalidArgument(StrCat(n, " examples over ", env_.num_workers,
                                           " workers make no batch of ", cfg_.batch_size()));
   }
-  env_.log->Info(
-      StrCat("train data: ", data_.train->Describe(), "; ", epoch_size_, " batches per epoch"));
-  if (data_.val) env_.log->Info(StrCat("validation data: ", data_.val->Describe()));
+  if (emulated) {
+    // Only the shapes and the count are used: no batch is ever read.
+    env_.log->Info(StrCat("train data: ", data_.train ? data_.train->Describe() : "not opened",
+                          ", not read (compute is emulated): ", n, " examples of ",
+                          Shape(data_.image_shape).ToString(), ", ", data_.num_classes,
+                          " classes; ", epoch_size_, " batches per epoch"));
+    data_.train.reset();
+    data_.val.reset();
+  } else {
+    env_.log->Info(
+        StrCat("train data: ", data_.train->Describe(), "; ", epoch_size_, " batches per epoch"));
+    if (data_.val) env_.log->Info(StrCat("validation data: ", data_.val->Describe()));
+  }
   if (cfg_.test_io() != 0) return Status::Ok();
 
   ModelOptions mo;
@@ -62,6 +86,44 @@ Status Trainer::Init() {
   mo.image_shape = Shape(data_.image_shape);
   mo.num_classes = data_.num_classes;
   ASSIGN_OR_RETURN(graph_, env_.build_model(mo));
+  RETURN_IF_ERROR(emulated ? InitEmulated() : InitDevices());
+
+  ASSIGN_OR_RETURN(InitializerSpec init, ParseInitializer(cfg_.initializer()));
+  InitializeParams(init, cfg_.seed(), params_);
+
+  ASSIGN_OR_RETURN(OptimizerConfig opt, MakeOptimizerConfig(cfg_, epoch_size_, env_.num_workers));
+  if (env_.make_sync) {
+    ASSIGN_OR_RETURN(sync_, env_.make_sync(opt));
+  } else if (cfg_.kv_store() == "local" || cfg_.kv_store() == "device") {
+    ASSIGN_OR_RETURN(std::unique_ptr<LocalParamSync> local, LocalParamSync::Create(opt));
+    sync_ = std::move(local);
+  } else {
+    return Status::FailedPrecondition(StrCat("--kv-store ", cfg_.kv_store(),
+                                             " needs a cluster (start it with `pstrain launch`)"));
+  }
+  if (cfg_.load_epoch() > 0) {
+    RETURN_IF_ERROR(LoadCheckpoint(cfg_.load_epoch()));
+  }
+  RETURN_IF_ERROR(sync_->Init(params_));
+  if (cfg_.load_epoch() > 0) {
+    const std::string states = CheckpointStatesPath(cfg_.model_prefix(), cfg_.load_epoch());
+    auto arrays = LoadArrays(states);
+    if (arrays.ok()) {
+      RETURN_IF_ERROR(sync_->LoadState(*arrays).WithContext(states));
+    } else if (arrays.status().code() != StatusCode::kNotFound) {
+      return arrays.status();
+    }
+  }
+  if (exec_ != nullptr) {
+    ParamSync* sync = sync_.get();
+    exec_->SetGradReadyCallback([sync](int i) { sync->OnGradReady(i); });
+    exec_->SetParamNeededCallback([sync](int i) { sync->WaitParam(i); });
+  }
+  env_.log->Info(StrCat("optimizer: ", opt.ShortDebugString()));
+  return Status::Ok();
+}
+
+Status Trainer::InitDevices() {
   DeviceGroupOptions go;
   go.batch_size = cfg_.batch_size();
   ASSIGN_OR_RETURN(const TrainingDevices devices, ParseTrainingDevices(cfg_));
@@ -80,6 +142,7 @@ Status Trainer::Init() {
                  : MergeDevice::kLocal;
   go.seed = cfg_.seed() + 1;
   ASSIGN_OR_RETURN(exec_, DeviceGroup::Create(graph_, go));
+  params_ = exec_.get();
   const Shape out_shape = exec_->output_shape();
   num_classes_ = static_cast<int>(out_shape.ProductFrom(1));
   output_host_.resize(static_cast<size_t>(out_shape.num_elements()));
@@ -92,37 +155,38 @@ Status Trainer::Init() {
   env_.log->Info(StrCat("network ", cfg_.network(), ": ", graph_.params().size(),
                         " parameter arrays, ", graph_.NumParams(), " parameters, output ",
                         out_shape.ToString(), ", on ", where));
+  return Status::Ok();
+}
 
-  ASSIGN_OR_RETURN(InitializerSpec init, ParseInitializer(cfg_.initializer()));
-  InitializeParams(init, cfg_.seed(), exec_.get());
-
-  ASSIGN_OR_RETURN(OptimizerConfig opt, MakeOptimizerConfig(cfg_, epoch_size_, env_.num_workers));
-  if (env_.make_sync) {
-    ASSIGN_OR_RETURN(sync_, env_.make_sync(opt));
-  } else if (cfg_.kv_store() == "local" || cfg_.kv_store() == "device") {
-    ASSIGN_OR_RETURN(std::unique_ptr<LocalParamSync> local, LocalParamSync::Create(opt));
-    sync_ = std::move(local);
-  } else {
-    return Status::FailedPrecondition(StrCat("--kv-store ", cfg_.kv_store(),
-                                             " needs a cluster (start it with `pstrain launch`)"));
+Status Trainer::InitEmulated() {
+  ASSIGN_OR_RETURN(host_params_, HostParams::Create(graph_));
+  host_params_->FillGrads();
+  params_ = host_params_.get();
+  ComputeEmulatorOptions eo;
+  eo.seconds = cfg_.emulate_compute() * cfg_.time_dilation();
+  ASSIGN_OR_RETURN(emulator_, ComputeEmulator::Create(graph_, eo));
+  env_.log->Info(StrCat("network ", cfg_.network(), ": ", graph_.params().size(),
+                        " parameter arrays, ", graph_.NumParams(),
+                        " parameters, in host memory only (compute is emulated)"));
+  const double secs = cfg_.emulate_compute();
+  const double fwd = secs * eo.forward_share;
+  std::string line = StrCat(
+      "compute is emulated (--emulate-compute ", secs,
+      "): nothing is computed and no batch is read; each batch waits ", Fixed(secs, 4),
+      " s, forward ", Fixed(fwd, 4), " s then backward ", Fixed(secs - fwd, 4), " s, spread over ",
+      emulator_->layers().size(), " layers by their share of the model's ",
+      emulator_->weighted_by(),
+      emulator_->weighted_by() == "flops"
+          ? StrCat(" (", Fixed(emulator_->forward_flops() * 1e-6, 1), " MFLOP forward per sample)")
+          : std::string(),
+      "; each parameter's gradient, a fixed pattern, goes to the kv store when the emulated "
+      "backward reaches its layer; no accuracy is measured");
+  const double dilation = cfg_.time_dilation();
+  if (dilation != 1) {
+    line += StrCat("; time dilation ", dilation, ": waits last ", dilation,
+                   " times longer and reported times are divided by ", dilation);
   }
-  if (cfg_.load_epoch() > 0) {
-    RETURN_IF_ERROR(LoadCheckpoint(cfg_.load_epoch()));
-  }
-  RETURN_IF_ERROR(sync_->Init(exec_.get()));
-  if (cfg_.load_epoch() > 0) {
-    const std::string states = CheckpointStatesPath(cfg_.model_prefix(), cfg_.load_epoch());
-    auto arrays = LoadArrays(states);
-    if (arrays.ok()) {
-      RETURN_IF_ERROR(sync_->LoadState(*arrays).WithContext(states));
-    } else if (arrays.status().code() != StatusCode::kNotFound) {
-      return arrays.status();
-    }
-  }
-  ParamSync* sync = sync_.get();
-  exec_->SetGradReadyCallback([sync](int i) { sync->OnGradReady(i); });
-  exec_->SetParamNeededCallback([sync](int i) { sync->WaitParam(i); });
-  env_.log->Info(StrCat("optimizer: ", opt.ShortDebugString()));
+  env_.log->Info(line);
   return Status::Ok();
 }
 
@@ -181,6 +245,7 @@ const float* Trainer::Output() {
 }
 
 Status Trainer::TrainEpoch(int epoch) {
+  if (emulator_ != nullptr) return TrainEpochEmulated(epoch);
   const auto epoch_start = SteadyClock::now();
   data_.train->Reset();
   ClassificationMetrics metrics(cfg_.top_k());
@@ -237,6 +302,34 @@ Status Trainer::TrainEpoch(int epoch) {
     RETURN_IF_ERROR(SaveCheckpoint(epoch + 1));
   }
   RETURN_IF_ERROR(Validate(epoch, &result));
+  history_.push_back(std::move(result));
+  return Status::Ok();
+}
+
+Status Trainer::TrainEpochEmulated(int epoch) {
+  // Reported times are the dilated ones divided by the dilation.
+  const double dilation = cfg_.time_dilation();
+  const auto epoch_start = SteadyClock::now();
+  auto speed_tic = epoch_start;
+  for (int64_t nbatch = 0; nbatch < epoch_size_; ++nbatch) {
+    emulator_->Step(sync_.get());
+    RETURN_IF_ERROR(sync_->TakeError());
+    // The Speedometer as in TrainEpoch, without metrics (MXNet prints none then).
+    if (nbatch == 0) {
+      speed_tic = SteadyClock::now();
+    } else if (nbatch % cfg_.disp_batches() == 0) {
+      const double speed =
+          cfg_.disp_batches() * cfg_.batch_size() / (SecondsSince(speed_tic) / dilation);
+      env_.log->Info(FormatSpeedLine(epoch, nbatch, speed, {}));
+      speed_tic = SteadyClock::now();
+    }
+  }
+  RETURN_IF_ERROR(sync_->Drain());
+  EpochResult result;
+  result.epoch = epoch;
+  result.seconds = SecondsSince(epoch_start) / dilation;
+  result.samples = epoch_size_ * cfg_.batch_size();
+  env_.log->Info(FormatTimeCostLine(epoch, result.seconds));
   history_.push_back(std::move(result));
   return Status::Ok();
 }

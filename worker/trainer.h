@@ -12,6 +12,12 @@
 //
 // --test-io 1 only iterates the training reader once and logs its speed.
 //
+// --emulate-compute S: no executor and no reader; the model's arrays live in a
+// HostParams and each batch is a ComputeEmulator step of S x --time-dilation
+// seconds driving the same ParamSync. Per epoch only the Speedometer (without
+// metrics), Time cost (both divided by the dilation) and no Train-/Validation-
+// lines: there is nothing real to measure accuracy on.
+//
 // Threads: Run() on one thread; the ParamSync callbacks run on it too.
 #ifndef PSTRAIN_WORKER_TRAINER_H_
 #define PSTRAIN_WORKER_TRAINER_H_
@@ -25,8 +31,10 @@
 #include "models/models.h"
 #include "nn/device_group.h"
 #include "nn/graph.h"
+#include "nn/host_params.h"
 #include "proto/optimizer.pb.h"
 #include "proto/train_config.pb.h"
+#include "worker/compute_emulator.h"
 #include "worker/param_sync.h"
 #include "worker/train_data.h"
 #include "worker/train_log.h"
@@ -72,7 +80,12 @@ class Trainer {
   // Examples per second over the whole --test-io pass (0 before Run).
   double test_io_speed() const { return test_io_speed_; }
   // The worker's devices: one executor per device, the merge buffers as params.
+  // REQUIRES: compute is not emulated.
   const DeviceGroup& devices() const { return *exec_; }
+  // What the parameter sync exchanges: devices(), or the emulation's arrays.
+  const ModelParams& params() const { return *params_; }
+  // The emulated step (--emulate-compute), else null.
+  const ComputeEmulator* emulator() const { return emulator_.get(); }
   int64_t epoch_size() const { return epoch_size_; }
 
  private:
@@ -80,6 +93,11 @@ class Trainer {
   Status Init();
   Status RunTestIo();
   Status TrainEpoch(int epoch);
+  // The executors of real compute, or (--emulate-compute) the host arrays
+  // and the emulated step; both set params_.
+  Status InitDevices();
+  Status InitEmulated();
+  Status TrainEpochEmulated(int epoch);
   Status Validate(int epoch, EpochResult* result);
   Status SaveCheckpoint(int epoch_done);
   Status LoadCheckpoint(int epoch);
@@ -92,7 +110,10 @@ class Trainer {
   TrainerEnv env_;
   TrainData data_;
   Graph graph_;
-  std::unique_ptr<DeviceGroup> exec_;
+  std::unique_ptr<DeviceGroup> exec_;          // real compute
+  std::unique_ptr<HostParams> host_params_;    // emulated compute
+  std::unique_ptr<ComputeEmulator> emulator_;  // emulated compute
+  ModelParams* params_ = nullptr;              // exec_ or host_params_
   std::unique_ptr<ParamSync> sync_;
   int64_t epoch_size_ = 0;
   int num_classes_ = 0;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/env.h"
+#include "logtools/log_table.h"
 #include "tests/test_util.h"
 #include "tracker/process.h"
 
@@ -183,6 +184,120 @@ TEST(TrainClusterTest, DistTrainingWithoutAClusterIsAClearError) {
                           30000);
   EXPECT_NE(run.exit_code, 0);
   EXPECT_NE(run.output.find("DMLC_PS_ROOT_URI"), std::string::npos) << run.output;
+}
+
+// --emulate-compute in a real job: `launch` starts a scheduler, S servers and
+// 2 workers as processes on 127.0.0.1 that train LeNet's shapes with no data
+// and no compute, SECONDS x K per batch. Every epoch completes on both workers
+// in at least its batches' waits, the worker logs parse as MXNet logs (time
+// per epoch, no accuracy), and the servers served one push per parameter per
+// batch per worker.
+struct EmulatedJob {
+  std::string kv_store;
+  int servers = 1;
+  double seconds = 0.05;
+  double dilation = 1;
+};
+
+void RunEmulatedJob(const EmulatedJob& job) {
+  constexpr int kWorkers = 2, kEpochs = 2, kBatches = 10, kParams = 8;  // LeNet: 8 arrays
+  TempDir logs;
+  CmdRun run = RunPstrain({"launch",
+                           "-n",
+                           std::to_string(kWorkers),
+                           "-s",
+                           std::to_string(job.servers),
+                           "--launcher",
+                           "local",
+                           "--log-dir",
+                           logs.path(),
+                           "--",
+                           PstrainBinary(),
+                           "train",
+                           "--network",
+                           "lenet",
+                           "--kv-store",
+                           job.kv_store,
+                           "--emulate-compute",
+                           std::to_string(job.seconds),
+                           "--time-dilation",
+                           std::to_string(job.dilation),
+                           "--image-shape",
+                           "1,28,28",
+                           "--num-examples",
+                           std::to_string(kWorkers * kBatches * 128),
+                           "--batch-size",
+                           "128",
+                           "--num-epochs",
+                           std::to_string(kEpochs),
+                           "--disp-batches",
+                           "5"},
+                          120000);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  const double wait = job.seconds * job.dilation;  // per batch, as waited
+  for (int rank = 0; rank < kWorkers; ++rank) {
+    const std::string log = read(logs.path() + "/worker-" + std::to_string(rank) + ".log");
+    EXPECT_NE(log.find("INFO:root:compute is emulated (--emulate-compute "), std::string::npos)
+        << log;
+    const std::vector<double> times = MetricValues(log, "Time cost");
+    ASSERT_EQ(times.size(), static_cast<size_t>(kEpochs)) << log;
+    for (double t : times) {
+      EXPECT_GE(t, kBatches * wait / job.dilation - 0.001) << log;  // %.3f rounding
+      EXPECT_LT(t, kBatches * wait * 3 + 5) << log;
+    }
+    std::regex speed(
+        R"(INFO:root:Epoch\[[01]\] Batch \[5\]\tSpeed: [0-9]+\.[0-9]{2} samples/sec\n)");
+    EXPECT_EQ(
+        std::distance(std::sregex_iterator(log.begin(), log.end(), speed), std::sregex_iterator()),
+        kEpochs)
+        << log;
+    EXPECT_EQ(log.find("Train-"), std::string::npos) << log;
+    EXPECT_EQ(log.find("Validation-"), std::string::npos) << log;
+  }
+  // The job's logs through the log parser: one row per epoch, time only.
+  auto parsed = logtools::ReadLog(logs.path(), {"accuracy"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const std::vector<logtools::TableRow> rows = logtools::Summarize(*parsed, logtools::Op::kAvg);
+  ASSERT_EQ(rows.size(), static_cast<size_t>(kEpochs));
+  for (int e = 0; e < kEpochs; ++e) {
+    EXPECT_EQ(rows[e].epoch, e + 1);
+    ASSERT_TRUE(rows[e].time.has_value());
+    EXPECT_GE(*rows[e].time, kBatches * wait / job.dilation - 0.001);
+    EXPECT_FALSE(rows[e].train[0].has_value());
+    EXPECT_FALSE(rows[e].valid[0].has_value());
+  }
+  CmdRun table = RunPstrain({"parse-log", logs.path()}, 30000);
+  EXPECT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_NE(table.output.find("|  2 | - | - | "), std::string::npos) << table.output;
+  // The kv traffic: every worker pushed every parameter once per batch; the
+  // rest is the start (configuration, initial values, first pull).
+  int64_t served = 0;
+  std::regex done("job done after ([0-9]+) requests");
+  for (int s = 0; s < job.servers; ++s) {
+    const std::string log = read(logs.path() + "/server-" + std::to_string(s) + ".log");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(log, m, done)) << log;
+    served += std::stoll(m[1].str());
+  }
+  const int64_t pushes = int64_t{kWorkers} * kEpochs * kBatches * kParams;
+  EXPECT_GE(served, pushes);
+  EXPECT_LE(served, pushes + job.servers * (2 * kWorkers + 1));
+}
+
+TEST(TrainClusterTest, EmulatedComputeDistSyncTwoWorkers) {
+  RunEmulatedJob({"dist_sync", 1, 0.05, 1});
+}
+
+// The other distributed kv stores, over two servers, with the time dilated.
+TEST(TrainClusterTest, EmulatedComputeDistAsyncAndDeviceSyncDilated) {
+  for (const char* kv : {"dist_async", "dist_device_sync"}) {
+    SCOPED_TRACE(kv);
+    RunEmulatedJob({kv, 2, 0.025, 2});
+  }
 }
 
 // Issue 5's end-to-end check: a few hundred CIFAR-10 JPEGs packed by im2rec

@@ -149,5 +149,44 @@ TEST(TrainCmdTest, BadInputIsAClearErrorNotACrash) {
   EXPECT_NE(out.find("/nonexistent.cfg"), std::string::npos) << out;
 }
 
+// --emulate-compute and --time-dilation as a user types them: a bad value is
+// an error naming the flag and the value; a good one trains without data and
+// says at start that compute is emulated.
+TEST(TrainCmdTest, EmulatedComputeFlags) {
+  const std::string base =
+      "train --network mlp --kv-store local --image-shape 1,28,28 --num-examples 256 "
+      "--batch-size 128 --num-epochs 1 ";
+  struct Bad {
+    const char* flags;
+    int code;
+    const char* message;
+  };
+  for (const Bad& bad : {
+           Bad{"--emulate-compute -1", 2, "--emulate-compute=-1 must be a number of seconds"},
+           Bad{"--emulate-compute=0", 2, "--emulate-compute=0 must be a number of seconds"},
+           Bad{"--emulate-compute abc", 1,
+               "illegal value 'abc' specified for double flag "
+               "'emulate_compute'"},  // gflags' own parser
+           Bad{"--emulate-compute nan", 2, "--emulate-compute='nan' is not a number"},
+           Bad{"--emulate-compute 0.1 --time-dilation 0.5", 2,
+               "--time-dilation=0.5 must be a factor >= 1"},
+           Bad{"--emulate-compute 0.1 --time-dilation x2", 1,
+               "illegal value 'x2' specified for double flag 'time_dilation'"},
+           Bad{"--time-dilation 2", 2, "--time-dilation=2 needs --emulate-compute"},
+       }) {
+    std::string out;
+    EXPECT_EQ(RunPstrain(base + bad.flags, &out), bad.code) << bad.flags << "\n" << out;
+    EXPECT_NE(out.find(bad.message), std::string::npos) << bad.flags << "\n" << out;
+  }
+  std::string out;
+  ASSERT_EQ(RunPstrain(base + "--emulate-compute 0.01 --time-dilation 1.5", &out), 0) << out;
+  EXPECT_NE(out.find("INFO:root:compute is emulated (--emulate-compute 0.01): nothing is computed"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("time dilation 1.5: waits last 1.5 times longer"), std::string::npos) << out;
+  EXPECT_NE(out.find("INFO:root:Epoch[0] Time cost="), std::string::npos) << out;
+  EXPECT_EQ(out.find("accuracy="), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace pstrain

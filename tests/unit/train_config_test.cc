@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -133,6 +134,61 @@ TEST(TrainConfigTest, ValidationNamesTheBadValue) {
   c = Valid();
   c.set_mom(1.5f);
   expect_bad(c, "--mom=1.5");
+}
+
+// --emulate-compute and --time-dilation: bad values name the flag and the
+// value, and emulation excludes what it cannot do honestly.
+TEST(TrainConfigTest, EmulatedComputeFlagsAreChecked) {
+  auto expect_bad = [](const TrainConfig& cfg, const std::string& needle) {
+    Status s = ValidateTrainConfig(cfg);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << needle;
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s;
+  };
+  TrainConfig c = Valid();
+  EXPECT_FALSE(EmulationNeedsNoData(c));
+  c.set_emulate_compute(0.364);
+  EXPECT_OK(ValidateTrainConfig(c));
+  c.set_time_dilation(2.5);
+  EXPECT_OK(ValidateTrainConfig(c));
+  c.set_emulate_compute(0);  // set explicitly: not "off"
+  expect_bad(c, "--emulate-compute=0 must be a number of seconds per batch > 0");
+  c.set_emulate_compute(-0.5);
+  expect_bad(c, "--emulate-compute=-0.5 must be");
+  c.set_emulate_compute(std::nan(""));
+  expect_bad(c, "--emulate-compute=nan must be");
+  c.set_emulate_compute(0.1);
+  c.set_time_dilation(0.5);
+  expect_bad(c, "--time-dilation=0.5 must be a factor >= 1");
+  c.set_time_dilation(0);
+  expect_bad(c, "--time-dilation=0 must be");
+  c = Valid();
+  c.set_time_dilation(2);
+  expect_bad(c, "--time-dilation=2 needs --emulate-compute");
+  c.set_time_dilation(1);
+  EXPECT_OK(ValidateTrainConfig(c));
+  for (auto set : std::vector<void (*)(TrainConfig*)>{
+           [](TrainConfig* t) { t->set_test_io(1); }, [](TrainConfig* t) { t->set_gpus("0"); },
+           [](TrainConfig* t) { t->set_model_prefix("/tmp/m"); }}) {
+    c = Valid();
+    c.set_emulate_compute(0.1);
+    set(&c);
+    expect_bad(c, "--emulate-compute=0.1 ");
+  }
+  // No data set is needed when the flags say its shape and size.
+  c = Valid();
+  c.clear_data_dir();
+  c.set_emulate_compute(0.1);
+  expect_bad(c, "or --emulate-compute with --image-shape and --num-examples");
+  c.set_image_shape("3,28,28");
+  expect_bad(c, "--data-dir");
+  c.set_num_examples(60000);
+  EXPECT_TRUE(EmulationNeedsNoData(c));
+  EXPECT_OK(ValidateTrainConfig(c));
+  // A non-number from a flag names the flag as it is written.
+  Status s = ApplyConfigOverrides({{"emulate_compute", "abc"}}, &c);
+  EXPECT_NE(s.message().find("--emulate-compute='abc' is not a number"), std::string::npos) << s;
+  s = ApplyConfigOverrides({{"time_dilation", "inf"}}, &c);
+  EXPECT_NE(s.message().find("--time-dilation='inf' is not a number"), std::string::npos) << s;
 }
 
 TEST(TrainConfigTest, DevicesAreGpusAndTheirWeights) {

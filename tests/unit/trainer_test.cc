@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <regex>
@@ -170,6 +172,165 @@ TEST_F(TrainerTest, PushesEachGradientWhenReadyAndWaitsBeforeFirstUse) {
     std::vector<std::pair<char, int>> got(calls.begin() + b * 8, calls.begin() + b * 8 + 8);
     EXPECT_EQ(sorted_grads(got), step) << "batch " << b;
   }
+}
+
+// --emulate-compute on a real model (LeNet): no data is opened, an epoch of 10
+// batches at SECONDS each takes at least 10 x SECONDS (and, loosely, not much
+// more), every parameter's gradient goes to the sync once per batch in the
+// executor's backward order after the forward waited for each parameter, and
+// the log has MXNet's speed and time lines but no accuracy.
+TEST_F(TrainerTest, EmulatedComputeTakesItsTimeAndPushesEveryGradientInBackwardOrder) {
+  constexpr double kSeconds = 0.04;
+  TrainConfig cfg = cfg_;
+  cfg.set_network("lenet");
+  cfg.clear_data_dir();
+  cfg.set_image_shape("1,28,28");
+  cfg.set_num_examples(1280);  // 10 batches of 128
+  cfg.set_num_epochs(2);
+  cfg.set_disp_batches(5);
+  cfg.set_emulate_compute(kSeconds);
+  std::vector<std::pair<char, int>> calls;
+  TrainerEnv env;
+  env.log = &log_;
+  env.build_model = BuildModel;
+  env.make_sync = [&](const OptimizerConfig& opt) -> StatusOr<std::unique_ptr<ParamSync>> {
+    ASSIGN_OR_RETURN(std::unique_ptr<LocalParamSync> local, LocalParamSync::Create(opt));
+    return std::unique_ptr<ParamSync>(new RecordingSync(std::move(local), &calls));
+  };
+  auto t = Trainer::Create(cfg, env);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_NE((*t)->emulator(), nullptr);
+  EXPECT_EQ((*t)->epoch_size(), 10);
+  EXPECT_EQ((*t)->params().num_params(), 8);
+  const auto start = SteadyClock::now();
+  ASSERT_OK((*t)->Run());
+  const double wall = std::chrono::duration<double>(SteadyClock::now() - start).count();
+  EXPECT_GE(wall, 2 * 10 * kSeconds);
+  EXPECT_LT(wall, 2 * 10 * kSeconds * 2 + 2.0);
+  const auto& h = (*t)->history();
+  ASSERT_EQ(h.size(), 2u);
+  for (const EpochResult& r : h) {
+    EXPECT_GE(r.seconds, 10 * kSeconds);
+    EXPECT_LE(r.seconds, wall);
+    EXPECT_TRUE(r.train.empty());
+    EXPECT_TRUE(r.val.empty());
+    EXPECT_EQ(r.samples, 1280);
+  }
+  // Per batch: the forward waits for conv1's weight and bias, conv2's, fc1's,
+  // fc2's; the backward hands fc2's gradients over first, conv1's last.
+  std::vector<std::pair<char, int>> step;
+  for (int i = 0; i < 8; ++i) step.emplace_back('w', i);
+  for (int node = 3; node >= 0; --node) {
+    step.emplace_back('g', 2 * node);
+    step.emplace_back('g', 2 * node + 1);
+  }
+  ASSERT_EQ(calls.size(), 20 * step.size());
+  for (int b = 0; b < 20; ++b) {
+    std::vector<std::pair<char, int>> got(calls.begin() + b * 16, calls.begin() + b * 16 + 16);
+    EXPECT_EQ(got, step) << "batch " << b;
+  }
+  EXPECT_EQ(Matching("INFO:root:compute is emulated \\(--emulate-compute 0.04\\): .*").size(), 1u);
+  EXPECT_EQ(Matching("INFO:root:train data: not opened, not read .* 10 batches per epoch").size(),
+            1u);
+  EXPECT_TRUE(Matching(".*(Train-|Validation-|accuracy=).*").empty());
+  const auto speed =
+      Matching(R"(INFO:root:Epoch\[[01]\] Batch \[5\]\tSpeed: [0-9]+\.[0-9]{2} samples/sec)");
+  ASSERT_EQ(speed.size(), 2u);
+  for (const std::string& l : speed) {
+    // 5 batches of 128 in no less than 5 x SECONDS: at most 3200 samples/s.
+    const double v = std::stod(l.substr(l.find("Speed: ") + 7));
+    EXPECT_LE(v, 5 * 128 / (5 * kSeconds) + 0.01) << l;
+    EXPECT_GT(v, 5 * 128 / (5 * kSeconds) / 3) << l;
+  }
+  EXPECT_EQ(Matching(R"(INFO:root:Epoch\[[01]\] Time cost=[0-9]+\.[0-9]{3})").size(), 2u);
+}
+
+// --time-dilation K stretches the waits K times and divides what is reported
+// by K. On a small case with nothing else to time (kv store `device`, which on
+// the CPU is `local`: no link), K = 2 takes twice as long as K = 1 and
+// reports the same time and speed; K = 2 with SECONDS halved takes as long as
+// K = 1 and reports half the time.
+TEST_F(TrainerTest, TimeDilationStretchesTheWaitsNotTheReportedTimes) {
+  struct Result {
+    double wall = 0, reported = 0, speed = 0;
+  };
+  auto run = [&](double seconds, double dilation) {
+    Result r;
+    lines_.clear();
+    TrainConfig cfg = cfg_;
+    cfg.set_network("mlp");
+    cfg.set_kv_store("device");
+    cfg.clear_data_dir();
+    cfg.set_image_shape("1,28,28");
+    cfg.set_num_examples(1280);  // 10 batches of 128
+    cfg.set_num_epochs(1);
+    cfg.set_disp_batches(5);
+    cfg.set_emulate_compute(seconds);
+    cfg.set_time_dilation(dilation);
+    TrainerEnv env;
+    env.log = &log_;
+    env.build_model = BuildModel;
+    auto t = Trainer::Create(cfg, env);
+    EXPECT_TRUE(t.ok()) << t.status();
+    if (!t.ok()) return r;
+    const auto start = SteadyClock::now();
+    EXPECT_OK((*t)->Run());
+    r.wall = std::chrono::duration<double>(SteadyClock::now() - start).count();
+    EXPECT_EQ((*t)->history().size(), 1u);
+    if ((*t)->history().size() == 1) r.reported = (*t)->history()[0].seconds;
+    auto speed = Matching(R"(INFO:root:Epoch\[0\] Batch \[5\]\tSpeed: .*)");
+    EXPECT_EQ(speed.size(), 1u);
+    if (speed.size() == 1) r.speed = std::stod(speed[0].substr(speed[0].find("Speed: ") + 7));
+    return r;
+  };
+  const Result a = run(0.04, 1), b = run(0.04, 2), c = run(0.02, 2);
+  for (const auto& [name, r] :
+       {std::pair{"0.04 s, K=1", a}, {"0.04 s, K=2", b}, {"0.02 s, K=2", c}}) {
+    std::printf("%s: run %.3f s, reported %.3f s, %.2f samples/sec\n", name, r.wall, r.reported,
+                r.speed);
+  }
+  // Lower bounds are tight: every batch waits SECONDS x K.
+  EXPECT_GE(a.wall, 0.4);
+  EXPECT_GE(b.wall, 0.8);
+  EXPECT_GE(c.wall, 0.4);
+  EXPECT_GE(a.reported, 0.4);
+  EXPECT_GE(b.reported, 0.4);
+  EXPECT_GE(c.reported, 0.2);
+  // The reported time is the measured one divided by K (Run is the epoch).
+  EXPECT_NEAR(a.reported, a.wall, 0.05);
+  EXPECT_NEAR(2 * b.reported, b.wall, 0.05);
+  EXPECT_NEAR(2 * c.reported, c.wall, 0.05);
+  // Dilation leaves the report unchanged while the run takes twice as long;
+  // loose upper bounds and tolerances for a loaded machine.
+  EXPECT_LT(a.reported, 0.4 * 1.5 + 0.2);
+  EXPECT_NEAR(b.reported, a.reported, 0.25 * a.reported) << "K=2 wall " << b.wall;
+  EXPECT_NEAR(b.speed, a.speed, 0.25 * a.speed);
+  EXPECT_LE(a.speed, 3200.01);  // 640 samples in >= 0.2 s
+  EXPECT_LE(b.speed, 3200.01);
+  // Halving SECONDS at K = 2 waits as K = 1 does, and reports half.
+  EXPECT_NEAR(c.wall, a.wall, 0.25 * a.wall);
+  EXPECT_NEAR(c.reported, a.reported / 2, 0.25 * a.reported / 2);
+  EXPECT_LE(c.speed, 6400.01);
+}
+
+// With a data set and no --image-shape, the data is opened for its shape and
+// size only: the epoch is as long as the real run's, and the readers go.
+TEST_F(TrainerTest, EmulatedComputeTakesOnlyTheShapesOfTheData) {
+  TrainConfig cfg = cfg_;
+  cfg.set_network("lenet");
+  cfg.clear_num_examples();  // all of MNIST: 60000 / 128
+  cfg.set_emulate_compute(0.01);
+  TrainerEnv env;
+  env.log = &log_;
+  env.build_model = BuildModel;
+  auto t = Trainer::Create(cfg, env);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->epoch_size(), 469);
+  EXPECT_EQ(
+      Matching("INFO:root:train data: MNIST train.*, not read \\(compute is emulated\\): 60000 "
+               "examples of \\(1,28,28\\), 10 classes; 469 batches per epoch")
+          .size(),
+      1u);
 }
 
 TEST_F(TrainerTest, ResumeContinuesTheSameCurve) {

@@ -47,6 +47,28 @@ TEST(ModelsTest, LenetCountAndShapes) {
   EXPECT_EQ(g.node(g.Find("pool2")).out_shape, (Shape{50, 4, 4}));
 }
 
+// The flops estimate behind --emulate-compute's shares, worked out by hand
+// for LeNet (1x28x28), and which nodes run a backward.
+TEST(ModelsTest, LenetForwardFlopsAndBackwardNodes) {
+  Graph g = Build("lenet");
+  auto flops = [&](const char* name) { return g.ForwardFlops(g.Find(name)); };
+  EXPECT_DOUBLE_EQ(flops("conv1"), 2.0 * (20 * 24 * 24) * 1 * 25);  // 576,000
+  EXPECT_DOUBLE_EQ(flops("tanh1"), 4.0 * 20 * 24 * 24);
+  EXPECT_DOUBLE_EQ(flops("pool1"), 4.0 * 20 * 12 * 12);            // 2x2 windows
+  EXPECT_DOUBLE_EQ(flops("conv2"), 2.0 * (50 * 8 * 8) * 20 * 25);  // 3,200,000
+  EXPECT_DOUBLE_EQ(flops("flatten"), 0);
+  EXPECT_DOUBLE_EQ(flops("fc1"), 2.0 * 500 * 800);
+  EXPECT_DOUBLE_EQ(flops("fc2"), 2.0 * 10 * 500);
+  EXPECT_DOUBLE_EQ(flops("softmax"), 4.0 * 10);
+  double total = 0;
+  for (const Node& n : g.nodes()) total += g.ForwardFlops(n.id);
+  EXPECT_DOUBLE_EQ(total, 4661640);
+  const std::vector<bool> bwd = g.NodesWithBackward();
+  for (const Node& n : g.nodes()) {
+    EXPECT_EQ(bwd[n.id], n.op != OpType::kInput) << n.name;  // conv1 on: its weights
+  }
+}
+
 TEST(ModelsTest, InceptionBn28SmallCount) {
   Graph g = Build("inception-bn-28-small");
   EXPECT_EQ(g.NumParams(), 1652826);
