@@ -1,4 +1,4 @@
-// Van: the ZeroMQ transport of one node (ps-lite's name for it).
+// Van: the transport of one node (ps-lite's name for it).
 //
 // Each node binds one ROUTER socket and connects one DEALER socket per peer;
 // every message travels from the sender's DEALER to the receiver's ROUTER, so
@@ -22,6 +22,17 @@
 // arena is sent by reference (no copy), any other is copied into the arena's ring
 // (one copy, none through the kernel); the receiver reads them in place. Any
 // step that fails (no arena, not reachable, ring full) falls back to TCP.
+//
+// The Van composes parts that each do one job and are tested on their own:
+//   net/zmq_router.h      the ROUTER, its authentication thread (ZAP), receiving frames
+//   net/zmq_dealer.h      one DEALER per peer: security, connection events, sending frames
+//   net/shm_placement.h   values of data messages placed in our arena, resolved in a peer's
+//   net/shm_queue.h       whole messages through a peer's queue; the queues we drain
+//   net/doorbell.h        the socket that wakes a sleeping receive thread
+//   net/shm_sequence.h    the numbering of messages to a co-located peer; numbers given
+//                         back (failed send) or up (dropped message)
+//   net/reorderer.h       each co-located sender's messages handed on in its order
+//   net/host_address.h    host names, the address a node advertises
 #ifndef PSTRAIN_NET_VAN_H_
 #define PSTRAIN_NET_VAN_H_
 
@@ -29,16 +40,19 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/mutex.h"
 #include "common/status.h"
+#include "net/host_address.h"
 #include "net/job_keys.h"
 #include "net/message.h"
+#include "net/reorderer.h"
 #include "net/shm_arena.h"
+#include "net/shm_queue.h"
+#include "net/zmq_dealer.h"
 
 namespace pstrain {
 
@@ -67,23 +81,9 @@ struct VanOptions {
   std::string routing_id;
 };
 
-// The state of a connection to a peer, from ZeroMQ's events, and a sentence
-// for error messages ("every TCP connection to tcp://10.0.0.2:9000 was
-// refused (12 attempts): nothing listens there").
-struct ConnectionReport {
-  enum Kind {
-    kNone,             // never opened
-    kConnected,        // up, handshake done
-    kRefused,          // every TCP connection refused
-    kNoAnswer,         // no TCP connection, no refusal either (the host does not answer)
-    kKeyRefused,       // the peer refused our handshake: we do not hold the job's key
-    kHandshakeFailed,  // the handshake failed otherwise (keys or security settings differ)
-    kLost,             // was up, is down
-    kHandshaking,      // TCP up, handshake under way
-  };
-  Kind kind = kNone;
-  std::string text;
-};
+class Doorbell;
+class ShmPlacement;
+class ZmqRouter;
 
 class Van {
  public:
@@ -123,9 +123,9 @@ class Van {
   // from a connection with routing id `route` (the one the node table gives
   // that node); others are dropped as forged. Messages from ids with no
   // expected route are taken from any connection.
-  void ExpectRoute(int id, const std::string& route);
+  void ExpectRoute(int id, const std::string& route) EXCLUDES(mu_);
   // Connections refused for not holding the job's keys (for tests).
-  int64_t refused() const { return refused_.load(); }
+  int64_t refused() const;
 
   // Opens (or replaces) the connection to node `id` at host:port (a name or an
   // IP). With `shm` (the peer's arena from the node table) it also tries to map
@@ -133,22 +133,24 @@ class Van {
   // Replacing a connection starts a new numbering of the messages to `id` and
   // empties the queue `id` reads in our arena (see ShmArena::ResetQueue): for a
   // peer process replaced by a new one, before the new one maps our arena.
-  Status Connect(int id, const std::string& host, int port, const ShmInfo* shm = nullptr);
-  void Disconnect(int id);
+  Status Connect(int id, const std::string& host, int port, const ShmInfo* shm = nullptr)
+      EXCLUDES(mu_);
+  void Disconnect(int id) EXCLUDES(mu_);
   // What happened to the connection to node `id` so far, for error messages.
-  ConnectionReport DescribeConnection(int id);
+  ConnectionReport DescribeConnection(int id) EXCLUDES(mu_);
   // The connection to `from` becomes the connection to `to` (a peer known by
   // a temporary id until it has its own); no-op if there is none.
-  void Rename(int from, int to);
+  void Rename(int from, int to) EXCLUDES(mu_);
   // Sends `msg` to node `id`. Unavailable if there is no connection to `id` or
   // the send blocks past send_timeout_ms. Value Blobs are kept alive until
   // ZeroMQ releases them.
-  Status Send(int id, const Message& msg);
+  Status Send(int id, const Message& msg) EXCLUDES(mu_);
   // Sends `msgs` to node `id` in their order, stopping at the first error;
   // `*sent` (optional) says how many went. Over TCP, consecutive small data
   // messages (IsBatchable) go as one ZeroMQ frame (kBatchMagic); to a peer
   // that shares memory with this node each goes as Send sends it.
-  Status SendBatch(int id, const std::vector<const Message*>& msgs, size_t* sent = nullptr);
+  Status SendBatch(int id, const std::vector<const Message*>& msgs, size_t* sent = nullptr)
+      EXCLUDES(mu_);
   // Whether `msg` may go in a batch: a data message whose keys, lens and
   // values fit in kPackBytes.
   static bool IsBatchable(const Message& msg);
@@ -158,7 +160,7 @@ class Van {
   // Data messages whose values went through shared memory, and those that
   // could have but found the arena full (for tests and benchmarks).
   int64_t shm_sent() const { return shm_sent_.load(); }
-  int64_t shm_fallbacks() const { return shm_fallbacks_.load(); }
+  int64_t shm_fallbacks() const;
   // Messages sent through the peers' shared-memory queues instead of ZeroMQ.
   int64_t shm_queued() const { return shm_queued_.load(); }
   // Messages sent inside batch frames (SendBatch), and those frames.
@@ -167,16 +169,15 @@ class Van {
   // Times this node woke a sleeping peer through its doorbell.
   int64_t doorbells_rung() const { return doorbells_rung_.load(); }
   // Whether node `id` has mapped this node's arena (it said so).
-  bool PeerMapsOurArena(int id);
+  bool PeerMapsOurArena(int id) EXCLUDES(mu_);
 
  private:
   struct Peer;
-  Van() = default;
+  Van(const VanOptions& options, Handler handler);
   void ReceiveLoop();
-  void OpenDoorbell();
   // The whole message (header, keys, lens, and the values unless they are
-  // placed in shared memory already) into a ring block, queued for `id`;
-  // false when there is no room.
+  // placed in shared memory already) through `id`'s queue in our arena,
+  // ringing its doorbell if it sleeps; false when there is no room.
   // REQUIRES: peer.mu held.
   bool SendThroughQueue(int id, Peer& peer, const std::string& header, const Message& msg,
                         bool inline_values);
@@ -188,68 +189,41 @@ class Van {
   Status SendFrameOf(int id, Peer& peer, const std::vector<const Message*>& msgs, size_t begin,
                      size_t end);
   // Receive thread: messages `peer` queued for node `me`; true if any.
-  bool DrainQueue(int peer, const std::shared_ptr<ShmMapping>& mapping, int me);
-  void Finish(Message&& msg);
+  bool DrainQueue(int peer, ShmMapping& mapping, int me);
+  void Finish(Message&& msg) EXCLUDES(mu_);
   // Counts and logs a malformed message; a numbered one is skipped in the
-  // order of `stream` (default: its sender) so later ones are not held up.
-  void Drop(const Message* msg, const std::string& why, int stream = -1);
-  void Deliver(int sender, uint64_t stream, uint64_t seq, Message* msg);
-  // Puts msg's values in the arena (references or ring copies) and lists them
-  // in `extra`; false (nothing taken) when one does not fit.
-  bool PlaceInShm(const Message& msg, PsHeader* extra);
-  bool ReceiveOne(void* socket);
-  // ZeroMQ's authentication handler (RFC 27) for the ROUTER: admits the
-  // CURVE clients that hold the job's client key.
-  void ZapLoop(void* socket, void* events);
+  // order of `queue_owner` (default: its sender) so later ones are not held up.
+  void Drop(const Message* msg, const std::string& why, int queue_owner = -1) EXCLUDES(mu_);
+  // Receive thread: reads one message from the ROUTER; false when none was waiting.
+  bool ReceiveOne();
 
-  VanOptions options_;
-  Handler handler_;
+  const VanOptions options_;
+  const Handler handler_;
   std::function<void()> burst_end_;
   void* context_ = nullptr;
-  void* router_ = nullptr;
+  std::unique_ptr<ZmqRouter> router_;
   int port_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> dropped_{0};
   std::atomic<int64_t> shm_sent_{0};
-  std::atomic<int64_t> shm_fallbacks_{0};
-  std::shared_ptr<ShmArena> arena_;  // null: TCP only
-  ShmInfo shm_info_;                 // the arena's, plus the doorbell
-  int doorbell_in_ = -1;             // this node's doorbell (bound, read by ReceiveLoop)
-  int doorbell_out_ = -1;            // rings peers' doorbells
+  std::shared_ptr<ShmArena> arena_;          // null: TCP only
+  std::unique_ptr<ShmPlacement> placement_;  // with arena_
+  ShmInfo shm_info_;                         // the arena's, plus the doorbell
+  std::unique_ptr<Doorbell> doorbell_;       // null: none (peers send to us over TCP)
   std::atomic<int> self_id_{-1};
   std::atomic<int64_t> shm_queued_{0};
   std::atomic<int64_t> batched_{0};
   std::atomic<int64_t> batch_frames_{0};
   std::atomic<int64_t> doorbells_rung_{0};
   // Peers whose arena is mapped here, whose queues ReceiveLoop reads.
-  std::vector<std::pair<int, std::shared_ptr<ShmMapping>>> inbound_ GUARDED_BY(mu_);
-  std::atomic<uint64_t> inbound_version_{0};
-  // Receive thread only: per sender, the next shm_seq to hand on and the
-  // messages that arrived before it (null: dropped).
-  struct InOrder {
-    uint64_t stream = 0;  // the sender's numbering (a new one restarts at 0)
-    uint64_t expected = 0;
-    std::map<uint64_t, std::optional<Message>> stash;
-  };
-  std::map<int, InOrder> order_;
+  ShmInbox inbox_;
+  // Receive thread only: each co-located sender's messages in its order.
+  Reorderer order_;
   std::thread receiver_;
-  std::thread zap_;
-  void* zap_socket_ = nullptr;  // until the thread takes it
-  std::atomic<bool> zap_stop_{false};
-  std::atomic<int64_t> refused_{0};
-  std::string client_key_;  // the job's client public key, 32 bytes (with keys)
   Mutex mu_;
   std::map<int, std::shared_ptr<Peer>> peers_ GUARDED_BY(mu_);
   std::map<int, std::string> routes_ GUARDED_BY(mu_);
 };
-
-// Resolves a host name or IP to an IPv4 address string ("127.0.0.1").
-StatusOr<std::string> ResolveHost(const std::string& host);
-// The address this node should advertise: `node_host` if set, else the IPv4
-// address of `interface` if set, else 127.0.0.1 when the scheduler
-// (`root_host`) is on loopback, else the first non-loopback IPv4 address.
-StatusOr<std::string> AdvertisedHost(const std::string& node_host, const std::string& interface,
-                                     const std::string& root_host);
 
 }  // namespace pstrain
 

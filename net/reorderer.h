@@ -1,0 +1,92 @@
+// Reorderer: each co-located sender's messages handed on in the sender's order.
+//
+// A node that maps a peer's arena numbers every message to that peer
+// (PsHeader.shm_seq, within the numbering PsHeader.shm_stream; see
+// net/shm_sequence.h) and sends each one either through the peer's
+// shared-memory queue or over ZeroMQ, whichever can take it at that moment. The
+// two paths overtake each other, so the receiving Van gives every numbered
+// message to a Reorderer, which hands each sender's messages on in number
+// order:
+//   - one that arrives before its turn waits (is stashed) until every earlier
+//     number has been handed on or skipped;
+//   - a number whose message was dropped (malformed, forged) is skipped, so the
+//     ones after it are not held up;
+//   - a number seen before (handed on or waiting) is refused and logged;
+//   - a new numbering from a sender (its process replaced by a new one, or a
+//     new connection) starts over at the new numbering's first message, and
+//     whatever still waited under the old numbering is forgotten.
+// Unnumbered messages (peers that share no memory) never come here.
+//
+// Threads: not thread-safe. The Van's receive thread alone uses it.
+#ifndef PSTRAIN_NET_REORDERER_H_
+#define PSTRAIN_NET_REORDERER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "net/message.h"
+
+namespace pstrain {
+
+class Reorderer {
+ public:
+  // Called with each message when its turn comes (the Van's handler).
+  using Handler = std::function<void(Message&&)>;
+  // What Deliver or Skip did with a number.
+  enum class Outcome {
+    kHandedOn,   // it was the sender's next: handed on (Deliver) or passed (Skip),
+                 // with every waiting one that followed it
+    kStashed,    // an earlier number is missing: it waits
+    kDuplicate,  // that number was handed on, skipped or is waiting already: ignored
+  };
+  // Messages of one sender that may wait for an earlier number before the
+  // sender's shared-memory queue stops being read (Paused): the missing one is
+  // then on ZeroMQ, behind them.
+  static constexpr size_t kMaxStashed = size_t{1} << 16;
+
+  // `name` and `verbose` (VanOptions') only shape log lines.
+  Reorderer(std::string name, int verbose);
+  Reorderer(const Reorderer&) = delete;
+  Reorderer& operator=(const Reorderer&) = delete;
+
+  // Message number `seq` of `sender`'s numbering `stream`. If it is the
+  // sender's next, calls handler(msg) and then the handler with every
+  // waiting message that follows it without a gap; otherwise `msg` is moved
+  // into the stash until its turn. kDuplicate leaves `msg` as it was.
+  Outcome Deliver(int sender, uint64_t stream, uint64_t seq, Message&& msg, const Handler& handler);
+  // Number `seq` of `sender`'s numbering `stream` will never be handed on
+  // (its message was dropped): the messages after it do not wait for it.
+  // Hands on those that were waiting only for it.
+  Outcome Skip(int sender, uint64_t stream, uint64_t seq, const Handler& handler);
+
+  // Whether kMaxStashed or more of `sender`'s messages wait for an earlier
+  // number (the receive thread stops reading that sender's queue).
+  bool Paused(int sender) const;
+  // How many of `sender`'s messages (or skipped numbers) wait for an earlier
+  // number, and the number it waits for (for tests).
+  size_t waiting(int sender) const;
+  uint64_t expected(int sender) const;
+
+ private:
+  // Per sender: its numbering, the next number to hand on, and the numbers
+  // that arrived before it (nullopt: skipped).
+  struct InOrder {
+    uint64_t stream = 0;  // 0: none seen yet (a numbering is never 0)
+    uint64_t expected = 0;
+    std::map<uint64_t, std::optional<Message>> stash;
+  };
+  // Deliver (msg) or Skip (null).
+  Outcome Put(int sender, uint64_t stream, uint64_t seq, Message* msg, const Handler& handler);
+
+  const std::string name_;
+  const int verbose_;
+  std::map<int, InOrder> order_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_NET_REORDERER_H_

@@ -1,0 +1,188 @@
+// The Reorderer on its own: numbered messages from co-located senders,
+// arriving over two paths that overtake each other, handed on in each
+// sender's order.
+#include "net/reorderer.h"
+
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <random>
+#include <vector>
+
+namespace pstrain {
+namespace {
+
+constexpr int kSender = 9;  // worker rank 0
+constexpr int kOther = 11;  // worker rank 1
+constexpr uint64_t kStream = 0x5eed;
+
+// A message carrying `id` as its request id (what the tests follow).
+Message Tagged(int sender, uint64_t id) {
+  Message m;
+  m.header.set_sender(sender);
+  m.header.set_request_id(id);
+  return m;
+}
+
+// Records what is handed on: (sender, request id).
+struct Sink {
+  std::vector<std::pair<int, uint64_t>> got;
+  Reorderer::Handler handler() {
+    return [this](Message&& m) { got.emplace_back(m.header.sender(), m.header.request_id()); };
+  }
+  std::vector<uint64_t> ids() const {
+    std::vector<uint64_t> out;
+    for (const auto& g : got) out.push_back(g.second);
+    return out;
+  }
+};
+
+using Out = Reorderer::Outcome;
+
+TEST(ReordererTest, InOrderArrivalsAreHandedOnAtOnce) {
+  Reorderer r("test", 0);
+  Sink sink;
+  const auto h = sink.handler();
+  for (uint64_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(r.Deliver(kSender, kStream, i, Tagged(kSender, i), h), Out::kHandedOn);
+    EXPECT_EQ(sink.got.size(), i + 1);
+  }
+  EXPECT_EQ(r.expected(kSender), 5u);
+  EXPECT_EQ(r.waiting(kSender), 0u);
+}
+
+TEST(ReordererTest, EarlyArrivalsWaitForTheMissingOneThenFollowIt) {
+  Reorderer r("test", 0);
+  Sink sink;
+  const auto h = sink.handler();
+  // Shared memory took 0, 2, 3 and 5; ZeroMQ (slower) took 1 and 4.
+  EXPECT_EQ(r.Deliver(kSender, kStream, 0, Tagged(kSender, 0), h), Out::kHandedOn);
+  EXPECT_EQ(r.Deliver(kSender, kStream, 2, Tagged(kSender, 2), h), Out::kStashed);
+  EXPECT_EQ(r.Deliver(kSender, kStream, 3, Tagged(kSender, 3), h), Out::kStashed);
+  EXPECT_EQ(r.Deliver(kSender, kStream, 5, Tagged(kSender, 5), h), Out::kStashed);
+  EXPECT_EQ(sink.ids(), (std::vector<uint64_t>{0}));
+  EXPECT_EQ(r.waiting(kSender), 3u);
+  EXPECT_EQ(r.expected(kSender), 1u);
+  EXPECT_EQ(r.Deliver(kSender, kStream, 1, Tagged(kSender, 1), h), Out::kHandedOn);
+  EXPECT_EQ(sink.ids(), (std::vector<uint64_t>{0, 1, 2, 3})) << "5 still waits for 4";
+  EXPECT_EQ(r.waiting(kSender), 1u);
+  EXPECT_EQ(r.Deliver(kSender, kStream, 4, Tagged(kSender, 4), h), Out::kHandedOn);
+  EXPECT_EQ(sink.ids(), (std::vector<uint64_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(r.waiting(kSender), 0u);
+  EXPECT_EQ(r.expected(kSender), 6u);
+}
+
+// Every interleaving of two in-order paths gives the sender's order back.
+TEST(ReordererTest, TwoPathsInAnyInterleavingComeOutInTheSendersOrder) {
+  for (uint32_t seed = 1; seed <= 50; ++seed) {
+    std::mt19937 rng(seed);
+    // The sender puts each message on the queue or on ZeroMQ; each path keeps
+    // its own order, but either may run ahead of the other.
+    std::deque<uint64_t> queue, tcp;
+    const uint64_t n = 200;
+    for (uint64_t i = 0; i < n; ++i) (rng() % 3 == 0 ? tcp : queue).push_back(i);
+    Reorderer r("test", 0);
+    Sink sink;
+    const auto h = sink.handler();
+    while (!queue.empty() || !tcp.empty()) {
+      std::deque<uint64_t>& path = tcp.empty() || (!queue.empty() && rng() % 2 == 0) ? queue : tcp;
+      const uint64_t seq = path.front();
+      path.pop_front();
+      ASSERT_NE(r.Deliver(kSender, kStream, seq, Tagged(kSender, seq), h), Out::kDuplicate);
+    }
+    std::vector<uint64_t> want(n);
+    for (uint64_t i = 0; i < n; ++i) want[i] = i;
+    ASSERT_EQ(sink.ids(), want) << "seed " << seed;
+    EXPECT_EQ(r.waiting(kSender), 0u);
+  }
+}
+
+TEST(ReordererTest, ASkippedNumberDoesNotHoldUpTheOnesAfterIt) {
+  Reorderer r("test", 0);
+  Sink sink;
+  const auto h = sink.handler();
+  EXPECT_EQ(r.Deliver(kSender, kStream, 0, Tagged(kSender, 0), h), Out::kHandedOn);
+  EXPECT_EQ(r.Deliver(kSender, kStream, 2, Tagged(kSender, 2), h), Out::kStashed);
+  EXPECT_EQ(r.Deliver(kSender, kStream, 3, Tagged(kSender, 3), h), Out::kStashed);
+  // Message 1 was dropped (malformed): its number is given up.
+  EXPECT_EQ(r.Skip(kSender, kStream, 1, h), Out::kHandedOn);
+  EXPECT_EQ(sink.ids(), (std::vector<uint64_t>{0, 2, 3}));
+  // A skip that comes before its neighbours: 5 is dropped while 4 is on its way.
+  EXPECT_EQ(r.Skip(kSender, kStream, 5, h), Out::kStashed);
+  EXPECT_EQ(r.Deliver(kSender, kStream, 6, Tagged(kSender, 6), h), Out::kStashed);
+  EXPECT_EQ(r.Deliver(kSender, kStream, 4, Tagged(kSender, 4), h), Out::kHandedOn);
+  EXPECT_EQ(sink.ids(), (std::vector<uint64_t>{0, 2, 3, 4, 6}));
+  EXPECT_EQ(r.expected(kSender), 7u);
+  // The skipped number cannot come back later.
+  EXPECT_EQ(r.Deliver(kSender, kStream, 5, Tagged(kSender, 5), h), Out::kDuplicate);
+  EXPECT_EQ(sink.got.size(), 5u);
+}
+
+TEST(ReordererTest, ANumberSeenTwiceIsRefusedAndTheFirstCopyKept) {
+  Reorderer r("test", 0);
+  Sink sink;
+  const auto h = sink.handler();
+  EXPECT_EQ(r.Deliver(kSender, kStream, 0, Tagged(kSender, 100), h), Out::kHandedOn);
+  EXPECT_EQ(r.Deliver(kSender, kStream, 0, Tagged(kSender, 999), h), Out::kDuplicate);
+  EXPECT_EQ(r.Deliver(kSender, kStream, 2, Tagged(kSender, 102), h), Out::kStashed);
+  Message copy = Tagged(kSender, 999);
+  EXPECT_EQ(r.Deliver(kSender, kStream, 2, std::move(copy), h), Out::kDuplicate);
+  EXPECT_EQ(copy.header.request_id(), 999u) << "a refused message is left as it was";
+  EXPECT_EQ(r.Skip(kSender, kStream, 2, h), Out::kDuplicate) << "waiting already";
+  EXPECT_EQ(r.Deliver(kSender, kStream, 1, Tagged(kSender, 101), h), Out::kHandedOn);
+  EXPECT_EQ(sink.ids(), (std::vector<uint64_t>{100, 101, 102}));
+}
+
+TEST(ReordererTest, ARestartedSenderNumbersAnewAndItsOldWaitingMessagesAreForgotten) {
+  Reorderer r("test", 1);
+  Sink sink;
+  const auto h = sink.handler();
+  EXPECT_EQ(r.Deliver(kSender, 1111, 0, Tagged(kSender, 0), h), Out::kHandedOn);
+  EXPECT_EQ(r.Deliver(kSender, 1111, 1, Tagged(kSender, 1), h), Out::kHandedOn);
+  EXPECT_EQ(r.Deliver(kSender, 1111, 3, Tagged(kSender, 3), h), Out::kStashed);
+  EXPECT_EQ(r.waiting(kSender), 1u);
+  // The sender's process was replaced: its new numbering starts at 0 again,
+  // which under the old numbering would have been a duplicate.
+  EXPECT_EQ(r.Deliver(kSender, 2222, 0, Tagged(kSender, 50), h), Out::kHandedOn);
+  EXPECT_EQ(r.waiting(kSender), 0u) << "the old process's message 3 is not coming";
+  EXPECT_EQ(r.Deliver(kSender, 2222, 2, Tagged(kSender, 52), h), Out::kStashed);
+  EXPECT_EQ(r.Deliver(kSender, 2222, 1, Tagged(kSender, 51), h), Out::kHandedOn);
+  EXPECT_EQ(sink.ids(), (std::vector<uint64_t>{0, 1, 50, 51, 52}));
+  EXPECT_EQ(r.expected(kSender), 3u);
+}
+
+TEST(ReordererTest, SendersAreOrderedIndependently) {
+  Reorderer r("test", 0);
+  Sink sink;
+  const auto h = sink.handler();
+  EXPECT_EQ(r.Deliver(kSender, kStream, 1, Tagged(kSender, 1), h), Out::kStashed);
+  // Another sender's message 0 is not held up by kSender's missing 0.
+  EXPECT_EQ(r.Deliver(kOther, kStream, 0, Tagged(kOther, 0), h), Out::kHandedOn);
+  EXPECT_EQ(r.Deliver(kSender, kStream, 0, Tagged(kSender, 0), h), Out::kHandedOn);
+  const std::vector<std::pair<int, uint64_t>> want = {{kOther, 0}, {kSender, 0}, {kSender, 1}};
+  EXPECT_EQ(sink.got, want);
+  EXPECT_EQ(r.expected(kOther), 1u);
+  EXPECT_EQ(r.expected(kSender), 2u);
+}
+
+TEST(ReordererTest, ASenderWithTooManyWaitingIsPausedUntilTheMissingOneArrives) {
+  Reorderer r("test", 0);
+  Sink sink;
+  const auto h = sink.handler();
+  // Numbers 1 .. kMaxStashed wait for 0 (skips are cheaper than messages and
+  // count the same); one real message at the end.
+  const uint64_t last = Reorderer::kMaxStashed;
+  for (uint64_t i = 1; i < last; ++i) ASSERT_EQ(r.Skip(kSender, kStream, i, h), Out::kStashed);
+  EXPECT_FALSE(r.Paused(kSender));
+  EXPECT_EQ(r.Deliver(kSender, kStream, last, Tagged(kSender, last), h), Out::kStashed);
+  EXPECT_TRUE(r.Paused(kSender));
+  EXPECT_FALSE(r.Paused(kOther));
+  EXPECT_TRUE(sink.got.empty());
+  EXPECT_EQ(r.Deliver(kSender, kStream, 0, Tagged(kSender, 0), h), Out::kHandedOn);
+  EXPECT_EQ(sink.ids(), (std::vector<uint64_t>{0, last}));
+  EXPECT_FALSE(r.Paused(kSender));
+  EXPECT_EQ(r.expected(kSender), last + 1);
+}
+
+}  // namespace
+}  // namespace pstrain

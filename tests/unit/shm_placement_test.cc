@@ -1,0 +1,236 @@
+// Values in shared memory on their own: what the sender places in its arena
+// (by reference or copied into the ring, all or nothing), and how the
+// receiver resolves them in place and hands back what it does not use.
+#include "net/shm_placement.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "tests/test_util.h"
+
+namespace pstrain {
+namespace {
+
+constexpr uint64_t kMinCopy = 4096;
+
+std::shared_ptr<ShmArena> MakeArena(uint64_t ring, uint64_t store = 0) {
+  auto a = ShmArena::Create(ring, store);
+  CHECK_OK(a.status());
+  return *a;
+}
+
+// The receiver's view of `arena` (this process maps its own arena).
+std::shared_ptr<ShmMapping> Map(const ShmArena& arena) {
+  auto m = ShmMapping::Open(arena.info());
+  CHECK_OK(m.status());
+  return *m;
+}
+
+Blob Floats(size_t n, float v) {
+  std::vector<float> f(n, v);
+  return Blob::Copy(f.data(), n * sizeof(float));
+}
+
+float LastFloat(const Blob& b) {
+  float f;
+  std::memcpy(&f, b.data() + b.size() - sizeof(f), sizeof(f));
+  return f;
+}
+
+Message WithValues(std::vector<Blob> values) {
+  Message m;
+  m.header.set_cmd(CMD_DATA);
+  m.header.set_sender(WorkerId(0));
+  m.header.set_num_value_frames(values.size());
+  m.values = std::move(values);
+  return m;
+}
+
+// The header a receiver gets: the message's plus what placement added.
+PsHeader Received(const Message& m, const PsHeader& extra) {
+  PsHeader h = m.header;
+  h.MergeFrom(extra);
+  return h;
+}
+
+TEST(ShmPlacementTest, AHeapValueThatFitsIsCopiedIntoTheRing) {
+  auto arena = MakeArena(1 << 16);
+  ShmPlacement placement(arena.get(), kMinCopy);
+  Message m = WithValues({Floats(2048, 1.5f)});  // 8 KB on the heap
+  PsHeader extra;
+  ASSERT_TRUE(placement.Place(m, &extra));
+  ASSERT_EQ(extra.shm_frame_offset_size(), 1);
+  ASSERT_EQ(extra.shm_frame_bytes_size(), 1);
+  EXPECT_EQ(extra.shm_frame_bytes(0), 8192u);
+  EXPECT_GE(arena->ring_used_bytes(), 8192u);
+  auto mapping = Map(*arena);
+  auto v = mapping->Resolve(extra.shm_frame_offset(0), extra.shm_frame_bytes(0));
+  ASSERT_OK(v.status());
+  EXPECT_NE(v->data(), m.values[0].data()) << "a copy, in the arena";
+  EXPECT_EQ(std::memcmp(v->data(), m.values[0].data(), 8192), 0);
+  EXPECT_EQ(placement.fallbacks(), 0);
+  v = Blob();  // the receiver lets go: the block is free again
+  EXPECT_EQ(arena->ring_used_bytes(), 0u);
+}
+
+TEST(ShmPlacementTest, AValueAlreadyInTheArenaIsReferencedNotCopied) {
+  auto arena = MakeArena(1 << 16, 1 << 16);
+  ShmPlacement placement(arena.get(), kMinCopy);
+  // A server's stored value (store) and a reply buffer (ring), both small:
+  // references cost nothing, so the copy threshold does not apply.
+  ShmArena::Stored stored = AllocateOrHeap(arena.get(), 256, /*outgoing=*/false);
+  ShmArena::Stored reply = AllocateOrHeap(arena.get(), 128, /*outgoing=*/true);
+  ASSERT_NE(stored.readers, nullptr) << "in the store";
+  for (int i = 0; i < 64; ++i) reinterpret_cast<float*>(stored.data)[i] = static_cast<float>(i);
+  std::memset(reply.data, 7, 128);
+  const uint64_t ring_before = arena->ring_used_bytes();
+  Message m = WithValues({stored.blob, reply.blob});
+  PsHeader extra;
+  ASSERT_TRUE(placement.Place(m, &extra));
+  ASSERT_EQ(extra.shm_frame_offset_size(), 2);
+  EXPECT_EQ(extra.shm_frame_bytes(0), 256u);
+  EXPECT_EQ(extra.shm_frame_bytes(1), 128u);
+  EXPECT_EQ(arena->ring_used_bytes(), ring_before) << "no ring block for a copy";
+  EXPECT_EQ(ShmArena::Readers(stored.readers), 1) << "held for the message";
+  auto mapping = Map(*arena);
+  std::vector<Blob> values;
+  ASSERT_OK(ResolveShmValues(Received(m, extra), mapping.get(), &values));
+  ASSERT_EQ(values.size(), 2u);
+  EXPECT_EQ(LastFloat(values[0]), 63.0f);
+  EXPECT_EQ(values[1].data()[127], 7);
+  values.clear();
+  EXPECT_EQ(ShmArena::Readers(stored.readers), 0) << "the reader let go";
+}
+
+TEST(ShmPlacementTest, SmallHeapValuesStayOnTheHeap) {
+  auto arena = MakeArena(1 << 16);
+  ShmPlacement placement(arena.get(), kMinCopy);
+  Message m = WithValues({Floats(16, 2.0f), Floats(16, 3.0f)});  // 128 bytes in all
+  PsHeader extra;
+  extra.set_shm_mapped(true);
+  EXPECT_FALSE(placement.Place(m, &extra));
+  EXPECT_EQ(extra.shm_frame_offset_size(), 0);
+  EXPECT_TRUE(extra.shm_mapped()) << "the rest of extra is left alone";
+  EXPECT_EQ(arena->ring_used_bytes(), 0u);
+  EXPECT_EQ(placement.fallbacks(), 0) << "too small to copy is not a fallback";
+  EXPECT_EQ(LastFloat(m.values[1]), 3.0f) << "the message keeps its heap values";
+}
+
+TEST(ShmPlacementTest, AllOrNothingWhenOneValueDoesNotFit) {
+  auto arena = MakeArena(1 << 16);  // 64 KB ring
+  ShmPlacement placement(arena.get(), kMinCopy);
+  // The first fits and is copied, the second (128 KB) cannot: both stay on
+  // the heap and the first's block is handed back.
+  Message m = WithValues({Floats(2048, 1.0f), Floats(32768, 2.0f)});
+  PsHeader extra;
+  EXPECT_FALSE(placement.Place(m, &extra));
+  EXPECT_EQ(extra.shm_frame_offset_size(), 0);
+  EXPECT_EQ(extra.shm_frame_bytes_size(), 0);
+  EXPECT_EQ(arena->ring_used_bytes(), 0u) << "the first value's block came back";
+  EXPECT_EQ(placement.fallbacks(), 1);
+  // Once there is room, the same message goes through the arena.
+  Message fits = WithValues({Floats(2048, 1.0f), Floats(4096, 2.0f)});
+  EXPECT_TRUE(placement.Place(fits, &extra));
+  EXPECT_EQ(extra.shm_frame_offset_size(), 2);
+  EXPECT_EQ(placement.fallbacks(), 1);
+}
+
+TEST(ShmPlacementTest, ReleaseHandsBackTheBlocksOfAMessageThatWasNotSent) {
+  auto arena = MakeArena(1 << 16, 1 << 16);
+  ShmPlacement placement(arena.get(), kMinCopy);
+  ShmArena::Stored stored = AllocateOrHeap(arena.get(), 4096, /*outgoing=*/false);
+  Message m = WithValues({stored.blob, Floats(4096, 1.0f)});
+  PsHeader extra;
+  ASSERT_TRUE(placement.Place(m, &extra));
+  EXPECT_GT(arena->ring_used_bytes(), 0u);
+  EXPECT_EQ(ShmArena::Readers(stored.readers), 1);
+  placement.Release(extra);
+  EXPECT_EQ(arena->ring_used_bytes(), 0u);
+  EXPECT_EQ(ShmArena::Readers(stored.readers), 0);
+}
+
+TEST(ShmPlacementTest, TheReceiverReadsPlacedValuesInPlaceUntilItDropsThem) {
+  auto arena = MakeArena(1 << 16);
+  ShmPlacement placement(arena.get(), kMinCopy);
+  Message m = WithValues({Floats(1024, 4.0f), Floats(3072, 5.0f)});
+  PsHeader extra;
+  ASSERT_TRUE(placement.Place(m, &extra));
+  auto mapping = Map(*arena);
+  std::vector<Blob> values;
+  ASSERT_OK(ResolveShmValues(Received(m, extra), mapping.get(), &values));
+  ASSERT_EQ(values.size(), 2u);
+  EXPECT_EQ(values[0].size(), 4096u);
+  EXPECT_EQ(values[1].size(), 12288u);
+  EXPECT_EQ(LastFloat(values[0]), 4.0f);
+  EXPECT_EQ(LastFloat(values[1]), 5.0f);
+  EXPECT_FALSE(HasUnresolvedShmValues(Received(m, extra), values.size()));
+  Blob keep = values[1];
+  values.clear();
+  EXPECT_GT(arena->ring_used_bytes(), 0u) << "one Blob still reads the arena";
+  keep = Blob();
+  EXPECT_EQ(arena->ring_used_bytes(), 0u);
+}
+
+TEST(ShmPlacementTest, ResolveRefusesDescriptorsThatDoNotAddUp) {
+  auto arena = MakeArena(1 << 16);
+  auto mapping = Map(*arena);
+  ShmPlacement placement(arena.get(), kMinCopy);
+  Message m = WithValues({Floats(2048, 1.0f)});
+  PsHeader extra;
+  ASSERT_TRUE(placement.Place(m, &extra));
+  const PsHeader good = Received(m, extra);
+  std::vector<Blob> values;
+
+  Status s = ResolveShmValues(good, nullptr, &values);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("its arena is not mapped here"), std::string::npos) << s;
+  EXPECT_NE(s.message().find(NodeIdName(WorkerId(0))), std::string::npos) << s;
+
+  PsHeader sizes = good;
+  sizes.add_shm_frame_bytes(16);  // one offset, two sizes
+  s = ResolveShmValues(sizes, mapping.get(), &values);
+  EXPECT_NE(s.message().find("listed 1 shared-memory frame offsets and 2 sizes"), std::string::npos)
+      << s;
+  PsHeader frames = good;
+  frames.set_num_value_frames(2);
+  s = ResolveShmValues(frames, mapping.get(), &values);
+  EXPECT_NE(s.message().find("header says 2 value frames"), std::string::npos) << s;
+  EXPECT_TRUE(values.empty());
+
+  // Frame 0 is real, frame 1 names no block: frame 0 is resolved, 1 refused.
+  PsHeader second = good;
+  second.set_num_value_frames(2);
+  second.add_shm_frame_offset(kShmRingBegin + (1 << 15) + kShmBlockHeaderBytes);
+  second.add_shm_frame_bytes(64);
+  s = ResolveShmValues(second, mapping.get(), &values);
+  EXPECT_NE(s.message().find("value frame 1"), std::string::npos) << s;
+  ASSERT_EQ(values.size(), 1u);
+  EXPECT_EQ(LastFloat(values[0]), 1.0f);
+  EXPECT_TRUE(HasUnresolvedShmValues(second, values.size()));
+  ReleaseUnresolvedShmValues(second, values.size(), mapping.get());  // ignores the bad one
+  values.clear();
+  EXPECT_EQ(arena->ring_used_bytes(), 0u);
+}
+
+TEST(ShmPlacementTest, ADroppedMessagesUnresolvedBlocksAreHandedBack) {
+  auto arena = MakeArena(1 << 16);
+  ShmPlacement placement(arena.get(), kMinCopy);
+  Message m = WithValues({Floats(2048, 1.0f), Floats(2048, 2.0f)});
+  PsHeader extra;
+  ASSERT_TRUE(placement.Place(m, &extra));
+  const PsHeader h = Received(m, extra);
+  EXPECT_GT(arena->ring_used_bytes(), 0u);
+  // Dropped before anything was resolved (a malformed header, say).
+  EXPECT_TRUE(HasUnresolvedShmValues(h, 0));
+  ReleaseUnresolvedShmValues(h, 0, nullptr);  // the sender's arena is not mapped: nothing to do
+  EXPECT_GT(arena->ring_used_bytes(), 0u);
+  auto mapping = Map(*arena);
+  ReleaseUnresolvedShmValues(h, 0, mapping.get());
+  EXPECT_EQ(arena->ring_used_bytes(), 0u) << "the sender's ring is not stalled";
+  EXPECT_FALSE(HasUnresolvedShmValues(h, 2));
+}
+
+}  // namespace
+}  // namespace pstrain
