@@ -42,6 +42,9 @@ DEFINE_string(kv_store, "device", "local, device, dist_sync, dist_async, dist_de
 DEFINE_string(gpus, "", "GPUs to use, e.g. 0,1 (the same GPU may be listed twice); empty: the CPU");
 DEFINE_string(gpu_weights, "", "relative work of each --gpus entry, e.g. 3,1; empty: equal");
 DEFINE_int32(num_threads, 0, "CPU threads of the kernels; 0: all cores");
+DEFINE_string(gc_type, "none",
+              "gradient compression: none or 2bit (MXNet's; --kv-store device or dist_*)");
+DEFINE_double(gc_threshold, 0.5, "threshold t of 2bit compression: pushes send +-t or 0");
 
 namespace pstrain {
 namespace {
