@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
     std::fill(residual.begin(), residual.end(), 0.0f);
     auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < iters; ++i) {
-      pstrain::QuantizeTwoBit(grad.data(), residual.data(), n, t, codes.data());
+      (void)pstrain::QuantizeTwoBit(grad.data(), residual.data(), n, t, codes.data());
     }
     auto t1 = std::chrono::steady_clock::now();
     for (int i = 0; i < iters; ++i) pstrain::DequantizeTwoBit(codes.data(), n, t, out.data());

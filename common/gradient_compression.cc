@@ -26,38 +26,69 @@ struct Masks {
 };
 constexpr Masks kMasks;
 
-// One block of 16 elements, one vector lane per element: selects, no branches,
-// and the codes OR-ed together only after the lanes are done.
-inline uint32_t QuantizeBlock(const float* g, float* r, float t) {
+inline float FromBits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof(f));
+  return f;
+}
+inline uint32_t ToBits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof(b));
+  return b;
+}
+
+// One block of 16 elements, one vector lane per element. The comparisons
+// become all-ones/zero masks that select the bits of +t, -t or +0 and of the
+// codes, so there is no branch nor float select for GCC to keep as control
+// flow, and the codes are OR-ed together after the lanes are done. __restrict:
+// else GCC guards the vector code with an overlap test per block. v - (+0) is
+// v and v - (-t) is v + t: the reference's results, bit for bit. `bad` gets 1
+// where v is NaN or Inf (v - v is 0 exactly for finite v).
+inline uint32_t QuantizeBlock(const float* __restrict g, float* __restrict r, float t,
+                              uint32_t* nonfinite) {
+  const uint32_t plus = ToBits(t), minus = ToBits(-t);
   uint32_t bits[16];
+  uint32_t bad[16];
   for (int j = 0; j < 16; ++j) {
     const float v = r[j] + g[j];
-    const bool pos = v >= t;
-    const bool neg = v <= -t;
-    // v - 0 is v and v - (-t) is v + t: the reference's results, bit for bit.
-    r[j] = v - (pos ? t : (neg ? -t : 0.0f));
-    bits[j] = (pos ? kMasks.pos[j] : 0u) | (neg ? kMasks.neg[j] : 0u);
+    const uint32_t pos = 0u - static_cast<uint32_t>(v >= t);
+    const uint32_t neg = 0u - static_cast<uint32_t>(v <= -t);
+    r[j] = v - FromBits((pos & plus) | (neg & minus));
+    bits[j] = (pos & kMasks.pos[j]) | (neg & kMasks.neg[j]);
+    bad[j] = static_cast<uint32_t>(!(v - v == 0.0f));
   }
   uint32_t word = 0;
-  for (int j = 0; j < 16; ++j) word |= bits[j];
+  uint32_t any_bad = 0;
+  for (int j = 0; j < 16; ++j) {
+    word |= bits[j];
+    any_bad |= bad[j];
+  }
+  *nonfinite |= any_bad;
   return word;
 }
 
-inline void DequantizeBlock(uint32_t word, float t, float* out) {
+inline void DequantizeBlock(uint32_t word, float t, float* __restrict out) {
+  const uint32_t plus = ToBits(t), minus = ToBits(-t);
   for (int j = 0; j < 16; ++j) {
     const uint32_t m = word & kMasks.pos[j];
-    out[j] = m == kMasks.pos[j] ? t : (m == kMasks.neg[j] ? -t : 0.0f);
+    const uint32_t pos = 0u - static_cast<uint32_t>(m == kMasks.pos[j]);
+    const uint32_t neg = 0u - static_cast<uint32_t>(m == kMasks.neg[j]);
+    out[j] = FromBits((pos & plus) | (neg & minus));
   }
 }
 
-inline void RoundTripBlock(float* g, float* r, float t) {
+// As QuantizeBlock, writing what the codes stand for; adding v - v (0, or NaN
+// for a NaN or Inf v) keeps a non-finite value visible to the update's NaN/Inf
+// check instead of sending 0.
+inline void RoundTripBlock(float* __restrict g, float* __restrict r, float t) {
+  const uint32_t plus = ToBits(t), minus = ToBits(-t);
   for (int j = 0; j < 16; ++j) {
     const float v = r[j] + g[j];
-    const bool pos = v >= t;
-    const bool neg = v <= -t;
-    const float sent = pos ? t : (neg ? -t : 0.0f);
+    const uint32_t pos = 0u - static_cast<uint32_t>(v >= t);
+    const uint32_t neg = 0u - static_cast<uint32_t>(v <= -t);
+    const float sent = FromBits((pos & plus) | (neg & minus));
     r[j] = v - sent;
-    g[j] = sent;
+    g[j] = sent + (v - v);
   }
 }
 
@@ -79,19 +110,21 @@ StatusOr<GradientCompression> ParseGradientCompression(const std::string& type, 
   return gc;
 }
 
-void QuantizeTwoBit(const float* grad, float* residual, size_t n, float threshold, uint32_t* out) {
+bool QuantizeTwoBit(const float* grad, float* residual, size_t n, float threshold, uint32_t* out) {
+  uint32_t nonfinite = 0;
   const size_t full = n / 16;
   for (size_t b = 0; b < full; ++b) {
-    out[b] = QuantizeBlock(grad + 16 * b, residual + 16 * b, threshold);
+    out[b] = QuantizeBlock(grad + 16 * b, residual + 16 * b, threshold, &nonfinite);
   }
   const size_t rest = n - 16 * full;
-  if (rest == 0) return;
+  if (rest == 0) return nonfinite == 0;
   // The last, partial block through a padded copy: zeros quantize to code 00.
   float g[16] = {}, r[16] = {};
   std::memcpy(g, grad + 16 * full, rest * sizeof(float));
   std::memcpy(r, residual + 16 * full, rest * sizeof(float));
-  out[full] = QuantizeBlock(g, r, threshold);
+  out[full] = QuantizeBlock(g, r, threshold, &nonfinite);
   std::memcpy(residual + 16 * full, r, rest * sizeof(float));
+  return nonfinite == 0;
 }
 
 void DequantizeTwoBit(const uint32_t* codes, size_t n, float threshold, float* out) {

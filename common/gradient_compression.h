@@ -44,9 +44,12 @@ constexpr size_t TwoBitWords(size_t n) { return (n + 15) / 16; }
 constexpr size_t TwoBitBytes(size_t n) { return TwoBitWords(n) * sizeof(uint32_t); }
 
 // Quantizes grad[0, n) with the residual residual[0, n) (updated in place)
-// into out[0, TwoBitWords(n)). REQUIRES: threshold > 0; out does not overlap
-// grad or residual (grad may equal residual only if the caller wants r += r).
-void QuantizeTwoBit(const float* grad, float* residual, size_t n, float threshold, uint32_t* out);
+// into out[0, TwoBitWords(n)). Returns false when some r + g was NaN or Inf:
+// such an element sends 0 and its residual stays non-finite (MXNet's rule), so
+// only the caller can tell anyone. REQUIRES: threshold > 0; out does not
+// overlap grad or residual.
+[[nodiscard]] bool QuantizeTwoBit(const float* grad, float* residual, size_t n, float threshold,
+                                  uint32_t* out);
 
 // out[i] = +threshold, -threshold or 0 from the codes of n elements
 // (TwoBitWords(n) words at `codes`).
@@ -55,7 +58,9 @@ void DequantizeTwoBit(const uint32_t* codes, size_t n, float threshold, float* o
 // The round trip of both on one array, without the packing: grad[i] becomes
 // what DequantizeTwoBit(QuantizeTwoBit(grad)) gives and the residual moves as
 // QuantizeTwoBit moves it (MXNet's device kvstore compresses each device's
-// gradient before the merge; here the values never leave the device).
+// gradient before the merge; here the values never leave the device). Where
+// r + g is NaN or Inf, grad[i] becomes NaN (not 0), so that the update's
+// NaN/Inf check still sees it. REQUIRES: grad and residual do not overlap.
 void QuantizeTwoBitInPlace(float* grad, float* residual, size_t n, float threshold);
 
 }  // namespace pstrain

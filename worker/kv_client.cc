@@ -344,9 +344,19 @@ Status KVClient::Compress(const std::vector<Key>& keys, const std::vector<int64_
   for (size_t i = 0; i < keys.size(); ++i) {
     std::vector<float>& r = residuals_[keys[i]];
     if (r.size() != static_cast<size_t>(lens[i])) r.assign(static_cast<size_t>(lens[i]), 0.0f);
+    bool finite = true;
     for (const PartPlan& p : plans[i]) {
-      QuantizeTwoBit(v + p.offset, r.data() + p.offset, p.len, gc_.threshold, at[p.server]);
+      finite &=
+          QuantizeTwoBit(v + p.offset, r.data() + p.offset, p.len, gc_.threshold, at[p.server]);
       at[p.server] += TwoBitWords(p.len);
+    }
+    if (!finite) {
+      // Quantized, it would be 0 on the servers, who could not tell, and stay
+      // in the residual for good.
+      return Status::FailedPrecondition(
+          StrCat(node_->Self(), ": the gradient pushed for key ", keys[i],
+                 " (plus its 2-bit compression residual) holds NaN or Inf; the job stops so "
+                 "that it cannot end with a broken model"));
     }
     v += lens[i];
   }

@@ -49,8 +49,10 @@
 // Init and Pull stay float32, and so do the replies (a PushPull's weights).
 // Compressed pushes are serialized with each other (the residuals' lock);
 // the quantizing happens outside the client's main lock, so replies keep
-// flowing meanwhile. With recovery, kept copies hold the dequantized values
-// (what the server applied) and are re-sent as float32.
+// flowing meanwhile. A push whose gradient plus residual holds NaN or Inf
+// fails (FailedPrecondition naming the key): compressed, the servers would
+// see 0. With recovery, kept copies hold the dequantized values (what the
+// server applied) and are re-sent as float32.
 //
 // Batching: a small request to a server reached over TCP that still owes
 // replies is left to the sender thread, which sends everything queued for

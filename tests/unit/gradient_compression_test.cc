@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -78,7 +80,7 @@ TEST(GradientCompressionTest, HandWorkedLayout) {
   std::vector<float> r(17, 0.0f);
   std::vector<uint32_t> words(TwoBitWords(17), 0xFFFFFFFFu);
   ASSERT_EQ(words.size(), 2u);
-  QuantizeTwoBit(g.data(), r.data(), g.size(), t, words.data());
+  ASSERT_TRUE(QuantizeTwoBit(g.data(), r.data(), g.size(), t, words.data()));
   // byte 0: e0..e3 = 11 10 00 11; byte 1: e4..e7 = 10 00 00 10; byte 2: 0;
   // byte 3: e12 = 11; word 1: e16 = 10, the padding 00.
   const std::vector<uint8_t> want = {0xE3, 0x82, 0x00, 0xC0, 0x80, 0x00, 0x00, 0x00};
@@ -94,7 +96,7 @@ TEST(GradientCompressionTest, HandWorkedLayout) {
                                    0,    0,     0, 0.5f, 0,     0, 0, -0.5f};
   EXPECT_TRUE(SameBits(out, sent));
   // The residual carries over: the same gradient again.
-  QuantizeTwoBit(g.data(), r.data(), g.size(), t, words.data());
+  ASSERT_TRUE(QuantizeTwoBit(g.data(), r.data(), g.size(), t, words.data()));
   EXPECT_EQ(r[0], 1.0f);                     // 0.5 + 1.0 = 1.5 -> +t
   EXPECT_EQ(r[2], 0.0f);                     // 0.25 + 0.25 reaches t -> +t
   EXPECT_EQ(r[6], 2 * 0.49f - 0.5f);         // 0.98 -> +t
@@ -118,7 +120,7 @@ TEST(GradientCompressionTest, MatchesTheReferenceBitForBit) {
         for (float& x : g) x = normal(rng);
         if (n > 3) g[n / 2] = t;  // exactly at the threshold
         const std::vector<uint8_t> want = ReferenceQuantize(g, &ref_r, t);
-        QuantizeTwoBit(g.data(), r.data(), n, t, words.data());
+        ASSERT_TRUE(QuantizeTwoBit(g.data(), r.data(), n, t, words.data()));
         ASSERT_EQ(AsBytes(words), want) << "push " << push;
         ASSERT_TRUE(SameBits(r, ref_r)) << "push " << push;
         std::vector<float> out(n);
@@ -150,7 +152,7 @@ TEST(GradientCompressionTest, InPlaceRoundTripEqualsQuantizeThenDequantize) {
       std::vector<float> g(n);
       for (float& x : g) x = normal(rng);
       std::vector<uint32_t> words(TwoBitWords(n));
-      QuantizeTwoBit(g.data(), r1.data(), n, 0.5f, words.data());
+      ASSERT_TRUE(QuantizeTwoBit(g.data(), r1.data(), n, 0.5f, words.data()));
       std::vector<float> want(n);
       DequantizeTwoBit(words.data(), n, 0.5f, want.data());
       QuantizeTwoBitInPlace(g.data(), r2.data(), n, 0.5f);
@@ -158,6 +160,38 @@ TEST(GradientCompressionTest, InPlaceRoundTripEqualsQuantizeThenDequantize) {
       ASSERT_TRUE(SameBits(r2, r1)) << "n=" << n << " push " << push;
     }
   }
+}
+
+// MXNet's rule sends 0 for NaN and keeps it in the residual: QuantizeTwoBit
+// says so, and the in-place round trip leaves NaN where the update's check
+// finds it. Finite elements around it are quantized as usual.
+TEST(GradientCompressionTest, NanAndInfAreReported) {
+  for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    for (size_t at : {0, 7, 16, 20}) {  // in a full block and in the partial last one
+      SCOPED_TRACE(::testing::Message() << bad << " at " << at);
+      std::vector<float> g(21, 0.75f), r(21, 0.0f), r2(21, 0.0f);
+      g[at] = bad;
+      std::vector<uint32_t> words(TwoBitWords(21));
+      EXPECT_FALSE(QuantizeTwoBit(g.data(), r.data(), g.size(), 0.5f, words.data()));
+      std::vector<float> out(21);
+      DequantizeTwoBit(words.data(), out.size(), 0.5f, out.data());
+      for (size_t i = 0; i < 21; ++i) {
+        if (i != at) {
+          EXPECT_EQ(out[i], 0.5f) << i;
+        }
+      }
+      QuantizeTwoBitInPlace(g.data(), r2.data(), g.size(), 0.5f);
+      EXPECT_TRUE(std::isnan(g[at]));
+      EXPECT_EQ(g[(at + 1) % 21], 0.5f);
+      // A residual that went non-finite keeps being reported.
+      std::vector<float> zero(21, 0.0f);
+      EXPECT_FALSE(QuantizeTwoBit(zero.data(), r.data(), zero.size(), 0.5f, words.data()));
+    }
+  }
+  std::vector<float> big(100, 3e38f), r(100, 3e38f);  // r + g overflows to Inf
+  std::vector<uint32_t> words(TwoBitWords(100));
+  EXPECT_FALSE(QuantizeTwoBit(big.data(), r.data(), big.size(), 0.5f, words.data()));
 }
 
 TEST(GradientCompressionTest, SizesAndFlags) {

@@ -4,6 +4,7 @@
 // malformed compressed pushes get error replies from a server that goes on.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -253,6 +254,24 @@ TEST(CompressionClusterTest, ACompressedPushToServersWithoutCompressionIsRefused
                                 "compression"));
     RETURN_IF_ERROR(kv.Wait(kv.PushPull({4}, {32}, v.data(), got.data()), Soon()));
     return got[31] == 2.0f ? Status::Ok() : Status::Internal(StrCat("got ", got[31]));
+  }));
+}
+
+// Quantized, a NaN would reach the servers as 0 and stay in the residual:
+// the push fails on the worker, naming the key.
+TEST(CompressionClusterTest, ANanGradientFailsTheCompressedPushNamingTheKey) {
+  ExpectAllOk(RunJob(1, 1, [](KVClient& kv) -> Status {
+    RETURN_IF_ERROR(kv.SetServerConfig(CompressedConfig(true), Soon()));
+    std::vector<float> v(64, 1.0f), got(64);
+    RETURN_IF_ERROR(kv.Wait(kv.Init({12, 13}, {32, 32}, v.data()), Soon()));
+    v[40] = std::nanf("");
+    const Status s = kv.Wait(kv.PushPull({12, 13}, {32, 32}, v.data(), got.data()), Soon());
+    if (s.code() != StatusCode::kFailedPrecondition ||
+        s.message().find("the gradient pushed for key 13 (plus its 2-bit compression residual) "
+                         "holds NaN or Inf") == std::string::npos) {
+      return Status::Internal(StrCat("NaN push: ", s.ToString()));
+    }
+    return Status::Ok();
   }));
 }
 
