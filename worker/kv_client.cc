@@ -102,10 +102,20 @@ std::unique_ptr<KVClient::Sub> KVClient::NewSub(Ticket ticket, int server, int p
 
 KVClient::Ticket KVClient::Issue(Kind kind, const std::vector<Key>& keys,
                                  const std::vector<int64_t>& lens, const float* vals, float* out,
+                                 int priority, Callback cb) {
+  bool flush_here = false;
+  const Ticket ticket = Queue(kind, keys, lens, vals, out, priority, std::move(cb), nullptr,
+                              Status::Ok(), &flush_here);
+  if (flush_here) Flush();
+  RunCallbacks();
+  return ticket;
+}
+
+KVClient::Ticket KVClient::Queue(Kind kind, const std::vector<Key>& keys,
+                                 const std::vector<int64_t>& lens, const float* vals, float* out,
                                  int priority, Callback cb, const CompressedValues* compressed,
-                                 const Status& pre) {
+                                 const Status& pre, bool* flush_here) {
   Ticket ticket;
-  bool flush_here = false;  // else the sender thread sends what was queued
   {
     MutexLock l(&mu_);
     ticket = next_ticket_++;
@@ -246,17 +256,15 @@ KVClient::Ticket KVClient::Issue(Kind kind, const std::vector<Key>& keys,
         }
       }
     }
-    for (size_t s = 0; s < outbox_.size() && !flush_here; ++s) {
+    for (size_t s = 0; s < outbox_.size() && !*flush_here; ++s) {
       if (outbox_[s].empty() || flushing_[s] || paused_[s]) continue;
       if (Deferrable(static_cast<int>(s))) {
         WakeSender();
       } else {
-        flush_here = true;
+        *flush_here = true;
       }
     }
   }
-  if (flush_here) Flush();
-  RunCallbacks();
   return ticket;
 }
 
@@ -294,13 +302,24 @@ KVClient::Ticket KVClient::PushPull(const std::vector<Key>& keys, const std::vec
 KVClient::Ticket KVClient::IssuePush(Kind kind, const std::vector<Key>& keys,
                                      const std::vector<int64_t>& lens, const float* vals,
                                      float* out, int priority, Callback cb) {
-  MutexLock g(&gc_mu_);
-  if (!gc_.enabled()) return Issue(kind, keys, lens, vals, out, priority, std::move(cb));
-  // Held until the push is queued: the residuals and the order in which
-  // compressed pushes of a key leave stay in step.
-  CompressedValues compressed;
-  const Status s = Compress(keys, lens, vals, &compressed);
-  return Issue(kind, keys, lens, vals, out, priority, std::move(cb), &compressed, s);
+  Ticket ticket = 0;
+  bool flush_here = false;
+  {
+    MutexLock g(&gc_mu_);
+    if (gc_.enabled()) {
+      // Held until the push is queued: the residuals and the order in which
+      // compressed pushes of a key leave stay in step. Not while sending or
+      // running callbacks (which may push again).
+      CompressedValues compressed;
+      const Status s = Compress(keys, lens, vals, &compressed);
+      ticket =
+          Queue(kind, keys, lens, vals, out, priority, std::move(cb), &compressed, s, &flush_here);
+    }
+  }
+  if (ticket == 0) return Issue(kind, keys, lens, vals, out, priority, std::move(cb));
+  if (flush_here) Flush();
+  RunCallbacks();
+  return ticket;
 }
 
 GradientCompression KVClient::gradient_compression() const {

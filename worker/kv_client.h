@@ -170,11 +170,18 @@ class KVClient {
     std::vector<Blob> frames;
     float threshold = 0;
   };
-  // `compressed`: the values to send instead of `vals` (null: vals as
-  // float32); `pre`: an error found before (the ticket completes with it).
+  // Queue, then sends (or leaves to the sender thread) and runs the callbacks due.
   Ticket Issue(Kind kind, const std::vector<Key>& keys, const std::vector<int64_t>& lens,
+               const float* vals, float* out, int priority, Callback cb) EXCLUDES(mu_);
+  // Makes the ticket and its requests and puts them in the outboxes or
+  // queues; *flush_here says whether the caller should Flush() (else the
+  // sender thread sends). `compressed`: the values to send instead of `vals`
+  // (null: vals as float32); `pre`: an error found before (the ticket
+  // completes with it).
+  Ticket Queue(Kind kind, const std::vector<Key>& keys, const std::vector<int64_t>& lens,
                const float* vals, float* out, int priority, Callback cb,
-               const CompressedValues* compressed = nullptr, const Status& pre = Status::Ok());
+               const CompressedValues* compressed, const Status& pre, bool* flush_here)
+      EXCLUDES(mu_);
   // Push or PushPull, compressed when a compression is set.
   Ticket IssuePush(Kind kind, const std::vector<Key>& keys, const std::vector<int64_t>& lens,
                    const float* vals, float* out, int priority, Callback cb) EXCLUDES(gc_mu_);

@@ -4,7 +4,11 @@
 // malformed compressed pushes get error replies from a server that goes on.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <random>
 #include <vector>
 
@@ -254,6 +258,51 @@ TEST(CompressionClusterTest, ACompressedPushToServersWithoutCompressionIsRefused
                                 "compression"));
     RETURN_IF_ERROR(kv.Wait(kv.PushPull({4}, {32}, v.data(), got.data()), Soon()));
     return got[31] == 2.0f ? Status::Ok() : Status::Internal(StrCat("got ", got[31]));
+  }));
+}
+
+// Callbacks may push again (they run on the calling, receive or sender
+// thread, never under the residuals' lock): a chain of compressed pushes, each
+// issued by the previous one's callback, all applied once.
+TEST(CompressionClusterTest, CallbacksMayIssueCompressedPushes) {
+  ExpectAllOk(RunJob(1, 1, [](KVClient& kv) -> Status {
+    RETURN_IF_ERROR(kv.SetServerConfig(CompressedConfig(false), Soon()));
+    const size_t n = 50;
+    std::vector<float> expect(n, 0.0f), got(n);
+    RETURN_IF_ERROR(kv.Wait(kv.Init({3}, {50}, expect.data()), Soon()));
+    constexpr int kPushes = 30;
+    const std::vector<float> grad = Gradient(0, 1, n);
+    std::mutex mu;
+    std::condition_variable cv;
+    int left = kPushes;
+    Status chain;
+    std::function<void(const Status&)> next = [&](const Status& s) {
+      {
+        std::lock_guard<std::mutex> l(mu);
+        if (!s.ok()) chain = s;
+        if (--left == 0 || !s.ok()) {
+          left = 0;
+          cv.notify_all();
+          return;
+        }
+      }
+      kv.Push({3}, {50}, grad.data(), 0, next);
+    };
+    kv.Push({3}, {50}, grad.data(), 0, next);
+    {
+      std::unique_lock<std::mutex> l(mu);
+      if (!cv.wait_for(l, std::chrono::seconds(20), [&] { return left == 0; })) {
+        return Status::DeadlineExceeded("the callback chain stalled");
+      }
+    }
+    RETURN_IF_ERROR(chain);
+    std::vector<float> residual(n, 0.0f);
+    for (int i = 0; i < kPushes; ++i) {
+      const std::vector<float> sent = Sent(grad, &residual);
+      for (size_t j = 0; j < n; ++j) expect[j] += sent[j];
+    }
+    RETURN_IF_ERROR(kv.Wait(kv.Pull({3}, {50}, got.data()), Soon()));
+    return ExpectValues(got, expect, "after the chain");
   }));
 }
 
