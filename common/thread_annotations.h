@@ -17,6 +17,7 @@
 #define ACQUIRE(...) PSTRAIN_THREAD_ANNOTATION_(acquire_capability(__VA_ARGS__))
 #define RELEASE(...) PSTRAIN_THREAD_ANNOTATION_(release_capability(__VA_ARGS__))
 #define EXCLUDES(...) PSTRAIN_THREAD_ANNOTATION_(locks_excluded(__VA_ARGS__))
+#define ACQUIRED_BEFORE(...) PSTRAIN_THREAD_ANNOTATION_(acquired_before(__VA_ARGS__))
 #define ASSERT_CAPABILITY(x) PSTRAIN_THREAD_ANNOTATION_(assert_capability(x))
 #define NO_THREAD_SAFETY_ANALYSIS PSTRAIN_THREAD_ANNOTATION_(no_thread_safety_analysis)
 

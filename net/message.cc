@@ -72,6 +72,8 @@ Status ValidateFrames(const Message& msg) {
     return bad("value frames hold ", total, " bytes, header says ", h.value_bytes());
   }
   if (n == 0 || msg.values.empty()) return Status::Ok();
+  // Compressed parts: ValidateDataRequest, which the server answers with an error.
+  if (h.dtype() == DTYPE_2BIT) return Status::Ok();
   // Parts must fill the value frames exactly, in order, none straddling two.
   size_t frame = 0;
   uint64_t used = 0;
@@ -100,8 +102,13 @@ Status ValidateDataRequest(const Message& msg, int server_rank) {
         StrCat("data request ", h.request_id(), " from ", NodeIdName(h.sender()), ": ", parts...));
   };
   if (!IsWorkerId(h.sender())) return bad("not from a worker");
-  if (h.dtype() != DTYPE_FLOAT32) {
-    return bad("dtype ", h.dtype(), " is not float32");
+  const bool compressed = h.dtype() == DTYPE_2BIT;
+  if (h.dtype() != DTYPE_FLOAT32 && !compressed) {
+    return bad("dtype ", h.dtype(), " is neither float32 nor 2bit");
+  }
+  if (compressed && !h.push()) {
+    return bad("2-bit compressed values are for pushes only, not ",
+               h.init() ? "init" : "a pull without push");
   }
   if (!h.init() && !h.push() && !h.pull()) {
     return bad("neither init, push nor pull");
@@ -122,6 +129,33 @@ Status ValidateDataRequest(const Message& msg, int server_rank) {
     }
     if (msg.len(i) == 0) {
       return bad("key ", WireKeyUser(w), " part ", WireKeyPart(w), " has length 0");
+    }
+  }
+  if (compressed) {
+    // As ValidateFrames does for float32, with each part's compressed size.
+    uint64_t need = 0;
+    for (uint64_t i = 0; i < h.num_keys(); ++i) need += TwoBitBytes(msg.len(i));
+    size_t frame = 0;
+    uint64_t used = 0;
+    for (uint64_t i = 0; i < h.num_keys(); ++i) {
+      const uint64_t bytes = TwoBitBytes(msg.len(i));
+      while (frame < msg.values.size() && used == msg.values[frame].size()) {
+        ++frame;
+        used = 0;
+      }
+      const uint64_t left = frame < msg.values.size() ? msg.values[frame].size() - used : 0;
+      if (bytes > left) {
+        const uint64_t w = msg.key(i);
+        return bad("2-bit push of key ", WireKeyUser(w), " part ", WireKeyPart(w), ": ", msg.len(i),
+                   " elements need ", bytes, " bytes of codes, its value frame has ", left,
+                   " left (the lens need ", need, " bytes in all, the values hold ",
+                   h.value_bytes(), ")");
+      }
+      used += bytes;
+    }
+    if (need != h.value_bytes()) {
+      return bad("2-bit push: the lens need ", need, " bytes of codes, the values hold ",
+                 h.value_bytes());
     }
   }
   return Status::Ok();

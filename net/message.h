@@ -3,9 +3,10 @@
 // A data message carries three kinds of raw frames after the header:
 //   keys   uint64 wire key per part (see WireKey below)
 //   lens   uint32 number of float32 elements per part
-//   values zero or more frames of float32; the parts fill them in key order and
-//          a part never straddles two frames (so each frame can reference the
-//          sender's own buffer without a copy).
+//   values zero or more frames of float32 (DTYPE_2BIT pushes: each part's
+//          TwoBitWords(len) uint32 words of 2-bit codes); the parts fill them in
+//          key order and a part never straddles two frames (so each frame can
+//          reference the sender's own buffer without a copy).
 // Blob is the ref-counted byte view that makes this zero-copy on both ends.
 #ifndef PSTRAIN_NET_MESSAGE_H_
 #define PSTRAIN_NET_MESSAGE_H_
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/gradient_compression.h"
 #include "common/status.h"
 #include "proto/ps.pb.h"
 
@@ -149,16 +151,28 @@ inline int WireKeyServer(uint64_t w) { return static_cast<int>(w >> 48); }
 inline uint64_t WireKeyUser(uint64_t w) { return (w >> 16) & kMaxUserKey; }
 inline int WireKeyPart(uint64_t w) { return static_cast<int>(w & 0xffff); }
 
+// Bytes of one part of `elems` elements in a value frame of `dtype`: 4 per
+// element for float32, TwoBitBytes(elems) for DTYPE_2BIT.
+inline uint64_t PartValueBytes(DataType dtype, uint64_t elems) {
+  return dtype == DTYPE_2BIT ? TwoBitBytes(elems) : elems * sizeof(float);
+}
+
 // Checks that a received message's frames agree with its header (the transport
 // calls this before a message reaches any handler): a data message has
 // num_keys * 8 bytes of keys, num_keys * 4 of lens, num_value_frames value frames
 // totalling value_bytes, and every value frame holds whole parts (float32).
-// Returns InvalidArgument naming the first disagreement.
+// Returns InvalidArgument naming the first disagreement. The parts of a
+// DTYPE_2BIT message are ValidateDataRequest's to check, so that the worker
+// gets an error reply naming the key.
 Status ValidateFrames(const Message& msg);
 
 // For data requests to server `server_rank`: the version and dtype are right,
 // every key belongs to this server, every length is > 0, and values are present
-// exactly when the request pushes or initializes.
+// exactly when the request pushes or initializes. DTYPE_2BIT is for pushes
+// only (not init), and its parts must fill the value frames exactly
+// (PartValueBytes each, none straddling two frames): else the error names the
+// first key part that does not fit, the bytes its length needs and the bytes
+// there are.
 Status ValidateDataRequest(const Message& msg, int server_rank);
 
 // "worker rank 2 (id 13)" style name of a node id for error messages.

@@ -57,6 +57,13 @@ StatusOr<std::unique_ptr<DeviceGroup>> DeviceGroup::Create(const Graph& graph,
                  options.devices[0].device.ToString()));
     }
   }
+  if (options.compression.enabled() && !options.devices[0].device.is_cpu()) {
+    return Status::Unimplemented(
+        StrCat("2-bit gradient compression in the device merge (--kv-store device) runs on the "
+               "CPU only, not yet on ",
+               options.devices[0].device.ToString(),
+               " (the dist kvstores compress on the host and work with GPUs)"));
+  }
   std::unique_ptr<DeviceGroup> g(new DeviceGroup(graph, options));
   RETURN_IF_ERROR(g->Init());
   return g;
@@ -107,8 +114,21 @@ Status DeviceGroup::Init() {
     }
   }
   // Each executor reports its gradients; the group acts once all have.
-  for (auto& e : execs_) {
-    e->SetGradReadyCallback([this](int p) {
+  if (options_.compression.enabled() && options_.for_training) {
+    residuals_.assign(execs_.size(), std::vector<std::vector<float>>(P));
+  }
+  for (size_t d = 0; d < execs_.size(); ++d) {
+    Executor* e = execs_[d].get();
+    e->SetGradReadyCallback([this, d, e](int p) {
+      if (!residuals_.empty()) {
+        // Device d's gradient as its 2-bit codes say (MXNet quantizes each
+        // device's gradient with its own residual, then sums the dequantized).
+        const Tensor& g = e->grad(p);
+        const size_t n = static_cast<size_t>(g.num_elements());
+        std::vector<float>& r = residuals_[d][p];
+        if (r.empty()) r.assign(n, 0.0f);
+        QuantizeTwoBitInPlace(g.data(), r.data(), n, options_.compression.threshold);
+      }
       if (++grads_in_[p] < num_devices()) return;
       grads_in_[p] = 0;
       if (num_devices() > 1) {

@@ -18,6 +18,13 @@
 // param-needed callback fires once and the parameter is copied to every
 // device that does not share the merge buffer.
 //
+// With gradient compression (MXNet's `device` kvstore after
+// kv.set_gradient_compression: its CommDevice::ReduceCompressed), each
+// device's gradient is first replaced by its 2-bit quantization (+-t or 0)
+// with a residual per device and parameter, the moment it is complete; the
+// merge then sums those, also with one device. The residuals live in host
+// memory, so this needs devices the host can address (the CPU).
+//
 // With one device the group is its executor: the merge buffers are that
 // executor's own tensors, nothing is copied.
 //
@@ -33,6 +40,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/gradient_compression.h"
 #include "common/status.h"
 #include "nn/executor.h"
 #include "nn/model_params.h"
@@ -54,6 +62,8 @@ struct DeviceGroupOptions {
   bool for_training = true;
   uint64_t seed = 1;  // dropout masks: device d uses seed + d
   bool profile = false;
+  // 2-bit: every device's gradient is quantized before the merge (see above).
+  GradientCompression compression;
 };
 
 // The number of examples each device gets (MXNet's _split_input_slice).
@@ -64,8 +74,9 @@ StatusOr<std::vector<int>> SplitBatch(int batch_size, int num_devices,
 
 class DeviceGroup : public ModelParams {
  public:
-  // The errors of SplitBatch and of Executor::Create for each device, and
-  // InvalidArgument for no device or devices of different kinds.
+  // The errors of SplitBatch and of Executor::Create for each device,
+  // InvalidArgument for no device or devices of different kinds, and
+  // Unimplemented for gradient compression on a device the host cannot address.
   static StatusOr<std::unique_ptr<DeviceGroup>> Create(const Graph& graph,
                                                        const DeviceGroupOptions& options);
   ~DeviceGroup() override;
@@ -134,6 +145,8 @@ class DeviceGroup : public ModelParams {
   std::vector<Tensor> host_staging_;  // kLocal from a device: one host tensor per param
   std::vector<int> grads_in_;         // per param: devices whose gradient is complete
   std::vector<bool> stale_;           // per param: devices hold an older value
+  // Gradient compression: per device, per param, the residual (empty until used).
+  std::vector<std::vector<std::vector<float>>> residuals_;
   std::function<void(int)> on_grad_ready_;
   std::function<void(int)> on_param_needed_;
 };

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -19,6 +20,11 @@ struct KVServer::Request {
   int worker = 0;
   std::atomic<int64_t> remaining{0};
   std::vector<const float*> part_values;  // push/init: each part inside the value frames
+  // A DTYPE_2BIT push: each part's codes inside the value frames, and where
+  // its shard dequantizes it (part_values points there), in one buffer.
+  std::vector<const uint32_t*> part_codes;
+  std::vector<float*> part_dequantized;
+  Blob dequantized;
   // Pull: the reply's value frames. A big part is its own frame referencing the
   // stored value (no copy); runs of small parts are copied into one frame.
   struct Slot {
@@ -339,6 +345,18 @@ void KVServer::HandleConfig(const Message& msg) {
     ReplyError(msg.header, Status::InvalidArgument("config body is not a ServerConfig"));
     return;
   }
+  if (cfg.gradient_compression().type() != GradientCompressionConfig::NONE) {
+    const float t = cfg.gradient_compression().threshold();
+    if (cfg.gradient_compression().type() != GradientCompressionConfig::TWO_BIT || !(t > 0) ||
+        !std::isfinite(t)) {
+      ReplyError(msg.header,
+                 Status::InvalidArgument(StrCat("config of ", NodeIdName(msg.header.sender()),
+                                                ": gradient compression ",
+                                                cfg.gradient_compression().ShortDebugString(),
+                                                " is not 2-bit with a finite threshold > 0")));
+      return;
+    }
+  }
   std::shared_ptr<Optimizer> opt;
   if (cfg.has_optimizer()) {
     auto created = MakeOptimizer(cfg);
@@ -400,6 +418,28 @@ void KVServer::HandleConfig(const Message& msg) {
   Answer(msg.header.sender(), std::move(reply));
 }
 
+Status KVServer::CheckCompressedPush(const Message& msg) const {
+  const uint64_t w = msg.key(0);
+  auto cfg = config();
+  if (cfg == nullptr || cfg->gradient_compression().type() != GradientCompressionConfig::TWO_BIT) {
+    return Status::FailedPrecondition(
+        StrCat("2-bit compressed push of key ", WireKeyUser(w), " part ", WireKeyPart(w), " from ",
+               NodeIdName(msg.header.sender()), ", but this job's servers were ",
+               cfg == nullptr ? "not configured yet"
+                              : "configured without gradient compression (ServerConfig)"));
+  }
+  uint64_t elems = 0;
+  for (size_t i = 0; i < msg.header.num_keys(); ++i) elems += msg.len(i);
+  // Each part is checked against its stored shape later; this bounds what a
+  // malformed push can make us allocate first (its float32 twin is refused too).
+  if (elems * sizeof(float) > static_cast<uint64_t>(node_->options().max_message_bytes)) {
+    return Status::InvalidArgument(StrCat("2-bit push of ", elems, " elements (key ",
+                                          WireKeyUser(w), " part ", WireKeyPart(w),
+                                          " first) exceeds PSTRAIN_MAX_MESSAGE_BYTES as float32"));
+  }
+  return Status::Ok();
+}
+
 void KVServer::HandleMessage(Message&& msg) {
   if (msg.header.is_reply()) return;
   if (msg.header.cmd() == CMD_CONFIG) {
@@ -415,6 +455,8 @@ void KVServer::HandleMessage(Message&& msg) {
     s = Status::FailedPrecondition(
         StrCat(NodeIdName(msg.header.sender()), " was declared lost; the job went on without it"));
   }
+  const bool compressed = msg.header.dtype() == DTYPE_2BIT;
+  if (s.ok() && compressed) s = CheckCompressedPush(msg);
   if (!s.ok()) {
     ReplyError(msg.header, s);
     return;
@@ -425,14 +467,34 @@ void KVServer::HandleMessage(Message&& msg) {
   req->remaining = static_cast<int64_t>(n);
   if (msg.header.init() || msg.header.push()) {
     req->part_values.resize(n);
+    float* dequantized = nullptr;
+    if (compressed) {
+      uint64_t elems = 0;
+      for (size_t i = 0; i < n; ++i) elems += msg.len(i);
+      char* bytes = nullptr;
+      req->dequantized = Blob::Allocate(elems * sizeof(float), &bytes);
+      dequantized = reinterpret_cast<float*>(bytes);
+      req->part_codes.resize(n);
+      req->part_dequantized.resize(n);
+    }
     size_t frame = 0, used = 0;
     for (size_t i = 0; i < n; ++i) {
       while (used == msg.values[frame].size()) {
         ++frame;
         used = 0;
       }
-      req->part_values[i] = reinterpret_cast<const float*>(msg.values[frame].data() + used);
-      used += size_t{msg.len(i)} * sizeof(float);
+      const char* at = msg.values[frame].data() + used;
+      if (compressed) {
+        // Frames are 4-byte aligned (the transports copy a misaligned one)
+        // and every part is whole words.
+        req->part_codes[i] = reinterpret_cast<const uint32_t*>(at);
+        req->part_dequantized[i] = dequantized;
+        req->part_values[i] = dequantized;
+        dequantized += msg.len(i);
+      } else {
+        req->part_values[i] = reinterpret_cast<const float*>(at);
+      }
+      used += PartValueBytes(msg.header.dtype(), msg.len(i));
     }
   }
   if (msg.header.pull()) {
@@ -674,6 +736,19 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
     return;
   }
   auto cfg = config();
+  if (!op.req->part_codes.empty()) {
+    // A 2-bit push becomes the float push it stands for, on this key's shard.
+    if (cfg == nullptr ||
+        cfg->gradient_compression().type() != GradientCompressionConfig::TWO_BIT) {
+      CompletePart(op, ks,
+                   Status::FailedPrecondition(
+                       StrCat("2-bit push of ", PartName(wire),
+                              ", but the configuration no longer has gradient compression")));
+      return;
+    }
+    DequantizeTwoBit(op.req->part_codes[op.part], n, cfg->gradient_compression().threshold(),
+                     op.req->part_dequantized[op.part]);
+  }
   const bool sync = cfg != nullptr && cfg->sync_mode();
   const uint64_t snapshot_every = cfg != nullptr ? cfg->snapshot_every() : 0;
   if (sync && h.push_rounds_size() == static_cast<int>(h.num_keys())) {

@@ -12,6 +12,11 @@
 // receive thread wait for the end of the burst of requests it is handling and
 // leave together (small ones as one message).
 //
+// A 2-bit compressed push (DTYPE_2BIT, MXNet's gradient compression, needs
+// ServerConfig.gradient_compression) is dequantized to +-threshold / 0 by the
+// shard that owns each part, into a buffer the request keeps, and is from then
+// on exactly a float32 push.
+//
 // dist_sync: a push is held until every worker has pushed that key, then the
 // optimizer runs once on the sum and all held pushes are answered. A pull or a
 // second push from a worker that is part of the open round waits for the round
@@ -85,6 +90,10 @@ class KVServer {
   // pushed in it already, or the op's push belongs to a later round).
   static bool MustWait(const KeyState& ks, const Op& op);
   void HandleMessage(Message&& msg);
+  // A DTYPE_2BIT push (valid as ValidateDataRequest sees it) is one this job
+  // takes: its servers are configured for 2-bit compression and its float32
+  // twin is not larger than a message may be. Else the error to answer.
+  Status CheckCompressedPush(const Message& msg) const;
   // Receive thread: worker `id` is gone; the shards drop its pushes.
   void HandleWorkerLost(int id);
   // Shard (busy): drops lost workers' pushes and closes the rounds now complete.

@@ -49,6 +49,9 @@ DEFINE_double(emulate_compute, 0,
 DEFINE_double(time_dilation, 1,
               "with --emulate-compute: waits last K times longer and reported times are divided "
               "by K (for links shaped K times slower); >= 1");
+DEFINE_string(gc_type, "none",
+              "gradient compression: none or 2bit (MXNet's; --kv-store device or dist_*)");
+DEFINE_double(gc_threshold, 0.5, "threshold t of 2bit compression: pushes send +-t or 0");
 
 namespace pstrain {
 namespace {

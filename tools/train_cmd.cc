@@ -125,11 +125,14 @@ int RunTrain(int argc, char** argv) {
     env.rank = kv->rank();
     env.num_workers = kv->num_workers();
     const bool sync_mode = cfg->kv_store().find("async") == std::string::npos;
+    // Valid: TrainConfigFromFlags checked it.
+    auto gc = ParseGradientCompression(cfg->gc_type(), cfg->gc_threshold());
+    if (!gc.ok()) return Fail("", gc.status());
     KVClient* client = kv.get();
-    env.make_sync = [client, sync_mode,
-                     job](const OptimizerConfig& opt) -> StatusOr<std::unique_ptr<ParamSync>> {
+    env.make_sync = [client, sync_mode, job,
+                     gc = *gc](const OptimizerConfig& opt) -> StatusOr<std::unique_ptr<ParamSync>> {
       return std::unique_ptr<ParamSync>(std::make_unique<DistParamSync>(
-          client, opt, sync_mode, job.request_timeout_ms, job.barrier_timeout_ms));
+          client, opt, sync_mode, job.request_timeout_ms, job.barrier_timeout_ms, gc));
     };
   }
 

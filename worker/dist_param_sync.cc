@@ -7,10 +7,12 @@
 namespace pstrain {
 
 DistParamSync::DistParamSync(KVClient* client, const OptimizerConfig& optimizer, bool sync_mode,
-                             int request_timeout_ms, int barrier_timeout_ms)
+                             int request_timeout_ms, int barrier_timeout_ms,
+                             const GradientCompression& compression)
     : client_(client),
       optimizer_(optimizer),
       sync_mode_(sync_mode),
+      compression_(compression),
       request_timeout_ms_(request_timeout_ms),
       barrier_timeout_ms_(barrier_timeout_ms) {}
 
@@ -28,6 +30,11 @@ Status DistParamSync::Init(ModelParams* exec) {
   ServerConfig config;
   config.set_sync_mode(sync_mode_);
   *config.mutable_optimizer() = optimizer_;
+  if (compression_.enabled()) {
+    GradientCompressionConfig* gc = config.mutable_gradient_compression();
+    gc->set_type(GradientCompressionConfig::TWO_BIT);
+    gc->set_threshold(compression_.threshold);
+  }
   keys_.clear();
   lens_.clear();
   for (size_t i = 0; i < params.size(); ++i) {

@@ -14,6 +14,10 @@
 // In dist_sync the server answers after summing every worker's gradient and
 // applying the optimizer once; in dist_async after applying this push.
 //
+// With 2-bit gradient compression (--gc-type 2bit) the ServerConfig says so,
+// and the KV client quantizes every PushPull's gradient (the reply is still
+// the full float32 weights).
+//
 // Optimizer state (momentum) lives on the servers: SaveState returns nothing,
 // and a resumed job restarts momentum from zero (MXNet's dist stores do too).
 // Threads: the executor's thread only, as ParamSync requires.
@@ -23,6 +27,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/gradient_compression.h"
 #include "proto/optimizer.pb.h"
 #include "worker/kv_client.h"
 #include "worker/param_sync.h"
@@ -33,7 +38,8 @@ class DistParamSync : public ParamSync {
  public:
   // `client` must be started and outlive this object.
   DistParamSync(KVClient* client, const OptimizerConfig& optimizer, bool sync_mode,
-                int request_timeout_ms, int barrier_timeout_ms);
+                int request_timeout_ms, int barrier_timeout_ms,
+                const GradientCompression& compression = GradientCompression());
   ~DistParamSync() override;
 
   Status Init(ModelParams* exec) override;
@@ -51,6 +57,7 @@ class DistParamSync : public ParamSync {
   KVClient* const client_;
   const OptimizerConfig optimizer_;
   const bool sync_mode_;
+  const GradientCompression compression_;
   const int request_timeout_ms_;
   const int barrier_timeout_ms_;
   ModelParams* exec_ = nullptr;

@@ -66,15 +66,19 @@ KVClient::~KVClient() {
   sender_.join();
 }
 
-StatusOr<const std::vector<PartPlan>*> KVClient::Parts(Key key, int64_t len) {
-  auto it = plans_.find(key);
-  if (it != plans_.end() && it->second.first == len) return &it->second.second;
+PlacementOptions KVClient::placement_options() const {
   PlacementOptions po;
   po.policy = options_.placement;
   po.num_servers = node_->num_servers();
   po.bigarray_bound = options_.bigarray_bound;
   po.chunk_elems = options_.chunk_elems;
-  ASSIGN_OR_RETURN(auto parts, PlaceKey(key, static_cast<uint64_t>(len), po));
+  return po;
+}
+
+StatusOr<const std::vector<PartPlan>*> KVClient::Parts(Key key, int64_t len) {
+  auto it = plans_.find(key);
+  if (it != plans_.end() && it->second.first == len) return &it->second.second;
+  ASSIGN_OR_RETURN(auto parts, PlaceKey(key, static_cast<uint64_t>(len), placement_options()));
   auto& slot = plans_[key];
   slot = {len, std::move(parts)};
   return &slot.second;
@@ -99,8 +103,19 @@ std::unique_ptr<KVClient::Sub> KVClient::NewSub(Ticket ticket, int server, int p
 KVClient::Ticket KVClient::Issue(Kind kind, const std::vector<Key>& keys,
                                  const std::vector<int64_t>& lens, const float* vals, float* out,
                                  int priority, Callback cb) {
+  bool flush_here = false;
+  const Ticket ticket = Queue(kind, keys, lens, vals, out, priority, std::move(cb), nullptr,
+                              Status::Ok(), &flush_here);
+  if (flush_here) Flush();
+  RunCallbacks();
+  return ticket;
+}
+
+KVClient::Ticket KVClient::Queue(Kind kind, const std::vector<Key>& keys,
+                                 const std::vector<int64_t>& lens, const float* vals, float* out,
+                                 int priority, Callback cb, const CompressedValues* compressed,
+                                 const Status& pre, bool* flush_here) {
   Ticket ticket;
-  bool flush_here = false;  // else the sender thread sends what was queued
   {
     MutexLock l(&mu_);
     ticket = next_ticket_++;
@@ -113,6 +128,8 @@ KVClient::Ticket KVClient::Issue(Kind kind, const std::vector<Key>& keys,
     Status bad;
     if (!failure_.ok()) {
       bad = failure_;
+    } else if (!pre.ok()) {
+      bad = pre;
     } else if (keys.size() != lens.size()) {
       bad = Status::InvalidArgument(
           StrCat(keys.size(), " keys but ", lens.size(), " lengths in one request"));
@@ -150,7 +167,7 @@ KVClient::Ticket KVClient::Issue(Kind kind, const std::vector<Key>& keys,
           b.keys.push_back(WireKey(p.server, keys[i], p.part));
           b.lens.push_back(static_cast<uint32_t>(p.len));
           b.floats += p.len;
-          if (has_vals) {
+          if (has_vals && compressed == nullptr) {
             // Big parts travel as their own frame (ZeroMQ moves several
             // MB-sized frames faster than one huge one); small neighbours share one.
             const float* start = vals + offset + p.offset;
@@ -180,30 +197,33 @@ KVClient::Ticket KVClient::Issue(Kind kind, const std::vector<Key>& keys,
           h.set_push(kind == kPush || kind == kPushPull);
           h.set_pull(has_out);
           h.set_priority(priority);
-          h.set_dtype(DTYPE_FLOAT32);
+          h.set_dtype(compressed != nullptr ? DTYPE_2BIT : DTYPE_FLOAT32);
           h.set_num_keys(b.keys.size());
           sub->msg.keys = Blob::Copy(b.keys.data(), b.keys.size() * sizeof(uint64_t));
           sub->msg.lens = Blob::Copy(b.lens.data(), b.lens.size() * sizeof(uint32_t));
-          if (has_vals) {
+          if (compressed != nullptr) {
+            const Blob& codes = compressed->frames[s];
+            uint64_t bytes = 0;
+            for (uint32_t len : b.lens) bytes += TwoBitBytes(len);
+            CHECK_EQ(codes.size(), bytes) << "2-bit codes for server rank " << s;
+            sub->msg.values.push_back(codes);
+            h.set_num_value_frames(1);
+            h.set_value_bytes(codes.size());
+          } else if (has_vals) {
             AddValueFrames(s, b.runs, &sub->msg.values);
             h.set_num_value_frames(sub->msg.values.size());
             h.set_value_bytes(b.floats * sizeof(float));
           }
           if (options_.recover && h.push()) {
             size_t run = 0;
-            uint64_t used = 0;  // floats of runs[run] before this part
+            uint64_t used = 0;   // floats of runs[run] before this part
+            uint64_t words = 0;  // compressed: words of the parts before this one
             for (size_t i = 0; i < b.keys.size(); ++i) {
               const uint64_t round = ++pushes_[b.keys[i]];
               h.add_push_rounds(round);
               if (options_.snapshot_every <= 1) continue;
               // A copy: the caller reuses its buffer once this is answered,
               // and a replacement may need it until the next snapshot.
-              while (used == b.runs[run].second) {
-                ++run;
-                used = 0;
-              }
-              const float* v = b.runs[run].first + used;
-              used += b.lens[i];
               auto& kept = kept_[b.keys[i]];
               Kept k;
               if (kept.size() >= static_cast<size_t>(options_.snapshot_every)) {
@@ -211,7 +231,22 @@ KVClient::Ticket KVClient::Issue(Kind kind, const std::vector<Key>& keys,
                 kept.pop_front();
               }
               k.round = round;
-              k.values.assign(v, v + b.lens[i]);
+              if (compressed != nullptr) {
+                // What the server applies: the dequantized push, re-sent as float32.
+                const auto* codes =
+                    reinterpret_cast<const uint32_t*>(compressed->frames[s].data()) + words;
+                words += TwoBitWords(b.lens[i]);
+                k.values.resize(b.lens[i]);
+                DequantizeTwoBit(codes, b.lens[i], compressed->threshold, k.values.data());
+              } else {
+                while (used == b.runs[run].second) {
+                  ++run;
+                  used = 0;
+                }
+                const float* v = b.runs[run].first + used;
+                used += b.lens[i];
+                k.values.assign(v, v + b.lens[i]);
+              }
               kept.push_back(std::move(k));
             }
           }
@@ -221,17 +256,15 @@ KVClient::Ticket KVClient::Issue(Kind kind, const std::vector<Key>& keys,
         }
       }
     }
-    for (size_t s = 0; s < outbox_.size() && !flush_here; ++s) {
+    for (size_t s = 0; s < outbox_.size() && !*flush_here; ++s) {
       if (outbox_[s].empty() || flushing_[s] || paused_[s]) continue;
       if (Deferrable(static_cast<int>(s))) {
         WakeSender();
       } else {
-        flush_here = true;
+        *flush_here = true;
       }
     }
   }
-  if (flush_here) Flush();
-  RunCallbacks();
   return ticket;
 }
 
@@ -255,7 +288,7 @@ KVClient::Ticket KVClient::Init(const std::vector<Key>& keys, const std::vector<
 }
 KVClient::Ticket KVClient::Push(const std::vector<Key>& keys, const std::vector<int64_t>& lens,
                                 const float* vals, int priority, Callback cb) {
-  return Issue(kPush, keys, lens, vals, nullptr, priority, std::move(cb));
+  return IssuePush(kPush, keys, lens, vals, nullptr, priority, std::move(cb));
 }
 KVClient::Ticket KVClient::Pull(const std::vector<Key>& keys, const std::vector<int64_t>& lens,
                                 float* out, int priority, Callback cb) {
@@ -263,7 +296,112 @@ KVClient::Ticket KVClient::Pull(const std::vector<Key>& keys, const std::vector<
 }
 KVClient::Ticket KVClient::PushPull(const std::vector<Key>& keys, const std::vector<int64_t>& lens,
                                     const float* vals, float* out, int priority, Callback cb) {
-  return Issue(kPushPull, keys, lens, vals, out, priority, std::move(cb));
+  return IssuePush(kPushPull, keys, lens, vals, out, priority, std::move(cb));
+}
+
+KVClient::Ticket KVClient::IssuePush(Kind kind, const std::vector<Key>& keys,
+                                     const std::vector<int64_t>& lens, const float* vals,
+                                     float* out, int priority, Callback cb) {
+  Ticket ticket = 0;
+  bool flush_here = false;
+  {
+    MutexLock g(&gc_mu_);
+    if (gc_.enabled()) {
+      // Held until the push is queued: the residuals and the order in which
+      // compressed pushes of a key leave stay in step. Not while sending or
+      // running callbacks (which may push again).
+      CompressedValues compressed;
+      const Status s = Compress(keys, lens, vals, &compressed);
+      ticket =
+          Queue(kind, keys, lens, vals, out, priority, std::move(cb), &compressed, s, &flush_here);
+    }
+  }
+  if (ticket == 0) return Issue(kind, keys, lens, vals, out, priority, std::move(cb));
+  if (flush_here) Flush();
+  RunCallbacks();
+  return ticket;
+}
+
+GradientCompression KVClient::gradient_compression() const {
+  MutexLock g(&gc_mu_);
+  return gc_;
+}
+
+Status KVClient::Compress(const std::vector<Key>& keys, const std::vector<int64_t>& lens,
+                          const float* vals, CompressedValues* out) {
+  // Issue checks the same and reports these; here they only stop the work.
+  if (keys.size() != lens.size() || vals == nullptr) {
+    return Status::InvalidArgument(StrCat("push of ", keys.size(), " keys with ", lens.size(),
+                                          " lengths", vals == nullptr ? " and no values" : ""));
+  }
+  const PlacementOptions po = placement_options();
+  // Pass 1: each key's parts and the bytes each server's frame takes.
+  std::vector<std::vector<PartPlan>> plans(keys.size());
+  std::vector<uint64_t> bytes(node_->num_servers(), 0);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (lens[i] <= 0 || lens[i] > int64_t{1} << 40) {
+      return Status::InvalidArgument(StrCat("key ", keys[i], " has length ", lens[i]));
+    }
+    ASSIGN_OR_RETURN(plans[i], PlaceKey(keys[i], static_cast<uint64_t>(lens[i]), po));
+    for (const PartPlan& p : plans[i]) bytes[p.server] += TwoBitBytes(p.len);
+  }
+  out->threshold = gc_.threshold;
+  out->frames.assign(node_->num_servers(), Blob());
+  std::vector<uint32_t*> at(node_->num_servers(), nullptr);
+  for (int s = 0; s < node_->num_servers(); ++s) {
+    if (bytes[s] == 0) continue;
+    // For a co-located server in the arena's ring, where it is sent without a copy.
+    ShmArena::Stored buf = node_->SharesMemoryWith(ServerId(s))
+                               ? node_->AllocateOutgoing(bytes[s])
+                               : AllocateOrHeap(nullptr, bytes[s], false);
+    at[s] = reinterpret_cast<uint32_t*>(buf.data);
+    out->frames[s] = std::move(buf.blob);
+  }
+  // Pass 2: quantize every part straight into its server's frame, in the
+  // order Issue lays the parts out (keys in call order, parts in order).
+  const float* v = vals;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    std::vector<float>& r = residuals_[keys[i]];
+    if (r.size() != static_cast<size_t>(lens[i])) r.assign(static_cast<size_t>(lens[i]), 0.0f);
+    bool finite = true;
+    for (const PartPlan& p : plans[i]) {
+      finite &=
+          QuantizeTwoBit(v + p.offset, r.data() + p.offset, p.len, gc_.threshold, at[p.server]);
+      at[p.server] += TwoBitWords(p.len);
+    }
+    if (!finite) {
+      // Quantized, it would be 0 on the servers, who could not tell, and stay
+      // in the residual for good.
+      return Status::FailedPrecondition(
+          StrCat(node_->Self(), ": the gradient pushed for key ", keys[i],
+                 " (plus its 2-bit compression residual) holds NaN or Inf; the job stops so "
+                 "that it cannot end with a broken model"));
+    }
+    v += lens[i];
+  }
+  return Status::Ok();
+}
+
+KVClient::Ticket KVClient::TEST_SendRaw(int server, Message msg, Callback cb) {
+  Ticket ticket;
+  {
+    MutexLock l(&mu_);
+    ticket = next_ticket_++;
+    TicketState& t = tickets_[ticket];
+    t.cb = std::move(cb);
+    t.remaining = 1;
+    std::unique_ptr<Sub> sub = NewSub(ticket, server, 0, CMD_DATA);
+    const PsHeader ids = sub->msg.header;
+    sub->msg = std::move(msg);
+    sub->msg.header.set_version(ids.version());
+    sub->msg.header.set_cmd(CMD_DATA);
+    sub->msg.header.set_sender(ids.sender());
+    sub->msg.header.set_receiver(ids.receiver());
+    sub->msg.header.set_request_id(ids.request_id());
+    Enqueue(std::move(sub));
+  }
+  FlushAndRunCallbacks(/*may_block=*/true);
+  return ticket;
 }
 
 void KVClient::AddValueFrames(int server,
@@ -541,7 +679,16 @@ Status KVClient::SetServerConfig(const ServerConfig& config, Deadline deadline) 
     }
   }
   FlushAndRunCallbacks(/*may_block=*/true);
-  return Wait(ticket, deadline);
+  RETURN_IF_ERROR(Wait(ticket, deadline));
+  // Every server takes it: pushes from now on are compressed as it says.
+  GradientCompression gc;
+  if (config.gradient_compression().type() == GradientCompressionConfig::TWO_BIT) {
+    gc.type = GradientCompressionType::kTwoBit;
+    gc.threshold = config.gradient_compression().threshold();
+  }
+  MutexLock g(&gc_mu_);
+  gc_ = gc;
+  return Status::Ok();
 }
 
 void KVClient::FailAll(const Status& s) {

@@ -39,6 +39,21 @@
 // by the calling thread, or by the sender thread when the request was let
 // out of the queue by a reply (the receive thread never sends).
 //
+// Gradient compression (MXNet's 2-bit, common/gradient_compression.h): once
+// SetServerConfig installed a config whose gradient_compression is 2-bit,
+// every Push and PushPull is quantized: the client keeps a residual per key
+// (fp32, the key's full length, created at the key's first push), and each
+// part a server gets is quantized on its own (its blocks of 16 start at the
+// part's start) straight from the caller's buffer into the one buffer per
+// server that is sent (in the shared-memory arena for a co-located server).
+// Init and Pull stay float32, and so do the replies (a PushPull's weights).
+// Compressed pushes are serialized with each other (the residuals' lock);
+// the quantizing happens outside the client's main lock, so replies keep
+// flowing meanwhile. A push whose gradient plus residual holds NaN or Inf
+// fails (FailedPrecondition naming the key): compressed, the servers would
+// see 0. With recovery, kept copies hold the dequantized values (what the
+// server applied) and are re-sent as float32.
+//
 // Batching: a small request to a server reached over TCP that still owes
 // replies is left to the sender thread, which sends everything queued for
 // that server meanwhile as one message (Van::SendBatch); a burst of small
@@ -56,6 +71,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/gradient_compression.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "net/cluster_node.h"
@@ -95,22 +111,32 @@ class KVClient {
   // Registers with the scheduler and connects to the servers.
   Status Start() { return node_->Start(); }
 
-  // Sends `config` (sync mode, optimizer) to every server and waits for all of
-  // them to install it. Every worker calls it with the same config before Init.
-  Status SetServerConfig(const ServerConfig& config, Deadline deadline);
+  // Sends `config` (sync mode, optimizer, gradient compression) to every
+  // server and waits for all of them to install it. Every worker calls it with
+  // the same config before Init. Once they did, later pushes are compressed as
+  // config.gradient_compression says (see "Gradient compression" above).
+  Status SetServerConfig(const ServerConfig& config, Deadline deadline) EXCLUDES(gc_mu_);
 
   // Initial values: only worker rank 0 sends them (others complete at once).
   // MXNet's protocol: Wait for it, then Barrier() on every worker.
   Ticket Init(const std::vector<Key>& keys, const std::vector<int64_t>& lens, const float* vals,
               Callback cb = nullptr);
   Ticket Push(const std::vector<Key>& keys, const std::vector<int64_t>& lens, const float* vals,
-              int priority = 0, Callback cb = nullptr);
+              int priority = 0, Callback cb = nullptr) EXCLUDES(gc_mu_);
   Ticket Pull(const std::vector<Key>& keys, const std::vector<int64_t>& lens, float* out,
               int priority = 0, Callback cb = nullptr);
   // Push `vals`, then receive the updated values into `out` in one round trip.
   // `out` may equal `vals`.
   Ticket PushPull(const std::vector<Key>& keys, const std::vector<int64_t>& lens, const float* vals,
-                  float* out, int priority = 0, Callback cb = nullptr);
+                  float* out, int priority = 0, Callback cb = nullptr) EXCLUDES(gc_mu_);
+
+  // The compression later pushes use (kNone until SetServerConfig set one).
+  GradientCompression gradient_compression() const EXCLUDES(gc_mu_);
+
+  // Tests only: sends `msg`, a CMD_DATA request to server rank `server` whose
+  // header and frames the caller built (its ids are filled in here), under a
+  // new ticket that the reply completes. REQUIRES: msg does not pull.
+  Ticket TEST_SendRaw(int server, Message msg, Callback cb = nullptr);
 
   // Waits for `ticket`: its error, DeadlineExceeded naming the servers still
   // owing a reply, or the job's failure. A ticket whose callback already ran
@@ -138,8 +164,31 @@ class KVClient {
   struct Sub;  // one message to one server
 
   enum Kind { kInit, kPush, kPull, kPushPull };
+  // A push's 2-bit codes: per server, one frame with its parts' words in the
+  // order Issue visits them (empty: no part there).
+  struct CompressedValues {
+    std::vector<Blob> frames;
+    float threshold = 0;
+  };
+  // Queue, then sends (or leaves to the sender thread) and runs the callbacks due.
   Ticket Issue(Kind kind, const std::vector<Key>& keys, const std::vector<int64_t>& lens,
-               const float* vals, float* out, int priority, Callback cb);
+               const float* vals, float* out, int priority, Callback cb) EXCLUDES(mu_);
+  // Makes the ticket and its requests and puts them in the outboxes or
+  // queues; *flush_here says whether the caller should Flush() (else the
+  // sender thread sends). `compressed`: the values to send instead of `vals`
+  // (null: vals as float32); `pre`: an error found before (the ticket
+  // completes with it).
+  Ticket Queue(Kind kind, const std::vector<Key>& keys, const std::vector<int64_t>& lens,
+               const float* vals, float* out, int priority, Callback cb,
+               const CompressedValues* compressed, const Status& pre, bool* flush_here)
+      EXCLUDES(mu_);
+  // Push or PushPull, compressed when a compression is set.
+  Ticket IssuePush(Kind kind, const std::vector<Key>& keys, const std::vector<int64_t>& lens,
+                   const float* vals, float* out, int priority, Callback cb) EXCLUDES(gc_mu_);
+  // Quantizes `vals` with the residuals into one buffer per server.
+  Status Compress(const std::vector<Key>& keys, const std::vector<int64_t>& lens, const float* vals,
+                  CompressedValues* out) REQUIRES(gc_mu_) EXCLUDES(mu_);
+  PlacementOptions placement_options() const;
   StatusOr<const std::vector<PartPlan>*> Parts(Key key, int64_t len) REQUIRES(mu_);
   // A request to `server` under `ticket` with its header filled in (id, sender, receiver).
   std::unique_ptr<Sub> NewSub(Ticket ticket, int server, int priority, PsCommand cmd) REQUIRES(mu_);
@@ -180,6 +229,12 @@ class KVClient {
 
   ClusterNode* node_;
   KVClientOptions options_;
+
+  // Gradient compression: the setting and each key's residual. Taken before
+  // mu_ (a compressed push holds it while it is issued).
+  mutable Mutex gc_mu_ ACQUIRED_BEFORE(mu_);
+  GradientCompression gc_ GUARDED_BY(gc_mu_);
+  std::unordered_map<Key, std::vector<float>> residuals_ GUARDED_BY(gc_mu_);
 
   Mutex mu_;
   CondVar cv_{&mu_};          // tickets done (Wait)

@@ -262,6 +262,14 @@ Status ValidateTrainConfig(const TrainConfig& cfg) {
         StrCat("--kv-store='", kv,
                "' is not one of local, device, dist_sync, dist_async, dist_device_sync"));
   }
+  ASSIGN_OR_RETURN(const GradientCompression gc,
+                   ParseGradientCompression(cfg.gc_type(), cfg.gc_threshold()));
+  if (gc.enabled() && kv == "local") {
+    // MXNet's kvstore.set_gradient_compression raises for it too.
+    return Status::InvalidArgument(
+        "--gc-type 2bit needs --kv-store device or dist_*: gradient compression is not "
+        "supported for --kv-store local (as in MXNet)");
+  }
   ASSIGN_OR_RETURN(auto shape, ParseIntList(cfg.image_shape(), "--image-shape"));
   if (!shape.empty()) {
     if (shape.size() != 3) {

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/gradient_compression.h"
 #include "common/status.h"
 #include "proto/optimizer.pb.h"
 #include "proto/train_config.pb.h"

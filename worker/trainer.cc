@@ -141,6 +141,11 @@ Status Trainer::InitDevices() {
                  ? MergeDevice::kDevice
                  : MergeDevice::kLocal;
   go.seed = cfg_.seed() + 1;
+  if (cfg_.kv_store() == "device") {
+    // MXNet's device kvstore quantizes each device's gradient before the merge;
+    // the dist kvstores compress the push instead (the ParamSync's client).
+    ASSIGN_OR_RETURN(go.compression, ParseGradientCompression(cfg_.gc_type(), cfg_.gc_threshold()));
+  }
   ASSIGN_OR_RETURN(exec_, DeviceGroup::Create(graph_, go));
   params_ = exec_.get();
   const Shape out_shape = exec_->output_shape();

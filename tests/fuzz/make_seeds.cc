@@ -105,6 +105,30 @@ void WireSeeds(const fs::path& dir) {
     batched += Part(NodeRoute(0x0123456789abcdef)) + Part(batch);
     seed(batched);
   }
+  // A 2-bit compressed push+pull of parts of 3 and 40 elements (4 and 12
+  // bytes of codes), as ZeroMQ frames and as a queue entry.
+  {
+    PsHeader h = DataHeader(2, true);
+    h.set_dtype(DTYPE_2BIT);
+    h.set_value_bytes(16);
+    std::vector<uint64_t> keys{WireKey(0, 3, 0), WireKey(0, 5, 0)};
+    std::vector<uint32_t> lens{3, 40};
+    std::vector<uint32_t> codes{0xC0u, 0x80C0C0C0u, 0x0000C080u, 0x80u};
+    std::string frames(1, '\0');
+    frames += Part(NodeRoute(0x0123456789abcdef)) + Part(h.SerializeAsString()) +
+              Part(Bytes(keys)) + Part(Bytes(lens)) + Part(Bytes(codes));
+    seed(frames);
+    const std::string header = h.SerializeAsString();
+    std::string env(4, '\0');
+    const uint32_t hlen = static_cast<uint32_t>(header.size());
+    std::memcpy(env.data(), &hlen, 4);
+    env += header;
+    env.resize(QueuedKeysAt(hlen), '\0');
+    env += Bytes(keys) + Bytes(lens);
+    env.resize((env.size() + 7) / 8 * 8, '\0');
+    env += Bytes(codes);
+    seed("\x01" + env);
+  }
   // A control message: registration.
   PsHeader reg;
   reg.set_cmd(CMD_REGISTER);

@@ -127,6 +127,90 @@ TEST(MessageTest, BadRequestsAreRejected) {
   EXPECT_FALSE(ValidateDataRequest(push_without, 0).ok());
 }
 
+// A 2-bit compressed push of `lens` elements: TwoBitBytes(len) per part, in
+// one frame.
+Message MakeCompressedPush(int server, const std::vector<uint32_t>& lens) {
+  Message m = MakePush(server, lens);
+  m.header.set_dtype(DTYPE_2BIT);
+  uint64_t bytes = 0;
+  for (uint32_t n : lens) bytes += TwoBitBytes(n);
+  std::vector<uint32_t> words(bytes / 4, 0xC0C0C0C0u);
+  m.values = {Blob::Copy(words.data(), bytes)};
+  m.header.set_value_bytes(bytes);
+  return m;
+}
+
+TEST(MessageTest, CompressedPushesHaveCompressedPartSizes) {
+  Message m = MakeCompressedPush(0, {3, 16, 17, 1000});  // 4 + 4 + 8 + 252 bytes
+  EXPECT_EQ(m.header.value_bytes(), 268u);
+  EXPECT_EQ(PartValueBytes(DTYPE_2BIT, 17), 8u);
+  EXPECT_EQ(PartValueBytes(DTYPE_FLOAT32, 17), 68u);
+  EXPECT_TRUE(ValidateFrames(m).ok()) << ValidateFrames(m);
+  EXPECT_TRUE(ValidateDataRequest(m, 0).ok()) << ValidateDataRequest(m, 0);
+  // A push+pull is a push too; the reply's values are float32.
+  m.header.set_pull(true);
+  EXPECT_TRUE(ValidateDataRequest(m, 0).ok()) << ValidateDataRequest(m, 0);
+}
+
+// The transport passes a compressed push whose frames agree with its header
+// (so that the server can answer it), and the server's check names the key
+// part whose codes do not fit, with the bytes it needs and has.
+TEST(MessageTest, CompressedPushOfWrongSizeNamesTheKeyAndTheSizes) {
+  Message short_push = MakeCompressedPush(0, {16, 40});  // needs 4 + 12 bytes
+  short_push.values[0] = short_push.values[0].Slice(0, 12);
+  short_push.header.set_value_bytes(12);
+  EXPECT_TRUE(ValidateFrames(short_push).ok());
+  Status s = ValidateDataRequest(short_push, 0);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("2-bit push of key 11 part 0: 40 elements need 12 bytes of codes, "
+                             "its value frame has 8 left (the lens need 16 bytes in all, the "
+                             "values hold 12)"),
+            std::string::npos)
+      << s;
+  Message long_push = MakeCompressedPush(0, {16});
+  std::vector<uint32_t> words(2, 0);
+  long_push.values[0] = Blob::Copy(words.data(), 8);
+  long_push.header.set_value_bytes(8);
+  s = ValidateDataRequest(long_push, 0);
+  EXPECT_NE(s.message().find("the lens need 4 bytes of codes, the values hold 8"),
+            std::string::npos)
+      << s;
+  // Float32 sizes in a 2-bit push: every part is too large for what follows.
+  Message as_float = MakePush(0, {16, 16});
+  as_float.header.set_dtype(DTYPE_2BIT);
+  EXPECT_FALSE(ValidateDataRequest(as_float, 0).ok());
+  // Parts straddling two frames are refused as for float32.
+  Message split = MakeCompressedPush(0, {32, 32});  // 8 + 8 bytes
+  split.values = {split.values[0].Slice(0, 4), split.values[0].Slice(4, 12)};
+  split.header.set_num_value_frames(2);
+  EXPECT_TRUE(ValidateFrames(split).ok());
+  s = ValidateDataRequest(split, 0);
+  EXPECT_NE(s.message().find("key 10 part 0: 32 elements need 8 bytes of codes, its value "
+                             "frame has 4 left"),
+            std::string::npos)
+      << s;
+}
+
+TEST(MessageTest, CompressedValuesAreForPushesOnly) {
+  Message init = MakeCompressedPush(0, {16});
+  init.header.set_push(false);
+  init.header.set_init(true);
+  Status s = ValidateDataRequest(init, 0);
+  EXPECT_NE(s.message().find("for pushes only, not init"), std::string::npos) << s;
+  Message pull = MakeCompressedPush(0, {16});
+  pull.header.set_push(false);
+  pull.header.set_pull(true);
+  pull.values.clear();
+  pull.header.set_num_value_frames(0);
+  pull.header.set_value_bytes(0);
+  s = ValidateDataRequest(pull, 0);
+  EXPECT_NE(s.message().find("not a pull without push"), std::string::npos) << s;
+  Message other = MakeCompressedPush(0, {16});
+  other.header.set_dtype(DTYPE_UNKNOWN);
+  s = ValidateDataRequest(other, 0);
+  EXPECT_NE(s.message().find("neither float32 nor 2bit"), std::string::npos) << s;
+}
+
 // The envelope of `m` as the Van puts it in a batch frame: values inline, as
 // one frame.
 std::string Envelope(const Message& m) {

@@ -180,6 +180,62 @@ TEST_P(DeviceGroupTest, TrainingStepsMatchOneDeviceAndEveryDeviceGetsTheWeights)
   }
 }
 
+// MXNet's device kvstore with 2-bit compression (CommDevice::ReduceCompressed):
+// each device's gradient is quantized with its own residual before the sum,
+// with one device too. The uncompressed twin (kLocal: its devices keep their
+// own gradients) gives the raw gradients; no update runs, so every step has
+// the same ones and the residuals carry over.
+TEST_P(DeviceGroupTest, CompressionQuantizesEachDevicesGradientBeforeTheMerge) {
+  const Graph g = Lenet();
+  const float t = 0.05f;
+  for (int devices : {1, 2}) {
+    SCOPED_TRACE(StrCat(devices, " device(s)"));
+    DeviceGroupOptions o;
+    o.batch_size = 8;
+    o.devices.assign(devices, Cpu());
+    o.merge = MergeDevice::kLocal;
+    auto plain = DeviceGroup::Create(g, o);
+    ASSERT_OK(plain.status());
+    o.merge = GetParam();
+    o.compression.type = GradientCompressionType::kTwoBit;
+    o.compression.threshold = t;
+    auto gc = DeviceGroup::Create(g, o);
+    ASSERT_OK(gc.status());
+    InitializeParams(*InitializerSpec::Parse("xavier(gaussian,in,2)"), 7, plain->get());
+    InitializeParams(*InitializerSpec::Parse("xavier(gaussian,in,2)"), 7, gc->get());
+    std::vector<std::vector<std::vector<float>>> residual(
+        devices, std::vector<std::vector<float>>(g.params().size()));
+    const Batch b = RandomBatch(5);
+    for (int step = 0; step < 3; ++step) {
+      for (DeviceGroup* d : {plain->get(), gc->get()}) {
+        ASSERT_OK(d->LoadData(b.data.data(), b.data.size()));
+        ASSERT_OK(d->LoadLabel(b.label.data(), b.label.size()));
+        d->Forward(true);
+        d->Backward();
+      }
+      int sent = 0;
+      for (int i = 0; i < (*gc)->num_params(); ++i) {
+        std::vector<float> want;
+        for (int d = 0; d < devices; ++d) {
+          std::vector<float> raw = Read((*plain)->executor(d), i, true);
+          std::vector<float>& r = residual[d][i];
+          if (r.empty()) r.assign(raw.size(), 0.0f);
+          if (want.empty()) want.assign(raw.size(), 0.0f);
+          for (size_t k = 0; k < raw.size(); ++k) {
+            r[k] += raw[k];
+            const float q = r[k] >= t ? t : (r[k] <= -t ? -t : 0.0f);
+            r[k] -= q;
+            want[k] += q;
+            sent += q != 0;
+          }
+        }
+        ASSERT_EQ(Read(**gc, i, true), want) << "step " << step << " " << g.params()[i].name;
+      }
+      EXPECT_GT(sent, 0) << "step " << step;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Merges, DeviceGroupTest,
                          ::testing::Values(MergeDevice::kLocal, MergeDevice::kDevice),
                          [](const ::testing::TestParamInfo<MergeDevice>& info) {
@@ -241,6 +297,14 @@ TEST(DeviceGroupTest, BadShapesAndDevicesAreErrors) {
   o.devices = {Cpu(), Cpu(), Cpu()};
   o.batch_size = 2;
   EXPECT_FALSE(DeviceGroup::Create(g, o).ok());
+  // Compression in the merge needs host memory (checked before any GPU is touched).
+  o.batch_size = 8;
+  o.devices = {gpu};
+  o.compression.type = GradientCompressionType::kTwoBit;
+  auto on_gpu = DeviceGroup::Create(g, o);
+  EXPECT_EQ(on_gpu.status().code(), StatusCode::kUnimplemented) << on_gpu.status();
+  EXPECT_NE(on_gpu.status().message().find("runs on the CPU only"), std::string::npos)
+      << on_gpu.status();
 }
 
 }  // namespace
