@@ -66,6 +66,17 @@ std::string LeftRunning() {
   return left;
 }
 
+// pstrain processes on the hosts end within 10 s of the job.
+void ExpectNothingLeftRunning() {
+  std::string left;
+  for (int i = 0; i < 40; ++i) {
+    left = LeftRunning();
+    if (left.find("pstrain") == std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+  EXPECT_EQ(left.find("pstrain"), std::string::npos) << "left running:\n" << left;
+}
+
 class EmulatedHostsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -206,14 +217,7 @@ TEST_F(EmulatedHostsTest, AHostWhoseLinkGoesDownEndsTheJobNamingIt) {
   Ran r = Launch(LongJob());
   fault.join();
   ExpectJobEndsNamingHost3(r, "link down");
-  // Host 3's own processes lose the scheduler and end by themselves.
-  std::string left;
-  for (int i = 0; i < 40; ++i) {
-    left = LeftRunning();
-    if (left.find("pstrain") == std::string::npos) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(250));
-  }
-  EXPECT_EQ(left.find("pstrain"), std::string::npos) << "left running:\n" << left;
+  ExpectNothingLeftRunning();  // host 3's lose the scheduler and end by themselves
   Ran up = Cluster({"link", "3", "up"});
   EXPECT_EQ(up.code, 0) << up.out;
 }
@@ -227,13 +231,7 @@ TEST_F(EmulatedHostsTest, AHostWhoseProcessesDieEndsTheJobNamingIt) {
   Ran r = Launch(LongJob());
   fault.join();
   ExpectJobEndsNamingHost3(r, "processes killed");
-  std::string left;
-  for (int i = 0; i < 40; ++i) {
-    left = LeftRunning();
-    if (left.find("pstrain") == std::string::npos) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(250));
-  }
-  EXPECT_EQ(left.find("pstrain"), std::string::npos) << "left running:\n" << left;
+  ExpectNothingLeftRunning();
 }
 
 }  // namespace
