@@ -51,7 +51,7 @@ parse_opts() {
   while [ $# -gt 0 ]; do
     case "$1" in
       --name) NAME=${2:?--name needs a value}; shift 2 ;;
-      --subnet) SUBNET=${2:?--subnet needs a value}; shift 2 ;;
+      --subnet) SUBNET=${2:?--subnet needs a value}; SUBNET_GIVEN=1; shift 2 ;;
       --rate) RATE=${2:?--rate needs a value}; shift 2 ;;
       --delay) DELAY=${2:?--delay needs a value}; shift 2 ;;
       --jitter) JITTER=${2:?--jitter needs a value}; shift 2 ;;
@@ -64,16 +64,29 @@ parse_opts() {
   [[ $SUBNET =~ ^10\.[0-9]{1,3}\.[0-9]{1,3}$ ]] ||
     die "--subnet '$SUBNET': the first three octets of a 10.x.y.0/24 network, e.g. 10.77.0"
   STATE=/run/pstrain-cluster/$NAME
+  # A running cluster's own subnet, unless this command names one (up).
+  if [ -z "${SUBNET_GIVEN:-}" ] && [ -f "$STATE/subnet" ]; then SUBNET=$(cat "$STATE/subnet"); fi
 }
 
 need_root() {
   [ "$(id -u)" = 0 ] || die "needs root (network namespaces, veth links and tc): run it as root or with sudo"
-  for tool in ip tc ssh-keygen /usr/sbin/sshd; do
-    command -v "$tool" >/dev/null || die "'$tool' is missing: apt-get install iproute2 openssh-server openssh-client"
+  for tool in ip tc nsenter unshare ssh-keygen /usr/sbin/sshd; do
+    command -v "$tool" >/dev/null ||
+      die "'$tool' is missing: apt-get install iproute2 util-linux openssh-server openssh-client"
   done
 }
 
 host_ns() { echo "$NAME-h$1"; }
+
+# Runs a command in network namespace $1. nsenter enters the network namespace
+# only; `ip netns exec` and `ip -n` also remount /sys in a new mount namespace,
+# which fails where / is not a mount point (a chroot, as in the fresh-machine
+# check).
+in_ns() {
+  local ns=$1
+  shift
+  nsenter --net="/run/netns/$ns" -- "$@"
+}
 switch_ns() { echo "$NAME-sw"; }
 host_addr() { echo "$SUBNET.$((10 + $1))"; }
 
@@ -95,15 +108,15 @@ shape_link() {
       ns=$sw
       dev=h$i
     fi
-    ip netns exec "$ns" tc qdisc del dev "$dev" root 2>/dev/null || true
+    in_ns "$ns" tc qdisc del dev "$dev" root 2>/dev/null || true
     if [ "$(cat "$STATE/netem")" = yes ]; then
       local jitter=()
       [ "$JITTER" != 0 ] && jitter=("$JITTER")
-      ip netns exec "$ns" tc qdisc add dev "$dev" root netem rate "$RATE" delay "$DELAY" "${jitter[@]}" limit 100000
+      in_ns "$ns" tc qdisc add dev "$dev" root netem rate "$RATE" delay "$DELAY" "${jitter[@]}" limit 100000
     else
       # A bucket of 1 ms at the rate (at least 64 KB: a segment offload), and
       # up to 50 ms queued before drops, like a switch port's buffer.
-      ip netns exec "$ns" tc qdisc add dev "$dev" root tbf rate "$RATE" burst "$(burst_of "$RATE")" latency 50ms
+      in_ns "$ns" tc qdisc add dev "$dev" root tbf rate "$RATE" burst "$(burst_of "$RATE")" latency 50ms
     fi
   done
 }
@@ -146,8 +159,8 @@ cmd_up() {
 
   # Does this kernel have netem (delay, jitter)?
   ip netns add "$NAME-probe"
-  ip -n "$NAME-probe" link add pa type veth peer name pb
-  if ip netns exec "$NAME-probe" tc qdisc add dev pa root netem delay 1ms 2>/dev/null; then
+  in_ns "$NAME-probe" ip link add pa type veth peer name pb
+  if in_ns "$NAME-probe" tc qdisc add dev pa root netem delay 1ms 2>/dev/null; then
     echo yes >"$STATE/netem"
   else
     echo no >"$STATE/netem"
@@ -160,9 +173,9 @@ cmd_up() {
   local sw
   sw=$(switch_ns)
   ip netns add "$sw"
-  ip -n "$sw" link set lo up
-  ip -n "$sw" link add br0 type bridge
-  ip -n "$sw" link set br0 up
+  in_ns "$sw" ip link set lo up
+  in_ns "$sw" ip link add br0 type bridge
+  in_ns "$sw" ip link set br0 up
 
   ssh-keygen -q -t ed25519 -N "" -C "pstrain-cluster-$NAME" -f "$STATE/client_key"
   cp "$STATE/client_key.pub" "$STATE/authorized_keys"
@@ -176,14 +189,14 @@ cmd_up() {
     ns=$(host_ns "$i")
     addr=$(host_addr "$i")
     ip netns add "$ns"
-    ip -n "$ns" link set lo up
+    in_ns "$ns" ip link set lo up
     # Made inside the host, its peer moved to the switch: nothing in this
     # machine's own namespace, even for a moment.
-    ip -n "$ns" link add eth0 type veth peer name "h$i" netns "$sw"
-    ip -n "$ns" addr add "$addr/24" dev eth0
-    ip -n "$ns" link set eth0 up
-    ip -n "$sw" link set "h$i" master br0
-    ip -n "$sw" link set "h$i" up
+    in_ns "$ns" ip link add eth0 type veth peer name "h$i" netns "$sw"
+    in_ns "$ns" ip addr add "$addr/24" dev eth0
+    in_ns "$ns" ip link set eth0 up
+    in_ns "$sw" ip link set "h$i" master br0
+    in_ns "$sw" ip link set "h$i" up
     shape_link "$i"
 
     ssh-keygen -q -t ed25519 -N "" -C "$ns" -f "$STATE/h$i.hostkey"
@@ -205,7 +218,7 @@ ClientAliveCountMax 3
 AcceptEnv LANG LC_*
 EOF
     # Its own host name too (a UTS namespace): what its processes report.
-    ip netns exec "$ns" unshare --uts sh -c \
+    in_ns "$ns" unshare --uts sh -c \
       "hostname $ns && exec /usr/sbin/sshd -f '$STATE/h$i.sshd_config' -E '$STATE/h$i.sshd.log'"
     echo "$addr $(cut -d' ' -f1,2 "$STATE/h$i.hostkey.pub")" >>"$STATE/known_hosts"
     echo "$addr" >>"$STATE/hosts"
@@ -215,7 +228,7 @@ EOF
   for i in $(seq 1 "$n"); do
     local ok=
     for _ in $(seq 1 100); do
-      if ip netns exec "$(host_ns 1)" ssh -T $(ssh_opts_plain) "$(host_addr "$i")" true 2>/dev/null; then
+      if in_ns "$(host_ns 1)" ssh -T $(ssh_opts_plain) "$(host_addr "$i")" true 2>/dev/null; then
         ok=1
         break
       fi
@@ -280,12 +293,12 @@ cmd_status() {
   printf '%-6s %-12s %-10s %-6s %-8s %s\n' host address namespace link sshd qdisc
   for i in $(seq 1 "$n"); do
     ns=$(host_ns "$i")
-    state=$(ip -n "$ns" -br link show eth0 2>/dev/null | awk '{print $2}' || echo missing)
+    state=$(in_ns "$ns" ip -br link show eth0 2>/dev/null | awk '{print $2}' || echo missing)
     pid=$(cat "$STATE/h$i.sshd.pid" 2>/dev/null || true)
     sshd=down
     [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && sshd=$pid
     printf '%-6s %-12s %-10s %-6s %-8s %s\n' "h$i" "$(host_addr "$i")" "$ns" "${state:-missing}" "$sshd" \
-      "$(ip netns exec "$ns" tc qdisc show dev eth0 2>/dev/null | head -1 | cut -d' ' -f2,7-12)"
+      "$(in_ns "$ns" tc qdisc show dev eth0 2>/dev/null | head -1 | cut -d' ' -f2,7-12)"
   done
 }
 
@@ -296,7 +309,7 @@ cmd_exec() {
   [[ $i =~ ^[0-9]+$ ]] && [ "$i" -ge 1 ] && [ "$i" -le "$(num_hosts)" ] ||
     die "exec HOST CMD: HOST is 1..$(num_hosts) (got '$i')"
   [ $# -gt 0 ] || die "exec HOST CMD: no command"
-  exec ip netns exec "$(host_ns "$i")" "$@"
+  exec nsenter --net="/run/netns/$(host_ns "$i")" -- "$@"
 }
 
 cmd_launch() {
@@ -314,12 +327,12 @@ cmd_launch() {
     # emulated hosts share this machine's cores, so ranks may outnumber them.
     local root=()
     [ "$(id -u)" = 0 ] && root=(--mpi-option --allow-run-as-root)
-    exec ip netns exec "$(host_ns 1)" "$PSTRAIN" launch -H "$STATE/hosts" \
+    exec nsenter --net="/run/netns/$(host_ns 1)" -- "$PSTRAIN" launch -H "$STATE/hosts" \
       --mpi-option --mca --mpi-option plm_rsh_args --mpi-option "$(ssh_opts_plain)" \
       --mpi-option --oversubscribe "${root[@]}" "$@"
   fi
   # shellcheck disable=SC2046
-  exec ip netns exec "$(host_ns 1)" "$PSTRAIN" launch --launcher ssh -H "$STATE/hosts" \
+  exec nsenter --net="/run/netns/$(host_ns 1)" -- "$PSTRAIN" launch --launcher ssh -H "$STATE/hosts" \
     $(cmd_ssh_options --name "$NAME") "$@"
 }
 
@@ -331,7 +344,7 @@ cmd_link() {
   [[ $i =~ ^[0-9]+$ ]] && [ "$i" -ge 1 ] && [ "$i" -le "$(num_hosts)" ] ||
     die "link HOST up|down: HOST is 1..$(num_hosts) (got '$i')"
   [ "$updown" = up ] || [ "$updown" = down ] || die "link HOST up|down (got '$updown')"
-  ip -n "$(host_ns "$i")" link set eth0 "$updown"
+  in_ns "$(host_ns "$i")" ip link set eth0 "$updown"
 }
 
 cmd_kill() {

@@ -49,13 +49,13 @@ IFS=, read -r -a rates <<<"$RATES"
 for rate in "${rates[@]}"; do
   bash "$CL" shape --name pstlnk --rate "$rate" >/dev/null
   link=$(gbit "$rate")
-  ip netns exec pstlnk-h1 iperf3 -s -B 10.78.0.11 -1 -D --pidfile "$LOGS/iperf.pid"
+  bash "$CL" exec 1 iperf3 -s -B 10.78.0.11 -1 -D --pidfile "$LOGS/iperf.pid"
   sleep 0.3
-  one=$(ip netns exec pstlnk-h2 iperf3 -c 10.78.0.11 -t 4 -O 1 -J |
+  one=$(bash "$CL" exec 2 iperf3 -c 10.78.0.11 -t 4 -O 1 -J |
     python3 -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 1e9))')
-  ip netns exec pstlnk-h1 iperf3 -s -B 10.78.0.11 -1 -D --pidfile "$LOGS/iperf.pid"
+  bash "$CL" exec 1 iperf3 -s -B 10.78.0.11 -1 -D --pidfile "$LOGS/iperf.pid"
   sleep 0.3
-  both=$(ip netns exec pstlnk-h2 iperf3 -c 10.78.0.11 -t 4 -O 1 --bidir -J |
+  both=$(bash "$CL" exec 2 iperf3 -c 10.78.0.11 -t 4 -O 1 --bidir -J |
     python3 -c 'import json,sys; e=json.load(sys.stdin)["end"]; print("%.2f" % (min(e["sum_received"]["bits_per_second"], e["sum_received_bidir_reverse"]["bits_per_second"]) / 1e9))')
   # Server 0 on host 1, worker 0 on host 2 (the ssh launcher's round robin).
   read -r curve transport <<<"$(kv)"

@@ -84,7 +84,9 @@ class EmulatedHostsTest : public ::testing::Test {
       skip_ = "needs root to make network namespaces (bench/cluster/cluster.sh)";
       return;
     }
-    Ran probe = Sh({"sh", "-c", "ip netns add psttst-cap && ip netns del psttst-cap"});
+    Ran probe = Sh({"sh", "-c",
+                    "ip netns add psttst-cap && nsenter --net=/run/netns/psttst-cap true; "
+                    "r=$?; ip netns del psttst-cap 2>/dev/null; exit $r"});
     if (probe.code != 0) {
       skip_ = "this machine cannot make network namespaces: " + probe.out;
       return;
