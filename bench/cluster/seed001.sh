@@ -5,6 +5,8 @@
 # Prints one markdown table per part with the seed's figure beside ours.
 #
 #   bench/cluster/seed001.sh [BUILD_DIR] [PARTS]    PARTS: comma list of cifar, ilsvrc, ec2
+#   GC=2bit bench/cluster/seed001.sh ...            the same with 2-bit gradient compression
+#                                                   (the rows with several machines)
 #
 # How each per-batch time is derived from the seed (docs/reproductions.md):
 #   CIFAR-10, GTX 980: 71 s per epoch of 50,000 images at batch 256 on one GPU,
@@ -27,6 +29,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 BUILD=${1:-build}
 STEPS=${STEPS:-40}
+GC=${GC:-none} # --gc-type of every training job
 PARTS=${2:-cifar,ilsvrc,ec2}
 for part in ${PARTS//,/ }; do
   case "$part" in
@@ -71,7 +74,7 @@ train() {
     cp "$LOGS/$row/worker-0.log" "$LOGS/$row.out"
   else
     "${largs[@]}" --log-dir "$LOGS/$row" --timeout 3000 -- "$P" train --image-shape "$SHAPE" \
-      --num-classes "$CLASSES" "${targs[@]}" >"$LOGS/$row.out" 2>&1 || ok=
+      --num-classes "$CLASSES" "${targs[@]}" --gc-type "$GC" >"$LOGS/$row.out" 2>&1 || ok=
   fi
   if [ -z "$ok" ]; then
     echo "seed001.sh: $row failed:" >&2
