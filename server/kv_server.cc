@@ -418,7 +418,7 @@ void KVServer::HandleConfig(const Message& msg) {
   Answer(msg.header.sender(), std::move(reply));
 }
 
-Status KVServer::CheckCompressedPush(const Message& msg) const {
+StatusOr<uint64_t> KVServer::CheckCompressedPush(const Message& msg) const {
   const uint64_t w = msg.key(0);
   auto cfg = config();
   if (cfg == nullptr || cfg->gradient_compression().type() != GradientCompressionConfig::TWO_BIT) {
@@ -437,7 +437,7 @@ Status KVServer::CheckCompressedPush(const Message& msg) const {
                                           WireKeyUser(w), " part ", WireKeyPart(w),
                                           " first) exceeds PSTRAIN_MAX_MESSAGE_BYTES as float32"));
   }
-  return Status::Ok();
+  return elems;
 }
 
 void KVServer::HandleMessage(Message&& msg) {
@@ -456,7 +456,12 @@ void KVServer::HandleMessage(Message&& msg) {
         StrCat(NodeIdName(msg.header.sender()), " was declared lost; the job went on without it"));
   }
   const bool compressed = msg.header.dtype() == DTYPE_2BIT;
-  if (s.ok() && compressed) s = CheckCompressedPush(msg);
+  uint64_t compressed_elems = 0;  // the floats a compressed push stands for
+  if (s.ok() && compressed) {
+    StatusOr<uint64_t> elems = CheckCompressedPush(msg);
+    s = elems.status();
+    if (s.ok()) compressed_elems = *elems;
+  }
   if (!s.ok()) {
     ReplyError(msg.header, s);
     return;
@@ -469,10 +474,8 @@ void KVServer::HandleMessage(Message&& msg) {
     req->part_values.resize(n);
     float* dequantized = nullptr;
     if (compressed) {
-      uint64_t elems = 0;
-      for (size_t i = 0; i < n; ++i) elems += msg.len(i);
       char* bytes = nullptr;
-      req->dequantized = Blob::Allocate(elems * sizeof(float), &bytes);
+      req->dequantized = Blob::Allocate(compressed_elems * sizeof(float), &bytes);
       dequantized = reinterpret_cast<float*>(bytes);
       req->part_codes.resize(n);
       req->part_dequantized.resize(n);

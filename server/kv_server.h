@@ -92,8 +92,9 @@ class KVServer {
   void HandleMessage(Message&& msg);
   // A DTYPE_2BIT push (valid as ValidateDataRequest sees it) is one this job
   // takes: its servers are configured for 2-bit compression and its float32
-  // twin is not larger than a message may be. Else the error to answer.
-  Status CheckCompressedPush(const Message& msg) const;
+  // twin is not larger than a message may be: the floats it stands for, or
+  // the error to answer.
+  StatusOr<uint64_t> CheckCompressedPush(const Message& msg) const;
   // Receive thread: worker `id` is gone; the shards drop its pushes.
   void HandleWorkerLost(int id);
   // Shard (busy): drops lost workers' pushes and closes the rounds now complete.

@@ -66,19 +66,15 @@ KVClient::~KVClient() {
   sender_.join();
 }
 
-PlacementOptions KVClient::placement_options() const {
+StatusOr<const std::vector<PartPlan>*> KVClient::Parts(Key key, int64_t len) {
+  auto it = plans_.find(key);
+  if (it != plans_.end() && it->second.first == len) return &it->second.second;
   PlacementOptions po;
   po.policy = options_.placement;
   po.num_servers = node_->num_servers();
   po.bigarray_bound = options_.bigarray_bound;
   po.chunk_elems = options_.chunk_elems;
-  return po;
-}
-
-StatusOr<const std::vector<PartPlan>*> KVClient::Parts(Key key, int64_t len) {
-  auto it = plans_.find(key);
-  if (it != plans_.end() && it->second.first == len) return &it->second.second;
-  ASSIGN_OR_RETURN(auto parts, PlaceKey(key, static_cast<uint64_t>(len), placement_options()));
+  ASSIGN_OR_RETURN(auto parts, PlaceKey(key, static_cast<uint64_t>(len), po));
   auto& slot = plans_[key];
   slot = {len, std::move(parts)};
   return &slot.second;
@@ -334,16 +330,20 @@ Status KVClient::Compress(const std::vector<Key>& keys, const std::vector<int64_
     return Status::InvalidArgument(StrCat("push of ", keys.size(), " keys with ", lens.size(),
                                           " lengths", vals == nullptr ? " and no values" : ""));
   }
-  const PlacementOptions po = placement_options();
-  // Pass 1: each key's parts and the bytes each server's frame takes.
+  // Pass 1: each key's parts (copies of the plans Issue lays the message out
+  // by) and the bytes each server's frame takes.
   std::vector<std::vector<PartPlan>> plans(keys.size());
   std::vector<uint64_t> bytes(node_->num_servers(), 0);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (lens[i] <= 0 || lens[i] > int64_t{1} << 40) {
-      return Status::InvalidArgument(StrCat("key ", keys[i], " has length ", lens[i]));
+  {
+    MutexLock l(&mu_);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (lens[i] <= 0 || lens[i] > int64_t{1} << 40) {
+        return Status::InvalidArgument(StrCat("key ", keys[i], " has length ", lens[i]));
+      }
+      ASSIGN_OR_RETURN(const std::vector<PartPlan>* parts, Parts(keys[i], lens[i]));
+      plans[i] = *parts;
+      for (const PartPlan& p : plans[i]) bytes[p.server] += TwoBitBytes(p.len);
     }
-    ASSIGN_OR_RETURN(plans[i], PlaceKey(keys[i], static_cast<uint64_t>(lens[i]), po));
-    for (const PartPlan& p : plans[i]) bytes[p.server] += TwoBitBytes(p.len);
   }
   out->threshold = gc_.threshold;
   out->frames.assign(node_->num_servers(), Blob());

@@ -188,7 +188,6 @@ class KVClient {
   // Quantizes `vals` with the residuals into one buffer per server.
   Status Compress(const std::vector<Key>& keys, const std::vector<int64_t>& lens, const float* vals,
                   CompressedValues* out) REQUIRES(gc_mu_) EXCLUDES(mu_);
-  PlacementOptions placement_options() const;
   StatusOr<const std::vector<PartPlan>*> Parts(Key key, int64_t len) REQUIRES(mu_);
   // A request to `server` under `ticket` with its header filled in (id, sender, receiver).
   std::unique_ptr<Sub> NewSub(Ticket ticket, int server, int priority, PsCommand cmd) REQUIRES(mu_);
