@@ -68,25 +68,42 @@ StatusOr<std::unique_ptr<ComputeEmulator>> ComputeEmulator::Create(
 void ComputeEmulator::Step(ParamSync* sync) {
   // `t` is when the emulated device is done with the work so far.
   SteadyClock::time_point t = SteadyClock::now();
-  auto timed = [&t](auto&& call) {
+  auto timed = [&t](double* total, auto&& call) {
     const SteadyClock::time_point t0 = SteadyClock::now();
     call();
-    t += SteadyClock::now() - t0;
+    const SteadyClock::duration d = SteadyClock::now() - t0;
+    t += d;
+    *total += std::chrono::duration<double>(d).count();
   };
   auto compute = [&t](SteadyClock::duration d) {
     if (d.count() <= 0) return;
     t += d;
     std::this_thread::sleep_until(t);
   };
+  bool first = true;  // before the first layer with parameters
   for (size_t i = 0; i < layers_.size(); ++i) {
-    for (int p : layers_[i].params) timed([&] { sync->WaitParam(p); });
+    double waited = 0;
+    for (int p : layers_[i].params) timed(&waited, [&] { sync->WaitParam(p); });
+    stats_.wait_param_s += waited;
+    if (first && !layers_[i].params.empty()) {
+      stats_.wait_first_s += waited;
+      first = false;
+    }
     compute(forward_[i]);
   }
   for (size_t i = layers_.size(); i-- > 0;) {
     if (!layers_[i].runs_backward) continue;
     compute(backward_[i]);
-    for (int p : layers_[i].params) timed([&] { sync->OnGradReady(p); });
+    for (int p : layers_[i].params) timed(&stats_.grad_ready_s, [&] { sync->OnGradReady(p); });
   }
+  ++stats_.steps;
+  stats_.compute_s += options_.seconds;
+}
+
+EmulatedStepStats ComputeEmulator::TakeStats() {
+  EmulatedStepStats s = stats_;
+  stats_ = EmulatedStepStats();
+  return s;
 }
 
 }  // namespace pstrain

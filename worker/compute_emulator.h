@@ -22,7 +22,12 @@
 // hold a real device's thread; waits end at absolute times, so oversleeping
 // one wait shortens the next and a step lasts at least `seconds`.
 //
-// Threads: Step() on one thread (the trainer's).
+// Stats(): where the steps' time went beyond the compute waits: blocked in
+// WaitParam (the part of the communication the step did not hide), the part
+// of it spent before the forward of the first layer with parameters (the weights the step needs
+// first), and in OnGradReady (handing gradients over).
+//
+// Threads: Step() and Stats() on one thread (the trainer's).
 #ifndef PSTRAIN_WORKER_COMPUTE_EMULATOR_H_
 #define PSTRAIN_WORKER_COMPUTE_EMULATOR_H_
 
@@ -54,6 +59,15 @@ struct EmulatedLayer {
   std::vector<int> params;  // Graph::params() indices it reads and completes
 };
 
+// Time a run of Step()s spent in the sync's calls, summed over the steps.
+struct EmulatedStepStats {
+  int64_t steps = 0;
+  double compute_s = 0;     // the planned waits (options.seconds per step)
+  double wait_param_s = 0;  // blocked in WaitParam, all layers
+  double wait_first_s = 0;  // of it, for the first layer with parameters
+  double grad_ready_s = 0;  // blocked in OnGradReady
+};
+
 class ComputeEmulator {
  public:
   // Plans the step of `graph`. InvalidArgument when options.seconds is not
@@ -75,6 +89,8 @@ class ComputeEmulator {
   // The graph's forward flops per sample (Graph::ForwardFlops summed).
   double forward_flops() const { return forward_flops_; }
   const ComputeEmulatorOptions& options() const { return options_; }
+  // The steps since the last TakeStats() (or creation); resets them.
+  EmulatedStepStats TakeStats();
 
  private:
   explicit ComputeEmulator(const ComputeEmulatorOptions& options) : options_(options) {}
@@ -85,6 +101,7 @@ class ComputeEmulator {
   std::vector<SteadyClock::duration> forward_, backward_;
   std::string weighted_by_;
   double forward_flops_ = 0;
+  EmulatedStepStats stats_;
 };
 
 }  // namespace pstrain

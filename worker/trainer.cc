@@ -335,6 +335,17 @@ Status Trainer::TrainEpochEmulated(int epoch) {
   result.seconds = SecondsSince(epoch_start) / dilation;
   result.samples = epoch_size_ * cfg_.batch_size();
   env_.log->Info(FormatTimeCostLine(epoch, result.seconds));
+  // How much of the communication the steps did not hide (undilated seconds).
+  const EmulatedStepStats st = emulator_->TakeStats();
+  if (st.steps > 0) {
+    const double per = dilation * static_cast<double>(st.steps);
+    const double step_s = result.seconds / static_cast<double>(st.steps);
+    env_.log->Info(StrCat("Epoch[", epoch, "] Emulated step: ", Fixed(step_s, 4), " s, compute ",
+                          Fixed(st.compute_s / per, 4), " s, waiting for weights ",
+                          Fixed(st.wait_param_s / per, 4), " s (", Fixed(st.wait_first_s / per, 4),
+                          " s before the first layer), handing ", "gradients over ",
+                          Fixed(st.grad_ready_s / per, 4), " s"));
+  }
   history_.push_back(std::move(result));
   return Status::Ok();
 }

@@ -167,6 +167,47 @@ TEST(ComputeEmulatorTest, ASyncCallThatBlocksAddsToTheStep) {
   EXPECT_GE(sync.Since(), 0.2);
 }
 
+// Stats() says where a step's time beyond the compute went: a pull of the
+// first layer's weight that blocks is counted as waiting, before the first
+// layer; a push that blocks as handing gradients over. TakeStats resets.
+TEST(ComputeEmulatorTest, StatsCountTheTimeBlockedInTheSync) {
+  class Slow : public TimedSync {
+   public:
+    void WaitParam(int i) override {
+      TimedSync::WaitParam(i);
+      if (i == 0) std::this_thread::sleep_for(std::chrono::milliseconds(60));
+      if (i == last) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    }
+    void OnGradReady(int i) override {
+      TimedSync::OnGradReady(i);
+      if (i == last) std::this_thread::sleep_for(std::chrono::milliseconds(40));
+    }
+    int last = -1;
+  };
+  const Graph g = Build("mlp");
+  ComputeEmulatorOptions o;
+  o.seconds = 0.05;
+  auto e = ComputeEmulator::Create(g, o);
+  ASSERT_OK(e.status());
+  Slow sync;
+  sync.last = static_cast<int>(g.params().size()) - 1;
+  ASSERT_GT(sync.last, 0);
+  (*e)->Step(&sync);
+  (*e)->Step(&sync);
+  const EmulatedStepStats s = (*e)->TakeStats();
+  EXPECT_EQ(s.steps, 2);
+  EXPECT_DOUBLE_EQ(s.compute_s, 0.1);
+  EXPECT_GE(s.wait_first_s, 2 * 0.060);
+  EXPECT_LT(s.wait_first_s, 2 * 0.060 + 0.5);  // loose: a loaded machine oversleeps
+  EXPECT_GE(s.wait_param_s, 2 * 0.090);
+  EXPECT_GE(s.wait_param_s - s.wait_first_s, 2 * 0.030 - 1e-3);
+  EXPECT_GE(s.grad_ready_s, 2 * 0.040);
+  EXPECT_LT(s.grad_ready_s, 2 * 0.040 + 0.5);
+  const EmulatedStepStats none = (*e)->TakeStats();
+  EXPECT_EQ(none.steps, 0);
+  EXPECT_EQ(none.wait_param_s, 0);
+}
+
 TEST(HostParamsTest, ArraysOfTheModelCopiesAndAFixedGradientPattern) {
   const Graph g = Build("lenet");
   auto p = HostParams::Create(g);
