@@ -3,7 +3,7 @@
 # a bridge (in a switch namespace of its own), each host with its own address
 # in a private range, its own sshd and host key, and a shaped link.
 #
-#   cluster.sh up N [--rate 1gbit] [--delay 50us] [--jitter 0] [--name pst] [--subnet 10.77.0]
+#   cluster.sh up N [--rate 1gbit] [--queue 50ms] [--delay 50us] [--jitter 0] [--name pst] [--subnet 10.77.0]
 #   cluster.sh down [--name pst]
 #   cluster.sh status [--name pst]
 #   cluster.sh exec HOST CMD...             run CMD on host HOST (1..N)
@@ -12,7 +12,7 @@
 #   cluster.sh ssh-options                  the --ssh-option flags for the hosts
 #   cluster.sh link HOST up|down            take a host's link down (a fault) or back up
 #   cluster.sh kill HOST                    kill -9 every process on HOST but its sshd (a fault)
-#   cluster.sh shape [--rate R] [--delay D] [--jitter J]   reshape every link
+#   cluster.sh shape [--rate R] [--queue Q] [--delay D] [--jitter J]   reshape every link
 #
 # Every address lives inside the namespaces only: nothing is added to this
 # machine's own network. The state (hosts file, keys, sshd logs) is under
@@ -20,7 +20,10 @@
 # and every process in them, also after `up` failed half way.
 #
 # Shaping: the rate is a token bucket (tc tbf) on both ends of each host's
-# link, so both directions are limited. Delay and jitter need the kernel's
+# link, so both directions are limited; --queue is how long a packet may wait
+# in a link's queue before it is dropped (tbf's latency: 50 ms, 6 MB at 1
+# Gbit/s, a deep switch port; 10 ms is a Linux host's 1000-packet queue at 1
+# Gbit/s). Delay and jitter need the kernel's
 # netem qdisc; on a kernel without it (`tc qdisc add ... netem` says "unknown")
 # `up` says so and shapes the rate only.
 #
@@ -35,6 +38,7 @@ die() {
 NAME=pst
 SUBNET=10.77.0
 RATE=1gbit
+QUEUE=50ms
 DELAY=50us
 JITTER=0
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -53,6 +57,7 @@ parse_opts() {
       --name) NAME=${2:?--name needs a value}; shift 2 ;;
       --subnet) SUBNET=${2:?--subnet needs a value}; SUBNET_GIVEN=1; shift 2 ;;
       --rate) RATE=${2:?--rate needs a value}; shift 2 ;;
+      --queue) QUEUE=${2:?--queue needs a value}; shift 2 ;;
       --delay) DELAY=${2:?--delay needs a value}; shift 2 ;;
       --jitter) JITTER=${2:?--jitter needs a value}; shift 2 ;;
       -h | --help) usage 0 ;;
@@ -115,8 +120,8 @@ shape_link() {
       in_ns "$ns" tc qdisc add dev "$dev" root netem rate "$RATE" delay "$DELAY" "${jitter[@]}" limit 100000
     else
       # A bucket of 1 ms at the rate (at least 64 KB: a segment offload), and
-      # up to 50 ms queued before drops, like a switch port's buffer.
-      in_ns "$ns" tc qdisc add dev "$dev" root tbf rate "$RATE" burst "$(burst_of "$RATE")" latency 50ms
+      # up to QUEUE queued before drops, like a switch port's buffer.
+      in_ns "$ns" tc qdisc add dev "$dev" root tbf rate "$RATE" burst "$(burst_of "$RATE")" latency "$QUEUE"
     fi
   done
 }
@@ -168,7 +173,7 @@ cmd_up() {
       echo "cluster.sh: this kernel has no netem qdisc (sch_netem): links get the rate ($RATE) but no added delay ($DELAY) or jitter ($JITTER)" >&2
   fi
   ip netns del "$NAME-probe"
-  echo "$RATE $DELAY $JITTER" >"$STATE/shape"
+  echo "$RATE $DELAY $JITTER $QUEUE" >"$STATE/shape"
 
   local sw
   sw=$(switch_ns)
@@ -289,7 +294,7 @@ cmd_status() {
   fi
   local n i ns state pid sshd
   n=$(num_hosts)
-  echo "cluster '$NAME': $n hosts, links $(cat "$STATE/shape") (rate delay jitter; netem: $(cat "$STATE/netem"))"
+  echo "cluster '$NAME': $n hosts, links $(cat "$STATE/shape") (rate delay jitter queue; netem: $(cat "$STATE/netem"))"
   printf '%-6s %-12s %-10s %-6s %-8s %s\n' host address namespace link sshd qdisc
   for i in $(seq 1 "$n"); do
     ns=$(host_ns "$i")
@@ -369,8 +374,8 @@ cmd_shape() {
   burst_of "$RATE" >/dev/null
   local i
   for i in $(seq 1 "$(num_hosts)"); do shape_link "$i"; done
-  echo "$RATE $DELAY $JITTER" >"$STATE/shape"
-  echo "links now $RATE$([ "$(cat "$STATE/netem")" = yes ] && echo ", delay $DELAY, jitter $JITTER")"
+  echo "$RATE $DELAY $JITTER $QUEUE" >"$STATE/shape"
+  echo "links now $RATE, queue $QUEUE$([ "$(cat "$STATE/netem")" = yes ] && echo ", delay $DELAY, jitter $JITTER")"
 }
 
 [ $# -ge 1 ] || usage 2

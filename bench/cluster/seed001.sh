@@ -6,6 +6,7 @@
 #
 #   bench/cluster/seed001.sh [BUILD_DIR] [PARTS]    PARTS: comma list of cifar, ilsvrc, ec2
 #   GC=2bit bench/cluster/seed001.sh ...            the same with 2-bit gradient compression
+#   QUEUE=10ms bench/cluster/seed001.sh ...         links that queue at most 10 ms (default 50ms)
 #                                                   (the rows with several machines)
 #
 # How each per-batch time is derived from the seed (docs/reproductions.md):
@@ -30,6 +31,7 @@ ROOT=$(cd "$HERE/../.." && pwd)
 BUILD=${1:-build}
 STEPS=${STEPS:-40}
 GC=${GC:-none} # --gc-type of every training job
+QUEUE=${QUEUE:-50ms} # cluster.sh up --queue
 PARTS=${2:-cifar,ilsvrc,ec2}
 for part in ${PARTS//,/ }; do
   case "$part" in
@@ -46,7 +48,7 @@ trap 'bash "$CL" down --name pstsd >/dev/null 2>&1 || true; rm -rf "$LOGS"' EXIT
 # cluster HOSTS RATE: a fresh cluster of HOSTS hosts.
 cluster() {
   bash "$CL" down --name pstsd >/dev/null 2>&1 || true
-  bash "$CL" up "$1" --name pstsd --subnet 10.76.0 --rate "$2" >/dev/null 2>&1
+  bash "$CL" up "$1" --name pstsd --subnet 10.76.0 --rate "$2" --queue "$QUEUE" >/dev/null 2>&1
 }
 
 # Seconds per epoch (mean over epochs after the first, or the only one) of
