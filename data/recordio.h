@@ -78,6 +78,10 @@ class RecordIOFile {
   const std::string& path() const { return path_; }
   uint64_t size() const { return size_; }
 
+  // Tells the kernel the file will be read once from start to end (larger
+  // read-ahead, pages dropped sooner), for tools that stream a whole file.
+  void AdviseSequential() const;
+
   // Reads the record starting at `offset`. On success *record views the
   // payload: into the mapping for a one-piece record, else into *scratch (which
   // must outlive the use of *record). *next_offset (if not null) receives the
