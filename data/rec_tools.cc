@@ -90,6 +90,7 @@ Status ScanImageRecords(const RecordIOFile& file, const ScanOptions& options,
   uint64_t pos = 0;
   int64_t index = 0;
   while (pos < file.size()) {
+    const uint64_t block_begin = pos;
     size_t n = 0;
     for (; n < block && pos < file.size(); ++n) {
       ScannedRecord& r = recs[n];
@@ -139,6 +140,8 @@ Status ScanImageRecords(const RecordIOFile& file, const ScanOptions& options,
       for (std::thread& th : pool) th.join();
     }
     for (size_t i = 0; i < n; ++i) RETURN_IF_ERROR(fn(recs[i]));
+    // The block's views are dead: its pages need not stay mapped.
+    file.ReleaseRange(block_begin, pos);
   }
   return Status::Ok();
 }

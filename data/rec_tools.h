@@ -75,7 +75,10 @@ using RecordCallback = std::function<Status(const ScannedRecord&)>;
 
 // Reads every record of `file` in order and calls `fn` for each, good or bad.
 // Returns the first non-Ok status of `fn` (the scan stops there), else Ok: bad
-// records are reported to `fn`, not returned. REQUIRES: options.num_threads >= 1.
+// records are reported to `fn`, not returned. Pages already scanned are
+// released (RecordIOFile::ReleaseRange), so the process stays small on any
+// file size; no view into `file` may be held across the call.
+// REQUIRES: options.num_threads >= 1.
 Status ScanImageRecords(const RecordIOFile& file, const ScanOptions& options,
                         const RecordCallback& fn);
 
