@@ -134,20 +134,32 @@ ImageDecoder::~ImageDecoder() { jpeg_destroy_decompress(&jpeg_->cinfo); }
 
 Status ImageDecoder::ReadSize(std::string_view bytes, std::string_view where, int* height,
                               int* width) {
-  ImageFormat fmt = DetectImageFormat(bytes);
-  if (fmt == ImageFormat::kPng) {
-    if (bytes.size() < 24) return Status::Corruption(StrCat(where, ": truncated PNG header"));
+  ImageInfo info;
+  RETURN_IF_ERROR(ReadInfo(bytes, where, &info));
+  *height = info.height;
+  *width = info.width;
+  return Status::Ok();
+}
+
+Status ImageDecoder::ReadInfo(std::string_view bytes, std::string_view where, ImageInfo* info) {
+  info->format = DetectImageFormat(bytes);
+  if (info->format == ImageFormat::kPng) {
+    // Signature (8), then the IHDR chunk: length, "IHDR", width, height, bit
+    // depth, colour type (0 gray, 4 gray + alpha, 2/3/6 colour).
+    if (bytes.size() < 26) return Status::Corruption(StrCat(where, ": truncated PNG header"));
     auto be32 = [&](size_t at) {
       const auto* p = reinterpret_cast<const unsigned char*>(bytes.data() + at);
       return int64_t{(uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) |
                      uint32_t{p[3]}};
     };
     RETURN_IF_ERROR(CheckSize(be32(20), be32(16), where));
-    *width = static_cast<int>(be32(16));
-    *height = static_cast<int>(be32(20));
+    info->width = static_cast<int>(be32(16));
+    info->height = static_cast<int>(be32(20));
+    const unsigned char color_type = static_cast<unsigned char>(bytes[25]);
+    info->channels = color_type == 0 || color_type == 4 ? 1 : 3;
     return Status::Ok();
   }
-  if (fmt != ImageFormat::kJpeg) {
+  if (info->format != ImageFormat::kJpeg) {
     return Status::Corruption(
         StrCat(where, ": not a JPEG or PNG image (first bytes ", FirstBytesHex(bytes), ")"));
   }
@@ -158,10 +170,11 @@ Status ImageDecoder::ReadSize(std::string_view bytes, std::string_view where, in
   }
   jpeg_mem_src(cinfo, reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size());
   jpeg_read_header(cinfo, TRUE);
-  *height = static_cast<int>(cinfo->image_height);
-  *width = static_cast<int>(cinfo->image_width);
+  info->height = static_cast<int>(cinfo->image_height);
+  info->width = static_cast<int>(cinfo->image_width);
+  info->channels = cinfo->jpeg_color_space == JCS_GRAYSCALE ? 1 : 3;
   jpeg_abort_decompress(cinfo);
-  return CheckSize(*height, *width, where);
+  return CheckSize(info->height, info->width, where);
 }
 
 Status ImageDecoder::Decode(std::string_view bytes, std::string_view where, int channels,

@@ -36,6 +36,16 @@ enum class ImageFormat { kUnknown, kJpeg, kPng };
 // By the leading signature bytes.
 ImageFormat DetectImageFormat(std::string_view bytes);
 
+// What an image's header says. `channels` is what the image decodes to in its
+// own colour space: 1 for a gray JPEG or PNG (a PNG's alpha is dropped), 3 for
+// everything else (colour, palette, CMYK JPEGs, which decode to RGB).
+struct ImageInfo {
+  ImageFormat format = ImageFormat::kUnknown;
+  int height = 0;
+  int width = 0;
+  int channels = 0;
+};
+
 // A rectangle in pixel coordinates.
 struct Rect {
   int x = 0;
@@ -57,6 +67,9 @@ class ImageDecoder {
 
   // Reads only the header: *height and *width of the full image.
   Status ReadSize(std::string_view bytes, std::string_view where, int* height, int* width);
+
+  // Reads only the header: format, size and native channels (see ImageInfo).
+  Status ReadInfo(std::string_view bytes, std::string_view where, ImageInfo* info);
 
   // Decodes the whole image into *out with `channels` (3: RGB, 1: gray).
   Status Decode(std::string_view bytes, std::string_view where, int channels, Image* out);

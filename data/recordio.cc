@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -123,6 +124,22 @@ StatusOr<std::unique_ptr<RecordIOFile>> RecordIOFile::Open(const std::string& pa
 
 RecordIOFile::~RecordIOFile() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+void RecordIOFile::AdviseSequential() const {
+  if (data_ == nullptr) return;
+  // Only a hint: a kernel that ignores it still reads the file correctly.
+  (void)::madvise(const_cast<uint8_t*>(data_), size_, MADV_SEQUENTIAL);
+}
+
+void RecordIOFile::ReleaseRange(uint64_t begin, uint64_t end) const {
+  if (data_ == nullptr) return;
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  begin = begin / page * page;
+  end = std::min(end, size_) / page * page;
+  if (begin >= end) return;
+  // A private read-only mapping: dropping pages loses nothing.
+  (void)::madvise(const_cast<uint8_t*>(data_) + begin, end - begin, MADV_DONTNEED);
 }
 
 uint32_t RecordIOFile::WordAt(uint64_t offset) const {

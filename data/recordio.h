@@ -78,6 +78,16 @@ class RecordIOFile {
   const std::string& path() const { return path_; }
   uint64_t size() const { return size_; }
 
+  // Tells the kernel the file will be read once from start to end (larger
+  // read-ahead, pages dropped sooner), for tools that stream a whole file.
+  void AdviseSequential() const;
+  // Unmaps from this process the pages from the one holding byte `begin` up to,
+  // not including, the one holding byte `end` (they stay in the page cache; a
+  // later read maps them again), so that streaming a file larger than memory
+  // keeps the process small. Consecutive ranges release every page once.
+  // REQUIRES: no view into those pages is in use.
+  void ReleaseRange(uint64_t begin, uint64_t end) const;
+
   // Reads the record starting at `offset`. On success *record views the
   // payload: into the mapping for a one-piece record, else into *scratch (which
   // must outlive the use of *record). *next_offset (if not null) receives the

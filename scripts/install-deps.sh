@@ -18,6 +18,7 @@ PACKAGES=(
   openmpi-bin libopenmpi-dev                 # mpi launcher (and its tests; the default mpirun)
   mpich                                      # mpi launcher tests under MPICH (mpirun.mpich)
   procps iproute2                            # ps/kill in tests, addresses
+  python3 python3-pil                        # tests: the independent RecordIO writer
 )
 # Benchmarks compare against PyTorch; install them with PSTRAIN_BENCH_DEPS=1.
 if [[ "${PSTRAIN_BENCH_DEPS:-0}" == "1" ]]; then

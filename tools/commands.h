@@ -31,9 +31,10 @@ int RunKvbench(int argc, char** argv);
 int RunSummary(int argc, char** argv);
 int RunTrain(int argc, char** argv);
 
-// image pipeline (tools/im2rec_cmd.cc, tools/imageio_cmd.cc)
+// image pipeline (tools/im2rec_cmd.cc, tools/imageio_cmd.cc, tools/rec_cmd.cc)
 int RunIm2rec(int argc, char** argv);
 int RunImageIo(int argc, char** argv);
+int RunRec(int argc, char** argv);
 // launchers and logs (tracker/, logtools/):
 int RunLaunch(int argc, char** argv);
 int RunParseLog(int argc, char** argv);

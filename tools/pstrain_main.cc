@@ -41,6 +41,8 @@ const Command kCommands[] = {
      "im2rec_cmd.cc"},
     {"imageio", "read a .rec through the image pipeline and report images/s", RunImageIo,
      "imageio_cmd.cc,image_flags.cc"},
+    {"rec", "RecordIO files: ls, unpack (images + .lst), index (rebuild .idx), check", RunRec, "",
+     /*raw_args=*/true},
 
     // training (nn/, models/, worker/):
     {"summary", "print a model's layers, output shapes and parameter counts", RunSummary,
