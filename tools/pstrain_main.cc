@@ -109,6 +109,8 @@ void PrintCommandHelp(const Command& cmd) {
 }
 
 // "--num-epochs=3" -> "--num_epochs=3"; leaves values and positional args alone.
+// MXNet's "--no-shuffle" for a boolean flag `shuffle` becomes gflags'
+// "--noshuffle" (unless a flag is itself named no_shuffle).
 void NormalizeFlagNames(std::vector<std::string>* args) {
   for (std::string& a : *args) {
     if (a == "--") break;
@@ -118,6 +120,13 @@ void NormalizeFlagNames(std::vector<std::string>* args) {
     if (name_end == std::string::npos) name_end = a.size();
     for (size_t i = name_start; i < name_end; ++i) {
       if (a[i] == '-') a[i] = '_';
+    }
+    const std::string name = a.substr(name_start, name_end - name_start);
+    gflags::CommandLineFlagInfo info;
+    if (name.rfind("no_", 0) == 0 && name_end == a.size() &&
+        !gflags::GetCommandLineFlagInfo(name.c_str(), &info) &&
+        gflags::GetCommandLineFlagInfo(name.substr(3).c_str(), &info) && info.type == "bool") {
+      a = a.substr(0, name_start) + "no" + name.substr(3);
     }
   }
 }

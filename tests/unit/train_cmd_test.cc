@@ -50,6 +50,21 @@ TEST(SummaryCmdTest, PrintsLayersAndTotal) {
   EXPECT_NE(out.find("no-such-net"), std::string::npos) << out;
 }
 
+// MXNet spells a boolean flag's off switch --no-shuffle; gflags --noshuffle.
+TEST(CommandLineTest, NoPrefixTurnsABooleanFlagOffAsInMxnet) {
+  std::string out;
+  const std::string empty = ::testing::TempDir() + "pstrain_no_prefix_empty";
+  std::filesystem::create_directories(empty);
+  EXPECT_NE(RunPstrain("im2rec --list --no-shuffle " + empty + "/p " + empty, &out), 0);
+  EXPECT_EQ(out.find("unknown command line flag"), std::string::npos) << out;
+  EXPECT_NE(out.find("no images"), std::string::npos) << out;
+  EXPECT_NE(RunPstrain("im2rec --list --no-such-thing " + empty + "/p " + empty, &out), 0);
+  EXPECT_NE(out.find("unknown command line flag 'no_such_thing'"), std::string::npos) << out;
+  // Not a boolean: left as written, and refused.
+  EXPECT_NE(RunPstrain("train --no-network x", &out), 0);
+  EXPECT_NE(out.find("unknown command line flag 'no_network'"), std::string::npos) << out;
+}
+
 TEST(SummaryCmdTest, GpuMemoryOnAMachineWithoutThatGpuIsAnErrorNamingIt) {
   std::string out;
   EXPECT_EQ(RunPstrain("summary --network lenet --gpus 63", &out), 1) << out;
