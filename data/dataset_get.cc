@@ -231,8 +231,9 @@ StatusOr<Located> LocateDataset(const DatasetManifest& manifest, const DataEnv& 
   }
   Located out;
   out.dir = target;
-  out.origin = "fetched";
   RETURN_IF_ERROR(GetDataset(manifest, target, options, &out.report));
+  // Complete without fetching: another process fetched it while we waited.
+  out.origin = out.report.already_there ? "fetched by another process" : "fetched";
   return out;
 }
 
@@ -244,7 +245,7 @@ StatusOr<Located> EnsureDataset(const DatasetManifest& manifest, const std::stri
   out.origin = "--data-dir";
   if (!CheckDatasetReady(manifest, data_dir, /*check_digests=*/false).ok()) {
     RETURN_IF_ERROR(GetDataset(manifest, data_dir, options, &out.report));
-    out.origin = "fetched";
+    out.origin = out.report.already_there ? "fetched by another process" : "fetched";
   }
   return out;
 }

@@ -61,8 +61,10 @@ std::string DefaultDatasetDir(const std::string& name, const DataEnv& env);
 
 struct Located {
   std::string dir;
-  std::string origin;  // the search-path entry, or "fetched"
-  GetReport report;    // what GetDataset did, when fetched
+  // The search-path entry, "fetched", or "fetched by another process" (it
+  // was complete once the folder's lock was ours).
+  std::string origin;
+  GetReport report;  // what GetDataset did, when fetched
 };
 
 // The first folder of the search path that holds the data set (provided
