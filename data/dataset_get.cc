@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <set>
 #include <thread>
 
 #include "common/deadline.h"
@@ -123,6 +124,10 @@ Status GetDataset(const DatasetManifest& manifest, const std::string& dir,
     return Status::FailedPrecondition(
         StrCat(set, " has no mirror to fetch from\n", OfflineHelp(manifest, dir, mirrors)));
   }
+  // A mirror that cannot be reached for one file is tried last for the next.
+  std::set<std::string> unreachable;
+  FetchOptions fetch = options.fetch;
+  if (fetch.unreachable == nullptr) fetch.unreachable = &unreachable;
   for (const DatasetFile& f : manifest.file()) {
     const std::string path = dir + "/" + f.name();
     bool have = false;
@@ -142,7 +147,7 @@ Status GetDataset(const DatasetManifest& manifest, const std::string& dir,
       spec.label = StrCat(set, " ", f.name());
       spec.size = f.size();
       spec.sha256 = f.sha256();
-      auto fetched = FetchFile(spec, options.fetch);
+      auto fetched = FetchFile(spec, fetch);
       if (!fetched.ok()) {
         return Status(fetched.status().code(),
                       fetched.status().message() + "\n\n" + OfflineHelp(manifest, dir, mirrors));
@@ -181,6 +186,13 @@ std::string OfflineHelp(const DatasetManifest& manifest, const std::string& dir,
     out += StrCat("  ", f.name(), "  ", f.size() > 0 ? StrCat(f.size(), " bytes  ") : "", "sha256 ",
                   f.sha256(), "\n");
   }
+  bool archives = false;
+  for (const DatasetFile& f : manifest.file()) archives |= !f.unpack().empty();
+  if (archives) {
+    std::string names;
+    for (const DatasetFile& f : ProvidedFiles(manifest)) names += " " + f.name();
+    out += StrCat("or, already unpacked:", names, "\n");
+  }
   if (!mirrors.empty()) {
     out += "from any of:\n";
     for (const DatasetFile& f : manifest.file()) {
@@ -191,7 +203,8 @@ std::string OfflineHelp(const DatasetManifest& manifest, const std::string& dir,
       "Behind a proxy: set https_proxy (and http_proxy). A mirror of your own (a web server, or "
       "file:///path/ for a local copy): --mirror URL or PSTRAIN_DATA_MIRRORS=URL. A folder that "
       "already holds ",
-      set, ": --data-dir DIR, or PSTRAIN_DATA=ROOT with ROOT/", set, ".");
+      set, ": --data-dir DIR, or PSTRAIN_DATA=ROOT with ROOT/", set, ".",
+      manifest.homepage().empty() ? "" : StrCat(" About ", set, ": ", manifest.homepage()));
   return out;
 }
 

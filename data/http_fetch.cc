@@ -219,7 +219,16 @@ struct AttemptResult {
   std::string error;
   bool restarted = false;      // the server ignored the Range: the .part file began again
   bool range_refused = false;  // HTTP 416: the .part file is not a prefix the server knows
+  bool unreachable = false;    // no connection (name not resolved, refused, timed out)
 };
+
+// "https://host:port" of a URL ("" for file://).
+std::string Origin(const std::string& url) {
+  const size_t scheme = url.find("://");
+  if (scheme == std::string::npos || url.rfind("file:", 0) == 0) return "";
+  const size_t end = url.find('/', scheme + 3);
+  return url.substr(0, end);
+}
 
 void InitCurlOnce() {
   static std::once_flag once;
@@ -300,6 +309,9 @@ AttemptResult RunTransfer(const std::string& url, const std::string& part, const
   }
   r.error = StrCat(t.written > 0 ? StrCat("after ", t.written, " bytes: ") : std::string(),
                    errbuf[0] ? errbuf : curl_easy_strerror(code));
+  r.unreachable = code == CURLE_COULDNT_RESOLVE_HOST || code == CURLE_COULDNT_CONNECT ||
+                  code == CURLE_COULDNT_RESOLVE_PROXY ||
+                  (code == CURLE_OPERATION_TIMEDOUT && t.status == 0 && t.written == 0);
   switch (code) {
     case CURLE_PARTIAL_FILE:
     case CURLE_OPERATION_TIMEDOUT:
@@ -374,7 +386,15 @@ StatusOr<FetchResult> FetchFile(const FetchSpec& spec, const FetchOptions& opt) 
     result.resumed_from = 0;
   }
 
-  for (const std::string& url : spec.urls) {
+  // Mirrors known to be unreachable go last.
+  std::vector<std::string> urls;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const std::string& url : spec.urls) {
+      const bool dead = opt.unreachable != nullptr && opt.unreachable->count(Origin(url)) > 0;
+      if (dead == (pass == 1)) urls.push_back(url);
+    }
+  }
+  for (const std::string& url : urls) {
     std::string why;  // this mirror's failure; empty while it may still deliver
     bool complete = false;
     for (int attempt = 1; attempt <= std::max(1, opt.attempts_per_mirror); ++attempt) {
@@ -394,6 +414,9 @@ StatusOr<FetchResult> FetchFile(const FetchSpec& spec, const FetchOptions& opt) 
       if (a.restarted) say(StrCat(spec.label, ": ", url, " ignored the range: restarted"));
       if (a.outcome == Outcome::kNextMirror) {
         why = a.error;
+        if (a.unreachable && opt.unreachable != nullptr && !Origin(url).empty()) {
+          opt.unreachable->insert(Origin(url));
+        }
         break;
       }
       if (a.outcome == Outcome::kBroken) {
@@ -428,7 +451,7 @@ StatusOr<FetchResult> FetchFile(const FetchSpec& spec, const FetchOptions& opt) 
     }
     failures.push_back(StrCat(url, ": ", why));
     // The last failure is told by the error.
-    if (&url != &spec.urls.back())
+    if (&url != &urls.back())
       say(StrCat(spec.label, ": ", url, ": ", why, "; trying the next mirror"));
   }
   std::string msg = StrCat("could not fetch ", spec.label, " from any of ", spec.urls.size(),

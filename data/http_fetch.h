@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,10 @@ struct FetchOptions {
   // one brings new bytes.
   int attempts_per_mirror = 3;
   FetchProgress* progress = nullptr;  // not owned; may be null
+  // Origins ("https://host:port") no connection could be made to. FetchFile
+  // adds to it and tries their URLs last, so the files of one data set do
+  // not each wait for the same dead mirror. Not owned; may be null.
+  std::set<std::string>* unreachable = nullptr;
 };
 
 struct FetchSpec {

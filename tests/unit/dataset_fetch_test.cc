@@ -116,6 +116,25 @@ TEST_F(DatasetFetchTest, DeadMirrorsAreSkippedInOrder) {
   EXPECT_EQ(server_.requests().size(), 3u);
 }
 
+// A mirror nobody answers at is tried once, not once per file.
+TEST_F(DatasetFetchTest, AnUnreachableMirrorIsTriedLastForTheNextFiles) {
+  auto m = BuiltinManifest("mnist");
+  ASSERT_OK(m.status());
+  const std::string refused =
+      "http://127.0.0.1:" + std::to_string(testing::UnusedLocalPort()) + "/mnist/";
+  GetOptions options;
+  options.fetch = options_;
+  options.mirrors = {refused, server_.Url("good")};
+  GetReport report;
+  ASSERT_OK(GetDataset(*m, dir_ + "/mnist", options, &report));
+  ASSERT_EQ(report.fetched.size(), 4u);
+  int refused_lines = 0;
+  for (const std::string& l : progress_.lines)
+    refused_lines += l.find(refused) != std::string::npos;
+  EXPECT_EQ(refused_lines, 1);
+  EXPECT_EQ(server_.requests().size(), 4u);
+}
+
 TEST_F(DatasetFetchTest, AnInterruptedTransferIsResumedWithARange) {
   server_.SetRule("flaky", {Mode::kCutAfter, 4000000, /*times=*/1});
   auto r = FetchFile(Spec({server_.Url("flaky")}, kImages, kImagesSize, kImagesSha), options_);
