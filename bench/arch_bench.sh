@@ -29,7 +29,7 @@ for b in "$@"; do
   done
 done
 [[ -f $MNIST/train-images-idx3-ubyte.gz ]] ||
-  { echo "arch_bench: no MNIST in $MNIST (-d DIR, or run scripts/quickstart.sh once)" >&2; exit 2; }
+  { echo "arch_bench: no MNIST in $MNIST (-d DIR, or fetch it: build/pstrain data get mnist)" >&2; exit 2; }
 
 # A build's row: its folder and its -march ("build-x/x86-64-v2").
 Name() {

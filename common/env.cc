@@ -232,4 +232,26 @@ StatusOr<LaunchInfo> ReadLaunchInfo(const Environment& env) {
   return info;
 }
 
+StatusOr<DataEnv> ReadDataEnv(const Environment& env) {
+  DataEnv out;
+  out.data_root = env.Get("PSTRAIN_DATA").value_or("");
+  out.mnist_dir = env.Get("PSTRAIN_MNIST_DIR").value_or("");
+  const std::string list = env.Get("PSTRAIN_DATA_MIRRORS").value_or("");
+  size_t start = 0;
+  while (start < list.size()) {
+    size_t end = list.find_first_of(", \t\n", start);
+    if (end == std::string::npos) end = list.size();
+    std::string url = list.substr(start, end - start);
+    start = end + 1;
+    if (url.empty()) continue;
+    if (url.rfind("http://", 0) != 0 && url.rfind("https://", 0) != 0 &&
+        url.rfind("file://", 0) != 0) {
+      return Status::InvalidArgument(
+          StrCat("PSTRAIN_DATA_MIRRORS: '", url, "' is not an http://, https:// or file:// URL"));
+    }
+    out.mirrors.push_back(url);
+  }
+  return out;
+}
+
 }  // namespace pstrain

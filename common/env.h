@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -123,6 +124,18 @@ struct LaunchInfo {
   std::string job_id;   // PSTRAIN_JOB_ID: the launcher's job id ("" when unset)
 };
 StatusOr<LaunchInfo> ReadLaunchInfo(const Environment& env);
+
+// Where data sets are found and fetched from (`pstrain data`, `train --dataset`;
+// data/dataset_get.h has the search order).
+struct DataEnv {
+  std::string data_root;  // PSTRAIN_DATA: data sets live in <root>/<name> (searched, fetched into)
+  // PSTRAIN_DATA_MIRRORS: base URLs, separated by commas or spaces, tried in
+  // order instead of a data set's own mirrors; "{name}" in one stands for the
+  // data set's name. Each must be http://, https:// or file://.
+  std::vector<std::string> mirrors;
+  std::string mnist_dir;  // PSTRAIN_MNIST_DIR: a folder holding MNIST (searched first for mnist)
+};
+StatusOr<DataEnv> ReadDataEnv(const Environment& env);
 
 }  // namespace pstrain
 

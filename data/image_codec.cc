@@ -332,6 +332,29 @@ Status EncodeJpeg(const Image& image, int quality, std::string* out) {
   return Status::Ok();
 }
 
+Status EncodePng(const Image& image, std::string* out) {
+  if (image.channels != 1 && image.channels != 3) {
+    return Status::InvalidArgument(StrCat("PNG encode: ", image.channels, " channels"));
+  }
+  png_image img;
+  std::memset(&img, 0, sizeof(img));
+  img.version = PNG_IMAGE_VERSION;
+  img.width = static_cast<png_uint_32>(image.width);
+  img.height = static_cast<png_uint_32>(image.height);
+  img.format = image.channels == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB;
+  png_alloc_size_t size = 0;
+  // The first call measures, the second writes.
+  if (!png_image_write_to_memory(&img, nullptr, &size, 0, image.pixels.data(), 0, nullptr)) {
+    return Status::Internal(StrCat("PNG encode: ", img.message));
+  }
+  out->resize(size);
+  if (!png_image_write_to_memory(&img, out->data(), &size, 0, image.pixels.data(), 0, nullptr)) {
+    return Status::Internal(StrCat("PNG encode: ", img.message));
+  }
+  out->resize(size);
+  return Status::Ok();
+}
+
 namespace {
 
 // Bilinear resampling: output pixel `d` (centre-aligned, scale src/dst) reads

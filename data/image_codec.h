@@ -1,4 +1,4 @@
-// Image decoding (JPEG with libjpeg-turbo, PNG with libpng), JPEG encoding and
+// Image decoding (JPEG with libjpeg-turbo, PNG with libpng), JPEG and PNG encoding and
 // bilinear resizing of 8-bit interleaved (HWC) images.
 #ifndef PSTRAIN_DATA_IMAGE_CODEC_H_
 #define PSTRAIN_DATA_IMAGE_CODEC_H_
@@ -90,6 +90,9 @@ class ImageDecoder {
 
 // Encodes an RGB or gray image as a baseline JPEG of `quality` (1..100).
 Status EncodeJpeg(const Image& image, int quality, std::string* out);
+
+// Encodes an RGB or gray image as PNG (lossless: decoding gives the pixels back).
+Status EncodePng(const Image& image, std::string* out);
 
 // Bilinear resize with pixel centres aligned (OpenCV's INTER_LINEAR rule).
 // REQUIRES: src non-empty, out_height and out_width > 0.

@@ -14,6 +14,7 @@ PACKAGES=(
   ocl-icd-opencl-dev                         # Debian's oneDNN is built with an OpenCL GPU
                                              # runtime: its CMake package requires OpenCL
   libjpeg62-turbo-dev libpng-dev zlib1g-dev  # image pipeline
+  libcurl4-openssl-dev ca-certificates      # `pstrain data`: fetching data sets (HTTPS)
   openssh-server openssh-client rsync        # ssh launcher (and its tests)
   openmpi-bin libopenmpi-dev                 # mpi launcher (and its tests; the default mpirun)
   mpich                                      # mpi launcher tests under MPICH (mpirun.mpich)

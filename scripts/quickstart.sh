@@ -5,37 +5,34 @@
 #
 #   bash scripts/quickstart.sh                 # 3 epochs, about a minute on 2 cores
 #   EPOCHS=12 bash scripts/quickstart.sh       # seed 000's length
+#   NUM_EXAMPLES=6400 bash scripts/quickstart.sh   # a shorter epoch, for a quick look
 #
-# MNIST: the four idx .gz files are taken from $PSTRAIN_MNIST_DIR, else from
-# ../shared/data/mnist beside the checkout, and copied to datasets/mnist.
+# MNIST comes from the first folder that holds it: $PSTRAIN_MNIST_DIR,
+# $PSTRAIN_DATA/mnist, datasets/mnist, ../shared/data/mnist; when none does it
+# is fetched into $PSTRAIN_DATA/mnist or datasets/mnist from its public
+# mirrors (`pstrain data locate mnist`; PSTRAIN_DATA_MIRRORS names others).
+# PSTRAIN_QUICKSTART_SETUP=0 skips installing and building (the binary is
+# $PSTRAIN_BUILD_DIR/pstrain, default build/pstrain).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install-deps.sh
-PSTRAIN_BUILD_TARGET=pstrain bash scripts/build.sh
-
-MNIST=datasets/mnist
-FILES=(train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz
-       t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz)
-SRC=${PSTRAIN_MNIST_DIR:-../shared/data/mnist}
-mkdir -p "$MNIST"
-for f in "${FILES[@]}"; do
-  if [[ ! -f "$MNIST/$f" ]]; then
-    if [[ -f "$SRC/$f" ]]; then
-      cp "$SRC/$f" "$MNIST/$f"
-    else
-      echo "quickstart: $f is missing: put the four MNIST idx .gz files in $MNIST" \
-           "(or set PSTRAIN_MNIST_DIR to a folder holding them)" >&2
-      exit 1
-    fi
-  fi
-done
+if [[ "${PSTRAIN_QUICKSTART_SETUP:-1}" != "0" ]]; then
+  bash scripts/install-deps.sh
+  PSTRAIN_BUILD_TARGET=pstrain bash scripts/build.sh
+fi
 
 BUILD_DIR=${PSTRAIN_BUILD_DIR:-build}
 PSTRAIN=$BUILD_DIR/pstrain
+# Prints the folder (progress and errors go to stderr); offline, it says
+# which files to put where.
+MNIST=$("$PSTRAIN" data locate mnist)
+echo "quickstart: MNIST in $MNIST"
+
+EXTRA=()
+if [[ -n "${NUM_EXAMPLES:-}" ]]; then EXTRA+=(--num-examples "$NUM_EXAMPLES"); fi
 JOB=quickstart-$(date -u +%Y%m%d-%H%M%S)
 "$PSTRAIN" launch -n 2 -s 1 --launcher local --log-dir "logs/$JOB" -- \
   "$PSTRAIN" train --network lenet --kv-store dist_sync --data-dir "$MNIST" \
-  --num-epochs "${EPOCHS:-3}" --batch-size 64 --lr 0.05 --disp-batches 100
+  --num-epochs "${EPOCHS:-3}" --batch-size 64 --lr 0.05 --disp-batches 100 "${EXTRA[@]}"
 
 echo
 echo "Accuracy per epoch (mean over the 2 workers; logs in logs/$JOB):"

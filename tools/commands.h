@@ -31,6 +31,8 @@ int RunKvbench(int argc, char** argv);
 int RunSummary(int argc, char** argv);
 int RunTrain(int argc, char** argv);
 
+// data sets (tools/data_cmd.cc):
+int RunData(int argc, char** argv);
 // image pipeline (tools/im2rec_cmd.cc, tools/imageio_cmd.cc, tools/rec_cmd.cc)
 int RunIm2rec(int argc, char** argv);
 int RunImageIo(int argc, char** argv);

@@ -18,6 +18,9 @@ DEFINE_string(
     initializer, "default",
     "default (Xavier(gaussian,in,2)), xavier(rnd,factor,magnitude), uniform(s), normal(s)");
 DEFINE_string(data_dir, "", "directory with MNIST idx files or CIFAR-10 binary batches");
+DEFINE_string(dataset, "",
+              "mnist or cifar10 (or a manifest file): found in $PSTRAIN_DATA/<name>, "
+              "datasets/<name> or ../shared/data/<name>, else fetched (into --data-dir if given)");
 DEFINE_int64(num_examples, 0, "training examples per epoch over all workers; 0: all");
 DEFINE_int32(benchmark, 0, "1: train on synthetic data of --image-shape");
 DEFINE_int32(test_io, 0, "1: only read the training data and log its speed");

@@ -36,6 +36,10 @@ const Command kCommands[] = {
     {"server", "run one parameter server of a job (DMLC_* variables)", RunServerCmd,
      "cluster_role.cc"},
 
+    // data sets (data/dataset_get.h):
+    {"data", "fetch data sets (mnist, cifar10): checked, resumed; find the folder holding one",
+     RunData, "", /*raw_args=*/true},
+
     // image pipeline (data/):
     {"im2rec", "make .lst files from image folders; pack them into RecordIO .rec + .idx", RunIm2rec,
      "im2rec_cmd.cc"},

@@ -4,12 +4,17 @@
 // servers leave through the cluster-role hook; a worker with a `dist_*`
 // --kv-store joins the cluster and exchanges its parameters with the servers;
 // `local` and `device` train in this process alone.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common/env.h"
+#include "data/dataset_get.h"
+#include "data/dataset_manifest.h"
 #include "models/models.h"
 #include "net/cluster_node.h"
 #include "tools/cluster_role.h"
@@ -61,6 +66,21 @@ StatusOr<TrainData> OpenImageData(const TrainConfig& cfg, int rank, int num_work
   return out;
 }
 
+// --dataset: sets data_dir to the folder that holds the data set, fetched
+// there first when needed (data/dataset_get.h has the search order).
+Status ResolveDataset(TrainConfig* cfg, TrainLog* log) {
+  ASSIGN_OR_RETURN(DatasetManifest manifest, FindManifest(cfg->dataset()));
+  ASSIGN_OR_RETURN(DataEnv env, ReadDataEnv(Environment()));
+  std::unique_ptr<FetchProgress> progress = NewConsoleProgress(stderr, isatty(STDERR_FILENO));
+  GetOptions options;
+  options.fetch.progress = progress.get();
+  options.mirrors = env.mirrors;
+  ASSIGN_OR_RETURN(Located found, EnsureDataset(manifest, cfg->data_dir(), env, options));
+  log->Info(StrCat("data set ", manifest.name(), ": ", found.dir, " (", found.origin, ")"));
+  cfg->set_data_dir(found.dir);
+  return Status::Ok();
+}
+
 int Fail(const char* what, const Status& s) {
   std::fprintf(stderr, "pstrain train: %s%s\n", what, s.ToString().c_str());
   return 1;
@@ -91,6 +111,10 @@ int RunTrain(int argc, char** argv) {
     return 2;
   }
   TrainLog log;
+  if (!cfg->dataset().empty() && cfg->benchmark() == 0) {
+    Status s = ResolveDataset(&*cfg, &log);
+    if (!s.ok()) return Fail("", s);
+  }
   std::string text = EffectiveConfigText(*cfg);
   std::string one_line;
   for (char c : text) one_line += c == '\n' ? std::string("; ") : std::string(1, c);

@@ -295,11 +295,16 @@ Status ValidateTrainConfig(const TrainConfig& cfg) {
   if (cfg.test_io() == 0 && cfg.network().empty()) {
     return Status::InvalidArgument("--network is required (e.g. mlp, lenet)");
   }
-  if (cfg.benchmark() == 0 && cfg.data_dir().empty() && cfg.data_train().empty() &&
-      !EmulationNeedsNoData(cfg)) {
+  if (cfg.benchmark() == 0 && cfg.data_dir().empty() && cfg.dataset().empty() &&
+      cfg.data_train().empty() && !EmulationNeedsNoData(cfg)) {
     return Status::InvalidArgument(
-        "--data-dir (MNIST, CIFAR-10 binary) or --data-train (RecordIO) is required unless "
-        "--benchmark 1 (or --emulate-compute with --image-shape and --num-examples)");
+        "--dataset (mnist, cifar10), --data-dir (MNIST, CIFAR-10 binary) or --data-train "
+        "(RecordIO) is required unless --benchmark 1 (or --emulate-compute with --image-shape "
+        "and --num-examples)");
+  }
+  if (!cfg.dataset().empty() && !cfg.data_train().empty()) {
+    return Status::InvalidArgument(StrCat("--dataset='", cfg.dataset(), "' and --data-train='",
+                                          cfg.data_train(), "' name two data sets: give one"));
   }
   if (cfg.benchmark() != 0 && shape.empty()) {
     return Status::InvalidArgument("--benchmark 1 needs --image-shape C,H,W");
