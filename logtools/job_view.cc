@@ -385,7 +385,8 @@ std::vector<std::string> RenderJobView(const JobView& view, int width, int max_l
     return line;
   };
 
-  std::string summary = StrCat(view.processes().size(), " processes");
+  std::string summary =
+      StrCat(view.processes().size(), view.processes().size() == 1 ? " process" : " processes");
   const char* order[] = {"starting", "restarting", "running", "done",
                          "failed",   "stopped",    "unknown"};
   std::string parts;
@@ -500,7 +501,11 @@ Status JobLogFollower::Poll(JobView* view) {
   std::vector<std::string> logs;
   while (dirent* ent = readdir(dir)) {
     const std::string name = ent->d_name;
-    // <role>-<rank>.log: a process's log.
+    // <role>-<rank>.log: a process's log; mpirun.log: mpirun's own lines.
+    if (name == "mpirun.log") {
+      logs.push_back(name);
+      continue;
+    }
     if (name.size() < 7 || name.compare(name.size() - 4, 4, ".log") != 0) continue;
     const std::string stem = name.substr(0, name.size() - 4);
     const size_t dash = stem.rfind('-');

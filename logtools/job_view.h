@@ -137,7 +137,8 @@ std::vector<std::string> RenderJobView(const JobView& view, int width, int max_l
 bool IsImportantLine(std::string_view line);
 
 // Follows a job directory written by `pstrain launch`: launch.log's events
-// and the lines appended to every <role>-<rank>.log since the last Poll.
+// and the lines appended to every <role>-<rank>.log (and mpirun.log) since the
+// last Poll.
 class JobLogFollower {
  public:
   explicit JobLogFollower(std::string dir);

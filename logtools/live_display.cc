@@ -42,11 +42,30 @@ void LiveDisplay::Size(int* columns, int* rows) const {
 
 bool LiveDisplay::Draw(const std::vector<std::string>& lines, bool force) {
   const auto now = std::chrono::steady_clock::now();
-  if (!force && (lines == shown_ || now - last_draw_ < min_interval_)) return false;
-  // Cursor to the block's first line, then each line rewritten and cleared
-  // to its end; a shorter block clears what is left below it.
+  if (!force && ((above_.empty() && lines == shown_) || now - last_draw_ < min_interval_)) {
+    return false;
+  }
   std::string out;
+  // Cursor to the block's first line.
   if (drawn_ > 0) out += StrCat("\x1b[", drawn_, "A");
+  if (!above_.empty()) {
+    // The block goes (clear to the end of the screen), the text takes its
+    // place, and the block is drawn anew below it.
+    out += "\r\x1b[J";
+    for (auto& [fd, text] : above_) {
+      if (fd != fd_) {
+        WriteAll(fd_, out);
+        out.clear();
+        WriteAll(fd, text);
+      } else {
+        out += text;
+      }
+    }
+    above_.clear();
+    drawn_ = 0;
+  }
+  // Each line rewritten and cleared to its end; a shorter block clears what
+  // is left below it.
   for (const std::string& l : lines) out += StrCat("\r", l, "\x1b[K\n");
   if (lines.size() < drawn_) out += "\x1b[J";
   WriteAll(fd_, out);
@@ -56,27 +75,14 @@ bool LiveDisplay::Draw(const std::vector<std::string>& lines, bool force) {
   return true;
 }
 
-void LiveDisplay::Erase() {
-  if (drawn_ == 0) return;
-  WriteAll(fd_, StrCat("\x1b[", drawn_, "A\r\x1b[J"));
-  drawn_ = 0;
-}
-
-void LiveDisplay::WriteLines() {
-  std::string out;
-  for (const std::string& l : shown_) out += StrCat("\r", l, "\x1b[K\n");
-  WriteAll(fd_, out);
-  drawn_ = shown_.size();
-}
-
-void LiveDisplay::PrintAbove(int out_fd, const std::string& text) {
-  Erase();
-  WriteAll(out_fd, text);
-  if (!text.empty() && text.back() != '\n') WriteAll(out_fd, "\n");
-  WriteLines();
+void LiveDisplay::PrintAbove(int out_fd, std::string text) {
+  if (text.empty()) return;
+  if (text.back() != '\n') text += '\n';
+  above_.emplace_back(out_fd, std::move(text));
 }
 
 void LiveDisplay::Release() {
+  if (!above_.empty()) Draw(shown_, true);
   drawn_ = 0;
   shown_.clear();
 }

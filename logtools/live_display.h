@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/env.h"
@@ -35,27 +36,28 @@ class LiveDisplay {
   // The terminal's size now (TIOCGWINSZ); 80 x 24 when it cannot be read.
   void Size(int* columns, int* rows) const;
 
-  // Replaces the block by `lines` when `force`, or when they differ from what
-  // is shown and the last redraw is at least min_interval old. Returns whether
-  // it drew.
+  // Replaces the block by `lines`, first writing the text queued by
+  // PrintAbove, when `force`, or when there is text queued or the lines differ
+  // from what is shown, and the last redraw is at least min_interval old.
+  // Returns whether it drew.
   bool Draw(const std::vector<std::string>& lines, bool force = false);
 
-  // Erases the block, writes `text` (whole lines) to `out_fd`, and draws the
-  // block again below it.
-  void PrintAbove(int out_fd, const std::string& text);
+  // Queues `text` (whole lines) for `out_fd`: the next redraw erases the
+  // block, writes it, and draws the block again below it. (So a process that
+  // writes many lines costs one redraw per min_interval, not one per line.)
+  void PrintAbove(int out_fd, std::string text);
 
-  // Leaves the block as it is: what is written next goes below it.
+  // Writes the text still queued (and the block below it), then leaves the
+  // block as it is: what is written next goes below it.
   void Release();
 
  private:
-  void Erase();
-  void WriteLines();
-
   int fd_;
   std::chrono::milliseconds min_interval_;
   std::chrono::steady_clock::time_point last_draw_;
-  std::vector<std::string> shown_;  // the block on the screen now
-  size_t drawn_ = 0;                // how many lines of it are on the screen
+  std::vector<std::string> shown_;                  // the block on the screen now
+  size_t drawn_ = 0;                                // how many lines of it are on the screen
+  std::vector<std::pair<int, std::string>> above_;  // queued by PrintAbove: (fd, text)
 };
 
 }  // namespace pstrain::logtools

@@ -116,6 +116,7 @@ class LaunchObserver : public tracker::JobObserver {
   bool OnNotice(const std::string& text) override {
     if (!live_) return false;
     display_.PrintAbove(2, text);
+    Redraw(true);
     return true;
   }
 

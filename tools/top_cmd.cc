@@ -119,7 +119,9 @@ int RunTop(int argc, char** argv) {
     return logtools::RenderJobView(view, tty ? columns - 1 : 0, in_place ? rows - 1 : 0,
                                    Title(view, dir, follower.has_events()));
   };
-  if (FLAGS_once || (view.ended() && !tty)) {
+  // Without a terminal there is nothing to show until the end, and without
+  // launch.log no end to wait for.
+  if (FLAGS_once || (!tty && (view.ended() || !follower.has_events()))) {
     PrintFrame(frame(false));
     return 0;
   }

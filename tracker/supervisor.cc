@@ -134,11 +134,13 @@ class Job {
     WriteAll(options_.terminal_err_fd, text);
   }
 
-  // The names the observer knows `r`'s process(es) by.
+  // The names the observer knows `r`'s process(es) by: a group's ranks and
+  // the group itself ("mpirun", whose own lines go by that name).
   static std::vector<std::string> ObservedNames(const Running& r) {
     if (r.task.tags == OutputTags::kNone) return {Name(r.task, r.task.rank)};
-    if (r.task.rank_names.empty()) return {r.task.role};
-    return r.task.rank_names;
+    std::vector<std::string> names = r.task.rank_names;
+    names.push_back(r.task.role);
+    return names;
   }
 
   void ObserveStart(const Running& r) {

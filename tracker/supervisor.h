@@ -75,8 +75,8 @@ struct Task {
 class JobObserver {
  public:
   virtual ~JobObserver() = default;
-  // A process started: "worker-1" (or each rank name of a task with tags, as
-  // the task starts). Again after a restart.
+  // A process started: "worker-1" (for a task with tags: each of its rank
+  // names and its role, "mpirun", as the task starts). Again after a restart.
   virtual void OnStart(const std::string& name, const std::string& host, int pid) = 0;
   // One line of its output (stream 0 stdout, 1 stderr), without the newline.
   virtual void OnLine(const std::string& name, int stream, std::string_view line) = 0;

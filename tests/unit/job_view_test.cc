@@ -345,11 +345,13 @@ TEST_F(JobLogFollowerTest, FollowsEventsAndLogsAsTheyGrow) {
                            FormatJobEvent(Start("worker-2", 7)) + "\n");
   Append("worker-0.log", std::string(kWorkerEpoch0[3]) + "\n" + "INFO:root:Epoch[0] Batch [5]");
   Append("job.key", "not a log\n");
-  Append("mpirun.log", "not a process's log\n");
+  Append("sshd.log", "not a process's log\n");
+  Append("mpirun.log", "mpirun's own lines\n");
   ASSERT_OK(follower.Poll(&view));
   EXPECT_TRUE(follower.has_events());
-  ASSERT_EQ(view.processes().size(), 3u);
+  ASSERT_EQ(view.processes().size(), 4u);
   EXPECT_EQ(view.processes()[1].name, "worker-2") << "ranks in numeric order";
+  EXPECT_EQ(view.processes()[3].name, "mpirun") << "after the roles";
   const ProcessView* p = view.Find("worker-0");
   EXPECT_EQ(p->state, ProcessState::kRunning);
   EXPECT_EQ(p->epoch_batches, 30);
@@ -403,9 +405,27 @@ TEST(LiveDisplayTest, RedrawsTheBlockInPlace) {
   // Up two lines, one line rewritten, the rest of the old block cleared.
   EXPECT_EQ(Drain(fds[0]), "\x1b[2A\rx\x1b[K\n\x1b[J");
 
+  // Lines printed above: queued until the next redraw, then written where
+  // the block was, the block below them.
   display.PrintAbove(fds[1], "[worker-0] hello\n");
-  EXPECT_EQ(Drain(fds[0]), "\x1b[1A\r\x1b[J[worker-0] hello\n\rx\x1b[K\n");
+  display.PrintAbove(fds[1], "[worker-1] hi");
+  EXPECT_EQ(Drain(fds[0]), "");
+  EXPECT_FALSE(display.Draw({"x"})) << "within min_interval";
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  EXPECT_TRUE(display.Draw({"x"})) << "unchanged, but text is queued";
+  EXPECT_EQ(Drain(fds[0]), "\x1b[1A\r\x1b[J[worker-0] hello\n[worker-1] hi\n\rx\x1b[K\n");
+  // Text for another descriptor goes there, in order.
+  int other[2];
+  ASSERT_EQ(pipe2(other, O_NONBLOCK), 0);
+  display.PrintAbove(other[1], "pstrain launch: stopping the job\n");
+  EXPECT_TRUE(display.Draw({"x"}, true));
+  EXPECT_EQ(Drain(fds[0]), "\x1b[1A\r\x1b[J\rx\x1b[K\n");
+  EXPECT_EQ(Drain(other[0]), "pstrain launch: stopping the job\n");
+  close(other[0]);
+  close(other[1]);
+  display.PrintAbove(fds[1], "last words\n");
   display.Release();
+  EXPECT_EQ(Drain(fds[0]), "\x1b[1A\r\x1b[Jlast words\n\rx\x1b[K\n") << "flushed";
   EXPECT_TRUE(display.Draw({"y"}, true));
   EXPECT_EQ(Drain(fds[0]), "\ry\x1b[K\n") << "a released block stays where it is";
   close(fds[0]);
