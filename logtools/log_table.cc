@@ -8,22 +8,10 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "logtools/log_line.h"
+
 namespace pstrain::logtools {
 namespace {
-
-// Parses a number at the start of `s` (strtod syntax); false if there is none.
-bool ParseNumber(std::string_view s, double* out) {
-  std::string buf(s.substr(0, std::min<size_t>(s.size(), 64)));
-  char* end = nullptr;
-  double v = std::strtod(buf.c_str(), &end);
-  if (end == buf.c_str()) return false;
-  *out = v;
-  return true;
-}
-
-bool StartsWith(std::string_view s, std::string_view prefix) {
-  return s.substr(0, prefix.size()) == prefix;
-}
 
 std::string Fixed(double v, int digits) {
   char buf[64];
@@ -48,42 +36,25 @@ EpochValues& LogAccumulator::Epoch(int epoch) {
 }
 
 void LogAccumulator::AddLine(std::string_view line) {
-  static constexpr std::string_view kEpoch = "Epoch[";
-  size_t pos = 0;
-  while ((pos = line.find(kEpoch, pos)) != std::string_view::npos) {
-    size_t p = pos + kEpoch.size();
-    pos = p;
-    size_t digits_end = p;
-    while (digits_end < line.size() && line[digits_end] >= '0' && line[digits_end] <= '9') {
-      ++digits_end;
-    }
-    if (digits_end == p || digits_end - p > 9 || digits_end + 1 >= line.size() ||
-        line[digits_end] != ']' || line[digits_end + 1] != ' ') {
-      continue;
-    }
-    int epoch = std::atoi(std::string(line.substr(p, digits_end - p)).c_str());
-    std::string_view rest = line.substr(digits_end + 2);
-    double value = 0;
-    if (StartsWith(rest, "Time cost=")) {
-      if (!ParseNumber(rest.substr(10), &value)) continue;
-      Epoch(epoch).time.push_back(value);
+  const LogLine parsed = ParseLogLine(line);
+  switch (parsed.kind) {
+    case LogLine::Kind::kTimeCost:
+      Epoch(parsed.epoch).time.push_back(parsed.seconds);
+      ++log_.lines_matched;
+      return;
+    case LogLine::Kind::kTrainMetric:
+    case LogLine::Kind::kValidationMetric: {
+      const auto& [metric, value] = parsed.metrics.front();
+      auto it = std::find(log_.metrics.begin(), log_.metrics.end(), metric);
+      if (it == log_.metrics.end()) return;
+      size_t m = static_cast<size_t>(it - log_.metrics.begin());
+      EpochValues& e = Epoch(parsed.epoch);
+      (parsed.kind == LogLine::Kind::kTrainMetric ? e.train : e.valid)[m].push_back(value);
       ++log_.lines_matched;
       return;
     }
-    bool train = StartsWith(rest, "Train-");
-    bool valid = StartsWith(rest, "Validation-");
-    if (!train && !valid) continue;
-    rest.remove_prefix(train ? 6 : 11);
-    size_t eq = rest.find('=');
-    if (eq == std::string_view::npos) continue;
-    std::string_view metric = rest.substr(0, eq);
-    auto it = std::find(log_.metrics.begin(), log_.metrics.end(), metric);
-    if (it == log_.metrics.end() || !ParseNumber(rest.substr(eq + 1), &value)) continue;
-    size_t m = static_cast<size_t>(it - log_.metrics.begin());
-    EpochValues& e = Epoch(epoch);
-    (train ? e.train : e.valid)[m].push_back(value);
-    ++log_.lines_matched;
-    return;
+    default:
+      return;  // batch and start-of-epoch lines are not epoch results
   }
 }
 

@@ -3,7 +3,7 @@
 //
 // A log is one file, or a job directory written by `pstrain launch` (its
 // worker-*.log files, or every *.log file when there are none). Lines are
-// recognised wherever "Epoch[N] " occurs in them, so prefixes such as
+// read by ParseLogLine (log_line.h), wherever "Epoch[N] " occurs in them, so prefixes such as
 // "INFO:root:", a timestamp or the launcher's "[worker-1] " do not matter:
 //   Epoch[N] Train-<metric>=<value>
 //   Epoch[N] Validation-<metric>=<value>

@@ -20,6 +20,7 @@ PACKAGES=(
   mpich                                      # mpi launcher tests under MPICH (mpirun.mpich)
   procps iproute2                            # ps/kill in tests, addresses
   python3 python3-pil                        # tests: the independent RecordIO writer
+  tmux                                       # tests: the live view of a job on a terminal
 )
 # Benchmarks compare against PyTorch; install them with PSTRAIN_BENCH_DEPS=1.
 if [[ "${PSTRAIN_BENCH_DEPS:-0}" == "1" ]]; then

@@ -71,6 +71,10 @@ int RunServerRole(const JobEnv& env) {
   // Said before the server stops: closing the sockets may wait (up to the
   // linger time) for messages a dead peer never takes.
   KVServer server(node->get(), so);
+  // A first line: the live view of the job (pstrain launch, top) shows the
+  // server running rather than starting.
+  LOG(INFO) << "server: joining the job of the scheduler at " << env.root_uri << ":"
+            << env.root_port;
   const Status s = server.Run();
   if (!s.ok()) {
     LOG(ERROR) << (*node)->Self() << ": " << s;

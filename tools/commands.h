@@ -40,6 +40,7 @@ int RunRec(int argc, char** argv);
 // launchers and logs (tracker/, logtools/):
 int RunLaunch(int argc, char** argv);
 int RunParseLog(int argc, char** argv);
+int RunTop(int argc, char** argv);
 
 }  // namespace pstrain
 

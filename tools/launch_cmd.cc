@@ -1,20 +1,146 @@
 // pstrain launch: parses launch.py-style arguments itself (raw_args) and runs
 // the job through tracker/launcher.h. SIGINT, SIGTERM and SIGHUP stop the job.
+// The job's starts and exits go to <log dir>/launch.log; on a terminal (or
+// with --live) the live view (logtools/job_view.h) replaces the processes'
+// prefixed output.
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "common/env.h"
+#include "logtools/job_view.h"
+#include "logtools/live_display.h"
 #include "tools/commands.h"
 #include "tracker/launcher.h"
 
 namespace pstrain {
 namespace {
+
+void WriteAll(int fd, const std::string& s) {
+  const char* p = s.data();
+  size_t left = s.size();
+  while (left > 0) {
+    ssize_t n = write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+// Feeds the job's model from the supervisor, records its events in
+// launch.log and, when live, keeps the view at the bottom of the terminal
+// (stdout), with the processes' stdout lines, their errors and the launcher's
+// notices printed above it.
+class LaunchObserver : public tracker::JobObserver {
+ public:
+  LaunchObserver(const std::string& log_dir, bool live) : live_(live), display_(1) {
+    std::error_code ec;
+    std::filesystem::create_directories(log_dir, ec);
+    const std::string path = log_dir + "/" + logtools::kJobEventsFile;
+    events_fd_ = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    if (events_fd_ < 0) {
+      std::fprintf(stderr, "pstrain launch: cannot write '%s': %s\n", path.c_str(),
+                   strerror(errno));
+    }
+  }
+  ~LaunchObserver() override {
+    if (events_fd_ >= 0) close(events_fd_);
+  }
+
+  void Begin(const std::string& job_id) {
+    logtools::JobEvent e;
+    e.kind = logtools::JobEvent::Kind::kJob;
+    e.name = job_id;
+    e.pid = getpid();
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    e.host = host;
+    Record(e);
+  }
+
+  // The job is over: records it and leaves the final view on the terminal.
+  void End(bool ok, const std::string& text) {
+    logtools::JobEvent e;
+    e.kind = logtools::JobEvent::Kind::kEnd;
+    e.ok = ok;
+    e.text = text;
+    Record(e);
+    if (live_) {
+      Redraw(true);
+      display_.Release();
+    }
+  }
+
+  void OnStart(const std::string& name, const std::string& host, int pid) override {
+    logtools::JobEvent e;
+    e.kind = logtools::JobEvent::Kind::kStart;
+    e.name = name;
+    e.host = host;
+    e.pid = pid;
+    Record(e);
+    Redraw(false);
+  }
+
+  void OnLine(const std::string& name, int stream, std::string_view line) override {
+    view_.AddLine(name, line);
+    if (!live_) return;
+    if (stream == 0 || logtools::IsImportantLine(line)) {
+      display_.PrintAbove(stream == 0 ? 1 : 2, StrCat("[", name, "] ", line, "\n"));
+    }
+    Redraw(false);
+  }
+
+  void OnExit(const std::string& name, int wait_status, bool stopped) override {
+    logtools::JobEvent e;
+    e.kind = logtools::JobEvent::Kind::kExit;
+    e.name = name;
+    if (WIFSIGNALED(wait_status)) {
+      e.signal = WTERMSIG(wait_status);
+      e.stopped = stopped;
+    } else {
+      e.exit_code = WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : -1;
+    }
+    Record(e);
+    Redraw(true);
+  }
+
+  bool OnNotice(const std::string& text) override {
+    if (!live_) return false;
+    display_.PrintAbove(2, text);
+    Redraw(true);
+    return true;
+  }
+
+  void OnTick() override { Redraw(false); }
+
+ private:
+  void Record(const logtools::JobEvent& e) {
+    view_.Apply(e);
+    if (events_fd_ >= 0) WriteAll(events_fd_, logtools::FormatJobEvent(e) + "\n");
+  }
+
+  void Redraw(bool force) {
+    if (!live_) return;
+    int columns = 0, rows = 0;
+    display_.Size(&columns, &rows);
+    // The last column and row stay free: no wrap, no scroll.
+    display_.Draw(logtools::RenderJobView(view_, columns - 1, rows - 1), force);
+  }
+
+  bool live_;
+  logtools::LiveDisplay display_;
+  logtools::JobView view_;
+  int events_fd_ = -1;
+};
 
 int g_stop_pipe[2] = {-1, -1};  // the signal handler writes the signal number here
 
@@ -69,10 +195,17 @@ int RunLaunch(int argc, char** argv) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  const bool live =
+      options.live.value_or(!options.quiet && logtools::LiveDisplay::IsTerminal(1, Environment()));
+  LaunchObserver observer(log_dir, live);
+  observer.Begin(job_id);
   tracker::SupervisorOptions sup;
   sup.stop_fd = g_stop_pipe[0];
+  sup.observer = &observer;
+  sup.echo = !live;
   auto result = tracker::ExecutePlan(std::move(plan).value(), options, sup);
   if (!result.ok()) {
+    observer.End(false, result.status().ToString());
     std::fprintf(stderr, "pstrain launch: job %s: %s\n", job_id.c_str(),
                  result.status().ToString().c_str());
     return 1;
@@ -83,20 +216,18 @@ int RunLaunch(int argc, char** argv) {
     const std::string after =
         restarted > 0 ? StrCat(" (after ", restarted, restarted == 1 ? " restart)" : " restarts)")
                       : std::string();
+    std::string summary = StrCat("all ", result->pids.size(), " processes exited 0", after);
     if (!result->lost.empty()) {
       std::string lost;
       for (const std::string& name : result->lost) lost += (lost.empty() ? "" : ", ") + name;
-      std::fprintf(stderr,
-                   "pstrain launch: job %s finished: the %zu processes left exited 0%s; it went on "
-                   "without %s\n",
-                   job_id.c_str(), result->pids.size() - result->lost.size(), after.c_str(),
-                   lost.c_str());
-      return 0;
+      summary = StrCat("the ", result->pids.size() - result->lost.size(),
+                       " processes left exited 0", after, "; it went on without ", lost);
     }
-    std::fprintf(stderr, "pstrain launch: job %s finished: all %zu processes exited 0%s\n",
-                 job_id.c_str(), result->pids.size(), after.c_str());
+    observer.End(true, summary);
+    std::fprintf(stderr, "pstrain launch: job %s finished: %s\n", job_id.c_str(), summary.c_str());
     return 0;
   }
+  observer.End(false, result->reason);
   std::fprintf(stderr, "pstrain launch: job %s failed: %s (logs in %s)\n", job_id.c_str(),
                result->reason.c_str(), log_dir.c_str());
   return result->exit_code != 0 ? result->exit_code : 1;

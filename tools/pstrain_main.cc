@@ -25,6 +25,7 @@ const Command kCommands[] = {
     {"launch", "start a job: scheduler, servers, workers (local, ssh, mpi)", RunLaunch, "", true},
     {"parse-log", "accuracy-per-epoch tables (and SVG plots) from training logs", RunParseLog,
      "parse_log_cmd.cc"},
+    {"top", "live view of a job from its logs: one status line per process", RunTop, "top_cmd.cc"},
 
     // parameter server (scheduler/, server/, worker/):
     {"keygen", "write new keys for a job started by hand (PSTRAIN_KEY_FILE)", RunKeygen, "",

@@ -136,9 +136,11 @@ std::string LaunchUsage() {
 Starts 1 scheduler (on this host), S servers and W workers, each running COMMAND
 with MXNet's environment (DMLC_ROLE, DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT,
 DMLC_NUM_SERVER, DMLC_NUM_WORKER, DMLC_NODE_HOST, ...), like MXNet's launch.py.
-Each process's output is prefixed "[role-rank]" here and written to
-LOG_DIR/<role>-<rank>.log. If one process fails, all are stopped and the
-launcher exits non-zero naming it; Ctrl-C stops every process on every host.
+Each process's output is prefixed "[role-rank]" here (on a terminal: a live
+view instead, see --live) and written to LOG_DIR/<role>-<rank>.log; starts
+and exits go to LOG_DIR/launch.log. If one process fails, all are stopped and
+the launcher exits non-zero naming it; Ctrl-C stops every process on every
+host.
 
   -n, --num-workers W     number of workers (required)
   -s, --num-servers S     number of servers (default: W)
@@ -173,6 +175,12 @@ launcher exits non-zero naming it; Ctrl-C stops every process on every host.
                           rescaling their gradients (continue; local and ssh
                           launchers; the dead worker's data is not trained on)
   --quiet                 write output only to the log files
+  --live, --no-live       the live view: one status line per process (host,
+                          state, epoch, batch, samples/s, last metric, epoch
+                          ETA) redrawn in place, the processes' stdout and
+                          their errors above it, everything in the logs
+                          (default: when stdout is a terminal, unless --quiet;
+                          `pstrain top LOG_DIR` shows the same view)
   -h, --help              this text
 )";
 }
@@ -289,6 +297,9 @@ StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args) {
     } else if (name == "--quiet") {
       RETURN_IF_ERROR(no_value());
       o.quiet = true;
+    } else if (name == "--live" || name == "--no-live") {
+      RETURN_IF_ERROR(no_value());
+      o.live = name == "--live";
     } else if (name == "--key-file") {
       RETURN_IF_ERROR(take(&o.key_file));
     } else if (name == "--no-keys") {

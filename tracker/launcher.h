@@ -60,6 +60,10 @@ struct LaunchOptions {
   bool continue_without_lost_workers = false;
   int sync_timeout_s = 600;
   bool quiet = false;  // do not copy the processes' output to the terminal
+  // --live / --no-live: the live view (one status line per process, redrawn
+  // in place) instead of the processes' output. Default: when stdout is a
+  // terminal (and TERM is not dumb) and not --quiet.
+  std::optional<bool> live;
   // The job's CURVE keys (PSTRAIN_KEY_FILE for every process): --key-file, else
   // the launcher's PSTRAIN_KEY_FILE, else new keys in <log-dir>/job.key.
   // --no-keys runs the job without (anyone who reaches its ports can join).

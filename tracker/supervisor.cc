@@ -116,6 +116,7 @@ class Job {
       result_.pids.push_back((*proc)->pid());
       result_.restarted_pids.emplace_back();
       running_.push_back(Running{std::move(t), std::move(proc).value(), {}, false});
+      ObserveStart(running_.back());
     }
     Loop();
     return result_;
@@ -125,6 +126,35 @@ class Job {
   static std::string Name(const Task& t, int rank) { return StrCat(t.role, "-", rank); }
   static std::string RankName(const Task& t, int rank) {
     return static_cast<size_t>(rank) < t.rank_names.size() ? t.rank_names[rank] : Name(t, rank);
+  }
+
+  // A line of the launcher's own for the terminal's stderr.
+  void Notice(const std::string& text) {
+    if (options_.observer != nullptr && options_.observer->OnNotice(text)) return;
+    WriteAll(options_.terminal_err_fd, text);
+  }
+
+  // The names the observer knows `r`'s process(es) by: a group's ranks and
+  // the group itself ("mpirun", whose own lines go by that name).
+  static std::vector<std::string> ObservedNames(const Running& r) {
+    if (r.task.tags == OutputTags::kNone) return {Name(r.task, r.task.rank)};
+    std::vector<std::string> names = r.task.rank_names;
+    names.push_back(r.task.role);
+    return names;
+  }
+
+  void ObserveStart(const Running& r) {
+    if (options_.observer == nullptr) return;
+    for (const std::string& name : ObservedNames(r)) {
+      options_.observer->OnStart(name, r.task.host, r.proc->pid());
+    }
+  }
+
+  void ObserveExit(const Running& r) {
+    if (options_.observer == nullptr) return;
+    for (const std::string& name : ObservedNames(r)) {
+      options_.observer->OnExit(name, r.proc->wait_status(), r.signalled);
+    }
   }
 
   // Output of one read, batched so that a run of lines for the same process
@@ -177,6 +207,12 @@ class Job {
       }
     }
     NoteCause(name, text);
+    if (options_.observer != nullptr) {
+      std::string_view bare = text;
+      if (!bare.empty() && bare.back() == '\n') bare.remove_suffix(1);
+      if (!bare.empty() && bare.back() == '\r') bare.remove_suffix(1);
+      options_.observer->OnLine(name, stream, bare);
+    }
     if (name != b.name) {
       FlushBatch(b, stream);
       b.name = name;
@@ -263,7 +299,7 @@ class Job {
                sig != 0 ? 128 + sig : 1);
         } else {
           // A second Ctrl-C while stopping: no more grace.
-          WriteAll(options_.terminal_err_fd, "pstrain launch: killing every process now\n");
+          Notice("pstrain launch: killing every process now\n");
           for (Running& other : running_) other.proc->SignalGroup(SIGKILL);
         }
       }
@@ -341,7 +377,7 @@ class Job {
     result_.success = false;
     result_.reason = reason;
     result_.exit_code = exit_code;
-    WriteAll(options_.terminal_err_fd, StrCat("pstrain launch: ", reason, "; stopping the job\n"));
+    Notice(StrCat("pstrain launch: ", reason, "; stopping the job\n"));
     StopAll();
   }
 
@@ -424,7 +460,7 @@ class Job {
     const std::string line = StrCat(
         "pstrain launch: ", name, " on ", r.task.host, " (pid ", r.proc->pid(), ") ",
         HowItEnded(*r.proc), "; restarting it (restart ", n, " of ", r.task.max_restarts, ")\n");
-    WriteAll(options_.terminal_err_fd, line);
+    Notice(line);
     logs_.Write(name, line);
 
     ProcessSpec spec = static_cast<size_t>(n) <= r.task.restart_specs.size()
@@ -445,6 +481,7 @@ class Job {
     r.pending[1].clear();
     r.signalled = false;
     result_.restarted_pids[index].push_back(r.proc->pid());
+    ObserveStart(r);
     return true;
   }
 
@@ -462,6 +499,7 @@ class Job {
       DrainNow(r);
       // Whatever the job's process left in its group goes with it.
       r.proc->SignalGroup(SIGKILL);
+      ObserveExit(r);
       if (!r.proc->succeeded() && !stopping_ && MayRestart(r)) {
         if (Restart(i)) all = false;
         continue;
@@ -472,7 +510,7 @@ class Job {
         const std::string line =
             StrCat("pstrain launch: ", name, " on ", r.task.host, " (pid ", r.proc->pid(), ") ",
                    HowItEnded(*r.proc), "; the job goes on without it (--worker-loss continue)\n");
-        WriteAll(options_.terminal_err_fd, line);
+        Notice(line);
         logs_.Write(name, line);
         result_.lost.push_back(name);
         continue;
@@ -521,6 +559,7 @@ class Job {
         output_open = output_open || r.proc->stdout_fd() >= 0 || r.proc->stderr_fd() >= 0;
       }
       PumpOutput(output_open ? 100 : 5, true);
+      if (options_.observer != nullptr) options_.observer->OnTick();
       bool all_exited = ReapAll();
       if (all_exited) break;
       if (!stopping_ && options_.deadline.Expired()) {
@@ -531,8 +570,7 @@ class Job {
         auto since = std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() -
                                                                            stop_started_);
         if (since.count() > options_.stdin_grace_ms + options_.term_grace_ms + 3000) {
-          WriteAll(options_.terminal_err_fd,
-                   "pstrain launch: some processes did not exit after SIGKILL\n");
+          Notice("pstrain launch: some processes did not exit after SIGKILL\n");
           break;
         }
       }

@@ -22,6 +22,7 @@
 #define PSTRAIN_TRACKER_SUPERVISOR_H_
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/deadline.h"
@@ -69,6 +70,26 @@ struct Task {
   bool may_be_lost = false;
 };
 
+// Told what happens in a job as it happens (the live view of `pstrain launch`
+// and its record in launch.log). Called on RunJob's thread only.
+class JobObserver {
+ public:
+  virtual ~JobObserver() = default;
+  // A process started: "worker-1" (for a task with tags: each of its rank
+  // names and its role, "mpirun", as the task starts). Again after a restart.
+  virtual void OnStart(const std::string& name, const std::string& host, int pid) = 0;
+  // One line of its output (stream 0 stdout, 1 stderr), without the newline.
+  virtual void OnLine(const std::string& name, int stream, std::string_view line) = 0;
+  // It exited (waitpid status); `stopped`: the supervisor had signalled it.
+  virtual void OnExit(const std::string& name, int wait_status, bool stopped) = 0;
+  // A line of the launcher's own ("pstrain launch: ... stopping the job\n")
+  // for the terminal's stderr. Returns true when it showed it; false: the
+  // supervisor writes it to terminal_err_fd.
+  virtual bool OnNotice(const std::string& text) = 0;
+  // At least every 100 ms while the job runs.
+  virtual void OnTick() = 0;
+};
+
 struct SupervisorOptions {
   std::string log_dir;  // created if missing; must be set
   bool echo = true;     // copy prefixed lines to the terminal
@@ -81,6 +102,7 @@ struct SupervisorOptions {
   int stdin_grace_ms = 5000;              // after closing stdin, before SIGTERM
   int term_grace_ms = 5000;               // after SIGTERM, before SIGKILL
   Deadline deadline = Deadline::Never();  // the whole job (then it is stopped)
+  JobObserver* observer = nullptr;        // not owned; may be null
 };
 
 struct JobResult {

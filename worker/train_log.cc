@@ -24,6 +24,13 @@ std::string Printf(const char* fmt, ...) {
 
 }  // namespace
 
+std::string FormatEpochStartLine(int epoch, int64_t epoch_batches, int64_t batch_size,
+                                 int num_epochs) {
+  return Printf("Epoch[%d] Start: %lld batches of %lld samples; --num-epochs %d", epoch,
+                static_cast<long long>(epoch_batches), static_cast<long long>(batch_size),
+                num_epochs);
+}
+
 std::string FormatSpeedLine(int epoch, int64_t batch, double samples_per_sec,
                             const MetricValues& metrics) {
   std::string line = Printf("Epoch[%d] Batch [%lld]\tSpeed: %.2f samples/sec", epoch,

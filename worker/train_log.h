@@ -2,6 +2,7 @@
 // v0.10-1.3 Speedometer), so MXNet's parse_log.py and `pstrain parse-log`
 // read our logs:
 //
+//   Epoch[%d] Start: %lld batches of %d samples; --num-epochs %d   (ours)
 //   Epoch[%d] Batch [%d]\tSpeed: %.2f samples/sec\taccuracy=%f
 //   Epoch[%d] Train-accuracy=%f
 //   Epoch[%d] Time cost=%.3f
@@ -9,9 +10,11 @@
 //   Epoch[%d] Validation-accuracy=%f
 //   Batch [%d]\tSpeed: %.2f samples/sec              (--test-io)
 //
-// Epochs are 0-based. The Format* functions return the message alone; a
-// TrainLog writes each message as one line "INFO:root:<message>" (the prefix of
-// every saved MXNet log) to its sink.
+// The start-of-epoch line is pstrain's own: what the live view of a job
+// (logtools/job_view.h) needs for an epoch's ETA; it matches none of
+// parse_log.py's patterns (Train, Valid, Time after "Epoch[N] "). Epochs are 0-based. The Format*
+// functions return the message alone; a TrainLog writes each message as one line
+// "INFO:root:<message>" (the prefix of every saved MXNet log) to its sink.
 #ifndef PSTRAIN_WORKER_TRAIN_LOG_H_
 #define PSTRAIN_WORKER_TRAIN_LOG_H_
 
@@ -25,6 +28,9 @@ namespace pstrain {
 
 using MetricValues = std::vector<std::pair<std::string, double>>;
 
+// "Epoch[0] Start: 469 batches of 128 samples; --num-epochs 2" (logtools/log_line.h parses it).
+std::string FormatEpochStartLine(int epoch, int64_t epoch_batches, int64_t batch_size,
+                                 int num_epochs);
 std::string FormatSpeedLine(int epoch, int64_t batch, double samples_per_sec,
                             const MetricValues& metrics);
 // One line per metric: "Epoch[%d] Train-<name>=%f".

@@ -250,6 +250,7 @@ const float* Trainer::Output() {
 }
 
 Status Trainer::TrainEpoch(int epoch) {
+  env_.log->Info(FormatEpochStartLine(epoch, epoch_size_, cfg_.batch_size(), cfg_.num_epochs()));
   if (emulator_ != nullptr) return TrainEpochEmulated(epoch);
   const auto epoch_start = SteadyClock::now();
   data_.train->Reset();

@@ -298,6 +298,15 @@ TEST(LaunchArgsTest, WorkerLoss) {
   }
 }
 
+TEST(LaunchArgsTest, LiveView) {
+  EXPECT_FALSE(ParseLaunchArgs({"-n", "2", "prog"})->live.has_value()) << "decided by the terminal";
+  EXPECT_TRUE(*ParseLaunchArgs({"-n", "2", "--live", "prog"})->live);
+  EXPECT_FALSE(*ParseLaunchArgs({"-n", "2", "--no-live", "prog"})->live);
+  auto bad = ParseLaunchArgs({"-n", "2", "--live=yes", "prog"});
+  EXPECT_NE(bad.status().message().find("--live takes no value"), std::string::npos)
+      << bad.status();
+}
+
 // --restart-servers K: servers may be restarted K times; every process learns
 // K and where the snapshots go (the absolute log folder's snapshots/ unless the
 // user chose).

@@ -26,6 +26,20 @@ TEST(TrainLogTest, GoldenLines) {
   EXPECT_EQ(FormatTimeCostLine(2, 12.34567), "Epoch[2] Time cost=12.346");
   EXPECT_EQ(FormatSavedCheckpointLine("m-0001.params"), "Saved checkpoint to \"m-0001.params\"");
   EXPECT_EQ(FormatTestIoLine(19, 5000.0), "Batch [19]\tSpeed: 5000.00 samples/sec");
+  EXPECT_EQ(FormatEpochStartLine(2, 469, 128, 10),
+            "Epoch[2] Start: 469 batches of 128 samples; --num-epochs 10");
+}
+
+// Our start-of-epoch line (what the live view's ETA needs) is no result to
+// MXNet's parse_log.py: none of its patterns, first (2015) or later, match it.
+TEST(TrainLogTest, MxnetParseLogRegexesSkipTheStartOfEpochLine) {
+  const std::string line = "INFO:root:" + FormatEpochStartLine(0, 30, 100, 2);
+  for (const char* pattern :
+       {R"(.*Epoch\[(\d+)\] Train.*=([.\d]+))", R"(.*Epoch\[(\d+)\] Valid.*=([.\d]+))",
+        R"(.*Epoch\[(\d+)\] Time.*=([.\d]+))", R"(Epoch\[(\d+)\] Train-accuracy.*=([.\d]+))",
+        R"(Epoch\[(\d+)\] Validation-accuracy.*=([.\d]+))"}) {
+    EXPECT_FALSE(std::regex_search(line, std::regex(pattern))) << pattern;
+  }
 }
 
 TEST(TrainLogTest, MxnetParseLogRegexesMatchOurLines) {

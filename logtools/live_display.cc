@@ -1,0 +1,90 @@
+#include "logtools/live_display.h"
+
+#include <errno.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+namespace pstrain::logtools {
+namespace {
+
+void WriteAll(int fd, const std::string& s) {
+  const char* p = s.data();
+  size_t left = s.size();
+  while (left > 0) {
+    ssize_t n = write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // a closed terminal must not stop the caller
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+LiveDisplay::LiveDisplay(int fd, std::chrono::milliseconds min_interval)
+    : fd_(fd), min_interval_(min_interval) {}
+
+bool LiveDisplay::IsTerminal(int fd, const Environment& env) {
+  if (isatty(fd) != 1) return false;
+  const std::optional<std::string> term = env.Get("TERM");
+  return term.has_value() && *term != "dumb";
+}
+
+void LiveDisplay::Size(int* columns, int* rows) const {
+  *columns = 80;
+  *rows = 24;
+  winsize ws = {};
+  if (ioctl(fd_, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0 && ws.ws_row > 0) {
+    *columns = ws.ws_col;
+    *rows = ws.ws_row;
+  }
+}
+
+bool LiveDisplay::Draw(const std::vector<std::string>& lines, bool force) {
+  const auto now = std::chrono::steady_clock::now();
+  if (!force && ((above_.empty() && lines == shown_) || now - last_draw_ < min_interval_)) {
+    return false;
+  }
+  std::string out;
+  // Cursor to the block's first line.
+  if (drawn_ > 0) out += StrCat("\x1b[", drawn_, "A");
+  if (!above_.empty()) {
+    // The block goes (clear to the end of the screen), the text takes its
+    // place, and the block is drawn anew below it.
+    out += "\r\x1b[J";
+    for (auto& [fd, text] : above_) {
+      if (fd != fd_) {
+        WriteAll(fd_, out);
+        out.clear();
+        WriteAll(fd, text);
+      } else {
+        out += text;
+      }
+    }
+    above_.clear();
+    drawn_ = 0;
+  }
+  // Each line rewritten and cleared to its end; a shorter block clears what
+  // is left below it.
+  for (const std::string& l : lines) out += StrCat("\r", l, "\x1b[K\n");
+  if (lines.size() < drawn_) out += "\x1b[J";
+  WriteAll(fd_, out);
+  shown_ = lines;
+  drawn_ = lines.size();
+  last_draw_ = now;
+  return true;
+}
+
+void LiveDisplay::PrintAbove(int out_fd, std::string text) {
+  if (text.empty()) return;
+  if (text.back() != '\n') text += '\n';
+  above_.emplace_back(out_fd, std::move(text));
+}
+
+void LiveDisplay::Release() {
+  if (!above_.empty()) Draw(shown_, true);
+  drawn_ = 0;
+  shown_.clear();
+}
+
+}  // namespace pstrain::logtools
