@@ -20,6 +20,8 @@ PACKAGES=(
   mpich                                      # mpi launcher tests under MPICH (mpirun.mpich)
   procps iproute2                            # ps/kill in tests, addresses
   python3 python3-pil                        # tests: the independent RecordIO writer
+  python3-venv                               # ONNX export tests: a venv with ONNX Runtime
+                                             # from pip (scripts/onnx_python_env.sh)
 )
 # Benchmarks compare against PyTorch; install them with PSTRAIN_BENCH_DEPS=1.
 if [[ "${PSTRAIN_BENCH_DEPS:-0}" == "1" ]]; then
