@@ -21,6 +21,8 @@ PACKAGES=(
   procps iproute2                            # ps/kill in tests, addresses
   python3 python3-pil                        # tests: the independent RecordIO writer
   tmux                                       # tests: the live view of a job on a terminal
+  python3-venv                               # ONNX export tests: a venv with ONNX Runtime
+                                             # from pip (scripts/onnx_python_env.sh)
 )
 # Benchmarks compare against PyTorch; install them with PSTRAIN_BENCH_DEPS=1.
 if [[ "${PSTRAIN_BENCH_DEPS:-0}" == "1" ]]; then

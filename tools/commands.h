@@ -30,6 +30,8 @@ int RunKvbench(int argc, char** argv);
 // training (tools/train_cmd.cc, tools/summary_cmd.cc):
 int RunSummary(int argc, char** argv);
 int RunTrain(int argc, char** argv);
+// model export (tools/export_cmd.cc):
+int RunExport(int argc, char** argv);
 
 // data sets (tools/data_cmd.cc):
 int RunData(int argc, char** argv);

@@ -54,6 +54,10 @@ const Command kCommands[] = {
      "fit_flags.cc"},
     {"train", "train a network (MXNet fit.py flags; --config FILE)", RunTrain, "fit_flags.cc"},
 
+    // model export (onnx/):
+    {"export", "write a trained model as an ONNX file (--params, --out)", RunExport,
+     "export_cmd.cc,fit_flags.cc"},
+
     {"version", "print the version and build configuration", RunVersion, ""},
 };
 

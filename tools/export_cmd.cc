@@ -1,0 +1,108 @@
+// `pstrain export`: a trained model as an ONNX file for inference elsewhere
+// (ONNX Runtime, TensorRT, ...). The network comes from the same flags as
+// `train` (--network, --num-layers, --image-shape, --num-classes: fit_flags.cc),
+// the weights from a checkpoint (--params, or --model-prefix with
+// --load-epoch); onnx/onnx_export.h says how each layer maps.
+#include <gflags/gflags.h>
+
+#include <cstdio>
+#include <string>
+
+#include "models/models.h"
+#include "onnx/onnx_export.h"
+#include "tools/commands.h"
+#include "worker/checkpoint.h"
+#include "worker/train_config.h"
+
+DECLARE_string(network);
+DECLARE_int32(num_layers);
+DECLARE_string(image_shape);
+DECLARE_int32(num_classes);
+DECLARE_string(model_prefix);
+DECLARE_int32(load_epoch);
+
+DEFINE_string(params, "",
+              "checkpoint to export, e.g. mnist-0012.params; empty: "
+              "<--model-prefix>-<--load-epoch>.params");
+DEFINE_string(out, "", "the ONNX file to write, e.g. model.onnx (required)");
+
+namespace pstrain {
+namespace {
+
+// "(N,1,28,28)" for the per-sample shape (1,28,28).
+std::string WithBatch(const Shape& per_sample) {
+  std::string out = "(N";
+  for (int64_t d : per_sample.dims()) out += "," + std::to_string(d);
+  return out + ")";
+}
+
+}  // namespace
+
+int RunExport(int argc, char** argv) {
+  if (argc > 1) {
+    std::fprintf(stderr, "pstrain export: unexpected argument '%s'\n", argv[1]);
+    return 2;
+  }
+  if (FLAGS_network.empty() || FLAGS_out.empty()) {
+    std::fprintf(stderr, "pstrain export: --network and --out are required\n");
+    return 2;
+  }
+  std::string params = FLAGS_params;
+  if (params.empty()) {
+    if (FLAGS_model_prefix.empty() || FLAGS_load_epoch < 1) {
+      std::fprintf(stderr,
+                   "pstrain export: give --params FILE, or --model-prefix and --load-epoch\n");
+      return 2;
+    }
+    params = CheckpointParamsPath(FLAGS_model_prefix, FLAGS_load_epoch);
+  }
+  auto shape = ParseIntList(FLAGS_image_shape, "--image-shape");
+  if (!shape.ok() || (!shape->empty() && shape->size() != 3)) {
+    std::fprintf(stderr, "pstrain export: --image-shape='%s' must be C,H,W\n",
+                 FLAGS_image_shape.c_str());
+    return 2;
+  }
+  ModelOptions mo;
+  mo.name = FLAGS_network;
+  mo.num_layers = FLAGS_num_layers;
+  mo.image_shape = Shape(*shape);
+  mo.num_classes = FLAGS_num_classes;
+  auto graph = BuildModel(mo);
+  if (!graph.ok()) {
+    std::fprintf(stderr, "pstrain export: %s\n", graph.status().ToString().c_str());
+    return 2;
+  }
+  auto arrays = LoadArrays(params);
+  if (!arrays.ok()) {
+    std::fprintf(stderr, "pstrain export: %s\n", arrays.status().ToString().c_str());
+    return 1;
+  }
+  OnnxExportOptions opts;
+  opts.graph_name = FLAGS_network;
+  opts.producer_version = PSTRAIN_VERSION;
+  opts.source = params;
+  auto model = ExportOnnx(*graph, *arrays, opts);
+  if (!model.ok()) {
+    std::fprintf(stderr, "pstrain export: %s\n", model.status().ToString().c_str());
+    if (model.status().code() == StatusCode::kInvalidArgument) {
+      std::fprintf(stderr,
+                   "pstrain export: the network flags (--network, --num-layers, --image-shape, "
+                   "--num-classes) must be those the checkpoint was trained with\n");
+    }
+    return 1;
+  }
+  Status s = WriteOnnxFile(*model, FLAGS_out);
+  if (!s.ok()) {
+    std::fprintf(stderr, "pstrain export: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  const Node& data = graph->node(graph->input_nodes()[0]);
+  const Node& out = graph->node(graph->output());
+  std::printf("wrote %s: %s, ONNX opset %d, input %s %s, output %s %s, %d nodes\n",
+              FLAGS_out.c_str(), FLAGS_network.c_str(), kOnnxOpset, data.name.c_str(),
+              WithBatch(data.out_shape).c_str(), out.name.c_str(), WithBatch(out.out_shape).c_str(),
+              model->graph().node_size());
+  return 0;
+}
+
+}  // namespace pstrain
