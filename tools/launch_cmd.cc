@@ -80,6 +80,13 @@ int RunLaunch(int argc, char** argv) {
                  options.job_id.c_str(), allocation->job().id.c_str(), allocation->job().num_nodes,
                  allocation->job().nodelist.c_str());
     env = Environment(allocation->Variables());
+  } else if (options.launcher == tracker::LauncherKind::kSlurm &&
+             (options.nodes > 0 || !options.partition.empty() || !options.time_limit.empty() ||
+              !options.salloc_options.empty())) {
+    std::fprintf(stderr,
+                 "pstrain launch: inside Slurm allocation %s: --nodes, --partition, --time and "
+                 "--salloc-option ask for a new allocation and are ignored\n",
+                 env.Get("SLURM_JOB_ID").value_or(env.Get("SLURM_JOBID").value_or("?")).c_str());
   }
 
   auto plan = tracker::PlanLaunch(options, env);

@@ -453,6 +453,35 @@ TEST_F(SlurmLauncherTest, InterruptLeavesNothingBehind) {
   EXPECT_EQ(cluster_->QueueWhenEmpty(), "");
 }
 
+// --timeout: the job is stopped, the launcher exits 1 saying so, nothing is left.
+TEST_F(SlurmLauncherTest, TimeoutLeavesNothingBehind) {
+  std::vector<std::string> args = ProbeArgs({"--sleep=60"});
+  ASSERT_EQ(args[14], "--timeout");
+  args[15] = "5";
+  LaunchRun run = RunLaunch(args, dir_.path(), 90000, cluster_->LaunchEnv());
+  EXPECT_EQ(run.exit_code(), 1) << run.output;
+  EXPECT_NE(run.output.find("the job ran past its --timeout"), std::string::npos) << run.output;
+  Reports reports = ReadReports(dir_.Sub("reports"));
+  EXPECT_EQ(reports.size(), 5u) << run.output;
+  EXPECT_EQ(Survivors(reports, 10000), std::vector<std::string>{}) << run.output;
+  EXPECT_EQ(cluster_->QueueWhenEmpty(), "");
+}
+
+// A launcher killed outright (SIGKILL) cannot clean up: its srun and salloc
+// children get SIGTERM as it dies (parent-death signal), srun cancels its
+// step, and salloc's command sees its stdin close, so the allocation goes.
+TEST_F(SlurmLauncherTest, KilledLauncherLeavesNoAllocation) {
+  Launch launch(ProbeArgs({"--sleep=60"}), dir_.path(), cluster_->LaunchEnv());
+  ASSERT_TRUE(launch.PumpUntil([&] { return ReadReports(dir_.Sub("reports")).size() == 5; }, 60000))
+      << launch.output();
+  Reports reports = ReadReports(dir_.Sub("reports"));
+  ASSERT_EQ(kill(launch.pid(), SIGKILL), 0);
+  LaunchRun run = launch.Wait(30000);
+  EXPECT_EQ(run.wait_status & 0x7f, SIGKILL);
+  EXPECT_EQ(Survivors(reports, 20000), std::vector<std::string>{}) << run.output;
+  EXPECT_EQ(cluster_->QueueWhenEmpty(30000), "");
+}
+
 // An allocation the cluster cannot give (2 nodes of 1) stays pending: the
 // launcher gives up after --alloc-timeout with salloc's words, and nothing
 // stays queued.
