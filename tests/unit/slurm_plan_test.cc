@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -224,7 +225,12 @@ class SrunGroupTest : public ::testing::Test {
     options_.term_grace_ms = 1000;
     ASSERT_GE(options_.terminal_out_fd, 0);
   }
-  void TearDown() override { close(options_.terminal_out_fd); }
+  void TearDown() override {
+    close(options_.terminal_out_fd);
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+    std::filesystem::remove(dir_ + ".terminal", ec);
+  }
 
   static Task Group(const std::string& script) {
     Task t;
