@@ -68,8 +68,8 @@ int RunLaunch(int argc, char** argv) {
         options.job_id.c_str(),
         tracker::ShellJoinReadable(tracker::SallocCommand(options, options.job_id)).c_str());
     int stop_signal = 0;
-    auto granted = tracker::SlurmAllocation::Request(options, options.job_id, env.All(),
-                                                     g_stop_pipe[0], &stop_signal);
+    auto granted = tracker::SlurmAllocation::Request(
+        options, options.job_id, env.All(), g_stop_pipe[0], &stop_signal, options.quiet ? -1 : 2);
     if (!granted.ok()) {
       std::fprintf(stderr, "pstrain launch: job %s: %s\n", options.job_id.c_str(),
                    granted.status().ToString().c_str());

@@ -215,7 +215,7 @@ bool WaitExited(Subprocess& p, int timeout_ms, std::string* output) {
 
 StatusOr<std::unique_ptr<SlurmAllocation>> SlurmAllocation::Request(
     const LaunchOptions& options, const std::string& job_id,
-    const std::map<std::string, std::string>& env, int stop_fd, int* stop_signal) {
+    const std::map<std::string, std::string>& env, int stop_fd, int* stop_signal, int echo_fd) {
   const std::vector<std::string> request = SallocCommand(options, job_id);
   ProcessSpec spec;
   spec.argv = request;
@@ -228,6 +228,8 @@ StatusOr<std::unique_ptr<SlurmAllocation>> SlurmAllocation::Request(
   const Deadline deadline =
       Deadline::InMillis(int64_t{std::max(1, options.alloc_timeout_s)} * 1000 + kQueryTimeoutMs);
   std::string output, failure;
+  size_t echoed = 0;  // output up to here has been echoed
+  bool stopped = false;
   SlurmJob job;
   while (job.id.empty()) {
     std::vector<pollfd> fds;
@@ -239,11 +241,20 @@ StatusOr<std::unique_ptr<SlurmAllocation>> SlurmAllocation::Request(
     unsigned char sig = 0;
     if (stop_fd >= 0 && fds.back().revents != 0 && read(stop_fd, &sig, 1) == 1) {
       if (stop_signal != nullptr) *stop_signal = sig;
+      stopped = true;
       failure = StrCat("stopped while waiting for the Slurm allocation (",
                        ShellJoinReadable(request), ")");
       break;
     }
     const bool open = ReadSome(*salloc, &output);
+    // salloc's own lines ("job 42 queued and waiting for resources") as they come.
+    for (size_t nl; (nl = output.find('\n', echoed)) != std::string::npos; echoed = nl + 1) {
+      const std::string line = output.substr(echoed, nl + 1 - echoed);
+      if (echo_fd >= 0 && line.rfind(kGrantedMarker, 0) != 0 &&
+          write(echo_fd, line.data(), line.size()) < 0) {
+        echo_fd = -1;  // a closed terminal must not stop the request
+      }
+    }
     const size_t at = output.find(kGrantedMarker);
     if (at != std::string::npos && output.find('\n', at) != std::string::npos) {
       std::istringstream words(output.substr(at + sizeof(kGrantedMarker) - 1));
@@ -276,7 +287,7 @@ StatusOr<std::unique_ptr<SlurmAllocation>> SlurmAllocation::Request(
     if (user != env.end() && !user->second.empty()) cancel.push_back("--user=" + user->second);
     (void)RunSlurmCommand(cancel, env);
     while (!output.empty() && output.back() == '\n') output.pop_back();
-    if (stop_signal != nullptr && *stop_signal != 0) return Status::Cancelled(failure);
+    if (stopped) return Status::Cancelled(failure);
     return Status::Unavailable(failure + output);
   }
   return std::unique_ptr<SlurmAllocation>(new SlurmAllocation(job, env, std::move(salloc)));

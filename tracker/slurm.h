@@ -89,10 +89,12 @@ class SlurmAllocation {
   // be read from `stop_fd`, -1: never; *stop_signal then holds it). Returns
   // the allocation with its nodes; Unavailable with salloc's words when it
   // was refused or not granted in time. Nothing is left queued on failure.
-  // `env` is salloc's environment.
+  // `env` is salloc's environment; salloc's lines go to `echo_fd` as they
+  // come while it waits (-1: nowhere).
   static StatusOr<std::unique_ptr<SlurmAllocation>> Request(
       const LaunchOptions& options, const std::string& job_id,
-      const std::map<std::string, std::string>& env, int stop_fd, int* stop_signal);
+      const std::map<std::string, std::string>& env, int stop_fd, int* stop_signal,
+      int echo_fd = -1);
 
   ~SlurmAllocation();
   SlurmAllocation(const SlurmAllocation&) = delete;
