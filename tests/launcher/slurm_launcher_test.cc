@@ -504,5 +504,25 @@ TEST_F(SlurmLauncherTest, AllocationThatCannotBeHadIsAnError) {
   EXPECT_EQ(cluster_->QueueWhenEmpty(), "");
 }
 
+// Ctrl-C while the request is pending: it is withdrawn, nothing runs.
+TEST_F(SlurmLauncherTest, InterruptWhileWaitingForTheAllocation) {
+  std::vector<std::string> args = LaunchArgs({"--", EnvProbe(), "--out=" + dir_.Sub("reports")});
+  ASSERT_EQ(args[6], "--nodes");
+  args[7] = "2";  // never granted on one node
+  Launch launch(args, dir_.path(), cluster_->LaunchEnv());
+  ASSERT_TRUE(launch.PumpUntil(
+      [&] { return launch.output().find("queued and waiting for resources") != std::string::npos; },
+      30000))
+      << launch.output();
+  ASSERT_EQ(kill(launch.pid(), SIGINT), 0);
+  LaunchRun run = launch.Wait(30000);
+  EXPECT_EQ(run.exit_code(), 128 + SIGINT) << run.output;
+  EXPECT_NE(run.output.find("Cancelled: stopped while waiting for the Slurm allocation"),
+            std::string::npos)
+      << run.output;
+  EXPECT_TRUE(ReadReports(dir_.Sub("reports")).empty());
+  EXPECT_EQ(cluster_->QueueWhenEmpty(), "");
+}
+
 }  // namespace
 }  // namespace pstrain::testing
