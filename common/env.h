@@ -120,7 +120,7 @@ StatusOr<JobEnv> ReadJobEnv(const Environment& env, bool cluster_required = true
 struct LaunchInfo {
   int role_rank = -1;   // PSTRAIN_LAUNCH_RANK: rank among the processes of its role
   int task_id = -1;     // DMLC_TASK_ID: index of the task in the job (-1: unset)
-  std::string cluster;  // DMLC_JOB_CLUSTER: local, ssh or mpi ("" when unset)
+  std::string cluster;  // DMLC_JOB_CLUSTER: local, ssh, mpi or slurm ("" when unset)
   std::string job_id;   // PSTRAIN_JOB_ID: the launcher's job id ("" when unset)
 };
 StatusOr<LaunchInfo> ReadLaunchInfo(const Environment& env);

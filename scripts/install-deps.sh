@@ -18,6 +18,7 @@ PACKAGES=(
   openssh-server openssh-client rsync        # ssh launcher (and its tests)
   openmpi-bin libopenmpi-dev                 # mpi launcher (and its tests; the default mpirun)
   mpich                                      # mpi launcher tests under MPICH (mpirun.mpich)
+  slurm-wlm munge                            # slurm launcher (its tests run a one-node cluster)
   procps iproute2                            # ps/kill in tests, addresses
   python3 python3-pil                        # tests: the independent RecordIO writer
   tmux                                       # tests: the live view of a job on a terminal

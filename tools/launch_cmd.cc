@@ -1,5 +1,6 @@
 // pstrain launch: parses launch.py-style arguments itself (raw_args) and runs
-// the job through tracker/launcher.h. SIGINT, SIGTERM and SIGHUP stop the job.
+// the job through tracker/launcher.h. SIGINT, SIGTERM and SIGHUP stop the job
+// (and a wait for a Slurm allocation).
 // The job's starts and exits go to <log dir>/launch.log; on a terminal (or
 // with --live) the live view (logtools/job_view.h) replaces the processes'
 // prefixed output.
@@ -12,6 +13,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,8 @@
 #include "logtools/live_display.h"
 #include "tools/commands.h"
 #include "tracker/launcher.h"
+#include "tracker/shell.h"
+#include "tracker/slurm.h"
 
 namespace pstrain {
 namespace {
@@ -168,23 +172,6 @@ int RunLaunch(int argc, char** argv) {
     std::fputs(tracker::LaunchUsage().c_str(), stdout);
     return 0;
   }
-  auto plan = tracker::PlanLaunch(options, Environment());
-  if (!plan.ok()) {
-    std::fprintf(stderr, "pstrain launch: %s\n", plan.status().ToString().c_str());
-    return 1;
-  }
-  std::string job_id = plan->job_id, log_dir = plan->log_dir;
-  const std::string restarts =
-      options.restart_servers > 0
-          ? StrCat(", each server restarted up to ", options.restart_servers, " times")
-          : std::string();
-  std::fprintf(stderr,
-               "pstrain launch: job %s: 1 scheduler at %s:%d, %d servers, %d workers (%s%s); "
-               "logs in %s\n",
-               job_id.c_str(), plan->root_uri.c_str(), plan->root_port, options.num_servers,
-               options.num_workers, tracker::LauncherName(plan->launcher), restarts.c_str(),
-               log_dir.c_str());
-
   if (pipe2(g_stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
     std::perror("pstrain launch: pipe");
     return 1;
@@ -195,6 +182,63 @@ int RunLaunch(int argc, char** argv) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  // --launcher slurm outside an allocation: ask for one first; it is
+  // released when this function returns.
+  Environment env;
+  std::unique_ptr<tracker::SlurmAllocation> allocation;
+  if (options.launcher == tracker::LauncherKind::kSlurm &&
+      tracker::SlurmJobFromEnvironment(env).status().code() == StatusCode::kNotFound) {
+    if (options.job_id.empty()) options.job_id = tracker::NewJobId();
+    std::fprintf(
+        stderr, "pstrain launch: job %s: asking Slurm for an allocation: %s\n",
+        options.job_id.c_str(),
+        tracker::ShellJoinReadable(tracker::SallocCommand(options, options.job_id)).c_str());
+    int stop_signal = 0;
+    auto granted = tracker::SlurmAllocation::Request(
+        options, options.job_id, env.All(), g_stop_pipe[0], &stop_signal, options.quiet ? -1 : 2);
+    if (!granted.ok()) {
+      std::fprintf(stderr, "pstrain launch: job %s: %s\n", options.job_id.c_str(),
+                   granted.status().ToString().c_str());
+      return stop_signal != 0 ? 128 + stop_signal : 1;
+    }
+    allocation = std::move(granted).value();
+    std::fprintf(stderr, "pstrain launch: job %s: Slurm allocation %s: %d node(s) %s\n",
+                 options.job_id.c_str(), allocation->job().id.c_str(), allocation->job().num_nodes,
+                 allocation->job().nodelist.c_str());
+    env = Environment(allocation->Variables());
+  } else if (options.launcher == tracker::LauncherKind::kSlurm &&
+             (options.nodes > 0 || !options.partition.empty() || !options.time_limit.empty() ||
+              !options.salloc_options.empty())) {
+    std::fprintf(stderr,
+                 "pstrain launch: inside Slurm allocation %s: --nodes, --partition, --time and "
+                 "--salloc-option ask for a new allocation and are ignored\n",
+                 env.Get("SLURM_JOB_ID").value_or(env.Get("SLURM_JOBID").value_or("?")).c_str());
+  }
+
+  auto plan = tracker::PlanLaunch(options, env);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "pstrain launch: %s\n", plan.status().ToString().c_str());
+    return 1;
+  }
+  std::string job_id = plan->job_id, log_dir = plan->log_dir;
+  // A task for a group (mpirun, a srun step) stands for one process per rank.
+  size_t processes = 0;
+  for (const tracker::Task& t : plan->tasks) {
+    processes += t.rank_names.empty() ? 1 : t.rank_names.size();
+  }
+  std::string restarts = options.restart_servers > 0 ? StrCat(", each server restarted up to ",
+                                                              options.restart_servers, " times")
+                                                     : std::string();
+  if (plan->launcher == tracker::LauncherKind::kSlurm) {
+    restarts += StrCat(", Slurm job ", plan->slurm_job_id);
+  }
+  std::fprintf(stderr,
+               "pstrain launch: job %s: 1 scheduler at %s:%d, %d servers, %d workers (%s%s); "
+               "logs in %s\n",
+               job_id.c_str(), plan->root_uri.c_str(), plan->root_port, options.num_servers,
+               options.num_workers, tracker::LauncherName(plan->launcher), restarts.c_str(),
+               log_dir.c_str());
+
   const bool live =
       options.live.value_or(!options.quiet && logtools::LiveDisplay::IsTerminal(1, Environment()));
   LaunchObserver observer(log_dir, live);
@@ -204,6 +248,13 @@ int RunLaunch(int argc, char** argv) {
   sup.observer = &observer;
   sup.echo = !live;
   auto result = tracker::ExecutePlan(std::move(plan).value(), options, sup);
+  if (allocation != nullptr) {
+    const std::string slurm_job = allocation->job().id;
+    if (Status s = allocation->Release(); !s.ok()) {
+      std::fprintf(stderr, "pstrain launch: job %s: %s; cancel it by hand: scancel %s\n",
+                   job_id.c_str(), s.ToString().c_str(), slurm_job.c_str());
+    }
+  }
   if (!result.ok()) {
     observer.End(false, result.status().ToString());
     std::fprintf(stderr, "pstrain launch: job %s: %s\n", job_id.c_str(),
@@ -216,12 +267,12 @@ int RunLaunch(int argc, char** argv) {
     const std::string after =
         restarted > 0 ? StrCat(" (after ", restarted, restarted == 1 ? " restart)" : " restarts)")
                       : std::string();
-    std::string summary = StrCat("all ", result->pids.size(), " processes exited 0", after);
+    std::string summary = StrCat("all ", processes, " processes exited 0", after);
     if (!result->lost.empty()) {
       std::string lost;
       for (const std::string& name : result->lost) lost += (lost.empty() ? "" : ", ") + name;
-      summary = StrCat("the ", result->pids.size() - result->lost.size(),
-                       " processes left exited 0", after, "; it went on without ", lost);
+      summary = StrCat("the ", processes - result->lost.size(), " processes left exited 0", after,
+                       "; it went on without ", lost);
     }
     observer.End(true, summary);
     std::fprintf(stderr, "pstrain launch: job %s finished: %s\n", job_id.c_str(), summary.c_str());

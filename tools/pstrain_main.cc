@@ -22,7 +22,8 @@ namespace {
 // Each area adds its rows under its own comment (see docs/architecture.md).
 const Command kCommands[] = {
     // launchers and logs (tracker/):
-    {"launch", "start a job: scheduler, servers, workers (local, ssh, mpi)", RunLaunch, "", true},
+    {"launch", "start a job: scheduler, servers, workers (local, ssh, mpi, slurm)", RunLaunch, "",
+     true},
     {"parse-log", "accuracy-per-epoch tables (and SVG plots) from training logs", RunParseLog,
      "parse_log_cmd.cc"},
     {"top", "live view of a job from its logs: one status line per process", RunTop, "top_cmd.cc"},

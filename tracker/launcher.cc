@@ -18,6 +18,7 @@
 #include "net/job_keys.h"
 #include "tracker/process.h"
 #include "tracker/shell.h"
+#include "tracker/slurm.h"
 
 namespace pstrain::tracker {
 namespace {
@@ -94,12 +95,22 @@ StatusOr<MpiFlavour> DetectMpi(const std::string& mpirun,
       StrCat("'", mpirun, " --version' names neither Open MPI nor MPICH: ", out.substr(0, 200)));
 }
 
-// --restart-servers: a count, and not under mpirun, which starts and ends
-// every rank itself and cannot start one of them again.
+// --restart-servers: a count, and not under mpirun or srun, which start and
+// end every rank themselves and cannot start one of them again.
 Status CheckRestarts(const LaunchOptions& o) {
   if (o.restart_servers < 0) {
     return Status::InvalidArgument(
         StrCat("--restart-servers ", o.restart_servers, " must be >= 0"));
+  }
+  if (o.continue_without_lost_workers && o.launcher == LauncherKind::kSlurm) {
+    return Status::InvalidArgument(
+        "--worker-loss continue works only with the local and ssh launchers: srun ends the "
+        "whole step when one task fails (--kill-on-bad-exit)");
+  }
+  if (o.restart_servers > 0 && o.launcher == LauncherKind::kSlurm) {
+    return Status::InvalidArgument(
+        "--restart-servers works only with the local and ssh launchers: srun owns the tasks "
+        "of its step and cannot restart one of them");
   }
   if (o.continue_without_lost_workers && o.launcher == LauncherKind::kMpi) {
     return Status::InvalidArgument(
@@ -124,12 +135,16 @@ const char* LauncherName(LauncherKind kind) {
       return "ssh";
     case LauncherKind::kMpi:
       return "mpi";
+    case LauncherKind::kSlurm:
+      return "slurm";
   }
   return "?";
 }
 
+std::string NewJobId() { return DefaultJobId(); }
+
 std::string LaunchUsage() {
-  return R"(usage: pstrain launch -n W [-s S] [--launcher local|ssh|mpi] [-H HOSTFILE]
+  return R"(usage: pstrain launch -n W [-s S] [--launcher local|ssh|mpi|slurm] [-H HOSTFILE]
                       [--sync-dst-dir DIR] [--log-dir DIR] [--env K[=V] ...] [options]
                       [--] COMMAND [ARGS...]
 
@@ -144,7 +159,7 @@ host.
 
   -n, --num-workers W     number of workers (required)
   -s, --num-servers S     number of servers (default: W)
-  --launcher KIND         local, ssh or mpi (default: ssh with -H, else local)
+  --launcher KIND         local, ssh, mpi or slurm (default: ssh with -H, else local)
   -H, --hostfile FILE     hosts, one per line, optional :port (ssh, mpi)
   --sync-dst-dir DIR      ssh: rsync the working directory to DIR on every host
                           first and run there (default: the same path as here)
@@ -158,6 +173,15 @@ host.
   --no-host-key-check     ssh: StrictHostKeyChecking=no (checking is on by default)
   --mpi-option ARG        extra mpirun argument, e.g. --oversubscribe (repeatable)
   --mpirun PATH           mpirun to use (default: mpirun; Open MPI or MPICH)
+  --srun-option ARG       slurm: extra srun argument for the server and the worker
+                          step, e.g. --cpus-per-task=8 (repeatable)
+  --nodes N               slurm, outside an allocation: nodes to ask for
+                          (default: max(S, W), one server and one worker per node)
+  --partition P           slurm, outside an allocation: salloc --partition
+  --time T                slurm, outside an allocation: salloc --time (job time limit)
+  --salloc-option ARG     slurm, outside an allocation: extra salloc argument
+                          (repeatable)
+  --alloc-timeout SECONDS slurm: how long to wait for the allocation (default 600)
   --key-file FILE         the job's keys (pstrain keygen); default: new keys per job
                           in <log-dir>/job.key, or the launcher's PSTRAIN_KEY_FILE
   --no-keys               no authentication or encryption (anyone who reaches the
@@ -187,6 +211,7 @@ host.
 
 StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args) {
   LaunchOptions o;
+  std::string slurm_only;  // the last Slurm option given
   size_t i = 0;
   for (; i < args.size(); ++i) {
     std::string a = args[i];
@@ -241,9 +266,11 @@ StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args) {
         o.launcher = LauncherKind::kSsh;
       } else if (v == "mpi" || v == "mpirun") {
         o.launcher = LauncherKind::kMpi;
+      } else if (v == "slurm") {
+        o.launcher = LauncherKind::kSlurm;
       } else {
         return Status::InvalidArgument(
-            StrCat("--launcher '", v, "' is not one of local, ssh, mpi"));
+            StrCat("--launcher '", v, "' is not one of local, ssh, mpi, slurm"));
       }
     } else if (name == "--sync-dst-dir" || name == "--sync-dir") {
       RETURN_IF_ERROR(take(&o.sync_dst_dir));
@@ -281,6 +308,28 @@ StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args) {
       o.mpi_options.push_back(v);
     } else if (name == "--mpirun") {
       RETURN_IF_ERROR(take(&o.mpirun));
+    } else if (name == "--srun-option") {
+      RETURN_IF_ERROR(take(&v));
+      o.srun_options.push_back(v);
+      slurm_only = name;
+    } else if (name == "--salloc-option") {
+      RETURN_IF_ERROR(take(&v));
+      o.salloc_options.push_back(v);
+      slurm_only = name;
+    } else if (name == "--partition") {
+      RETURN_IF_ERROR(take(&o.partition));
+      slurm_only = name;
+    } else if (name == "--time") {
+      RETURN_IF_ERROR(take(&o.time_limit));
+      slurm_only = name;
+    } else if (name == "--nodes") {
+      RETURN_IF_ERROR(take(&v));
+      ASSIGN_OR_RETURN(o.nodes, ParseCount(name, v, 1));
+      slurm_only = name;
+    } else if (name == "--alloc-timeout") {
+      RETURN_IF_ERROR(take(&v));
+      ASSIGN_OR_RETURN(o.alloc_timeout_s, ParseCount(name, v, 1));
+      slurm_only = name;
     } else if (name == "--timeout") {
       RETURN_IF_ERROR(take(&v));
       ASSIGN_OR_RETURN(o.timeout_s, ParseCount(name, v, 0));
@@ -321,6 +370,14 @@ StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args) {
   }
   if (!o.sync_dst_dir.empty() && *o.launcher != LauncherKind::kSsh) {
     return Status::InvalidArgument("--sync-dst-dir works only with --launcher ssh");
+  }
+  if (!slurm_only.empty() && *o.launcher != LauncherKind::kSlurm) {
+    return Status::InvalidArgument(StrCat(slurm_only, " works only with --launcher slurm"));
+  }
+  if (*o.launcher == LauncherKind::kSlurm && !o.hostfile.empty()) {
+    return Status::InvalidArgument(
+        "--launcher slurm takes no host file: Slurm places the processes on the allocation's "
+        "nodes (choose them with --nodes or --salloc-option=--nodelist=...)");
   }
   RETURN_IF_ERROR(CheckRestarts(o));
   return o;
@@ -462,6 +519,15 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
     // mpirun reads the file itself; read it here for the scheduler address only.
     ASSIGN_OR_RETURN(std::vector<Host> hosts, ReadHostFile(o.hostfile));
     for (const Host& h : hosts) plan.hosts.push_back(h);
+  }
+  SlurmJob slurm_job;
+  if (plan.launcher == LauncherKind::kSlurm) {
+    ASSIGN_OR_RETURN(slurm_job, SlurmJobFromEnvironment(env));
+    plan.slurm_job_id = slurm_job.id;
+    // The scheduler runs here: an address the allocated nodes reach.
+    if (o.host_ip.empty()) {
+      ASSIGN_OR_RETURN(plan.hosts, SlurmNodeAddresses(slurm_job.nodelist, env.All()));
+    }
   }
   if (!o.host_ip.empty()) {
     plan.root_uri = o.host_ip;
@@ -670,6 +736,28 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
     return plan;
   }
 
+  if (plan.launcher == LauncherKind::kSlurm) {
+    // Two srun steps in the allocation, servers then workers (tracker/slurm.h);
+    // srun hands its environment to the tasks, and the wrapper adds each
+    // task's rank.
+    for (const std::string role : {"server", "worker"}) {
+      const bool server = role == "server";
+      const int count = server ? o.num_servers : o.num_workers;
+      const std::string step = SlurmStepName(plan.job_id, role);
+      Task t;
+      t.role = "srun-" + role + "s";
+      t.rank = 0;
+      t.host = "Slurm job " + slurm_job.id;
+      t.spec.argv = SrunCommand(o, slurm_job, step, count, server ? 0 : o.num_servers, o.command);
+      t.spec.env = merged(local_env, job_vars(role));
+      t.tags = OutputTags::kSlurm;
+      for (int r = 0; r < count; ++r) t.rank_names.push_back(StrCat(role, "-", r));
+      plan.slurm_steps.push_back(step);
+      plan.tasks.push_back(std::move(t));
+    }
+    return plan;
+  }
+
   // mpi: one mpirun for all servers and workers; a constant /bin/sh wrapper
   // turns the MPI rank into the role (rank r < S is server r, else worker
   // r - S). Two concurrent mpiruns, as dmlc-core's mpi tracker starts, race
@@ -751,7 +839,27 @@ StatusOr<JobResult> ExecutePlan(LaunchPlan plan, const LaunchOptions& options,
   if (sup.log_dir.empty()) sup.log_dir = plan.log_dir;
   if (options.timeout_s > 0) sup.deadline = Deadline::In(std::chrono::seconds(options.timeout_s));
   sup.echo = sup.echo && !options.quiet;
-  return RunJob(std::move(plan.tasks), sup);
+  // The launcher's environment (the scheduler's, here): Slurm's clients need it.
+  const std::map<std::string, std::string> env =
+      plan.tasks.empty() ? std::map<std::string, std::string>() : plan.tasks.front().spec.env;
+  auto result = RunJob(std::move(plan.tasks), sup);
+  if (plan.launcher == LauncherKind::kSlurm) {
+    // A srun that had to be killed leaves its step running for a while.
+    auto cancelled = CancelSlurmSteps(plan.slurm_job_id, plan.slurm_steps, env);
+    std::string said;
+    if (!cancelled.ok()) {
+      said = StrCat("pstrain launch: cannot check for steps left in Slurm job ", plan.slurm_job_id,
+                    ": ", cancelled.status().message(), "\n");
+    } else if (!cancelled->empty()) {
+      std::string ids;
+      for (const std::string& id : *cancelled) ids += (ids.empty() ? "" : " ") + id;
+      said = StrCat("pstrain launch: cancelled the Slurm steps left behind: ", ids, "\n");
+    }
+    if (!said.empty() && write(sup.terminal_err_fd, said.data(), said.size()) < 0) {
+      // Nothing more to do when the terminal is gone.
+    }
+  }
+  return result;
 }
 
 }  // namespace pstrain::tracker

@@ -1,6 +1,7 @@
 // pstrain launch: starts a parameter-server job (1 scheduler, S servers,
 // W workers) with MXNet's tracker semantics (../shared/reference/mxnet_facts.md
-// section 2) on this host, over ssh from a host file, or under mpirun.
+// section 2) on this host, over ssh from a host file, under mpirun, or as
+// Slurm job steps (srun; tracker/slurm.h).
 //
 // Every process gets MXNet's environment: DMLC_ROLE, DMLC_PS_ROOT_URI,
 // DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER, DMLC_NUM_WORKER, DMLC_NODE_HOST (local
@@ -30,7 +31,7 @@
 
 namespace pstrain::tracker {
 
-enum class LauncherKind { kLocal, kSsh, kMpi };
+enum class LauncherKind { kLocal, kSsh, kMpi, kSlurm };
 const char* LauncherName(LauncherKind kind);
 
 struct LaunchOptions {
@@ -48,12 +49,21 @@ struct LaunchOptions {
   bool no_host_key_check = false;        // ssh -o StrictHostKeyChecking=no
   std::vector<std::string> mpi_options;  // extra mpirun arguments
   std::string mpirun = "mpirun";
+  // Slurm (--launcher slurm). Inside an allocation (SLURM_JOB_ID set) the
+  // servers and workers run as two srun steps of it; outside one, `pstrain
+  // launch` first asks for one with salloc (tracker/slurm.h).
+  std::vector<std::string> srun_options;    // extra arguments for each srun step
+  std::vector<std::string> salloc_options;  // extra arguments for the salloc request
+  std::string partition;                    // salloc --partition
+  std::string time_limit;                   // salloc --time
+  int nodes = 0;                            // salloc --nodes; 0: max(S, W)
+  int alloc_timeout_s = 600;                // how long to wait for the allocation
   std::string ssh = "ssh";
   std::string rsync = "rsync";
   int timeout_s = 0;  // stop the job after this long; 0: no limit
   // --restart-servers K: a server process that exits non-zero or is killed is
   // started again with the same rank, up to K times per server (>= 0; local
-  // and ssh only: mpirun owns its processes).
+  // and ssh only: mpirun and srun own their processes).
   int restart_servers = 0;
   // --worker-loss continue: a dead worker does not end the job (the others
   // go on, rescaled; PSTRAIN_WORKER_LOSS). Local and ssh launchers.
@@ -97,14 +107,26 @@ struct LaunchPlan {
   bool write_key = false;
   JobKeys keys;
   std::string key_text;
+  // slurm: the allocation's job id and the names of the srun steps the job
+  // starts (ExecutePlan cancels any of them still there at the end).
+  std::string slurm_job_id;
+  std::vector<std::string> slurm_steps;
 };
 
 // Builds the plan: reads the host file, picks the scheduler address and a free
 // port, detects the MPI flavour, quotes the remote commands. `env` is the
 // launcher's environment (copied to local processes, forwarded in part).
+// slurm: `env` must name the allocation (SLURM_JOB_ID; SlurmAllocation
+// gives these variables for one the launcher asked for); without --host-ip,
+// the scheduler address comes from the allocated nodes' addresses (sinfo).
 StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& options, const Environment& env);
 
-// Runs the rsync commands, then the job. See RunJob for the result.
+// A new job id: the UTC time and the launcher's pid, "20260101-120000-4242".
+std::string NewJobId();
+
+// Runs the rsync commands, then the job. See RunJob for the result. slurm:
+// afterwards cancels the job's steps that are still known to Slurm (a srun
+// that was killed leaves its step behind for a while).
 StatusOr<JobResult> ExecutePlan(LaunchPlan plan, const LaunchOptions& options,
                                 const SupervisorOptions& supervisor);
 

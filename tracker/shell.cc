@@ -24,4 +24,17 @@ std::string ShellJoin(const std::vector<std::string>& words) {
   return out;
 }
 
+std::string ShellJoinReadable(const std::vector<std::string>& words) {
+  std::string out;
+  for (const std::string& w : words) {
+    if (!out.empty()) out += ' ';
+    const bool plain = !w.empty() && w.find_first_not_of(
+                                         "abcdefghijklmnopqrstuvwxyz"
+                                         "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                         "0123456789-_=+,./:@%") == std::string::npos;
+    out += plain ? w : ShellQuote(w);
+  }
+  return out;
+}
+
 }  // namespace pstrain::tracker

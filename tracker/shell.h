@@ -13,6 +13,9 @@ namespace pstrain::tracker {
 std::string ShellQuote(std::string_view s);
 // The words quoted and joined by single spaces.
 std::string ShellJoin(const std::vector<std::string>& words);
+// The same for people to read: only the words a shell would split or expand
+// are quoted ("salloc --nodes=2 'a b'").
+std::string ShellJoinReadable(const std::vector<std::string>& words);
 
 }  // namespace pstrain::tracker
 

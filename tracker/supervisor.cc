@@ -86,8 +86,9 @@ struct Running {
   std::unique_ptr<Subprocess> proc;
   std::string pending[2];  // partial last line of stdout, stderr
   bool signalled = false;
-  int failed_rank = -1;  // groups: the rank mpirun reported as the first to fail
-  int restarts = 0;      // how many times the task's process was started again
+  int failed_rank = -1;      // groups: the rank mpirun reported as the first to fail
+  std::string last_error{};  // srun groups: srun's last "srun: error:" line
+  int restarts = 0;          // how many times the task's process was started again
 };
 
 // Open MPI's abort notice names the failed process "Process name: [[job,1],RANK]".
@@ -204,6 +205,7 @@ class Job {
       } else {
         name = r.task.role;
         if (int failed = FailedRankFromNotice(whole); failed >= 0) r.failed_rank = failed;
+        if (r.task.tags == OutputTags::kSlurm) SrunNotice(r, whole, stream, b);
       }
     }
     NoteCause(name, text);
@@ -221,6 +223,38 @@ class Job {
     if (options_.echo) {
       b.terminal.append("[").append(name).append("] ").append(text);
     }
+  }
+
+  // srun's own line `line` of group `r` (it goes on to the group's log): a
+  // task notice fails the job at once, naming the task's process, whose log
+  // gets the line too; other errors are kept for the reason should srun
+  // itself fail.
+  void SrunNotice(Running& r, const std::string& line, int stream, Batch& b) {
+    int task = -1;
+    std::string node, what;
+    if (!ParseSrunTaskNotice(line, &task, &node, &what)) {
+      if (line.rfind("srun: error: ", 0) == 0) {
+        r.last_error = line;
+        while (!r.last_error.empty() &&
+               (r.last_error.back() == '\n' || r.last_error.back() == '\r')) {
+          r.last_error.pop_back();
+        }
+      }
+      return;
+    }
+    if (stopping_) return;
+    const std::string name = RankName(r.task, task);
+    FlushBatch(b, stream);  // what came before it stays before it in the logs
+    logs_.Write(name, line);
+    const std::string prefix = "Exited with exit code ";
+    const std::string how = what.rfind(prefix, 0) == 0
+                                ? StrCat("exited with code ", what.substr(prefix.size()))
+                                : StrCat("ended: ", what);
+    r.failed_rank = task;
+    Fail(StrCat(name, " (Slurm task ", task, " on ", node, ") under ", r.task.role, " (",
+                r.task.host, ") ", how),
+         1);
+    reason_from_exit_ = true;
   }
 
   void Consume(Running& r, int stream, const char* data, size_t n) {
@@ -517,12 +551,15 @@ class Job {
       }
       if (!r.proc->succeeded() && !stopping_) {
         std::string who = StrCat(Name(r.task, r.task.rank), " on ", r.task.host);
+        std::string said;
         if (r.task.tags != OutputTags::kNone) {
           who = StrCat(r.task.role, " (", r.task.host, ")");
           if (r.failed_rank >= 0) {
-            who = StrCat(RankName(r.task, r.failed_rank), " (MPI rank ", r.failed_rank, ") under ",
-                         who);
+            who = StrCat(RankName(r.task, r.failed_rank),
+                         r.task.tags == OutputTags::kSlurm ? " (Slurm task " : " (MPI rank ",
+                         r.failed_rank, ") under ", who);
           }
+          if (!r.last_error.empty()) said = ": " + r.last_error;
         }
         std::string restarted;
         if (r.restarts > 0) {
@@ -534,7 +571,8 @@ class Job {
             options_.deadline.Expired()) {
           restarted += "; not restarted: the job ran past its --timeout";
         }
-        Fail(StrCat(who, " (pid ", r.proc->pid(), ") ", r.proc->ExitDescription(), restarted), 1);
+        Fail(StrCat(who, " (pid ", r.proc->pid(), ") ", r.proc->ExitDescription(), restarted, said),
+             1);
         reason_from_exit_ = true;
       }
     }
@@ -609,6 +647,19 @@ class Job {
 }  // namespace
 
 bool SplitRankTag(OutputTags tags, const std::string& line, int* rank, std::string* text) {
+  if (tags == OutputTags::kSlurm) {
+    // srun --label: the task number right-aligned to the widest one, ": ".
+    size_t digits = line.find_first_not_of(' ');
+    if (digits == std::string::npos) return false;
+    size_t colon = line.find_first_not_of("0123456789", digits);
+    if (colon == digits || colon == std::string::npos || colon - digits > 9 ||
+        line.compare(colon, 2, ": ") != 0) {
+      return false;
+    }
+    *rank = std::stoi(line.substr(digits, colon - digits));
+    *text = line.substr(colon + 2);
+    return true;
+  }
   if (tags == OutputTags::kNone || line.empty() || line[0] != '[') return false;
   size_t close = line.find(']');
   if (close == std::string::npos) return false;
@@ -630,6 +681,30 @@ bool SplitRankTag(OutputTags tags, const std::string& line, int* rank, std::stri
   }
   *rank = std::stoi(inside);
   *text = line.substr(rest);
+  return true;
+}
+
+bool ParseSrunTaskNotice(const std::string& line, int* task, std::string* node, std::string* what) {
+  // srun: error: NODE: task 1: Exited with exit code 3
+  // srun: error: NODE: tasks 0,2-3: Killed
+  static const std::string kPrefix = "srun: error: ";
+  if (line.rfind(kPrefix, 0) != 0) return false;
+  const size_t node_end = line.find(": task", kPrefix.size());
+  if (node_end == std::string::npos) return false;
+  size_t list = node_end + 6;
+  if (list < line.size() && line[list] == 's') ++list;
+  if (list >= line.size() || line[list] != ' ') return false;
+  ++list;
+  const size_t digits_end = line.find_first_not_of("0123456789", list);
+  if (digits_end == list || digits_end == std::string::npos || digits_end - list > 9) return false;
+  const size_t what_at = line.find(": ", digits_end);
+  if (what_at == std::string::npos) return false;
+  // Between the first number and ": " only more of the list: digits, ',' and '-'.
+  if (line.find_first_not_of("0123456789,-", digits_end) != what_at) return false;
+  *task = std::stoi(line.substr(list, digits_end - list));
+  *node = line.substr(kPrefix.size(), node_end - kPrefix.size());
+  *what = line.substr(what_at + 2);
+  while (!what->empty() && (what->back() == '\n' || what->back() == '\r')) what->pop_back();
   return true;
 }
 

@@ -5,7 +5,8 @@
 // (stdout lines to stdout, stderr lines to stderr) prefixed "[<role>-<rank>] ",
 // and unprefixed to <log_dir>/<role>-<rank>.log. A task that stands for a
 // group of processes (one mpirun) has its lines split by the MPI rank tag that
-// mpirun adds (Open MPI --tag-output, MPICH -prepend-rank).
+// mpirun adds (Open MPI --tag-output, MPICH -prepend-rank) or srun adds
+// (--label).
 //
 // Policy: the job succeeds when every process exits with code 0 (for a task
 // that was restarted: its last process). The first process that exits
@@ -15,7 +16,10 @@
 // left (Task::max_restarts) does not fail the job: its process is started
 // again, a line on the launcher's stderr and in its log saying so. Nothing is
 // restarted once the job is stopping (a failure, a stop request, the deadline),
-// and no process the supervisor signalled is restarted.
+// and no process the supervisor signalled is restarted. A group task's
+// process is named by its rank tag where the group says which one failed
+// (mpirun's notice, the MPICH wrapper's marker, srun's task notice); the
+// marker and srun's notice fail the job as soon as they are read.
 //
 // Thread safety: RunJob runs on the calling thread; nothing is shared.
 #ifndef PSTRAIN_TRACKER_SUPERVISOR_H_
@@ -36,6 +40,7 @@ enum class OutputTags {
   kNone,     // one process: every line is <role>-<rank>
   kOpenMpi,  // "[<jobid>,<rank>]<stdout>:" prefix (mpirun --tag-output)
   kMpich,    // "[<rank>] " prefix (mpirun -prepend-rank)
+  kSlurm,    // "<rank>: " prefix, right-aligned with spaces (srun --label)
 };
 
 struct Task {
@@ -124,13 +129,19 @@ struct JobResult {
 // be executed); the processes already started are stopped first.
 StatusOr<JobResult> RunJob(std::vector<Task> tasks, const SupervisorOptions& options);
 
-// "[1,3]<stdout>:text" -> rank 3, text "text" (Open MPI); "[3] text" -> 3 (MPICH).
-// Returns false when `line` carries no tag of that kind.
+// "[1,3]<stdout>:text" -> rank 3, text "text" (Open MPI); "[3] text" -> 3 (MPICH);
+// " 3: text" -> 3 (srun --label). Returns false when `line` carries no tag of that kind.
 bool SplitRankTag(OutputTags tags, const std::string& line, int* rank, std::string* text);
 
 // What the mpi launcher's rank wrapper writes on stderr, followed by the exit
 // code, when its command fails (MPICH does not stop the job by itself).
 inline constexpr char kMpiRankFailedMarker[] = "pstrain launch: MPI rank exited with code ";
+
+// srun's notice about failed tasks, "srun: error: NODE: task 1: Exited with
+// exit code 3" or "srun: error: NODE: tasks 0,2-3: Killed": true, with the
+// first task listed, the node and what happened ("Exited with exit code 3").
+// A task group under srun fails the job on the first such notice.
+bool ParseSrunTaskNotice(const std::string& line, int* task, std::string* node, std::string* what);
 
 }  // namespace pstrain::tracker
 
