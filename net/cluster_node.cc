@@ -437,9 +437,8 @@ void ClusterNode::Fail(const Status& error, int blame) {
 void ClusterNode::Failed(const Status& error, bool tell_scheduler, int blame) {
   {
     MutexLock l(&mu_);
-    if (!health_.ok() || shutdown_) return;
-    health_ = error;
-    cv_.SignalAll();
+    if (failing_ || !health_.ok() || shutdown_) return;
+    failing_ = true;  // the first failure is the one reported
   }
   std::string cause;  // the launcher's name of the node to blame (common/job_cause.h)
   if (blame == kSchedulerId) {
@@ -458,6 +457,14 @@ void ClusterNode::Failed(const Status& error, bool tell_scheduler, int blame) {
     abort.header.set_error_message(error.message());
     if (blame != kBlameSelf) abort.header.set_blame(blame);
     (void)Send(kSchedulerId, abort);  // best effort: the scheduler may be the one that is gone
+  }
+  // Only now do waiters see the failure: a process that ends as soon as they
+  // do (a server's Run returns) has handed the report to its socket already,
+  // whose linger delivers it.
+  {
+    MutexLock l(&mu_);
+    health_ = error;
+    cv_.SignalAll();
   }
   for (const auto& l : failure_listeners_) l(error);
 }

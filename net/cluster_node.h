@@ -219,6 +219,7 @@ class ClusterNode {
   bool shutdown_ GUARDED_BY(mu_) = false;
   bool stopping_ GUARDED_BY(mu_) = false;
   Status health_ GUARDED_BY(mu_);
+  bool failing_ GUARDED_BY(mu_) = false;  // Failed() is reporting; health_ set once it did
   std::map<int, uint64_t> barrier_sent_ GUARDED_BY(mu_);
   std::map<int, uint64_t> barrier_done_ GUARDED_BY(mu_);
   SteadyClock::time_point last_scheduler_contact_ GUARDED_BY(mu_);

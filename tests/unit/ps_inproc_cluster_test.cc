@@ -638,7 +638,11 @@ TEST(InProcClusterTest, ARoundThatCannotCloseEndsTheJobNamingTheMissingWorker) {
         RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));
         RETURN_IF_ERROR(kv.Wait(kv.Init({3}, {10}, ones.data()), Soon()));
         RETURN_IF_ERROR(kv.Barrier(Soon()));
-        if (kv.rank() == 0) return kv.Wait(kv.PushPull({3}, {10}, ones.data(), got.data()), Soon());
+        // Rank 0's push waits past the round's deadline (not its own 5 s).
+        if (kv.rank() == 0) {
+          return kv.Wait(kv.PushPull({3}, {10}, ones.data(), got.data()),
+                         Deadline::InMillis(30000));
+        }
         // Rank 1 stays alive and silent until the job ends.
         for (int i = 0; i < 1500 && kv.node()->health().ok(); ++i) {
           std::this_thread::sleep_for(std::chrono::milliseconds(10));
