@@ -8,16 +8,13 @@
 #include <cstdio>
 #include <string>
 
-#include "models/models.h"
 #include "onnx/onnx_export.h"
 #include "tools/commands.h"
+#include "tools/fit_flags.h"
 #include "worker/checkpoint.h"
 #include "worker/train_config.h"
 
 DECLARE_string(network);
-DECLARE_int32(num_layers);
-DECLARE_string(image_shape);
-DECLARE_int32(num_classes);
 DECLARE_string(model_prefix);
 DECLARE_int32(load_epoch);
 
@@ -56,18 +53,7 @@ int RunExport(int argc, char** argv) {
     }
     params = CheckpointParamsPath(FLAGS_model_prefix, FLAGS_load_epoch);
   }
-  auto shape = ParseIntList(FLAGS_image_shape, "--image-shape");
-  if (!shape.ok() || (!shape->empty() && shape->size() != 3)) {
-    std::fprintf(stderr, "pstrain export: --image-shape='%s' must be C,H,W\n",
-                 FLAGS_image_shape.c_str());
-    return 2;
-  }
-  ModelOptions mo;
-  mo.name = FLAGS_network;
-  mo.num_layers = FLAGS_num_layers;
-  mo.image_shape = Shape(*shape);
-  mo.num_classes = FLAGS_num_classes;
-  auto graph = BuildModel(mo);
+  auto graph = ModelFromFlags();
   if (!graph.ok()) {
     std::fprintf(stderr, "pstrain export: %s\n", graph.status().ToString().c_str());
     return 2;

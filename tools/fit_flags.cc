@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "models/models.h"
 #include "worker/train_config.h"
 
 // Names and defaults equal the TrainConfig fields (fit_flags_test checks it).
@@ -84,6 +85,20 @@ StatusOr<TrainConfig> TrainConfigFromFlags() {
   RETURN_IF_ERROR(ApplyConfigOverrides(given, &cfg));
   RETURN_IF_ERROR(ValidateTrainConfig(cfg));
   return cfg;
+}
+
+StatusOr<Graph> ModelFromFlags() {
+  if (FLAGS_network.empty()) return Status::InvalidArgument("--network is required");
+  auto dims = ParseIntList(FLAGS_image_shape, "--image-shape");
+  if (!dims.ok() || (!dims->empty() && dims->size() != 3)) {
+    return Status::InvalidArgument(StrCat("--image-shape='", FLAGS_image_shape, "' must be C,H,W"));
+  }
+  ModelOptions mo;
+  mo.name = FLAGS_network;
+  mo.num_layers = FLAGS_num_layers;
+  mo.image_shape = Shape(*dims);
+  mo.num_classes = FLAGS_num_classes;
+  return BuildModel(mo);
 }
 
 }  // namespace pstrain

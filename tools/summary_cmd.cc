@@ -6,15 +6,11 @@
 #include <cstdio>
 #include <string>
 
-#include "models/models.h"
 #include "nn/device_group.h"
 #include "tools/commands.h"
+#include "tools/fit_flags.h"
 #include "worker/train_config.h"
 
-DECLARE_string(network);
-DECLARE_int32(num_layers);
-DECLARE_string(image_shape);
-DECLARE_int32(num_classes);
 DECLARE_int32(batch_size);
 DECLARE_string(gpus);
 DECLARE_string(gpu_weights);
@@ -64,22 +60,7 @@ int PrintStepMemory(const Graph& graph, const TrainingDevices& devices) {
 }  // namespace
 
 int RunSummary(int argc, char** argv) {
-  if (FLAGS_network.empty()) {
-    std::fprintf(stderr, "pstrain summary: --network is required\n");
-    return 2;
-  }
-  auto dims = ParseIntList(FLAGS_image_shape, "--image-shape");
-  if (!dims.ok() || (!dims->empty() && dims->size() != 3)) {
-    std::fprintf(stderr, "pstrain summary: --image-shape='%s' must be C,H,W\n",
-                 FLAGS_image_shape.c_str());
-    return 2;
-  }
-  ModelOptions mo;
-  mo.name = FLAGS_network;
-  mo.num_layers = FLAGS_num_layers;
-  mo.image_shape = Shape(*dims);
-  mo.num_classes = FLAGS_num_classes;
-  auto graph = BuildModel(mo);
+  auto graph = ModelFromFlags();
   if (!graph.ok()) {
     std::fprintf(stderr, "pstrain summary: %s\n", graph.status().ToString().c_str());
     return 2;
