@@ -4,22 +4,9 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
+#include "common/fd_io.h"
+
 namespace pstrain::logtools {
-namespace {
-
-void WriteAll(int fd, const std::string& s) {
-  const char* p = s.data();
-  size_t left = s.size();
-  while (left > 0) {
-    ssize_t n = write(fd, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // a closed terminal must not stop the caller
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-}
-
-}  // namespace
 
 LiveDisplay::LiveDisplay(int fd, std::chrono::milliseconds min_interval)
     : fd_(fd), min_interval_(min_interval) {}

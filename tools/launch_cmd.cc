@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/env.h"
+#include "common/fd_io.h"
 #include "logtools/job_view.h"
 #include "logtools/live_display.h"
 #include "tools/commands.h"
@@ -27,18 +28,6 @@
 
 namespace pstrain {
 namespace {
-
-void WriteAll(int fd, const std::string& s) {
-  const char* p = s.data();
-  size_t left = s.size();
-  while (left > 0) {
-    ssize_t n = write(fd, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-}
 
 // Feeds the job's model from the supervisor, records its events in
 // launch.log and, when live, keeps the view at the bottom of the terminal

@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include "common/deadline.h"
+#include "common/fd_io.h"
 
 namespace pstrain::tracker {
 namespace {
@@ -20,18 +21,6 @@ void CloseFd(int* fd) {
   if (*fd >= 0) {
     close(*fd);
     *fd = -1;
-  }
-}
-
-// Writes all of `len` bytes, retrying on EINTR; used only in the forked child.
-void WriteAll(int fd, const void* data, size_t len) {
-  const char* p = static_cast<const char*>(data);
-  while (len > 0) {
-    ssize_t n = write(fd, p, len);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    p += n;
-    len -= static_cast<size_t>(n);
   }
 }
 

@@ -16,6 +16,7 @@
 #include <memory>
 #include <string_view>
 
+#include "common/fd_io.h"
 #include "common/job_cause.h"
 
 namespace pstrain::tracker {
@@ -23,18 +24,6 @@ namespace {
 
 constexpr size_t kMaxLine = 64 * 1024;  // a longer "line" is cut and forwarded in pieces
 constexpr int kDrainMs = 1000;          // output still arriving after every process exited
-
-void WriteAll(int fd, const std::string& s) {
-  const char* p = s.data();
-  size_t left = s.size();
-  while (left > 0) {
-    ssize_t n = write(fd, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // a closed terminal must not stop the job
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-}
 
 std::string SignalName(int sig) {
   const char* abbrev = sigabbrev_np(sig);
