@@ -37,6 +37,7 @@ own copy, so changing ``p.grad`` in place (clipping) does not change what is
 sent: clip on the servers (``clip_gradient``) instead.
 """
 import copy
+import time
 
 import torch
 
@@ -129,6 +130,9 @@ class DistributedOptimizer:
         self._optimizer = optimizer
         self._handles = [None] * len(named)
         self._fired = [False] * len(named)
+        # Seconds spent waiting for exchanges that were not done when needed:
+        # the communication training did not hide.
+        self.wait_seconds = 0.0
 
         # Every worker starts from rank 0's weights.
         if self._server_side:
@@ -177,7 +181,12 @@ class DistributedOptimizer:
         h = self._handles[i]
         if h is not None:
             self._handles[i] = None
+            if h.done():
+                h.wait()
+                return
+            start = time.perf_counter()
             h.wait()
+            self.wait_seconds += time.perf_counter() - start
 
     # ---- optimizer interface ----
     def synchronize(self):
