@@ -96,8 +96,7 @@ void WaitCompletion(Completion* c, int64_t timeout_ms) {
       return;
     }
     if (end.Expired()) {
-      ThrowIfError(Status::DeadlineExceeded(
-          StrCat("request not done within ", timeout_ms, " ms (PSTRAIN_REQUEST_TIMEOUT_MS)")));
+      ThrowIfError(Status::DeadlineExceeded(StrCat("request not done within ", timeout_ms, " ms")));
     }
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
   }

@@ -110,7 +110,12 @@ class Handle:
             c.done() for c in self._completions)
 
     def wait(self, timeout=None):
-        """Blocks until done; ``timeout`` in seconds (None: the store's request deadline)."""
+        """Blocks until done; raises pstrain.Error if the request failed.
+
+        ``timeout`` in seconds: past it pstrain.Error (DeadlineExceeded) is
+        raised and the request stays in flight (wait again). None: the
+        store's request deadline, past which the request counts as failed.
+        """
         self._settle(timeout)
         if self._error is not None:
             raise self._error
@@ -123,6 +128,8 @@ class Handle:
             for c in self._completions:
                 c.wait(ms)
         except Error as e:
+            if timeout is not None and not all(c.done() for c in self._completions):
+                raise  # the caller's own timeout: still in flight, wait again later
             # The request may still be held by the transport: its buffers stay
             # alive until the store is closed.
             self._error = e

@@ -16,6 +16,7 @@ mismatch. NumPy only.
 """
 import argparse
 import sys
+import time
 
 import numpy as np
 
@@ -78,6 +79,23 @@ def sync_checks(kv, rounds):
     kv.pull(9, out=devs).wait()
     for d in devs:
         check(d, 1 + rate * (W * (W + 1) / 2 + W), "per-device lists")
+
+    # Non-blocking calls: worker 0's pull waits for worker 1's push (late by 1 s);
+    # a wait with a timeout raises past it and leaves the request in flight.
+    kv.init(10, np.zeros(SHAPES[0], np.float32))
+    if r == 1:
+        time.sleep(1.0)
+    push = kv.push(10, np.ones(SHAPES[0], np.float32))
+    late = np.zeros(SHAPES[0], np.float32)
+    pull = kv.pull(10, out=late)
+    if r == 0 and W > 1:
+        e = expect_raises(pstrain.Error, lambda: pull.wait(timeout=0.2),
+                          "a pull waiting for another worker's push, 0.2 s timeout")
+        assert "DeadlineExceeded" in str(e), e
+        assert not pull.done()
+    push.wait()
+    pull.wait()
+    check(late, rate * W, "the pull waited for again")
 
     # Errors raised in Python before anything is sent.
     expect_raises(KeyError, lambda: kv.push(1234, np.ones(4, np.float32)), "push of a key never "
