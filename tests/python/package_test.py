@@ -67,6 +67,20 @@ def test_local_store():
     before = out.copy()
     kv.pushpull("w", np.zeros((2, 3), np.float32), out=out).wait()
     assert not np.array_equal(out, before)
+    # The schedules count updates as MXNet's FactorScheduler and MultiFactorScheduler.
+    for sched, want in [(pstrain.lr_scheduler.FactorScheduler(step=2, factor=0.5),
+                         [1, 1, 0.5, 0.5, 0.25, 0.25]),
+                        (pstrain.lr_scheduler.MultiFactorScheduler(step=[1, 3], factor=0.1),
+                         [1, 0.1, 0.1, 0.01, 0.01, 0.01])]:
+        s = pstrain.KVStore("local")
+        s.init(0, np.zeros(1, np.float32))
+        s.set_optimizer(pstrain.optimizer.SGD(learning_rate=1.0, lr_scheduler=sched))
+        w, rates = np.zeros(1, np.float32), []
+        for _ in range(6):
+            before = float(w[0])
+            s.pushpull(0, np.ones(1, np.float32), out=w).wait()
+            rates.append(before - float(w[0]))
+        assert np.allclose(rates, want, rtol=1e-6), (type(sched).__name__, rates)
     try:
         kv.push("never", np.ones(3, np.float32))
         raise AssertionError("a push of a key never initialized did not raise")
