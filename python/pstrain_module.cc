@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -59,11 +60,19 @@ class Completion {
     if (done_) return;
     status_ = s;
     done_ = true;
+    done_at_ = SteadyClock::now();
     cv_.SignalAll();
   }
   bool done() const {
     MutexLock l(&mu_);
     return done_;
+  }
+  // When it was done, in seconds on the steady clock (Linux: CLOCK_MONOTONIC,
+  // Python's time.monotonic() and time.perf_counter()); NaN until done.
+  double done_at() const {
+    MutexLock l(&mu_);
+    if (!done_) return std::numeric_limits<double>::quiet_NaN();
+    return std::chrono::duration<double>(done_at_.time_since_epoch()).count();
   }
   // The request's status once done; DeadlineExceeded if `deadline` passes first.
   Status Wait(Deadline deadline) {
@@ -78,6 +87,7 @@ class Completion {
   mutable Mutex mu_;
   CondVar cv_{&mu_};
   bool done_ GUARDED_BY(mu_) = false;
+  SteadyClock::time_point done_at_ GUARDED_BY(mu_);
   Status status_ GUARDED_BY(mu_);
 };
 
@@ -440,6 +450,7 @@ PYBIND11_MODULE(_pstrain, m) {
 
   py::class_<Completion, std::shared_ptr<Completion>>(m, "Completion")
       .def("done", &Completion::done)
+      .def("done_at", &Completion::done_at)
       .def(
           "wait", [](Completion& c, int64_t timeout_ms) { WaitCompletion(&c, timeout_ms); },
           py::arg("timeout_ms"));

@@ -24,6 +24,7 @@ exit: it tells the scheduler the worker finished, or, when the script died of
 an exception, that it failed (the job then stops at once).
 """
 import atexit
+import math
 import os
 import sys
 import threading
@@ -108,6 +109,11 @@ class Handle:
         """Whether the servers answered (or the request failed); never blocks."""
         return self._finished or self._error is not None or all(
             c.done() for c in self._completions)
+
+    def done_at(self):
+        """When the servers' last answer came (time.perf_counter()'s clock); NaN until done."""
+        times = [c.done_at() for c in self._completions]
+        return max(times) if times and not any(math.isnan(t) for t in times) else float("nan")
 
     def wait(self, timeout=None):
         """Blocks until done; raises pstrain.Error if the request failed.
@@ -472,6 +478,10 @@ class _Group(Handle):
 
     def done(self):
         return all(h.done() for h in self._handles)
+
+    def done_at(self):
+        times = [h.done_at() for h in self._handles]
+        return max(times) if times and not any(math.isnan(t) for t in times) else float("nan")
 
     def _settle(self, timeout=None):
         for h in self._handles:

@@ -133,6 +133,9 @@ class DistributedOptimizer:
         # Seconds spent waiting for exchanges that were not done when needed:
         # the communication training did not hide.
         self.wait_seconds = 0.0
+        self._issued = [0.0] * len(named)
+        self._intervals = []  # (issued, answered) of each exchange waited for
+        self._busy, self._busy_end = 0.0, float("-inf")  # the union of those folded
 
         # Every worker starts from rank 0's weights.
         if self._server_side:
@@ -174,19 +177,43 @@ class DistributedOptimizer:
         if self._handles[i] is not None:  # a second backward in one step: keep the order
             self._wait(i)
         self._fired[i] = True
+        self._issued[i] = time.perf_counter()
         self._handles[i] = self._kv.pushpull(self._names[i], grad, out=self._outs[i],
                                              priority=-i)
 
     def _wait(self, i):
         h = self._handles[i]
-        if h is not None:
-            self._handles[i] = None
-            if h.done():
-                h.wait()
-                return
+        if h is None:
+            return
+        self._handles[i] = None
+        if h.done():
+            h.wait()
+        else:
             start = time.perf_counter()
             h.wait()
             self.wait_seconds += time.perf_counter() - start
+        self._intervals.append((self._issued[i], h.done_at()))
+        if len(self._intervals) >= 4096:
+            self._fold()
+
+    def _fold(self):
+        # The union of the intervals, swept in start order past a watermark (an
+        # interval waited for after a fold counts from the watermark on).
+        total, end = self._busy, self._busy_end
+        for a, b in sorted(self._intervals):
+            if b > end:
+                total += b - max(a, end)
+                end = b
+        self._busy, self._busy_end, self._intervals = total, end, []
+
+    @property
+    def comm_seconds(self):
+        """Seconds during which at least one exchange was in flight (issued and
+        not yet answered), over the exchanges waited for so far. With
+        ``wait_seconds``, the share of communication hidden behind computation
+        is 1 - wait_seconds / comm_seconds."""
+        self._fold()
+        return self._busy
 
     # ---- optimizer interface ----
     def synchronize(self):

@@ -111,6 +111,27 @@ TEST_F(PythonClusterTest, OneWorkerTrainsAsPyTorchAlone) {
   EXPECT_NE(log.find("exactness: ok"), std::string::npos) << log;
 }
 
+// Two workers built from different seeds and fed different data end every
+// step with the same weights, bit for bit: broadcast_parameters, a local
+// torch optimizer over summed gradients, the servers' SGD.
+TEST_F(PythonClusterTest, TwoWorkersStayOneModel) {
+  NeedTorch();
+  ScratchDir logs;
+  auto run = Launch(2, 1, logs.path(), {PythonScript("torch_two_workers.py")}, 180000);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  for (int w = 0; w < 2; ++w) {
+    const std::string log = ReadWholeFile(logs.path() + "/worker-" + std::to_string(w) + ".log");
+    EXPECT_NE(log.find("two_workers: broadcast_parameters ok"), std::string::npos) << log;
+    EXPECT_NE(log.find("two_workers: local torch SGD over summed gradients keeps the workers "
+                       "equal"),
+              std::string::npos)
+        << log;
+    EXPECT_NE(log.find("two_workers: server-side SGD keeps the workers equal"), std::string::npos)
+        << log;
+    EXPECT_NE(log.find("two_workers: ok"), std::string::npos) << log;
+  }
+}
+
 // examples/torch_mnist.py, 2 workers and 1 server, the MLP on a slice of
 // MNIST: both workers learn, and their logs read as MXNet's through parse-log.
 void TrainMnist(const std::string& kv_store, const std::string& lr, double min_accuracy) {
@@ -146,6 +167,8 @@ TEST_F(PythonClusterTest, TwoWorkersLearnMnistDistSync) {
   TrainMnist("dist_sync", "0.1", 0.9);
 }
 
+// Asynchrony adds implicit momentum (train_cluster_test.cc): the smaller rate
+// MXNet's async runs used.
 TEST_F(PythonClusterTest, TwoWorkersLearnMnistDistAsync) {
   NeedTorch();
   TrainMnist("dist_async", "0.05", 0.88);
