@@ -6,9 +6,10 @@ synchronous unless it contains ``_async`` (``dist_sync``, ``dist_async``,
 process and applies the optimizer here (the same C++ optimizer the servers run).
 
 Values are float32. A NumPy array that is float32 and C-contiguous, or a CPU
-PyTorch tensor that is float32 and contiguous, is sent from (and pulled into)
-its own memory without a copy; anything else is converted into a temporary
-(a pull copies it back into ``out`` when its handle is waited for).
+PyTorch tensor that is float32 and contiguous, is handed to the C++ client as
+it is: it sends from (and pulls into) that memory, with no copy here; anything
+else is converted into a temporary (a pull copies it back into ``out`` when
+its handle is waited for).
 
 Requests do not block: ``push``, ``pull`` and ``pushpull`` return a
 :class:`Handle`; ``wait()`` blocks until the servers answered and raises

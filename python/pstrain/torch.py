@@ -30,9 +30,10 @@ averages the workers' gradients. With a summed loss pass the per-worker batch.
 Every worker starts from worker rank 0's weights (the constructor broadcasts
 them). One backward per step. A parameter's new value is written into it once
 autograd has produced its whole gradient, when every backward step that reads
-it has run (tied weights included); a forward that reads a parameter outside
-autograd (``p.detach()``, ``p.data``) would see it change under it. The
-gradient pushed is the one autograd produced (no copy); ``p.grad`` gets its
+it has run (tied weights included), unless the forward also read it outside
+autograd (``p.detach()``, ``p.data``): a backward step may then read the new
+value. The
+gradient pushed is the tensor autograd produced (not copied); ``p.grad`` gets its
 own copy, so changing ``p.grad`` in place (clipping) does not change what is
 sent: clip on the servers (``clip_gradient``) instead.
 """
