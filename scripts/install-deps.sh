@@ -24,10 +24,14 @@ PACKAGES=(
   tmux                                       # tests: the live view of a job on a terminal
   python3-venv                               # ONNX export tests: a venv with ONNX Runtime
                                              # from pip (scripts/onnx_python_env.sh)
+  python3-dev pybind11-dev                   # the Python package (python/)
+  python3-numpy python3-setuptools python3-pip  # its tests, `pip install .`
+  python3-torch                              # its PyTorch tests (pstrain.torch)
 )
-# Benchmarks compare against PyTorch; install them with PSTRAIN_BENCH_DEPS=1.
+# Benchmarks compare against PyTorch (which the tests install); the rest of
+# what they use comes with PSTRAIN_BENCH_DEPS=1.
 if [[ "${PSTRAIN_BENCH_DEPS:-0}" == "1" ]]; then
-  PACKAGES+=(python3-torch python3-torchvision iperf3)
+  PACKAGES+=(python3-torchvision iperf3)
 fi
 
 missing=()

@@ -1,0 +1,156 @@
+#!/usr/bin/python3
+"""Trains a PyTorch LeNet (or MLP) on MNIST across pstrain's parameter servers.
+
+    build/pstrain launch -n 2 -s 1 --launcher local -- \\
+        python3 examples/torch_mnist.py --data-dir ../shared/data/mnist
+    build/pstrain parse-log logs/<job-id>
+
+Every process runs this script: `import pstrain` turns the scheduler and the
+servers into their roles; the workers train. Each worker reads part `rank` of
+`num_workers` of the training set (equal batches per worker, so dist_sync
+never waits at an epoch's end), and prints MXNet's log lines, which
+`pstrain parse-log` (and MXNet's parse_log.py) read. Without DMLC_ROLE (plain
+`python3 examples/torch_mnist.py`) it trains alone with PyTorch's SGD, for
+comparison; the lines marked "pstrain" are all that differ.
+"""
+import os
+
+DISTRIBUTED = "DMLC_ROLE" in os.environ
+if DISTRIBUTED:
+    import pstrain  # pstrain: the scheduler and the servers stop here
+
+import argparse  # noqa: E402  (the servers need none of what follows)
+import gzip  # noqa: E402
+import logging  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+if DISTRIBUTED:
+    import pstrain.torch  # noqa: E402  pstrain
+
+
+def read_idx(path):
+    """An MNIST idx file (.gz or raw) as a uint8 array."""
+    if not os.path.exists(path) and os.path.exists(path + ".gz"):
+        path += ".gz"
+    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+        data = f.read()
+    magic = int.from_bytes(data[0:4], "big")
+    count = int.from_bytes(data[4:8], "big")
+    if magic == 2051:
+        rows, cols = int.from_bytes(data[8:12], "big"), int.from_bytes(data[12:16], "big")
+        need = 16 + count * rows * cols
+        shape, offset = (count, 1, rows, cols), 16
+    elif magic == 2049:
+        need, shape, offset = 8 + count, (count,), 8
+    else:
+        raise ValueError("%s: magic %d is not an MNIST idx file" % (path, magic))
+    if len(data) < need:
+        raise ValueError("%s: %d bytes, the header promises %d" % (path, len(data), need))
+    return np.frombuffer(data, np.uint8, need - offset, offset).reshape(shape)
+
+
+def load(data_dir, prefix):
+    x = read_idx(os.path.join(data_dir, prefix + "-images-idx3-ubyte"))
+    y = read_idx(os.path.join(data_dir, prefix + "-labels-idx1-ubyte"))
+    return torch.from_numpy(x.astype(np.float32) / 256), torch.from_numpy(y.astype(np.int64))
+
+
+class LeNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 20, 5)
+        self.conv2 = nn.Conv2d(20, 50, 5)
+        self.fc1 = nn.Linear(800, 500)
+        self.fc2 = nn.Linear(500, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(torch.tanh(self.conv1(x)), 2)
+        x = F.max_pool2d(torch.tanh(self.conv2(x)), 2)
+        return self.fc2(torch.tanh(self.fc1(x.flatten(1))))
+
+
+def mlp():
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 64),
+                         nn.ReLU(), nn.Linear(64, 10))
+
+
+def accuracy(model, x, y, batch=1000):
+    model.eval()
+    with torch.no_grad():
+        right = sum(int((model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum())
+                    for i in range(0, len(x), batch))
+    model.train()
+    return right / len(x)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data-dir", default=os.path.join(os.path.dirname(__file__), "..", "..",
+                                                       "shared", "data", "mnist"))
+    ap.add_argument("--network", choices=["lenet", "mlp"], default="lenet")
+    ap.add_argument("--kv-store", default="dist_sync", help="dist_sync or dist_async")
+    ap.add_argument("--num-epochs", type=int, default=2)
+    ap.add_argument("--num-examples", type=int, default=60000, help="training examples used")
+    ap.add_argument("--batch-size", type=int, default=64, help="per worker")
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--mom", type=float, default=0.9)
+    ap.add_argument("--wd", type=float, default=1e-4)
+    ap.add_argument("--disp-batches", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:%(name)s:%(message)s")
+    torch.manual_seed(args.seed)
+
+    rank, workers = 0, 1
+    if DISTRIBUTED:
+        kv = pstrain.KVStore(args.kv_store)  # pstrain
+        rank, workers = kv.rank, kv.num_workers  # pstrain
+    x, y = load(args.data_dir, "train")
+    vx, vy = load(args.data_dir, "t10k")
+    n = min(args.num_examples, len(x)) // workers
+    x, y = x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]  # this worker's part
+    model = LeNet() if args.network == "lenet" else mlp()
+    if DISTRIBUTED:
+        # pstrain: SGD on the servers; the gradient of each layer leaves as soon as
+        # backward produced it, its new weights are waited for before its next forward.
+        opt = pstrain.torch.DistributedOptimizer(
+            pstrain.optimizer.SGD(learning_rate=args.lr, momentum=args.mom, wd=args.wd), model)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.mom,
+                              weight_decay=args.wd)
+    batches = n // args.batch_size
+    logging.info("rank %d of %d: %s, %d batches of %d per epoch, %s", rank, workers,
+                 args.network, batches, args.batch_size, args.kv_store if DISTRIBUTED else "local")
+    for epoch in range(args.num_epochs):
+        start = tick = time.time()
+        right = seen = 0
+        perm = torch.randperm(n)
+        for b in range(batches):
+            idx = perm[b * args.batch_size:(b + 1) * args.batch_size]
+            out = model(x[idx])
+            loss = F.cross_entropy(out, y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            right += int((out.argmax(1) == y[idx]).sum())
+            seen += len(idx)
+            if (b + 1) % args.disp_batches == 0:
+                now = time.time()
+                logging.info("Epoch[%d] Batch [%d]\tSpeed: %.2f samples/sec\taccuracy=%f", epoch,
+                             b + 1, args.disp_batches * args.batch_size / (now - tick),
+                             right / seen)
+                tick = now
+        if DISTRIBUTED:
+            opt.synchronize()  # pstrain: the last exchanges land before the weights are read
+        logging.info("Epoch[%d] Train-accuracy=%f", epoch, right / max(1, seen))
+        logging.info("Epoch[%d] Time cost=%.3f", epoch, time.time() - start)
+        logging.info("Epoch[%d] Validation-accuracy=%f", epoch, accuracy(model, vx, vy))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,512 @@
+"""KVStore: MXNet's kvstore API over pstrain's parameter servers.
+
+Types (MXNet 1.x's rule): a name containing ``dist`` is a distributed store,
+synchronous unless it contains ``_async`` (``dist_sync``, ``dist_async``,
+``dist_device_sync``, ...); ``local`` (or ``device``) keeps every value in this
+process and applies the optimizer here (the same C++ optimizer the servers run).
+
+Values are float32. A NumPy array that is float32 and C-contiguous, or a CPU
+PyTorch tensor that is float32 and contiguous, is handed to the C++ client as
+it is: it sends from (and pulls into) that memory, with no copy here; anything
+else is converted into a temporary (a pull copies it back into ``out`` when
+its handle is waited for).
+
+Requests do not block: ``push``, ``pull`` and ``pushpull`` return a
+:class:`Handle`; ``wait()`` blocks until the servers answered and raises
+``pstrain.Error`` if they could not (a dead server, a deadline). Until then the
+arrays given must not be changed (a push's) or read (a pull's); the store
+keeps them alive. ``init``, ``broadcast``, ``set_optimizer`` and ``barrier``
+block. Every wait has a deadline (``PSTRAIN_REQUEST_TIMEOUT_MS``,
+``PSTRAIN_BARRIER_TIMEOUT_MS``); a dead node fails every request within the
+heartbeat timeout.
+
+A worker's store ends the worker's part in the job when it is closed, or at
+exit: it tells the scheduler the worker finished, or, when the script died of
+an exception, that it failed (the job then stops at once).
+"""
+import atexit
+import math
+import os
+import sys
+import threading
+
+import numpy as np
+
+from . import _pstrain
+from ._pstrain import Error
+from .optimizer import Optimizer
+
+__all__ = ["KVStore", "Handle"]
+
+# Open dist stores: kept alive until closed (dropping one would leave the job
+# waiting for a worker that no longer answers) and closed at exit.
+_OPEN = []
+_OPEN_LOCK = threading.Lock()
+
+
+def _torch_tensor_type():
+    torch = sys.modules.get("torch")
+    return None if torch is None else torch.Tensor
+
+
+def _is_tensor(x):
+    t = _torch_tensor_type()
+    return t is not None and isinstance(x, t)
+
+
+def _source(x, what):
+    """A float32 C-contiguous NumPy view of x's values (a copy if x's memory does not allow)."""
+    if _is_tensor(x):
+        import torch
+        t = x.detach()
+        if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
+            t = t.to(device="cpu", dtype=torch.float32).contiguous()
+        return t.numpy()  # shares t's memory and keeps t alive
+    if isinstance(x, np.ndarray):
+        return np.ascontiguousarray(x, dtype=np.float32)  # x itself when it already fits
+    try:
+        return np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    except (TypeError, ValueError) as e:
+        raise TypeError("%s: expected a NumPy array or a PyTorch tensor, got %s (%s)"
+                        % (what, type(x).__name__, e))
+
+
+def _dest(x, what):
+    """(array to receive into, function copying it into x or None) for destination x."""
+    if _is_tensor(x):
+        import torch
+        t = x.detach()
+        if t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous():
+            return t.numpy(), None
+        tmp = np.empty(tuple(t.shape), dtype=np.float32)
+        return tmp, lambda: t.copy_(torch.from_numpy(tmp))
+    if isinstance(x, np.ndarray):
+        if not x.flags.writeable:
+            raise ValueError("%s: the array is read-only" % what)
+        if x.dtype == np.float32 and x.flags.c_contiguous:
+            return x, None
+        tmp = np.empty(x.shape, dtype=np.float32)
+        return tmp, lambda: np.copyto(x, tmp, casting="unsafe")
+    raise TypeError("%s: expected a NumPy array or a PyTorch tensor, got %s"
+                    % (what, type(x).__name__))
+
+
+def _as_list(v):
+    return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+class Handle:
+    """A request in flight. ``wait()`` returns once it is done, or raises pstrain.Error."""
+
+    def __init__(self, store, completions, keep, after):
+        self._store = store
+        self._completions = completions
+        self._keep = keep  # the arrays the servers read or write until done
+        self._after = after  # copies into the caller's arrays, run once done
+        self._finished = False
+        self._error = None
+
+    def done(self):
+        """Whether the servers answered (or the request failed); never blocks."""
+        return self._finished or self._error is not None or all(
+            c.done() for c in self._completions)
+
+    def done_at(self):
+        """When the servers' last answer came (time.perf_counter()'s clock); NaN until done."""
+        times = [c.done_at() for c in self._completions]
+        return max(times) if times and not any(math.isnan(t) for t in times) else float("nan")
+
+    def wait(self, timeout=None):
+        """Blocks until done; raises pstrain.Error if the request failed.
+
+        ``timeout`` in seconds: past it pstrain.Error (DeadlineExceeded) is
+        raised and the request stays in flight (wait again). None: the
+        store's request deadline, past which the request counts as failed.
+        """
+        self._settle(timeout)
+        if self._error is not None:
+            raise self._error
+
+    def _settle(self, timeout=None):
+        if self._finished or self._error is not None:
+            return
+        ms = self._store._timeout_ms if timeout is None else max(0, int(timeout * 1000))
+        try:
+            for c in self._completions:
+                c.wait(ms)
+        except Error as e:
+            if timeout is not None and not all(c.done() for c in self._completions):
+                raise  # the caller's own timeout: still in flight, wait again later
+            # The request may still be held by the transport: its buffers stay
+            # alive until the store is closed.
+            self._error = e
+            self._store._abandon(self)
+            return
+        for f in self._after:
+            f()
+        self._finished = True
+        self._keep = None
+        self._after = None
+        self._store._forget(self)
+
+
+class KVStore:
+    """MXNet's KVStore: ``init``, ``push``, ``pull``, ``pushpull``, ``broadcast``,
+    ``set_optimizer``, ``barrier``, ``rank``, ``num_workers``.
+
+    Keys are ints, or strings (mapped to ints in the order they are first
+    initialized, as MXNet does; every worker must initialize them in the same
+    order); one store uses one kind. A call takes one key and one value, or a
+    list of keys and a list of values; a value may itself be a list of arrays
+    (one per device, as in MXNet): a push sends their sum, a pull fills each.
+    """
+
+    def __init__(self, kvtype="dist_sync"):
+        kvtype = str(kvtype).lower()
+        self.type = kvtype
+        self._lock = threading.Lock()
+        self._pending = {}  # id -> Handle not yet settled
+        self._abandoned = []  # failed handles: their buffers live until close
+        self._str_keys = {}
+        self._key_kind = None
+        self._sizes = {}
+        self._closed = False
+        self._client = None
+        if "dist" in kvtype:
+            from . import run_role
+            run_role()  # scheduler and servers never get past this line
+            self._sync = "_async" not in kvtype
+            with _OPEN_LOCK:
+                if any(not s._closed for s in _OPEN):
+                    raise Error("FailedPrecondition: this process already has an open dist "
+                                "KVStore (one worker per process): close it first")
+                self._client = _pstrain.Client()
+                _OPEN.append(self)
+            self._timeout_ms = self._client.request_timeout_ms + 10000
+            self._generation = 0
+            # MXNet's workers send the sync mode at creation; the optimizer follows.
+            self._client.configure(self._sync, None, self._generation, {})
+        elif kvtype in ("local", "device"):
+            self._sync = True
+            self._timeout_ms = 0
+            self._values = {}
+            self._updater = None
+        else:
+            raise ValueError("unknown KVStore type %r (dist_sync, dist_async, "
+                             "dist_device_sync, local)" % (kvtype,))
+
+    # ---- job ----
+    @property
+    def rank(self):
+        """This worker's rank in [0, num_workers)."""
+        return self._client.rank if self._client is not None else 0
+
+    @property
+    def num_workers(self):
+        return self._client.num_workers if self._client is not None else 1
+
+    @property
+    def num_servers(self):
+        return self._client.num_servers if self._client is not None else 0
+
+    def barrier(self):
+        """Blocks until every worker reached the barrier (the barrier deadline bounds it)."""
+        if self._client is not None:
+            self._client.barrier()
+
+    _barrier = barrier  # MXNet's name
+
+    def set_optimizer(self, optimizer):
+        """Has the servers (``local``: this store) apply ``optimizer`` to every push.
+
+        Every worker calls it with the same optimizer; it passes a worker
+        barrier first, so it may follow ``init`` or come before it.
+        """
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError("set_optimizer takes a pstrain.optimizer.Optimizer "
+                            "(pstrain.optimizer.SGD, ...), got %r" % (optimizer,))
+        cfg = optimizer.to_dict()
+        wd_mult = {self._key(k, create=False): float(m) for k, m in optimizer.wd_mult.items()}
+        if self._client is None:
+            if wd_mult:
+                raise ValueError("wd_mult is applied by the servers only (dist stores)")
+            self._updater = _pstrain.LocalUpdater(cfg)
+            return
+        self.barrier()  # no worker may still be sending the previous configuration
+        self._client.configure(self._sync, cfg, self._generation + 1, wd_mult)
+        self._generation += 1
+
+    def close(self):
+        """Waits for every request, then ends this worker's part in the job.
+
+        Tells the scheduler this worker finished and waits for the job's end
+        (every worker finished). Idempotent; called at exit if not before.
+        """
+        if self._closed:
+            return
+        error = None
+        for h in list(self._pending.values()):
+            h._settle()
+            if h._error is not None and error is None:
+                error = h._error
+        self._closed = True
+        if self._client is not None:
+            self._client.close("" if error is None else "a request failed: %s" % error)
+            self._abandoned = []
+        if error is not None:
+            raise error
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is None:
+            self.close()
+        else:
+            self._fail("the worker's script raised %s: %s" % (exc_type.__name__, exc))
+
+    def _fail(self, why):
+        """Ends this worker's part with an error (the job stops)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._client is not None:
+            self._client.close(why)
+
+    # ---- keys ----
+    def _key(self, k, create):
+        kind = "str" if isinstance(k, str) else "int"
+        if self._key_kind is None:
+            self._key_kind = kind
+        elif self._key_kind != kind:
+            raise TypeError("this store's keys are %ss; got the %s key %r (one kind per store, as "
+                            "in MXNet)" % (self._key_kind, kind, k))
+        if kind == "int":
+            k = int(k)
+            if k < 0 or k >= 1 << 63:
+                raise ValueError("key %r: keys are in [0, 2**63)" % (k,))
+            return k
+        if k not in self._str_keys:
+            if not create:
+                raise KeyError("key %r was never initialized (init it first)" % (k,))
+            self._str_keys[k] = len(self._str_keys)
+        return self._str_keys[k]
+
+    def _pairs(self, key, value, what):
+        if isinstance(key, (list, tuple)):
+            if not isinstance(value, (list, tuple)) or len(value) != len(key):
+                raise ValueError("%s: %d keys need a list of %d values" % (what, len(key), len(key)))
+            return list(zip(key, value))
+        return [(key, value)]
+
+    def _checked_size(self, name, ikey, n, what):
+        size = self._sizes.get(ikey)
+        if size is None:
+            raise KeyError("%s: key %r was never initialized (init it first)" % (what, name))
+        if n != size:
+            raise ValueError("%s of key %r: %d elements, but it was initialized with %d"
+                             % (what, name, n, size))
+
+    def _pushed(self, name, ikey, value, what):
+        """The float32 array a push of `value` (an array or a list of arrays) sends."""
+        vals = [_source(v, "%s of key %r" % (what, name)) for v in _as_list(value)]
+        for v in vals[1:]:
+            if v.size != vals[0].size:
+                raise ValueError("%s of key %r: the arrays to sum differ in size (%d, %d)"
+                                 % (what, name, vals[0].size, v.size))
+        total = vals[0] if len(vals) == 1 else np.sum(np.stack([v.ravel() for v in vals]), axis=0)
+        self._checked_size(name, ikey, total.size, what)
+        return total
+
+    # ---- data ----
+    def init(self, key, value):
+        """Initializes keys: worker rank 0's values become everyone's. Blocks.
+
+        Every worker calls it (MXNet's protocol: rank 0 sends, then every
+        worker passes a barrier).
+        """
+        pairs = self._pairs(key, value, "init")
+        items = []
+        for name, v in pairs:
+            ikey = self._key(name, create=True)
+            if ikey in self._sizes:
+                raise ValueError("init: duplicate init of key %r" % (name,))
+            arr = _source(_as_list(v)[0], "init value of key %r" % (name,))
+            self._sizes[ikey] = arr.size
+            items.append((ikey, arr))
+        if self._client is None:
+            for ikey, arr in items:
+                self._values[ikey] = arr.ravel().copy()
+            return
+        handles = [self._issue(self._client.init([ikey], [arr.size], arr), [arr], [])
+                   for ikey, arr in items]
+        for h in handles:
+            h.wait()
+        self.barrier()
+
+    def push(self, key, value, priority=0):
+        """Pushes values (gradients): returns a Handle. Higher priority leaves first."""
+        handles = []
+        for name, v in self._pairs(key, value, "push"):
+            ikey = self._key(name, create=False)
+            arr = self._pushed(name, ikey, v, "push")
+            if self._client is None:
+                self._local_push(ikey, arr)
+                continue
+            # The caller's objects too: a PyTorch gradient whose tensor is still
+            # referenced is not taken over (and later changed) by autograd.
+            handles.append(self._issue(self._client.push([ikey], [arr.size], arr, int(priority)),
+                                       [arr] + _as_list(v), []))
+        return self._combine(handles)
+
+    def pull(self, key, out=None, priority=0):
+        """Pulls current values into ``out`` (an array, or a list per key): returns a Handle.
+
+        In dist_sync a pull sees every push this worker made before it.
+        """
+        if out is None:
+            raise ValueError("pull: out= is required (the arrays to pull into)")
+        handles = []
+        for name, o in self._pairs(key, out, "pull"):
+            ikey = self._key(name, create=False)
+            outs = _as_list(o)
+            first, copy_back = _dest(outs[0], "pull output of key %r" % (name,))
+            self._checked_size(name, ikey, first.size, "pull")
+            after = [copy_back] if copy_back is not None else []
+            for extra in outs[1:]:
+                arr, cb = _dest(extra, "pull output of key %r" % (name,))
+                if arr.size != first.size:
+                    raise ValueError("pull of key %r: outputs differ in size" % (name,))
+                after.append(lambda arr=arr, cb=cb, src=first: (
+                    np.copyto(arr, src.reshape(arr.shape)), cb and cb()))
+            if self._client is None:
+                np.copyto(first.reshape(-1), self._values[ikey])
+                for f in after:
+                    f()
+                continue
+            handles.append(self._issue(self._client.pull([ikey], [first.size], first,
+                                                         int(priority)), [first] + outs, after))
+        return self._combine(handles)
+
+    def pushpull(self, key, value, out=None, priority=0):
+        """Pushes ``value`` and receives the updated values into ``out`` (default:
+        ``value`` itself) in one round trip: returns a Handle."""
+        if out is None:
+            out = value
+        handles = []
+        pairs = self._pairs(key, value, "pushpull")
+        outs = [o for _, o in self._pairs(key, out, "pushpull")]
+        for (name, v), o in zip(pairs, outs):
+            ikey = self._key(name, create=False)
+            arr = self._pushed(name, ikey, v, "pushpull")
+            dests = _as_list(o)
+            first, copy_back = _dest(dests[0], "pushpull output of key %r" % (name,))
+            if first.size != arr.size:
+                raise ValueError("pushpull of key %r: output has %d elements, value %d"
+                                 % (name, first.size, arr.size))
+            after = [copy_back] if copy_back is not None else []
+            for extra in dests[1:]:
+                d, cb = _dest(extra, "pushpull output of key %r" % (name,))
+                after.append(lambda d=d, cb=cb, src=first: (
+                    np.copyto(d, src.reshape(d.shape)), cb and cb()))
+            if self._client is None:
+                self._local_push(ikey, arr)
+                np.copyto(first.reshape(-1), self._values[ikey])
+                for f in after:
+                    f()
+                continue
+            handles.append(self._issue(
+                self._client.pushpull([ikey], [arr.size], arr, first, int(priority)),
+                [arr, first] + _as_list(v) + dests, after))
+        return self._combine(handles)
+
+    def broadcast(self, key, value, out, priority=0):
+        """init + pull (MXNet 1.x): every worker ends with rank 0's ``value`` in ``out``."""
+        self.init(key, value)
+        return self.pull(key, out=out, priority=priority)
+
+    def waitall(self):
+        """Waits for every request this store has in flight; raises the first error."""
+        error = None
+        for h in list(self._pending.values()):
+            h._settle()
+            if h._error is not None and error is None:
+                error = h._error
+        if error is not None:
+            raise error
+
+    # ---- internals ----
+    def _local_push(self, ikey, arr):
+        stored = self._values[ikey]
+        if self._updater is not None:
+            self._updater.update(ikey, arr.ravel(), stored)
+        else:
+            np.copyto(stored, arr.ravel())
+
+    def _issue(self, completion, keep, after):
+        h = Handle(self, [completion], keep, after)
+        with self._lock:
+            self._pending[id(h)] = h
+            sweep = len(self._pending) > 1024
+        if sweep:
+            # Requests nobody waits for: settle those already answered.
+            for p in list(self._pending.values()):
+                if p.done():
+                    p._settle()
+        return h
+
+    def _combine(self, handles):
+        if len(handles) == 1:
+            return handles[0]
+        return _Group(self, handles)
+
+    def _forget(self, h):
+        with self._lock:
+            self._pending.pop(id(h), None)
+
+    def _abandon(self, h):
+        with self._lock:
+            self._pending.pop(id(h), None)
+            self._abandoned.append(h._keep)
+
+
+class _Group(Handle):
+    """Several requests (one per key) waited for as one."""
+
+    def __init__(self, store, handles):
+        super().__init__(store, [], None, [])
+        self._handles = handles
+
+    def done(self):
+        return all(h.done() for h in self._handles)
+
+    def done_at(self):
+        times = [h.done_at() for h in self._handles]
+        return max(times) if times and not any(math.isnan(t) for t in times) else float("nan")
+
+    def _settle(self, timeout=None):
+        for h in self._handles:
+            h._settle(timeout)
+            if h._error is not None and self._error is None:
+                self._error = h._error
+        self._finished = self._error is None
+
+
+def _close_at_exit():
+    failure = getattr(sys, "last_value", None)  # the script died of this exception
+    for kv in list(_OPEN):
+        if kv._closed:
+            continue
+        if failure is not None:
+            kv._fail("the worker's script raised %s: %s" % (type(failure).__name__, failure))
+            continue
+        try:
+            kv.close()
+        except Error as e:
+            sys.stdout.flush()
+            print("pstrain: %s" % (e,), file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(1)
+
+
+atexit.register(_close_at_exit)

@@ -1,0 +1,277 @@
+"""pstrain.torch: train a PyTorch model through pstrain's parameter servers.
+
+``DistributedOptimizer`` exchanges each parameter's gradient the moment
+autograd produces it (a tensor hook issues one non-blocking ``pushpull``,
+priority -i for parameter i, so the parameters the next forward needs first
+leave first) and waits for a parameter's new value only when it is needed:
+
+* with ``module=`` (or the model given instead of its named parameters),
+  just before the forward of the layer that owns it (a forward pre-hook), so
+  the last exchanges of a step hide behind the next step's first layers;
+* otherwise in ``step()``.
+
+Two ways to update, chosen by the optimizer given:
+
+* server-side (a ``pstrain.optimizer`` such as ``pstrain.optimizer.SGD``):
+  the servers apply it (in dist_sync once per round to the sum of every
+  worker's gradient) and each pushpull returns the new weights straight into
+  the parameter's memory. Works in dist_sync and dist_async. Its state
+  (momentum) lives on the servers.
+* local (a ``torch.optim.Optimizer``): the servers only sum (dist_sync), the
+  summed gradient comes back into a buffer and ``step()`` hands it, rescaled,
+  to the wrapped optimizer, which updates every worker's copy alike.
+
+Gradient rescale, as MXNet's: the servers' optimizer gets ``rescale_grad``
+times 1/(batch_size * num_workers) in dist_sync and 1/batch_size in
+dist_async (local mode: the summed gradient is multiplied by the same). With
+PyTorch's usual mean-reduced loss leave ``batch_size=1``: dist_sync then
+averages the workers' gradients. With a summed loss pass the per-worker batch.
+
+Every worker starts from worker rank 0's weights (the constructor broadcasts
+them). One backward per step. A parameter's new value is written into it once
+autograd has produced its whole gradient, when every backward step that reads
+it has run (tied weights included), unless the forward also read it outside
+autograd (``p.detach()``, ``p.data``): a backward step may then read the new
+value. The
+gradient pushed is the tensor autograd produced (not copied); ``p.grad`` gets its
+own copy, so changing ``p.grad`` in place (clipping) does not change what is
+sent: clip on the servers (``clip_gradient``) instead.
+"""
+import copy
+import time
+
+import torch
+
+from .kvstore import _OPEN, KVStore
+from .optimizer import Optimizer as ServerOptimizer
+
+__all__ = ["DistributedOptimizer", "broadcast_parameters"]
+
+
+def _store(kvstore):
+    if kvstore is not None:
+        return kvstore
+    for s in _OPEN:
+        if not s._closed:
+            return s
+    return KVStore("dist_sync")
+
+
+def _named(params):
+    if isinstance(params, torch.nn.Module):
+        return list(params.named_parameters())
+    if isinstance(params, dict):
+        return list(params.items())
+    out = list(params)
+    for item in out:
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
+            raise TypeError("expected (name, tensor) pairs such as model.named_parameters(), "
+                            "got %r" % (item,))
+    return out
+
+
+def broadcast_parameters(params, root_rank=0, kvstore=None):
+    """Copies worker ``root_rank``'s tensors into every worker's (in place). Blocks.
+
+    ``params``: a ``state_dict()`` or ``named_parameters()`` (or a module);
+    every worker passes the same names in the same order. Buffers that are
+    not float32 (BatchNorm's counter) travel as float32. Only rank 0 can be
+    the root (its values are the ones ``KVStore.init`` keeps).
+    """
+    if root_rank != 0:
+        raise ValueError("broadcast_parameters: only root_rank=0 is supported (got %r)"
+                         % (root_rank,))
+    kv = _store(kvstore)
+    named = [(n, t) for n, t in _named(params) if t.numel() > 0]
+    if not named:
+        return
+    kv._broadcasts = getattr(kv, "_broadcasts", 0) + 1
+    keys = ["__broadcast_%d__/%s" % (kv._broadcasts, n) for n, _ in named]
+    tensors = [t for _, t in named]
+    kv.broadcast(keys, tensors, out=tensors).wait()
+
+
+class DistributedOptimizer:
+    """Trains through the servers; see the module's documentation.
+
+    optimizer         a pstrain.optimizer.Optimizer (applied on the servers) or a
+                      torch.optim.Optimizer over the same parameters (applied here)
+    named_parameters  model.named_parameters(), or the model itself (which also
+                      sets ``module``)
+    kvstore           a dist KVStore (default: the open one, else dist_sync)
+    module            the model: wait for a layer's weights just before its forward
+    batch_size        per-worker batch, for MXNet's rescale (1 for a mean loss)
+    """
+
+    def __init__(self, optimizer, named_parameters, kvstore=None, module=None, batch_size=1):
+        if isinstance(named_parameters, torch.nn.Module) and module is None:
+            module = named_parameters
+        named = [(n, p) for n, p in _named(named_parameters) if p.requires_grad]
+        names = [n for n, _ in named]
+        if len(set(names)) != len(names):
+            raise ValueError("DistributedOptimizer: parameter names must be unique")
+        if len({id(p) for _, p in named}) != len(named):
+            raise ValueError("DistributedOptimizer: a parameter is listed twice")
+        if not named:
+            raise ValueError("DistributedOptimizer: no parameter requires a gradient")
+        self._kv = kv = _store(kvstore)
+        if kv._client is None:
+            raise ValueError("DistributedOptimizer needs a dist KVStore, not %r" % (kv.type,))
+        self._names = names
+        self._params = [p for _, p in named]
+        self._server_side = isinstance(optimizer, ServerOptimizer)
+        if not self._server_side and not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError("optimizer must be a pstrain.optimizer.Optimizer (server-side) or a "
+                            "torch.optim.Optimizer (local), got %r" % (optimizer,))
+        if not self._server_side and not kv._sync:
+            raise ValueError("%s: a local torch optimizer needs the servers to sum gradients "
+                             "(dist_sync); dist_async needs a server-side optimizer such as "
+                             "pstrain.optimizer.SGD" % (kv.type,))
+        self._rescale = 1.0 / (float(batch_size) * (kv.num_workers if kv._sync else 1))
+        self._optimizer = optimizer
+        self._handles = [None] * len(named)
+        self._fired = [False] * len(named)
+        # Seconds spent waiting for exchanges that were not done when needed:
+        # the communication training did not hide.
+        self.wait_seconds = 0.0
+        self._issued = [0.0] * len(named)
+        self._intervals = []  # (issued, answered) of each exchange waited for
+        self._busy, self._busy_end = 0.0, float("-inf")  # the union of those folded
+
+        # Every worker starts from rank 0's weights.
+        if self._server_side:
+            opt = copy.copy(optimizer)
+            opt.rescale_grad = optimizer.rescale_grad * self._rescale
+            opt.wd_mult = dict(optimizer.wd_mult)
+            kv.broadcast(names, self._params, out=self._params).wait()
+            kv.set_optimizer(opt)
+            self._outs = self._params  # the new weights land in the parameters
+        else:
+            broadcast_parameters(named, kvstore=kv)
+            self._outs = [torch.zeros(p.shape, dtype=torch.float32) for p in self._params]
+            kv.init(names, self._outs)
+
+        self._hooks = [p.register_hook(self._grad_hook(i)) for i, p in enumerate(self._params)]
+        self._wait_in_forward = module is not None
+        if module is not None:
+            index = {id(p): i for i, p in enumerate(self._params)}
+            for m in module.modules():
+                own = [index[id(p)] for p in m.parameters(recurse=False) if id(p) in index]
+                if own:
+                    self._hooks.append(m.register_forward_pre_hook(self._forward_hook(own)))
+
+    # ---- hooks ----
+    def _grad_hook(self, i):
+        def hook(grad):
+            self._exchange(i, grad)
+            return None
+        return hook
+
+    def _forward_hook(self, indices):
+        def hook(module, inputs):
+            for i in indices:
+                self._wait(i)
+            return None
+        return hook
+
+    def _exchange(self, i, grad):
+        if self._handles[i] is not None:  # a second backward in one step: keep the order
+            self._wait(i)
+        self._fired[i] = True
+        self._issued[i] = time.perf_counter()
+        self._handles[i] = self._kv.pushpull(self._names[i], grad, out=self._outs[i],
+                                             priority=-i)
+
+    def _wait(self, i):
+        h = self._handles[i]
+        if h is None:
+            return
+        self._handles[i] = None
+        if h.done():
+            h.wait()
+        else:
+            start = time.perf_counter()
+            h.wait()
+            self.wait_seconds += time.perf_counter() - start
+        self._intervals.append((self._issued[i], h.done_at()))
+        if len(self._intervals) >= 4096:
+            self._fold()
+
+    def _fold(self):
+        # The union of the intervals, swept in start order past a watermark (an
+        # interval waited for after a fold counts from the watermark on).
+        total, end = self._busy, self._busy_end
+        for a, b in sorted(self._intervals):
+            if b > end:
+                total += b - max(a, end)
+                end = b
+        self._busy, self._busy_end, self._intervals = total, end, []
+
+    @property
+    def comm_seconds(self):
+        """Seconds during which at least one exchange was in flight (issued and
+        not yet answered), over the exchanges waited for so far. With
+        ``wait_seconds``, the share of communication hidden behind computation
+        is 1 - wait_seconds / comm_seconds."""
+        self._fold()
+        return self._busy
+
+    # ---- optimizer interface ----
+    def synchronize(self):
+        """Waits for every exchange in flight (the parameters are then current)."""
+        for i in range(len(self._params)):
+            self._wait(i)
+
+    def step(self, closure=None):
+        """Ends the step. Parameters autograd gave no gradient push zeros (a dist_sync
+        round needs every worker's push). Local mode: waits for the summed gradients
+        and runs the wrapped optimizer; server-side: waits only without ``module``."""
+        if closure is not None:
+            raise ValueError("DistributedOptimizer.step: closures are not supported")
+        for i, fired in enumerate(self._fired):
+            if not fired:
+                self._exchange(i, torch.zeros(self._params[i].shape, dtype=torch.float32))
+        self._fired = [False] * len(self._params)
+        if self._server_side:
+            if not self._wait_in_forward:
+                self.synchronize()
+            return None
+        self.synchronize()
+        for p, summed in zip(self._params, self._outs):
+            g = summed.to(p.device, p.dtype) * self._rescale
+            if p.grad is None:
+                p.grad = g
+            else:
+                p.grad.copy_(g)
+        return self._optimizer.step()
+
+    def zero_grad(self, set_to_none=True):
+        """Clears the gradients (server-side: they are not used after the exchange)."""
+        if self._server_side:
+            for p in self._params:
+                p.grad = None
+        else:
+            self._optimizer.zero_grad(set_to_none=set_to_none)
+
+    @property
+    def param_groups(self):
+        return [] if self._server_side else self._optimizer.param_groups
+
+    def state_dict(self):
+        """The local optimizer's state; server-side state stays on the servers ({})."""
+        return {} if self._server_side else self._optimizer.state_dict()
+
+    def load_state_dict(self, state):
+        if not self._server_side:
+            self._optimizer.load_state_dict(state)
+
+    def remove_hooks(self):
+        """Detaches from the model (waits for what is in flight first)."""
+        self.synchronize()
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    @property
+    def kvstore(self):
+        return self._kv

@@ -1,0 +1,477 @@
+// _pstrain: the C++ half of the `pstrain` Python package (python/pstrain/).
+//
+// It binds what the C++ tools use, no second copy: the role a process plays
+// (tools/cluster_role.h: scheduler and servers run to the job's end), the
+// worker's ClusterNode + KVClient (worker/kv_client.h) and the optimizer of
+// nn/optimizer.h (for the `local` store). The Python half turns NumPy arrays
+// and PyTorch tensors into the flat float32 buffers this module takes, keeps
+// them alive while a request is in flight and maps keys.
+//
+// Threads and the GIL: every call that can wait (start, configuration,
+// barriers, Wait, Finish) releases the GIL; the KV client's callbacks run on
+// its own threads and only mark a Completion done (no Python there). Errors
+// are raised as pstrain.Error (a RuntimeError) carrying the Status text.
+#include <glog/logging.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/deadline.h"
+#include "common/env.h"
+#include "common/mutex.h"
+#include "common/status.h"
+#include "net/cluster_node.h"
+#include "nn/optimizer.h"
+#include "proto/ps.pb.h"
+#include "tools/cluster_role.h"
+#include "worker/kv_client.h"
+
+namespace py = pybind11;
+
+namespace pstrain {
+namespace {
+
+// The C++ side of pstrain.Error; pybind11 translates it.
+class PyError : public std::runtime_error {
+ public:
+  explicit PyError(const Status& s) : std::runtime_error(s.ToString()) {}
+};
+
+void ThrowIfError(const Status& s) {
+  if (!s.ok()) throw PyError(s);
+}
+
+// One request's end: set once by the KV client's callback (any thread, no
+// GIL), read by the Python handle. Thread-safe.
+class Completion {
+ public:
+  // The first call wins.
+  void Done(const Status& s) {
+    MutexLock l(&mu_);
+    if (done_) return;
+    status_ = s;
+    done_ = true;
+    done_at_ = SteadyClock::now();
+    cv_.SignalAll();
+  }
+  bool done() const {
+    MutexLock l(&mu_);
+    return done_;
+  }
+  // When it was done, in seconds on the steady clock (Linux: CLOCK_MONOTONIC,
+  // Python's time.monotonic() and time.perf_counter()); NaN until done.
+  double done_at() const {
+    MutexLock l(&mu_);
+    if (!done_) return std::numeric_limits<double>::quiet_NaN();
+    return std::chrono::duration<double>(done_at_.time_since_epoch()).count();
+  }
+  // The request's status once done; DeadlineExceeded if `deadline` passes first.
+  Status Wait(Deadline deadline) {
+    MutexLock l(&mu_);
+    if (!cv_.WaitUntil(deadline, [&]() REQUIRES(mu_) { return done_; })) {
+      return Status::DeadlineExceeded("request not done by its deadline");
+    }
+    return status_;
+  }
+
+ private:
+  mutable Mutex mu_;
+  CondVar cv_{&mu_};
+  bool done_ GUARDED_BY(mu_) = false;
+  SteadyClock::time_point done_at_ GUARDED_BY(mu_);
+  Status status_ GUARDED_BY(mu_);
+};
+
+// Waits for `c` until `timeout_ms` (< 0: forever) with the GIL released,
+// looking for Ctrl-C (Python's signal handlers) every 200 ms.
+void WaitCompletion(Completion* c, int64_t timeout_ms) {
+  const Deadline end = timeout_ms < 0 ? Deadline::Never() : Deadline::InMillis(timeout_ms);
+  for (;;) {
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = c->Wait(end.Min(Deadline::InMillis(200)));
+    }
+    if (s.code() != StatusCode::kDeadlineExceeded || c->done()) {
+      ThrowIfError(s);
+      return;
+    }
+    if (end.Expired()) {
+      ThrowIfError(Status::DeadlineExceeded(StrCat("request not done within ", timeout_ms, " ms")));
+    }
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+}
+
+// A float32 buffer of exactly `count` elements, C-contiguous; its address
+// while the caller keeps `obj` alive. `what` names it in errors.
+float* FloatBuffer(const py::buffer& obj, int64_t count, bool writable, const char* what) {
+  py::buffer_info info = obj.request(writable);
+  if (info.itemsize != 4 || (info.format != "f" && info.format != "<f" && info.format != "=f")) {
+    throw py::type_error(StrCat(what, ": expected float32 values, got format '", info.format,
+                                "' of ", info.itemsize, " bytes"));
+  }
+  int64_t stride = 4;
+  for (int d = static_cast<int>(info.ndim) - 1; d >= 0; --d) {
+    if (info.shape[d] != 1 && info.strides[d] != stride) {
+      throw py::value_error(StrCat(what, ": the buffer is not C-contiguous"));
+    }
+    stride *= info.shape[d];
+  }
+  if (info.size != count) {
+    throw py::value_error(
+        StrCat(what, ": ", info.size, " elements, but the keys' lengths add up to ", count));
+  }
+  return static_cast<float*>(info.ptr);
+}
+
+int64_t Total(const std::vector<int64_t>& lens) {
+  int64_t n = 0;
+  for (int64_t l : lens) {
+    if (l <= 0) throw py::value_error(StrCat("a key's length must be positive, got ", l));
+    n += l;
+  }
+  return n;
+}
+
+float GetFloat(const py::dict& d, const char* name, float fallback) {
+  return d.contains(name) ? d[name].cast<float>() : fallback;
+}
+
+// An OptimizerConfig from the dict pstrain.optimizer builds (its names are
+// MXNet's): type "sgd" | "test", learning_rate, momentum, wd, rescale_grad,
+// clip_gradient (None or <= 0: off), lr_scheduler {type "factor" |
+// "multifactor", step, factor, stop_factor_lr}.
+OptimizerConfig OptimizerFromDict(const py::dict& d) {
+  OptimizerConfig c;
+  const std::string type = d.contains("type") ? d["type"].cast<std::string>() : "sgd";
+  if (type == "sgd") {
+    c.set_type(OptimizerConfig::SGD);
+  } else if (type == "test") {
+    c.set_type(OptimizerConfig::TEST);
+  } else {
+    throw py::value_error(StrCat("optimizer type '", type, "': the servers run sgd or test"));
+  }
+  c.set_learning_rate(GetFloat(d, "learning_rate", c.learning_rate()));
+  c.set_momentum(GetFloat(d, "momentum", c.momentum()));
+  c.set_wd(GetFloat(d, "wd", c.wd()));
+  c.set_rescale_grad(GetFloat(d, "rescale_grad", c.rescale_grad()));
+  if (d.contains("clip_gradient") && !d["clip_gradient"].is_none()) {
+    c.set_clip_gradient(d["clip_gradient"].cast<float>());
+  }
+  if (d.contains("lr_scheduler") && !d["lr_scheduler"].is_none()) {
+    const py::dict s = d["lr_scheduler"].cast<py::dict>();
+    LrSchedulerConfig* sc = c.mutable_lr_scheduler();
+    const std::string st = s.contains("type") ? s["type"].cast<std::string>() : "";
+    if (st == "factor") {
+      sc->set_type(LrSchedulerConfig::FACTOR);
+      sc->set_step(s["step"].cast<int64_t>());
+    } else if (st == "multifactor") {
+      sc->set_type(LrSchedulerConfig::MULTI_FACTOR);
+      for (int64_t step : s["step"].cast<std::vector<int64_t>>()) sc->add_steps(step);
+    } else {
+      throw py::value_error(
+          StrCat("lr_scheduler type '", st, "': the servers run factor or multifactor"));
+    }
+    sc->set_factor(GetFloat(s, "factor", 1.0f));
+    sc->set_stop_factor_lr(GetFloat(s, "stop_factor_lr", sc->stop_factor_lr()));
+  }
+  // The same checks the servers make, here, so a bad value is raised at once.
+  ThrowIfError(Optimizer::Create(c).status());
+  return c;
+}
+
+// A worker of a dist job: its ClusterNode and KVClient, from DMLC_*.
+// Thread-safe as KVClient is; Close() is idempotent.
+class Client {
+ public:
+  // Reads the job's environment, registers with the scheduler and connects to
+  // the servers. REQUIRES: DMLC_ROLE says worker (or is unset).
+  Client() {
+    auto env = ReadClusterEnv();
+    ThrowIfError(env.status());
+    if (env->role != Role::kWorker) {
+      ThrowIfError(Status::FailedPrecondition(
+          StrCat("DMLC_ROLE is ", RoleName(env->role), ": only a worker opens a KVStore")));
+    }
+    env_ = *env;
+    auto node = ClusterNode::Create(ClusterOptionsFromJobEnv(env_));
+    ThrowIfError(node.status());
+    node_ = std::move(node).value();
+    kv_ = std::make_unique<KVClient>(node_.get(), KVClientOptionsFromJobEnv(env_));
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = kv_->Start();
+    }
+    if (!s.ok()) {
+      Abandon(s);
+      ThrowIfError(s);
+    }
+  }
+  ~Client() {
+    py::gil_scoped_release release;
+    kv_.reset();
+    node_.reset();
+    Cancel();
+  }
+
+  int rank() const { return kv_ ? kv_->rank() : 0; }
+  int num_workers() const { return env_.num_workers; }
+  int num_servers() const { return env_.num_servers; }
+  int request_timeout_ms() const { return env_.request_timeout_ms; }
+
+  // Installs `sync` mode and the optimizer (None: none; in dist_sync the
+  // servers then keep the sum of the pushes) on every server; `generation`
+  // as ServerConfig says. Blocks until every server took it.
+  void Configure(bool sync, const py::object& optimizer, uint32_t generation,
+                 const std::map<uint64_t, float>& wd_mult) {
+    ServerConfig cfg;
+    cfg.set_sync_mode(sync);
+    cfg.set_generation(generation);
+    if (!optimizer.is_none()) *cfg.mutable_optimizer() = OptimizerFromDict(optimizer);
+    for (const auto& [key, mult] : wd_mult) (*cfg.mutable_wd_mult())[key] = mult;
+    KVClient* kv = Open();
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = kv->SetServerConfig(cfg, Deadline::InMillis(env_.request_timeout_ms));
+    }
+    ThrowIfError(s.WithContext("configuring the servers"));
+  }
+
+  std::shared_ptr<Completion> Init(const std::vector<uint64_t>& keys,
+                                   const std::vector<int64_t>& lens, const py::buffer& vals) {
+    Check(keys, lens);
+    const float* v = FloatBuffer(vals, Total(lens), false, "init value");
+    return Issue([&](KVClient* kv, KVClient::Callback cb) {
+      return kv->Init(keys, lens, v, std::move(cb));
+    });
+  }
+  std::shared_ptr<Completion> Push(const std::vector<uint64_t>& keys,
+                                   const std::vector<int64_t>& lens, const py::buffer& vals,
+                                   int priority) {
+    Check(keys, lens);
+    const float* v = FloatBuffer(vals, Total(lens), false, "push value");
+    return Issue([&](KVClient* kv, KVClient::Callback cb) {
+      return kv->Push(keys, lens, v, priority, std::move(cb));
+    });
+  }
+  std::shared_ptr<Completion> Pull(const std::vector<uint64_t>& keys,
+                                   const std::vector<int64_t>& lens, const py::buffer& out,
+                                   int priority) {
+    Check(keys, lens);
+    float* o = FloatBuffer(out, Total(lens), true, "pull output");
+    return Issue([&](KVClient* kv, KVClient::Callback cb) {
+      return kv->Pull(keys, lens, o, priority, std::move(cb));
+    });
+  }
+  std::shared_ptr<Completion> PushPull(const std::vector<uint64_t>& keys,
+                                       const std::vector<int64_t>& lens, const py::buffer& vals,
+                                       const py::buffer& out, int priority) {
+    Check(keys, lens);
+    const int64_t n = Total(lens);
+    const float* v = FloatBuffer(vals, n, false, "pushpull value");
+    float* o = FloatBuffer(out, n, true, "pushpull output");
+    return Issue([&](KVClient* kv, KVClient::Callback cb) {
+      return kv->PushPull(keys, lens, v, o, priority, std::move(cb));
+    });
+  }
+
+  void Barrier() {
+    KVClient* kv = Open();
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = kv->Barrier(Deadline::InMillis(env_.barrier_timeout_ms));
+    }
+    ThrowIfError(s.WithContext("worker barrier"));
+  }
+
+  // Ends this worker's part in the job. `error` empty: tells the scheduler it
+  // is done and waits for the job's end (REQUIRES: every request completed);
+  // otherwise reports the error, which stops the job. Then stops the node.
+  void Close(const std::string& error) {
+    if (!kv_) return;
+    Status s;
+    {
+      py::gil_scoped_release release;
+      if (error.empty()) {
+        s = kv_->Finish(Deadline::InMillis(env_.barrier_timeout_ms));
+        if (!s.ok()) node_->Fail(s);
+      } else {
+        node_->Fail(Status::Internal(error));
+      }
+      kv_.reset();
+      node_.reset();
+    }
+    Cancel();
+    ThrowIfError(s.WithContext("finishing the job"));
+  }
+  bool closed() const { return !kv_; }
+
+ private:
+  KVClient* Open() {
+    if (!kv_) ThrowIfError(Status::FailedPrecondition("the KVStore is closed"));
+    return kv_.get();
+  }
+  void Check(const std::vector<uint64_t>& keys, const std::vector<int64_t>& lens) {
+    Open();
+    if (keys.empty() || keys.size() != lens.size()) {
+      throw py::value_error(StrCat("expected as many keys as lengths (and at least one), got ",
+                                   keys.size(), " keys and ", lens.size(), " lengths"));
+    }
+  }
+  // Issues one request whose end marks a new Completion.
+  template <typename Fn>
+  std::shared_ptr<Completion> Issue(Fn issue) {
+    KVClient* kv = Open();
+    auto c = std::make_shared<Completion>();
+    if (issued_.size() >= 2 * pruned_size_ + 64) {
+      issued_.erase(std::remove_if(issued_.begin(), issued_.end(),
+                                   [](const std::weak_ptr<Completion>& w) {
+                                     auto p = w.lock();
+                                     return p == nullptr || p->done();
+                                   }),
+                    issued_.end());
+      pruned_size_ = issued_.size();
+    }
+    issued_.push_back(c);
+    {
+      py::gil_scoped_release release;
+      issue(kv, [c](const Status& s) { c->Done(s); });
+    }
+    return c;
+  }
+  void Abandon(const Status& s) {
+    py::gil_scoped_release release;
+    node_->Fail(s);
+    kv_.reset();
+    node_.reset();
+  }
+  // Once the client is gone no callback runs: requests still open end here.
+  void Cancel() {
+    for (const auto& w : issued_) {
+      if (auto c = w.lock()) c->Done(Status::Cancelled("the KVStore was closed"));
+    }
+    issued_.clear();
+  }
+
+  JobEnv env_;
+  std::unique_ptr<ClusterNode> node_;
+  std::unique_ptr<KVClient> kv_;
+  // Requests issued (pruned of finished ones as it grows; touched with the GIL held).
+  std::vector<std::weak_ptr<Completion>> issued_;
+  size_t pruned_size_ = 0;
+};
+
+// The optimizer of a `local` store: nn/optimizer.h with one state per key.
+// Not thread-safe (the Python store serializes its calls).
+class LocalUpdater {
+ public:
+  explicit LocalUpdater(const py::dict& optimizer) {
+    auto opt = Optimizer::Create(OptimizerFromDict(optimizer));
+    ThrowIfError(opt.status());
+    opt_ = std::move(opt).value();
+  }
+  // weight <- update(grad, weight) for `key` (float32 buffers of equal size).
+  void Update(uint64_t key, const py::buffer& grad, const py::buffer& weight) {
+    py::buffer_info w = weight.request(true);
+    float* wp = FloatBuffer(weight, w.size, true, "weight");
+    const float* gp = FloatBuffer(grad, w.size, false, "gradient");
+    const UpdateCheck check = opt_->Update(gp, wp, static_cast<size_t>(w.size), &states_[key]);
+    if (!check.ok()) {
+      ThrowIfError(Status::FailedPrecondition(StrCat(
+          "local update of key ", key, ": ",
+          check.bad_grad >= 0 ? "the gradient holds NaN or Inf"
+                              : "the weights became NaN or Inf (learning rate too large?)")));
+    }
+  }
+
+ private:
+  std::unique_ptr<Optimizer> opt_;
+  std::unordered_map<uint64_t, ParamState> states_;
+};
+
+// The role DMLC_ROLE (or nothing: worker) gives this process.
+std::string ProcessRole() {
+  Environment env;
+  auto job = ReadJobEnv(env, /*cluster_required=*/false);
+  ThrowIfError(job.status());
+  return RoleName(job->role);
+}
+
+// Runs the scheduler or a server to the job's end; returns the exit code.
+// None for a worker.
+py::object RunRole() {
+  std::optional<int> code;
+  {
+    py::gil_scoped_release release;
+    code = RunClusterRole();
+  }
+  if (!code) return py::none();
+  return py::int_(*code);
+}
+
+}  // namespace
+}  // namespace pstrain
+
+PYBIND11_MODULE(_pstrain, m) {
+  using namespace pstrain;
+  m.doc() = "pstrain's C++ core: roles, the KV client, the optimizer (see the pstrain package)";
+  // Our log lines go to stderr, as the pstrain binary's do. A library already
+  // in the process (PyTorch) may have set logging up first.
+  if (!google::IsGoogleLoggingInitialized()) {
+    FLAGS_logtostderr = true;
+    google::InitGoogleLogging("pstrain");
+  }
+  static py::exception<PyError> error(m, "Error", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const PyError& e) {
+      error(e.what());
+    }
+  });
+
+  m.def("process_role", &ProcessRole, "scheduler, server or worker, from DMLC_ROLE");
+  m.def("run_role", &RunRole,
+        "Runs the scheduler or a server to the job's end and returns the exit code; None for a "
+        "worker.");
+
+  py::class_<Completion, std::shared_ptr<Completion>>(m, "Completion")
+      .def("done", &Completion::done)
+      .def("done_at", &Completion::done_at)
+      .def(
+          "wait", [](Completion& c, int64_t timeout_ms) { WaitCompletion(&c, timeout_ms); },
+          py::arg("timeout_ms"));
+
+  py::class_<Client>(m, "Client")
+      .def(py::init<>())
+      .def_property_readonly("rank", &Client::rank)
+      .def_property_readonly("num_workers", &Client::num_workers)
+      .def_property_readonly("num_servers", &Client::num_servers)
+      .def_property_readonly("request_timeout_ms", &Client::request_timeout_ms)
+      .def_property_readonly("closed", &Client::closed)
+      .def("configure", &Client::Configure, py::arg("sync"), py::arg("optimizer"),
+           py::arg("generation"), py::arg("wd_mult"))
+      .def("init", &Client::Init)
+      .def("push", &Client::Push)
+      .def("pull", &Client::Pull)
+      .def("pushpull", &Client::PushPull)
+      .def("barrier", &Client::Barrier)
+      .def("close", &Client::Close, py::arg("error") = "");
+
+  py::class_<LocalUpdater>(m, "LocalUpdater")
+      .def(py::init<const py::dict&>())
+      .def("update", &LocalUpdater::Update);
+}

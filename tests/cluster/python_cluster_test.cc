@@ -1,0 +1,309 @@
+// Jobs whose every process runs a Python script that imports the pstrain
+// package (tests/python/, examples/): started by `pstrain launch --launcher
+// local`, or by hand to kill a server. On 127.0.0.1 only.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <random>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "logtools/log_table.h"
+#include "tests/python/python_test_util.h"
+
+namespace pstrain {
+namespace {
+
+using testing::PythonEnv;
+using testing::PythonExecutable;
+using testing::PythonScript;
+using testing::ReadWholeFile;
+using testing::RunWithEnv;
+using testing::ScratchDir;
+
+// `pstrain launch -n W -s S --launcher local --log-dir DIR -- python3 ARGS...`.
+testing::ScriptRun Launch(int workers, int servers, const std::string& log_dir,
+                          const std::vector<std::string>& args, int timeout_ms) {
+  std::vector<std::string> argv = {testing::PstrainBinary(),
+                                   "launch",
+                                   "-n",
+                                   std::to_string(workers),
+                                   "-s",
+                                   std::to_string(servers),
+                                   "--launcher",
+                                   "local",
+                                   "--log-dir",
+                                   log_dir,
+                                   "--",
+                                   PythonExecutable()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunWithEnv(argv, PythonEnv(), timeout_ms);
+}
+
+class PythonClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!testing::PythonHas("numpy")) GTEST_SKIP() << PythonExecutable() << " has no numpy";
+  }
+  void NeedTorch() {
+    if (!testing::PythonHas("torch")) {
+      GTEST_SKIP() << PythonExecutable()
+                   << " has no torch (Debian: python3-torch, which scripts/install-deps.sh "
+                      "installs)";
+    }
+  }
+};
+
+// MXNet's dist_sync conformance check from Python: 2 servers (the 1200x1200
+// key is split over both), 2 workers; pushpull, conversions, device lists and
+// errors along the way.
+TEST_F(PythonClusterTest, ConformanceDistSync) {
+  ScratchDir logs;
+  auto run =
+      Launch(2, 2, logs.path(), {PythonScript("kvstore_conformance.py"), "--mode", "sync"}, 120000);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  for (int w = 0; w < 2; ++w) {
+    const std::string log = ReadWholeFile(logs.path() + "/worker-" + std::to_string(w) + ".log");
+    EXPECT_NE(log.find("conformance: dist_sync ok: 5 rounds, 2 workers, 2 servers"),
+              std::string::npos)
+        << log;
+    // The servers' own message, raised in Python.
+    EXPECT_NE(log.find("pull of a key no server holds raised Error"), std::string::npos) << log;
+  }
+  EXPECT_NE(run.output.find("all 5 processes exited 0"), std::string::npos) << run.output;
+}
+
+TEST_F(PythonClusterTest, DistAsyncAppliesEveryPushOnce) {
+  ScratchDir logs;
+  auto run = Launch(2, 2, logs.path(), {PythonScript("kvstore_conformance.py"), "--mode", "async"},
+                    120000);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  for (int w = 0; w < 2; ++w) {
+    const std::string log = ReadWholeFile(logs.path() + "/worker-" + std::to_string(w) + ".log");
+    EXPECT_NE(log.find("conformance: dist_async ok: 5 pushes per worker applied exactly once"),
+              std::string::npos)
+        << log;
+  }
+}
+
+// One worker through the servers trains exactly as PyTorch alone (the script
+// explains which comparisons are bit for bit and which to float tolerance).
+TEST_F(PythonClusterTest, OneWorkerTrainsAsPyTorchAlone) {
+  NeedTorch();
+  ScratchDir logs;
+  auto run = Launch(1, 1, logs.path(), {PythonScript("torch_exactness.py")}, 180000);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  const std::string log = ReadWholeFile(logs.path() + "/worker-0.log");
+  EXPECT_NE(log.find("DistributedOptimizer(torch SGD) vs torch SGD alone: max |diff| 0"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("server-side SGD vs MXNet's rule in torch ops: max |diff| 0"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("exactness: ok"), std::string::npos) << log;
+}
+
+// Two workers built from different seeds and fed different data end every
+// step with the same weights, bit for bit: broadcast_parameters, a local
+// torch optimizer over summed gradients, the servers' SGD.
+TEST_F(PythonClusterTest, TwoWorkersStayOneModel) {
+  NeedTorch();
+  ScratchDir logs;
+  auto run = Launch(2, 1, logs.path(), {PythonScript("torch_two_workers.py")}, 180000);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  for (int w = 0; w < 2; ++w) {
+    const std::string log = ReadWholeFile(logs.path() + "/worker-" + std::to_string(w) + ".log");
+    EXPECT_NE(log.find("two_workers: broadcast_parameters ok"), std::string::npos) << log;
+    EXPECT_NE(log.find("two_workers: local torch SGD over summed gradients keeps the workers "
+                       "equal"),
+              std::string::npos)
+        << log;
+    EXPECT_NE(log.find("two_workers: server-side SGD keeps the workers equal"), std::string::npos)
+        << log;
+    EXPECT_NE(log.find("two_workers: ok"), std::string::npos) << log;
+  }
+}
+
+// examples/torch_mnist.py, 2 workers and 1 server, the MLP on a slice of
+// MNIST: both workers learn, and their logs read as MXNet's through parse-log.
+void TrainMnist(const std::string& kv_store, const std::string& lr, double min_accuracy) {
+  const std::string mnist = testing::SharedDataDir() + "/mnist";
+  ASSERT_TRUE(std::filesystem::exists(mnist + "/train-images-idx3-ubyte.gz")) << mnist;
+  ScratchDir logs;
+  auto run = Launch(2, 1, logs.path(),
+                    {testing::SourceDir() + "/examples/torch_mnist.py", "--data-dir", mnist,
+                     "--network", "mlp", "--kv-store", kv_store, "--num-examples", "20000",
+                     "--num-epochs", "2", "--batch-size", "50", "--lr", lr, "--disp-batches", "50"},
+                    240000);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  auto parsed = logtools::ReadLog(logs.path(), {"accuracy"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const std::vector<logtools::TableRow> rows = logtools::Summarize(*parsed, logtools::Op::kAvg);
+  ASSERT_EQ(rows.size(), 2u) << run.output;
+  for (const auto& row : rows) {
+    ASSERT_TRUE(row.valid[0].has_value()) << run.output;
+    ASSERT_TRUE(row.train[0].has_value()) << run.output;
+    ASSERT_TRUE(row.time.has_value()) << run.output;
+  }
+  EXPECT_GT(*rows[1].valid[0], min_accuracy) << run.output;
+  for (int w = 0; w < 2; ++w) {
+    const std::string log = ReadWholeFile(logs.path() + "/worker-" + std::to_string(w) + ".log");
+    EXPECT_TRUE(std::regex_search(log, std::regex("Epoch\\[1\\] Batch \\[200\\]\tSpeed: [0-9.]+ "
+                                                  "samples/sec\taccuracy=0\\.[0-9]+")))
+        << log;
+  }
+}
+
+TEST_F(PythonClusterTest, TwoWorkersLearnMnistDistSync) {
+  NeedTorch();
+  TrainMnist("dist_sync", "0.1", 0.9);
+}
+
+// Asynchrony adds implicit momentum (train_cluster_test.cc): the smaller rate
+// MXNet's async runs used.
+TEST_F(PythonClusterTest, TwoWorkersLearnMnistDistAsync) {
+  NeedTorch();
+  TrainMnist("dist_async", "0.05", 0.88);
+}
+
+// ---- a job started by hand, to kill one of its servers ----
+
+// A port from 20000..32767 that binds now (below the ephemeral range).
+int FreePort() {
+  static std::mt19937 rng(static_cast<unsigned>(getpid()) ^ static_cast<unsigned>(time(nullptr)));
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const int port = 20000 + static_cast<int>(rng() % 12768);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    close(fd);
+    if (ok) return port;
+  }
+  ADD_FAILURE() << "no free port in 20000..32767";
+  return 0;
+}
+
+// A python3 process running `script` with `env`, output to `log`; killed
+// (SIGKILL, by its PID) at the end if still running.
+class PyProc {
+ public:
+  PyProc(const std::string& script, const std::map<std::string, std::string>& env,
+         const std::string& log)
+      : log_(log) {
+    std::vector<std::string> envs;
+    for (const auto& [k, v] : env) envs.push_back(k + "=" + v);
+    pid_ = fork();
+    if (pid_ == 0) {
+      if (!freopen(log.c_str(), "w", stdout)) _exit(126);
+      dup2(fileno(stdout), fileno(stderr));
+      std::string py = PythonExecutable(), s = script;
+      char* argv[] = {py.data(), s.data(), nullptr};
+      std::vector<char*> envp;
+      for (std::string& e : envs) envp.push_back(e.data());
+      envp.push_back(nullptr);
+      execve(py.c_str(), argv, envp.data());
+      _exit(127);
+    }
+  }
+  ~PyProc() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  // Exit code (128 + signal when killed), or -1 if still running after `seconds`.
+  int Wait(double seconds) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    do {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    } while (std::chrono::steady_clock::now() < end);
+    return -1;
+  }
+  void Kill9() { kill(pid_, SIGKILL); }
+  std::string Log() const { return ReadWholeFile(log_); }
+
+ private:
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  std::string log_;
+};
+
+// A server killed mid-training: every worker's pending request raises
+// pstrain.Error naming the server within the heartbeat timeout, the scripts
+// die of it (non-zero), and nothing is left running.
+TEST_F(PythonClusterTest, DeadServerRaisesInEveryWorkerWithinTheDeadline) {
+  ScratchDir dir;
+  const int port = FreePort();
+  const int server1_port = FreePort();
+  auto env = [&](const std::string& role) {
+    std::map<std::string, std::string> e = {{"DMLC_ROLE", role},
+                                            {"DMLC_PS_ROOT_URI", "127.0.0.1"},
+                                            {"DMLC_PS_ROOT_PORT", std::to_string(port)},
+                                            {"DMLC_NUM_SERVER", "2"},
+                                            {"DMLC_NUM_WORKER", "2"},
+                                            {"PSTRAIN_HEARTBEAT_INTERVAL_MS", "200"},
+                                            {"PSTRAIN_HEARTBEAT_TIMEOUT_MS", "2000"},
+                                            {"PSTRAIN_STARTUP_TIMEOUT_MS", "30000"}};
+    return PythonEnv(e);
+  };
+  const std::string script = PythonScript("dead_server.py");
+  std::vector<std::unique_ptr<PyProc>> job;
+  job.push_back(std::make_unique<PyProc>(script, env("scheduler"), dir.path() + "/scheduler.log"));
+  for (int s = 0; s < 2; ++s) {
+    auto e = env("server");
+    if (s == 1) e["PORT"] = std::to_string(server1_port);
+    job.push_back(
+        std::make_unique<PyProc>(script, e, dir.path() + "/server" + std::to_string(s) + ".log"));
+  }
+  for (int w = 0; w < 2; ++w) {
+    job.push_back(std::make_unique<PyProc>(script, env("worker"),
+                                           dir.path() + "/worker" + std::to_string(w) + ".log"));
+  }
+  // Both workers exchanging (bounded: 60 s for imports and registration).
+  for (int w = 3; w < 5; ++w) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (job[w]->Log().find("dead_server: exchanging") == std::string::npos &&
+           std::chrono::steady_clock::now() < end) {
+      ASSERT_EQ(job[w]->Wait(0.1), -1) << job[w]->Log();
+    }
+    ASSERT_NE(job[w]->Log().find("dead_server: exchanging"), std::string::npos) << job[w]->Log();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_EQ(job[2]->Wait(0), -1) << "server 1 ended early: " << job[2]->Log();
+  const auto killed_at = std::chrono::steady_clock::now();
+  job[2]->Kill9();
+  for (int i : {0, 1, 3, 4}) {
+    const int code = job[i]->Wait(20);
+    EXPECT_NE(code, 0) << job[i]->Log();
+    EXPECT_NE(code, -1) << "still running 20 s after the kill: " << job[i]->Log();
+  }
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  EXPECT_LT(secs, 12.0);
+  for (int w = 3; w < 5; ++w) {
+    const std::string log = job[w]->Log();
+    EXPECT_NE(log.find("dead_server: raised"), std::string::npos) << log;
+    EXPECT_NE(log.find("pstrain.Error"), std::string::npos) << log;
+    EXPECT_NE(log.find("server rank"), std::string::npos) << log;
+    EXPECT_NE(log.find(":" + std::to_string(server1_port)), std::string::npos) << log;
+  }
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -1,0 +1,153 @@
+"""MXNet's dist_sync KVStore conformance check (mxnet_facts.md 1.11), from Python.
+
+Run by every process of a job (tests/cluster/python_test.cc starts it with
+`pstrain launch`): the scheduler and the servers run their roles at
+`import pstrain`; each worker checks, and exits non-zero (an exception) on a
+mismatch. NumPy only.
+
+  --mode sync:  keys start at ones; the `test` optimizer with rate 2; worker r
+                pushes (r+1) each round; after round i every worker pulls
+                exactly 1 + 2 * W(W+1)/2 * i. Shapes (2,3) and (1200,1200)
+                (above the big-array bound: sharded over the servers), int
+                keys and (in a second store generation) pushpull; string keys,
+                lists of keys, per-device value lists, arrays that need a
+                conversion (float64, non-contiguous), and errors.
+  --mode async: every push applied exactly once (test optimizer, rate 1).
+"""
+import argparse
+import sys
+import time
+
+import numpy as np
+
+import pstrain
+
+SHAPES = [(2, 3), (1200, 1200)]
+
+
+def check(got, expect, what):
+    got = np.asarray(got)
+    if not np.all(got == np.float32(expect)):
+        bad = np.flatnonzero(got.ravel() != np.float32(expect))[0]
+        raise AssertionError("%s: element %d is %r, expected %r"
+                             % (what, bad, got.ravel()[bad], expect))
+
+
+def expect_raises(exc, fn, what):
+    try:
+        fn()
+    except exc as e:
+        print("conformance: %s raised %s: %s" % (what, type(e).__name__, e))
+        return e
+    raise AssertionError("%s did not raise %s" % (what, exc.__name__))
+
+
+def sync_checks(kv, rounds):
+    W, r = kv.num_workers, kv.rank
+    rate = 2.0
+    kv.set_optimizer(pstrain.optimizer.create("test", rescale_grad=rate))
+    keys = [3, 99]
+    kv.init(keys, [np.ones(s, np.float32) for s in SHAPES])
+    outs = [np.zeros(s, np.float32) for s in SHAPES]
+    for i in range(1, rounds + 1):
+        push = kv.push(keys, [np.full(s, r + 1, np.float32) for s in SHAPES])
+        pull = kv.pull(keys, out=outs)
+        push.wait()
+        pull.wait()
+        for s, o in zip(SHAPES, outs):
+            check(o, 1 + rate * W * (W + 1) / 2 * i, "dist_sync round %d shape %s" % (i, s))
+    value = float(outs[0][0, 0])
+
+    # pushpull on its own keys: one round trip, the reply is the updated value.
+    kv.init(7, np.ones(SHAPES[1], np.float32))
+    buf = np.empty(SHAPES[1], np.float32)
+    for i in range(1, rounds + 1):
+        kv.pushpull(7, np.full(SHAPES[1], r + 1, np.float32), out=buf).wait()
+        check(buf, 1 + rate * W * (W + 1) / 2 * i, "pushpull round %d" % i)
+
+    # Conversions: a float64 push and a non-contiguous float64 output.
+    kv.init(8, np.ones(SHAPES[0], np.float32))
+    kv.push(8, np.full(SHAPES[0], r + 1, np.float64)).wait()
+    wide = np.zeros((3, 4), np.float64)[:2, :3]  # a view that is not contiguous
+    kv.pull(8, out=wide).wait()
+    check(wide, 1 + rate * W * (W + 1) / 2, "float64 push, strided float64 pull")
+
+    # Per-device lists: a push sums them, a pull fills every one.
+    kv.init(9, np.ones(SHAPES[0], np.float32))
+    kv.push(9, [np.full(SHAPES[0], r + 1, np.float32), np.full(SHAPES[0], 1, np.float32)]).wait()
+    devs = [np.zeros(SHAPES[0], np.float32), np.zeros(SHAPES[0], np.float32)]
+    kv.pull(9, out=devs).wait()
+    for d in devs:
+        check(d, 1 + rate * (W * (W + 1) / 2 + W), "per-device lists")
+
+    # Non-blocking calls: worker 0's pull waits for worker 1's push (late by 1 s);
+    # a wait with a timeout raises past it and leaves the request in flight.
+    kv.init(10, np.zeros(SHAPES[0], np.float32))
+    if r == 1:
+        time.sleep(1.0)
+    push = kv.push(10, np.ones(SHAPES[0], np.float32))
+    late = np.zeros(SHAPES[0], np.float32)
+    pull = kv.pull(10, out=late)
+    if r == 0 and W > 1:
+        e = expect_raises(pstrain.Error, lambda: pull.wait(timeout=0.2),
+                          "a pull waiting for another worker's push, 0.2 s timeout")
+        assert "DeadlineExceeded" in str(e), e
+        assert not pull.done()
+    push.wait()
+    pull.wait()
+    check(late, rate * W, "the pull waited for again")
+
+    # Errors raised in Python before anything is sent.
+    expect_raises(KeyError, lambda: kv.push(1234, np.ones(4, np.float32)), "push of a key never "
+                  "initialized")
+    expect_raises(ValueError, lambda: kv.push(3, np.ones(5, np.float32)), "push of a wrong size")
+    expect_raises(ValueError, lambda: kv.pull(3, out=np.ones(5, np.float32)), "pull of a wrong size")
+    expect_raises(TypeError, lambda: kv.push("x", np.ones(6, np.float32)), "a string key in an "
+                  "int-keyed store")
+    ro = np.zeros(SHAPES[0], np.float32)
+    ro.flags.writeable = False
+    expect_raises(ValueError, lambda: kv.pull(3, out=ro), "pull into a read-only array")
+    # An error the servers find: the C++ message comes back as pstrain.Error.
+    e = expect_raises(pstrain.Error, lambda: kv._client.pull([424242], [6], np.zeros(6, np.float32),
+                                                              0).wait(30000),
+                      "pull of a key no server holds")
+    assert "424242" in str(e), str(e)
+    expect_raises(pstrain.Error, lambda: kv.set_optimizer(
+        pstrain.optimizer.SGD(learning_rate=0.1, momentum=1.5)), "momentum 1.5")
+    kv.barrier()
+    print("conformance: dist_sync ok: %d rounds, %d workers, %d servers, shapes %s, final value %g"
+          % (rounds, W, kv.num_servers, SHAPES, value))
+
+
+def async_checks(kv, rounds):
+    W, r = kv.num_workers, kv.rank
+    kv.set_optimizer(pstrain.optimizer.Test(rescale_grad=1.0))
+    kv.init(["a", "b"], [np.ones(s, np.float32) for s in SHAPES])
+    for _ in range(rounds):
+        kv.push(["a", "b"], [np.full(s, r + 1, np.float32) for s in SHAPES]).wait()
+    kv.barrier()
+    outs = [np.zeros(s, np.float32) for s in SHAPES]
+    kv.pull(["a", "b"], out=outs).wait()
+    for s, o in zip(SHAPES, outs):
+        check(o, 1 + rounds * W * (W + 1) / 2, "dist_async shape %s" % (s,))
+    print("conformance: dist_async ok: %d pushes per worker applied exactly once, string keys, "
+          "final value %g" % (rounds, outs[0][0, 0]))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", choices=["sync", "async"], default="sync")
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    kv = pstrain.KVStore("dist_sync" if args.mode == "sync" else "dist_async")
+    print("conformance: worker rank %d of %d" % (kv.rank, kv.num_workers))
+    if args.mode == "sync":
+        sync_checks(kv, args.rounds)
+    else:
+        async_checks(kv, args.rounds)
+    kv.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""The pstrain package without a cluster: import, roles, the local store, errors.
+
+Run by tests/cluster/python_test.cc (label unit) with the build's module on
+PYTHONPATH; exits non-zero (an exception) on any failure. NumPy; the PyTorch
+cases run when torch imports.
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+import pstrain
+
+
+def run_python(code, **env):
+    """Runs `code` in a fresh interpreter with `env` added; (exit code, output)."""
+    full = dict(os.environ)
+    for k in ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER",
+              "DMLC_NUM_WORKER"):
+        full.pop(k, None)
+    full.update(env)
+    p = subprocess.run([sys.executable, "-c", code], env=full, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=60)
+    return p.returncode, p.stdout.decode(errors="replace")
+
+
+def test_roles():
+    code, out = run_python("import pstrain; print('worker goes on')")
+    assert code == 0 and "worker goes on" in out, out
+    code, out = run_python("import pstrain; print('must not run')", DMLC_ROLE="bogus")
+    assert code != 0 and "DMLC_ROLE" in out and "must not run" not in out, out
+    # A server without its job's variables: the role fails naming what is missing,
+    # and the script body never runs.
+    code, out = run_python("import pstrain; print('must not run')", DMLC_ROLE="server")
+    assert code == 2 and "DMLC_PS_ROOT_URI" in out and "must not run" not in out, (code, out)
+    code, out = run_python("import pstrain; pstrain.KVStore('dist_sync')")
+    assert code != 0 and "pstrain.Error" in out.replace("_pstrain.", "pstrain.") \
+        and "DMLC_PS_ROOT_URI" in out, out
+    print("package: roles ok")
+
+
+def test_local_store():
+    kv = pstrain.KVStore("local")
+    assert kv.rank == 0 and kv.num_workers == 1
+    kv.init("w", np.ones((2, 3), np.float32))
+    out = np.zeros((2, 3), np.float32)
+    # No optimizer: a push stores the sum of its per-device values.
+    kv.push("w", [np.full((2, 3), 2, np.float32), np.full((2, 3), 3, np.float32)]).wait()
+    kv.pull("w", out=out).wait()
+    assert np.all(out == 5), out
+    # MXNet's SGD with momentum, against the rule computed in float32 here.
+    lr, mom, wd, rescale = np.float32(0.1), np.float32(0.9), np.float32(0.01), np.float32(0.5)
+    kv.set_optimizer(pstrain.optimizer.SGD(learning_rate=float(lr), momentum=float(mom),
+                                           wd=float(wd), rescale_grad=float(rescale)))
+    w = out.copy()
+    m = np.zeros_like(w)
+    rng = np.random.default_rng(1)
+    for _ in range(4):
+        g = rng.standard_normal((2, 3)).astype(np.float32)
+        kv.push("w", g).wait()
+        m = mom * m - lr * (rescale * g + wd * w)
+        w = w + m
+    kv.pull("w", out=out).wait()
+    assert np.array_equal(out, w), (out, w)
+    # pushpull returns the updated value at once.
+    before = out.copy()
+    kv.pushpull("w", np.zeros((2, 3), np.float32), out=out).wait()
+    assert not np.array_equal(out, before)
+    # The schedules count updates as MXNet's FactorScheduler and MultiFactorScheduler.
+    for sched, want in [(pstrain.lr_scheduler.FactorScheduler(step=2, factor=0.5),
+                         [1, 1, 0.5, 0.5, 0.25, 0.25]),
+                        (pstrain.lr_scheduler.MultiFactorScheduler(step=[1, 3], factor=0.1),
+                         [1, 0.1, 0.1, 0.01, 0.01, 0.01])]:
+        s = pstrain.KVStore("local")
+        s.init(0, np.zeros(1, np.float32))
+        s.set_optimizer(pstrain.optimizer.SGD(learning_rate=1.0, lr_scheduler=sched))
+        w, rates = np.zeros(1, np.float32), []
+        for _ in range(6):
+            before = float(w[0])
+            s.pushpull(0, np.ones(1, np.float32), out=w).wait()
+            rates.append(before - float(w[0]))
+        assert np.allclose(rates, want, rtol=1e-6), (type(sched).__name__, rates)
+    try:
+        kv.push("never", np.ones(3, np.float32))
+        raise AssertionError("a push of a key never initialized did not raise")
+    except KeyError:
+        pass
+    try:
+        pstrain.optimizer.create("adam")
+        raise AssertionError("an unknown optimizer did not raise")
+    except ValueError:
+        pass
+    try:
+        pstrain.KVStore("local").set_optimizer(
+            pstrain.optimizer.SGD(learning_rate=0.1, momentum=1.5))
+        raise AssertionError("momentum 1.5 did not raise")
+    except pstrain.Error as e:
+        assert "momentum 1.5 must be in [0, 1)" in str(e), e
+    print("package: local store ok")
+
+
+def test_torch_zero_copy():
+    try:
+        import torch
+    except ImportError:
+        print("package: torch not installed: zero-copy cases skipped")
+        return
+    kv = pstrain.KVStore("local")
+    t = torch.arange(6, dtype=torch.float32)
+    kv.init(0, t)
+    dst = torch.zeros(6)
+    h = kv.pull(0, out=dst)
+    h.wait()
+    assert torch.equal(dst, t)
+    # A tensor that can be used in place is: the buffer handed to C++ shares its memory.
+    from pstrain.kvstore import _dest, _source
+    arr, copy_back = _dest(dst, "out")
+    assert copy_back is None and arr.__array_interface__["data"][0] == dst.data_ptr()
+    p = torch.nn.Parameter(torch.ones(6))
+    assert _source(p, "value").__array_interface__["data"][0] == p.data_ptr()
+    # One that cannot (float64, strided) goes through a copy and comes back on wait().
+    wide = torch.zeros(6, 2, dtype=torch.float64)[:, 0]
+    kv.pull(0, out=wide).wait()
+    assert torch.equal(wide, t.double()), wide
+    print("package: torch tensors ok")
+
+
+def main():
+    test_roles()
+    test_local_store()
+    test_torch_zero_copy()
+    print("package: all ok")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+// The pstrain Python package without a cluster (tests/python/package_test.py):
+// `import pstrain` on a worker and in a misconfigured server, the `local`
+// KVStore and its optimizer against MXNet's rule, conversions and zero-copy
+// use of PyTorch tensors, errors raised as Python exceptions.
+#include <gtest/gtest.h>
+
+#include "tests/python/python_test_util.h"
+
+namespace pstrain {
+namespace {
+
+using testing::PythonEnv;
+using testing::PythonExecutable;
+using testing::PythonScript;
+using testing::RunWithEnv;
+
+TEST(PythonPackageTest, ImportRolesLocalStoreAndErrors) {
+  if (!testing::PythonHas("numpy")) GTEST_SKIP() << PythonExecutable() << " has no numpy";
+  auto run = RunWithEnv({PythonExecutable(), PythonScript("package_test.py")}, PythonEnv(), 120000);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("package: roles ok"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("package: local store ok"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("package: all ok"), std::string::npos) << run.output;
+  if (testing::PythonHas("torch")) {
+    EXPECT_NE(run.output.find("package: torch tensors ok"), std::string::npos) << run.output;
+  }
+}
+
+// `pip install .` builds the module with this tree's CMake (here the test's own
+// build folder, PSTRAIN_BUILD_DIR, so nothing is compiled again) and installs a
+// package that imports and works from where pip put it.
+TEST(PythonPackageTest, PipInstallsAWorkingPackage) {
+  if (!testing::PythonHas("numpy")) GTEST_SKIP() << PythonExecutable() << " has no numpy";
+  if (RunWithEnv({PythonExecutable(), "-m", "pip", "--version"}, PythonEnv(), 60000).exit_code !=
+      0) {
+    GTEST_SKIP() << PythonExecutable() << " has no pip (Debian: python3-pip)";
+  }
+  testing::ScratchDir dir;
+  const std::string target = dir.path() + "/site";
+  auto pip = RunWithEnv({PythonExecutable(), "-m", "pip", "install", "--no-build-isolation",
+                         "--no-deps", "--no-cache-dir", "--target", target, testing::SourceDir()},
+                        PythonEnv({{"PSTRAIN_BUILD_DIR", PSTRAIN_CMAKE_BINARY_DIR}}), 300000);
+  ASSERT_EQ(pip.exit_code, 0) << pip.output;
+  const std::string check =
+      "import numpy, pstrain\n"
+      "assert pstrain.__file__.startswith('" +
+      target + "/pstrain/'), pstrain.__file__\n" +
+      "kv = pstrain.KVStore('local')\n"
+      "kv.init('w', numpy.ones(3, numpy.float32))\n"
+      "kv.set_optimizer(pstrain.optimizer.SGD(learning_rate=0.5))\n"
+      "kv.push('w', numpy.ones(3, numpy.float32)).wait()\n"
+      "out = numpy.zeros(3, numpy.float32)\n"
+      "kv.pull('w', out=out).wait()\n"
+      "print('installed package ok', out.tolist())\n";
+  auto run =
+      RunWithEnv({PythonExecutable(), "-c", check}, PythonEnv({{"PYTHONPATH", target}}), 60000);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("installed package ok [0.5, 0.5, 0.5]"), std::string::npos)
+      << run.output;
+}
+
+}  // namespace
+}  // namespace pstrain
