@@ -3,7 +3,9 @@
 #define PSTRAIN_TESTS_TEST_UTIL_H_
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -37,6 +39,19 @@ inline std::string MakeTempDir(const std::string& what) {
   std::string pattern =
       std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/pstrain-" + what + "-XXXXXX";
   return mkdtemp(pattern.data()) != nullptr ? pattern : std::string();
+}
+
+// Runs `cmd` with /bin/sh; *output gets what it writes to stdout (add
+// " 2>&1" for stderr too). Returns its exit code, -1 if it did not exit.
+inline int RunShell(const std::string& cmd, std::string* output) {
+  output->clear();
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) output->append(buf, n);
+  const int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 }  // namespace pstrain::testing

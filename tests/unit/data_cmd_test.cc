@@ -39,14 +39,7 @@ int RunPstrain(const std::string& cwd, const std::string& args, std::string* out
   const std::string cmd =
       "cd '" + cwd + "' && env -u PSTRAIN_DATA -u PSTRAIN_MNIST_DIR -u PSTRAIN_DATA_MIRRORS " +
       env + " " + testing::PstrainBinary() + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1");
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return -1;
-  char buf[4096];
-  output->clear();
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) output->append(buf, n);
-  int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return testing::RunShell(cmd, output);
 }
 
 int CountOf(const std::string& text, const std::string& what) {

@@ -411,14 +411,7 @@ TEST_F(OnnxExportTest, UnreadableFilesAreErrorsNamingThePath) {
 
 int RunPstrain(const std::string& args, std::string* output) {
   const std::string cmd = testing::PstrainBinary() + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return -1;
-  char buf[4096];
-  output->clear();
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) output->append(buf, n);
-  int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return testing::RunShell(cmd, output);
 }
 
 TEST_F(OnnxExportTest, ExportCommandWritesTheModelOrSaysWhatIsWrong) {

@@ -91,14 +91,7 @@ if "labels" in args:
 )PY";
 
 int RunCommand(const std::string& cmd, std::string* output) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return -1;
-  char buf[4096];
-  output->clear();
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) output->append(buf, n);
-  int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return testing::RunShell(cmd + " 2>&1", output);
 }
 
 void WriteFloats(const std::string& path, const std::vector<float>& v) {

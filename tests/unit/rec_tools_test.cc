@@ -54,14 +54,7 @@ std::vector<std::string> Split(const std::string& s, char sep) {
 // Runs a shell command, with its stderr folded into *output or dropped;
 // returns its exit code.
 int RunShell(const std::string& cmd, std::string* output, bool keep_stderr = true) {
-  FILE* p = popen((cmd + (keep_stderr ? " 2>&1" : " 2>/dev/null")).c_str(), "r");
-  if (p == nullptr) return -1;
-  char buf[4096];
-  output->clear();
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) output->append(buf, n);
-  const int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return testing::RunShell(cmd + (keep_stderr ? " 2>&1" : " 2>/dev/null"), output);
 }
 // Runs `pstrain <args>`.
 int RunPstrain(const std::string& args, std::string* output) {
