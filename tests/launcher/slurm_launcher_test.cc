@@ -189,6 +189,37 @@ class SlurmCluster {
                   ReadFile(d + "/slurmd.log"), ReadFile(d + "/slurmd.out"));
   }
 
+  // PIDs of Slurm client processes (salloc, srun, sbatch) started with this
+  // cluster's configuration: children of the launchers the tests started.
+  std::vector<pid_t> Clients() const {
+    std::vector<pid_t> pids;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+      const std::string name = e.path().filename();
+      if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+      const std::string comm = ReadFile(e.path().string() + "/comm");
+      if (comm != "salloc\n" && comm != "srun\n" && comm != "sbatch\n") continue;
+      const std::string env = ReadFile(e.path().string() + "/environ");
+      if (env.find("SLURM_CONF=" + conf_ + std::string(1, '\0')) == std::string::npos) continue;
+      pids.push_back(static_cast<pid_t>(std::stol(name)));
+    }
+    return pids;
+  }
+
+  // Waits up to `ms` for the clients of this cluster to end (they may still
+  // be giving their allocation back); SIGKILLs those that do not and returns
+  // how many there were.
+  size_t EndClients(int64_t ms) const {
+    Deadline deadline = Deadline::InMillis(ms);
+    std::vector<pid_t> left = Clients();
+    while (!left.empty() && !deadline.Expired()) {
+      usleep(100000);
+      left = Clients();
+    }
+    for (pid_t pid : left) kill(pid, SIGKILL);
+    return left.size();
+  }
+
   // Stops the daemons it started (by PID) and removes the folder.
   ~SlurmCluster() {
     for (auto* daemon : {&slurmd_, &slurmctld_, &munged_}) {
@@ -279,10 +310,14 @@ class SlurmLauncherTest : public ::testing::Test {
 
   void TearDown() override {
     if (cluster_ == nullptr) return;
-    // Nothing of the job may be left in Slurm, whatever the test did.
+    // Nothing of the job may be left in Slurm, whatever the test did, and no
+    // salloc or srun of it may outlive the launcher for long (one stopped
+    // with its daemons gone spins forever).
+    const size_t clients = cluster_->EndClients(30000);
     std::string left = cluster_->Queue();
     cluster_.reset();
     EXPECT_EQ(left, "") << "jobs or steps left in Slurm";
+    EXPECT_EQ(clients, 0u) << "salloc or srun processes still running 30 s after the test";
   }
 
   // `pstrain launch --launcher slurm` for 2 servers and 2 workers, asking
