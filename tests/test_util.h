@@ -2,11 +2,17 @@
 #ifndef PSTRAIN_TESTS_TEST_UTIL_H_
 #define PSTRAIN_TESTS_TEST_UTIL_H_
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <random>
 #include <string>
 
 #include "common/status.h"
@@ -52,6 +58,26 @@ inline int RunShell(const std::string& cmd, std::string* output) {
   while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) output->append(buf, n);
   const int status = pclose(p);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// A port that binds now on 127.0.0.1, from 20000..32767: below the kernel's
+// ephemeral range (32768..), so a concurrent test's outgoing connection cannot
+// take it before the process under test binds it (a port from bind(0) could).
+inline int FreePort() {
+  static std::mt19937 rng(static_cast<unsigned>(getpid()) ^ static_cast<unsigned>(time(nullptr)));
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const int port = 20000 + static_cast<int>(rng() % 12768);
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    close(fd);
+    if (ok) return port;
+  }
+  ADD_FAILURE() << "no free port in 20000..32767";
+  return 0;
 }
 
 }  // namespace pstrain::testing

@@ -176,23 +176,7 @@ TEST_F(PythonClusterTest, TwoWorkersLearnMnistDistAsync) {
 
 // ---- a job started by hand, to kill one of its servers ----
 
-// A port from 20000..32767 that binds now (below the ephemeral range).
-int FreePort() {
-  static std::mt19937 rng(static_cast<unsigned>(getpid()) ^ static_cast<unsigned>(time(nullptr)));
-  for (int attempt = 0; attempt < 1000; ++attempt) {
-    const int port = 20000 + static_cast<int>(rng() % 12768);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-    close(fd);
-    if (ok) return port;
-  }
-  ADD_FAILURE() << "no free port in 20000..32767";
-  return 0;
-}
+using testing::FreePort;
 
 // A python3 process running `script` with `env`, output to `log`; killed
 // (SIGKILL, by its PID) at the end if still running.

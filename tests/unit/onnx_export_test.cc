@@ -34,25 +34,7 @@ Graph Build(const std::string& name, Shape shape = Shape(), int num_layers = 0) 
   return g.ok() ? std::move(g).value() : Graph();
 }
 
-// The graph's parameters and aux states with seeded random values (variances
-// positive), as a checkpoint holds them.
-std::vector<NamedArray> RandomArrays(const Graph& g, uint32_t seed = 1701) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<NamedArray> out;
-  auto add = [&](const ParamInfo& info, NamedArray::Kind kind) {
-    NamedArray a;
-    a.kind = kind;
-    a.name = info.name;
-    a.shape = info.shape.dims();
-    a.data.resize(static_cast<size_t>(info.shape.num_elements()));
-    for (float& v : a.data) v = info.role == ParamRole::kMovingVar ? 1.5f + u(rng) : u(rng);
-    out.push_back(std::move(a));
-  };
-  for (const ParamInfo& p : g.params()) add(p, NamedArray::Kind::kParam);
-  for (const ParamInfo& a : g.aux_states()) add(a, NamedArray::Kind::kAux);
-  return out;
-}
+using testing::RandomArrays;
 
 const onnx::NodeProto* FindNode(const onnx::GraphProto& g, const std::string& name) {
   for (const onnx::NodeProto& n : g.node()) {

@@ -458,20 +458,7 @@ TEST_F(OnnxRuntimeTest, EveryZooModelMatchesOnRandomWeights) {
 TEST_F(OnnxRuntimeTest, OddLayersMatch) {
   Graph g = testing::OddLayersGraph();
   ASSERT_OK(g.status());
-  std::mt19937 rng(1701);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<NamedArray> arrays;
-  auto add = [&](const ParamInfo& info, NamedArray::Kind kind) {
-    NamedArray a;
-    a.kind = kind;
-    a.name = info.name;
-    a.shape = info.shape.dims();
-    a.data.resize(static_cast<size_t>(info.shape.num_elements()));
-    for (float& v : a.data) v = info.role == ParamRole::kMovingVar ? 1.5f + u(rng) : u(rng);
-    arrays.push_back(std::move(a));
-  };
-  for (const ParamInfo& p : g.params()) add(p, NamedArray::Kind::kParam);
-  for (const ParamInfo& a : g.aux_states()) add(a, NamedArray::Kind::kAux);
+  const std::vector<NamedArray> arrays = testing::RandomArrays(g);
   auto m = ExportOnnx(g, arrays, {});
   ASSERT_TRUE(m.ok()) << m.status();
   const std::string model = dir_ + "/odd.onnx";
@@ -486,6 +473,8 @@ TEST_F(OnnxRuntimeTest, OddLayersMatch) {
   ASSERT_OK(LoadArraysInto(g, arrays, exec->get()));
   Evaluation ev;
   ev.inputs.resize(static_cast<size_t>(batch * g.node(0).out_shape.num_elements()));
+  std::mt19937 rng(1702);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (float& v : ev.inputs) v = 2.0f * u(rng);
   ASSERT_OK((*exec)->LoadData(ev.inputs.data(), ev.inputs.size()));
   (*exec)->Forward(/*is_train=*/false);

@@ -9,12 +9,15 @@
 #ifndef PSTRAIN_TESTS_UNIT_ONNX_TEST_GRAPHS_H_
 #define PSTRAIN_TESTS_UNIT_ONNX_TEST_GRAPHS_H_
 
+#include <cstdint>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "models/models.h"
 #include "nn/graph.h"
+#include "worker/checkpoint.h"
 
 namespace pstrain::testing {
 
@@ -88,6 +91,26 @@ inline std::vector<ZooCase> ZooCases() {
   }
   cases.push_back({"resnet", Shape{3, 64, 64}, 18});
   return cases;
+}
+
+// Every parameter and aux state of `g` drawn uniformly from [-1, 1] (moving
+// variances from [0.5, 2.5], positive), as a checkpoint holds them.
+inline std::vector<NamedArray> RandomArrays(const Graph& g, uint32_t seed = 1701) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<NamedArray> out;
+  auto add = [&](const ParamInfo& info, NamedArray::Kind kind) {
+    NamedArray a;
+    a.kind = kind;
+    a.name = info.name;
+    a.shape = info.shape.dims();
+    a.data.resize(static_cast<size_t>(info.shape.num_elements()));
+    for (float& v : a.data) v = info.role == ParamRole::kMovingVar ? 1.5f + u(rng) : u(rng);
+    out.push_back(std::move(a));
+  };
+  for (const ParamInfo& p : g.params()) add(p, NamedArray::Kind::kParam);
+  for (const ParamInfo& a : g.aux_states()) add(a, NamedArray::Kind::kAux);
+  return out;
 }
 
 }  // namespace pstrain::testing
