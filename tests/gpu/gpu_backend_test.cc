@@ -249,14 +249,6 @@ TEST_P(GpuModelTest, OneTrainingStepMatchesTheCpu) {
   for (float& x : data) x = u(rng);
   const std::vector<float> label = {0, 1, 2};
   std::vector<std::vector<float>> out(2), grad(2);
-  for (int k = 0; k < 2; ++k) {
-    ASSERT_OK(e[k]->LoadData(data.data(), data.size()));
-    ASSERT_OK(e[k]->LoadLabel(label.data(), label.size()));
-    e[k]->Forward(true);
-    e[k]->Backward();
-    out[k].resize(static_cast<size_t>(e[k]->output().num_elements()));
-    ASSERT_OK(e[k]->ReadOutput(out[k].data(), out[k].size()));
-  }
   auto close = [](const std::vector<float>& a, const std::vector<float>& b, const std::string& w) {
     ASSERT_EQ(a.size(), b.size()) << w;
     double diff = 0, mag = 1;
@@ -266,7 +258,35 @@ TEST_P(GpuModelTest, OneTrainingStepMatchesTheCpu) {
     }
     EXPECT_LT(diff / mag, 1e-3) << w;
   };
+  // Dropout draws its masks from each backend's own generator, so a training
+  // step of a model with dropout cannot agree element by element (the op test
+  // checks the GPU's dropout against its definition). Such a model is
+  // compared in inference, where dropout passes its input through, and its
+  // training step must give finite gradients; the other models cover every
+  // other operator's training step.
+  bool has_dropout = false;
+  for (const Node& n : g->nodes()) has_dropout |= n.op == OpType::kDropout;
+  for (int k = 0; k < 2; ++k) {
+    ASSERT_OK(e[k]->LoadData(data.data(), data.size()));
+    ASSERT_OK(e[k]->LoadLabel(label.data(), label.size()));
+    e[k]->Forward(!has_dropout);
+    if (!has_dropout) e[k]->Backward();
+    out[k].resize(static_cast<size_t>(e[k]->output().num_elements()));
+    ASSERT_OK(e[k]->ReadOutput(out[k].data(), out[k].size()));
+  }
   close(out[0], out[1], "output");
+  if (has_dropout) {
+    e[0]->Forward(true);
+    e[0]->Backward();
+    for (int p = 0; p < e[0]->num_params(); ++p) {
+      grad[0].resize(static_cast<size_t>(e[0]->param(p).num_elements()));
+      ASSERT_OK(e[0]->ReadGrad(p, grad[0].data(), grad[0].size()));
+      double norm = 0;
+      for (float x : grad[0]) norm += double(x) * x;
+      EXPECT_TRUE(std::isfinite(norm) && norm > 0) << g->params()[p].name << ": " << norm;
+    }
+    return;
+  }
   EXPECT_NEAR(e[0]->Loss(), e[1]->Loss(), 1e-3);
   for (int p = 0; p < e[0]->num_params(); ++p) {
     for (int k = 0; k < 2; ++k) {
@@ -306,7 +326,9 @@ TEST(GpuTrainingTest, LenetLossCurveFollowsTheCpuAndTheLoopAllocatesNothing) {
   cpu.num_threads = 1;
   std::unique_ptr<Executor> e[2] = {MakeExecutor(*g, Gpu(), kBatch), MakeExecutor(*g, cpu, kBatch)};
   OptimizerConfig oc;
-  oc.set_learning_rate(0.05f);
+  // 0.01: these inputs are dense (every pixel about +-0.5, unlike MNIST's
+  // mostly black digits), and at MNIST's 0.05 the CPU run itself diverges.
+  oc.set_learning_rate(0.01f);
   oc.set_momentum(0.9f);
   oc.set_wd(1e-4f);
   oc.set_rescale_grad(1.0f / kBatch);
