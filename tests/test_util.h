@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <random>
 #include <string>
 
@@ -35,8 +36,12 @@ inline std::string SharedDataDir() {
   const char* env = std::getenv("PSTRAIN_SHARED_DATA_DIR");
   return env != nullptr && *env != '\0' ? env : PSTRAIN_SHARED_DATA_DIR;
 }
-// The built `pstrain` binary.
-inline std::string PstrainBinary() { return PSTRAIN_BINARY; }
+// The built `pstrain` binary ($PSTRAIN_BINARY where the tests run from a
+// bundle, scripts/bundle.sh, on another host).
+inline std::string PstrainBinary() {
+  const char* env = std::getenv("PSTRAIN_BINARY");
+  return env != nullptr && *env != '\0' ? env : PSTRAIN_BINARY;
+}
 inline std::string SourceDir() { return PSTRAIN_SOURCE_DIR; }
 // A new empty folder under $TMPDIR (or /tmp) named after `what`; "" if none
 // could be made. The caller removes it.
@@ -46,6 +51,23 @@ inline std::string MakeTempDir(const std::string& what) {
       std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/pstrain-" + what + "-XXXXXX";
   return mkdtemp(pattern.data()) != nullptr ? pattern : std::string();
 }
+
+// A fresh folder from MakeTempDir(what), removed with its contents at the end.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& what = "test") : path_(MakeTempDir(what)) {}
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string Sub(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
 
 // Runs `cmd` with /bin/sh; *output gets what it writes to stdout (add
 // " 2>&1" for stderr too). Returns its exit code, -1 if it did not exit.

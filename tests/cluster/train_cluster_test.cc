@@ -25,6 +25,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::PstrainBinary;
 using testing::SharedDataDir;
+using testing::TempDir;
 
 struct CmdRun {
   int exit_code = -1;
@@ -54,22 +55,6 @@ std::vector<double> MetricValues(const std::string& output, const std::string& m
   }
   return values;
 }
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/pstrain_train_cluster_XXXXXX";
-    path_ = mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 TEST(TrainClusterTest, KvbenchVerifyUnderTheLocalLauncher) {
   TempDir logs;

@@ -29,28 +29,6 @@
 
 namespace pstrain::testing {
 
-// A fresh directory under $TMPDIR or /tmp, removed with its contents at the end.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = "/tmp/pstrain-launch-XXXXXX";
-    char* p = mkdtemp(tmpl.data());
-    if (p != nullptr) path_ = p;
-  }
-  ~TempDir() {
-    if (!path_.empty()) {
-      std::string out;
-      int status = 0;
-      (void)tracker::RunAndCapture({"rm", "-rf", path_}, Environment().All(), 30000, &out, &status);
-    }
-  }
-  const std::string& path() const { return path_; }
-  std::string Sub(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
-
 inline std::string EnvProbe() { return ENV_PROBE; }
 
 inline std::string ReadFile(const std::string& path) {
