@@ -1,0 +1,126 @@
+// GPU workers in real distributed jobs (issue 11): the `pstrain` binary under
+// the local launcher, one server and two workers on 127.0.0.1 that train on
+// GPU 0 (both share it). Skips without a GPU.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "common/env.h"
+#include "nn/backend.h"
+#include "tests/test_util.h"
+#include "tracker/process.h"
+#include "worker/checkpoint.h"
+
+namespace pstrain {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::PstrainBinary;
+using testing::SharedDataDir;
+using testing::TempDir;
+
+#define SKIP_WITHOUT_GPU()                          \
+  do {                                              \
+    std::string why_;                               \
+    if (GpuCount(&why_) == 0) GTEST_SKIP() << why_; \
+  } while (0)
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// `pstrain launch -n 2 -s 1 --launcher local -- pstrain train <train...>`,
+// the logs in `dir`; the job's exit code (-1 if it could not run).
+int LaunchTwoWorkers(const std::string& dir, const std::vector<std::string>& train) {
+  std::vector<std::string> argv = {PstrainBinary(), "launch", "-n",          "2",
+                                   "-s",            "1",      "--launcher",  "local",
+                                   "--quiet",       "--log-dir", dir + "/logs", "--",
+                                   PstrainBinary(), "train"};
+  argv.insert(argv.end(), train.begin(), train.end());
+  std::string output;
+  int wait_status = 0;
+  Status s = tracker::RunAndCapture(argv, Environment().All(), 240000, &output, &wait_status);
+  EXPECT_TRUE(s.ok()) << s << "\n" << output;
+  if (!s.ok() || !WIFEXITED(wait_status)) return -1;
+  if (WEXITSTATUS(wait_status) != 0) {
+    ADD_FAILURE() << output << "\nworker-0:\n" << ReadFile(dir + "/logs/worker-0.log");
+  }
+  return WEXITSTATUS(wait_status);
+}
+
+std::vector<double> Accuracies(const std::string& log) {
+  std::vector<double> values;
+  std::regex re("Epoch\\[\\d+\\] Validation-accuracy=([0-9.]+)");
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator();
+       ++it) {
+    values.push_back(std::stod((*it)[1].str()));
+  }
+  return values;
+}
+
+std::vector<std::string> LenetJob(const std::string& dir, const std::string& examples,
+                                  const std::string& epochs) {
+  return {"--network",      "lenet",   "--data-dir",     SharedDataDir() + "/mnist",
+          "--kv-store",     "dist_sync", "--batch-size", "64",
+          "--num-examples", examples,  "--num-epochs",   epochs,
+          "--lr",           "0.05",    "--model-prefix", dir + "/lenet"};
+}
+
+// One dist_sync step (each of the two workers one batch of 64) with GPU
+// workers gives the parameters the same step with CPU workers gives: the
+// servers summed the same gradients (up to float and TF32 rounding).
+TEST(GpuClusterTest, AGpuWorkersDistSyncStepEqualsACpuWorkers) {
+  SKIP_WITHOUT_GPU();
+  TempDir gpu, cpu;
+  std::vector<std::string> on_gpu = LenetJob(gpu.path(), "128", "1");
+  on_gpu.insert(on_gpu.end(), {"--gpus", "0"});
+  ASSERT_EQ(LaunchTwoWorkers(gpu.path(), on_gpu), 0);
+  ASSERT_EQ(LaunchTwoWorkers(cpu.path(), LenetJob(cpu.path(), "128", "1")), 0);
+  EXPECT_NE(ReadFile(gpu.path() + "/logs/worker-1.log").find("gpu(0)"), std::string::npos)
+      << "the GPU job's worker 1 did not say it trains on gpu(0)";
+  auto got = LoadArrays(gpu.path() + "/lenet-0001.params");
+  auto want = LoadArrays(cpu.path() + "/lenet-0001.params");
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_EQ(got->size(), want->size());
+  for (size_t a = 0; a < got->size(); ++a) {
+    const NamedArray& g = (*got)[a];
+    const NamedArray& w = (*want)[a];
+    ASSERT_EQ(g.name, w.name);
+    ASSERT_EQ(g.data.size(), w.data.size()) << g.name;
+    double diff = 0, mag = 1e-3;
+    for (size_t i = 0; i < g.data.size(); ++i) {
+      diff = std::max(diff, double(std::fabs(g.data[i] - w.data[i])));
+      mag = std::max(mag, double(std::fabs(w.data[i])));
+    }
+    EXPECT_LT(diff / mag, 2e-3) << g.name;
+  }
+}
+
+// Two GPU workers learn MNIST in a dist_sync job: one epoch of LeNet.
+TEST(GpuClusterTest, TwoGpuWorkersLearnMnistInDistSync) {
+  SKIP_WITHOUT_GPU();
+  TempDir dir;
+  std::vector<std::string> train = LenetJob(dir.path(), "60000", "1");
+  train.insert(train.end(), {"--gpus", "0"});
+  ASSERT_EQ(LaunchTwoWorkers(dir.path(), train), 0);
+  for (int w = 0; w < 2; ++w) {
+    const std::string log = ReadFile(dir.path() + "/logs/worker-" + std::to_string(w) + ".log");
+    const std::vector<double> acc = Accuracies(log);
+    ASSERT_EQ(acc.size(), 1u) << log;
+    EXPECT_GT(acc[0], 0.95) << "worker " << w << ":\n" << log;
+  }
+}
+
+}  // namespace
+}  // namespace pstrain
