@@ -7,6 +7,7 @@
 # on 28x28 CIFAR (seed 001), ResNet-50 and Inception-v3 (seed 003), the neon
 # CIFAR-10 conv net (seed 004).
 #   bash bench/gpu_vs_pytorch.sh [build_dir] [rounds]     # PYTHON=python3 by default
+#   (NN_STEP_BENCH=path/to/nn_step_bench where it is not build_dir/bench/, a bundle say)
 set -euo pipefail
 BUILD=${1:-build}
 ROUNDS=${2:-3}
@@ -29,7 +30,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
     read -r net batch shape classes layers steps <<<"${ROWS[$i]}"
     common=(--network "$net" --batch "$batch" --image-shape "$shape" --num-classes "$classes"
             --num-layers "$layers" --steps "$steps")
-    "$BUILD/bench/nn_step_bench" "${common[@]}" --gpus 0 >"$out/p" 2>&1 ||
+    "${NN_STEP_BENCH:-$BUILD/bench/nn_step_bench}" "${common[@]}" --gpus 0 >"$out/p" 2>&1 ||
       { cat "$out/p" >&2; exit 1; }
     "$PY" bench/torch_step_bench.py "${common[@]}" --device cuda >"$out/t" 2>&1 ||
       { cat "$out/t" >&2; exit 1; }
