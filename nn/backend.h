@@ -10,9 +10,15 @@
 // one queue (the CPU backend runs it at once; the CUDA backend enqueues it on
 // its compute stream). CopyToHost and Synchronize wait for everything asked
 // before them; the other calls may return before the device has finished.
+// The asynchronous host copies (CopyToHostAsync, CopyFromHostAsync) return at
+// once too, and a Fence (RecordFence) tells the host when everything asked
+// before it, those copies included, has finished: a host thread then reads
+// what a copy wrote, or reuses what it read. They are for pinned host memory
+// (AllocatePinned), which the device reads and writes without staging.
 //
 // Threads: one thread at a time (the executor's). A backend and the tensors it
-// allocated belong together: the backend must outlive them.
+// allocated belong together: the backend must outlive them. A Fence and a
+// pinned buffer may be used, waited on and released on any thread.
 #ifndef PSTRAIN_NN_BACKEND_H_
 #define PSTRAIN_NN_BACKEND_H_
 
@@ -77,6 +83,26 @@ struct BackendCounters {
   int64_t param_reorders = 0;
 };
 
+// The host's view of a point in one backend's queue: done once everything
+// asked of the backend before RecordFence() has finished on the device.
+// Thread-safe; may outlive nothing but its backend.
+class Fence {
+ public:
+  virtual ~Fence() = default;
+  // Whether the work before the fence has finished (never blocks).
+  virtual bool Done() = 0;
+  // Returns once Done(). Device work always ends (a failing device aborts
+  // the process through the backend's checks), so this wait has no deadline.
+  virtual void Wait() = 0;
+};
+
+// A fence with nothing to wait for (backends that compute at once).
+class DoneFence : public Fence {
+ public:
+  bool Done() override { return true; }
+  void Wait() override {}
+};
+
 class Backend {
  public:
   // The backend for options.device. InvalidArgument for a GPU ordinal that
@@ -113,6 +139,14 @@ class Backend {
     Fill(t, 0.0f);
     return t;
   }
+  // Host memory (a Buffer of Device::Cpu(), 64-byte aligned) that this
+  // backend's asynchronous copies use without staging: page-locked ("pinned")
+  // on a GPU and usable by every GPU of the process; plain memory on the CPU.
+  // Costly to allocate: allocate once and reuse. CHECK-fails when the host
+  // cannot give it.
+  virtual std::shared_ptr<Buffer> AllocatePinned(size_t num_floats) {
+    return Buffer::Allocate(num_floats, Device::Cpu());
+  }
   virtual MemoryStats memory_stats() const = 0;
   virtual BackendCounters counters() const { return {}; }
 
@@ -139,6 +173,22 @@ class Backend {
   virtual void CopyFromHost(const float* src, const Tensor& dst) = 0;
   // Copies src.num_elements() floats to host memory; returns when `dst` holds them.
   virtual void CopyToHost(const Tensor& src, float* dst) = 0;
+  // Asynchronous copies to and from host memory, for pinned memory
+  // (AllocatePinned; other host memory works but may make the call wait).
+  // CopyToHostAsync: dst receives src as the work asked before left it; dst
+  // holds the values once a Fence recorded after this call is Done(), and
+  // must stay valid until then. CopyFromHostAsync: dst holds src's values for
+  // every operation asked later; src must stay valid and unchanged until a
+  // Fence recorded after this call is Done(). The device may start this copy
+  // before the work asked earlier has finished: REQUIRES that no work asked
+  // earlier and not yet finished reads or writes dst (the caller knows: it
+  // waited for a Fence recorded after that work). The CPU backend copies at
+  // once (then src may be reused on return, dst holds the values on return).
+  virtual void CopyToHostAsync(const Tensor& src, float* dst) { CopyToHost(src, dst); }
+  virtual void CopyFromHostAsync(const float* src, const Tensor& dst) { CopyFromHost(src, dst); }
+  // A fence after everything asked of this backend so far (the CPU backend's
+  // is done at once).
+  virtual std::unique_ptr<Fence> RecordFence() { return std::make_unique<DoneFence>(); }
   // dst = src on this device. REQUIRES: same num_elements.
   virtual void Copy(const Tensor& src, const Tensor& dst) = 0;
   // dst (here) = src, a tensor of `from`, another backend of the same kind

@@ -41,6 +41,19 @@ DeviceGroup::DeviceGroup(const Graph& graph, const DeviceGroupOptions& options)
     : graph_(graph), options_(options) {}
 
 DeviceGroup::~DeviceGroup() {
+  // The merge thread finishes the jobs it holds without summing or calling
+  // back (the callbacks' owner may be gone): their downloads end first.
+  {
+    MutexLock l(&mu_);
+    stop_ = true;
+    cv_.SignalAll();
+  }
+  if (merger_.joinable()) merger_.join();
+  // Uploads from the pinned merge buffers end before those go.
+  if (async_merge_) {
+    for (auto& e : execs_) e->backend().Synchronize();
+  }
+  pinned_grad_.clear();
   // The merge buffers belong to their backend: they go first.
   merge_param_.clear();
   merge_grad_.clear();
@@ -103,11 +116,30 @@ Status DeviceGroup::Init() {
     cpu.num_threads = options_.devices[0].device.is_cpu() ? options_.devices[0].num_threads : 0;
     ASSIGN_OR_RETURN(own_merge_backend_, Backend::Create(cpu));
     merge_backend_ = own_merge_backend_.get();
+    async_merge_ = !first.backend().host_accessible();
+    if (async_merge_) {
+      pinned_grad_.resize(execs_.size());
+      grad_fences_.resize(P);
+    }
+    // A host tensor of shape s in memory the devices copy asynchronously.
+    auto pinned = [&first, this](const Shape& s) {
+      Tensor t(first.backend().AllocatePinned(static_cast<size_t>(s.num_elements())), 0, s);
+      merge_backend_->Fill(t, 0.0f);
+      return t;
+    };
     for (int i = 0; i < P; ++i) {
       const Shape& s = graph_.params()[i].shape;
-      merge_param_.push_back(merge_backend_->Zeros(s));
-      merge_grad_.push_back(options_.for_training ? merge_backend_->Zeros(s) : Tensor());
-      if (!first.backend().host_accessible()) host_staging_.push_back(merge_backend_->Empty(s));
+      if (async_merge_) {
+        merge_param_.push_back(pinned(s));
+        merge_grad_.push_back(options_.for_training ? pinned(s) : Tensor());
+        for (size_t d = 1; d < execs_.size() && options_.for_training; ++d) {
+          pinned_grad_[d].push_back(pinned(s));
+        }
+      } else {
+        merge_param_.push_back(merge_backend_->Zeros(s));
+        merge_grad_.push_back(options_.for_training ? merge_backend_->Zeros(s) : Tensor());
+        if (!first.backend().host_accessible()) host_staging_.push_back(merge_backend_->Empty(s));
+      }
       // Every device starts from the merge buffers' values.
       first.backend().CopyToHost(first.param(i), merge_param_[i].data());
       stale_[i] = true;
@@ -120,6 +152,10 @@ Status DeviceGroup::Init() {
   for (size_t d = 0; d < execs_.size(); ++d) {
     Executor* e = execs_[d].get();
     e->SetGradReadyCallback([this, d, e](int p) {
+      if (async_merge_) {
+        EnqueueDownload(static_cast<int>(d), p);
+        return;
+      }
       if (!residuals_.empty()) {
         // Device d's gradient as its 2-bit codes say (MXNet quantizes each
         // device's gradient with its own residual, then sums the dequantized).
@@ -138,7 +174,75 @@ Status DeviceGroup::Init() {
       if (on_grad_ready_) on_grad_ready_(p);
     });
   }
+  if (async_merge_) {
+    MutexLock l(&mu_);
+    merging_.assign(P, 0);
+    merger_ = std::thread([this] { MergeLoop(); });
+  }
   return Status::Ok();
+}
+
+void DeviceGroup::EnqueueDownload(int d, int p) {
+  // Step t's merge of p has read the pinned buffers (Forward waited for it
+  // unless no node reads p).
+  WaitMerged(p);
+  Executor& e = *execs_[d];
+  float* dst = d == 0 ? merge_grad_[p].data() : pinned_grad_[d][p].data();
+  e.backend().CopyToHostAsync(e.grad(p), dst);
+  grad_fences_[p].push_back(e.backend().RecordFence());
+  if (++grads_in_[p] < num_devices()) return;
+  grads_in_[p] = 0;
+  stale_[p] = true;  // the sync updates the merged parameter from here on
+  MergeJob job;
+  job.param = p;
+  job.fences = std::move(grad_fences_[p]);
+  grad_fences_[p].clear();
+  MutexLock l(&mu_);
+  merging_[p] = 1;
+  ++in_flight_;
+  jobs_.push_back(std::move(job));
+  cv_.SignalAll();
+}
+
+void DeviceGroup::MergeLoop() {
+  while (true) {
+    MergeJob job;
+    bool stop;
+    {
+      MutexLock l(&mu_);
+      // Idle until work or the destructor's stop, which bounds this wait.
+      cv_.WaitUntil(Deadline::Never(), [this]() REQUIRES(mu_) { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+      stop = stop_;
+    }
+    for (auto& f : job.fences) f->Wait();  // the pinned gradients are complete
+    const int p = job.param;
+    if (!stop) {
+      // Device 0's gradient is in the merge buffer already; the order of the
+      // sums is the synchronous merge's.
+      for (int d = 1; d < num_devices(); ++d) merge_backend_->Add(pinned_grad_[d][p], merge_grad_[p]);
+      if (on_grad_ready_) on_grad_ready_(p);
+    }
+    MutexLock l(&mu_);
+    merging_[p] = 0;
+    --in_flight_;
+    cv_.SignalAll();
+  }
+}
+
+void DeviceGroup::WaitMerged(int p) {
+  MutexLock l(&mu_);
+  // Bounded by the device work before the fences and the callback, which
+  // does not block (an optimizer update, or a push that only enqueues).
+  cv_.WaitUntil(Deadline::Never(), [this, p]() REQUIRES(mu_) { return merging_[p] == 0; });
+}
+
+void DeviceGroup::Drain() {
+  if (!async_merge_) return;
+  MutexLock l(&mu_);
+  cv_.WaitUntil(Deadline::Never(), [this]() REQUIRES(mu_) { return in_flight_ == 0; });
 }
 
 void DeviceGroup::Merge(int i) {
@@ -178,7 +282,11 @@ void DeviceGroup::Broadcast(int i) {
   for (int d = 0; d < num_devices(); ++d) {
     if (SharesMerge(d)) continue;
     Executor& e = *execs_[d];
-    if (separate_merge_) {
+    if (async_merge_) {
+      // From pinned memory, ahead of the kernels that read it; the device
+      // finished reading e.param(i) before the fences the merge waited for.
+      e.backend().CopyFromHostAsync(mp.data(), e.param(i));
+    } else if (separate_merge_) {
       e.backend().CopyFromHost(mp.data(), e.param(i));
     } else {
       e.backend().CopyPeer(*merge_backend_, mp, e.param(i));
@@ -190,6 +298,7 @@ void DeviceGroup::Forward(bool is_train) {
   const int n = execs_[0]->num_nodes();
   for (NodeId i = 0; i < n; ++i) {
     for (int p : graph_.node(i).params) {
+      if (async_merge_) WaitMerged(p);
       if (on_param_needed_) on_param_needed_(p);
       if (stale_[p]) {
         Broadcast(p);
@@ -280,6 +389,11 @@ Status DeviceGroup::WriteParam(int i, const float* src, size_t n) {
     RETURN_IF_ERROR(execs_[0]->WriteParam(i, src, n));
   } else {
     RETURN_IF_ERROR(CheckArrayCopy("parameter", i, graph_.params(), n));
+    if (async_merge_) {
+      // No merge writes it meanwhile, and no upload from it is in flight.
+      Drain();
+      for (auto& e : execs_) e->backend().Synchronize();
+    }
     merge_backend_->CopyFromHost(src, merge_param_[i]);
   }
   if (num_devices() > 1) stale_[i] = true;

@@ -18,6 +18,25 @@
 // param-needed callback fires once and the parameter is copied to every
 // device that does not share the merge buffer.
 //
+// kLocal from devices the host cannot address (GPUs) never blocks the
+// caller's thread, which enqueues every device's kernels: the moment device
+// d's gradient i is complete, its download into pinned host memory (device
+// 0's straight into the merge buffer, the others' into a staging buffer per
+// device and parameter) and a Fence are enqueued, and the caller goes on.
+// Once every device has, the merge thread waits for those fences, sums in
+// host memory and fires the grad-ready callback, from that thread. Before
+// the first node that reads parameter i, Forward waits for that merge only,
+// then fires param-needed and enqueues the upload of the (pinned) merge
+// buffer to every device ahead of the node's kernels. No pinned buffer is
+// overwritten while a copy may use it: a gradient download of step t+1 is
+// enqueued after step t+1's Forward waited for step t's merge of that
+// parameter (the sum and the callback read the buffers there); the merge
+// buffer's parameter is updated by the callback only after the merge thread
+// waited for fences recorded after every device's backward of step t, and
+// those devices' compute streams waited for the upload of step t before
+// their forward. Drain() waits for every merge (a step's end: checkpoints
+// read the merge buffers).
+//
 // With gradient compression (MXNet's `device` kvstore after
 // kv.set_gradient_compression: its CommDevice::ReduceCompressed), each
 // device's gradient is first replaced by its 2-bit quantization (+-t or 0)
@@ -32,15 +51,20 @@
 // states (BatchNorm's moving statistics) stay per device, as in MXNet; reads
 // come from the first device, writes go to all.
 //
-// Threads: one (the trainer's), like an executor.
+// Threads: one (the trainer's), like an executor; with a kLocal merge from
+// GPUs the grad-ready callback runs on the group's merge thread (one call
+// at a time; grad-ready(i) finishes before the param-needed(i) that follows).
 #ifndef PSTRAIN_NN_DEVICE_GROUP_H_
 #define PSTRAIN_NN_DEVICE_GROUP_H_
 
+#include <deque>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "common/gradient_compression.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "nn/executor.h"
 #include "nn/model_params.h"
@@ -91,6 +115,10 @@ class DeviceGroup : public ModelParams {
 
   void Forward(bool is_train);
   void Backward();
+  // Returns when every merge Backward started has finished, its grad-ready
+  // callback included (at once when merges are synchronous). Call before
+  // reading the merge buffers or the callbacks' state after a step.
+  void Drain();
 
   // The whole batch in host memory, split over the devices by rows.
   // InvalidArgument when n does not fit.
@@ -129,6 +157,11 @@ class DeviceGroup : public ModelParams {
   void Merge(int i);
   // Copies the merge buffer's parameter i to every device that needs it.
   void Broadcast(int i);
+  // kLocal from GPUs (async_merge_): the grad-ready step of device d's
+  // parameter p on the caller's thread, the merge thread, and the wait for p's merge.
+  void EnqueueDownload(int d, int p);
+  void MergeLoop();
+  void WaitMerged(int p);
   // Whether device d's param/grad tensors are the merge buffers themselves.
   bool SharesMerge(int d) const { return d == 0 && !separate_merge_; }
 
@@ -141,10 +174,30 @@ class DeviceGroup : public ModelParams {
   std::unique_ptr<Backend> own_merge_backend_;
   Backend* merge_backend_ = nullptr;
   bool separate_merge_ = false;
+  bool async_merge_ = false;  // kLocal from devices the host cannot address
   std::vector<Tensor> merge_param_, merge_grad_;
   std::vector<Tensor> host_staging_;  // kLocal from a device: one host tensor per param
-  std::vector<int> grads_in_;         // per param: devices whose gradient is complete
-  std::vector<bool> stale_;           // per param: devices hold an older value
+  // async_merge_: per device (from 1), per param, a pinned gradient (device 0
+  // downloads into merge_grad_, pinned too, as is merge_param_).
+  std::vector<std::vector<Tensor>> pinned_grad_;
+  // async_merge_, per param: the fences of the devices' downloads so far
+  // (the caller's thread only, until handed to the merge thread).
+  std::vector<std::vector<std::unique_ptr<Fence>>> grad_fences_;
+  struct MergeJob {
+    int param = 0;
+    std::vector<std::unique_ptr<Fence>> fences;
+  };
+  Mutex mu_;
+  CondVar cv_{&mu_};  // jobs_, merging_ or stop_ changed
+  std::deque<MergeJob> jobs_ GUARDED_BY(mu_);
+  std::vector<char> merging_ GUARDED_BY(mu_);  // per param: a job queued or running
+  int in_flight_ GUARDED_BY(mu_) = 0;           // jobs queued or running
+  bool stop_ GUARDED_BY(mu_) = false;
+  std::thread merger_;
+  // Per param, the caller's thread only: devices whose gradient is complete,
+  // and whether devices hold an older value.
+  std::vector<int> grads_in_;
+  std::vector<bool> stale_;
   // Gradient compression: per device, per param, the residual (empty until used).
   std::vector<std::vector<std::vector<float>>> residuals_;
   std::function<void(int)> on_grad_ready_;

@@ -17,11 +17,26 @@ DistParamSync::DistParamSync(KVClient* client, const OptimizerConfig& optimizer,
       barrier_timeout_ms_(barrier_timeout_ms) {}
 
 DistParamSync::~DistParamSync() {
+  // The pusher finishes the jobs it holds without pushing: their downloads
+  // end before the pinned buffers go.
+  {
+    MutexLock l(&mu_);
+    stop_ = true;
+    cv_.SignalAll();
+  }
+  if (pusher_.joinable()) pusher_.join();
   // The executor's buffers must not be written after it is gone: settle every
   // exchange still in flight (bounded by the request deadline).
-  for (size_t i = 0; i < pending_.size(); ++i) {
-    if (pending_[i] != 0) (void)client_->Wait(pending_[i], RequestDeadline());
+  std::vector<KVClient::Ticket> pending;
+  {
+    MutexLock l(&mu_);
+    pending = pending_;
   }
+  for (KVClient::Ticket t : pending) {
+    if (t != 0) (void)client_->Wait(t, RequestDeadline());
+  }
+  // Uploads from host_param_ still in flight end before it goes.
+  if (exec_ != nullptr && !host_param_.empty()) exec_->backend().Synchronize();
 }
 
 Status DistParamSync::Init(ModelParams* exec) {
@@ -43,7 +58,11 @@ Status DistParamSync::Init(ModelParams* exec) {
     const float wd_mult = WeightDecayMult(params[i].name);
     if (wd_mult != 1.0f) (*config.mutable_wd_mult())[i] = wd_mult;
   }
-  pending_.assign(params.size(), 0);
+  {
+    MutexLock l(&mu_);
+    pending_.assign(params.size(), 0);
+    queued_.assign(params.size(), false);
+  }
   RETURN_IF_ERROR(
       client_->SetServerConfig(config, RequestDeadline()).WithContext("configuring the servers"));
 
@@ -75,47 +94,111 @@ Status DistParamSync::Init(ModelParams* exec) {
   host_grad_.clear();
   host_param_.clear();
   if (!exec->backend().host_accessible()) {
-    host_grad_.resize(params.size());
-    host_param_.resize(params.size());
     for (size_t i = 0; i < params.size(); ++i) {
-      host_grad_[i].resize(static_cast<size_t>(lens_[i]));
-      host_param_[i].resize(static_cast<size_t>(lens_[i]));
+      host_grad_.push_back(exec->backend().AllocatePinned(static_cast<size_t>(lens_[i])));
+      host_param_.push_back(exec->backend().AllocatePinned(static_cast<size_t>(lens_[i])));
     }
+    if (!pusher_.joinable()) pusher_ = std::thread([this] { PusherLoop(); });
   }
   return Status::Ok();
 }
 
 void DistParamSync::OnGradReady(int i) {
-  if (!error_.ok()) return;
+  if (HasError()) return;
   float* grad = exec_->host_grad(i);
-  float* weight = exec_->host_param(i);
-  if (grad == nullptr) {
-    // A device's gradient: to the host first (this waits for the backward so far).
-    grad = host_grad_[i].data();
-    weight = host_param_[i].data();
-    Record(exec_->ReadGrad(i, grad, host_grad_[i].size()));
+  if (grad != nullptr) {
+    // Host memory: the client reads the gradient and writes the reply in place.
+    const KVClient::Ticket t =
+        client_->PushPull({keys_[i]}, {lens_[i]}, grad, exec_->host_param(i), /*priority=*/-i);
+    MutexLock l(&mu_);
+    pending_[i] = t;
+    return;
   }
-  pending_[i] = client_->PushPull({keys_[i]}, {lens_[i]}, grad, weight, /*priority=*/-i);
+  bool unsettled;
+  {
+    MutexLock l(&mu_);
+    unsettled = queued_[i] || pending_[i] != 0;
+  }
+  if (unsettled) WaitParam(i);  // no forward read param(i): keep the buffers' rule
+  Backend& b = exec_->backend();
+  b.CopyToHostAsync(exec_->grad(i), host_grad_[i]->data());
+  PushJob job;
+  job.param = i;
+  job.fence = b.RecordFence();
+  MutexLock l(&mu_);
+  queued_[i] = true;
+  jobs_.push_back(std::move(job));
+  cv_.SignalAll();
+}
+
+void DistParamSync::PusherLoop() {
+  while (true) {
+    PushJob job;
+    {
+      MutexLock l(&mu_);
+      // Idle until work or shutdown (the destructor's), which bound this wait.
+      cv_.WaitUntil(Deadline::Never(), [this]() REQUIRES(mu_) {
+        return stop_ || !jobs_.empty();
+      });
+      if (jobs_.empty()) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    job.fence->Wait();  // host_grad_[i] holds the gradient
+    const int i = job.param;
+    bool skip;
+    {
+      MutexLock l(&mu_);
+      skip = stop_ || !error_.ok();
+    }
+    KVClient::Ticket t = 0;
+    if (!skip) {
+      t = client_->PushPull({keys_[i]}, {lens_[i]}, host_grad_[i]->data(), host_param_[i]->data(),
+                            /*priority=*/-i);
+    }
+    MutexLock l(&mu_);
+    pending_[i] = t;
+    queued_[i] = false;
+    cv_.SignalAll();
+  }
 }
 
 void DistParamSync::WaitParam(int i) {
-  if (pending_[i] == 0) return;
-  const KVClient::Ticket t = pending_[i];
-  pending_[i] = 0;
+  KVClient::Ticket t = 0;
+  {
+    MutexLock l(&mu_);
+    // On a device: until the pusher has pushed i (its download is done).
+    if (!cv_.WaitUntil(RequestDeadline(), [this, i]() REQUIRES(mu_) {
+          return !queued_[i];
+        })) {
+      if (error_.ok()) {
+        error_ = Status::DeadlineExceeded(
+            StrCat("the gradient of ", exec_->graph().params()[i].name,
+                   " was not copied to the host within ", request_timeout_ms_, " ms"));
+      }
+      return;
+    }
+    t = pending_[i];
+    pending_[i] = 0;
+  }
+  if (t == 0) return;
   const Status s = client_->Wait(t, RequestDeadline())
                        .WithContext(StrCat("exchanging ", exec_->graph().params()[i].name));
   Record(s);
   if (s.ok() && !host_param_.empty()) {
-    Record(exec_->WriteParam(i, host_param_[i].data(), host_param_[i].size()));
+    // In place, ahead of the kernels that read it (param(i) is no longer read
+    // by earlier work: the push waited for a fence after the backward).
+    exec_->backend().CopyFromHostAsync(host_param_[i]->data(), exec_->param(i));
   }
 }
 
 Status DistParamSync::Drain() {
-  for (size_t i = 0; i < pending_.size(); ++i) WaitParam(static_cast<int>(i));
+  for (size_t i = 0; i < lens_.size(); ++i) WaitParam(static_cast<int>(i));
   return TakeError();
 }
 
 Status DistParamSync::TakeError() {
+  MutexLock l(&mu_);
   Status s = error_;
   error_ = Status::Ok();
   return s;
@@ -133,7 +216,14 @@ Status DistParamSync::LoadState(const std::vector<NamedArray>& arrays) {
 }
 
 void DistParamSync::Record(const Status& s) {
-  if (error_.ok() && !s.ok()) error_ = s;
+  if (s.ok()) return;
+  MutexLock l(&mu_);
+  if (error_.ok()) error_ = s;
+}
+
+bool DistParamSync::HasError() {
+  MutexLock l(&mu_);
+  return !error_.ok();
 }
 
 }  // namespace pstrain

@@ -35,6 +35,7 @@ void LocalParamSync::OnGradReady(int i) {
   if (w != nullptr) {
     const UpdateCheck c = optimizer_->Update(
         exec_->host_grad(i), w, static_cast<size_t>(exec_->param(i).num_elements()), &states_[i]);
+    MutexLock l(&mu_);
     if (!c.ok() && error_.ok()) {
       const std::string& name = exec_->graph().params()[i].name;
       error_ = Status::FailedPrecondition(

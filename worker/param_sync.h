@@ -9,9 +9,19 @@
 //   parameter i: a sync blocks there until i's new weights are in place, so
 //   the first layers compute while later layers' pulls are still in flight.
 //
+// Threads: WaitParam, TakeError, Drain and the rest come from the training
+// loop's thread. OnGradReady comes from that thread too, or, with several
+// GPUs summed on the host (a DeviceGroup's kLocal merge), from the group's
+// merge thread: one call at a time, and OnGradReady(i) returns before the
+// WaitParam(i) that follows it is called (the group waits for it). So a sync
+// keeps what OnGradReady and TakeError share (the recorded error, tickets of
+// other parameters) under a lock. The loop calls DeviceGroup::Drain before
+// Drain here, so that no OnGradReady is running or due then.
+//
 // Errors (a dead server, a deadline) cannot be returned through the executor's
 // callbacks, so a sync records the first one and reports it from
-// TakeError(), which the loop checks after every Forward and Backward.
+// TakeError(), which the loop checks after every Forward and Backward (an
+// error of a merge still running then is reported by a later call).
 #ifndef PSTRAIN_WORKER_PARAM_SYNC_H_
 #define PSTRAIN_WORKER_PARAM_SYNC_H_
 
@@ -19,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "nn/model_params.h"
 #include "nn/optimizer.h"
@@ -39,8 +50,8 @@ class ParamSync {
   // owned; outlives this object) after they are initialized or loaded. A dist
   // sync pushes rank 0's initial values here.
   virtual Status Init(ModelParams* params) = 0;
-  // Executor thread, during Backward: grad(i) is complete and param(i) is no
-  // longer read by this Backward.
+  // During Backward (executor thread, or a device group's merge thread; see
+  // above): grad(i) is complete and param(i) is no longer read by this Backward.
   virtual void OnGradReady(int param_index) = 0;
   // Executor thread, during Forward: returns when param(i) holds the weights
   // after every update this worker's earlier gradients caused.
@@ -60,8 +71,9 @@ class ParamSync {
 };
 
 // `--kv-store local` and `device` in one process: the optimizer is applied in
-// OnGradReady on the executor's thread, right when each gradient is ready, so
-// WaitParam never waits. On the CPU it updates the weights in place in host
+// OnGradReady, right when each gradient is ready (on the executor's thread, or
+// on a device group's merge thread for GPUs summed on the host), so WaitParam
+// never waits. On the CPU it updates the weights in place in host
 // memory; on a GPU the backend applies the same arithmetic on the device, in
 // stream order after the gradient (the momentum stays on the device too).
 // MXNet's 1.x weight-decay rule: only parameters named *_weight or *_gamma
@@ -76,6 +88,7 @@ class LocalParamSync : public ParamSync {
   void WaitParam(int param_index) override {}
   // A gradient or update with NaN or Inf (checked on the CPU, in the update's pass).
   Status TakeError() override {
+    MutexLock l(&mu_);
     Status s = error_;
     error_ = Status::Ok();
     return s;
@@ -92,7 +105,8 @@ class LocalParamSync : public ParamSync {
   ModelParams* exec_ = nullptr;
   std::vector<ParamState> states_;       // momentum here on the CPU
   std::vector<Tensor> device_momentum_;  // on a device backend: per parameter, once used
-  Status error_;
+  Mutex mu_;
+  Status error_ GUARDED_BY(mu_);
 };
 
 }  // namespace pstrain

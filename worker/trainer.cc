@@ -31,7 +31,10 @@ StatusOr<InitializerSpec> ParseInitializer(const std::string& text) {
 }  // namespace
 
 Trainer::Trainer(const TrainConfig& cfg, TrainerEnv env) : cfg_(cfg), env_(std::move(env)) {}
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  // No merge may call into sync_ once it is gone (an error left some running).
+  if (exec_ != nullptr) exec_->Drain();
+}
 
 StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& cfg, TrainerEnv env) {
   CHECK(env.log != nullptr);
@@ -285,7 +288,9 @@ Status Trainer::TrainEpoch(int epoch) {
     }
   }
   // The last exchanges of the epoch finish before its time is taken and a
-  // checkpoint reads the weights.
+  // checkpoint reads the weights: the device group's merges first (they call
+  // the sync), then the sync's exchanges.
+  exec_->Drain();
   RETURN_IF_ERROR(sync_->Drain());
   EpochResult result;
   result.epoch = epoch;

@@ -90,6 +90,12 @@ Status CudaBackend::Init() {
                                "creating the copy stream");
   PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&peer_event_, cudaEventDisableTiming),
                                "cudaEventCreate");
+  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&download_stream_, cudaStreamNonBlocking),
+                               "creating the download stream");
+  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming),
+                               "cudaEventCreate");
+  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&upload_done_, cudaEventDisableTiming),
+                               "cudaEventCreate");
   PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnCreate(&cudnn_), "cudnnCreate");
   PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnSetStream(cudnn_, stream_), "cudnnSetStream");
   if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) {
@@ -137,6 +143,7 @@ CudaBackend::~CudaBackend() {
     cudaStreamSynchronize(stream_);
   }
   if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
+  if (download_stream_ != nullptr) cudaStreamSynchronize(download_stream_);
   workspace_.reset();
   for (Staging& s : staging_) {
     if (s.host != nullptr) cudaFreeHost(s.host);
@@ -146,6 +153,9 @@ CudaBackend::~CudaBackend() {
   }
   if (download_ != nullptr) cudaFreeHost(download_);
   if (peer_event_ != nullptr) cudaEventDestroy(peer_event_);
+  if (compute_done_ != nullptr) cudaEventDestroy(compute_done_);
+  if (upload_done_ != nullptr) cudaEventDestroy(upload_done_);
+  if (download_stream_ != nullptr) cudaStreamDestroy(download_stream_);
   if (cublas_ != nullptr) cublasDestroy(cublas_);
   if (cudnn_ != nullptr) cudnnDestroy(cudnn_);
   if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
@@ -182,6 +192,16 @@ std::shared_ptr<Buffer> CudaBackend::Allocate(size_t num_floats) {
   std::shared_ptr<CachingAllocator> allocator = allocator_;
   return Buffer::Wrap(static_cast<float*>(p), num_floats, device(),
                       [allocator](float* d) { allocator->Free(d); });
+}
+
+std::shared_ptr<Buffer> CudaBackend::AllocatePinned(size_t num_floats) {
+  // Portable: every GPU's context may copy from and to it (a device group
+  // lists several, or the same one several times).
+  void* p = nullptr;
+  PSTRAIN_CUDA_CHECK(
+      cudaHostAlloc(&p, std::max<size_t>(num_floats, 1) * sizeof(float), cudaHostAllocPortable));
+  return Buffer::Wrap(static_cast<float*>(p), num_floats, Device::Cpu(),
+                      [](float* d) { PSTRAIN_CUDA_CHECK(cudaFreeHost(d)); });
 }
 
 Status CudaBackend::ReserveWorkspace(size_t bytes) {
@@ -248,6 +268,58 @@ void CudaBackend::CopyToHost(const Tensor& src, float* dst) {
   }
 }
 
+namespace {
+
+// An event recorded once; blocking sync: a waiting host thread sleeps rather
+// than spins (the merge and push threads share the cores with OpenMP).
+class CudaFence : public Fence {
+ public:
+  explicit CudaFence(cudaEvent_t event) : event_(event) {}
+  ~CudaFence() override { PSTRAIN_CUDA_CHECK(cudaEventDestroy(event_)); }
+  bool Done() override {
+    const cudaError_t e = cudaEventQuery(event_);
+    if (e == cudaErrorNotReady) return false;
+    PSTRAIN_CUDA_CHECK(e);
+    return true;
+  }
+  void Wait() override { PSTRAIN_CUDA_CHECK(cudaEventSynchronize(event_)); }
+
+ private:
+  cudaEvent_t event_;
+};
+
+}  // namespace
+
+void CudaBackend::CopyToHostAsync(const Tensor& src, float* dst) {
+  CHECK(src.device() == device()) << "CopyToHostAsync from " << src.device().ToString();
+  SetDevice();
+  PSTRAIN_CUDA_CHECK(cudaEventRecord(compute_done_, stream_));
+  PSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(download_stream_, compute_done_, 0));
+  PSTRAIN_CUDA_CHECK(
+      cudaMemcpyAsync(dst, src.data(), src.bytes(), cudaMemcpyDeviceToHost, download_stream_));
+}
+
+void CudaBackend::CopyFromHostAsync(const float* src, const Tensor& dst) {
+  CHECK(dst.device() == device()) << "CopyFromHostAsync into " << dst.device().ToString();
+  SetDevice();
+  PSTRAIN_CUDA_CHECK(
+      cudaMemcpyAsync(dst.data(), src, dst.bytes(), cudaMemcpyHostToDevice, copy_stream_));
+  PSTRAIN_CUDA_CHECK(cudaEventRecord(upload_done_, copy_stream_));
+  PSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(stream_, upload_done_, 0));
+}
+
+std::unique_ptr<Fence> CudaBackend::RecordFence() {
+  SetDevice();
+  cudaEvent_t event = nullptr;
+  PSTRAIN_CUDA_CHECK(
+      cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventBlockingSync));
+  auto fence = std::make_unique<CudaFence>(event);
+  PSTRAIN_CUDA_CHECK(cudaEventRecord(compute_done_, stream_));
+  PSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(download_stream_, compute_done_, 0));
+  PSTRAIN_CUDA_CHECK(cudaEventRecord(event, download_stream_));
+  return fence;
+}
+
 void CudaBackend::Copy(const Tensor& src, const Tensor& dst) {
   CHECK_EQ(src.num_elements(), dst.num_elements());
   if (src.data() == dst.data()) return;
@@ -299,6 +371,8 @@ void CudaBackend::ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& 
 void CudaBackend::Synchronize() {
   SetDevice();
   PSTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  // The downloads (the uploads are before the compute stream's work).
+  PSTRAIN_CUDA_CHECK(cudaStreamSynchronize(download_stream_));
 }
 
 }  // namespace pstrain::internal

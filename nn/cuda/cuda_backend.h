@@ -7,6 +7,15 @@
 // (copy stream) device staging buffer -> (compute stream) destination, so a
 // batch crosses the bus while the compute stream still works on the previous
 // one, and the destination is written only in the compute stream's order.
+//
+// The asynchronous host copies use pinned memory directly: CopyToHostAsync
+// runs on a download stream that first waits (an event) for the compute
+// stream's work so far; CopyFromHostAsync runs on the copy stream without
+// waiting for the compute stream (Backend's REQUIRES), and the compute
+// stream waits for it before its later work. A Fence is an event recorded on
+// the download stream after it waited for the compute stream: it covers the
+// operators, the downloads, and (through the compute stream's waits) the
+// uploads asked before it.
 #ifndef PSTRAIN_NN_CUDA_CUDA_BACKEND_H_
 #define PSTRAIN_NN_CUDA_CUDA_BACKEND_H_
 
@@ -48,6 +57,7 @@ class CudaBackend : public Backend {
   bool host_accessible() const override { return false; }
 
   std::shared_ptr<Buffer> Allocate(size_t num_floats) override;
+  std::shared_ptr<Buffer> AllocatePinned(size_t num_floats) override;
   MemoryStats memory_stats() const override { return allocator_->stats(); }
 
   StatusOr<std::unique_ptr<Operator>> CreateOperator(const Node& node) override;
@@ -56,6 +66,9 @@ class CudaBackend : public Backend {
 
   void CopyFromHost(const float* src, const Tensor& dst) override;
   void CopyToHost(const Tensor& src, float* dst) override;
+  void CopyToHostAsync(const Tensor& src, float* dst) override;
+  void CopyFromHostAsync(const float* src, const Tensor& dst) override;
+  std::unique_ptr<Fence> RecordFence() override;
   void Copy(const Tensor& src, const Tensor& dst) override;
   void CopyPeer(Backend& from, const Tensor& src, const Tensor& dst) override;
   void Fill(const Tensor& t, float value) override;
@@ -103,6 +116,12 @@ class CudaBackend : public Backend {
   cudaStream_t stream_ = nullptr;
   cudaStream_t copy_stream_ = nullptr;
   cudaEvent_t peer_event_ = nullptr;  // recorded on this stream for a peer's CopyPeer
+  cudaStream_t download_stream_ = nullptr;  // CopyToHostAsync, fences
+  // Recorded and waited for at once (reusing one event is safe then): the
+  // download stream waits for the compute stream, and the compute stream
+  // for an upload on the copy stream.
+  cudaEvent_t compute_done_ = nullptr;
+  cudaEvent_t upload_done_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::shared_ptr<CachingAllocator> allocator_;

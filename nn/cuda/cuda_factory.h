@@ -21,7 +21,7 @@ namespace pstrain::internal {
 
 // Bump whenever Backend, Operator, Tensor, Buffer, BackendOptions or these
 // entry points change shape.
-inline constexpr int kCudaModuleAbi = 1;
+inline constexpr int kCudaModuleAbi = 2;
 
 struct CudaModuleAbi {
   int version = kCudaModuleAbi;

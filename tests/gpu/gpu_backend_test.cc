@@ -11,6 +11,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "models/models.h"
@@ -206,6 +207,41 @@ TEST(GpuBackendTest, CopiesFillAddAndTheOptimizerStepMatchTheCpu) {
     G.Copy(ga, gc);
     G.CopyToHost(gc, back.data());
     EXPECT_EQ(back, std::vector<float>(n, 2.5f));
+  }
+}
+
+// The asynchronous seam on a GPU: pinned memory, a download that sees the
+// kernels asked before it once its fence is done, an upload the kernels
+// asked after it see, and fences waited on from another thread.
+TEST(GpuBackendTest, AsyncCopiesThroughPinnedMemoryFollowTheQueue) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = Backend::Create(Gpu());
+  ASSERT_OK(gpu.status());
+  Backend& G = **gpu;
+  for (int64_t n : {int64_t{1}, int64_t{1000}, (int64_t{5} << 20) + 3}) {
+    SCOPED_TRACE(n);
+    std::shared_ptr<Buffer> up = G.AllocatePinned(n), down = G.AllocatePinned(n);
+    ASSERT_TRUE(up->device().is_cpu());
+    ASSERT_EQ(up->num_floats(), static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) up->data()[i] = static_cast<float>(i % 1001) - 500.0f;
+    Tensor t = G.Empty({n});
+    G.Fill(t, 3.0f);
+    G.Synchronize();  // nothing unfinished touches t (CopyFromHostAsync's REQUIRES)
+    G.CopyFromHostAsync(up->data(), t);
+    G.Add(t, t);  // after the upload: 2 * up
+    G.CopyToHostAsync(t, down->data());
+    std::unique_ptr<Fence> f = G.RecordFence();
+    bool done = false;
+    std::thread waiter([&] {
+      f->Wait();
+      done = f->Done();
+    });
+    waiter.join();
+    ASSERT_TRUE(done);
+    for (int64_t i = 0; i < n; i += std::max<int64_t>(1, n / 1000)) {
+      ASSERT_EQ(down->data()[i], 2.0f * up->data()[i]) << i;
+    }
+    ASSERT_EQ(down->data()[n - 1], 2.0f * up->data()[n - 1]);
   }
 }
 
