@@ -222,7 +222,8 @@ void DeviceGroup::MergeLoop() {
     if (!stop) {
       // Device 0's gradient is in the merge buffer already; the order of the
       // sums is the synchronous merge's.
-      for (int d = 1; d < num_devices(); ++d) merge_backend_->Add(pinned_grad_[d][p], merge_grad_[p]);
+      for (int d = 1; d < num_devices(); ++d)
+        merge_backend_->Add(pinned_grad_[d][p], merge_grad_[p]);
       if (on_grad_ready_) on_grad_ready_(p);
     }
     MutexLock l(&mu_);

@@ -191,7 +191,7 @@ class DeviceGroup : public ModelParams {
   CondVar cv_{&mu_};  // jobs_, merging_ or stop_ changed
   std::deque<MergeJob> jobs_ GUARDED_BY(mu_);
   std::vector<char> merging_ GUARDED_BY(mu_);  // per param: a job queued or running
-  int in_flight_ GUARDED_BY(mu_) = 0;           // jobs queued or running
+  int in_flight_ GUARDED_BY(mu_) = 0;          // jobs queued or running
   bool stop_ GUARDED_BY(mu_) = false;
   std::thread merger_;
   // Per param, the caller's thread only: devices whose gradient is complete,

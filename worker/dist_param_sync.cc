@@ -137,9 +137,7 @@ void DistParamSync::PusherLoop() {
     {
       MutexLock l(&mu_);
       // Idle until work or shutdown (the destructor's), which bound this wait.
-      cv_.WaitUntil(Deadline::Never(), [this]() REQUIRES(mu_) {
-        return stop_ || !jobs_.empty();
-      });
+      cv_.WaitUntil(Deadline::Never(), [this]() REQUIRES(mu_) { return stop_ || !jobs_.empty(); });
       if (jobs_.empty()) return;
       job = std::move(jobs_.front());
       jobs_.pop_front();
@@ -168,9 +166,7 @@ void DistParamSync::WaitParam(int i) {
   {
     MutexLock l(&mu_);
     // On a device: until the pusher has pushed i (its download is done).
-    if (!cv_.WaitUntil(RequestDeadline(), [this, i]() REQUIRES(mu_) {
-          return !queued_[i];
-        })) {
+    if (!cv_.WaitUntil(RequestDeadline(), [this, i]() REQUIRES(mu_) { return !queued_[i]; })) {
       if (error_.ok()) {
         error_ = Status::DeadlineExceeded(
             StrCat("the gradient of ", exec_->graph().params()[i].name,

@@ -91,8 +91,8 @@ class DistParamSync : public ParamSync {
   const int request_timeout_ms_;
   const int barrier_timeout_ms_;
   ModelParams* exec_ = nullptr;
-  std::vector<KVClient::Key> keys_;        // one per parameter
-  std::vector<int64_t> lens_;              // elements per parameter
+  std::vector<KVClient::Key> keys_;  // one per parameter
+  std::vector<int64_t> lens_;        // elements per parameter
   // A device backend's pinned host copies of each gradient and pulled weight
   // (empty on the CPU, where the KV client uses the executor's memory).
   std::vector<std::shared_ptr<Buffer>> host_grad_, host_param_;

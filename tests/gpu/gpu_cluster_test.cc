@@ -42,10 +42,10 @@ std::string ReadFile(const std::string& path) {
 // `pstrain launch -n 2 -s 1 --launcher local -- pstrain train <train...>`,
 // the logs in `dir`; the job's exit code (-1 if it could not run).
 int LaunchTwoWorkers(const std::string& dir, const std::vector<std::string>& train) {
-  std::vector<std::string> argv = {PstrainBinary(), "launch", "-n",          "2",
-                                   "-s",            "1",      "--launcher",  "local",
-                                   "--quiet",       "--log-dir", dir + "/logs", "--",
-                                   PstrainBinary(), "train"};
+  std::vector<std::string> argv = {
+      PstrainBinary(), "launch", "-n",      "2",         "-s",          "1",
+      "--launcher",    "local",  "--quiet", "--log-dir", dir + "/logs", "--",
+      PstrainBinary(), "train"};
   argv.insert(argv.end(), train.begin(), train.end());
   std::string output;
   int wait_status = 0;
@@ -70,10 +70,10 @@ std::vector<double> Accuracies(const std::string& log) {
 
 std::vector<std::string> LenetJob(const std::string& dir, const std::string& examples,
                                   const std::string& epochs) {
-  return {"--network",      "lenet",   "--data-dir",     SharedDataDir() + "/mnist",
-          "--kv-store",     "dist_sync", "--batch-size", "64",
-          "--num-examples", examples,  "--num-epochs",   epochs,
-          "--lr",           "0.05",    "--model-prefix", dir + "/lenet"};
+  return {"--network",      "lenet",     "--data-dir",     SharedDataDir() + "/mnist",
+          "--kv-store",     "dist_sync", "--batch-size",   "64",
+          "--num-examples", examples,    "--num-epochs",   epochs,
+          "--lr",           "0.05",      "--model-prefix", dir + "/lenet"};
 }
 
 // One dist_sync step (each of the two workers one batch of 64) with GPU
