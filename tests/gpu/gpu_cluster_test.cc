@@ -76,16 +76,22 @@ std::vector<std::string> LenetJob(const std::string& dir, const std::string& exa
           "--lr",           "0.05",      "--model-prefix", dir + "/lenet"};
 }
 
-// One dist_sync step (each of the two workers one batch of 64) with GPU
-// workers gives the parameters the same step with CPU workers gives: the
-// servers summed the same gradients (up to float and TF32 rounding).
-TEST(GpuClusterTest, AGpuWorkersDistSyncStepEqualsACpuWorkers) {
+// Two dist_sync steps (each of the two workers two batches of 64) with GPU
+// workers give the parameters the same steps with CPU workers give: the
+// servers summed the same gradients (up to float and TF32 rounding). With
+// `--gpus 0` the gradients cross to the host through the sync's pusher thread
+// and the pulled weights go back before the second step's forward; with
+// `--gpus 0,0` (the same GPU listed twice, the local merge) each half batch's
+// gradients are summed on the group's merge thread, which pushes.
+class GpuDistStepTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GpuDistStepTest, AGpuWorkersDistSyncStepsEqualACpuWorkers) {
   SKIP_WITHOUT_GPU();
   TempDir gpu, cpu;
-  std::vector<std::string> on_gpu = LenetJob(gpu.path(), "128", "1");
-  on_gpu.insert(on_gpu.end(), {"--gpus", "0"});
+  std::vector<std::string> on_gpu = LenetJob(gpu.path(), "256", "1");
+  on_gpu.insert(on_gpu.end(), {"--gpus", GetParam()});
   ASSERT_EQ(LaunchTwoWorkers(gpu.path(), on_gpu), 0);
-  ASSERT_EQ(LaunchTwoWorkers(cpu.path(), LenetJob(cpu.path(), "128", "1")), 0);
+  ASSERT_EQ(LaunchTwoWorkers(cpu.path(), LenetJob(cpu.path(), "256", "1")), 0);
   EXPECT_NE(ReadFile(gpu.path() + "/logs/worker-1.log").find("gpu(0)"), std::string::npos)
       << "the GPU job's worker 1 did not say it trains on gpu(0)";
   auto got = LoadArrays(gpu.path() + "/lenet-0001.params");
@@ -106,6 +112,12 @@ TEST(GpuClusterTest, AGpuWorkersDistSyncStepEqualsACpuWorkers) {
     EXPECT_LT(diff / mag, 2e-3) << g.name;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Gpus, GpuDistStepTest, ::testing::Values("0", "0,0"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param) == "0" ? std::string("once")
+                                                                 : std::string("twice");
+                         });
 
 // Two GPU workers learn MNIST in a dist_sync job: one epoch of LeNet.
 TEST(GpuClusterTest, TwoGpuWorkersLearnMnistInDistSync) {
