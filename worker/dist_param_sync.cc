@@ -119,8 +119,14 @@ void DistParamSync::OnGradReady(int i) {
     MutexLock l(&mu_);
     unsettled = queued_[i] || pending_[i] != 0;
   }
-  if (unsettled) WaitParam(i);  // no forward read param(i): keep the buffers' rule
   Backend& b = exec_->backend();
+  if (unsettled) {
+    // No forward read param(i) since its last exchange (not the training
+    // loop's order): settle it to keep the buffers' rule. The upload may
+    // start at once, so first let this backward's reads of param(i) finish.
+    b.Synchronize();
+    WaitParam(i);
+  }
   b.CopyToHostAsync(exec_->grad(i), host_grad_[i]->data());
   PushJob job;
   job.param = i;
