@@ -284,8 +284,10 @@ int Run(int argc, char** argv) {
   std::printf("| %s | %d | %s | %d | %.2f | %.2f | %.1f |\n", network.c_str(), batch,
               gpu >= 0 ? "cuda" : kernels.c_str(), threads, 1e3 * s, 1e3 * cpu / steps, batch / s);
   std::printf("\non %s\n", be.Describe().c_str());
-  std::printf("activation memory: %.2f MB planned, %.2f MB with one buffer per tensor\n",
-              e->planned_bytes() / 1e6, e->unplanned_bytes() / 1e6);
+  std::printf(
+      "activation memory: %.2f MB planned (no plan of these lifetimes under %.2f MB), %.2f MB "
+      "with one buffer per tensor\n",
+      e->planned_bytes() / 1e6, e->least_planned_bytes() / 1e6, e->unplanned_bytes() / 1e6);
   std::printf("peak memory held by the backend: %.2f MB\n", be.memory_stats().peak / 1e6);
   std::printf("reorders per step: %.1f of activations, %.1f of parameters\n",
               static_cast<double>(after.activation_reorders - before.activation_reorders) / steps,

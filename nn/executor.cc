@@ -12,48 +12,57 @@ namespace {
 struct Item {
   int64_t floats;
   int start, end;
-  int block = -1;
+  int64_t offset = -1;  // in floats, into the one arena
   bool merged = false;  // folded into another item (in-place operators): not placed
 };
 
-// Greedy interval placement: items in start order take the free block whose
-// size fits best (or the largest free one, which then grows). Returns the
-// block sizes in floats.
-std::vector<int64_t> PlaceItems(std::vector<Item>* items, bool share) {
-  std::vector<int> order(items->size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+// Each item's offset is a multiple of this many floats (256 bytes: what
+// cuDNN and oneDNN like their tensors aligned to).
+constexpr int64_t kAlignFloats = 64;
+
+int64_t Aligned(int64_t floats) {
+  return (floats + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+}
+
+// Offsets into one arena, greedy by size: the largest item first takes the
+// lowest offset where it overlaps (in addresses) no placed item whose
+// lifetime overlaps its own. Without sharing, items lie end to end. Returns
+// the arena's size in floats.
+int64_t PlaceItems(std::vector<Item>* items, bool share) {
+  std::vector<int> order;
+  for (size_t i = 0; i < items->size(); ++i) {
+    if (!(*items)[i].merged) order.push_back(static_cast<int>(i));
+  }
+  int64_t arena = 0;
+  if (!share) {
+    for (int idx : order) {
+      (*items)[idx].offset = arena;
+      arena += Aligned((*items)[idx].floats);
+    }
+    return arena;
+  }
   std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return (*items)[a].start < (*items)[b].start; });
-  std::vector<int64_t> size;
-  std::vector<int> busy_until;  // last step of the block's current item
+                   [&](int a, int b) { return (*items)[a].floats > (*items)[b].floats; });
+  std::vector<int> placed;  // by offset
+  std::vector<std::pair<int64_t, int64_t>> busy;
   for (int idx : order) {
     Item& it = (*items)[idx];
-    if (it.merged) continue;
-    int best = -1;
-    if (share) {
-      for (size_t b = 0; b < size.size(); ++b) {
-        if (busy_until[b] >= it.start) continue;
-        if (best < 0) {
-          best = static_cast<int>(b);
-          continue;
-        }
-        const bool fits = size[b] >= it.floats, best_fits = size[best] >= it.floats;
-        if ((fits && (!best_fits || size[b] < size[best])) ||
-            (!fits && !best_fits && size[b] > size[best])) {
-          best = static_cast<int>(b);
-        }
-      }
+    busy.clear();
+    for (int p : placed) {
+      const Item& o = (*items)[p];
+      if (o.start <= it.end && it.start <= o.end) busy.emplace_back(o.offset, o.offset + o.floats);
     }
-    if (best < 0) {
-      size.push_back(0);
-      busy_until.push_back(0);
-      best = static_cast<int>(size.size()) - 1;
+    std::sort(busy.begin(), busy.end());
+    int64_t at = 0;
+    for (const auto& [lo, hi] : busy) {
+      if (lo >= at + it.floats) break;  // the gap before this one fits
+      at = std::max(at, Aligned(hi));
     }
-    size[best] = std::max(size[best], it.floats);
-    busy_until[best] = it.end;
-    it.block = best;
+    it.offset = at;
+    arena = std::max(arena, at + it.floats);
+    placed.push_back(idx);
   }
-  return size;
+  return Aligned(arena);
 }
 
 }  // namespace
@@ -224,17 +233,33 @@ Status Executor::Init() {
       }
     }
   }
-  std::vector<int64_t> block_size = PlaceItems(&items, options_.plan_memory);
-  std::vector<std::shared_ptr<Buffer>> blocks;
-  for (int64_t s : block_size) {
-    blocks.push_back(be.Allocate(static_cast<size_t>(s)));
-    planned_bytes_ += static_cast<size_t>(s) * sizeof(float);
-  }
+  const int64_t arena_floats = PlaceItems(&items, options_.plan_memory);
+  const std::shared_ptr<Buffer> arena = be.Allocate(static_cast<size_t>(arena_floats));
+  planned_bytes_ = static_cast<size_t>(arena_floats) * sizeof(float);
   for (const Item& it : items) {
-    if (!it.merged) unplanned_bytes_ += static_cast<size_t>(it.floats) * sizeof(float);
+    if (!it.merged) unplanned_bytes_ += static_cast<size_t>(Aligned(it.floats)) * sizeof(float);
+  }
+  // No placement of these lifetimes needs less than the most floats alive at
+  // one step: how close the plan comes is the planner's quality.
+  {
+    std::vector<std::pair<int, int64_t>> events;  // (step, +floats at start / -floats after end)
+    for (const Item& it : items) {
+      if (it.merged) continue;
+      events.emplace_back(it.start, it.floats);
+      if (it.end != kForever) events.emplace_back(it.end + 1, -it.floats);
+    }
+    std::sort(events.begin(), events.end());
+    int64_t live = 0, most = 0;
+    for (size_t k = 0; k < events.size(); ++k) {
+      live += events[k].second;
+      if (k + 1 == events.size() || events[k + 1].first != events[k].first) {
+        most = std::max(most, live);
+      }
+    }
+    least_planned_bytes_ = static_cast<size_t>(most) * sizeof(float);
   }
   auto view = [&](int item, const Shape& per_sample) {
-    return Tensor(blocks[items[item].block], 0, per_sample.WithBatch(batch));
+    return Tensor(arena, static_cast<size_t>(items[item].offset), per_sample.WithBatch(batch));
   };
 
   // ---- tensors ----

@@ -169,6 +169,9 @@ class Executor : public ModelParams {
   // actually allocated, and what one buffer per tensor would have needed.
   size_t planned_bytes() const { return planned_bytes_; }
   size_t unplanned_bytes() const { return unplanned_bytes_; }
+  // The least any placement of the same lifetimes could take (the most bytes
+  // alive at one step): planned_bytes() over this is the plan's overhead.
+  size_t least_planned_bytes() const { return least_planned_bytes_; }
 
  private:
   struct Impl;
@@ -187,6 +190,7 @@ class Executor : public ModelParams {
   std::function<void(int)> on_param_needed_;
   size_t planned_bytes_ = 0;
   size_t unplanned_bytes_ = 0;
+  size_t least_planned_bytes_ = 0;
 };
 
 }  // namespace pstrain

@@ -133,6 +133,15 @@ TEST(ExecutorTest, LenetPlanReusesBuffers) {
   // what is left to share is less than it was before they did.)
   EXPECT_LT(train->planned_bytes(), train->unplanned_bytes() * 4 / 5);
   EXPECT_LT(infer->planned_bytes(), infer->unplanned_bytes() * 3 / 4);
+  // The bound is what is alive at the busiest step: no plan goes under it,
+  // the greedy one stays within a quarter of it, and one buffer per tensor
+  // (a plan too) is above it.
+  for (auto* e : {train.get(), infer.get()}) {
+    EXPECT_GT(e->least_planned_bytes(), 0u);
+    EXPECT_LE(e->least_planned_bytes(), e->planned_bytes());
+    EXPECT_LT(e->planned_bytes(), e->least_planned_bytes() * 5 / 4);
+    EXPECT_LT(e->least_planned_bytes(), e->unplanned_bytes());
+  }
 }
 
 TEST(ExecutorTest, GradReadyFiresOncePerParamLastLayerFirstWithFinalValues) {
