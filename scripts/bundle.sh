@@ -4,7 +4,7 @@
 # the binaries, the CUDA module, and every shared library `ldd` names except
 # glibc's own and CUDA's (cudart, cuBLAS, cuDNN, NCCL), which that host has.
 #
-#   bash scripts/bundle.sh OUT.tar.xz [build_dir] [extra binaries...]
+#   bash scripts/bundle.sh OUT.tar.xz [build_dir] [extra binaries...]   (or OUT.tar.gz)
 #
 # The archive unpacks into pstrain-bundle/: bin/ (pstrain, libpstrain_cuda.so,
 # the extra binaries), lib/ and env.sh, which puts lib/ and the host's CUDA
@@ -47,5 +47,6 @@ export PATH="$_b/bin:$PATH"
 export LD_LIBRARY_PATH="$_b/lib$_cuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 unset _b _cuda _lib _p
 EOF
-tar -C "$stage" -cJf "$out" pstrain-bundle
+# The suffix picks the compression (.tar.xz smallest, .tar.gz fastest).
+tar -C "$stage" -caf "$out" pstrain-bundle
 echo "bundle: $out ($(du -h "$out" | cut -f1)): $(ls "$root/bin" | tr '\n' ' ')"
