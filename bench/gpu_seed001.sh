@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Seed 001's CIFAR-10 accuracy runs on one GPU (GPU 0), inception-bn-28-small
+# with the 2015 scripts' hyperparameters (wd 0.00001, Uniform(0.07), epochs of
+# 60,000 images), from the CIFAR-10 JPEG set packed by `pstrain im2rec`:
+#   incept_3   1 GPU, batch 128, lr 0.1, --kv-store local
+#   incept_5   10 GPU workers (all on GPU 0), 5 servers, dist_sync, 256 per GPU, lr 0.1
+#   incept_6   the same, lr 0.4
+#   incept_7   10 workers, 128 per GPU, lr 0.1
+#   incept_4   10 workers, 128 per GPU, lr 0.4
+#   async      10 workers, 256 per GPU, lr 0.1, dist_async
+# (the seed's 5 machines had 2 GPUs each and a batch of 512 or 256 per machine).
+# Prints a `pstrain parse-log` table per run (10-worker runs: worker 0's log and
+# the mean validation accuracy of the ten workers, each scoring its tenth of
+# the test set). Runs stop after EPOCHS epochs or SECONDS seconds, whichever
+# comes first.
+#   bash bench/gpu_seed001.sh [pstrain] [runs] [epochs] [seconds]
+#   e.g. bash bench/gpu_seed001.sh build/pstrain "incept_3 incept_5" 40 600
+set -uo pipefail
+P=${1:-build/pstrain}
+RUNS=${2:-incept_3 incept_5 incept_6 incept_7 incept_4 async}
+EPOCHS=${3:-40}
+LIMIT=${4:-3600}
+DATA=${PSTRAIN_SHARED_DATA_DIR:-../shared/data}
+cd "$(dirname "$0")/.."
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+tar -xzf "$DATA/cifar10_jpeg/cifar10-jpeg.tar.gz" -C "$work" || exit 1
+(cd "$work" && "$P" im2rec --list --recursive cifar_train train >/dev/null &&
+  "$P" im2rec --list --recursive cifar_test test >/dev/null &&
+  "$P" im2rec --num-thread "$(nproc)" cifar_train train >/dev/null &&
+  "$P" im2rec --num-thread "$(nproc)" cifar_test test >/dev/null) || exit 1
+common=(--network inception-bn-28-small --data-train "$work/cifar_train.rec"
+  --data-val "$work/cifar_test.rec" --image-shape 3,28,28 --num-classes 10 --random-crop 1
+  --random-mirror 1 --mean-img "$work/mean.bin" --wd 0.00001 --initializer "uniform(0.07)"
+  --num-examples 60000 --num-epochs "$EPOCHS" --gpus 0)
+# The mean image once, before any run reads it (10 workers would race to write it).
+timeout 600 "$P" train "${common[@]}" --num-epochs 1 --num-examples 128 --batch-size 128 \
+  --kv-store local >/dev/null 2>&1
+[[ -s $work/mean.bin ]] || { echo "gpu_seed001: the mean image was not made" >&2; exit 1; }
+
+for run in $RUNS; do
+  case $run in
+    incept_3) one=1 batch=128 lr=0.1 kv=local ;;
+    incept_5) one=0 batch=256 lr=0.1 kv=dist_sync ;;
+    incept_6) one=0 batch=256 lr=0.4 kv=dist_sync ;;
+    incept_7) one=0 batch=128 lr=0.1 kv=dist_sync ;;
+    incept_4) one=0 batch=128 lr=0.4 kv=dist_sync ;;
+    async) one=0 batch=256 lr=0.1 kv=dist_async ;;
+    *) echo "gpu_seed001: unknown run $run" >&2; exit 2 ;;
+  esac
+  echo "### $run: batch $batch per GPU, lr $lr, $kv$([[ $one == 0 ]] && echo ', 10 workers, 5 servers')"
+  echo
+  if [[ $one == 1 ]]; then
+    timeout "$LIMIT" "$P" train "${common[@]}" --batch-size "$batch" --lr "$lr" --kv-store "$kv" \
+      --disp-batches 100 >"$work/$run.log" 2>&1
+    "$P" parse-log "$work/$run.log"
+  else
+    rm -rf "$work/logs"
+    timeout "$LIMIT" "$P" launch -n 10 -s 5 --launcher local --quiet --log-dir "$work/logs" -- \
+      "$P" train "${common[@]}" --batch-size "$batch" --lr "$lr" --kv-store "$kv" \
+      --data-nthreads 1 --disp-batches 10 >"$work/$run.log" 2>&1
+    "$P" parse-log "$work/logs/worker-0.log"
+    echo
+    echo "mean validation accuracy of the ten workers, every fifth epoch:"
+    cat "$work"/logs/worker-*.log | grep -o "Epoch\[[0-9]*\] Validation-accuracy=[0-9.]*" |
+      sed 's/Epoch\[\([0-9]*\)\] Validation-accuracy=/\1 /' |
+      awk '{ s[$1] += $2; n[$1]++ } END { for (e in s) if ((e + 1) % 5 == 0) printf "%d %.4f\n", e + 1, s[e] / n[e] }' |
+      sort -n | tr '\n' ';'
+    echo
+  fi
+  echo
+done
