@@ -318,7 +318,9 @@ void SendGarbage(int port) {
 
 TEST_F(ClusterTest, GarbageTruncatedAndOversizedMessagesDoNotHurtAServer) {
   std::vector<int> ports = {FreePort()};
-  const std::vector<std::string> args = {"kvbench", "--verify", "--verify-rounds=30"};
+  // 600 rounds (about 1.5 s): the second garbage must reach the server while
+  // the job still runs; 30 rounds once ended first (a fresh Debian chroot).
+  const std::vector<std::string> args = {"kvbench", "--verify", "--verify-rounds=600"};
   Env extra = {{"PSTRAIN_MAX_MESSAGE_BYTES", std::to_string(16 << 20)}};
   std::vector<Proc*> job;
   Env se = JobEnv(1, 1, "server");
