@@ -1,5 +1,6 @@
 #include "worker/param_sync.h"
 
+#include <algorithm>
 #include <map>
 
 namespace pstrain {
@@ -8,6 +9,32 @@ namespace {
 bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Optimizer::ApplyStep over n floats, split over the OpenMP team when it is
+// large (more than one piece per two threads' worth): the rule is element by
+// element, so the result is the one pass's, bit for bit. A GPU worker's host
+// merge updates all of ResNet-50 (25.5M floats, about 0.5 GB of memory
+// traffic with momentum) here every step.
+UpdateCheck ApplyStepThreaded(const Optimizer::Step& s, const float* grad, float* weight,
+                              float* mom, size_t n) {
+  constexpr size_t kPiece = size_t{1} << 18;  // floats: 1 MiB
+  if (n < 2 * kPiece) return Optimizer::ApplyStep(s, grad, weight, weight, mom, n);
+  const int64_t pieces = static_cast<int64_t>((n + kPiece - 1) / kPiece);
+  std::vector<UpdateCheck> checks(static_cast<size_t>(pieces));
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < pieces; ++p) {
+    const size_t off = static_cast<size_t>(p) * kPiece;
+    checks[static_cast<size_t>(p)] =
+        Optimizer::ApplyStep(s, grad + off, weight + off, weight + off,
+                             mom == nullptr ? nullptr : mom + off, std::min(kPiece, n - off));
+  }
+  UpdateCheck all;
+  for (const UpdateCheck& c : checks) {
+    if (c.bad_grad >= 0) all.bad_grad = 0;
+    all.bad_weight = all.bad_weight || c.bad_weight;
+  }
+  return all;
 }
 
 }  // namespace
@@ -33,8 +60,13 @@ Status LocalParamSync::Init(ModelParams* exec) {
 void LocalParamSync::OnGradReady(int i) {
   float* w = exec_->host_param(i);
   if (w != nullptr) {
-    const UpdateCheck c = optimizer_->Update(
-        exec_->host_grad(i), w, static_cast<size_t>(exec_->param(i).num_elements()), &states_[i]);
+    // Optimizer::Update's steps, with the pass over the floats threaded.
+    const size_t n = static_cast<size_t>(exec_->param(i).num_elements());
+    ParamState& state = states_[i];
+    const Optimizer::Step step = optimizer_->NextStep(&state);
+    if (step.uses_momentum() && state.momentum.size() != n) state.momentum.assign(n, 0.0f);
+    const UpdateCheck c = ApplyStepThreaded(
+        step, exec_->host_grad(i), w, state.momentum.empty() ? nullptr : state.momentum.data(), n);
     MutexLock l(&mu_);
     if (!c.ok() && error_.ok()) {
       const std::string& name = exec_->graph().params()[i].name;

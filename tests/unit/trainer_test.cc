@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <regex>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "models/models.h"
+#include "nn/host_params.h"
 #include "tests/test_util.h"
 #include "worker/checkpoint.h"
 
@@ -442,6 +444,58 @@ TEST(LocalParamSyncTest, NanGradientsAndOverflowingUpdatesAreErrors) {
   (*huge)->OnGradReady(0);
   s = (*huge)->TakeError();
   EXPECT_NE(s.message().find("learning rate is too large"), std::string::npos) << s;
+}
+
+// A parameter of 1.5M floats is updated in pieces over threads: the same
+// weights and momentum as Optimizer::Update's one pass, bit for bit, step
+// after step; a NaN in its last piece is still reported.
+TEST(LocalParamSyncTest, LargeParametersUpdateInPiecesExactlyAsInOnePass) {
+  Graph g;
+  FcParam fc;
+  fc.num_hidden = 1500;
+  g.SoftmaxOutput("softmax", g.FullyConnected("fc", g.Input("data", {1000}), fc));
+  ASSERT_OK(g.status());
+  auto params = HostParams::Create(g);
+  ASSERT_OK(params.status());
+  HostParams& hp = **params;
+  const size_t n = static_cast<size_t>(hp.param(0).num_elements());
+  ASSERT_EQ(n, 1500000u);
+  for (size_t k = 0; k < n; ++k) hp.host_param(0)[k] = 0.01f * static_cast<float>(k % 101) - 0.5f;
+  std::vector<float> want(hp.host_param(0), hp.host_param(0) + n);
+  OptimizerConfig oc;
+  oc.set_learning_rate(0.1f);
+  oc.set_momentum(0.9f);
+  oc.set_wd(1e-4f);
+  oc.set_rescale_grad(0.5f);
+  auto sync = LocalParamSync::Create(oc);
+  ASSERT_OK(sync.status());
+  ASSERT_OK((*sync)->Init(&hp));
+  auto ref = Optimizer::Create(oc);
+  ASSERT_OK(ref.status());
+  ParamState ref_state;
+  ref_state.wd_mult = WeightDecayMult("fc_weight");
+  for (int step = 0; step < 3; ++step) {
+    for (size_t k = 0; k < n; ++k) {
+      hp.host_grad(0)[k] = 1e-3f * static_cast<float>((k * 7 + step) % 13) - 6e-3f;
+    }
+    (*sync)->OnGradReady(0);
+    ASSERT_OK((*sync)->TakeError());
+    ASSERT_TRUE((*ref)->Update(hp.host_grad(0), want.data(), n, &ref_state).ok());
+    ASSERT_EQ(0, std::memcmp(want.data(), hp.host_param(0), n * sizeof(float))) << "step " << step;
+  }
+  const std::vector<NamedArray> saved = (*sync)->SaveState();
+  bool found = false;
+  for (const NamedArray& a : saved) {
+    if (a.name.find("fc_weight") == std::string::npos) continue;
+    found = true;
+    ASSERT_EQ(a.data.size(), n);
+    EXPECT_EQ(0, std::memcmp(a.data.data(), ref_state.momentum.data(), n * sizeof(float)));
+  }
+  EXPECT_TRUE(found) << "no momentum of fc_weight in the saved state";
+  hp.host_grad(0)[n - 3] = std::nanf("");
+  (*sync)->OnGradReady(0);
+  const Status s = (*sync)->TakeError();
+  EXPECT_NE(s.message().find("gradient of fc_weight holds NaN or Inf"), std::string::npos) << s;
 }
 
 }  // namespace
