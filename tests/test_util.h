@@ -13,7 +13,9 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 
 #include "common/status.h"
@@ -50,6 +52,14 @@ inline std::string MakeTempDir(const std::string& what) {
   std::string pattern =
       std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/pstrain-" + what + "-XXXXXX";
   return mkdtemp(pattern.data()) != nullptr ? pattern : std::string();
+}
+
+// The whole file at `path` ("" if it cannot be read).
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
 
 // A fresh folder from MakeTempDir(what), removed with its contents at the end.

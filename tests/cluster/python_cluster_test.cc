@@ -25,9 +25,9 @@ namespace {
 using testing::PythonEnv;
 using testing::PythonExecutable;
 using testing::PythonScript;
-using testing::ReadWholeFile;
+using testing::ReadFile;
 using testing::RunWithEnv;
-using testing::ScratchDir;
+using testing::TempDir;
 
 // `pstrain launch -n W -s S --launcher local --log-dir DIR -- python3 ARGS...`.
 testing::ScriptRun Launch(int workers, int servers, const std::string& log_dir,
@@ -66,12 +66,12 @@ class PythonClusterTest : public ::testing::Test {
 // key is split over both), 2 workers; pushpull, conversions, device lists and
 // errors along the way.
 TEST_F(PythonClusterTest, ConformanceDistSync) {
-  ScratchDir logs;
+  TempDir logs;
   auto run =
       Launch(2, 2, logs.path(), {PythonScript("kvstore_conformance.py"), "--mode", "sync"}, 120000);
   EXPECT_EQ(run.exit_code, 0) << run.output;
   for (int w = 0; w < 2; ++w) {
-    const std::string log = ReadWholeFile(logs.path() + "/worker-" + std::to_string(w) + ".log");
+    const std::string log = ReadFile(logs.path() + "/worker-" + std::to_string(w) + ".log");
     EXPECT_NE(log.find("conformance: dist_sync ok: 5 rounds, 2 workers, 2 servers"),
               std::string::npos)
         << log;
@@ -82,12 +82,12 @@ TEST_F(PythonClusterTest, ConformanceDistSync) {
 }
 
 TEST_F(PythonClusterTest, DistAsyncAppliesEveryPushOnce) {
-  ScratchDir logs;
+  TempDir logs;
   auto run = Launch(2, 2, logs.path(), {PythonScript("kvstore_conformance.py"), "--mode", "async"},
                     120000);
   EXPECT_EQ(run.exit_code, 0) << run.output;
   for (int w = 0; w < 2; ++w) {
-    const std::string log = ReadWholeFile(logs.path() + "/worker-" + std::to_string(w) + ".log");
+    const std::string log = ReadFile(logs.path() + "/worker-" + std::to_string(w) + ".log");
     EXPECT_NE(log.find("conformance: dist_async ok: 5 pushes per worker applied exactly once"),
               std::string::npos)
         << log;
@@ -98,10 +98,10 @@ TEST_F(PythonClusterTest, DistAsyncAppliesEveryPushOnce) {
 // explains which comparisons are bit for bit and which to float tolerance).
 TEST_F(PythonClusterTest, OneWorkerTrainsAsPyTorchAlone) {
   NeedTorch();
-  ScratchDir logs;
+  TempDir logs;
   auto run = Launch(1, 1, logs.path(), {PythonScript("torch_exactness.py")}, 180000);
   EXPECT_EQ(run.exit_code, 0) << run.output;
-  const std::string log = ReadWholeFile(logs.path() + "/worker-0.log");
+  const std::string log = ReadFile(logs.path() + "/worker-0.log");
   EXPECT_NE(log.find("DistributedOptimizer(torch SGD) vs torch SGD alone: max |diff| 0"),
             std::string::npos)
       << log;
@@ -116,11 +116,11 @@ TEST_F(PythonClusterTest, OneWorkerTrainsAsPyTorchAlone) {
 // torch optimizer over summed gradients, the servers' SGD.
 TEST_F(PythonClusterTest, TwoWorkersStayOneModel) {
   NeedTorch();
-  ScratchDir logs;
+  TempDir logs;
   auto run = Launch(2, 1, logs.path(), {PythonScript("torch_two_workers.py")}, 180000);
   EXPECT_EQ(run.exit_code, 0) << run.output;
   for (int w = 0; w < 2; ++w) {
-    const std::string log = ReadWholeFile(logs.path() + "/worker-" + std::to_string(w) + ".log");
+    const std::string log = ReadFile(logs.path() + "/worker-" + std::to_string(w) + ".log");
     EXPECT_NE(log.find("two_workers: broadcast_parameters ok"), std::string::npos) << log;
     EXPECT_NE(log.find("two_workers: local torch SGD over summed gradients keeps the workers "
                        "equal"),
@@ -137,7 +137,7 @@ TEST_F(PythonClusterTest, TwoWorkersStayOneModel) {
 void TrainMnist(const std::string& kv_store, const std::string& lr, double min_accuracy) {
   const std::string mnist = testing::SharedDataDir() + "/mnist";
   ASSERT_TRUE(std::filesystem::exists(mnist + "/train-images-idx3-ubyte.gz")) << mnist;
-  ScratchDir logs;
+  TempDir logs;
   auto run = Launch(2, 1, logs.path(),
                     {testing::SourceDir() + "/examples/torch_mnist.py", "--data-dir", mnist,
                      "--network", "mlp", "--kv-store", kv_store, "--num-examples", "20000",
@@ -155,7 +155,7 @@ void TrainMnist(const std::string& kv_store, const std::string& lr, double min_a
   }
   EXPECT_GT(*rows[1].valid[0], min_accuracy) << run.output;
   for (int w = 0; w < 2; ++w) {
-    const std::string log = ReadWholeFile(logs.path() + "/worker-" + std::to_string(w) + ".log");
+    const std::string log = ReadFile(logs.path() + "/worker-" + std::to_string(w) + ".log");
     EXPECT_TRUE(std::regex_search(log, std::regex("Epoch\\[1\\] Batch \\[200\\]\tSpeed: [0-9.]+ "
                                                   "samples/sec\taccuracy=0\\.[0-9]+")))
         << log;
@@ -220,7 +220,7 @@ class PyProc {
     return -1;
   }
   void Kill9() { kill(pid_, SIGKILL); }
-  std::string Log() const { return ReadWholeFile(log_); }
+  std::string Log() const { return ReadFile(log_); }
 
  private:
   pid_t pid_ = -1;
@@ -232,7 +232,7 @@ class PyProc {
 // pstrain.Error naming the server within the heartbeat timeout, the scripts
 // die of it (non-zero), and nothing is left running.
 TEST_F(PythonClusterTest, DeadServerRaisesInEveryWorkerWithinTheDeadline) {
-  ScratchDir dir;
+  TempDir dir;
   const int port = FreePort();
   const int server1_port = FreePort();
   auto env = [&](const std::string& role) {

@@ -7,8 +7,6 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <regex>
 #include <string>
@@ -24,6 +22,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::PstrainBinary;
+using testing::ReadFile;
 using testing::SharedDataDir;
 using testing::TempDir;
 
@@ -107,11 +106,7 @@ void TrainMlpDistributed(const std::string& kv_store, int servers, const std::st
   ASSERT_EQ(run.exit_code, 0) << run.output;
   for (int rank = 0; rank < 2; ++rank) {
     const std::string log_path = logs.path() + "/worker-" + std::to_string(rank) + ".log";
-    std::string log;
-    {
-      std::ifstream in(log_path);
-      log.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    }
+    const std::string log = ReadFile(log_path);
     std::vector<double> val = MetricValues(log, "Validation-accuracy");
     ASSERT_EQ(val.size(), 2u) << log_path << ":\n" << log;
     EXPECT_GT(val.back(), min_accuracy) << log_path << ":\n" << log;
@@ -154,8 +149,7 @@ TEST(TrainClusterTest, OneWorkerDistMatchesLocalExactly) {
       for (const std::string& a : with(kv)) args.push_back(a);
       CmdRun run = RunPstrain(args, 120000, {{"PSTRAIN_SHM_BYTES", shm}});
       ASSERT_EQ(run.exit_code, 0) << run.output;
-      std::ifstream in(logs.path() + "/worker-0.log");
-      std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const std::string log = ReadFile(logs.path() + "/worker-0.log");
       EXPECT_EQ(MetricValues(log, "Validation-accuracy"), want)
           << kv << " PSTRAIN_SHM_BYTES=" << shm << ":\n"
           << log;
@@ -219,13 +213,9 @@ void RunEmulatedJob(const EmulatedJob& job) {
                            "5"},
                           120000);
   ASSERT_EQ(run.exit_code, 0) << run.output;
-  auto read = [](const std::string& path) {
-    std::ifstream in(path);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  };
   const double wait = job.seconds * job.dilation;  // per batch, as waited
   for (int rank = 0; rank < kWorkers; ++rank) {
-    const std::string log = read(logs.path() + "/worker-" + std::to_string(rank) + ".log");
+    const std::string log = ReadFile(logs.path() + "/worker-" + std::to_string(rank) + ".log");
     EXPECT_NE(log.find("INFO:root:compute is emulated (--emulate-compute "), std::string::npos)
         << log;
     const std::vector<double> times = MetricValues(log, "Time cost");
@@ -263,7 +253,7 @@ void RunEmulatedJob(const EmulatedJob& job) {
   int64_t served = 0;
   std::regex done("job done after ([0-9]+) requests");
   for (int s = 0; s < job.servers; ++s) {
-    const std::string log = read(logs.path() + "/server-" + std::to_string(s) + ".log");
+    const std::string log = ReadFile(logs.path() + "/server-" + std::to_string(s) + ".log");
     std::smatch m;
     ASSERT_TRUE(std::regex_search(log, m, done)) << log;
     served += std::stoll(m[1].str());

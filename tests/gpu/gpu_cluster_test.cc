@@ -7,9 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <regex>
 #include <string>
 #include <vector>
@@ -23,8 +20,8 @@
 namespace pstrain {
 namespace {
 
-namespace fs = std::filesystem;
 using testing::PstrainBinary;
+using testing::ReadFile;
 using testing::SharedDataDir;
 using testing::TempDir;
 
@@ -33,11 +30,6 @@ using testing::TempDir;
     std::string why_;                               \
     if (GpuCount(&why_) == 0) GTEST_SKIP() << why_; \
   } while (0)
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 // `pstrain launch -n 2 -s 1 --launcher local -- pstrain train <train...>`,
 // the logs in `dir`; the job's exit code (-1 if it could not run).

@@ -35,7 +35,7 @@ TEST(PythonPackageTest, PipInstallsAWorkingPackage) {
       0) {
     GTEST_SKIP() << PythonExecutable() << " has no pip (Debian: python3-pip)";
   }
-  testing::ScratchDir dir;
+  testing::TempDir dir;
   const std::string target = dir.path() + "/site";
   auto pip = RunWithEnv({PythonExecutable(), "-m", "pip", "install", "--no-build-isolation",
                          "--no-deps", "--no-cache-dir", "--target", target, testing::SourceDir()},
