@@ -252,17 +252,19 @@ class Job {
     Batch batch;
     size_t start = 0;
     for (;;) {
-      size_t nl = buf.find('\n', start);
+      const size_t nl = buf.find('\n', start);
+      // A line longer than kMaxLine goes out in pieces of kMaxLine bytes, cut
+      // where the bytes say, not where the pipe's reads happened to end.
+      if ((nl == std::string::npos ? buf.size() : nl) - start > kMaxLine) {
+        AddLine(r, stream, buf.substr(start, kMaxLine) + "\n", batch);
+        start += kMaxLine;
+        continue;
+      }
       if (nl == std::string::npos) break;
       AddLine(r, stream, std::string_view(buf).substr(start, nl + 1 - start), batch);
       start = nl + 1;
     }
     buf.erase(0, start);
-    if (buf.size() >= kMaxLine) {
-      buf += '\n';
-      AddLine(r, stream, buf, batch);
-      buf.clear();
-    }
     FlushBatch(batch, stream);
   }
 

@@ -481,11 +481,16 @@ TEST_F(SupervisorTest, LinesArePrefixedOnTheTerminalAndRawInTheLogs) {
   std::vector<Task> tasks;
   tasks.push_back(ShellTask("worker", 0, "printf 'one\\ntwo'; printf 'err\\n' >&2"));
   tasks.push_back(ShellTask("worker", 1, "head -c 100000 /dev/zero | tr '\\0' x; echo"));
+  // The same line written in two parts with a pause between: the cut must
+  // not depend on where the reads end (it once did: 60000 + 40001 bytes).
+  tasks.push_back(ShellTask("worker", 2,
+                            "head -c 60000 /dev/zero | tr '\\0' x; sleep 0.2; "
+                            "head -c 40000 /dev/zero | tr '\\0' x; echo"));
   auto result = RunJob(std::move(tasks), options_);
   ASSERT_OK(result.status());
   EXPECT_TRUE(result->success);
   EXPECT_EQ(result->exit_code, 0);
-  EXPECT_EQ(result->pids.size(), 2u);
+  EXPECT_EQ(result->pids.size(), 3u);
   // stdout and stderr are separate pipes: only the order within each is kept.
   std::string log = Read(dir_ + "/worker-0.log");
   EXPECT_EQ(log.size(), 12u) << log;
@@ -495,6 +500,8 @@ TEST_F(SupervisorTest, LinesArePrefixedOnTheTerminalAndRawInTheLogs) {
   std::string big = Read(dir_ + "/worker-1.log");
   EXPECT_EQ(big.size(), 100001u + 1u) << "a 100 kB line is cut once at 64 KiB";
   EXPECT_EQ(big.find_first_not_of("x\n"), std::string::npos);
+  EXPECT_EQ(big.find('\n'), 65536u);
+  EXPECT_EQ(Read(dir_ + "/worker-2.log"), big) << "the pause moved the cut";
   std::string terminal = Read(terminal_);
   EXPECT_NE(terminal.find("[worker-0] one\n"), std::string::npos) << terminal;
   EXPECT_NE(terminal.find("[worker-0] two\n"), std::string::npos) << terminal;
