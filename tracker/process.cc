@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -132,6 +133,28 @@ Subprocess::~Subprocess() {
 void Subprocess::CloseStdout() { CloseFd(&out_fd_); }
 void Subprocess::CloseStderr() { CloseFd(&err_fd_); }
 void Subprocess::CloseStdin() { CloseFd(&in_fd_); }
+
+bool Subprocess::WriteStdin(const std::string& data) {
+  if (in_fd_ < 0) return false;
+  // A pipe whose reader is gone raises SIGPIPE in the writing thread: block it
+  // around the write and take back one that this write raised, so that a
+  // library caller's process is not killed by a child that ended first.
+  sigset_t pipe_set, old_set;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  sigset_t pending;
+  sigpending(&pending);
+  const bool was_pending = sigismember(&pending, SIGPIPE) == 1;
+  pthread_sigmask(SIG_BLOCK, &pipe_set, &old_set);
+  const bool ok = WriteAll(in_fd_, data);
+  if (!ok && errno == EPIPE && !was_pending) {
+    const timespec zero = {0, 0};
+    while (sigtimedwait(&pipe_set, nullptr, &zero) < 0 && errno == EINTR) {
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &old_set, nullptr);
+  return ok;
+}
 
 bool Subprocess::Poll() {
   if (exited_) return true;

@@ -49,6 +49,9 @@ class Subprocess {
   void CloseStderr();
   // Sends EOF to the child's stdin (no-op without pipe_stdin).
   void CloseStdin();
+  // Writes `data` to the child's stdin (blocking); false without pipe_stdin or
+  // when the child no longer reads it (no SIGPIPE is raised).
+  bool WriteStdin(const std::string& data);
 
   // Reaps the child without blocking; true once it has exited.
   bool Poll();

@@ -158,15 +158,26 @@ std::vector<std::string> SallocCommand(const LaunchOptions& o, const std::string
 }
 
 // The allocation lives as long as salloc's command, a shell on this host that
-// reports the allocation and then reads its stdin, a pipe from the launcher,
-// to the end: closing it, or the launcher's death, ends the command, and
-// salloc releases the allocation (salloc also revokes it when the launcher's
-// death SIGTERMs it).
+// reports the allocation and then reads its stdin, a pipe from the launcher:
+// the word "release" ends it, and salloc releases the allocation.
+//
+// A launcher that dies (even by SIGKILL) SIGTERMs salloc (PR_SET_PDEATHSIG).
+// salloc's handler for it completes the job at once, pending or granted, by a
+// call to slurmctld that allocates memory. If the command ended at the same
+// moment, salloc's main thread would be releasing the job too, and a handler
+// that lands while it is inside malloc (logging "Relinquishing job
+// allocation") deadlocks salloc: seen 2 times in 6 with Slurm 22.05, when the
+// end of stdin (the launcher's death closes the pipe) ended the command. So the
+// end of stdin without "release" leaves the command up for 5 s more: the
+// handler runs while salloc's main thread waits for the command, and salloc
+// exits when the command does (the allocation is already gone by then).
 namespace {
 constexpr char kGrantedMarker[] = "pstrain-allocation ";
+constexpr char kReleaseWord[] = "release\n";
 const char* const kHoldScript =
     "echo \"pstrain-allocation ${SLURM_JOB_ID:-} ${SLURM_JOB_NUM_NODES:-1} "
-    "${SLURM_JOB_NODELIST:-}\"; while read -r _; do :; done";
+    "${SLURM_JOB_NODELIST:-}\"; while read -r w; do [ \"$w\" = release ] && exit 0; done; "
+    "exec sleep 5";
 
 // Reads what `p` wrote into *output (without waiting); false once both pipes are closed.
 bool ReadSome(Subprocess& p, std::string* output) {
@@ -304,7 +315,8 @@ std::map<std::string, std::string> SlurmAllocation::Variables() const {
 Status SlurmAllocation::Release() {
   if (salloc_ == nullptr) return Status::Ok();
   std::unique_ptr<Subprocess> salloc = std::move(salloc_);
-  // End of its stdin: salloc's command ends and salloc releases the allocation.
+  // salloc's command ends on the word, and salloc releases the allocation.
+  salloc->WriteStdin(kReleaseWord);
   salloc->CloseStdin();
   std::string output;
   if (WaitExited(*salloc, 20000, &output)) return Status::Ok();

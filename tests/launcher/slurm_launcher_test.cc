@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -209,14 +210,24 @@ class SlurmCluster {
   // Waits up to `ms` for the clients of this cluster to end (they may still
   // be giving their allocation back); SIGKILLs those that do not and returns
   // how many there were.
-  size_t EndClients(int64_t ms) const {
+  // Those left are described in `*left_desc` (PID, name, state, parent).
+  size_t EndClients(int64_t ms, std::string* left_desc) const {
     Deadline deadline = Deadline::InMillis(ms);
     std::vector<pid_t> left = Clients();
     while (!left.empty() && !deadline.Expired()) {
       usleep(100000);
       left = Clients();
     }
-    for (pid_t pid : left) kill(pid, SIGKILL);
+    for (pid_t pid : left) {
+      // /proc/PID/stat: "pid (comm) state ppid ...".
+      const std::string stat = ReadFile(StrCat("/proc/", pid, "/stat"));
+      const size_t close = stat.rfind(')');
+      std::string cmdline = ReadFile(StrCat("/proc/", pid, "/cmdline"));
+      std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+      *left_desc += StrCat("  ", close == std::string::npos ? stat : stat.substr(0, close + 12),
+                           " | ", cmdline, "\n");
+      kill(pid, SIGKILL);
+    }
     return left.size();
   }
 
@@ -313,11 +324,13 @@ class SlurmLauncherTest : public ::testing::Test {
     // Nothing of the job may be left in Slurm, whatever the test did, and no
     // salloc or srun of it may outlive the launcher for long (one stopped
     // with its daemons gone spins forever).
-    const size_t clients = cluster_->EndClients(30000);
+    std::string lingering;
+    const size_t clients = cluster_->EndClients(30000, &lingering);
     std::string left = cluster_->Queue();
     cluster_.reset();
     EXPECT_EQ(left, "") << "jobs or steps left in Slurm";
-    EXPECT_EQ(clients, 0u) << "salloc or srun processes still running 30 s after the test";
+    EXPECT_EQ(clients, 0u) << "salloc or srun processes still running 30 s after the test:\n"
+                           << lingering;
   }
 
   // `pstrain launch --launcher slurm` for 2 servers and 2 workers, asking

@@ -158,6 +158,30 @@ TEST(RemoteCommandTest, EndOfStdinKillsTheJobsProcessGroup) {
   EXPECT_NE(kill(sleeper, 0), 0) << "the job's child must die with the session";
 }
 
+// WriteStdin reaches the child; once the child is gone it returns false, and
+// the SIGPIPE of the write neither kills the caller nor stays pending.
+TEST(SubprocessTest, WriteStdinReachesTheChildAndSurvivesItsEnd) {
+  ProcessSpec spec;
+  spec.argv = {"/bin/sh", "-c", "read -r w; echo \"got $w\""};
+  spec.env = Environment().All();
+  spec.pipe_stdin = true;
+  auto p = Subprocess::Start(spec);
+  ASSERT_OK(p.status());
+  ASSERT_TRUE((*p)->WriteStdin("release\n"));
+  Deadline deadline = Deadline::InMillis(10000);
+  while (!(*p)->Poll() && !deadline.Expired()) usleep(10000);
+  ASSERT_TRUE((*p)->exited());
+  char buf[64] = {};
+  EXPECT_EQ(read((*p)->stdout_fd(), buf, sizeof(buf) - 1), 12);
+  EXPECT_STREQ(buf, "got release\n");
+  EXPECT_FALSE((*p)->WriteStdin(std::string(1 << 17, 'x')));  // no reader: EPIPE
+  sigset_t pending;
+  sigpending(&pending);
+  EXPECT_EQ(sigismember(&pending, SIGPIPE), 0);
+  (*p)->CloseStdin();
+  EXPECT_FALSE((*p)->WriteStdin("late\n"));
+}
+
 TEST(LaunchArgsTest, LaunchPyStyle) {
   auto o = ParseLaunchArgs({"-n", "3", "-H", "hosts", "--env", "A=1=2", "--env", "B:x:y", "--env",
                             "C", "python", "train.py", "--lr", "0.1", "-n", "9"});
