@@ -47,7 +47,10 @@ const Command kCommands[] = {
      "im2rec_cmd.cc"},
     {"imageio", "read a .rec through the image pipeline and report images/s", RunImageIo,
      "imageio_cmd.cc,image_flags.cc"},
-    {"rec", "RecordIO files: ls, unpack (images + .lst), index (rebuild .idx), check", RunRec, "",
+    {"rec",
+     "RecordIO files: ls, unpack (images + .lst), index (rebuild .idx), check, cifar10 (pack "
+     "binary batches)",
+     RunRec, "",
      /*raw_args=*/true},
 
     // training (nn/, models/, worker/):

@@ -1,5 +1,6 @@
-// `pstrain rec ls|unpack|index|check`: look into, take apart, re-index and
-// verify RecordIO image files (data/rec_tools.h does the work). The command
+// `pstrain rec ls|unpack|index|check|cifar10`: look into, take apart,
+// re-index and verify RecordIO image files (data/rec_tools.h does the work),
+// and pack CIFAR-10 binary batches that are already on disk. The command
 // parses its own arguments because each subcommand has its own options.
 #include <algorithm>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "data/cifar10_rec.h"
 #include "data/rec_tools.h"
 #include "data/recordio.h"
 #include "tools/commands.h"
@@ -33,6 +35,11 @@ constexpr char kUsage[] =
     "  check FILE [--idx IDX | --no-idx] [--label-width N] [--threads N]\n"
     "      decode every record; print every bad record (index, byte offset, what\n"
     "      is wrong) and a summary; exit 1 if any record or the .idx is bad\n"
+    "  cifar10 DIR OUT [--force]\n"
+    "      pack the CIFAR-10 binary batches of DIR (data_batch_*.bin, test_batch*.bin,\n"
+    "      whole or cut at a record boundary) into OUT/train.rec|.idx and\n"
+    "      OUT/test.rec|.idx, each image a PNG (lossless), batches in name order;\n"
+    "      complete pairs are kept unless --force\n"
     "\n"
     "--threads defaults to the number of CPUs (at most 8).\n";
 
@@ -303,6 +310,25 @@ int RunCheck(const std::vector<std::string>& argv) {
   return 0;
 }
 
+int RunCifar10(const std::vector<std::string>& argv) {
+  Args args;
+  std::string err = ParseArgs(argv, {"force"}, {}, &args);
+  if (err.empty() && args.positional.size() != 2) err = "cifar10 wants DIR and OUT";
+  if (!err.empty()) return Usage(err);
+  const std::string& out = args.positional[1];
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  if (ec) return Fail("cifar10", Status::IOError(StrCat(out, ": cannot create: ", ec.message())));
+  Cifar10RecStats stats;
+  Status s = WriteCifar10RecordIO(args.positional[0], out, args.Has("force"), &stats);
+  if (!s.ok()) return Fail("cifar10", s);
+  std::printf("rec cifar10: %s/train.rec (%lld images), %s/test.rec (%lld images)%s\n", out.c_str(),
+              static_cast<long long>(stats.train_records), out.c_str(),
+              static_cast<long long>(stats.test_records),
+              stats.already_there ? ", already there" : ", PNG");
+  return 0;
+}
+
 }  // namespace
 
 int RunRec(int argc, char** argv) {
@@ -323,6 +349,7 @@ int RunRec(int argc, char** argv) {
   if (sub == "unpack") return RunUnpack(rest);
   if (sub == "index") return RunIndex(rest);
   if (sub == "check") return RunCheck(rest);
+  if (sub == "cifar10") return RunCifar10(rest);
   return Usage("unknown subcommand '" + sub + "'");
 }
 

@@ -13,6 +13,7 @@
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -658,6 +659,49 @@ TEST_F(RecCommandTest, IndexRebuildsTheWritersIdx) {
   ASSERT_EQ(RunPstrain("rec index " + Path("lost.rec") + " " + Path("other.idx"), &out), 0) << out;
   EXPECT_EQ(ReadAll(Path("other.idx")), ReadAll(Path("data.idx")));
   EXPECT_EQ(RunPstrain("rec index --key name " + Path("lost.rec"), &out), 2);
+}
+
+// `rec cifar10` packs binary batches on disk (whole or cut at a record
+// boundary, as ../shared/data/cifar10_partial) into lossless train/test pairs.
+TEST_F(RecCommandTest, Cifar10PacksBinaryBatchesLosslessly) {
+  const std::string dir = Path("cifar");
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
+  // Record i: label, then constant R, G and B planes.
+  auto record = [](int label, uint8_t r, uint8_t g, uint8_t b) {
+    std::string rec(1, static_cast<char>(label));
+    for (uint8_t v : {r, g, b}) rec.append(1024, static_cast<char>(v));
+    return rec;
+  };
+  WriteAll(dir + "/data_batch_1.first2.bin", record(0, 1, 2, 3) + record(7, 40, 50, 60));
+  WriteAll(dir + "/data_batch_2.bin", record(9, 255, 0, 128));
+  WriteAll(dir + "/test_batch.bin", record(4, 9, 8, 7));
+  std::string out;
+  ASSERT_EQ(RunPstrain("rec cifar10 " + dir + " " + Path("packed"), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("train.rec (3 images)"));
+  EXPECT_THAT(out, HasSubstr("test.rec (1 images)"));
+  ASSERT_EQ(RunPstrainStdout("rec ls " + Path("packed/train.rec"), &out), 0) << out;
+  std::vector<std::vector<std::string>> rows = LsRows(out);
+  ASSERT_EQ(rows.size(), 3u) << out;
+  const char* labels[] = {"0", "7", "9"};
+  const char* means[] = {"1.00,2.00,3.00", "40.00,50.00,60.00", "255.00,0.00,128.00"};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(std::strtof(rows[i][3].c_str(), nullptr), std::strtof(labels[i], nullptr));
+    EXPECT_EQ(rows[i][5], "32x32x3");
+    EXPECT_EQ(rows[i][6], means[i]) << "record " << i;
+  }
+  ASSERT_EQ(RunPstrain("rec check " + Path("packed/test.rec"), &out), 0) << out;
+  // Kept when complete; a batch cut inside a record is an error naming it.
+  ASSERT_EQ(RunPstrain("rec cifar10 " + dir + " " + Path("packed"), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("already there"));
+  WriteAll(dir + "/data_batch_3.bin", record(1, 0, 0, 0).substr(0, 100));
+  EXPECT_EQ(RunPstrain("rec cifar10 --force " + dir + " " + Path("packed"), &out), 1);
+  EXPECT_THAT(out, HasSubstr("data_batch_3.bin"));
+  EXPECT_EQ(RunPstrain("rec cifar10 " + Path("none") + " " + Path("packed"), &out), 1);
+  EXPECT_THAT(out, HasSubstr("none: cannot list"));
+  ASSERT_EQ(mkdir(Path("empty").c_str(), 0755), 0);
+  EXPECT_EQ(RunPstrain("rec cifar10 " + Path("empty") + " " + Path("packed"), &out), 1);
+  EXPECT_THAT(out, HasSubstr("no CIFAR-10 data_batch_*.bin files in"));
+  EXPECT_EQ(RunPstrain("rec cifar10 " + dir, &out), 2);
 }
 
 TEST_F(RecCommandTest, CheckPassesTheWritersFileAndIndex) {
