@@ -39,7 +39,7 @@ rm -rf "$WORK/seeds"
 "$FUZZ_BIN/make_seeds" "$WORK/seeds"
 failed=()
 printf '%-10s %10s %8s %8s %8s %8s %8s\n' harness runs seconds execs/s cov corpus rss_mb
-for name in wire recordio readers image config; do
+for name in wire recordio readers image config tar; do
   dir="$WORK/$name"
   mkdir -p "$dir/corpus"
   log="$dir/run.log"

@@ -1,9 +1,12 @@
 // A RecordIO file (.rec) as the image pipeline reads it: every record found
-// by scanning and by partitioning, each parsed as an image record.
+// by scanning and by partitioning, each parsed as an image record; and as
+// `pstrain rec check` reads it: every record decoded on two threads, the
+// summary counted.
 #include <cstdint>
 #include <string>
 
 #include "data/image_recordio.h"
+#include "data/rec_tools.h"
 #include "data/recordio.h"
 #include "tests/fuzz/fuzz_util.h"
 
@@ -27,5 +30,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   (void)(*rec)->SeekRecordBegin(size / 2);
+
+  ScanOptions scan;
+  scan.num_threads = 2;
+  scan.label_width = size % 3;
+  RecordFileSummary summary(size);
+  (void)ScanImageRecords(**rec, scan, [&](const ScannedRecord& r) {
+    summary.Add(r);
+    return Status::Ok();
+  });
+  (void)summary.ToString();
   return 0;
 }

@@ -1,6 +1,6 @@
 // Writes the seed inputs of the fuzz harnesses: well-formed examples of what
 // each one reads, so fuzzing starts from inputs that get past the first check.
-//   make_seeds OUT_DIR     writes OUT_DIR/{wire,recordio,readers,image,config}/
+//   make_seeds OUT_DIR     writes OUT_DIR/{wire,recordio,readers,image,config,tar}/
 // The config seeds are the job configs of configs/ (PSTRAIN_SOURCE_DIR).
 #include <zlib.h>
 
@@ -196,6 +196,68 @@ void ReaderSeeds(const fs::path& dir) {
   WriteFile(dir / "cifar", Part(cifar) + Part("0\t0\n1\t3088\n"));
 }
 
+// One tar header block: ustar, octal fields, its checksum.
+std::string TarHeader(const std::string& name, char type, size_t size,
+                      const std::string& prefix = "") {
+  std::string h(512, '\0');
+  auto put = [&h](size_t at, const std::string& v) { h.replace(at, v.size(), v); };
+  auto octal = [](size_t width, uint64_t v) {
+    char buf[24];
+    std::snprintf(buf, sizeof(buf), "%0*llo", static_cast<int>(width - 1),
+                  static_cast<unsigned long long>(v));
+    return std::string(buf);
+  };
+  put(0, name);
+  put(100, octal(8, type == '5' ? 0755 : 0644));
+  put(108, octal(8, 0));
+  put(116, octal(8, 0));
+  put(124, octal(12, size));
+  put(136, octal(12, 1700000000));
+  h[156] = type;
+  put(257, std::string("ustar\0"
+                       "00",
+                       8));
+  put(345, prefix);
+  unsigned sum = 0;
+  for (int i = 0; i < 512; ++i) sum += (i >= 148 && i < 156) ? ' ' : static_cast<uint8_t>(h[i]);
+  put(148, octal(7, sum));
+  h[155] = ' ';
+  return h;
+}
+
+// A member: its header and its data padded to 512 bytes.
+std::string TarMember(const std::string& name, char type, const std::string& data,
+                      const std::string& prefix = "") {
+  std::string m = TarHeader(name, type, data.size(), prefix) + data;
+  m.resize((m.size() + 511) / 512 * 512, '\0');
+  return m;
+}
+
+// The first byte selects the harness's mode (tests/fuzz/fuzz_tar.cc): 0 the
+// tar stream, 4 the same with checksums fixed up, 1 the gzipped file, 2 with
+// the CIFAR-10 strip prefix.
+void TarSeeds(const fs::path& dir) {
+  const std::string end(1024, '\0');
+  const std::string plain = TarMember("data/", '5', "") + TarMember("data/a.bin", '0', "abc") +
+                            TarMember("b.txt", '0', std::string(600, 'x'), "data") + end;
+  const std::string cifar = TarMember("cifar-10-batches-bin/", '5', "") +
+                            TarMember("cifar-10-batches-bin/test_batch.bin", '0', "1234") + end;
+  const std::string long_name(150, 'n');
+  const std::string gnu = TarMember("././@LongLink", 'L', long_name + '\0') +
+                          TarMember(long_name.substr(0, 99), '0', "long") + end;
+  const std::string pax =
+      TarMember("PaxHeaders/x", 'x', "21 path=pax/file.txt\n") + TarMember("x", '0', "pax") + end;
+  WriteFile(dir / "plain", std::string(1, '\0') + plain);
+  WriteFile(dir / "plain_fixed", std::string(1, '\4') + plain);
+  WriteFile(dir / "plain_gz", std::string(1, '\1') + Gzip(plain));
+  WriteFile(dir / "cifar", std::string(1, '\6') + cifar);
+  WriteFile(dir / "gnu", std::string(1, '\4') + gnu);
+  WriteFile(dir / "pax", std::string(1, '\4') + pax);
+  // Refused: a symbolic link and a path that climbs out.
+  WriteFile(dir / "link", std::string(1, '\4') + TarMember("l", '2', "") + end);
+  WriteFile(dir / "climb", std::string(1, '\4') + TarMember("../up.txt", '0', "up") + end);
+}
+
 void ImageSeeds(const fs::path& dir) {
   for (int channels : {3, 1}) {
     Image image;
@@ -226,11 +288,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   const fs::path out = argv[1];
-  const std::pair<const char*, void (*)(const fs::path&)> kinds[] = {{"wire", WireSeeds},
-                                                                     {"recordio", RecordIOSeeds},
-                                                                     {"readers", ReaderSeeds},
-                                                                     {"image", ImageSeeds},
-                                                                     {"config", ConfigSeeds}};
+  const std::pair<const char*, void (*)(const fs::path&)> kinds[] = {
+      {"wire", WireSeeds},   {"recordio", RecordIOSeeds}, {"readers", ReaderSeeds},
+      {"image", ImageSeeds}, {"config", ConfigSeeds},     {"tar", TarSeeds}};
   for (const auto& [name, make] : kinds) {
     fs::create_directories(out / name);
     make(out / name);
