@@ -216,21 +216,15 @@ TEST(SlurmTagsTest, LabelsAndTaskNotices) {
 class SrunGroupTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "/slurm_supervisor_" + std::to_string(getpid()) + "_" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    dir_ = temp_.Sub("logs");
     options_.log_dir = dir_;
     options_.terminal_out_fd =
-        open((dir_ + ".terminal").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        open(temp_.Sub("terminal").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     options_.terminal_err_fd = options_.terminal_out_fd;
     options_.term_grace_ms = 1000;
     ASSERT_GE(options_.terminal_out_fd, 0);
   }
-  void TearDown() override {
-    close(options_.terminal_out_fd);
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-    std::filesystem::remove(dir_ + ".terminal", ec);
-  }
+  void TearDown() override { close(options_.terminal_out_fd); }
 
   static Task Group(const std::string& script) {
     Task t;
@@ -242,17 +236,9 @@ class SrunGroupTest : public ::testing::Test {
     t.spec.env = Environment().All();
     return t;
   }
-  static std::string Read(const std::string& path) {
-    std::string out;
-    if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
-      char buf[4096];
-      size_t n;
-      while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
-      std::fclose(f);
-    }
-    return out;
-  }
+  static std::string Read(const std::string& path) { return testing::ReadFile(path); }
 
+  testing::TempDir temp_{"srun-group"};
   std::string dir_;
   SupervisorOptions options_;
 };

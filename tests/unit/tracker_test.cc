@@ -477,26 +477,19 @@ Task ShellTask(const std::string& role, int rank, const std::string& script) {
 
 class SupervisorTest : public ::testing::Test {
  protected:
+  // The logs go to <temp>/logs (the supervisor makes it), the terminal's
+  // lines to <temp>/terminal; all of it is removed after the test.
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "/supervisor_" + std::to_string(getpid()) + "_" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    terminal_ = dir_ + ".terminal";
+    dir_ = temp_.Sub("logs");
+    terminal_ = temp_.Sub("terminal");
     options_.log_dir = dir_;
     options_.terminal_out_fd = open(terminal_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     options_.terminal_err_fd = options_.terminal_out_fd;
     ASSERT_GE(options_.terminal_out_fd, 0);
   }
   void TearDown() override { close(options_.terminal_out_fd); }
-  static std::string Read(const std::string& path) {
-    std::string out;
-    if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
-      char buf[65536];
-      size_t n;
-      while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
-      std::fclose(f);
-    }
-    return out;
-  }
+  static std::string Read(const std::string& path) { return testing::ReadFile(path); }
+  testing::TempDir temp_{"supervisor"};
   std::string dir_, terminal_;
   SupervisorOptions options_;
 };
