@@ -10,8 +10,11 @@
 #   jpeg->jpeg    the JPEG files of the same images, packed by `pstrain im2rec`
 #                 (re-encoded at quality 95, as bench/gpu_seed001.sh does)
 #   jpeg->exact   trained on the JPEG files, scored on the exact test images
-# and the validation accuracy of each epoch is printed side by side.
-#   bash bench/cifar_exact_vs_jpeg.sh [pstrain] [epochs] [extra train flags...]
+# and the accuracy of each epoch is printed side by side. With TORCH=python3
+# (a Python with torch and PIL, e.g. Debian's) PyTorch trains the same network
+# on the same files with the same settings (bench/torch_cifar_rec.py) for the
+# first two, as a check of pstrain's training itself.
+#   [TORCH=python3] bash bench/cifar_exact_vs_jpeg.sh [pstrain] [epochs] [extra train flags...]
 #   e.g. bash bench/cifar_exact_vs_jpeg.sh build/pstrain 15
 #        bash bench/cifar_exact_vs_jpeg.sh build/pstrain 40 --gpus 0
 set -uo pipefail
@@ -74,30 +77,40 @@ done
 common=(--network inception-bn-28-small --image-shape 3,28,28 --num-classes 10 --random-crop 1
   --random-mirror 1 --wd 0.00001 --initializer "uniform(0.07)" --batch-size 128 --lr 0.1
   --kv-store local --num-epochs "$EPOCHS" --disp-batches 1000 "$@")
-train_exact=(--data-train "$work/exact/train.rec" --mean-img "$work/exact/mean.bin")
-train_jpeg=(--data-train "$work/jpeg_train.rec" --mean-img "$work/jpeg_mean.bin")
+rec() { [[ $1 == exact ]] && echo "$work/exact/$2.rec" || echo "$work/jpeg_$2.rec"; }
+runs=(pstrain:exact:exact pstrain:jpeg:jpeg pstrain:jpeg:exact)
+[[ -n ${TORCH:-} ]] && runs+=(torch:exact:exact torch:jpeg:jpeg)
 echo
-for run in exact:exact jpeg:jpeg jpeg:exact; do
-  tr=${run%%:*} va=${run##*:}
-  if [[ $tr == exact ]]; then t=("${train_exact[@]}"); else t=("${train_jpeg[@]}"); fi
-  if [[ $va == exact ]]; then v="$work/exact/test.rec"; else v="$work/jpeg_test.rec"; fi
+for run in "${runs[@]}"; do
+  IFS=: read -r who tr va <<<"$run"
+  log="$work/$who-$tr-$va.log"
   start=$(date +%s)
-  "$P" train "${common[@]}" "${t[@]}" --data-val "$v" >"$work/$tr-$va.log" 2>&1 ||
-    { tail -5 "$work/$tr-$va.log" >&2; die "training $run failed"; }
-  echo "$tr->$va: $(($(date +%s) - start)) s"
-  grep -o "Epoch\[[0-9]*\] Validation-accuracy=[0-9.]*" "$work/$tr-$va.log" |
-    sed 's/.*=//' >"$work/$tr-$va.val"
-  grep -o "Epoch\[[0-9]*\] Train-accuracy=[0-9.]*" "$work/$tr-$va.log" |
-    sed 's/.*=//' >"$work/$tr-$va.train"
+  if [[ $who == pstrain ]]; then
+    "$P" train "${common[@]}" --data-train "$(rec "$tr" train)" --data-val "$(rec "$va" test)" \
+      --mean-img "$work/$tr-mean.bin" >"$log" 2>&1
+  else
+    "$TORCH" "$(dirname "$0")/torch_cifar_rec.py" "$(rec "$tr" train)" "$(rec "$va" test)" \
+      "$EPOCHS" "$(nproc)" >"$log" 2>&1
+  fi || { tail -5 "$log" >&2; die "training $run failed"; }
+  echo "$who $tr->$va: $(($(date +%s) - start)) s"
+  for what in Train Validation; do
+    grep -o "Epoch\[[0-9]*\] $what-accuracy=[0-9.]*" "$log" | sed 's/.*=//' >"$log.$what"
+  done
 done
 echo
-echo "| epoch | exact->exact train | valid | jpeg->jpeg train | valid | jpeg->exact valid |"
-echo "|---:|---:|---:|---:|---:|---:|"
-paste "$work/exact-exact.train" "$work/exact-exact.val" "$work/jpeg-jpeg.train" \
-  "$work/jpeg-jpeg.val" "$work/jpeg-exact.val" |
-  awk '{ printf "| %d | %.3f | %.3f | %.3f | %.3f | %.3f |\n", NR, $1, $2, $3, $4, $5 }'
+printf '| epoch |'
+for run in "${runs[@]}"; do printf ' %s train | valid |' "${run//:/ }"; done
+printf '\n|---:|%s\n' "$(printf -- '---:|---:|%.0s' "${runs[@]}")"
+cols=()
+for run in "${runs[@]}"; do
+  IFS=: read -r who tr va <<<"$run"
+  cols+=("$work/$who-$tr-$va.log.Train" "$work/$who-$tr-$va.log.Validation")
+done
+paste "${cols[@]}" | awk '{ printf "| %d |", NR; for (i = 1; i <= NF; ++i) printf " %.3f |", $i; print "" }'
 echo
-echo "mean of the last 5 epochs' validation accuracy:"
-for r in exact-exact jpeg-jpeg jpeg-exact; do
-  tail -5 "$work/$r.val" | awk -v r="$r" '{ s += $1; n++ } END { printf "  %s %.4f\n", r, s / n }'
+echo "mean validation accuracy of the last 5 epochs:"
+for run in "${runs[@]}"; do
+  IFS=: read -r who tr va <<<"$run"
+  tail -5 "$work/$who-$tr-$va.log.Validation" |
+    awk -v r="$who $tr->$va" '{ s += $1; n++ } END { printf "  %-22s %.4f\n", r, s / n }'
 done

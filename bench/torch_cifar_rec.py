@@ -1,0 +1,102 @@
+"""PyTorch's side of bench/cifar_exact_vs_jpeg.sh: inception-bn-28-small
+(bench/torch_models.py) trained on the same RecordIO files as `pstrain train`,
+with the same settings as the seed's incept_3 (MXNet 2015): SGD lr 0.1,
+momentum 0.9, weight decay 0.00001 on every parameter, Uniform(0.07) weights,
+zero biases, batch 128, 28x28 random crops and mirrors of the 32x32 images,
+the mean image of the training images' centre crops subtracted, centre crops
+scored. Prints MXNet's log lines, so `pstrain parse-log` reads them:
+
+  python3 bench/torch_cifar_rec.py TRAIN.rec VAL.rec EPOCHS [THREADS]
+"""
+import io
+import struct
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+from PIL import Image
+
+import torch_models
+
+MAGIC = 0xCED7230A
+
+
+def read_rec(path):
+    """(images uint8 N x 32 x 32 x 3, labels int64 N) of an im2rec file."""
+    data = open(path, "rb").read()
+    images, labels, at, payload = [], [], 0, b""
+    while at + 8 <= len(data):
+        magic, lrec = struct.unpack_from("<II", data, at)
+        if magic != MAGIC:
+            sys.exit("%s: bad RecordIO magic at byte %d" % (path, at))
+        cflag, length = lrec >> 29, lrec & ((1 << 29) - 1)
+        payload += data[at + 8:at + 8 + length]
+        at += 8 + (length + 3) // 4 * 4
+        if cflag in (1, 2):  # a record split around a magic word: the word is data
+            payload += struct.pack("<I", MAGIC)
+            continue
+        flag, label, _, _ = struct.unpack_from("<IfQQ", payload, 0)
+        body = payload[24:]
+        if flag > 0:  # a list of labels: the first one
+            label = struct.unpack_from("<f", body, 0)[0]
+            body = body[4 * flag:]
+        images.append(np.asarray(Image.open(io.BytesIO(body)).convert("RGB")))
+        labels.append(int(label))
+        payload = b""
+    return np.stack(images), np.array(labels, dtype=np.int64)
+
+
+def main():
+    train_rec, val_rec, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    torch.set_num_threads(int(sys.argv[4]) if len(sys.argv) > 4 else 2)
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    x_train, y_train = read_rec(train_rec)
+    x_val, y_val = read_rec(val_rec)
+    # NCHW float; the mean image of the training set's centre crops.
+    to_t = lambda x: torch.from_numpy(x.transpose(0, 3, 1, 2).astype(np.float32))
+    x_train, x_val = to_t(x_train), to_t(x_val)
+    mean = x_train[:, :, 2:30, 2:30].mean(0, keepdim=True)
+    x_val = x_val[:, :, 2:30, 2:30] - mean
+    y_train, y_val = torch.from_numpy(y_train), torch.from_numpy(y_val)
+
+    model = torch_models.build("inception-bn-28-small", (3, 28, 28), 10)
+    for m in model.modules():
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            nn.init.uniform_(m.weight, -0.07, 0.07)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.00001)
+    loss_fn = nn.CrossEntropyLoss()
+    batch, n = 128, len(y_train)
+    for epoch in range(epochs):
+        model.train()
+        start, right, seen = time.time(), 0, 0
+        order = torch.from_numpy(rng.permutation(n))
+        for b in range(n // batch):
+            idx = order[b * batch:(b + 1) * batch]
+            offsets = rng.integers(0, 5, size=(batch, 2))
+            x = torch.stack([x_train[i, :, oy:oy + 28, ox:ox + 28]
+                             for i, (oy, ox) in zip(idx.tolist(), offsets)])
+            flip = torch.from_numpy(rng.random(batch) < 0.5)
+            x = torch.where(flip[:, None, None, None], x.flip(3), x) - mean
+            out = model(x)
+            loss = loss_fn(out, y_train[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            right += (out.argmax(1) == y_train[idx]).sum().item()
+            seen += batch
+        print("INFO:root:Epoch[%d] Train-accuracy=%f" % (epoch, right / seen))
+        print("INFO:root:Epoch[%d] Time cost=%.3f" % (epoch, time.time() - start))
+        model.eval()
+        with torch.no_grad():
+            pred = torch.cat([model(x_val[i:i + 500]).argmax(1) for i in range(0, len(y_val), 500)])
+        print("INFO:root:Epoch[%d] Validation-accuracy=%f" % (epoch, (pred == y_val).float().mean()),
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
