@@ -3,20 +3,26 @@
 #define PSTRAIN_TESTS_TEST_UTIL_H_
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "common/status.h"
 
@@ -111,6 +117,75 @@ inline int FreePort() {
   ADD_FAILURE() << "no free port in 20000..32767";
   return 0;
 }
+
+// A child process running `argv` (argv[0] a path) with exactly `env`, its
+// stdout and stderr into the file `log`; SIGKILLed (by its PID) and reaped at
+// the end if it still runs. Everything the child needs is prepared before the
+// fork, so the child only dups and execs.
+class LoggedProcess {
+ public:
+  LoggedProcess(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+                const std::string& log)
+      : log_(log) {
+    std::vector<std::string> args = argv, envs;
+    for (const auto& [k, v] : env) envs.push_back(k + "=" + v);
+    std::vector<char*> argp, envp;
+    for (std::string& a : args) argp.push_back(a.data());
+    for (std::string& e : envs) envp.push_back(e.data());
+    argp.push_back(nullptr);
+    envp.push_back(nullptr);
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0 || args.empty()) {
+      ADD_FAILURE() << "cannot start " << (args.empty() ? "nothing" : args[0]) << " logging to "
+                    << log;
+      if (fd >= 0) close(fd);
+      return;
+    }
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+      execve(argp[0], argp.data(), envp.data());
+      _exit(127);
+    }
+    close(fd);
+  }
+  ~LoggedProcess() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  LoggedProcess(const LoggedProcess&) = delete;
+  LoggedProcess& operator=(const LoggedProcess&) = delete;
+
+  // Exit code (128 + signal when killed), or -1 if still running after `seconds`.
+  int Wait(double seconds) {
+    if (exited_) return code_;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    do {
+      int status = 0;
+      if (pid_ > 0 && waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        return code_;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    } while (std::chrono::steady_clock::now() < end);
+    return -1;
+  }
+  void Kill9() {
+    if (pid_ > 0 && !exited_) kill(pid_, SIGKILL);
+  }
+  pid_t pid() const { return pid_; }
+  std::string Log() const { return ReadFile(log_); }
+
+ private:
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  int code_ = -1;
+  std::string log_;
+};
 
 }  // namespace pstrain::testing
 

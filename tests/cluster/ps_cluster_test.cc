@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/env.h"
 #include "proto/ps.pb.h"
 #include "tests/test_util.h"
 
@@ -27,51 +28,15 @@ using Env = std::map<std::string, std::string>;
 using testing::FreePort;
 using testing::ReadFile;
 
-class Proc {
- public:
-  Proc(const std::vector<std::string>& args, const Env& env, const std::string& log) : log_(log) {
-    pid_ = fork();
-    if (pid_ == 0) {
-      for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
-      if (!freopen(log.c_str(), "w", stdout)) _exit(126);
-      dup2(fileno(stdout), fileno(stderr));
-      std::vector<char*> argv;
-      std::string bin = pstrain::testing::PstrainBinary();
-      argv.push_back(bin.data());
-      std::vector<std::string> copy = args;
-      for (std::string& a : copy) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(bin.c_str(), argv.data());
-      _exit(127);
-    }
-  }
-  ~Proc() {
-    if (pid_ > 0 && !exited_) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  // Exit code, or -1 if still running after `seconds` (then it is killed).
-  int Wait(double seconds) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-    while (std::chrono::steady_clock::now() < end) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        exited_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return -1;
-  }
-  void Kill9() { kill(pid_, SIGKILL); }
-  std::string Log() const { return ReadFile(log_); }
+using Proc = testing::LoggedProcess;
 
- private:
-  pid_t pid_ = -1;
-  bool exited_ = false;
-  std::string log_;
-};
+// `pstrain args...` with `env` over this process's environment.
+std::unique_ptr<Proc> StartPstrain(const std::vector<std::string>& args, const Env& env,
+                                   const std::string& log) {
+  std::vector<std::string> argv = {testing::PstrainBinary()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return std::make_unique<Proc>(argv, Environment(env).All(), log);
+}
 
 class ClusterTest : public ::testing::Test {
  protected:
@@ -95,7 +60,7 @@ class ClusterTest : public ::testing::Test {
                {"PSTRAIN_STARTUP_TIMEOUT_MS", "10000"}};
   }
   Proc* Start(const std::string& name, const std::vector<std::string>& args, const Env& env) {
-    procs_.push_back(std::make_unique<Proc>(args, env, dir_ + "/" + name + ".log"));
+    procs_.push_back(StartPstrain(args, env, dir_ + "/" + name + ".log"));
     return procs_.back().get();
   }
   // Starts scheduler, S servers and W workers running `args`; returns them in that order.

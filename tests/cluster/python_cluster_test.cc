@@ -178,55 +178,13 @@ TEST_F(PythonClusterTest, TwoWorkersLearnMnistDistAsync) {
 
 using testing::FreePort;
 
-// A python3 process running `script` with `env`, output to `log`; killed
-// (SIGKILL, by its PID) at the end if still running.
-class PyProc {
- public:
-  PyProc(const std::string& script, const std::map<std::string, std::string>& env,
-         const std::string& log)
-      : log_(log) {
-    std::vector<std::string> envs;
-    for (const auto& [k, v] : env) envs.push_back(k + "=" + v);
-    pid_ = fork();
-    if (pid_ == 0) {
-      if (!freopen(log.c_str(), "w", stdout)) _exit(126);
-      dup2(fileno(stdout), fileno(stderr));
-      std::string py = PythonExecutable(), s = script;
-      char* argv[] = {py.data(), s.data(), nullptr};
-      std::vector<char*> envp;
-      for (std::string& e : envs) envp.push_back(e.data());
-      envp.push_back(nullptr);
-      execve(py.c_str(), argv, envp.data());
-      _exit(127);
-    }
-  }
-  ~PyProc() {
-    if (pid_ > 0 && !exited_) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  // Exit code (128 + signal when killed), or -1 if still running after `seconds`.
-  int Wait(double seconds) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-    do {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        exited_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    } while (std::chrono::steady_clock::now() < end);
-    return -1;
-  }
-  void Kill9() { kill(pid_, SIGKILL); }
-  std::string Log() const { return ReadFile(log_); }
-
- private:
-  pid_t pid_ = -1;
-  bool exited_ = false;
-  std::string log_;
-};
+// A python3 process running `script` with `env`, output to `log`.
+std::unique_ptr<testing::LoggedProcess> PyProc(const std::string& script,
+                                               const std::map<std::string, std::string>& env,
+                                               const std::string& log) {
+  return std::make_unique<testing::LoggedProcess>(
+      std::vector<std::string>{PythonExecutable(), script}, env, log);
+}
 
 // A server killed mid-training: every worker's pending request raises
 // pstrain.Error naming the server within the heartbeat timeout, the scripts
@@ -247,17 +205,16 @@ TEST_F(PythonClusterTest, DeadServerRaisesInEveryWorkerWithinTheDeadline) {
     return PythonEnv(e);
   };
   const std::string script = PythonScript("dead_server.py");
-  std::vector<std::unique_ptr<PyProc>> job;
-  job.push_back(std::make_unique<PyProc>(script, env("scheduler"), dir.path() + "/scheduler.log"));
+  std::vector<std::unique_ptr<testing::LoggedProcess>> job;
+  job.push_back(PyProc(script, env("scheduler"), dir.path() + "/scheduler.log"));
   for (int s = 0; s < 2; ++s) {
     auto e = env("server");
     if (s == 1) e["PORT"] = std::to_string(server1_port);
-    job.push_back(
-        std::make_unique<PyProc>(script, e, dir.path() + "/server" + std::to_string(s) + ".log"));
+    job.push_back(PyProc(script, e, dir.path() + "/server" + std::to_string(s) + ".log"));
   }
   for (int w = 0; w < 2; ++w) {
-    job.push_back(std::make_unique<PyProc>(script, env("worker"),
-                                           dir.path() + "/worker" + std::to_string(w) + ".log"));
+    job.push_back(
+        PyProc(script, env("worker"), dir.path() + "/worker" + std::to_string(w) + ".log"));
   }
   // Both workers exchanging (bounded: 60 s for imports and registration).
   for (int w = 3; w < 5; ++w) {
