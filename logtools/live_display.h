@@ -4,8 +4,11 @@
 // view of a job (job_view.h).
 //
 // The block is redrawn at most once per `min_interval` (unless forced) and
-// only when it changed. Lines longer than the terminal are the caller's to
-// cut (RenderJobView does): a wrapped line would break the cursor arithmetic.
+// only when it changed, or at once when the terminal became narrower. Lines
+// longer than the terminal are the caller's to cut (RenderJobView does, to the
+// width of the moment); a terminal narrowed after a draw rewraps the block's
+// lines, and the next redraw counts the rows they take at the new width (as
+// terminals that reflow on resize show them).
 // Everything is written with write(2), unbuffered, so output of the caller's
 // own on another descriptor of the same terminal keeps its place as long as it
 // goes through PrintAbove.
@@ -22,6 +25,10 @@
 #include "common/env.h"
 
 namespace pstrain::logtools {
+
+// The columns `line` takes on a terminal: its characters (UTF-8 continuation
+// bytes and CSI escape sequences take none).
+size_t DisplayWidth(const std::string& line);
 
 class LiveDisplay {
  public:
@@ -57,6 +64,7 @@ class LiveDisplay {
   std::chrono::steady_clock::time_point last_draw_;
   std::vector<std::string> shown_;                  // the block on the screen now
   size_t drawn_ = 0;                                // how many lines of it are on the screen
+  int drawn_columns_ = 0;                           // the terminal's width when it was drawn
   std::vector<std::pair<int, std::string>> above_;  // queued by PrintAbove: (fd, text)
 };
 

@@ -6,6 +6,10 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <sys/ioctl.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -430,6 +434,61 @@ TEST(LiveDisplayTest, RedrawsTheBlockInPlace) {
   EXPECT_EQ(Drain(fds[0]), "\ry\x1b[K\n") << "a released block stays where it is";
   close(fds[0]);
   close(fds[1]);
+}
+
+// What the terminal's side of a pseudo-terminal received within 200 ms of quiet.
+std::string DrainPty(int master) {
+  std::string out;
+  for (;;) {
+    pollfd p = {master, POLLIN, 0};
+    if (poll(&p, 1, 200) <= 0) return out;
+    char buf[4096];
+    const ssize_t n = read(master, buf, sizeof(buf));
+    if (n <= 0) return out;
+    out.append(buf, static_cast<size_t>(n));
+  }
+}
+
+// A terminal made narrower has rewrapped the block's longer lines: the next
+// redraw, at once (within min_interval, the lines unchanged), goes up as many
+// rows as they take at the new width.
+TEST(LiveDisplayTest, ANarrowedTerminalIsRedrawnOverItsWrappedRows) {
+  const int master = posix_openpt(O_RDWR | O_NOCTTY);
+  ASSERT_GE(master, 0);
+  ASSERT_EQ(grantpt(master), 0);
+  ASSERT_EQ(unlockpt(master), 0);
+  const int slave = open(ptsname(master), O_RDWR | O_NOCTTY);
+  ASSERT_GE(slave, 0);
+  termios raw;
+  ASSERT_EQ(tcgetattr(slave, &raw), 0);
+  cfmakeraw(&raw);  // bytes through unchanged ("\n" stays "\n")
+  ASSERT_EQ(tcsetattr(slave, TCSANOW, &raw), 0);
+  winsize ws = {};
+  ws.ws_col = 80;
+  ws.ws_row = 24;
+  ASSERT_EQ(ioctl(master, TIOCSWINSZ, &ws), 0);
+  EXPECT_TRUE(LiveDisplay::IsTerminal(slave, Environment::Isolated({{"TERM", "xterm"}})));
+
+  LiveDisplay display(slave, std::chrono::milliseconds(60000));
+  const std::string wide(70, 'w');
+  EXPECT_TRUE(display.Draw({wide, "short"}, true));
+  EXPECT_EQ(DrainPty(master), "\r" + wide + "\x1b[K\n\rshort\x1b[K\n");
+  EXPECT_FALSE(display.Draw({wide, "short"})) << "unchanged";
+  ws.ws_col = 30;
+  ASSERT_EQ(ioctl(master, TIOCSWINSZ, &ws), 0);
+  // 70 columns on 30 take 3 rows, "short" 1: up 4; two rows are left to clear.
+  const std::string cut(29, 'w');
+  EXPECT_TRUE(display.Draw({cut, "short"}));
+  EXPECT_EQ(DrainPty(master), "\x1b[4A\r" + cut + "\x1b[K\n\rshort\x1b[K\n\x1b[J");
+  EXPECT_FALSE(display.Draw({cut, "short"})) << "as wide as before: nothing to do";
+  close(slave);
+  close(master);
+}
+
+TEST(LiveDisplayTest, DisplayWidthCountsCharactersNotBytesOrEscapes) {
+  EXPECT_EQ(DisplayWidth(""), 0u);
+  EXPECT_EQ(DisplayWidth("abc"), 3u);
+  EXPECT_EQ(DisplayWidth("\x1b[1m\xc3\xa9\xe2\x80\xa6x\x1b[0m"), 3u);  // bold "é…x"
 }
 
 }  // namespace
