@@ -13,7 +13,8 @@
 # and the accuracy of each epoch is printed side by side. With TORCH=python3
 # (a Python with torch and PIL, e.g. Debian's) PyTorch trains the same network
 # on the same files with the same settings (bench/torch_cifar_rec.py) for the
-# first two, as a check of pstrain's training itself.
+# first two, as a check of pstrain's training itself (TORCH_DEVICE=cuda on a
+# GPU, beside `--gpus 0` for pstrain).
 #   [TORCH=python3] bash bench/cifar_exact_vs_jpeg.sh [pstrain] [epochs] [extra train flags...]
 #   e.g. bash bench/cifar_exact_vs_jpeg.sh build/pstrain 15
 #        bash bench/cifar_exact_vs_jpeg.sh build/pstrain 40 --gpus 0
@@ -90,7 +91,7 @@ for run in "${runs[@]}"; do
       --mean-img "$work/$tr-mean.bin" >"$log" 2>&1
   else
     "$TORCH" "$(dirname "$0")/torch_cifar_rec.py" "$(rec "$tr" train)" "$(rec "$va" test)" \
-      "$EPOCHS" "$(nproc)" >"$log" 2>&1
+      "$EPOCHS" "$(nproc)" "${TORCH_DEVICE:-cpu}" >"$log" 2>&1
   fi || { tail -5 "$log" >&2; die "training $run failed"; }
   echo "$who $tr->$va: $(($(date +%s) - start)) s"
   for what in Train Validation; do

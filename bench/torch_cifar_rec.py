@@ -6,7 +6,9 @@ zero biases, batch 128, 28x28 random crops and mirrors of the 32x32 images,
 the mean image of the training images' centre crops subtracted, centre crops
 scored. Prints MXNet's log lines, so `pstrain parse-log` reads them:
 
-  python3 bench/torch_cifar_rec.py TRAIN.rec VAL.rec EPOCHS [THREADS]
+  python3 bench/torch_cifar_rec.py TRAIN.rec VAL.rec EPOCHS [THREADS [DEVICE]]
+
+DEVICE is "cpu" (default) or "cuda" (cuDNN benchmark mode on).
 """
 import io
 import struct
@@ -51,18 +53,20 @@ def read_rec(path):
 def main():
     train_rec, val_rec, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3])
     torch.set_num_threads(int(sys.argv[4]) if len(sys.argv) > 4 else 2)
+    dev = torch.device(sys.argv[5] if len(sys.argv) > 5 else "cpu")
+    torch.backends.cudnn.benchmark = True
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     x_train, y_train = read_rec(train_rec)
     x_val, y_val = read_rec(val_rec)
     # NCHW float; the mean image of the training set's centre crops.
     to_t = lambda x: torch.from_numpy(x.transpose(0, 3, 1, 2).astype(np.float32))
-    x_train, x_val = to_t(x_train), to_t(x_val)
+    x_train, x_val = to_t(x_train).to(dev), to_t(x_val).to(dev)
     mean = x_train[:, :, 2:30, 2:30].mean(0, keepdim=True)
     x_val = x_val[:, :, 2:30, 2:30] - mean
-    y_train, y_val = torch.from_numpy(y_train), torch.from_numpy(y_val)
+    y_train, y_val = torch.from_numpy(y_train).to(dev), torch.from_numpy(y_val).to(dev)
 
-    model = torch_models.build("inception-bn-28-small", (3, 28, 28), 10)
+    model = torch_models.build("inception-bn-28-small", (3, 28, 28), 10).to(dev)
     for m in model.modules():
         if isinstance(m, (nn.Conv2d, nn.Linear)):
             nn.init.uniform_(m.weight, -0.07, 0.07)
@@ -74,13 +78,13 @@ def main():
     for epoch in range(epochs):
         model.train()
         start, right, seen = time.time(), 0, 0
-        order = torch.from_numpy(rng.permutation(n))
+        order = torch.from_numpy(rng.permutation(n)).to(dev)
         for b in range(n // batch):
             idx = order[b * batch:(b + 1) * batch]
             offsets = rng.integers(0, 5, size=(batch, 2))
             x = torch.stack([x_train[i, :, oy:oy + 28, ox:ox + 28]
                              for i, (oy, ox) in zip(idx.tolist(), offsets)])
-            flip = torch.from_numpy(rng.random(batch) < 0.5)
+            flip = torch.from_numpy(rng.random(batch) < 0.5).to(dev)
             x = torch.where(flip[:, None, None, None], x.flip(3), x) - mean
             out = model(x)
             loss = loss_fn(out, y_train[idx])
