@@ -315,7 +315,8 @@ int RunCifar10(const std::vector<std::string>& argv) {
   std::string err = ParseArgs(argv, {"force"}, {}, &args);
   if (err.empty() && args.positional.size() != 2) err = "cifar10 wants DIR and OUT";
   if (!err.empty()) return Usage(err);
-  const std::string& out = args.positional[1];
+  std::string out = args.positional[1];
+  while (out.size() > 1 && out.back() == '/') out.pop_back();
   std::error_code ec;
   std::filesystem::create_directories(out, ec);
   if (ec) return Fail("cifar10", Status::IOError(StrCat(out, ": cannot create: ", ec.message())));
