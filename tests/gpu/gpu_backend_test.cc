@@ -19,18 +19,13 @@
 #include "nn/device_group.h"
 #include "nn/executor.h"
 #include "nn/initializer.h"
+#include "tests/gpu/gpu_test_util.h"
 #include "tests/test_util.h"
 #include "tests/unit/nn/op_cases.h"
 #include "tests/unit/nn/op_harness.h"
 
 namespace pstrain::testing {
 namespace {
-
-#define SKIP_WITHOUT_GPU()                          \
-  do {                                              \
-    std::string why_;                               \
-    if (GpuCount(&why_) == 0) GTEST_SKIP() << why_; \
-  } while (0)
 
 BackendOptions Gpu() {
   BackendOptions o;

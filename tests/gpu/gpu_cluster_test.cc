@@ -13,6 +13,7 @@
 
 #include "common/env.h"
 #include "nn/backend.h"
+#include "tests/gpu/gpu_test_util.h"
 #include "tests/test_util.h"
 #include "tracker/process.h"
 #include "worker/checkpoint.h"
@@ -24,12 +25,6 @@ using testing::PstrainBinary;
 using testing::ReadFile;
 using testing::SharedDataDir;
 using testing::TempDir;
-
-#define SKIP_WITHOUT_GPU()                          \
-  do {                                              \
-    std::string why_;                               \
-    if (GpuCount(&why_) == 0) GTEST_SKIP() << why_; \
-  } while (0)
 
 // `pstrain launch -n 2 -s 1 --launcher local -- pstrain train <train...>`,
 // the logs in `dir`; the job's exit code (-1 if it could not run).
