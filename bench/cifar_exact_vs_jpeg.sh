@@ -100,7 +100,10 @@ for run in "${runs[@]}"; do
 done
 echo
 printf '| epoch |'
-for run in "${runs[@]}"; do printf ' %s train | valid |' "${run//:/ }"; done
+for run in "${runs[@]}"; do
+  IFS=: read -r who tr va <<<"$run"
+  printf ' %s %s->%s train | valid |' "$who" "$tr" "$va"
+done
 printf '\n|---:|%s\n' "$(printf -- '---:|---:|%.0s' "${runs[@]}")"
 cols=()
 for run in "${runs[@]}"; do
