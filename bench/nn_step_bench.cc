@@ -288,6 +288,9 @@ int Run(int argc, char** argv) {
       "activation memory: %.2f MB planned (no plan of these lifetimes under %.2f MB), %.2f MB "
       "with one buffer per tensor\n",
       e->planned_bytes() / 1e6, e->least_planned_bytes() / 1e6, e->unplanned_bytes() / 1e6);
+  std::printf(
+      "operator scratch (convolution workspaces, in that plan): largest %.2f MB, all %.2f MB\n",
+      e->largest_scratch_bytes() / 1e6, e->total_scratch_bytes() / 1e6);
   std::printf("peak memory held by the backend: %.2f MB\n", be.memory_stats().peak / 1e6);
   std::printf("reorders per step: %.1f of activations, %.1f of parameters\n",
               static_cast<double>(after.activation_reorders - before.activation_reorders) / steps,

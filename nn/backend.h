@@ -162,8 +162,8 @@ class Backend {
   // gradient: Operator::CanRunInPlace). The CPU backend sizes the OpenMP team
   // of each node, plans activation layouts and fuses layers here.
   virtual void PlanGraph(const Graph& graph, int64_t batch, const std::vector<bool>& in_place) {}
-  // Called on the executor's thread before each node's Setup, Forward and
-  // Backward (and the gradient sums after it).
+  // Called on the executor's thread before each node's PlanScratch, Setup,
+  // Forward and Backward (and the gradient sums after it).
   virtual void EnterNode(NodeId node) {}
 
   // ---- copies and element-wise steps (ordered with the operators) ----

@@ -233,6 +233,35 @@ Status Executor::Init() {
       }
     }
   }
+  // Scratch: each operator's, planned for its shapes, lives during its own
+  // forward or backward step only, so it takes memory dead at that step.
+  std::vector<int> scratch_fwd_item(N, -1), scratch_bwd_item(N, -1);
+  for (int i = 0; i < N; ++i) {
+    const Node& n = nodes[i];
+    if (n.op == OpType::kInput) continue;
+    OpShapes shapes;
+    const bool backward = train && needs_grad[i];
+    for (NodeId in : n.inputs) {
+      shapes.in.push_back(nodes[in].out_shape.WithBatch(batch));
+      shapes.in_grads.push_back(backward && needs_grad[in]);
+    }
+    shapes.out = n.out_shape.WithBatch(batch);
+    for (int p : n.params) shapes.params.push_back(graph_.params()[p].shape);
+    shapes.param_grads = train && !n.params.empty();
+    shapes.out_grad = backward && i != m.softmax;
+    be.EnterNode(i);
+    ASSIGN_OR_RETURN(const ScratchNeeds needs, m.ops[i]->PlanScratch(m.ctx, shapes));
+    auto add = [&](size_t bytes, int step, std::vector<int>* item) {
+      if (bytes == 0) return;
+      largest_scratch_bytes_ = std::max(largest_scratch_bytes_, bytes);
+      total_scratch_bytes_ += bytes;
+      (*item)[i] = static_cast<int>(items.size());
+      items.push_back(
+          Item{static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float)), step, step});
+    };
+    add(needs.forward_bytes, i, &scratch_fwd_item);
+    add(needs.backward_bytes, bwd(i), &scratch_bwd_item);
+  }
   const int64_t arena_floats = PlaceItems(&items, options_.plan_memory);
   const std::shared_ptr<Buffer> arena = be.Allocate(static_cast<size_t>(arena_floats));
   planned_bytes_ = static_cast<size_t>(arena_floats) * sizeof(float);
@@ -303,6 +332,11 @@ Status Executor::Init() {
       }
       if (i != m.softmax) t.out_grad = view(grad_item[i], n.out_shape);
     }
+    auto scratch = [&](int item) {
+      return Tensor(arena, static_cast<size_t>(items[item].offset), Shape{items[item].floats});
+    };
+    if (scratch_fwd_item[i] >= 0) t.scratch_forward = scratch(scratch_fwd_item[i]);
+    if (scratch_bwd_item[i] >= 0) t.scratch_backward = scratch(scratch_bwd_item[i]);
     // (oneDNN plans a primitive's work split for the team size at creation.)
     be.EnterNode(i);
     RETURN_IF_ERROR(m.ops[i]->Setup(m.ctx, t));

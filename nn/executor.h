@@ -166,12 +166,17 @@ class Executor : public ModelParams {
   std::vector<NodeProfile> Profile() const;
 
   // Memory plan figures: bytes of activation + activation-gradient storage
-  // actually allocated, and what one buffer per tensor would have needed.
+  // (and the operators' scratch, Operator::PlanScratch) actually allocated,
+  // and what one buffer per tensor would have needed.
   size_t planned_bytes() const { return planned_bytes_; }
   size_t unplanned_bytes() const { return unplanned_bytes_; }
   // The least any placement of the same lifetimes could take (the most bytes
   // alive at one step): planned_bytes() over this is the plan's overhead.
   size_t least_planned_bytes() const { return least_planned_bytes_; }
+  // The operators' scratch: the largest one call needs (what one scratch
+  // buffer shared by every operator would hold), and the sum of them all.
+  size_t largest_scratch_bytes() const { return largest_scratch_bytes_; }
+  size_t total_scratch_bytes() const { return total_scratch_bytes_; }
 
  private:
   struct Impl;
@@ -191,6 +196,8 @@ class Executor : public ModelParams {
   size_t planned_bytes_ = 0;
   size_t unplanned_bytes_ = 0;
   size_t least_planned_bytes_ = 0;
+  size_t largest_scratch_bytes_ = 0;
+  size_t total_scratch_bytes_ = 0;
 };
 
 }  // namespace pstrain

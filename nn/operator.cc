@@ -2,6 +2,38 @@
 
 namespace pstrain {
 
+OpShapes OpShapes::Of(const OpTensors& t) {
+  OpShapes s;
+  for (const Tensor& x : t.in) s.in.push_back(x.shape());
+  s.out = t.out.shape();
+  for (const Tensor& p : t.params) s.params.push_back(p.shape());
+  s.out_grad = t.out_grad.defined();
+  s.param_grads = !t.param_grads.empty();
+  for (size_t i = 0; i < t.in.size(); ++i) {
+    s.in_grads.push_back(i < t.in_grads.size() && t.in_grads[i].defined());
+  }
+  return s;
+}
+
+std::string OpShapes::ToString() const {
+  std::string r = "in";
+  for (size_t i = 0; i < in.size(); ++i) {
+    r += StrCat(" ", in[i].ToString(), i < in_grads.size() && in_grads[i] ? "+grad" : "");
+  }
+  r += StrCat(", out ", out.ToString(), out_grad ? "+grad" : "", ", params");
+  for (const Shape& p : params) r += StrCat(" ", p.ToString(), param_grads ? "+grad" : "");
+  return r;
+}
+
+StatusOr<ScratchNeeds> Operator::PlanScratch(const OpContext& ctx, const OpShapes& shapes) {
+  CHECK(!planned_) << OpTypeName(node_.op) << " '" << node_.name << "': PlanScratch twice";
+  CHECK(ctx.backend != nullptr) << node_.name << ": PlanScratch without a backend";
+  shapes_ = shapes;
+  planned_ = true;
+  ASSIGN_OR_RETURN(needs_, DoPlanScratch(ctx));
+  return needs_;
+}
+
 Status Operator::Setup(const OpContext& ctx, const OpTensors& t) {
   const std::string where = StrCat(OpTypeName(node_.op), " '", node_.name, "'");
   CHECK(ctx.backend != nullptr) << where << ": Setup without a backend";
@@ -55,8 +87,31 @@ Status Operator::Setup(const OpContext& ctx, const OpTensors& t) {
     }
   }
   for (size_t i = 0; i < t.aux.size(); ++i) RETURN_IF_ERROR(on_device(t.aux[i], StrCat("aux ", i)));
+  RETURN_IF_ERROR(on_device(t.scratch_forward, "forward scratch"));
+  RETURN_IF_ERROR(on_device(t.scratch_backward, "backward scratch"));
   t_ = t;
   t_.in_grads.resize(t_.in.size());
+  const OpShapes bound = OpShapes::Of(t_);
+  if (!planned_) {
+    RETURN_IF_ERROR(PlanScratch(ctx, bound).status().WithContext(where));
+  } else if (!(bound == shapes_)) {
+    return Status::InvalidArgument(StrCat(where, ": bound as (", bound.ToString(),
+                                          ") but planned as (", shapes_.ToString(), ")"));
+  }
+  // Scratch: the binding's, at least as large as planned, or our own.
+  auto scratch = [&](Tensor* s, size_t need, const char* what) {
+    if (need == 0) return Status::Ok();
+    if (!s->defined()) {
+      *s = ctx.backend->Empty(
+          Shape{static_cast<int64_t>((need + sizeof(float) - 1) / sizeof(float))});
+    } else if (s->bytes() < need) {
+      return Status::InvalidArgument(
+          StrCat(where, ": ", what, " scratch of ", s->bytes(), " bytes, ", need, " needed"));
+    }
+    return Status::Ok();
+  };
+  RETURN_IF_ERROR(scratch(&t_.scratch_forward, needs_.forward_bytes, "forward"));
+  RETURN_IF_ERROR(scratch(&t_.scratch_backward, needs_.backward_bytes, "backward"));
   return DoSetup(ctx);
 }
 

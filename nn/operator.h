@@ -15,6 +15,7 @@
 
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
@@ -42,6 +43,36 @@ struct OpTensors {
   std::vector<Tensor> aux;          // Node::aux order
   std::vector<Tensor> in_grads;     // same order as in (undefined: skip)
   Tensor out_grad;                  // undefined for SoftmaxOutput (it starts backprop)
+  // Scratch memory for the kernels of one Forward / one Backward call, at
+  // least the operator's ScratchNeeds (undefined where it needs none). The
+  // executor places them in its arena for that call's step only; Setup
+  // allocates them when the caller leaves them undefined.
+  Tensor scratch_forward, scratch_backward;
+};
+
+// The shapes of the tensors an operator will be bound to (batch included),
+// known before any memory is planned, and which gradients are bound.
+struct OpShapes {
+  std::vector<Shape> in;
+  Shape out;
+  std::vector<Shape> params;
+  bool out_grad = false;       // out_grad is bound
+  bool param_grads = false;    // param_grads are bound
+  std::vector<bool> in_grads;  // per input: its gradient is bound
+  bool operator==(const OpShapes& o) const {
+    return in == o.in && out == o.out && params == o.params && out_grad == o.out_grad &&
+           param_grads == o.param_grads && in_grads == o.in_grads;
+  }
+  // The shapes of a binding.
+  static OpShapes Of(const OpTensors& t);
+  std::string ToString() const;
+};
+
+// Scratch bytes the kernels use within one call (cuDNN's convolution
+// workspace, oneDNN's scratchpad); nothing in them outlives the call.
+struct ScratchNeeds {
+  size_t forward_bytes = 0;
+  size_t backward_bytes = 0;
 };
 
 class Operator {
@@ -50,9 +81,17 @@ class Operator {
   Operator(const Operator&) = delete;
   Operator& operator=(const Operator&) = delete;
 
-  // Binds `t` (checked against the node's shapes and arity, and every tensor
-  // against ctx's device) and prepares the kernels (oneDNN primitives, cuDNN
-  // descriptors and algorithms, workspaces). Call once.
+  // How much scratch memory Forward and Backward will use, for the shapes
+  // Setup will bind (it chooses the kernels: oneDNN primitive descriptors,
+  // cuDNN's algorithm search). The executor calls it before planning memory
+  // and places the scratch in its arena for one step each, sharing memory
+  // with tensors that are dead at that step. Call at most once, before Setup.
+  StatusOr<ScratchNeeds> PlanScratch(const OpContext& ctx, const OpShapes& shapes);
+  // Binds `t` (checked against the node's shapes and arity, against the
+  // shapes PlanScratch was given, and every tensor against ctx's device) and
+  // prepares the kernels (oneDNN primitives, cuDNN descriptors). Without an
+  // earlier PlanScratch it plans here, and allocates scratch the binding
+  // leaves undefined. Call once.
   Status Setup(const OpContext& ctx, const OpTensors& t);
   // Computes out from in, params, aux (and updates aux in training).
   // REQUIRES: Setup succeeded with the same backend.
@@ -80,13 +119,20 @@ class Operator {
  protected:
   explicit Operator(const Node& node) : node_(node) {}
 
-  // The device's kernels. t_ is bound when DoSetup runs.
+  // The device's kernels. DoPlanScratch runs once before DoSetup (shapes_
+  // is set then); t_ is bound when DoSetup runs.
+  virtual StatusOr<ScratchNeeds> DoPlanScratch(const OpContext& ctx) { return ScratchNeeds{}; }
   virtual Status DoSetup(const OpContext& ctx) { return Status::Ok(); }
   virtual void DoForward(const OpContext& ctx) = 0;
   virtual void DoBackward(const OpContext& ctx) = 0;
 
   const Node& node_;
   OpTensors t_;
+  OpShapes shapes_;
+
+ private:
+  bool planned_ = false;
+  ScratchNeeds needs_;
 };
 
 }  // namespace pstrain

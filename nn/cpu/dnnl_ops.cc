@@ -107,6 +107,24 @@ class DnnlConvolution : public Operator {
   explicit DnnlConvolution(const Node& node) : Operator(node) {}
 
  protected:
+  // The primitive descriptors, from the shapes and the planned layouts; their
+  // scratchpads (user mode) are this operator's scratch, which the executor
+  // places in its arena for the forward and the backward step.
+  StatusOr<ScratchNeeds> DoPlanScratch(const OpContext& ctx) override {
+    ScratchNeeds needs;
+    try {
+      Describe(ctx);
+      needs.forward_bytes = fwd_pd_.scratchpad_desc().get_size();
+      if (has_bww_) needs.backward_bytes = bww_pd_.scratchpad_desc().get_size();
+      if (has_bwd_data_) {
+        needs.backward_bytes = std::max(needs.backward_bytes, bwd_pd_.scratchpad_desc().get_size());
+      }
+    } catch (const dnnl::error& e) {
+      return DnnlError(node_, e);
+    }
+    return needs;
+  }
+
   Status DoSetup(const OpContext& ctx) override {
     try {
       Build(ctx);
@@ -116,24 +134,58 @@ class DnnlConvolution : public Operator {
     return Status::Ok();
   }
 
-  void Build(const OpContext& ctx) {
+  void Describe(const OpContext& ctx) {
     CpuEngine* cpu = &CpuBackend::Of(ctx).engine();
     const ConvParam& p = node_.conv;
-    const memory::dims src_dims = Dims(t_.in[0].shape()), dst_dims = Dims(t_.out.shape());
-    memory::dims w_dims = Dims(t_.params[0].shape());
-    if (p.num_group > 1) {
-      w_dims = {p.num_group, p.num_filter / p.num_group, w_dims[1], w_dims[2], w_dims[3]};
-    }
+    const memory::dims src_dims = Dims(shapes_.in[0]), dst_dims = Dims(shapes_.out);
+    const memory::dims w_dims = WeightDims();
     const memory::dims b_dims = {p.num_filter};
     const memory::dims strides = {p.stride_h, p.stride_w}, pad = {p.pad_h, p.pad_w};
     auto any = [](const memory::dims& d) { return memory::desc(d, Dt::f32, Tag::any); };
     const memory::desc bias_any = p.no_bias ? memory::desc() : any(b_dims);
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
 
     dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training,
                                        dnnl::algorithm::convolution_direct, any(src_dims),
                                        any(w_dims), bias_any, any(dst_dims), strides, pad, pad);
-    fwd_pd_ = dnnl::convolution_forward::primitive_desc(fd, cpu->engine());
+    fwd_pd_ = dnnl::convolution_forward::primitive_desc(fd, attr, cpu->engine());
+    has_bww_ = shapes_.param_grads && shapes_.out_grad;
+    if (!has_bww_) return;
+    dnnl::convolution_backward_weights::desc wd(dnnl::algorithm::convolution_direct, any(src_dims),
+                                                any(w_dims), bias_any, any(dst_dims), strides, pad,
+                                                pad);
+    bww_pd_ = dnnl::convolution_backward_weights::primitive_desc(wd, attr, cpu->engine(), fwd_pd_);
+    has_bwd_data_ = shapes_.in_grads[0];
+    if (!has_bwd_data_) return;
+    dnnl::convolution_backward_data::desc dd(dnnl::algorithm::convolution_direct, any(src_dims),
+                                             any(w_dims), any(dst_dims), strides, pad, pad);
+    bwd_pd_ = dnnl::convolution_backward_data::primitive_desc(dd, attr, cpu->engine(), fwd_pd_);
+  }
+
+  memory::dims WeightDims() const {
+    const ConvParam& p = node_.conv;
+    memory::dims w_dims = Dims(shapes_.params[0]);
+    if (p.num_group > 1) {
+      w_dims = {p.num_group, p.num_filter / p.num_group, w_dims[1], w_dims[2], w_dims[3]};
+    }
+    return w_dims;
+  }
+
+  // A scratchpad memory over the bound scratch (none when it needs none).
+  static memory ScratchMemory(CpuEngine* cpu, const memory::desc& want, const Tensor& scratch) {
+    if (want.get_size() == 0) return memory();
+    return memory(want, cpu->engine(), scratch.data());
+  }
+
+  void Build(const OpContext& ctx) {
+    CpuEngine* cpu = &CpuBackend::Of(ctx).engine();
+    const ConvParam& p = node_.conv;
+    const memory::dims src_dims = Dims(t_.in[0].shape()), dst_dims = Dims(t_.out.shape());
+    const memory::dims w_dims = WeightDims();
+    const memory::dims b_dims = {p.num_filter};
     fwd_ = dnnl::convolution_forward(fwd_pd_);
+    fwd_scratch_ = ScratchMemory(cpu, fwd_pd_.scratchpad_desc(), t_.scratch_forward);
     const NodeId in = node_.inputs[0];
     src_.Init(cpu, ActivationMemory(ctx, in, src_dims, t_.in[0].data()), fwd_pd_.src_desc(), false);
     w_.Init(cpu, memory(PlainDesc(w_dims), cpu->engine(), t_.params[0].data()),
@@ -142,12 +194,9 @@ class DnnlConvolution : public Operator {
               false);
     if (!p.no_bias) bias_ = UserMemory(cpu, b_dims, t_.params[1].data());
 
-    if (t_.param_grads.empty() || !t_.out_grad.defined()) return;
-    dnnl::convolution_backward_weights::desc wd(dnnl::algorithm::convolution_direct, any(src_dims),
-                                                any(w_dims), bias_any, any(dst_dims), strides, pad,
-                                                pad);
-    bww_pd_ = dnnl::convolution_backward_weights::primitive_desc(wd, cpu->engine(), fwd_pd_);
+    if (!has_bww_) return;
     bww_ = dnnl::convolution_backward_weights(bww_pd_);
+    bww_scratch_ = ScratchMemory(cpu, bww_pd_.scratchpad_desc(), t_.scratch_backward);
     bww_src_.InitShared(cpu, src_, bww_pd_.src_desc());
     const memory diff_dst_user = ActivationMemory(ctx, node_.id, dst_dims, t_.out_grad.data());
     bww_diff_dst_.Init(cpu, diff_dst_user, bww_pd_.diff_dst_desc(), false);
@@ -155,16 +204,13 @@ class DnnlConvolution : public Operator {
                  bww_pd_.diff_weights_desc(), true);
     if (!p.no_bias) diff_bias_ = UserMemory(cpu, b_dims, t_.param_grads[1].data());
 
-    if (!t_.in_grads[0].defined()) return;
-    dnnl::convolution_backward_data::desc dd(dnnl::algorithm::convolution_direct, any(src_dims),
-                                             any(w_dims), any(dst_dims), strides, pad, pad);
-    bwd_pd_ = dnnl::convolution_backward_data::primitive_desc(dd, cpu->engine(), fwd_pd_);
+    if (!has_bwd_data_) return;
     bwd_ = dnnl::convolution_backward_data(bwd_pd_);
+    bwd_scratch_ = ScratchMemory(cpu, bwd_pd_.scratchpad_desc(), t_.scratch_backward);
     bwd_w_.InitShared(cpu, w_, bwd_pd_.weights_desc());
     bwd_diff_dst_.InitShared(cpu, bww_diff_dst_, bwd_pd_.diff_dst_desc());
     diff_src_.Init(cpu, ActivationMemory(ctx, in, src_dims, t_.in_grads[0].data()),
                    bwd_pd_.diff_src_desc(), false);
-    has_bwd_data_ = true;
   }
 
   void DoForward(const OpContext& ctx) override {
@@ -174,12 +220,14 @@ class DnnlConvolution : public Operator {
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, src_.prim}, {DNNL_ARG_WEIGHTS, w_.prim}, {DNNL_ARG_DST, dst_.prim}};
     if (!node_.conv.no_bias) args[DNNL_ARG_BIAS] = bias_;
+    if (fwd_scratch_) args[DNNL_ARG_SCRATCHPAD] = fwd_scratch_;
     fwd_.execute(s, args);
     dst_.Out(s);
     s.wait();
   }
 
   void DoBackward(const OpContext& ctx) override {
+    if (!has_bww_) return;
     dnnl::stream& s = CpuBackend::Of(ctx).engine().stream();
     bww_src_.In(s);  // no-op when shared with the forward's staging
     bww_diff_dst_.In(s);
@@ -187,14 +235,17 @@ class DnnlConvolution : public Operator {
                                          {DNNL_ARG_DIFF_DST, bww_diff_dst_.prim},
                                          {DNNL_ARG_DIFF_WEIGHTS, diff_w_.prim}};
     if (!node_.conv.no_bias) args[DNNL_ARG_DIFF_BIAS] = diff_bias_;
+    if (bww_scratch_) args[DNNL_ARG_SCRATCHPAD] = bww_scratch_;
     bww_.execute(s, args);
     diff_w_.Out(s);
     if (has_bwd_data_) {
       bwd_w_.In(s);
       bwd_diff_dst_.In(s);
-      bwd_.execute(s, {{DNNL_ARG_DIFF_DST, bwd_diff_dst_.prim},
-                       {DNNL_ARG_WEIGHTS, bwd_w_.prim},
-                       {DNNL_ARG_DIFF_SRC, diff_src_.prim}});
+      std::unordered_map<int, memory> data_args{{DNNL_ARG_DIFF_DST, bwd_diff_dst_.prim},
+                                                {DNNL_ARG_WEIGHTS, bwd_w_.prim},
+                                                {DNNL_ARG_DIFF_SRC, diff_src_.prim}};
+      if (bwd_scratch_) data_args[DNNL_ARG_SCRATCHPAD] = bwd_scratch_;
+      bwd_.execute(s, data_args);
       diff_src_.Out(s);
     }
     s.wait();
@@ -209,7 +260,8 @@ class DnnlConvolution : public Operator {
   dnnl::convolution_backward_data bwd_;
   Staged src_, w_, dst_, bww_src_, bww_diff_dst_, diff_w_, bwd_w_, bwd_diff_dst_, diff_src_;
   memory bias_, diff_bias_;
-  bool has_bwd_data_ = false;
+  memory fwd_scratch_, bww_scratch_, bwd_scratch_;  // over t_.scratch_* (empty: none)
+  bool has_bww_ = false, has_bwd_data_ = false;
 };
 
 class DnnlPooling : public Operator {

@@ -144,7 +144,6 @@ CudaBackend::~CudaBackend() {
   }
   if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
   if (download_stream_ != nullptr) cudaStreamSynchronize(download_stream_);
-  workspace_.reset();
   for (Staging& s : staging_) {
     if (s.host != nullptr) cudaFreeHost(s.host);
     s.device.reset();
@@ -202,19 +201,6 @@ std::shared_ptr<Buffer> CudaBackend::AllocatePinned(size_t num_floats) {
       cudaHostAlloc(&p, std::max<size_t>(num_floats, 1) * sizeof(float), cudaHostAllocPortable));
   return Buffer::Wrap(static_cast<float*>(p), num_floats, Device::Cpu(),
                       [](float* d) { PSTRAIN_CUDA_CHECK(cudaFreeHost(d)); });
-}
-
-Status CudaBackend::ReserveWorkspace(size_t bytes) {
-  if (bytes <= workspace_bytes_) return Status::Ok();
-  std::string error;
-  workspace_.reset();
-  void* p = allocator_->Allocate(bytes, &error);
-  if (p == nullptr) return Status::Unavailable(StrCat("convolution workspace: ", error));
-  std::shared_ptr<CachingAllocator> allocator = allocator_;
-  workspace_ = Buffer::Wrap(static_cast<float*>(p), bytes / sizeof(float), device(),
-                            [allocator](float* d) { allocator->Free(d); });
-  workspace_bytes_ = bytes;
-  return Status::Ok();
 }
 
 StatusOr<std::unique_ptr<Operator>> CudaBackend::CreateOperator(const Node& node) {

@@ -85,12 +85,6 @@ class CudaBackend : public Backend {
   // Raw device bytes from the caching allocator, for an operator's own state
   // (saved statistics, masks); freed when the returned buffer goes.
   std::shared_ptr<Buffer> AllocateBytes(size_t bytes);
-  // Scratch shared by every operator (they run one at a time on the stream):
-  // Reserve at Setup, then Workspace() in the kernels. Reserving more than
-  // before reallocates it, so operators must not keep the pointer.
-  Status ReserveWorkspace(size_t bytes);
-  void* workspace() const { return workspace_ ? workspace_->data() : nullptr; }
-  size_t workspace_bytes() const { return workspace_bytes_; }
   // The cache of convolution algorithms, keyed by the shape's text.
   std::map<std::string, ConvAlgos>& conv_algos() { return conv_algos_; }
 
@@ -128,8 +122,6 @@ class CudaBackend : public Backend {
   Staging staging_[kStagingSlots];
   int next_slot_ = 0;
   float* download_ = nullptr;  // pinned, kStagingBytes, for CopyToHost
-  std::shared_ptr<Buffer> workspace_;
-  size_t workspace_bytes_ = 0;
   std::map<std::string, ConvAlgos> conv_algos_;
 };
 

@@ -61,10 +61,14 @@ class CudaOp : public Operator {
   explicit CudaOp(const Node& node) : Operator(node) {}
 
  protected:
-  Status DoSetup(const OpContext& ctx) final {
+  StatusOr<ScratchNeeds> DoPlanScratch(const OpContext& ctx) final {
     be_ = &CudaBackend::Of(ctx);
-    return SetupCuda(ctx);
+    return PlanCuda(ctx);
   }
+  Status DoSetup(const OpContext& ctx) final { return SetupCuda(ctx); }
+  // Sees shapes_ (nothing bound yet): kernels whose scratch depends on the
+  // shapes choose here. SetupCuda sees t_.
+  virtual StatusOr<ScratchNeeds> PlanCuda(const OpContext& ctx) { return ScratchNeeds{}; }
   virtual Status SetupCuda(const OpContext& ctx) { return Status::Ok(); }
   cudaStream_t stream() const { return be_->stream(); }
   cudnnHandle_t cudnn() const { return be_->cudnn(); }
@@ -91,13 +95,18 @@ class CudnnConvolution : public CudaOp {
   }
 
  protected:
-  Status SetupCuda(const OpContext& ctx) override {
+  // Descriptors and the algorithms (searched once per shape and backend) from
+  // the shapes alone; the workspace the chosen algorithms need is this
+  // operator's scratch, which the executor places in its arena for the
+  // forward and the backward step (PyTorch's caching allocator gets the same
+  // sharing by freeing each workspace after its call).
+  StatusOr<ScratchNeeds> PlanCuda(const OpContext& ctx) override {
     const ConvParam& p = node_.conv;
-    const Shape& xs = t_.in[0].shape();
-    const Shape& ys = t_.out.shape();
+    const Shape& xs = shapes_.in[0];
+    const Shape& ys = shapes_.out;
     x_.Set(xs);
     y_.Set(ys);
-    const Nchw w = ToNchw(t_.params[0].shape());
+    const Nchw w = ToNchw(shapes_.params[0]);
     PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnCreateFilterDescriptor(&filter_), Where());
     PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnSetFilter4dDescriptor(filter_, CUDNN_DATA_FLOAT,
                                                              CUDNN_TENSOR_NCHW, w.n, w.c, w.h, w.w),
@@ -120,9 +129,12 @@ class CudnnConvolution : public CudaOp {
                                             wd, "), the graph ", ys.ToString()));
     }
     if (!p.no_bias) bias_.Set(Nchw{1, y.c, 1, 1});
+    has_bwd_filter_ = shapes_.param_grads && shapes_.out_grad;
+    has_bwd_data_ = has_bwd_filter_ && shapes_.in_grads[0];
     const std::string key =
-        StrCat(xs.ToString(), "*", t_.params[0].shape().ToString(), "/", p.stride_h, ",",
-               p.stride_w, "/", p.pad_h, ",", p.pad_w, "/g", p.num_group, tf32 ? "/tf32" : "/fp32");
+        StrCat(xs.ToString(), "*", shapes_.params[0].ToString(), "/", p.stride_h, ",", p.stride_w,
+               "/", p.pad_h, ",", p.pad_w, "/g", p.num_group, tf32 ? "/tf32" : "/fp32", "/b",
+               has_bwd_filter_ + has_bwd_data_);
     auto& cache = be_->conv_algos();
     auto it = cache.find(key);
     if (it == cache.end()) {
@@ -131,14 +143,18 @@ class CudnnConvolution : public CudaOp {
       it = cache.emplace(key, found).first;
     }
     algos_ = it->second;
-    return be_->ReserveWorkspace(
-        std::max({algos_.fwd_bytes, algos_.bwd_data_bytes, algos_.bwd_filter_bytes}));
+    ScratchNeeds needs;
+    needs.forward_bytes = algos_.fwd_bytes;
+    if (has_bwd_filter_) needs.backward_bytes = algos_.bwd_filter_bytes;
+    if (has_bwd_data_) needs.backward_bytes = std::max(needs.backward_bytes, algos_.bwd_data_bytes);
+    return needs;
   }
 
   void DoForward(const OpContext& ctx) override {
-    PSTRAIN_CUDNN_CHECK(cudnnConvolutionForward(
-        cudnn(), &kOne, x_.get(), t_.in[0].data(), filter_, t_.params[0].data(), conv_, algos_.fwd,
-        be_->workspace(), be_->workspace_bytes(), &kZero, y_.get(), t_.out.data()));
+    PSTRAIN_CUDNN_CHECK(
+        cudnnConvolutionForward(cudnn(), &kOne, x_.get(), t_.in[0].data(), filter_,
+                                t_.params[0].data(), conv_, algos_.fwd, Scratch(t_.scratch_forward),
+                                ScratchBytes(t_.scratch_forward), &kZero, y_.get(), t_.out.data()));
     if (!node_.conv.no_bias) {
       PSTRAIN_CUDNN_CHECK(cudnnAddTensor(cudnn(), &kOne, bias_.get(), t_.params[1].data(), &kOne,
                                          y_.get(), t_.out.data()));
@@ -146,72 +162,95 @@ class CudnnConvolution : public CudaOp {
   }
 
   void DoBackward(const OpContext& ctx) override {
+    if (!has_bwd_filter_) return;
+    void* ws = Scratch(t_.scratch_backward);
+    const size_t ws_bytes = ScratchBytes(t_.scratch_backward);
     PSTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
         cudnn(), &kOne, x_.get(), t_.in[0].data(), y_.get(), t_.out_grad.data(), conv_,
-        algos_.bwd_filter, be_->workspace(), be_->workspace_bytes(), &kZero, filter_,
-        t_.param_grads[0].data()));
+        algos_.bwd_filter, ws, ws_bytes, &kZero, filter_, t_.param_grads[0].data()));
     if (!node_.conv.no_bias) {
       PSTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardBias(cudnn(), &kOne, y_.get(), t_.out_grad.data(),
                                                        &kZero, bias_.get(),
                                                        t_.param_grads[1].data()));
     }
-    if (t_.in_grads[0].defined()) {
+    if (has_bwd_data_) {
       PSTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardData(
           cudnn(), &kOne, filter_, t_.params[0].data(), y_.get(), t_.out_grad.data(), conv_,
-          algos_.bwd_data, be_->workspace(), be_->workspace_bytes(), &kZero, x_.get(),
-          t_.in_grads[0].data()));
+          algos_.bwd_data, ws, ws_bytes, &kZero, x_.get(), t_.in_grads[0].data()));
     }
   }
 
  private:
+  static void* Scratch(const Tensor& t) { return t.defined() ? t.data() : nullptr; }
+  static size_t ScratchBytes(const Tensor& t) { return t.defined() ? t.bytes() : 0; }
+
+  // Device memory outside the caching allocator, for the search only (the
+  // memory figures do not count it): freed when it goes.
+  struct SearchBuffer {
+    void* p = nullptr;
+    ~SearchBuffer() {
+      if (p) cudaFree(p);
+    }
+    Status Allocate(size_t bytes, const std::string& what) {
+      const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+      if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        p = nullptr;
+        return Status::Unavailable(StrCat(
+            what, ": ", bytes, " bytes for cuDNN's algorithm search: ", cudaGetErrorString(e)));
+      }
+      PSTRAIN_CUDA_CHECK(cudaMemset(p, 0, std::max<size_t>(bytes, 1)));
+      return Status::Ok();
+    }
+  };
+
   // cuDNN's measured search (PyTorch's benchmark mode), run once per shape on
-  // the bound buffers (nothing in them is live yet), with a temporary
-  // workspace of the configured limit outside the caching allocator, so the
-  // memory figures do not count it. The fastest algorithm within the limit wins.
+  // zeroed buffers of the shapes and a workspace of the configured limit (both
+  // freed after it). The fastest algorithm within the limit wins.
   Status FindAlgorithms(ConvAlgos* out) {
+    const auto bytes = [](const Shape& s) {
+      return static_cast<size_t>(s.num_elements()) * sizeof(float);
+    };
+    // x doubles as dx (the backward-data search reads w and dy only), y as
+    // dy; dw is its own (the backward-filter search reads x and dy).
+    SearchBuffer x, w, y, dw;
+    RETURN_IF_ERROR(x.Allocate(bytes(shapes_.in[0]), Where()));
+    RETURN_IF_ERROR(w.Allocate(bytes(shapes_.params[0]), Where()));
+    RETURN_IF_ERROR(y.Allocate(bytes(shapes_.out), Where()));
+    if (has_bwd_filter_) RETURN_IF_ERROR(dw.Allocate(bytes(shapes_.params[0]), Where()));
     size_t limit = be_->options().gpu_workspace_bytes;
-    void* ws = nullptr;
-    while (limit > 0 && cudaMalloc(&ws, limit) != cudaSuccess) {
+    SearchBuffer ws;
+    while (limit > 0 && cudaMalloc(&ws.p, limit) != cudaSuccess) {
       (void)cudaGetLastError();
-      ws = nullptr;
+      ws.p = nullptr;
       limit /= 2;
     }
-    struct Free {
-      void* p;
-      ~Free() {
-        if (p) cudaFree(p);
-      }
-    } free_ws{ws};
-    const void* x = t_.in[0].data();
-    const void* w = t_.params[0].data();
     int got = 0;
     {
       cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-      PSTRAIN_CUDNN_RETURN_IF_ERROR(
-          cudnnFindConvolutionForwardAlgorithmEx(cudnn(), x_.get(), x, filter_, w, conv_, y_.get(),
-                                                 t_.out.data(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-                                                 &got, perf, ws, limit),
-          StrCat(Where(), ": searching forward algorithms"));
+      PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnFindConvolutionForwardAlgorithmEx(
+                                        cudnn(), x_.get(), x.p, filter_, w.p, conv_, y_.get(), y.p,
+                                        CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf, ws.p, limit),
+                                    StrCat(Where(), ": searching forward algorithms"));
       RETURN_IF_ERROR(Pick(perf, got, limit, "forward", &out->fwd, &out->fwd_bytes));
     }
-    if (!t_.out_grad.defined()) return Status::Ok();  // inference: no backward
+    if (!has_bwd_filter_) return Status::Ok();  // inference: no backward
     {
       cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
       PSTRAIN_CUDNN_RETURN_IF_ERROR(
           cudnnFindConvolutionBackwardFilterAlgorithmEx(
-              cudnn(), x_.get(), x, y_.get(), t_.out_grad.data(), conv_, filter_,
-              t_.param_grads[0].data(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf, ws,
-              limit),
+              cudnn(), x_.get(), x.p, y_.get(), y.p, conv_, filter_, dw.p,
+              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf, ws.p, limit),
           StrCat(Where(), ": searching backward-filter algorithms"));
       RETURN_IF_ERROR(
           Pick(perf, got, limit, "backward filter", &out->bwd_filter, &out->bwd_filter_bytes));
     }
-    if (t_.in_grads[0].defined()) {
+    if (has_bwd_data_) {
       cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
       PSTRAIN_CUDNN_RETURN_IF_ERROR(
           cudnnFindConvolutionBackwardDataAlgorithmEx(
-              cudnn(), filter_, w, y_.get(), t_.out_grad.data(), conv_, x_.get(),
-              t_.in_grads[0].data(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf, ws, limit),
+              cudnn(), filter_, w.p, y_.get(), y.p, conv_, x_.get(), x.p,
+              CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf, ws.p, limit),
           StrCat(Where(), ": searching backward-data algorithms"));
       RETURN_IF_ERROR(
           Pick(perf, got, limit, "backward data", &out->bwd_data, &out->bwd_data_bytes));
@@ -221,8 +260,9 @@ class CudnnConvolution : public CudaOp {
 
   // The fastest algorithm within the limit, unless one at most 3% slower
   // (about the search's own timing noise) needs less workspace: the
-  // workspace counts in the device's peak memory (LeNet at batch 512 held
-  // about 150 MB of it against 53 MB of planned activations).
+  // workspace is planned memory, and a large one can grow the arena (LeNet
+  // at batch 512 held about 150 MB of workspace against 53 MB of planned
+  // activations while it was one buffer outside the plan).
   template <typename Perf, typename Algo>
   Status Pick(const Perf* perf, int got, size_t limit, const char* which, Algo* algo,
               size_t* bytes) {
@@ -248,6 +288,7 @@ class CudnnConvolution : public CudaOp {
   cudnnFilterDescriptor_t filter_ = nullptr;
   cudnnConvolutionDescriptor_t conv_ = nullptr;
   ConvAlgos algos_{};
+  bool has_bwd_filter_ = false, has_bwd_data_ = false;
 };
 
 // -------------------------------------------------------------------- pooling

@@ -185,5 +185,68 @@ TEST(BackendTest, SetupRejectsATensorOnAnotherDevice) {
   EXPECT_NE(s.message().find("gpu(0)"), std::string::npos) << s;
 }
 
+// LeNet's second convolution (20 -> 50 channels, 5x5 on 12x12) bound at
+// batch 64: oneDNN's backward kernels reduce through a scratchpad there.
+struct ConvBinding {
+  Graph g;
+  NodeId conv = kInvalidNode;
+  OpTensors t;
+  explicit ConvBinding(Backend& b) {
+    ConvParam c;
+    c.num_filter = 50;
+    c.kernel_h = c.kernel_w = 5;
+    conv = g.Convolution("conv", g.Input("data", {20, 12, 12}), c);
+    t.in = {b.Zeros({64, 20, 12, 12})};
+    t.out = b.Empty({64, 50, 8, 8});
+    t.params = {b.Zeros({50, 20, 5, 5}), b.Zeros({50})};
+    t.param_grads = {b.Empty({50, 20, 5, 5}), b.Empty({50})};
+    t.in_grads = {b.Empty({64, 20, 12, 12})};
+    t.out_grad = b.Zeros({64, 50, 8, 8});
+  }
+};
+
+TEST(BackendTest, ScratchIsPlannedFromTheShapesAndCheckedAtSetup) {
+  BackendOptions o;
+  o.num_threads = 2;
+  auto made = Backend::Create(o);
+  ASSERT_OK(made.status());
+  Backend& b = **made;
+  ConvBinding cb(b);
+  OpContext ctx;
+  ctx.backend = &b;
+  auto op = b.CreateOperator(cb.g.node(cb.conv));
+  ASSERT_OK(op.status());
+  auto needs = (*op)->PlanScratch(ctx, OpShapes::Of(cb.t));
+  ASSERT_OK(needs.status());
+  if (needs->backward_bytes == 0) GTEST_SKIP() << "oneDNN's kernels here need no scratchpad";
+
+  // Smaller than planned: refused, with both sizes.
+  OpTensors small = cb.t;
+  small.scratch_backward = b.Empty({1});
+  Status s = (*op)->Setup(ctx, small);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find(StrCat(needs->backward_bytes, " needed")), std::string::npos) << s;
+
+  // Bound to other shapes than planned: refused, naming both.
+  auto other = b.CreateOperator(cb.g.node(cb.conv));
+  ASSERT_OK(other.status());
+  OpShapes planned = OpShapes::Of(cb.t);
+  planned.in_grads[0] = false;
+  ASSERT_OK((*other)->PlanScratch(ctx, planned).status());
+  s = (*other)->Setup(ctx, cb.t);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("planned as"), std::string::npos) << s;
+
+  // Left undefined: Setup allocates it, and the operator runs.
+  auto own = b.CreateOperator(cb.g.node(cb.conv));
+  ASSERT_OK(own.status());
+  ASSERT_OK((*own)->Setup(ctx, cb.t));
+  EXPECT_GE((*own)->tensors().scratch_backward.bytes(), needs->backward_bytes);
+  ctx.is_train = true;
+  (*own)->Forward(ctx);
+  (*own)->Backward(ctx);
+}
+
 }  // namespace
 }  // namespace pstrain

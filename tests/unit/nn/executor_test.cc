@@ -124,6 +124,52 @@ TEST(ExecutorTest, PlannedMemoryGivesTheSameResultsWithLessMemory) {
   }
 }
 
+// The convolutions' scratch (oneDNN's scratchpads here, cuDNN's workspaces
+// on a GPU) shares the arena with the tensors: placed for its own step only,
+// it must not overlap anything alive then, so sharing changes no result.
+TEST(ExecutorTest, ScratchSharesTheArenaWithoutChangingResults) {
+  StatusOr<Graph> g = BuildModel({"lenet", 0, Shape(), 0});
+  ASSERT_OK(g.status());
+  auto exec = [&](bool plan) {
+    ExecutorOptions o;
+    o.batch_size = 64;
+    o.plan_memory = plan;
+    o.backend.num_threads = 2;
+    auto e = Executor::Create(*g, o);
+    CHECK(e.ok()) << e.status();
+    InitializeParams(*InitializerSpec::Parse("xavier(gaussian,in,2)"), 5, e->get());
+    std::mt19937_64 rng(11);
+    testing::FillUniform(e.value()->data(), &rng, -1, 1);
+    Tensor l = e.value()->label();
+    for (int64_t i = 0; i < l.num_elements(); ++i) l.data()[i] = static_cast<float>(i % 10);
+    return std::move(e).value();
+  };
+  auto planned = exec(true);
+  auto separate = exec(false);
+  if (planned->total_scratch_bytes() == 0) GTEST_SKIP() << "oneDNN's kernels need no scratchpad";
+  EXPECT_EQ(planned->total_scratch_bytes(), separate->total_scratch_bytes());
+  EXPECT_LE(planned->largest_scratch_bytes(), planned->total_scratch_bytes());
+  // One buffer per tensor holds every scratch too; the plan holds less than
+  // that and than the tensors plus one shared workspace.
+  EXPECT_EQ(separate->planned_bytes(), separate->unplanned_bytes());
+  EXPECT_GE(separate->unplanned_bytes(), separate->total_scratch_bytes());
+  EXPECT_LT(planned->planned_bytes(), separate->planned_bytes());
+  for (int step = 0; step < 2; ++step) {
+    for (auto* e : {planned.get(), separate.get()}) {
+      e->Forward(true);
+      e->Backward();
+    }
+    for (int64_t i = 0; i < planned->output().num_elements(); ++i) {
+      ASSERT_EQ(planned->output().at(i), separate->output().at(i)) << "step " << step;
+    }
+    for (int p = 0; p < planned->num_params(); ++p) {
+      for (int64_t i = 0; i < planned->grad(p).num_elements(); ++i) {
+        ASSERT_EQ(planned->grad(p).at(i), separate->grad(p).at(i)) << g->params()[p].name;
+      }
+    }
+  }
+}
+
 TEST(ExecutorTest, LenetPlanReusesBuffers) {
   StatusOr<Graph> g = BuildModel({"lenet", 0, Shape(), 0});
   ASSERT_OK(g.status());
