@@ -291,6 +291,10 @@ int Run(int argc, char** argv) {
   std::printf(
       "operator scratch (convolution workspaces, in that plan): largest %.2f MB, all %.2f MB\n",
       e->largest_scratch_bytes() / 1e6, e->total_scratch_bytes() / 1e6);
+  std::printf(
+      "gradients of tensors with several readers: %d added where they lie, %d summed from "
+      "temporaries\n",
+      e->gradients_added_in_place(), e->gradients_summed_from_temporaries());
   std::printf("peak memory held by the backend: %.2f MB\n", be.memory_stats().peak / 1e6);
   std::printf("reorders per step: %.1f of activations, %.1f of parameters\n",
               static_cast<double>(after.activation_reorders - before.activation_reorders) / steps,

@@ -161,7 +161,7 @@ Status Executor::Init() {
   std::vector<int> out_item(N, -1), grad_item(N, -1);
   // Edge gradient targets: per node, per input slot, an item index (-1: none).
   std::vector<std::vector<int>> edge_item(N);
-  std::vector<std::vector<bool>> edge_is_temp(N);
+  std::vector<std::vector<bool>> edge_is_temp(N), edge_adds(N);
   for (int i = 0; i < N; ++i) {
     const Node& n = nodes[i];
     if (n.op == OpType::kInput) continue;
@@ -216,16 +216,26 @@ Status Executor::Init() {
       theirs.merged = true;
       grad_item[p] = grad_item[i];
     }
+    // Another reader's gradient edge: added to the gradient where it lies
+    // when the reader's operator can (the primary reader, whose backward runs
+    // first, wrote it), else written to a temporary that is summed in.
     for (int c = 0; c < N; ++c) {
       edge_item[c].assign(nodes[c].inputs.size(), -1);
       edge_is_temp[c].assign(nodes[c].inputs.size(), false);
+      edge_adds[c].assign(nodes[c].inputs.size(), false);
       if (!needs_grad[c]) continue;
       for (size_t j = 0; j < nodes[c].inputs.size(); ++j) {
         const NodeId in = nodes[c].inputs[j];
         if (!needs_grad[in]) continue;
         if (primary[in] == std::make_pair(c, static_cast<int>(j))) {
           edge_item[c][j] = grad_item[in];
+        } else if (options_.plan_memory && primary[in].first != c &&
+                   m.ops[c]->CanAddToInputGradient(j)) {
+          edge_item[c][j] = grad_item[in];
+          edge_adds[c][j] = true;
+          ++gradients_added_in_place_;
         } else {
+          ++gradients_summed_from_temporaries_;
           edge_item[c][j] = static_cast<int>(items.size());
           edge_is_temp[c][j] = true;
           items.push_back(Item{nodes[in].out_shape.num_elements() * batch, bwd(c), bwd(c)});
@@ -322,6 +332,7 @@ Status Executor::Init() {
     for (int a : n.aux) t.aux.push_back(aux_[a]);
     t.in_grads.resize(n.inputs.size());
     if (train && needs_grad[i]) {
+      t.in_grad_add = edge_adds[i];
       for (size_t j = 0; j < n.inputs.size(); ++j) {
         if (edge_item[i][j] < 0) continue;
         const Shape& s = nodes[n.inputs[j]].out_shape;

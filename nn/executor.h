@@ -177,6 +177,12 @@ class Executor : public ModelParams {
   // buffer shared by every operator would hold), and the sum of them all.
   size_t largest_scratch_bytes() const { return largest_scratch_bytes_; }
   size_t total_scratch_bytes() const { return total_scratch_bytes_; }
+  // Gradient edges of tensors with several readers, beyond the first reader:
+  // those the reader's operator adds where the gradient lies
+  // (Operator::CanAddToInputGradient), and those written to a temporary and
+  // summed in after its backward.
+  int gradients_added_in_place() const { return gradients_added_in_place_; }
+  int gradients_summed_from_temporaries() const { return gradients_summed_from_temporaries_; }
 
  private:
   struct Impl;
@@ -198,6 +204,8 @@ class Executor : public ModelParams {
   size_t least_planned_bytes_ = 0;
   size_t largest_scratch_bytes_ = 0;
   size_t total_scratch_bytes_ = 0;
+  int gradients_added_in_place_ = 0;
+  int gradients_summed_from_temporaries_ = 0;
 };
 
 }  // namespace pstrain

@@ -89,8 +89,25 @@ Status Operator::Setup(const OpContext& ctx, const OpTensors& t) {
   for (size_t i = 0; i < t.aux.size(); ++i) RETURN_IF_ERROR(on_device(t.aux[i], StrCat("aux ", i)));
   RETURN_IF_ERROR(on_device(t.scratch_forward, "forward scratch"));
   RETURN_IF_ERROR(on_device(t.scratch_backward, "backward scratch"));
+  if (t.in_grad_add.size() > t.in.size()) {
+    return Status::InvalidArgument(StrCat(where, ": ", t.in_grad_add.size(),
+                                          " input-gradient add flags for ", t.in.size(),
+                                          " inputs"));
+  }
+  for (size_t i = 0; i < t.in_grad_add.size(); ++i) {
+    if (!t.in_grad_add[i]) continue;
+    if (i >= t.in_grads.size() || !t.in_grads[i].defined()) {
+      return Status::InvalidArgument(
+          StrCat(where, ": input gradient ", i, " is to be added to but is not bound"));
+    }
+    if (!CanAddToInputGradient(i)) {
+      return Status::InvalidArgument(
+          StrCat(where, ": cannot add to input gradient ", i, " (it only overwrites)"));
+    }
+  }
   t_ = t;
   t_.in_grads.resize(t_.in.size());
+  t_.in_grad_add.resize(t_.in.size(), false);
   const OpShapes bound = OpShapes::Of(t_);
   if (!planned_) {
     RETURN_IF_ERROR(PlanScratch(ctx, bound).status().WithContext(where));

@@ -43,6 +43,10 @@ struct OpTensors {
   std::vector<Tensor> aux;          // Node::aux order
   std::vector<Tensor> in_grads;     // same order as in (undefined: skip)
   Tensor out_grad;                  // undefined for SoftmaxOutput (it starts backprop)
+  // Per input (missing: false): Backward adds that input's gradient to what
+  // in_grads[i] holds instead of overwriting it (another reader of the input
+  // wrote it first). Only where Operator::CanAddToInputGradient(i).
+  std::vector<bool> in_grad_add;
   // Scratch memory for the kernels of one Forward / one Backward call, at
   // least the operator's ScratchNeeds (undefined where it needs none). The
   // executor places them in its arena for that call's step only; Setup
@@ -96,8 +100,9 @@ class Operator {
   // Computes out from in, params, aux (and updates aux in training).
   // REQUIRES: Setup succeeded with the same backend.
   void Forward(const OpContext& ctx) { DoForward(ctx); }
-  // Overwrites param_grads and every defined in_grad from out_grad (and the
-  // saved forward state). REQUIRES: Forward(is_train=true) ran since the bind.
+  // Overwrites param_grads and every defined in_grad (adds to those marked in
+  // in_grad_add) from out_grad (and the saved forward state).
+  // REQUIRES: Forward(is_train=true) ran since the bind.
   void Backward(const OpContext& ctx) { DoBackward(ctx); }
 
   // What Backward reads besides out_grad; the memory planner keeps only these
@@ -108,6 +113,11 @@ class Operator {
   // out_grad (element-wise operators). The executor then gives them the same
   // storage where nothing else reads in[0] (Backend::PlanGraph's in_place).
   virtual bool CanRunInPlace() const { return false; }
+  // Whether Backward can add input i's gradient to what in_grads[i] holds
+  // (OpTensors::in_grad_add; MXNet's kAddTo): a tensor read by several
+  // operators then has its gradient summed where it lies, without a
+  // temporary and a sum pass per extra reader.
+  virtual bool CanAddToInputGradient(size_t i) const { return false; }
 
   // SoftmaxOutput: mean cross-entropy over the batch of the last Forward; 0
   // for others. May wait for the device.
@@ -125,6 +135,8 @@ class Operator {
   virtual Status DoSetup(const OpContext& ctx) { return Status::Ok(); }
   virtual void DoForward(const OpContext& ctx) = 0;
   virtual void DoBackward(const OpContext& ctx) = 0;
+  // Whether Backward adds input i's gradient (OpTensors::in_grad_add).
+  bool AddsTo(size_t i) const { return t_.in_grad_add[i]; }
 
   const Node& node_;
   OpTensors t_;

@@ -20,6 +20,7 @@ constexpr int64_t kParallelMin = 1 << 15;
 class ConvolutionRef : public Operator {
  public:
   explicit ConvolutionRef(const Node& node) : Operator(node) {}
+  bool CanAddToInputGradient(size_t i) const override { return true; }
 
  protected:
   void DoForward(const OpContext& ctx) override {
@@ -97,7 +98,9 @@ class ConvolutionRef : public Operator {
       float* gb = t_.param_grads[1].data();
       for (int64_t f = 0; f < F; ++f) gb[f] = static_cast<float>(db[f]);
     }
-    if (dx) {
+    if (dx && AddsTo(0)) {
+      for (size_t i = 0; i < dxa.size(); ++i) dx[i] += static_cast<float>(dxa[i]);
+    } else if (dx) {
       for (size_t i = 0; i < dxa.size(); ++i) dx[i] = static_cast<float>(dxa[i]);
     }
   }
@@ -119,6 +122,7 @@ inline Window PoolWindow(int64_t o, int64_t stride, int64_t pad, int64_t kernel,
 class PoolingRef : public Operator {
  public:
   explicit PoolingRef(const Node& node) : Operator(node) {}
+  bool CanAddToInputGradient(size_t i) const override { return true; }
   bool BackwardNeedsOutput() const override { return node_.pool.type == PoolType::kMax; }
   bool BackwardNeedsInputs() const override { return node_.pool.type == PoolType::kMax; }
 
@@ -161,7 +165,7 @@ class PoolingRef : public Operator {
     const float* y = t_.out.data();
     const float* dy = t_.out_grad.data();
     float* dx = t_.in_grads[0].data();
-    t_.in_grads[0].Fill(0.0f);
+    if (!AddsTo(0)) t_.in_grads[0].Fill(0.0f);  // the windows' gradients add up in dx
     const bool is_max = node_.pool.type == PoolType::kMax;
     // Windows of one (n, c) plane only touch that plane, and the plane loop is
     // the parallel one, so the scatter below has no races.
@@ -186,6 +190,7 @@ class PoolingRef : public Operator {
 class FullyConnectedRef : public Operator {
  public:
   explicit FullyConnectedRef(const Node& node) : Operator(node) {}
+  bool CanAddToInputGradient(size_t i) const override { return true; }
 
  protected:
   void DoForward(const OpContext& ctx) override {
@@ -230,7 +235,11 @@ class FullyConnectedRef : public Operator {
         for (int64_t k = 0; k < K; ++k) {
           double acc = 0;
           for (int64_t m = 0; m < M; ++m) acc += static_cast<double>(dy[n * M + m]) * w[m * K + k];
-          dx[n * K + k] = static_cast<float>(acc);
+          if (AddsTo(0)) {
+            dx[n * K + k] += static_cast<float>(acc);
+          } else {
+            dx[n * K + k] = static_cast<float>(acc);
+          }
         }
     }
   }
@@ -239,6 +248,7 @@ class FullyConnectedRef : public Operator {
 class BatchNormRef : public Operator {
  public:
   explicit BatchNormRef(const Node& node) : Operator(node) {}
+  bool CanAddToInputGradient(size_t i) const override { return true; }
 
  protected:
   Status DoSetup(const OpContext& ctx) override {
@@ -316,7 +326,8 @@ class BatchNormRef : public Operator {
         for (int64_t i = 0; i < S; ++i) {
           const int64_t k = (n * C + c) * S + i;
           const double xhat = (x[k] - mean_[c]) * invstd_[c];
-          dx[k] = static_cast<float>(g * invstd_[c] * (dy[k] - sdy / M - xhat * sdyx / M));
+          const float d = static_cast<float>(g * invstd_[c] * (dy[k] - sdy / M - xhat * sdyx / M));
+          dx[k] = AddsTo(0) ? dx[k] + d : d;
         }
     }
   }
@@ -330,6 +341,7 @@ class ActivationRef : public Operator {
   explicit ActivationRef(const Node& node) : Operator(node) {}
   bool BackwardNeedsInputs() const override { return false; }
   bool BackwardNeedsOutput() const override { return true; }
+  bool CanAddToInputGradient(size_t i) const override { return true; }
 
  protected:
   void DoForward(const OpContext& ctx) override {
@@ -360,17 +372,25 @@ class ActivationRef : public Operator {
     const int64_t n = t_.out.num_elements();
     switch (node_.act) {
       case ActType::kRelu:
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-        for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
-        break;
+        return Store(dx, n, [=](int64_t i) { return y[i] > 0.0f ? dy[i] : 0.0f; });
       case ActType::kTanh:
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-        for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * (1.0f - y[i] * y[i]);
-        break;
+        return Store(dx, n, [=](int64_t i) { return dy[i] * (1.0f - y[i] * y[i]); });
       case ActType::kSigmoid:
+        return Store(dx, n, [=](int64_t i) { return dy[i] * y[i] * (1.0f - y[i]); });
+    }
+  }
+
+ private:
+  // dx = grad(i), or dx += grad(i) where another reader wrote dx first (never
+  // in place then: the input has two readers).
+  template <typename Grad>
+  void Store(float* dx, int64_t n, Grad grad) {
+    if (AddsTo(0)) {
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-        for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * y[i] * (1.0f - y[i]);
-        break;
+      for (int64_t i = 0; i < n; ++i) dx[i] += grad(i);
+    } else {
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+      for (int64_t i = 0; i < n; ++i) dx[i] = grad(i);
     }
   }
 };
@@ -421,6 +441,7 @@ class AddOp : public Operator {
   // The sum may overwrite its first input, whose gradient is then the
   // output's gradient itself (no copy).
   bool CanRunInPlace() const override { return true; }
+  bool CanAddToInputGradient(size_t i) const override { return true; }
 
  protected:
   void DoForward(const OpContext& ctx) override {
@@ -440,11 +461,16 @@ class AddOp : public Operator {
   void DoBackward(const OpContext& ctx) override {
     const float* dy = t_.out_grad.data();
     const int64_t n = t_.out_grad.num_elements();
-    for (const Tensor& g : t_.in_grads) {
-      float* dx = g.defined() ? g.data() : nullptr;
-      if (dx == nullptr || dx == dy) continue;
+    for (size_t k = 0; k < t_.in_grads.size(); ++k) {
+      float* dx = t_.in_grads[k].defined() ? t_.in_grads[k].data() : nullptr;
+      if (dx == nullptr || dx == dy) continue;  // in place: it is dy
+      if (AddsTo(k)) {
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-      for (int64_t i = 0; i < n; ++i) dx[i] = dy[i];
+        for (int64_t i = 0; i < n; ++i) dx[i] += dy[i];
+      } else {
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+        for (int64_t i = 0; i < n; ++i) dx[i] = dy[i];
+      }
     }
   }
 };

@@ -72,6 +72,9 @@ class CudaOp : public Operator {
   virtual Status SetupCuda(const OpContext& ctx) { return Status::Ok(); }
   cudaStream_t stream() const { return be_->stream(); }
   cudnnHandle_t cudnn() const { return be_->cudnn(); }
+  // cuDNN's and cuBLAS's beta for input i's gradient: 1 adds to it
+  // (OpTensors::in_grad_add), 0 overwrites it.
+  const float* Beta(size_t i) const { return AddsTo(i) ? &kOne : &kZero; }
   std::string Where() const { return StrCat(OpTypeName(node_.op), " '", node_.name, "'"); }
 
   CudaBackend* be_ = nullptr;
@@ -93,6 +96,7 @@ class CudnnConvolution : public CudaOp {
     if (filter_) cudnnDestroyFilterDescriptor(filter_);
     if (conv_) cudnnDestroyConvolutionDescriptor(conv_);
   }
+  bool CanAddToInputGradient(size_t i) const override { return true; }  // cuDNN's beta
 
  protected:
   // Descriptors and the algorithms (searched once per shape and backend) from
@@ -176,7 +180,7 @@ class CudnnConvolution : public CudaOp {
     if (has_bwd_data_) {
       PSTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardData(
           cudnn(), &kOne, filter_, t_.params[0].data(), y_.get(), t_.out_grad.data(), conv_,
-          algos_.bwd_data, ws, ws_bytes, &kZero, x_.get(), t_.in_grads[0].data()));
+          algos_.bwd_data, ws, ws_bytes, Beta(0), x_.get(), t_.in_grads[0].data()));
     }
   }
 
@@ -381,6 +385,7 @@ class CudaPooling : public CudaOp {
 class CublasFullyConnected : public CudaOp {
  public:
   explicit CublasFullyConnected(const Node& node) : CudaOp(node) {}
+  bool CanAddToInputGradient(size_t i) const override { return true; }  // cuBLAS's beta
 
  protected:
   Status SetupCuda(const OpContext& ctx) override {
@@ -412,7 +417,7 @@ class CublasFullyConnected : public CudaOp {
     }
     if (t_.in_grads[0].defined()) {
       PSTRAIN_CUBLAS_CHECK(cublasSgemm(be_->cublas(), CUBLAS_OP_N, CUBLAS_OP_N, K_, N_, M_, &kOne,
-                                       t_.params[0].data(), K_, dy, M_, &kZero,
+                                       t_.params[0].data(), K_, dy, M_, Beta(0),
                                        t_.in_grads[0].data(), K_));
     }
   }
@@ -427,8 +432,19 @@ class CublasFullyConnected : public CudaOp {
 class CudnnBatchNorm : public CudaOp {
  public:
   explicit CudnnBatchNorm(const Node& node) : CudaOp(node) {}
+  bool CanAddToInputGradient(size_t i) const override { return true; }  // cuDNN's beta
 
  protected:
+  // cuDNN always writes dx: where no gradient of the input is wanted (a batch
+  // norm on the data), the backward writes it to its scratch.
+  StatusOr<ScratchNeeds> PlanCuda(const OpContext& ctx) override {
+    ScratchNeeds needs;
+    if (shapes_.out_grad && !shapes_.in_grads[0]) {
+      needs.backward_bytes = static_cast<size_t>(shapes_.in[0].num_elements()) * sizeof(float);
+    }
+    return needs;
+  }
+
   Status SetupCuda(const OpContext& ctx) override {
     const Nchw s = ToNchw(t_.in[0].shape());
     x_.Set(s);
@@ -443,9 +459,6 @@ class CudnnBatchNorm : public CudaOp {
       ones_ = be_->Empty(Shape{C_});
       be_->Fill(ones_, 1.0f);
       dgamma_scratch_ = be_->Empty(Shape{C_});
-    }
-    if (!t_.in_grads[0].defined() && t_.out_grad.defined()) {
-      dx_scratch_ = be_->Empty(t_.in[0].shape());  // cuDNN always writes dx
     }
     return Status::Ok();
   }
@@ -474,9 +487,9 @@ class CudnnBatchNorm : public CudaOp {
     const bool fix = node_.bn.fix_gamma;
     const float* gamma = fix ? ones_.data() : t_.params[0].data();
     float* dgamma = fix ? dgamma_scratch_.data() : t_.param_grads[0].data();
-    float* dx = t_.in_grads[0].defined() ? t_.in_grads[0].data() : dx_scratch_.data();
+    float* dx = t_.in_grads[0].defined() ? t_.in_grads[0].data() : t_.scratch_backward.data();
     PSTRAIN_CUDNN_CHECK(cudnnBatchNormalizationBackward(
-        cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, x_.get(), t_.in[0].data(),
+        cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, Beta(0), &kOne, &kZero, x_.get(), t_.in[0].data(),
         x_.get(), t_.out_grad.data(), x_.get(), dx, stats_.get(), gamma, dgamma,
         t_.param_grads[1].data(), eps_, saved_mean_.data(), saved_invstd_.data()));
     if (fix) be_->Fill(t_.param_grads[0], 0.0f);  // gamma is held at 1
@@ -486,7 +499,7 @@ class CudnnBatchNorm : public CudaOp {
   TensorDesc x_, stats_;
   int64_t C_ = 0;
   double eps_ = 0;
-  Tensor saved_mean_, saved_invstd_, ones_, dgamma_scratch_, dx_scratch_;
+  Tensor saved_mean_, saved_invstd_, ones_, dgamma_scratch_;
 };
 
 // ---------------------------------------------------------------- activations
@@ -506,6 +519,7 @@ class CudnnActivation : public CudaOp {
   // descriptors), as the CPU's does: the planner then keeps one tensor per
   // batch norm + relu pair, not two (ResNet-50 at batch 32: about 540 MB less).
   bool CanRunInPlace() const override { return true; }
+  bool CanAddToInputGradient(size_t i) const override { return true; }  // cuDNN's beta
 
  protected:
   Status SetupCuda(const OpContext& ctx) override {
@@ -528,7 +542,7 @@ class CudnnActivation : public CudaOp {
     if (!t_.in_grads[0].defined()) return;
     PSTRAIN_CUDNN_CHECK(cudnnActivationBackward(
         cudnn(), act_, &kOne, x_.get(), t_.out.data(), x_.get(), t_.out_grad.data(), x_.get(),
-        t_.out.data(), &kZero, x_.get(), t_.in_grads[0].data()));
+        t_.out.data(), Beta(0), x_.get(), t_.in_grads[0].data()));
   }
 
  private:
@@ -616,22 +630,35 @@ class CudaAdd : public CudaOp {
  public:
   explicit CudaAdd(const Node& node) : CudaOp(node) {}
   bool BackwardNeedsInputs() const override { return false; }
+  // As the CPU's: the sum may overwrite its first input, whose gradient is
+  // then the output's gradient itself (no copy).
+  bool CanRunInPlace() const override { return true; }
+  bool CanAddToInputGradient(size_t i) const override { return true; }
 
  protected:
   void DoForward(const OpContext& ctx) override {
     const int64_t n = t_.out.num_elements();
-    if (t_.in.size() == 1) {
+    size_t k = 1;
+    if (t_.in[0].data() == t_.out.data()) {
+      // in place: out holds in[0] already
+    } else if (t_.in.size() == 1) {
       CopyAsync(t_.in[0], t_.out, stream());
-      return;
+    } else {
+      cuda::Add2(t_.in[0].data(), t_.in[1].data(), t_.out.data(), n, stream());
+      k = 2;
     }
-    cuda::Add2(t_.in[0].data(), t_.in[1].data(), t_.out.data(), n, stream());
-    for (size_t k = 2; k < t_.in.size(); ++k) {
-      cuda::Add(t_.in[k].data(), t_.out.data(), n, stream());
-    }
+    for (; k < t_.in.size(); ++k) cuda::Add(t_.in[k].data(), t_.out.data(), n, stream());
   }
   void DoBackward(const OpContext& ctx) override {
-    for (const Tensor& g : t_.in_grads) {
-      if (g.defined()) CopyAsync(t_.out_grad, g, stream());
+    const int64_t n = t_.out_grad.num_elements();
+    for (size_t k = 0; k < t_.in_grads.size(); ++k) {
+      const Tensor& g = t_.in_grads[k];
+      if (!g.defined() || g.data() == t_.out_grad.data()) continue;  // in place: it is dy
+      if (AddsTo(k)) {
+        cuda::Add(t_.out_grad.data(), g.data(), n, stream());
+      } else {
+        CopyAsync(t_.out_grad, g, stream());
+      }
     }
   }
 };

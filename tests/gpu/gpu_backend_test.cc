@@ -88,6 +88,30 @@ TEST_P(GpuOpTest, MatchesTheCpuReference) {
   }
 }
 
+// Input gradients added to what they held (a tensor with several readers):
+// the GPU adds what the reference adds, from the same starting values.
+TEST_P(GpuOpTest, AddsToInputGradientsAsTheReferenceDoes) {
+  SKIP_WITHOUT_GPU();
+  const OpCase c = AllOpCases()[GetParam()];
+  Graph g;
+  NodeId id = c.build(&g);
+  ASSERT_TRUE(g.status().ok()) << g.status();
+  if (g.node(id).op == OpType::kDropout) GTEST_SKIP() << "masks differ between the backends";
+  OpHarness gpu(g, id, Gpu(), c.batch, /*seed=*/7, c.distinct_inputs, /*add_to=*/true);
+  OpHarness ref(g, id, CpuKernels::kReference, c.batch, /*seed=*/7, c.distinct_inputs,
+                /*add_to=*/true);
+  for (OpHarness* h : {&gpu, &ref}) {
+    h->Objective(/*is_train=*/true);
+    h->Backward();
+  }
+  for (size_t i = 0; i < gpu.prefill().size(); ++i) {
+    if (!gpu.prefill()[i].defined()) continue;
+    ASSERT_TRUE(ref.prefill()[i].defined()) << "the reference overwrites input gradient " << i;
+    EXPECT_LT(RelMaxDiff(gpu.tensors().in_grads[i], ref.tensors().in_grads[i]), kTol)
+        << "input gradient " << i;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllOps, GpuOpTest,
                          ::testing::Range(0, static_cast<int>(AllOpCases().size())),
                          [](const ::testing::TestParamInfo<int>& info) {

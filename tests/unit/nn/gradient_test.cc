@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <random>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "tests/unit/nn/op_cases.h"
@@ -89,6 +91,44 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Range(0, static_cast<int>(AllOpCases().size())),
                        ::testing::Values(CpuKernels::kReference, CpuKernels::kOneDnn)),
     CaseName);
+
+// An operator that can add to an input's gradient (a tensor with several
+// readers: the executor sums their gradients where they lie) must add
+// exactly what it would have written.
+TEST(AddToInputGradientTest, EveryOperatorThatCanAddsWhatItWouldWrite) {
+  std::set<std::string> adding;
+  for (const CpuKernels kernels : {CpuKernels::kReference, CpuKernels::kOneDnn}) {
+    for (const OpCase& c : AllOpCases()) {
+      SCOPED_TRACE(c.name + (kernels == CpuKernels::kOneDnn ? " onednn" : " reference"));
+      Graph g;
+      NodeId id = c.build(&g);
+      ASSERT_TRUE(g.status().ok()) << g.status();
+      OpHarness plain(g, id, kernels, c.batch, /*seed=*/1701, c.distinct_inputs);
+      OpHarness add(g, id, kernels, c.batch, /*seed=*/1701, c.distinct_inputs, /*add_to=*/true);
+      for (OpHarness* h : {&plain, &add}) {
+        h->Objective();
+        h->Backward();
+      }
+      for (size_t i = 0; i < add.prefill().size(); ++i) {
+        const Tensor& before = add.prefill()[i];
+        if (!before.defined()) continue;
+        adding.insert(OpTypeName(g.node(id).op));
+        const Tensor& got = add.tensors().in_grads[i];
+        const Tensor& alone = plain.tensors().in_grads[i];
+        for (int64_t k = 0; k < got.num_elements(); ++k) {
+          ASSERT_NEAR(got.at(k), before.at(k) + alone.at(k),
+                      1e-6 * std::max(1.0f, std::fabs(alone.at(k))))
+              << "input " << i << " element " << k;
+        }
+      }
+    }
+  }
+  // The operators whose gradients the models' multi-reader tensors take.
+  for (const char* op :
+       {"Convolution", "Pooling", "FullyConnected", "BatchNorm", "Activation", "ElementWiseSum"}) {
+    EXPECT_TRUE(adding.count(op)) << op << " never added to an input gradient";
+  }
+}
 
 }  // namespace
 }  // namespace pstrain::testing

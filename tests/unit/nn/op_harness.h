@@ -51,14 +51,18 @@ inline void FillDistinct(const Tensor& t, std::mt19937_64* rng, float gap) {
 // device: on a device backend, Objective() uploads the inputs and parameters
 // (so a test may change them between calls) and downloads the output and aux
 // states, and Backward() downloads the gradients.
+// With `add_to`, each input gradient the operator can add to
+// (Operator::CanAddToInputGradient) starts as prefill() (uniform(-1, 1)
+// from a generator of its own, so the other tensors are those without it)
+// and is bound with OpTensors::in_grad_add.
 class OpHarness {
  public:
   OpHarness(const Graph& graph, NodeId op_node, CpuKernels kernels, int batch, uint64_t seed,
-            bool distinct_inputs = false)
-      : OpHarness(graph, op_node, CpuOptions(kernels), batch, seed, distinct_inputs) {}
+            bool distinct_inputs = false, bool add_to = false)
+      : OpHarness(graph, op_node, CpuOptions(kernels), batch, seed, distinct_inputs, add_to) {}
 
   OpHarness(const Graph& graph, NodeId op_node, const BackendOptions& options, int batch,
-            uint64_t seed, bool distinct_inputs = false)
+            uint64_t seed, bool distinct_inputs = false, bool add_to = false)
       : graph_(graph), rng_(seed) {
     const Node& node = graph_.node(op_node);
     node_ = &node;
@@ -107,6 +111,16 @@ class OpHarness {
       host_.out_grad = Tensor::Empty(host_.out.shape());
       FillUniform(host_.out_grad, &rng_, -1.0f, 1.0f);
     }
+    prefill_.resize(host_.in.size());
+    host_.in_grad_add.assign(host_.in.size(), false);
+    std::mt19937_64 prefill_rng(seed + 1);
+    for (size_t i = 0; add_to && i < host_.in.size(); ++i) {
+      if (!host_.in_grads[i].defined() || !op_->CanAddToInputGradient(i)) continue;
+      FillUniform(host_.in_grads[i], &prefill_rng, -1.0f, 1.0f);
+      prefill_[i] = Tensor::Empty(host_.in_grads[i].shape());
+      prefill_[i].CopyFrom(host_.in_grads[i]);
+      host_.in_grad_add[i] = true;
+    }
     if (backend_->host_accessible()) {
       t_ = host_;
     } else {
@@ -117,6 +131,7 @@ class OpHarness {
       t_.param_grads = Upload(host_.param_grads);
       t_.aux = Upload(host_.aux);
       t_.out_grad = Upload(host_.out_grad);
+      t_.in_grad_add = host_.in_grad_add;
     }
     Status s = op_->Setup(ctx_, t_);
     CHECK(s.ok()) << s;
@@ -167,6 +182,9 @@ class OpHarness {
 
   // Host copies of the operator's tensors (see the class comment).
   OpTensors& tensors() { return host_; }
+  // Per input: what its gradient held before Backward added to it
+  // (undefined where it is overwritten).
+  const std::vector<Tensor>& prefill() const { return prefill_; }
   Operator* op() { return op_.get(); }
   Backend& backend() { return *backend_; }
 
@@ -199,7 +217,8 @@ class OpHarness {
   OpContext ctx_;
   std::unique_ptr<Operator> op_;
   OpTensors host_;  // what the test reads and writes
-  OpTensors t_;     // what the operator is bound to (host_ itself on the CPU)
+  std::vector<Tensor> prefill_;
+  OpTensors t_;  // what the operator is bound to (host_ itself on the CPU)
 };
 
 }  // namespace pstrain::testing
