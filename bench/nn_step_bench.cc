@@ -312,6 +312,12 @@ int Run(int argc, char** argv) {
                   1e3 * row.forward_s / runs, 1e3 * row.backward_s / runs);
     }
     PrintOpSummary(*graph, timed, batch, runs);
+    double layers = 0;
+    for (const pstrain::NodeProfile& row : timed) layers += row.forward_s + row.backward_s;
+    std::printf(
+        "\nthe layers' %s sums to %.2f ms per step (the step, waiting after every layer: "
+        "%.2f ms)\n",
+        gpu >= 0 ? "device time" : "time", 1e3 * layers / runs, 1e3 * s);
   }
   return 0;
 }

@@ -22,6 +22,7 @@
 #ifndef PSTRAIN_NN_BACKEND_H_
 #define PSTRAIN_NN_BACKEND_H_
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -207,8 +208,23 @@ class Backend {
   // Returns when everything asked for so far has finished on the device.
   virtual void Synchronize() = 0;
 
+  // ---- timing (the executor's profile) ----
+  // Starts timing the work asked for from now on.
+  virtual void StartTiming() { timing_start_ = std::chrono::steady_clock::now(); }
+  // Waits for the work asked for since StartTiming and returns the seconds it
+  // took where it ran. The CPU's kernels are done when they return (the host
+  // clock); a GPU's are timed by events on its stream, so neither the launch
+  // nor the wait counts.
+  virtual double StopTiming() {
+    Synchronize();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - timing_start_).count();
+  }
+
  protected:
   Backend() = default;
+
+ private:
+  std::chrono::steady_clock::time_point timing_start_;
 };
 
 // How many GPUs this build's CUDA backend can use. 0 when it has none, and

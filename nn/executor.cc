@@ -1,7 +1,6 @@
 #include "nn/executor.h"
 
 #include <algorithm>
-#include <chrono>
 #include <limits>
 
 namespace pstrain {
@@ -379,10 +378,9 @@ void Executor::ForwardNode(NodeId i, bool is_train) {
     MutexLock lock(&node_mu_[i]);
     backend_->EnterNode(i);
     if (options_.profile) {
-      const auto t0 = std::chrono::steady_clock::now();
+      backend_->StartTiming();
       m.ops[i]->Forward(m.ctx);
-      backend_->Synchronize();
-      m.fwd_s[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      m.fwd_s[i] += backend_->StopTiming();
     } else {
       m.ops[i]->Forward(m.ctx);
     }
@@ -395,16 +393,13 @@ void Executor::BackwardNode(NodeId i) {
   CHECK(options_.for_training) << "Backward on an inference executor";
   CHECK(m.forward_train_done) << "Backward needs a Forward(is_train=true) first";
   if (m.runs_backward[i]) {
-    const auto t0 = std::chrono::steady_clock::now();
     {
       MutexLock lock(&node_mu_[i]);
       backend_->EnterNode(i);
+      if (options_.profile) backend_->StartTiming();
       m.ops[i]->Backward(m.ctx);
       for (auto& [temp, target] : m.accumulate[i]) backend_->Add(temp, target);
-    }
-    if (options_.profile) {
-      backend_->Synchronize();
-      m.bwd_s[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (options_.profile) m.bwd_s[i] += backend_->StopTiming();
     }
     if (on_grad_ready_) {
       for (int p : graph_.node(i).params) on_grad_ready_(p);

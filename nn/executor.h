@@ -61,12 +61,15 @@ struct ExecutorOptions {
   // false gives every tensor its own buffer (tests compare the two).
   bool plan_memory = true;
   uint64_t seed = 1;  // dropout masks
-  // Time every node's Forward/Backward (see Profile()); costs two clock reads
-  // per node, and on a GPU a synchronization per node.
+  // Time every node's Forward/Backward (see Profile()): Backend::StartTiming
+  // and StopTiming around each, so on a GPU the device's own time (events on
+  // its stream), at the cost of a synchronization per node.
   bool profile = false;
 };
 
-// Seconds spent per node since creation (options.profile only).
+// Seconds spent per node since creation (options.profile only): the host
+// clock on the CPU, the device's time between events on a GPU (the kernels
+// and copies, not their launch).
 struct NodeProfile {
   std::string name;
   std::string op;

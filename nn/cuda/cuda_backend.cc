@@ -96,6 +96,8 @@ Status CudaBackend::Init() {
                                "cudaEventCreate");
   PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&upload_done_, cudaEventDisableTiming),
                                "cudaEventCreate");
+  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreate(&timing_start_), "cudaEventCreate");
+  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreate(&timing_stop_), "cudaEventCreate");
   PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnCreate(&cudnn_), "cudnnCreate");
   PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnSetStream(cudnn_, stream_), "cudnnSetStream");
   if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) {
@@ -154,6 +156,8 @@ CudaBackend::~CudaBackend() {
   if (peer_event_ != nullptr) cudaEventDestroy(peer_event_);
   if (compute_done_ != nullptr) cudaEventDestroy(compute_done_);
   if (upload_done_ != nullptr) cudaEventDestroy(upload_done_);
+  if (timing_start_ != nullptr) cudaEventDestroy(timing_start_);
+  if (timing_stop_ != nullptr) cudaEventDestroy(timing_stop_);
   if (download_stream_ != nullptr) cudaStreamDestroy(download_stream_);
   if (cublas_ != nullptr) cublasDestroy(cublas_);
   if (cudnn_ != nullptr) cudnnDestroy(cudnn_);
@@ -352,6 +356,20 @@ void CudaBackend::ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& 
       step.rescale, step.lr,  step.wd, step.clip, step.uses_momentum() ? step.mom : 0.0f,
       step.do_clip, step.test};
   cuda::SgdUpdate(a, grad.data(), weight.data(), m, weight.num_elements(), stream_);
+}
+
+void CudaBackend::StartTiming() {
+  SetDevice();
+  PSTRAIN_CUDA_CHECK(cudaEventRecord(timing_start_, stream_));
+}
+
+double CudaBackend::StopTiming() {
+  SetDevice();
+  PSTRAIN_CUDA_CHECK(cudaEventRecord(timing_stop_, stream_));
+  PSTRAIN_CUDA_CHECK(cudaEventSynchronize(timing_stop_));
+  float ms = 0;
+  PSTRAIN_CUDA_CHECK(cudaEventElapsedTime(&ms, timing_start_, timing_stop_));
+  return ms / 1e3;
 }
 
 void CudaBackend::Synchronize() {

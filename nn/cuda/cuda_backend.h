@@ -76,6 +76,8 @@ class CudaBackend : public Backend {
   void ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& grad, const Tensor& weight,
                           const Tensor& momentum) override;
   void Synchronize() override;
+  void StartTiming() override;
+  double StopTiming() override;
 
   // ---- for the operators (nn/cuda/*_ops.cc) ----
   cudaStream_t stream() const { return stream_; }
@@ -116,6 +118,7 @@ class CudaBackend : public Backend {
   // for an upload on the copy stream.
   cudaEvent_t compute_done_ = nullptr;
   cudaEvent_t upload_done_ = nullptr;
+  cudaEvent_t timing_start_ = nullptr, timing_stop_ = nullptr;  // StartTiming, StopTiming
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::shared_ptr<CachingAllocator> allocator_;

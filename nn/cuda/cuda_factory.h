@@ -21,7 +21,7 @@ namespace pstrain::internal {
 
 // Bump whenever Backend, Operator, Tensor, Buffer, BackendOptions or these
 // entry points change shape.
-inline constexpr int kCudaModuleAbi = 3;
+inline constexpr int kCudaModuleAbi = 4;
 
 struct CudaModuleAbi {
   int version = kCudaModuleAbi;
