@@ -1,5 +1,6 @@
 #include "nn/backend.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -122,6 +123,23 @@ constexpr BackendEntry kBackends[] = {
 };
 
 }  // namespace
+
+std::vector<Tensor> Backend::ZerosPacked(const std::vector<Shape>& shapes) {
+  constexpr int64_t kAlignFloats = 64;  // 256 bytes
+  std::vector<int64_t> offsets;
+  int64_t total = 0;
+  for (const Shape& s : shapes) {
+    offsets.push_back(total);
+    total += (s.num_elements() + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+  }
+  std::vector<Tensor> out;
+  if (shapes.empty()) return out;
+  const Tensor all = Zeros(Shape{std::max<int64_t>(total, 1)});
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    out.emplace_back(all.buffer(), static_cast<size_t>(offsets[i]), shapes[i]);
+  }
+  return out;
+}
 
 StatusOr<std::unique_ptr<Backend>> Backend::Create(const BackendOptions& options) {
   for (const BackendEntry& e : kBackends) {

@@ -140,6 +140,11 @@ class Backend {
     Fill(t, 0.0f);
     return t;
   }
+  // Zeroed tensors of these shapes as views into one buffer, each at a
+  // 256-byte boundary: a block per tensor would round each large one up to
+  // the allocator's granule (2 MiB on a GPU: about 26 MB per copy of
+  // ResNet-50's weights).
+  std::vector<Tensor> ZerosPacked(const std::vector<Shape>& shapes);
   // Host memory (a Buffer of Device::Cpu(), 64-byte aligned) that this
   // backend's asynchronous copies use without staging: page-locked ("pinned")
   // on a GPU and usable by every GPU of the process; plain memory on the CPU.

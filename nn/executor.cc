@@ -310,11 +310,12 @@ Status Executor::Init() {
       m.out[i] = view(out_item[i], n.out_shape);
     }
   }
-  for (const ParamInfo& p : graph_.params()) {
-    params_.push_back(be.Zeros(p.shape));
-    grads_.push_back(train ? be.Zeros(p.shape) : Tensor());
-  }
-  for (const ParamInfo& a : graph_.aux_states()) aux_.push_back(be.Zeros(a.shape));
+  std::vector<Shape> param_shapes, aux_shapes;
+  for (const ParamInfo& p : graph_.params()) param_shapes.push_back(p.shape);
+  for (const ParamInfo& a : graph_.aux_states()) aux_shapes.push_back(a.shape);
+  params_ = be.ZerosPacked(param_shapes);
+  grads_ = train ? be.ZerosPacked(param_shapes) : std::vector<Tensor>(param_shapes.size());
+  aux_ = be.ZerosPacked(aux_shapes);
   m.accumulate.resize(N);
   m.fwd_s.assign(N, 0.0);
   m.bwd_s.assign(N, 0.0);

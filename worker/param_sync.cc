@@ -81,10 +81,19 @@ void LocalParamSync::OnGradReady(int i) {
     return;
   }
   const Optimizer::Step step = optimizer_->NextStep(&states_[i]);
-  if (step.uses_momentum() && !device_momentum_[i].defined()) {
-    device_momentum_[i] = exec_->backend().Zeros(exec_->param(i).shape());
-  }
+  if (step.uses_momentum() && !device_momentum_[i].defined())
+    device_momentum_[i] = DeviceMomentum(i);
   exec_->backend().ApplyOptimizerStep(step, exec_->grad(i), exec_->param(i), device_momentum_[i]);
+}
+
+Tensor LocalParamSync::DeviceMomentum(int i) {
+  // (Parameters update on the threads their gradients complete on.)
+  std::call_once(momentum_once_, [this] {
+    std::vector<Shape> shapes;
+    for (int p = 0; p < exec_->num_params(); ++p) shapes.push_back(exec_->param(p).shape());
+    momentum_buffer_ = exec_->backend().ZerosPacked(shapes);
+  });
+  return momentum_buffer_[i];
 }
 
 std::vector<NamedArray> LocalParamSync::SaveState() const {
@@ -128,9 +137,7 @@ Status LocalParamSync::LoadState(const std::vector<NamedArray>& arrays) {
     if (exec_->host_param(i) != nullptr) {
       states_[i].momentum = a.data;
     } else {
-      if (!device_momentum_[i].defined()) {
-        device_momentum_[i] = exec_->backend().Empty(exec_->param(i).shape());
-      }
+      if (!device_momentum_[i].defined()) device_momentum_[i] = DeviceMomentum(i);
       exec_->backend().CopyFromHost(a.data.data(), device_momentum_[i]);
     }
   }

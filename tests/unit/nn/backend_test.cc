@@ -185,6 +185,26 @@ TEST(BackendTest, SetupRejectsATensorOnAnotherDevice) {
   EXPECT_NE(s.message().find("gpu(0)"), std::string::npos) << s;
 }
 
+TEST(BackendTest, ZerosPackedGivesAlignedZeroedTensorsInOneBuffer) {
+  auto made = Backend::Create(BackendOptions());
+  ASSERT_OK(made.status());
+  const std::vector<Shape> shapes = {{3}, {20, 1, 5, 5}, {}, {1}, {500, 800}};
+  std::vector<Tensor> t = (*made)->ZerosPacked(shapes);
+  ASSERT_EQ(t.size(), shapes.size());
+  for (size_t i = 0; i < t.size(); ++i) {
+    EXPECT_EQ(t[i].shape(), shapes[i]);
+    EXPECT_EQ(t[i].buffer(), t[0].buffer()) << i;
+    // 256-byte steps from the buffer's start (64-byte aligned on the CPU).
+    EXPECT_EQ((t[i].data() - t[0].data()) * sizeof(float) % 256, 0u) << i;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t[i].data()) % 64, 0u) << i;
+    for (int64_t k = 0; k < t[i].num_elements(); ++k) ASSERT_EQ(t[i].at(k), 0.0f);
+    if (i > 0) {  // in order, none overlapping the one before
+      EXPECT_GE(t[i].data(), t[i - 1].data() + t[i - 1].num_elements()) << i;
+    }
+  }
+  EXPECT_TRUE((*made)->ZerosPacked({}).empty());
+}
+
 // LeNet's second convolution (20 -> 50 channels, 5x5 on 12x12) bound at
 // batch 64: oneDNN's backward kernels reduce through a scratchpad there.
 struct ConvBinding {
