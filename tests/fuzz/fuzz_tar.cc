@@ -7,7 +7,6 @@
 // headers get past the checksum); bit 0 set, the rest is the .tar.gz file
 // itself (the gzip layer); bit 1 unpacks with a strip prefix.
 #include <sys/stat.h>
-#include <zlib.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -21,21 +20,6 @@
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {
-
-std::string Gzip(std::string_view bytes) {
-  uLongf size = compressBound(bytes.size()) + 32;
-  std::string out(size, '\0');
-  z_stream z{};
-  if (deflateInit2(&z, 1, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) std::abort();
-  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data()));
-  z.avail_in = static_cast<uInt>(bytes.size());
-  z.next_out = reinterpret_cast<Bytef*>(out.data());
-  z.avail_out = static_cast<uInt>(size);
-  if (deflate(&z, Z_FINISH) != Z_STREAM_END) std::abort();
-  out.resize(z.total_out);
-  deflateEnd(&z);
-  return out;
-}
 
 // Walks the tar stream header by header as a reader would and writes each
 // header's checksum (octal, as tar does).
@@ -63,7 +47,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view rest(reinterpret_cast<const char*>(data) + 1, size - 1);
   std::string tar(rest);
   if ((data[0] & 5) == 4) FixChecksums(&tar);
-  fuzz::MemFile archive((data[0] & 1) != 0 ? tar : Gzip(tar), "archive.tar.gz");
+  fuzz::MemFile archive((data[0] & 1) != 0 ? tar : fuzz::Gzip(tar, 1), "archive.tar.gz");
   // dest/out is the destination; dest/ holds nothing else, so anything that
   // appears beside out/ escaped it.
   const fs::path dest = fs::path(fuzz::LinkDir()) / "dest";

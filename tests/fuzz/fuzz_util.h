@@ -1,10 +1,12 @@
-// Helpers of the libFuzzer harnesses (tests/fuzz/): the input as a file for
-// the readers that take a path (a memfd: no disk), and a splitter into parts.
+// Helpers of the libFuzzer harnesses (tests/fuzz/) and their seed writer: the
+// input as a file for the readers that take a path (a memfd: no disk), a
+// splitter into parts, and gzip.
 #ifndef PSTRAIN_TESTS_FUZZ_FUZZ_UTIL_H_
 #define PSTRAIN_TESTS_FUZZ_FUZZ_UTIL_H_
 
 #include <sys/mman.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -74,6 +76,22 @@ inline std::vector<std::string_view> SplitParts(const uint8_t* data, size_t size
     size -= n;
   }
   return parts;
+}
+
+// `bytes` as a gzip stream (zlib at `level`).
+inline std::string Gzip(std::string_view bytes, int level = 6) {
+  const uLong bound = compressBound(static_cast<uLong>(bytes.size())) + 32;
+  std::string out(bound, '\0');
+  z_stream z{};
+  if (deflateInit2(&z, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) std::abort();
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data()));
+  z.avail_in = static_cast<uInt>(bytes.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(bound);
+  if (deflate(&z, Z_FINISH) != Z_STREAM_END) std::abort();
+  out.resize(z.total_out);
+  deflateEnd(&z);
+  return out;
 }
 
 }  // namespace pstrain::fuzz

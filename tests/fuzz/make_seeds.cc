@@ -2,7 +2,6 @@
 // each one reads, so fuzzing starts from inputs that get past the first check.
 //   make_seeds OUT_DIR     writes OUT_DIR/{wire,recordio,readers,image,config,tar}/
 // The config seeds are the job configs of configs/ (PSTRAIN_SOURCE_DIR).
-#include <zlib.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -18,6 +17,7 @@
 #include "data/image_recordio.h"
 #include "data/recordio.h"
 #include "net/message.h"
+#include "tests/fuzz/fuzz_util.h"
 
 namespace pstrain {
 namespace {
@@ -164,21 +164,6 @@ void RecordIOSeeds(const fs::path& dir) {
   if (!(*writer)->Close().ok()) std::abort();
 }
 
-std::string Gzip(const std::string& bytes) {
-  uLongf size = compressBound(bytes.size()) + 32;
-  std::string out(size, '\0');
-  z_stream z{};
-  if (deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) std::abort();
-  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data()));
-  z.avail_in = bytes.size();
-  z.next_out = reinterpret_cast<Bytef*>(out.data());
-  z.avail_out = size;
-  if (deflate(&z, Z_FINISH) != Z_STREAM_END) std::abort();
-  out.resize(z.total_out);
-  deflateEnd(&z);
-  return out;
-}
-
 void ReaderSeeds(const fs::path& dir) {
   auto be32 = [](uint32_t v) {
     return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16),
@@ -189,7 +174,7 @@ void ReaderSeeds(const fs::path& dir) {
   for (int i = 0; i < 2 * 28 * 28; ++i) images += static_cast<char>(i % 251);
   const std::string labels = be32(0x801) + be32(2) + "\x03\x07";
   WriteFile(dir / "mnist", Part(images) + Part(labels));
-  WriteFile(dir / "mnist_gz", Part(Gzip(images)) + Part(Gzip(labels)));
+  WriteFile(dir / "mnist_gz", Part(fuzz::Gzip(images)) + Part(fuzz::Gzip(labels)));
   // CIFAR-10: one record (label + 3x32x32), and a RecordIO index.
   std::string cifar(1, '\x04');
   for (int i = 0; i < 3 * 32 * 32; ++i) cifar += static_cast<char>(i % 253);
@@ -249,7 +234,7 @@ void TarSeeds(const fs::path& dir) {
       TarMember("PaxHeaders/x", 'x', "21 path=pax/file.txt\n") + TarMember("x", '0', "pax") + end;
   WriteFile(dir / "plain", std::string(1, '\0') + plain);
   WriteFile(dir / "plain_fixed", std::string(1, '\4') + plain);
-  WriteFile(dir / "plain_gz", std::string(1, '\1') + Gzip(plain));
+  WriteFile(dir / "plain_gz", std::string(1, '\1') + fuzz::Gzip(plain));
   WriteFile(dir / "cifar", std::string(1, '\6') + cifar);
   WriteFile(dir / "gnu", std::string(1, '\4') + gnu);
   WriteFile(dir / "pax", std::string(1, '\4') + pax);
