@@ -1,5 +1,6 @@
 #include "tracker/supervisor.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -24,6 +26,38 @@ namespace {
 
 constexpr size_t kMaxLine = 64 * 1024;  // a longer "line" is cut and forwarded in pieces
 constexpr int kDrainMs = 1000;          // output still arriving after every process exited
+
+// /proc/PID/stat after the command's ")": state, parent, process group, ...
+// False when the process is gone.
+bool ReadProcStat(int pid, char* state, int* pgrp) {
+  std::ifstream stat(StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t paren = line.rfind(") ");
+  if (paren == std::string::npos) return false;
+  int ppid = 0;
+  return std::sscanf(line.c_str() + paren + 2, "%c %d %d", state, &ppid, pgrp) == 3;
+}
+
+// Whether a process of process group `pgid` is stopped (SIGSTOP, SIGTSTP).
+bool GroupHasStoppedProcess(int pgid) {
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return true;  // cannot tell: assume one is
+  bool stopped = false;
+  while (const dirent* e = readdir(proc)) {
+    char* end = nullptr;
+    const long pid = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0') continue;
+    char state = 0;
+    int pgrp = 0;
+    if (ReadProcStat(static_cast<int>(pid), &state, &pgrp) && pgrp == pgid && state == 'T') {
+      stopped = true;
+      break;
+    }
+  }
+  closedir(proc);
+  return stopped;
+}
 
 std::string SignalName(int sig) {
   const char* abbrev = sigabbrev_np(sig);
@@ -373,15 +407,10 @@ class Job {
     for (const Running& r : running_) {
       if (r.task.tags != OutputTags::kNone || Name(r.task, r.task.rank) != name) continue;
       cause_where_ = StrCat(" on ", r.task.host, " (pid ", r.proc->pid());
-      // /proc/PID/stat: "pid (comm) S ...", T when stopped. (For a remote
-      // process this is its ssh client, which is not.)
-      std::ifstream stat(StrCat("/proc/", r.proc->pid(), "/stat"));
-      std::string line;
-      std::getline(stat, line);
-      const size_t paren = line.rfind(") ");
-      if (paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'T') {
-        cause_where_ += ", stopped";
-      }
+      // (For a remote process this is its ssh client, which is not stopped.)
+      char state = 0;
+      int pgrp = 0;
+      if (ReadProcStat(r.proc->pid(), &state, &pgrp) && state == 'T') cause_where_ += ", stopped";
       cause_where_ += ")";
     }
   }
@@ -406,10 +435,11 @@ class Job {
     StopAll();
   }
 
-  // SIGTERM, and SIGCONT so that a stopped process (SIGSTOP) acts on it.
+  // SIGTERM, and SIGCONT when a process of the group is stopped (SIGSTOP),
+  // so that it acts on it. (Only then: srun reports every SIGCONT it gets.)
   static void Terminate(Running& r) {
     r.proc->SignalGroup(SIGTERM);
-    r.proc->SignalGroup(SIGCONT);
+    if (GroupHasStoppedProcess(r.proc->pid())) r.proc->SignalGroup(SIGCONT);
     r.signalled = true;
   }
 

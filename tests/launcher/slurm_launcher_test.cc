@@ -509,6 +509,8 @@ TEST_F(SlurmLauncherTest, TimeoutLeavesNothingBehind) {
   LaunchRun run = RunLaunch(args, dir_.path(), 90000, cluster_->LaunchEnv());
   EXPECT_EQ(run.exit_code(), 1) << run.output;
   EXPECT_NE(run.output.find("the job ran past its --timeout"), std::string::npos) << run.output;
+  // No SIGCONT where nothing was stopped (srun would report it).
+  EXPECT_EQ(run.output.find("got SIGCONT"), std::string::npos) << run.output;
   Reports reports = ReadReports(dir_.Sub("reports"));
   EXPECT_EQ(reports.size(), 5u) << run.output;
   EXPECT_EQ(Survivors(reports, 10000), std::vector<std::string>{}) << run.output;
