@@ -7,6 +7,8 @@
 //                 [--image-shape C,H,W] [--num-classes K] [--num-layers L]
 //                 [--plain-layouts] [--no-fusion]
 //   nn_step_bench --limits [--threads N]   this machine's oneDNN and memory limits
+//   nn_step_bench --plan-only [--gpus N] ...  the memory plan alone, made without
+//                 the device (a GPU's on a host without one; its workspaces left out)
 // (--plain-layouts and --no-fusion turn off the CPU backend's blocked
 // activation layouts and its batch norm + ReLU fusion, to measure them.)
 // (defaults: the network's MNIST shape; resnet: 20 layers on 3,28,28, 10 classes)
@@ -153,7 +155,7 @@ int Run(int argc, char** argv) {
   std::string network = "lenet", kernels = "onednn";
   int batch = 128, steps = 50, warmup = 5, threads = 0, gpu = -1, num_classes = 0, layers = 0;
   std::vector<int64_t> image_shape;
-  bool profile = false, plain_layouts = false, no_fusion = false;
+  bool profile = false, plain_layouts = false, no_fusion = false, plan_only = false;
   for (int i = 1; i < argc; ++i) {
     auto value = [&](const char* flag) -> const char* {
       if (std::strcmp(argv[i], flag) != 0) return nullptr;
@@ -200,6 +202,8 @@ int Run(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--limits") == 0) {
       PrintLimits(threads);
       return 0;
+    } else if (std::strcmp(argv[i], "--plan-only") == 0) {
+      plan_only = true;
     } else if (std::strcmp(argv[i], "--plain-layouts") == 0) {
       plain_layouts = true;
     } else if (std::strcmp(argv[i], "--no-fusion") == 0) {
@@ -229,6 +233,22 @@ int Run(int argc, char** argv) {
   eo.backend.cpu_kernels =
       kernels == "reference" ? pstrain::CpuKernels::kReference : pstrain::CpuKernels::kOneDnn;
   if (gpu >= 0) eo.backend.device = pstrain::Device::Gpu(gpu);
+  if (plan_only) {
+    auto plan = pstrain::Executor::PlanWithoutDevice(*graph, eo);
+    if (!plan.ok()) {
+      std::fprintf(stderr, "%s\n", plan.status().ToString().c_str());
+      return 1;
+    }
+    std::printf(
+        "%s, batch %d, the %s operators' plan (made without the device; operator scratch left "
+        "out):\nactivation memory: %.2f MB planned (no plan of these lifetimes under %.2f MB), "
+        "%.2f MB with one buffer per tensor\ngradients of tensors with several readers: %d added "
+        "where they lie, %d summed from temporaries\n",
+        network.c_str(), batch, gpu >= 0 ? "CUDA" : "CPU", plan->planned_bytes / 1e6,
+        plan->least_planned_bytes / 1e6, plan->unplanned_bytes / 1e6,
+        plan->gradients_added_in_place, plan->gradients_summed_from_temporaries);
+    return 0;
+  }
   auto made = pstrain::Executor::Create(*graph, eo);
   if (!made.ok()) {
     std::fprintf(stderr, "%s\n", made.status().ToString().c_str());

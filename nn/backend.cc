@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "nn/cpu/cpu_backend.h"
+#include "nn/operator.h"
 #ifdef PSTRAIN_WITH_CUDA
 #include <dlfcn.h>
 #include <unistd.h>
@@ -40,6 +41,11 @@ class CudaModule {
     return out;
   }
   int DeviceCount(std::string* why) const { return count_(why); }
+  StatusOr<std::unique_ptr<Operator>> MakeOperator(const Node& node) const {
+    StatusOr<std::unique_ptr<Operator>> out(Status::Internal("the CUDA module made no operator"));
+    make_op_(node, &out);
+    return out;
+  }
 
  private:
   CudaModule() {
@@ -72,12 +78,15 @@ class CudaModule {
           reinterpret_cast<void (*)(internal::CudaModuleAbi*)>(dlsym(h, "PstrainCudaModuleAbi"));
       create_ = reinterpret_cast<CreateFn>(dlsym(h, "PstrainCreateCudaBackend"));
       count_ = reinterpret_cast<CountFn>(dlsym(h, "PstrainCudaDeviceCount"));
+      make_op_ = reinterpret_cast<MakeOpFn>(dlsym(h, "PstrainMakeCudaOperator"));
       internal::CudaModuleAbi abi;
       abi.version = -1;
       if (abi_fn != nullptr) abi_fn(&abi);
-      if (create_ == nullptr || count_ == nullptr || !(abi == internal::CudaModuleAbi())) {
+      if (create_ == nullptr || count_ == nullptr || make_op_ == nullptr ||
+          !(abi == internal::CudaModuleAbi())) {
         create_ = nullptr;
         count_ = nullptr;
+        make_op_ = nullptr;
         error_ =
             StrCat("the CUDA backend ", path, " is from another build (ABI ", abi.version,
                    ", this binary's ", internal::kCudaModuleAbi, "): rebuild it with this one");
@@ -91,8 +100,10 @@ class CudaModule {
 
   using CreateFn = void (*)(const BackendOptions&, StatusOr<std::unique_ptr<Backend>>*);
   using CountFn = int (*)(std::string*);
+  using MakeOpFn = void (*)(const Node&, StatusOr<std::unique_ptr<Operator>>*);
   CreateFn create_ = nullptr;
   CountFn count_ = nullptr;
+  MakeOpFn make_op_ = nullptr;
   std::string error_;
 };
 
@@ -123,6 +134,29 @@ constexpr BackendEntry kBackends[] = {
 };
 
 }  // namespace
+
+StatusOr<std::unique_ptr<Operator>> Backend::CreateOperatorWithoutDevice(
+    const BackendOptions& options, const Node& node) {
+  if (options.device.is_cpu()) {
+    // (The CPU's operators keep no reference to the backend before Setup.)
+    ASSIGN_OR_RETURN(std::unique_ptr<Backend> cpu, Create(options));
+    return cpu->CreateOperator(node);
+  }
+#ifdef PSTRAIN_WITH_CUDA
+  const CudaModule& m = CudaModule::Get();
+  if (!m.loaded()) {
+    return Status::Unavailable(
+        StrCat("no operators for ", options.device.ToString(), ": ", m.error()));
+  }
+  if (node.op == OpType::kInput) {
+    return Status::InvalidArgument(StrCat("'", node.name, "' is an input: it has no operator"));
+  }
+  return m.MakeOperator(node);
+#else
+  return Status::Unavailable(StrCat("no operators for ", options.device.ToString(),
+                                    ": built without CUDA (nvcc was not found at configure time)"));
+#endif
+}
 
 std::vector<Tensor> Backend::ZerosPacked(const std::vector<Shape>& shapes) {
   constexpr int64_t kAlignFloats = 64;  // 256 bytes

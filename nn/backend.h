@@ -140,6 +140,12 @@ class Backend {
     Fill(t, 0.0f);
     return t;
   }
+  // The operator `node` would have on options.device, made without the
+  // device (a GPU's come from the CUDA module; no GPU need be present), for a
+  // memory plan made without it (Executor::PlanWithoutDevice). It cannot be
+  // Setup. Unavailable where this build or host has no such backend.
+  static StatusOr<std::unique_ptr<Operator>> CreateOperatorWithoutDevice(
+      const BackendOptions& options, const Node& node);
   // Zeroed tensors of these shapes as views into one buffer, each at a
   // 256-byte boundary: a block per tensor would round each large one up to
   // the allocator's granule (2 MiB on a GPU: about 26 MB per copy of

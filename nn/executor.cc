@@ -1,6 +1,7 @@
 #include "nn/executor.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 
 namespace pstrain {
@@ -64,6 +65,211 @@ int64_t PlaceItems(std::vector<Item>* items, bool share) {
   return Aligned(arena);
 }
 
+// Which nodes run in place: an element-wise operator whose input nothing
+// else reads (not another consumer, not its producer's backward, not its own
+// backward) writes its output, and its input gradient, over that input's
+// storage.
+std::vector<bool> InPlaceNodes(const Graph& graph, const ExecutorOptions& options,
+                               const std::vector<std::unique_ptr<Operator>>& ops,
+                               const std::vector<bool>& needs_grad, NodeId softmax) {
+  const std::vector<Node>& nodes = graph.nodes();
+  const int N = static_cast<int>(nodes.size());
+  const bool train = options.for_training;
+  std::vector<int> readers(N, 0);
+  for (const Node& n : nodes) {
+    for (NodeId in : n.inputs) ++readers[in];
+  }
+  std::vector<bool> in_place(N, false);
+  for (int i = 0; i < N; ++i) {
+    if (!ops[i] || !ops[i]->CanRunInPlace() || nodes[i].inputs.empty()) continue;
+    const NodeId p = nodes[i].inputs[0];
+    const bool keeps_input = train && needs_grad[i] && ops[i]->BackwardNeedsInputs();
+    const bool producer_rereads = train && ops[p] && needs_grad[p] && ops[p]->BackwardNeedsOutput();
+    in_place[i] = options.plan_memory && ops[p] != nullptr && readers[p] == 1 &&
+                  p != graph.output() && p != softmax && !keeps_input && !producer_rereads &&
+                  needs_grad[i] == needs_grad[p] &&
+                  nodes[p].out_shape.num_elements() == nodes[i].out_shape.num_elements();
+  }
+  return in_place;
+}
+
+// The memory plan: what the executor allocates and binds.
+struct Plan {
+  std::vector<Item> items;
+  std::vector<int> out_item, grad_item;                 // per node (-1: none)
+  std::vector<int> scratch_fwd_item, scratch_bwd_item;  // per node (-1: none)
+  // Edge gradient targets: per node, per input slot, an item index (-1: none).
+  std::vector<std::vector<int>> edge_item;
+  std::vector<std::vector<bool>> edge_is_temp, edge_adds;
+  int64_t arena_floats = 0;
+  MemoryPlanFigures figures;
+};
+
+// `scratch(i, shapes)`: node i's scratch for the shapes it will be bound to.
+using ScratchFn = std::function<StatusOr<ScratchNeeds>(int, const OpShapes&)>;
+
+StatusOr<Plan> MakePlan(const Graph& graph, const ExecutorOptions& options,
+                        const std::vector<std::unique_ptr<Operator>>& ops,
+                        const std::vector<bool>& needs_grad, const std::vector<bool>& in_place,
+                        NodeId softmax, const ScratchFn& scratch) {
+  const std::vector<Node>& nodes = graph.nodes();
+  const int N = static_cast<int>(nodes.size());
+  const int64_t batch = options.batch_size;
+  const bool train = options.for_training;
+  Plan plan;
+  MemoryPlanFigures& fig = plan.figures;
+  const int kForever = std::numeric_limits<int>::max();
+  auto bwd = [N](int i) { return 2 * N - 1 - i; };
+  std::vector<Item>& items = plan.items;
+  std::vector<int>& out_item = plan.out_item;
+  std::vector<int>& grad_item = plan.grad_item;
+  out_item.assign(N, -1);
+  grad_item.assign(N, -1);
+  auto& edge_item = plan.edge_item;
+  auto& edge_is_temp = plan.edge_is_temp;
+  auto& edge_adds = plan.edge_adds;
+  edge_item.resize(N);
+  edge_is_temp.resize(N);
+  edge_adds.resize(N);
+  for (int i = 0; i < N; ++i) {
+    const Node& n = nodes[i];
+    if (n.op == OpType::kInput) continue;
+    int end = i;
+    if (i == graph.output() || i == softmax) end = kForever;
+    if (train && needs_grad[i] && ops[i]->BackwardNeedsOutput()) end = std::max(end, bwd(i));
+    if (in_place[i]) {
+      out_item[i] = out_item[n.inputs[0]];
+      items[out_item[i]].end = std::max(items[out_item[i]].end, end);
+      continue;
+    }
+    out_item[i] = static_cast<int>(items.size());
+    items.push_back(Item{n.out_shape.num_elements() * batch, i, end});
+  }
+  for (int c = 0; c < N; ++c) {
+    for (NodeId in : nodes[c].inputs) {
+      if (out_item[in] < 0) continue;
+      Item& it = items[out_item[in]];
+      if (it.end == kForever) continue;
+      it.end = std::max(it.end, c);
+      if (train && needs_grad[c] && ops[c]->BackwardNeedsInputs()) {
+        it.end = std::max(it.end, bwd(c));
+      }
+    }
+  }
+  if (train) {
+    // The primary gradient edge of a tensor is its latest consumer's first use.
+    std::vector<std::pair<int, int>> primary(N, {-1, -1});
+    for (int c = 0; c < N; ++c) {
+      if (!needs_grad[c]) continue;
+      for (size_t j = 0; j < nodes[c].inputs.size(); ++j) {
+        const NodeId in = nodes[c].inputs[j];
+        if (needs_grad[in] && primary[in].first != c) primary[in] = {c, static_cast<int>(j)};
+      }
+    }
+    for (int i = 0; i < N; ++i) {
+      if (!needs_grad[i] || i == softmax) continue;
+      CHECK_GE(primary[i].first, 0) << "node " << nodes[i].name << " has no gradient source";
+      grad_item[i] = static_cast<int>(items.size());
+      items.push_back(
+          Item{nodes[i].out_shape.num_elements() * batch, bwd(primary[i].first), bwd(i)});
+    }
+    // An in-place node's input gradient is its output gradient (last node
+    // first, so chains of in-place nodes share one item).
+    for (int i = N - 1; i >= 0; --i) {
+      if (!in_place[i] || grad_item[i] < 0) continue;
+      const NodeId p = nodes[i].inputs[0];
+      Item& mine = items[grad_item[i]];
+      Item& theirs = items[grad_item[p]];
+      mine.start = std::min(mine.start, theirs.start);
+      mine.end = std::max(mine.end, theirs.end);
+      theirs.merged = true;
+      grad_item[p] = grad_item[i];
+    }
+    // Another reader's gradient edge: added to the gradient where it lies
+    // when the reader's operator can (the primary reader, whose backward runs
+    // first, wrote it), else written to a temporary that is summed in.
+    for (int c = 0; c < N; ++c) {
+      edge_item[c].assign(nodes[c].inputs.size(), -1);
+      edge_is_temp[c].assign(nodes[c].inputs.size(), false);
+      edge_adds[c].assign(nodes[c].inputs.size(), false);
+      if (!needs_grad[c]) continue;
+      for (size_t j = 0; j < nodes[c].inputs.size(); ++j) {
+        const NodeId in = nodes[c].inputs[j];
+        if (!needs_grad[in]) continue;
+        if (primary[in] == std::make_pair(c, static_cast<int>(j))) {
+          edge_item[c][j] = grad_item[in];
+        } else if (options.plan_memory && primary[in].first != c &&
+                   ops[c]->CanAddToInputGradient(j)) {
+          edge_item[c][j] = grad_item[in];
+          edge_adds[c][j] = true;
+          ++fig.gradients_added_in_place;
+        } else {
+          ++fig.gradients_summed_from_temporaries;
+          edge_item[c][j] = static_cast<int>(items.size());
+          edge_is_temp[c][j] = true;
+          items.push_back(Item{nodes[in].out_shape.num_elements() * batch, bwd(c), bwd(c)});
+        }
+      }
+    }
+  }
+  // Scratch: each operator's, planned for its shapes, lives during its own
+  // forward or backward step only, so it takes memory dead at that step.
+  std::vector<int>& scratch_fwd_item = plan.scratch_fwd_item;
+  std::vector<int>& scratch_bwd_item = plan.scratch_bwd_item;
+  scratch_fwd_item.assign(N, -1);
+  scratch_bwd_item.assign(N, -1);
+  for (int i = 0; i < N; ++i) {
+    const Node& n = nodes[i];
+    if (n.op == OpType::kInput) continue;
+    OpShapes shapes;
+    const bool backward = train && needs_grad[i];
+    for (NodeId in : n.inputs) {
+      shapes.in.push_back(nodes[in].out_shape.WithBatch(batch));
+      shapes.in_grads.push_back(backward && needs_grad[in]);
+    }
+    shapes.out = n.out_shape.WithBatch(batch);
+    for (int p : n.params) shapes.params.push_back(graph.params()[p].shape);
+    shapes.param_grads = train && !n.params.empty();
+    shapes.out_grad = backward && i != softmax;
+    ASSIGN_OR_RETURN(const ScratchNeeds needs, scratch(i, shapes));
+    auto add = [&](size_t bytes, int step, std::vector<int>* item) {
+      if (bytes == 0) return;
+      fig.largest_scratch_bytes = std::max(fig.largest_scratch_bytes, bytes);
+      fig.total_scratch_bytes += bytes;
+      (*item)[i] = static_cast<int>(items.size());
+      items.push_back(
+          Item{static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float)), step, step});
+    };
+    add(needs.forward_bytes, i, &scratch_fwd_item);
+    add(needs.backward_bytes, bwd(i), &scratch_bwd_item);
+  }
+  plan.arena_floats = PlaceItems(&items, options.plan_memory);
+  fig.planned_bytes = static_cast<size_t>(plan.arena_floats) * sizeof(float);
+  for (const Item& it : items) {
+    if (!it.merged) fig.unplanned_bytes += static_cast<size_t>(Aligned(it.floats)) * sizeof(float);
+  }
+  // No placement of these lifetimes needs less than the most floats alive at
+  // one step: how close the plan comes is the planner's quality.
+  {
+    std::vector<std::pair<int, int64_t>> events;  // (step, +floats at start / -floats after end)
+    for (const Item& it : items) {
+      if (it.merged) continue;
+      events.emplace_back(it.start, it.floats);
+      if (it.end != kForever) events.emplace_back(it.end + 1, -it.floats);
+    }
+    std::sort(events.begin(), events.end());
+    int64_t live = 0, most = 0;
+    for (size_t k = 0; k < events.size(); ++k) {
+      live += events[k].second;
+      if (k + 1 == events.size() || events[k + 1].first != events[k].first) {
+        most = std::max(most, live);
+      }
+    }
+    fig.least_planned_bytes = static_cast<size_t>(most) * sizeof(float);
+  }
+  return plan;
+}
+
 }  // namespace
 
 struct Executor::Impl {
@@ -96,6 +302,34 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(const Graph& graph,
   ASSIGN_OR_RETURN(exec->backend_, Backend::Create(options.backend));
   RETURN_IF_ERROR(exec->Init());
   return exec;
+}
+
+StatusOr<MemoryPlanFigures> Executor::PlanWithoutDevice(const Graph& graph,
+                                                        const ExecutorOptions& options) {
+  if (!graph.status().ok()) return graph.status().WithContext("graph");
+  if (options.batch_size < 1) {
+    return Status::InvalidArgument(StrCat("batch size must be >= 1, got ", options.batch_size));
+  }
+  const std::vector<Node>& nodes = graph.nodes();
+  const int N = static_cast<int>(nodes.size());
+  NodeId softmax = kInvalidNode;
+  for (const Node& n : nodes) {
+    if (n.op == OpType::kSoftmaxOutput) softmax = n.id;
+  }
+  if (options.for_training && softmax == kInvalidNode) {
+    return Status::InvalidArgument("a training executor needs a SoftmaxOutput node");
+  }
+  const std::vector<bool> needs_grad =
+      options.for_training ? graph.NodesWithBackward() : std::vector<bool>(N, false);
+  std::vector<std::unique_ptr<Operator>> ops(N);
+  for (int i = 0; i < N; ++i) {
+    if (nodes[i].op == OpType::kInput) continue;
+    ASSIGN_OR_RETURN(ops[i], Backend::CreateOperatorWithoutDevice(options.backend, nodes[i]));
+  }
+  const std::vector<bool> in_place = InPlaceNodes(graph, options, ops, needs_grad, softmax);
+  ASSIGN_OR_RETURN(const Plan plan, MakePlan(graph, options, ops, needs_grad, in_place, softmax,
+                                             [](int, const OpShapes&) { return ScratchNeeds{}; }));
+  return plan.figures;
 }
 
 Status Executor::Init() {
@@ -132,170 +366,25 @@ Status Executor::Init() {
     ASSIGN_OR_RETURN(m.ops[i], be.CreateOperator(nodes[i]));
   }
 
-  // In-place nodes: an element-wise operator whose input nothing else reads
-  // (not another consumer, not its producer's backward, not its own backward)
-  // writes its output, and its input gradient, over that input's storage.
-  std::vector<int> readers(N, 0);
-  for (const Node& n : nodes) {
-    for (NodeId in : n.inputs) ++readers[in];
-  }
-  std::vector<bool> in_place(N, false);
-  for (int i = 0; i < N; ++i) {
-    if (!m.ops[i] || !m.ops[i]->CanRunInPlace() || nodes[i].inputs.empty()) continue;
-    const NodeId p = nodes[i].inputs[0];
-    const bool keeps_input = train && needs_grad[i] && m.ops[i]->BackwardNeedsInputs();
-    const bool producer_rereads =
-        train && m.ops[p] && needs_grad[p] && m.ops[p]->BackwardNeedsOutput();
-    in_place[i] = options_.plan_memory && m.ops[p] != nullptr && readers[p] == 1 &&
-                  p != graph_.output() && p != m.softmax && !keeps_input && !producer_rereads &&
-                  needs_grad[i] == needs_grad[p] &&
-                  nodes[p].out_shape.num_elements() == nodes[i].out_shape.num_elements();
-  }
+  const std::vector<bool> in_place = InPlaceNodes(graph_, options_, m.ops, needs_grad, m.softmax);
   be.PlanGraph(graph_, batch, in_place);
 
   // ---- memory plan ----
-  const int kForever = std::numeric_limits<int>::max();
-  auto bwd = [N](int i) { return 2 * N - 1 - i; };
-  std::vector<Item> items;
-  std::vector<int> out_item(N, -1), grad_item(N, -1);
-  // Edge gradient targets: per node, per input slot, an item index (-1: none).
-  std::vector<std::vector<int>> edge_item(N);
-  std::vector<std::vector<bool>> edge_is_temp(N), edge_adds(N);
-  for (int i = 0; i < N; ++i) {
-    const Node& n = nodes[i];
-    if (n.op == OpType::kInput) continue;
-    int end = i;
-    if (i == graph_.output() || i == m.softmax) end = kForever;
-    if (train && needs_grad[i] && m.ops[i]->BackwardNeedsOutput()) end = std::max(end, bwd(i));
-    if (in_place[i]) {
-      out_item[i] = out_item[n.inputs[0]];
-      items[out_item[i]].end = std::max(items[out_item[i]].end, end);
-      continue;
-    }
-    out_item[i] = static_cast<int>(items.size());
-    items.push_back(Item{n.out_shape.num_elements() * batch, i, end});
-  }
-  for (int c = 0; c < N; ++c) {
-    for (NodeId in : nodes[c].inputs) {
-      if (out_item[in] < 0) continue;
-      Item& it = items[out_item[in]];
-      if (it.end == kForever) continue;
-      it.end = std::max(it.end, c);
-      if (train && needs_grad[c] && m.ops[c]->BackwardNeedsInputs()) {
-        it.end = std::max(it.end, bwd(c));
-      }
-    }
-  }
-  if (train) {
-    // The primary gradient edge of a tensor is its latest consumer's first use.
-    std::vector<std::pair<int, int>> primary(N, {-1, -1});
-    for (int c = 0; c < N; ++c) {
-      if (!needs_grad[c]) continue;
-      for (size_t j = 0; j < nodes[c].inputs.size(); ++j) {
-        const NodeId in = nodes[c].inputs[j];
-        if (needs_grad[in] && primary[in].first != c) primary[in] = {c, static_cast<int>(j)};
-      }
-    }
-    for (int i = 0; i < N; ++i) {
-      if (!needs_grad[i] || i == m.softmax) continue;
-      CHECK_GE(primary[i].first, 0) << "node " << nodes[i].name << " has no gradient source";
-      grad_item[i] = static_cast<int>(items.size());
-      items.push_back(
-          Item{nodes[i].out_shape.num_elements() * batch, bwd(primary[i].first), bwd(i)});
-    }
-    // An in-place node's input gradient is its output gradient (last node
-    // first, so chains of in-place nodes share one item).
-    for (int i = N - 1; i >= 0; --i) {
-      if (!in_place[i] || grad_item[i] < 0) continue;
-      const NodeId p = nodes[i].inputs[0];
-      Item& mine = items[grad_item[i]];
-      Item& theirs = items[grad_item[p]];
-      mine.start = std::min(mine.start, theirs.start);
-      mine.end = std::max(mine.end, theirs.end);
-      theirs.merged = true;
-      grad_item[p] = grad_item[i];
-    }
-    // Another reader's gradient edge: added to the gradient where it lies
-    // when the reader's operator can (the primary reader, whose backward runs
-    // first, wrote it), else written to a temporary that is summed in.
-    for (int c = 0; c < N; ++c) {
-      edge_item[c].assign(nodes[c].inputs.size(), -1);
-      edge_is_temp[c].assign(nodes[c].inputs.size(), false);
-      edge_adds[c].assign(nodes[c].inputs.size(), false);
-      if (!needs_grad[c]) continue;
-      for (size_t j = 0; j < nodes[c].inputs.size(); ++j) {
-        const NodeId in = nodes[c].inputs[j];
-        if (!needs_grad[in]) continue;
-        if (primary[in] == std::make_pair(c, static_cast<int>(j))) {
-          edge_item[c][j] = grad_item[in];
-        } else if (options_.plan_memory && primary[in].first != c &&
-                   m.ops[c]->CanAddToInputGradient(j)) {
-          edge_item[c][j] = grad_item[in];
-          edge_adds[c][j] = true;
-          ++gradients_added_in_place_;
-        } else {
-          ++gradients_summed_from_temporaries_;
-          edge_item[c][j] = static_cast<int>(items.size());
-          edge_is_temp[c][j] = true;
-          items.push_back(Item{nodes[in].out_shape.num_elements() * batch, bwd(c), bwd(c)});
-        }
-      }
-    }
-  }
-  // Scratch: each operator's, planned for its shapes, lives during its own
-  // forward or backward step only, so it takes memory dead at that step.
-  std::vector<int> scratch_fwd_item(N, -1), scratch_bwd_item(N, -1);
-  for (int i = 0; i < N; ++i) {
-    const Node& n = nodes[i];
-    if (n.op == OpType::kInput) continue;
-    OpShapes shapes;
-    const bool backward = train && needs_grad[i];
-    for (NodeId in : n.inputs) {
-      shapes.in.push_back(nodes[in].out_shape.WithBatch(batch));
-      shapes.in_grads.push_back(backward && needs_grad[in]);
-    }
-    shapes.out = n.out_shape.WithBatch(batch);
-    for (int p : n.params) shapes.params.push_back(graph_.params()[p].shape);
-    shapes.param_grads = train && !n.params.empty();
-    shapes.out_grad = backward && i != m.softmax;
-    be.EnterNode(i);
-    ASSIGN_OR_RETURN(const ScratchNeeds needs, m.ops[i]->PlanScratch(m.ctx, shapes));
-    auto add = [&](size_t bytes, int step, std::vector<int>* item) {
-      if (bytes == 0) return;
-      largest_scratch_bytes_ = std::max(largest_scratch_bytes_, bytes);
-      total_scratch_bytes_ += bytes;
-      (*item)[i] = static_cast<int>(items.size());
-      items.push_back(
-          Item{static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float)), step, step});
-    };
-    add(needs.forward_bytes, i, &scratch_fwd_item);
-    add(needs.backward_bytes, bwd(i), &scratch_bwd_item);
-  }
-  const int64_t arena_floats = PlaceItems(&items, options_.plan_memory);
-  const std::shared_ptr<Buffer> arena = be.Allocate(static_cast<size_t>(arena_floats));
-  planned_bytes_ = static_cast<size_t>(arena_floats) * sizeof(float);
-  for (const Item& it : items) {
-    if (!it.merged) unplanned_bytes_ += static_cast<size_t>(Aligned(it.floats)) * sizeof(float);
-  }
-  // No placement of these lifetimes needs less than the most floats alive at
-  // one step: how close the plan comes is the planner's quality.
-  {
-    std::vector<std::pair<int, int64_t>> events;  // (step, +floats at start / -floats after end)
-    for (const Item& it : items) {
-      if (it.merged) continue;
-      events.emplace_back(it.start, it.floats);
-      if (it.end != kForever) events.emplace_back(it.end + 1, -it.floats);
-    }
-    std::sort(events.begin(), events.end());
-    int64_t live = 0, most = 0;
-    for (size_t k = 0; k < events.size(); ++k) {
-      live += events[k].second;
-      if (k + 1 == events.size() || events[k + 1].first != events[k].first) {
-        most = std::max(most, live);
-      }
-    }
-    least_planned_bytes_ = static_cast<size_t>(most) * sizeof(float);
-  }
+  ASSIGN_OR_RETURN(const Plan plan, MakePlan(graph_, options_, m.ops, needs_grad, in_place,
+                                             m.softmax, [&](int i, const OpShapes& shapes) {
+                                               be.EnterNode(i);
+                                               return m.ops[i]->PlanScratch(m.ctx, shapes);
+                                             }));
+  figures_ = plan.figures;
+  const std::vector<Item>& items = plan.items;
+  const std::vector<int>& out_item = plan.out_item;
+  const std::vector<int>& grad_item = plan.grad_item;
+  const std::vector<int>& scratch_fwd_item = plan.scratch_fwd_item;
+  const std::vector<int>& scratch_bwd_item = plan.scratch_bwd_item;
+  const auto& edge_item = plan.edge_item;
+  const auto& edge_is_temp = plan.edge_is_temp;
+  const auto& edge_adds = plan.edge_adds;
+  const std::shared_ptr<Buffer> arena = be.Allocate(static_cast<size_t>(plan.arena_floats));
   auto view = [&](int item, const Shape& per_sample) {
     return Tensor(arena, static_cast<size_t>(items[item].offset), per_sample.WithBatch(batch));
   };

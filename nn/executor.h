@@ -67,6 +67,17 @@ struct ExecutorOptions {
   bool profile = false;
 };
 
+// An executor's memory plan in figures (Executor::planned_bytes() etc.).
+struct MemoryPlanFigures {
+  size_t planned_bytes = 0;
+  size_t unplanned_bytes = 0;
+  size_t least_planned_bytes = 0;
+  size_t largest_scratch_bytes = 0;
+  size_t total_scratch_bytes = 0;
+  int gradients_added_in_place = 0;
+  int gradients_summed_from_temporaries = 0;
+};
+
 // Seconds spent per node since creation (options.profile only): the host
 // clock on the CPU, the device's time between events on a GPU (the kernels
 // and copies, not their launch).
@@ -171,21 +182,32 @@ class Executor : public ModelParams {
   // Memory plan figures: bytes of activation + activation-gradient storage
   // (and the operators' scratch, Operator::PlanScratch) actually allocated,
   // and what one buffer per tensor would have needed.
-  size_t planned_bytes() const { return planned_bytes_; }
-  size_t unplanned_bytes() const { return unplanned_bytes_; }
+  size_t planned_bytes() const { return figures_.planned_bytes; }
+  size_t unplanned_bytes() const { return figures_.unplanned_bytes; }
   // The least any placement of the same lifetimes could take (the most bytes
   // alive at one step): planned_bytes() over this is the plan's overhead.
-  size_t least_planned_bytes() const { return least_planned_bytes_; }
+  size_t least_planned_bytes() const { return figures_.least_planned_bytes; }
   // The operators' scratch: the largest one call needs (what one scratch
   // buffer shared by every operator would hold), and the sum of them all.
-  size_t largest_scratch_bytes() const { return largest_scratch_bytes_; }
-  size_t total_scratch_bytes() const { return total_scratch_bytes_; }
+  size_t largest_scratch_bytes() const { return figures_.largest_scratch_bytes; }
+  size_t total_scratch_bytes() const { return figures_.total_scratch_bytes; }
   // Gradient edges of tensors with several readers, beyond the first reader:
   // those the reader's operator adds where the gradient lies
   // (Operator::CanAddToInputGradient), and those written to a temporary and
   // summed in after its backward.
-  int gradients_added_in_place() const { return gradients_added_in_place_; }
-  int gradients_summed_from_temporaries() const { return gradients_summed_from_temporaries_; }
+  int gradients_added_in_place() const { return figures_.gradients_added_in_place; }
+  int gradients_summed_from_temporaries() const {
+    return figures_.gradients_summed_from_temporaries;
+  }
+  const MemoryPlanFigures& plan_figures() const { return figures_; }
+
+  // The plan an executor for `graph` and `options` would make, from the
+  // operators of options.backend.device made without the device
+  // (Backend::CreateOperatorWithoutDevice: a GPU's plan on a host without
+  // one), and without the operators' scratch, which their kernels' choice on
+  // the device decides (cuDNN's workspaces). Nothing is allocated.
+  static StatusOr<MemoryPlanFigures> PlanWithoutDevice(const Graph& graph,
+                                                       const ExecutorOptions& options);
 
  private:
   struct Impl;
@@ -202,13 +224,7 @@ class Executor : public ModelParams {
   std::unique_ptr<Mutex[]> node_mu_;
   std::function<void(int)> on_grad_ready_;
   std::function<void(int)> on_param_needed_;
-  size_t planned_bytes_ = 0;
-  size_t unplanned_bytes_ = 0;
-  size_t least_planned_bytes_ = 0;
-  size_t largest_scratch_bytes_ = 0;
-  size_t total_scratch_bytes_ = 0;
-  int gradients_added_in_place_ = 0;
-  int gradients_summed_from_temporaries_ = 0;
+  MemoryPlanFigures figures_;
 };
 
 }  // namespace pstrain

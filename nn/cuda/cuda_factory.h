@@ -21,7 +21,7 @@ namespace pstrain::internal {
 
 // Bump whenever Backend, Operator, Tensor, Buffer, BackendOptions or these
 // entry points change shape.
-inline constexpr int kCudaModuleAbi = 4;
+inline constexpr int kCudaModuleAbi = 5;
 
 struct CudaModuleAbi {
   int version = kCudaModuleAbi;
@@ -49,6 +49,11 @@ void PstrainCudaModuleAbi(pstrain::internal::CudaModuleAbi* abi);
 void PstrainCreateCudaBackend(const pstrain::BackendOptions& options,
                               pstrain::StatusOr<std::unique_ptr<pstrain::Backend>>* out);
 int PstrainCudaDeviceCount(std::string* why);
+// The CUDA operator for `node`, not bound to any backend (no device is
+// touched): what it says of its backward and its in-place use, for a memory
+// plan made without a GPU (Executor::PlanWithoutDevice).
+void PstrainMakeCudaOperator(const pstrain::Node& node,
+                             pstrain::StatusOr<std::unique_ptr<pstrain::Operator>>* out);
 }
 
 #endif  // PSTRAIN_NN_CUDA_CUDA_FACTORY_H_

@@ -1,4 +1,5 @@
 // The entry points of libpstrain_cuda.so (nn/cuda/cuda_factory.h).
+#include "nn/cuda/cuda_backend.h"
 #include "nn/cuda/cuda_factory.h"
 
 #define PSTRAIN_MODULE_EXPORT __attribute__((visibility("default")))
@@ -17,6 +18,11 @@ PSTRAIN_MODULE_EXPORT void PstrainCreateCudaBackend(
 
 PSTRAIN_MODULE_EXPORT int PstrainCudaDeviceCount(std::string* why) {
   return pstrain::internal::CudaDeviceCount(why);
+}
+
+PSTRAIN_MODULE_EXPORT void PstrainMakeCudaOperator(
+    const pstrain::Node& node, pstrain::StatusOr<std::unique_ptr<pstrain::Operator>>* out) {
+  *out = pstrain::internal::MakeCudaOperator(node);
 }
 
 }  // extern "C"

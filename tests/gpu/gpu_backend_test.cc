@@ -464,6 +464,13 @@ TEST(GpuTrainingTest, ConvolutionWorkspacesShareTheArena) {
               e[1]->planned_bytes());
   EXPECT_LT(e[0]->planned_bytes(), e[1]->planned_bytes());
   EXPECT_GE(e[1]->planned_bytes(), e[1]->total_scratch_bytes());
+  // The plan made without the device (Executor::PlanWithoutDevice) is this
+  // one less the workspaces.
+  auto dry = Executor::PlanWithoutDevice(*g, e[0]->options());
+  ASSERT_OK(dry.status());
+  EXPECT_GE(e[0]->planned_bytes(), dry->planned_bytes);
+  EXPECT_EQ(e[0]->gradients_added_in_place(), dry->gradients_added_in_place);
+  EXPECT_EQ(e[0]->gradients_summed_from_temporaries(), 0);
   std::vector<float> data(static_cast<size_t>(e[0]->data().num_elements()));
   std::mt19937_64 rng(5);
   std::uniform_real_distribution<float> u(0, 1);
