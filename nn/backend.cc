@@ -153,8 +153,10 @@ StatusOr<std::unique_ptr<Operator>> Backend::CreateOperatorWithoutDevice(
   }
   return m.MakeOperator(node);
 #else
-  return Status::Unavailable(StrCat("no operators for ", options.device.ToString(),
-                                    ": built without CUDA (nvcc was not found at configure time)"));
+  return Status::Unimplemented(
+      StrCat("no operators for ", options.device.ToString(),
+             ": this build has no CUDA backend (configure with nvcc on PATH, or "
+             "-DPSTRAIN_WITH_CUDA=ON)"));
 #endif
 }
 

@@ -143,7 +143,8 @@ class Backend {
   // The operator `node` would have on options.device, made without the
   // device (a GPU's come from the CUDA module; no GPU need be present), for a
   // memory plan made without it (Executor::PlanWithoutDevice). It cannot be
-  // Setup. Unavailable where this build or host has no such backend.
+  // Setup. Unavailable where the CUDA module cannot be loaded, Unimplemented
+  // where this build has no such backend.
   static StatusOr<std::unique_ptr<Operator>> CreateOperatorWithoutDevice(
       const BackendOptions& options, const Node& node);
   // Zeroed tensors of these shapes as views into one buffer, each at a

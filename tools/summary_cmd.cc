@@ -1,12 +1,16 @@
 // `pstrain summary`: each layer's output shape and parameter count of a model;
 // with --gpus, also the device memory one training step at --batch-size needs
-// on each GPU (what the seeds compare per GPU).
+// on each GPU (what the seeds compare per GPU), measured on the GPUs or, on a
+// host without one, planned without them.
 #include <gflags/gflags.h>
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
+#include "nn/backend.h"
 #include "nn/device_group.h"
+#include "nn/executor.h"
 #include "tools/commands.h"
 #include "tools/fit_flags.h"
 #include "worker/train_config.h"
@@ -57,6 +61,44 @@ int PrintStepMemory(const Graph& graph, const TrainingDevices& devices) {
   return 0;
 }
 
+// Where no GPU is visible: the plan each listed GPU's executor would make,
+// made without the device (Executor::PlanWithoutDevice), without cuDNN's
+// workspaces (the algorithm search on the GPU decides them).
+int PrintPlannedMemory(const Graph& graph, const TrainingDevices& devices, const std::string& why) {
+  auto shares =
+      SplitBatch(FLAGS_batch_size, static_cast<int>(devices.gpus.size()), devices.weights);
+  if (!shares.ok()) {
+    std::fprintf(stderr, "pstrain summary: %s\n", shares.status().ToString().c_str());
+    return 2;
+  }
+  std::vector<MemoryPlanFigures> plans;
+  for (size_t d = 0; d < devices.gpus.size(); ++d) {
+    ExecutorOptions o;
+    o.batch_size = (*shares)[d];
+    o.backend.device = Device::Gpu(devices.gpus[d]);
+    auto plan = Executor::PlanWithoutDevice(graph, o);
+    if (!plan.ok()) {
+      std::fprintf(stderr, "pstrain summary: %s\n", plan.status().ToString().c_str());
+      return 1;
+    }
+    plans.push_back(*plan);
+  }
+  std::printf(
+      "training step at batch %d, planned without a GPU (%s); cuDNN's workspaces come on top where "
+      "they do not fit the plan's gaps:\n",
+      FLAGS_batch_size, why.c_str());
+  const double params =
+      static_cast<double>(2 * graph.NumParams() + graph.NumAuxElements()) * sizeof(float);
+  for (size_t d = 0; d < devices.gpus.size(); ++d) {
+    std::printf(
+        "  gpu(%d), %d examples: activations and their gradients %.1f MiB planned (%.1f "
+        "unplanned); parameters, gradients, aux states %.1f MiB\n",
+        devices.gpus[d], (*shares)[d], plans[d].planned_bytes / 1048576.0,
+        plans[d].unplanned_bytes / 1048576.0, params / 1048576.0);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int RunSummary(int argc, char** argv) {
@@ -80,6 +122,8 @@ int RunSummary(int argc, char** argv) {
     std::fprintf(stderr, "pstrain summary: %s\n", devices.status().ToString().c_str());
     return 2;
   }
+  std::string why;
+  if (GpuCount(&why) == 0) return PrintPlannedMemory(*graph, *devices, why);
   return PrintStepMemory(*graph, *devices);
 }
 

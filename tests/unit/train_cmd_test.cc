@@ -58,11 +58,37 @@ TEST(CommandLineTest, NoPrefixTurnsABooleanFlagOffAsInMxnet) {
   EXPECT_NE(out.find("unknown command line flag 'no_network'"), std::string::npos) << out;
 }
 
-TEST(SummaryCmdTest, GpuMemoryOnAMachineWithoutThatGpuIsAnErrorNamingIt) {
+// On a host with GPUs, a GPU it does not have is an error naming it; on a
+// host without any, the memory is planned without them (the CUDA module's
+// operators), saying why and that the workspaces are not in it.
+TEST(SummaryCmdTest, GpuMemoryOnAMachineWithoutThatGpu) {
+  // The binary's own view of the GPUs: `version` says "GPUs: N (why)".
+  std::string version;
+  ASSERT_EQ(RunPstrain("version", &version), 0) << version;
+  const size_t at = version.find("GPUs: ");
+  ASSERT_NE(at, std::string::npos) << version;
+  const bool no_gpu = version.compare(at, 9, "GPUs: 0 (") == 0;
+  const std::string why =
+      no_gpu ? version.substr(at + 9, version.find(")\n", at) - at - 9) : std::string();
   std::string out;
-  EXPECT_EQ(RunPstrain("summary --network lenet --gpus 63", &out), 1) << out;
-  EXPECT_NE(out.find("gpu(63)"), std::string::npos) << out;
+  const int status = RunPstrain("summary --network lenet --batch-size 64 --gpus 63,63", &out);
   EXPECT_NE(out.find("total parameters: 431080"), std::string::npos) << out;
+  if (!no_gpu) {
+    EXPECT_EQ(status, 1) << out;
+    EXPECT_NE(out.find("gpu(63)"), std::string::npos) << out;
+  } else if (PSTRAIN_TEST_WITH_CUDA) {
+    EXPECT_EQ(status, 0) << out;
+    EXPECT_NE(out.find("planned without a GPU (" + why + "); cuDNN's workspaces"),
+              std::string::npos)
+        << out;
+    // Two halves of 32 examples, each LeNet's plan at 32.
+    EXPECT_NE(out.find("  gpu(63), 32 examples: activations and their gradients"),
+              std::string::npos)
+        << out;
+  } else {
+    EXPECT_EQ(status, 1) << out;
+    EXPECT_NE(out.find("this build has no CUDA backend"), std::string::npos) << out;
+  }
   EXPECT_EQ(RunPstrain("summary --network lenet --gpus 0,1 --gpu-weights 1", &out), 2) << out;
   EXPECT_NE(out.find("1 weights for 2 GPUs"), std::string::npos) << out;
 }
