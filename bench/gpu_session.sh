@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The GPU figures of issues 10 and 11, on a GPU host that has CUDA and
+# PyTorch but none of our packages, in phases that each fit a 10-minute
+# command. On the development machine, bundle the build:
+#   bash scripts/bundle.sh BUNDLE.tar.xz build build/tests/gpu_backend_test \
+#     build/tests/gpu_cluster_test build/bench/nn_step_bench
+# and on the GPU host, from a copy of this checkout:
+#   bash bench/gpu_session.sh BUNDLE.tar.xz PHASE [args]
+# PHASE:
+#   tests    the `gpu` test binaries (the cluster test needs MNIST: DATA)
+#   step     bench/gpu_vs_pytorch.sh, 3 rounds, then nn_step_bench --profile
+#            (device time per layer) of ResNet-50 at batch 32 and
+#            inception-bn-28-small at batch 256, the two rows slower than PyTorch
+#   merge    bench/gpu_merge_bench.sh (lenet and resnet)
+#   seed001 RUNS EPOCHS SECONDS   bench/gpu_seed001.sh (needs the CIFAR-10 JPEG set: DATA)
+# DATA: the data folder (../shared/data by default; mnist/, cifar10_jpeg/).
+# Logs and tables go to $OUT (the device tool's output folder) or ./gpu-out.
+set -uo pipefail
+bundle=${1:?usage: bash bench/gpu_session.sh BUNDLE.tar.xz tests|step|merge|seed001 [args]}
+phase=${2:?usage: bash bench/gpu_session.sh BUNDLE.tar.xz tests|step|merge|seed001 [args]}
+shift 2
+cd "$(dirname "$0")/.." || exit 1
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+export PSTRAIN_SHARED_DATA_DIR=${DATA:-../shared/data}
+unpacked=$(mktemp -d)
+trap 'rm -rf "$unpacked"' EXIT
+tar -C "$unpacked" -xaf "$bundle" || exit 1
+# shellcheck disable=SC1091
+. "$unpacked/pstrain-bundle/env.sh"
+bin=$unpacked/pstrain-bundle/bin
+export PSTRAIN_BINARY=$bin/pstrain PSTRAIN_CUDA_MODULE=$bin/libpstrain_cuda.so
+pstrain version | tee "$out/version.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$out/version.txt"
+
+case $phase in
+  tests)
+    rc=0
+    for t in gpu_backend_test gpu_cluster_test; do
+      "$bin/$t" 2>&1 | tee "$out/$t.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]'
+      ((rc |= PIPESTATUS[0]))
+    done
+    exit $rc
+    ;;
+  step)
+    NN_STEP_BENCH=$bin/nn_step_bench bash bench/gpu_vs_pytorch.sh "$bin" 3 2>&1 | tee "$out/step.md"
+    "$bin/nn_step_bench" --gpus 0 --network resnet --num-layers 50 --image-shape 3,224,224 \
+      --num-classes 1000 --batch 32 --steps 10 --profile >"$out/profile_resnet50.md" 2>&1
+    "$bin/nn_step_bench" --gpus 0 --network inception-bn-28-small --image-shape 3,28,28 \
+      --num-classes 10 --batch 256 --steps 10 --profile >"$out/profile_incept256.md" 2>&1
+    tail -n 30 "$out"/profile_*.md
+    ;;
+  merge)
+    bash bench/gpu_merge_bench.sh "$bin/pstrain" "lenet resnet" 2>&1 | tee "$out/merge.md"
+    ;;
+  seed001)
+    bash bench/gpu_seed001.sh "$bin/pstrain" "${1:-incept_6 incept_7 incept_4 async}" \
+      "${2:-40}" "${3:-540}" 2>&1 | tee "$out/seed001.md"
+    ;;
+  *)
+    echo "gpu_session: unknown phase '$phase' (tests, step, merge, seed001)" >&2
+    exit 2
+    ;;
+esac
