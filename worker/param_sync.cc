@@ -81,8 +81,9 @@ void LocalParamSync::OnGradReady(int i) {
     return;
   }
   const Optimizer::Step step = optimizer_->NextStep(&states_[i]);
-  if (step.uses_momentum() && !device_momentum_[i].defined())
+  if (step.uses_momentum() && !device_momentum_[i].defined()) {
     device_momentum_[i] = DeviceMomentum(i);
+  }
   exec_->backend().ApplyOptimizerStep(step, exec_->grad(i), exec_->param(i), device_momentum_[i]);
 }
 
