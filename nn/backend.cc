@@ -1,6 +1,7 @@
 #include "nn/backend.h"
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -135,38 +136,43 @@ constexpr BackendEntry kBackends[] = {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Operator>> Backend::CreateOperatorWithoutDevice(
-    const BackendOptions& options, const Node& node) {
+StatusOr<std::vector<std::unique_ptr<Operator>>> Backend::CreateOperatorsWithoutDevice(
+    const BackendOptions& options, const Graph& graph) {
+  std::function<StatusOr<std::unique_ptr<Operator>>(const Node&)> make;
+  std::unique_ptr<Backend> cpu;
   if (options.device.is_cpu()) {
     // (The CPU's operators keep no reference to the backend before Setup.)
-    ASSIGN_OR_RETURN(std::unique_ptr<Backend> cpu, Create(options));
-    return cpu->CreateOperator(node);
-  }
+    ASSIGN_OR_RETURN(cpu, Create(options));
+    make = [&cpu](const Node& node) { return cpu->CreateOperator(node); };
+  } else {
 #ifdef PSTRAIN_WITH_CUDA
-  const CudaModule& m = CudaModule::Get();
-  if (!m.loaded()) {
-    return Status::Unavailable(
-        StrCat("no operators for ", options.device.ToString(), ": ", m.error()));
-  }
-  if (node.op == OpType::kInput) {
-    return Status::InvalidArgument(StrCat("'", node.name, "' is an input: it has no operator"));
-  }
-  return m.MakeOperator(node);
+    const CudaModule& m = CudaModule::Get();
+    if (!m.loaded()) {
+      return Status::Unavailable(
+          StrCat("no operators for ", options.device.ToString(), ": ", m.error()));
+    }
+    make = [&m](const Node& node) { return m.MakeOperator(node); };
 #else
-  return Status::Unimplemented(
-      StrCat("no operators for ", options.device.ToString(),
-             ": this build has no CUDA backend (configure with nvcc on PATH, or "
-             "-DPSTRAIN_WITH_CUDA=ON)"));
+    return Status::Unimplemented(
+        StrCat("no operators for ", options.device.ToString(),
+               ": this build has no CUDA backend (configure with nvcc on PATH, or "
+               "-DPSTRAIN_WITH_CUDA=ON)"));
 #endif
+  }
+  std::vector<std::unique_ptr<Operator>> ops(graph.nodes().size());
+  for (const Node& node : graph.nodes()) {
+    if (node.op == OpType::kInput) continue;
+    ASSIGN_OR_RETURN(ops[node.id], make(node));
+  }
+  return ops;
 }
 
 std::vector<Tensor> Backend::ZerosPacked(const std::vector<Shape>& shapes) {
-  constexpr int64_t kAlignFloats = 64;  // 256 bytes
   std::vector<int64_t> offsets;
   int64_t total = 0;
   for (const Shape& s : shapes) {
     offsets.push_back(total);
-    total += (s.num_elements() + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+    total += (s.num_elements() + kTensorAlignFloats - 1) / kTensorAlignFloats * kTensorAlignFloats;
   }
   std::vector<Tensor> out;
   if (shapes.empty()) return out;

@@ -38,6 +38,11 @@ namespace pstrain {
 
 class Operator;  // nn/operator.h
 
+// Tensors that share one buffer (the executor's arena, Backend::ZerosPacked)
+// start at multiples of this many floats: 256 bytes, what cuDNN and oneDNN
+// like their tensors aligned to.
+inline constexpr int64_t kTensorAlignFloats = 64;
+
 // The CPU kernels: kOneDnn (the fast path; operators oneDNN does not cover
 // run tuned loops) or kReference (plain loops: the oracle every other kernel,
 // the GPU's included, is tested against).
@@ -140,16 +145,17 @@ class Backend {
     Fill(t, 0.0f);
     return t;
   }
-  // The operator `node` would have on options.device, made without the
-  // device (a GPU's come from the CUDA module; no GPU need be present), for a
-  // memory plan made without it (Executor::PlanWithoutDevice). It cannot be
-  // Setup. Unavailable where the CUDA module cannot be loaded, Unimplemented
-  // where this build has no such backend.
-  static StatusOr<std::unique_ptr<Operator>> CreateOperatorWithoutDevice(
-      const BackendOptions& options, const Node& node);
+  // The operators `graph`'s nodes would have on options.device (null for
+  // input nodes), made without the device (a GPU's come from the CUDA module;
+  // no GPU need be present), for a memory plan made without it
+  // (Executor::PlanWithoutDevice). They cannot be Setup. Unavailable where the
+  // CUDA module cannot be loaded, Unimplemented where this build has no such
+  // backend.
+  static StatusOr<std::vector<std::unique_ptr<Operator>>> CreateOperatorsWithoutDevice(
+      const BackendOptions& options, const Graph& graph);
   // Zeroed tensors of these shapes as views into one buffer, each at a
-  // 256-byte boundary: a block per tensor would round each large one up to
-  // the allocator's granule (2 MiB on a GPU: about 26 MB per copy of
+  // kTensorAlignFloats boundary: a block per tensor would round each large one
+  // up to the allocator's granule (2 MiB on a GPU: about 26 MB per copy of
   // ResNet-50's weights).
   std::vector<Tensor> ZerosPacked(const std::vector<Shape>& shapes);
   // Host memory (a Buffer of Device::Cpu(), 64-byte aligned) that this

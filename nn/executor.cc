@@ -16,12 +16,39 @@ struct Item {
   bool merged = false;  // folded into another item (in-place operators): not placed
 };
 
-// Each item's offset is a multiple of this many floats (256 bytes: what
-// cuDNN and oneDNN like their tensors aligned to).
-constexpr int64_t kAlignFloats = 64;
-
+// Each item's offset is a multiple of kTensorAlignFloats (nn/backend.h).
 int64_t Aligned(int64_t floats) {
-  return (floats + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+  return (floats + kTensorAlignFloats - 1) / kTensorAlignFloats * kTensorAlignFloats;
+}
+
+// What an executor needs to know of a graph before its operators exist: the
+// loss node and its label, and which nodes run backward (those on a path from
+// a parameter to the loss). InvalidArgument for a graph or batch it cannot run.
+struct GraphRoles {
+  NodeId softmax = kInvalidNode;
+  NodeId label = kInvalidNode;
+  std::vector<bool> needs_grad;
+};
+
+StatusOr<GraphRoles> RolesOf(const Graph& graph, const ExecutorOptions& options) {
+  if (!graph.status().ok()) return graph.status().WithContext("graph");
+  if (options.batch_size < 1) {
+    return Status::InvalidArgument(StrCat("batch size must be >= 1, got ", options.batch_size));
+  }
+  if (graph.nodes().empty()) return Status::InvalidArgument("graph has no nodes");
+  GraphRoles r;
+  for (const Node& n : graph.nodes()) {
+    if (n.op == OpType::kSoftmaxOutput) {
+      r.softmax = n.id;
+      r.label = n.inputs[1];
+    }
+  }
+  if (options.for_training && r.softmax == kInvalidNode) {
+    return Status::InvalidArgument("a training executor needs a SoftmaxOutput node");
+  }
+  r.needs_grad = options.for_training ? graph.NodesWithBackward()
+                                      : std::vector<bool>(graph.nodes().size(), false);
+  return r;
 }
 
 // Offsets into one arena, greedy by size: the largest item first takes the
@@ -293,42 +320,21 @@ Executor::~Executor() = default;
 
 StatusOr<std::unique_ptr<Executor>> Executor::Create(const Graph& graph,
                                                      const ExecutorOptions& options) {
-  if (!graph.status().ok()) return graph.status().WithContext("graph");
-  if (options.batch_size < 1) {
-    return Status::InvalidArgument(StrCat("batch size must be >= 1, got ", options.batch_size));
-  }
-  if (graph.nodes().empty()) return Status::InvalidArgument("graph has no nodes");
   std::unique_ptr<Executor> exec(new Executor(graph, options));
-  ASSIGN_OR_RETURN(exec->backend_, Backend::Create(options.backend));
   RETURN_IF_ERROR(exec->Init());
   return exec;
 }
 
 StatusOr<MemoryPlanFigures> Executor::PlanWithoutDevice(const Graph& graph,
                                                         const ExecutorOptions& options) {
-  if (!graph.status().ok()) return graph.status().WithContext("graph");
-  if (options.batch_size < 1) {
-    return Status::InvalidArgument(StrCat("batch size must be >= 1, got ", options.batch_size));
-  }
-  const std::vector<Node>& nodes = graph.nodes();
-  const int N = static_cast<int>(nodes.size());
-  NodeId softmax = kInvalidNode;
-  for (const Node& n : nodes) {
-    if (n.op == OpType::kSoftmaxOutput) softmax = n.id;
-  }
-  if (options.for_training && softmax == kInvalidNode) {
-    return Status::InvalidArgument("a training executor needs a SoftmaxOutput node");
-  }
-  const std::vector<bool> needs_grad =
-      options.for_training ? graph.NodesWithBackward() : std::vector<bool>(N, false);
-  std::vector<std::unique_ptr<Operator>> ops(N);
-  for (int i = 0; i < N; ++i) {
-    if (nodes[i].op == OpType::kInput) continue;
-    ASSIGN_OR_RETURN(ops[i], Backend::CreateOperatorWithoutDevice(options.backend, nodes[i]));
-  }
-  const std::vector<bool> in_place = InPlaceNodes(graph, options, ops, needs_grad, softmax);
-  ASSIGN_OR_RETURN(const Plan plan, MakePlan(graph, options, ops, needs_grad, in_place, softmax,
-                                             [](int, const OpShapes&) { return ScratchNeeds{}; }));
+  ASSIGN_OR_RETURN(const GraphRoles roles, RolesOf(graph, options));
+  ASSIGN_OR_RETURN(const std::vector<std::unique_ptr<Operator>> ops,
+                   Backend::CreateOperatorsWithoutDevice(options.backend, graph));
+  const std::vector<bool> in_place =
+      InPlaceNodes(graph, options, ops, roles.needs_grad, roles.softmax);
+  ASSIGN_OR_RETURN(const Plan plan,
+                   MakePlan(graph, options, ops, roles.needs_grad, in_place, roles.softmax,
+                            [](int, const OpShapes&) { return ScratchNeeds{}; }));
   return plan.figures;
 }
 
@@ -338,25 +344,18 @@ Status Executor::Init() {
   const int N = static_cast<int>(nodes.size());
   const int64_t batch = options_.batch_size;
   const bool train = options_.for_training;
+  // (The graph is checked before the device is set up.)
+  ASSIGN_OR_RETURN(const GraphRoles roles, RolesOf(graph_, options_));
+  ASSIGN_OR_RETURN(backend_, Backend::Create(options_.backend));
   node_mu_.reset(new Mutex[N]);
 
   Backend& be = *backend_;
   m.ctx.backend = &be;
   m.rng.seed(options_.seed);
   m.ctx.rng = &m.rng;
-  for (const Node& n : nodes) {
-    if (n.op == OpType::kSoftmaxOutput) {
-      m.softmax = n.id;
-      m.label = n.inputs[1];
-    }
-  }
-  if (train && m.softmax == kInvalidNode) {
-    return Status::InvalidArgument("a training executor needs a SoftmaxOutput node");
-  }
-
-  // Which nodes run backward: those on a path from a parameter to the loss.
-  const std::vector<bool> needs_grad =
-      train ? graph_.NodesWithBackward() : std::vector<bool>(N, false);
+  m.softmax = roles.softmax;
+  m.label = roles.label;
+  const std::vector<bool>& needs_grad = roles.needs_grad;
   m.runs_backward = needs_grad;
 
   // Operators (created before planning: they say what their backward reads).

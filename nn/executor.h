@@ -203,7 +203,7 @@ class Executor : public ModelParams {
 
   // The plan an executor for `graph` and `options` would make, from the
   // operators of options.backend.device made without the device
-  // (Backend::CreateOperatorWithoutDevice: a GPU's plan on a host without
+  // (Backend::CreateOperatorsWithoutDevice: a GPU's plan on a host without
   // one), and without the operators' scratch, which their kernels' choice on
   // the device decides (cuDNN's workspaces). Nothing is allocated.
   static StatusOr<MemoryPlanFigures> PlanWithoutDevice(const Graph& graph,
