@@ -304,34 +304,16 @@ class CudaPooling : public CudaOp {
   ~CudaPooling() override {
     if (pool_) cudnnDestroyPoolingDescriptor(pool_);
   }
-  // cuDNN's backward reads both (and the max kernel of ours does too).
+  // cuDNN's backward reads both (ours reads the recorded maxima instead).
   bool BackwardNeedsInputs() const override { return true; }
   bool BackwardNeedsOutput() const override { return true; }
+  bool CanAddToInputGradient(size_t i) const override { return true; }  // cuDNN's beta, ours
 
  protected:
   Status SetupCuda(const OpContext& ctx) override {
-    const PoolParam& p = node_.pool;
     const Shape& xs = t_.in[0].shape();
     const Shape& ys = t_.out.shape();
-    args_.NC = xs[0] * xs[1];
-    args_.H = xs[2];
-    args_.W = xs[3];
-    args_.OH = ys[2];
-    args_.OW = ys[3];
-    args_.is_max = p.type == PoolType::kMax;
-    if (p.global) {
-      args_.kernel_h = CheckedInt(xs[2], "H");
-      args_.kernel_w = CheckedInt(xs[3], "W");
-      args_.stride_h = args_.stride_w = 1;
-      args_.pad_h = args_.pad_w = 0;
-    } else {
-      args_.kernel_h = p.kernel_h;
-      args_.kernel_w = p.kernel_w;
-      args_.stride_h = p.stride_h;
-      args_.stride_w = p.stride_w;
-      args_.pad_h = p.pad_h;
-      args_.pad_w = p.pad_w;
-    }
+    args_ = cuda::PoolArgsOf(node_.pool, xs, ys);
     x_.Set(xs);
     y_.Set(ys);
     PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnCreatePoolingDescriptor(&pool_), Where());
@@ -348,6 +330,13 @@ class CudaPooling : public CudaOp {
     PSTRAIN_CUDNN_RETURN_IF_ERROR(
         cudnnGetPooling2dForwardOutputDim(pool_, x_.get(), &n, &c, &h, &w), Where());
     use_cudnn_ = h == args_.OH && w == args_.OW;
+    if (!use_cudnn_ && args_.is_max) {
+      if (args_.H * args_.W > INT32_MAX) {
+        return Status::InvalidArgument(
+            StrCat(Where(), ": a plane of ", args_.H, "x", args_.W, " exceeds 2^31 elements"));
+      }
+      argmax_ = be_->AllocateBytes(static_cast<size_t>(t_.out.num_elements()) * sizeof(int32_t));
+    }
     return Status::Ok();
   }
 
@@ -356,7 +345,7 @@ class CudaPooling : public CudaOp {
       PSTRAIN_CUDNN_CHECK(cudnnPoolingForward(cudnn(), pool_, &kOne, x_.get(), t_.in[0].data(),
                                               &kZero, y_.get(), t_.out.data()));
     } else {
-      cuda::PoolForward(args_, t_.in[0].data(), t_.out.data(), stream());
+      cuda::PoolForward(args_, t_.in[0].data(), t_.out.data(), Argmax(), stream());
     }
   }
 
@@ -365,18 +354,25 @@ class CudaPooling : public CudaOp {
     if (use_cudnn_) {
       PSTRAIN_CUDNN_CHECK(cudnnPoolingBackward(
           cudnn(), pool_, &kOne, y_.get(), t_.out.data(), y_.get(), t_.out_grad.data(), x_.get(),
-          t_.in[0].data(), &kZero, x_.get(), t_.in_grads[0].data()));
+          t_.in[0].data(), Beta(0), x_.get(), t_.in_grads[0].data()));
     } else {
-      cuda::PoolBackward(args_, t_.in[0].data(), t_.out.data(), t_.out_grad.data(),
-                         t_.in_grads[0].data(), stream());
+      cuda::PoolBackward(args_, Argmax(), t_.out_grad.data(), t_.in_grads[0].data(), AddsTo(0),
+                         stream());
     }
   }
 
  private:
+  int32_t* Argmax() const {
+    return argmax_ ? reinterpret_cast<int32_t*>(argmax_->data()) : nullptr;
+  }
+
   TensorDesc x_, y_;
   cudnnPoolingDescriptor_t pool_ = nullptr;
   cuda::PoolArgs args_{};
   bool use_cudnn_ = true;
+  // Our max pooling's record of each window's first maximum, from the forward
+  // to the backward (NC * OH * OW offsets within the plane).
+  std::shared_ptr<Buffer> argmax_;
 };
 
 // ------------------------------------------------------------ fully connected

@@ -115,73 +115,24 @@ __global__ void AddBiasKernel(const float* __restrict__ bias, float* __restrict_
   PSTRAIN_GRID_STRIDE_LOOP(i, N * M) { y[i] += bias[i % M]; }
 }
 
-// The reference's PoolWindow along one axis.
-struct Window {
-  int64_t start, end, padded_size;
-};
-__device__ __forceinline__ Window PoolWindow(int64_t o, int64_t stride, int64_t pad, int64_t kernel,
-                                             int64_t size) {
-  const int64_t start = o * stride - pad;
-  const int64_t end = start + kernel < size + pad ? start + kernel : size + pad;
-  return Window{start > 0 ? start : 0, end < size ? end : size, end - start};
-}
-
-__global__ void PoolForwardKernel(PoolArgs a, const float* __restrict__ x, float* __restrict__ y) {
-  PSTRAIN_GRID_STRIDE_LOOP(i, a.NC * a.OH * a.OW) {
-    const int64_t ow = i % a.OW, oh = (i / a.OW) % a.OH, nc = i / (a.OW * a.OH);
-    const Window wh = PoolWindow(oh, a.stride_h, a.pad_h, a.kernel_h, a.H);
-    const Window ww = PoolWindow(ow, a.stride_w, a.pad_w, a.kernel_w, a.W);
-    const float* plane = x + nc * a.H * a.W;
-    float acc = a.is_max ? -INFINITY : 0.0f;  // as the reference starts
-    for (int64_t h = wh.start; h < wh.end; ++h)
-      for (int64_t w = ww.start; w < ww.end; ++w) {
-        const float v = plane[h * a.W + w];
-        acc = a.is_max ? fmaxf(acc, v) : acc + v;
-      }
-    y[i] = a.is_max ? acc : acc / static_cast<float>(wh.padded_size * ww.padded_size);
+template <typename I>
+__global__ void PoolForwardKernel(PoolArgs a, const float* __restrict__ x, float* __restrict__ y,
+                                  int32_t* __restrict__ argmax, I n) {
+  for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<I>(blockDim.x) * gridDim.x) {
+    PoolForwardAt<I>(a, x, y, argmax, i);
   }
 }
 
 // One thread per input element gathers from the outputs whose windows hold
 // it (no atomics: the result does not depend on the schedule).
-__global__ void PoolBackwardKernel(PoolArgs a, const float* __restrict__ x,
-                                   const float* __restrict__ y, const float* __restrict__ dy,
-                                   float* __restrict__ dx) {
-  PSTRAIN_GRID_STRIDE_LOOP(i, a.NC * a.H * a.W) {
-    const int64_t w = i % a.W, h = (i / a.W) % a.H, nc = i / (a.W * a.H);
-    const float* plane = x + nc * a.H * a.W;
-    const int64_t lo_h = h + a.pad_h - a.kernel_h + 1, lo_w = w + a.pad_w - a.kernel_w + 1;
-    const int64_t oh0 = lo_h <= 0 ? 0 : (lo_h + a.stride_h - 1) / a.stride_h;
-    const int64_t ow0 = lo_w <= 0 ? 0 : (lo_w + a.stride_w - 1) / a.stride_w;
-    const int64_t oh1 = min(a.OH - 1, (h + a.pad_h) / a.stride_h);
-    const int64_t ow1 = min(a.OW - 1, (w + a.pad_w) / a.stride_w);
-    float acc = 0.0f;
-    for (int64_t oh = oh0; oh <= oh1; ++oh) {
-      const Window wh = PoolWindow(oh, a.stride_h, a.pad_h, a.kernel_h, a.H);
-      if (h < wh.start || h >= wh.end) continue;
-      for (int64_t ow = ow0; ow <= ow1; ++ow) {
-        const Window ww = PoolWindow(ow, a.stride_w, a.pad_w, a.kernel_w, a.W);
-        if (w < ww.start || w >= ww.end) continue;
-        const int64_t o = (nc * a.OH + oh) * a.OW + ow;
-        if (!a.is_max) {
-          acc += dy[o] / static_cast<float>(wh.padded_size * ww.padded_size);
-          continue;
-        }
-        // Is (h, w) this window's first maximum?
-        const float m = y[o];
-        bool first = false, done = false;
-        for (int64_t hh = wh.start; hh < wh.end && !done; ++hh)
-          for (int64_t xx = ww.start; xx < ww.end; ++xx) {
-            if (plane[hh * a.W + xx] == m) {
-              first = hh == h && xx == w;
-              done = true;
-              break;
-            }
-          }
-        if (first) acc += dy[o];
-      }
-    }
-    dx[i] = acc;
+template <typename I>
+__global__ void PoolBackwardKernel(PoolArgs a, const int32_t* __restrict__ argmax,
+                                   const float* __restrict__ dy, float* __restrict__ dx, bool add,
+                                   I n) {
+  for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<I>(blockDim.x) * gridDim.x) {
+    PoolBackwardAt<I>(a, argmax, dy, dx, add, i);
   }
 }
 
@@ -258,18 +209,31 @@ void AddBias(const float* bias, float* y, int64_t N, int64_t M, cudaStream_t str
   PSTRAIN_CUDA_CHECK_LAUNCH();
 }
 
-void PoolForward(const PoolArgs& a, const float* x, float* y, cudaStream_t stream) {
+void PoolForward(const PoolArgs& a, const float* x, float* y, int32_t* argmax,
+                 cudaStream_t stream) {
   const int64_t n = a.NC * a.OH * a.OW;
   if (n <= 0) return;
-  PoolForwardKernel<<<Blocks(n), kThreads, 0, stream>>>(a, x, y);
+  CHECK(!a.is_max || argmax != nullptr) << "max pooling records its maxima";
+  if (PoolFitsInt32(a)) {
+    PoolForwardKernel<int32_t>
+        <<<Blocks(n), kThreads, 0, stream>>>(a, x, y, argmax, static_cast<int32_t>(n));
+  } else {
+    PoolForwardKernel<int64_t><<<Blocks(n), kThreads, 0, stream>>>(a, x, y, argmax, n);
+  }
   PSTRAIN_CUDA_CHECK_LAUNCH();
 }
 
-void PoolBackward(const PoolArgs& a, const float* x, const float* y, const float* dy, float* dx,
+void PoolBackward(const PoolArgs& a, const int32_t* argmax, const float* dy, float* dx, bool add,
                   cudaStream_t stream) {
   const int64_t n = a.NC * a.H * a.W;
   if (n <= 0) return;
-  PoolBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(a, x, y, dy, dx);
+  CHECK(!a.is_max || argmax != nullptr) << "max pooling's backward reads the forward's maxima";
+  if (PoolFitsInt32(a)) {
+    PoolBackwardKernel<int32_t>
+        <<<Blocks(n), kThreads, 0, stream>>>(a, argmax, dy, dx, add, static_cast<int32_t>(n));
+  } else {
+    PoolBackwardKernel<int64_t><<<Blocks(n), kThreads, 0, stream>>>(a, argmax, dy, dx, add, n);
+  }
   PSTRAIN_CUDA_CHECK_LAUNCH();
 }
 

@@ -15,6 +15,8 @@
 
 #include <cstdint>
 
+#include "nn/cuda/pool_kernels.h"
+
 namespace pstrain::internal::cuda {
 
 // p[0, n) = value.
@@ -60,18 +62,13 @@ void BatchNormMovingStats(const float* saved_mean, const float* saved_invstd, fl
 // Fully connected: y (N, M) row-major += bias (M) on every row.
 void AddBias(const float* bias, float* y, int64_t N, int64_t M, cudaStream_t stream);
 
-// Pooling over NC planes of H x W into OH x OW with MXNet's windows (the
-// reference's PoolWindow): a window is clipped to the padded input (average
-// pooling divides by that size) and then to the input. Max backward routes
-// each output's gradient to the first maximum of its window (in row-major
-// order), as the reference does; dx is overwritten.
-struct PoolArgs {
-  int64_t NC, H, W, OH, OW;
-  int kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w;
-  bool is_max;
-};
-void PoolForward(const PoolArgs& a, const float* x, float* y, cudaStream_t stream);
-void PoolBackward(const PoolArgs& a, const float* x, const float* y, const float* dy, float* dx,
+// Pooling over NC planes of H x W into OH x OW with MXNet's windows
+// (nn/cuda/pool_kernels.h, which holds each element's arithmetic). Max
+// pooling's forward records each window's first maximum in argmax (NC * OH *
+// OW offsets within the plane), which its backward reads; average pooling
+// takes no argmax (null). The backward adds to dx when `add`, else writes it.
+void PoolForward(const PoolArgs& a, const float* x, float* y, int32_t* argmax, cudaStream_t stream);
+void PoolBackward(const PoolArgs& a, const int32_t* argmax, const float* dy, float* dx, bool add,
                   cudaStream_t stream);
 
 }  // namespace pstrain::internal::cuda

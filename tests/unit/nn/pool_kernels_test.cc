@@ -1,0 +1,152 @@
+// The CUDA pooling kernels' element functions (nn/cuda/pool_kernels.h) run on
+// the host against the CPU reference operator: every pooling op case, inputs
+// with ties, NaNs and -inf, both index widths, overwriting and adding to the
+// input gradient. The same functions are the kernels' bodies on a GPU, so
+// this checks their arithmetic on machines without one (the `gpu` tests check
+// the kernels themselves where a GPU is present).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "nn/cuda/pool_kernels.h"
+#include "tests/unit/nn/op_cases.h"
+#include "tests/unit/nn/op_harness.h"
+
+namespace pstrain::testing {
+namespace {
+
+using internal::cuda::PoolArgs;
+
+struct Pooled {
+  std::vector<float> y;
+  std::vector<int32_t> argmax;
+  std::vector<float> dx;
+};
+
+// The kernels' loops, one element at a time, with index type I.
+template <typename I>
+Pooled RunElementwise(const PoolArgs& a, const Tensor& x, const Tensor& dy,
+                      const std::vector<float>& dx_before, bool add) {
+  Pooled r;
+  const int64_t outs = a.NC * a.OH * a.OW, ins = a.NC * a.H * a.W;
+  r.y.assign(outs, 0.0f);
+  r.argmax.assign(outs, -2);
+  for (I i = 0; i < static_cast<I>(outs); ++i) {
+    internal::cuda::PoolForwardAt<I>(a, x.data(), r.y.data(), r.argmax.data(), i);
+  }
+  r.dx = dx_before;
+  for (I i = 0; i < static_cast<I>(ins); ++i) {
+    internal::cuda::PoolBackwardAt<I>(a, r.argmax.data(), dy.data(), r.dx.data(), add, i);
+  }
+  return r;
+}
+
+// NaN-aware equality: both NaN, or the same value.
+bool Same(float a, float b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
+
+// Runs one pooling graph through the reference and the element functions
+// (both widths), `edit` changing the reference's input first. Overwriting
+// must give the reference's bits (same operations in the same order); adding
+// sums the windows' parts before adding them, so within rounding.
+template <typename Edit>
+void CheckAgainstReference(const Graph& g, NodeId id, int batch, bool distinct, Edit edit) {
+  for (bool add : {false, true}) {
+    SCOPED_TRACE(add ? "adding to the input gradient" : "overwriting the input gradient");
+    OpHarness ref(g, id, CpuKernels::kReference, batch, /*seed=*/11, distinct, add);
+    OpTensors& t = ref.tensors();
+    edit(t.in[0]);
+    std::vector<float> before(t.in_grads[0].data(),
+                              t.in_grads[0].data() + t.in_grads[0].num_elements());
+    ref.Objective(/*is_train=*/true);
+    ref.Backward();
+    const PoolArgs a =
+        internal::cuda::PoolArgsOf(g.node(id).pool, t.in[0].shape(), t.out.shape());
+    ASSERT_TRUE(internal::cuda::PoolFitsInt32(a));
+    const Pooled p32 = RunElementwise<int32_t>(a, t.in[0], t.out_grad, before, add);
+    const Pooled p64 = RunElementwise<int64_t>(a, t.in[0], t.out_grad, before, add);
+    EXPECT_EQ(p32.argmax, p64.argmax);
+    for (int64_t i = 0; i < t.out.num_elements(); ++i) {
+      ASSERT_TRUE(Same(p32.y[i], t.out.at(i))) << "output " << i << ": " << p32.y[i] << " vs "
+                                               << t.out.at(i);
+      ASSERT_TRUE(Same(p64.y[i], p32.y[i])) << "output " << i;
+      if (a.is_max && p32.argmax[i] >= 0) {
+        // The recorded maximum is an element of the window holding the output.
+        const int64_t plane = i / (a.OH * a.OW);
+        EXPECT_TRUE(Same(t.in[0].at(plane * a.H * a.W + p32.argmax[i]), p32.y[i])) << i;
+      }
+    }
+    for (int64_t i = 0; i < t.in_grads[0].num_elements(); ++i) {
+      const float want = t.in_grads[0].at(i);
+      if (add) {
+        EXPECT_NEAR(p32.dx[i], want, 1e-6 * std::max(1.0f, std::fabs(want))) << "dx " << i;
+      } else {
+        ASSERT_EQ(p32.dx[i], want) << "dx " << i;
+      }
+      ASSERT_EQ(p64.dx[i], p32.dx[i]) << "dx " << i;
+    }
+  }
+}
+
+TEST(PoolKernelsTest, EveryPoolingCaseMatchesTheReference) {
+  int checked = 0;
+  for (const OpCase& c : AllOpCases()) {
+    Graph g;
+    const NodeId id = c.build(&g);
+    ASSERT_TRUE(g.status().ok()) << g.status();
+    if (g.node(id).op != OpType::kPooling) continue;
+    SCOPED_TRACE(c.name);
+    CheckAgainstReference(g, id, c.batch, c.distinct_inputs, [](const Tensor&) {});
+    ++checked;
+  }
+  EXPECT_GE(checked, 11);  // the op cases' pooling rows
+}
+
+// Ties (the first maximum in row-major order takes the gradient), NaNs
+// (skipped, as the reference's max skips them) and -inf (a window of only
+// -inf still routes its gradient to its first element).
+TEST(PoolKernelsTest, TiesNansAndInfinitiesAsTheReference) {
+  const float kNan = std::numeric_limits<float>::quiet_NaN();
+  const float kInf = std::numeric_limits<float>::infinity();
+  for (PoolConvention conv : {PoolConvention::kFull, PoolConvention::kValid}) {
+    for (int stride : {1, 2}) {
+      Graph g;
+      const NodeId id = g.Pooling(
+          "pool", g.Input("data", {3, 9, 7}),
+          PoolParam{PoolType::kMax, 3, 3, stride, stride, 0, 0, false, conv});
+      ASSERT_TRUE(g.status().ok()) << g.status();
+      SCOPED_TRACE(StrCat("stride ", stride, conv == PoolConvention::kFull ? ", full" : ""));
+      CheckAgainstReference(g, id, /*batch=*/2, /*distinct=*/false, [&](const Tensor& x) {
+        std::mt19937_64 rng(5);
+        std::uniform_int_distribution<int> pick(0, 9);
+        for (int64_t i = 0; i < x.num_elements(); ++i) {
+          const int k = pick(rng);
+          float v = std::round(x.at(i) * 2.0f) / 2.0f;  // five levels: many ties
+          if (k == 0) v = kNan;
+          if (k == 1) v = -kInf;
+          x.data()[i] = v;
+        }
+        // One plane of -inf only, and a window of NaNs only.
+        for (int64_t i = 0; i < 9 * 7; ++i) x.data()[i] = -kInf;
+        for (int64_t h = 0; h < 3; ++h)
+          for (int64_t w = 0; w < 3; ++w) x.data()[9 * 7 + h * 7 + w] = kNan;
+      });
+    }
+  }
+}
+
+TEST(PoolKernelsTest, IndexWidthFollowsTheTensors) {
+  PoolArgs a{};
+  a.NC = 256 * 80;
+  a.H = a.W = 28;
+  a.OH = a.OW = 14;
+  EXPECT_TRUE(internal::cuda::PoolFitsInt32(a));
+  a.NC = (int64_t{1} << 31) / (28 * 28) + 1;
+  EXPECT_FALSE(internal::cuda::PoolFitsInt32(a));
+}
+
+}  // namespace
+}  // namespace pstrain::testing
