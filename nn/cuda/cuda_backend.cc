@@ -322,6 +322,7 @@ void CudaBackend::CopyPeer(Backend& from, const Tensor& src, const Tensor& dst) 
   CHECK(!from.device().is_cpu()) << "CopyPeer from the CPU to " << device().ToString();
   CHECK_EQ(src.num_elements(), dst.num_elements());
   CudaBackend& peer = static_cast<CudaBackend&>(from);
+  EnablePeerAccess(peer.ordinal_);
   // The source is complete in the peer's stream order: this stream waits for
   // the peer's work so far, then copies.
   PSTRAIN_CUDA_CHECK(cudaSetDevice(peer.ordinal_));
@@ -330,6 +331,35 @@ void CudaBackend::CopyPeer(Backend& from, const Tensor& src, const Tensor& dst) 
   PSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(stream_, peer.peer_event_, 0));
   PSTRAIN_CUDA_CHECK(
       cudaMemcpyPeerAsync(dst.data(), ordinal_, src.data(), peer.ordinal_, dst.bytes(), stream_));
+}
+
+void CudaBackend::EnablePeerAccess(int peer) {
+  if (peer == ordinal_) return;  // the same GPU listed twice
+  {
+    MutexLock lock(&peers_mu_);
+    if (!peers_seen_.insert(peer).second) return;
+  }
+  int there = 0, back = 0;
+  PSTRAIN_CUDA_CHECK(cudaDeviceCanAccessPeer(&there, ordinal_, peer));
+  PSTRAIN_CUDA_CHECK(cudaDeviceCanAccessPeer(&back, peer, ordinal_));
+  if (!there || !back) {
+    LOG(INFO) << name_ << " and GPU " << peer
+              << " cannot access each other's memory: copies between them pass through the host";
+    return;
+  }
+  // Access is the process's (per pair and direction): another backend on the
+  // same GPUs may have enabled it already.
+  for (const auto& [from, to] : {std::pair{ordinal_, peer}, std::pair{peer, ordinal_}}) {
+    PSTRAIN_CUDA_CHECK(cudaSetDevice(from));
+    const cudaError_t e = cudaDeviceEnablePeerAccess(to, 0);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky: cleared, so no later check sees it
+      LOG_IF(WARNING, e != cudaErrorPeerAccessAlreadyEnabled)
+          << "GPU " << from << " cannot map GPU " << to << "'s memory (" << cudaGetErrorName(e)
+          << ": " << cudaGetErrorString(e) << "): copies between them pass through the host";
+    }
+  }
+  SetDevice();
 }
 
 void CudaBackend::Fill(const Tensor& t, float value) {

@@ -25,8 +25,10 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 
+#include "common/mutex.h"
 #include "nn/backend.h"
 #include "nn/caching_allocator.h"
 #include "nn/operator.h"
@@ -94,6 +96,10 @@ class CudaBackend : public Backend {
   explicit CudaBackend(const BackendOptions& options);
   Status Init();
   void SetDevice() const;
+  // Lets this GPU and GPU `peer` read each other's memory where the pair
+  // allows it (NVLink, PCIe peer-to-peer), the first time they copy:
+  // without it cudaMemcpyPeerAsync stages every copy through host memory.
+  void EnablePeerAccess(int peer);
 
   // A pinned host buffer and a device buffer that a host copy passes through.
   struct Staging {
@@ -126,6 +132,8 @@ class CudaBackend : public Backend {
   int next_slot_ = 0;
   float* download_ = nullptr;  // pinned, kStagingBytes, for CopyToHost
   std::map<std::string, ConvAlgos> conv_algos_;
+  Mutex peers_mu_;  // CopyPeer may run on several merge threads
+  std::set<int> peers_seen_ GUARDED_BY(peers_mu_);
 };
 
 // The operator for `node` on the CUDA backend (nn/cuda/cuda_ops.cc).
