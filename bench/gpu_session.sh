@@ -9,7 +9,8 @@
 # PHASE:
 #   tests    the `gpu` test binaries (the cluster test needs MNIST: DATA)
 #   step     bench/gpu_vs_pytorch.sh, 3 rounds, then nn_step_bench --profile
-#            (device time per layer) of ResNet-50 at batch 32 and
+#            (device time per layer) and torch_step_bench.py --profile (device
+#            time per operator and kernel) of ResNet-50 at batch 32 and
 #            inception-bn-28-small at batch 256, the two rows slower than PyTorch
 #   merge    bench/gpu_merge_bench.sh (lenet and resnet)
 #   seed001 RUNS EPOCHS SECONDS   bench/gpu_seed001.sh (needs the CIFAR-10 JPEG set: DATA)
@@ -44,11 +45,20 @@ case $phase in
     ;;
   step)
     NN_STEP_BENCH=$bin/nn_step_bench bash bench/gpu_vs_pytorch.sh "$bin" 3 2>&1 | tee "$out/step.md"
-    "$bin/nn_step_bench" --gpus 0 --network resnet --num-layers 50 --image-shape 3,224,224 \
-      --num-classes 1000 --batch 32 --steps 10 --profile >"$out/profile_resnet50.md" 2>&1
-    "$bin/nn_step_bench" --gpus 0 --network inception-bn-28-small --image-shape 3,28,28 \
-      --num-classes 10 --batch 256 --steps 10 --profile >"$out/profile_incept256.md" 2>&1
+    # Device time per layer (pstrain) and per operator and kernel (PyTorch's
+    # profiler) of the two slow rows, side by side.
+    resnet=(--network resnet --num-layers 50 --image-shape "3,224,224" --num-classes 1000 --batch 32)
+    incept=(--network inception-bn-28-small --image-shape "3,28,28" --num-classes 10 --batch 256)
+    "$bin/nn_step_bench" --gpus 0 "${resnet[@]}" --steps 10 --profile \
+      >"$out/profile_resnet50.md" 2>&1
+    "$bin/nn_step_bench" --gpus 0 "${incept[@]}" --steps 10 --profile \
+      >"$out/profile_incept256.md" 2>&1
+    "${PYTHON:-python3}" bench/torch_step_bench.py --device cuda "${resnet[@]}" --steps 20 \
+      --profile 5 >"$out/torch_profile_resnet50.md" 2>&1
+    "${PYTHON:-python3}" bench/torch_step_bench.py --device cuda "${incept[@]}" --steps 20 \
+      --profile 5 >"$out/torch_profile_incept256.md" 2>&1
     tail -n 30 "$out"/profile_*.md
+    tail -n 45 "$out"/torch_profile_*.md
     ;;
   merge)
     bash bench/gpu_merge_bench.sh "$bin/pstrain" "lenet resnet" 2>&1 | tee "$out/merge.md"

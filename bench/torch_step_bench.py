@@ -6,7 +6,11 @@ nn_step_bench, and on a GPU the peak memory PyTorch allocated.
 
   python3 bench/torch_step_bench.py [--network lenet] [--batch 128] [--steps 50]
       [--threads 2] [--device cpu|cuda] [--image-shape 1,28,28] [--num-classes 10]
-      [--num-layers 0] [--channels-last] [--check-params N]
+      [--num-layers 0] [--channels-last] [--check-params N] [--profile N]
+
+--profile N: after the timed steps, N more steps under torch.profiler, and
+the operators' and the kernels' self time per step (device time on a GPU),
+to set beside nn_step_bench --profile's layers.
 """
 import argparse
 import os
@@ -35,6 +39,8 @@ def main():
                     help="keep activations and weights in channels_last (NHWC) memory format")
     ap.add_argument("--check-params", type=int, default=-1,
                     help="exit 1 unless the model has this many parameters")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="profile N more steps: time per operator and per kernel")
     a = ap.parse_args()
     torch.manual_seed(1)
     torch.set_num_threads(a.threads)
@@ -87,7 +93,41 @@ def main():
     if cuda:
         print("peak memory allocated by PyTorch: %.2f MB (reserved %.2f MB)"
               % (torch.cuda.max_memory_allocated() / 1e6, torch.cuda.max_memory_reserved() / 1e6))
+    if a.profile > 0:
+        profile(step, a.profile, cuda)
     return 0
+
+
+def profile(step, steps, cuda):
+    """Self time per operator and, on a GPU, per kernel, in ms per step."""
+    from torch.profiler import ProfilerActivity
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+
+    def self_time(e):  # microseconds; PyTorch 2.4 renamed cuda to device
+        if not cuda:
+            return e.self_cpu_time_total
+        return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+
+    rows = sorted((e for e in events if self_time(e) > 0), key=self_time, reverse=True)
+    ops = [e for e in rows if e.key.startswith("aten::") or e.key.startswith("cudnn")]
+    total = sum(self_time(e) for e in rows if not e.key.startswith("aten::"))
+    what = "device" if cuda else "CPU"
+    print("\n| operator | calls per step | self %s ms per step |\n|---|---:|---:|" % what)
+    for e in ops[:25]:
+        print("| %s | %.1f | %.3f |" % (e.key, e.count / steps, self_time(e) / 1e3 / steps))
+    if cuda:
+        # Kernels (and copies) are the events that are not aten operators.
+        print("\n| kernel | launches per step | ms per step |\n|---|---:|---:|")
+        for e in [e for e in rows if not e.key.startswith("aten::")][:30]:
+            print("| %s | %.1f | %.3f |" % (e.key[:110], e.count / steps,
+                                            self_time(e) / 1e3 / steps))
+        print("\nkernels and copies: %.2f ms of device time per step" % (total / 1e3 / steps))
 
 
 if __name__ == "__main__":
