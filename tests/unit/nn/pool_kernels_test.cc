@@ -4,6 +4,8 @@
 // input gradient. The same functions are the kernels' bodies on a GPU, so
 // this checks their arithmetic on machines without one (the `gpu` tests check
 // the kernels themselves where a GPU is present).
+#include "nn/cuda/pool_kernels.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,7 +14,6 @@
 #include <random>
 #include <vector>
 
-#include "nn/cuda/pool_kernels.h"
 #include "tests/unit/nn/op_cases.h"
 #include "tests/unit/nn/op_harness.h"
 
@@ -63,15 +64,14 @@ void CheckAgainstReference(const Graph& g, NodeId id, int batch, bool distinct, 
                               t.in_grads[0].data() + t.in_grads[0].num_elements());
     ref.Objective(/*is_train=*/true);
     ref.Backward();
-    const PoolArgs a =
-        internal::cuda::PoolArgsOf(g.node(id).pool, t.in[0].shape(), t.out.shape());
+    const PoolArgs a = internal::cuda::PoolArgsOf(g.node(id).pool, t.in[0].shape(), t.out.shape());
     ASSERT_TRUE(internal::cuda::PoolFitsInt32(a));
     const Pooled p32 = RunElementwise<int32_t>(a, t.in[0], t.out_grad, before, add);
     const Pooled p64 = RunElementwise<int64_t>(a, t.in[0], t.out_grad, before, add);
     EXPECT_EQ(p32.argmax, p64.argmax);
     for (int64_t i = 0; i < t.out.num_elements(); ++i) {
-      ASSERT_TRUE(Same(p32.y[i], t.out.at(i))) << "output " << i << ": " << p32.y[i] << " vs "
-                                               << t.out.at(i);
+      ASSERT_TRUE(Same(p32.y[i], t.out.at(i)))
+          << "output " << i << ": " << p32.y[i] << " vs " << t.out.at(i);
       ASSERT_TRUE(Same(p64.y[i], p32.y[i])) << "output " << i;
       if (a.is_max && p32.argmax[i] >= 0) {
         // The recorded maximum is an element of the window holding the output.
@@ -114,9 +114,9 @@ TEST(PoolKernelsTest, TiesNansAndInfinitiesAsTheReference) {
   for (PoolConvention conv : {PoolConvention::kFull, PoolConvention::kValid}) {
     for (int stride : {1, 2}) {
       Graph g;
-      const NodeId id = g.Pooling(
-          "pool", g.Input("data", {3, 9, 7}),
-          PoolParam{PoolType::kMax, 3, 3, stride, stride, 0, 0, false, conv});
+      const NodeId id =
+          g.Pooling("pool", g.Input("data", {3, 9, 7}),
+                    PoolParam{PoolType::kMax, 3, 3, stride, stride, 0, 0, false, conv});
       ASSERT_TRUE(g.status().ok()) << g.status();
       SCOPED_TRACE(StrCat("stride ", stride, conv == PoolConvention::kFull ? ", full" : ""));
       CheckAgainstReference(g, id, /*batch=*/2, /*distinct=*/false, [&](const Tensor& x) {
