@@ -35,13 +35,22 @@
 
 namespace pstrain::internal {
 
-// The algorithms cuDNN found fastest for one convolution shape, and the
-// workspace each needs (cached per backend: equal layers search once).
+// One direction of a convolution as cuDNN's search chose it: the algorithm,
+// the math it was timed under (the search lists an algorithm once per math
+// type the descriptor allows; the descriptor is set to this one before each
+// call) and the workspace it needs under that math.
+template <typename Algo>
+struct ConvChoice {
+  Algo algo{};
+  cudnnMathType_t math = CUDNN_FMA_MATH;
+  size_t bytes = 0;
+};
+// The three directions for one convolution shape (cached per backend: equal
+// layers search once).
 struct ConvAlgos {
-  cudnnConvolutionFwdAlgo_t fwd;
-  cudnnConvolutionBwdDataAlgo_t bwd_data;
-  cudnnConvolutionBwdFilterAlgo_t bwd_filter;
-  size_t fwd_bytes = 0, bwd_data_bytes = 0, bwd_filter_bytes = 0;
+  ConvChoice<cudnnConvolutionFwdAlgo_t> fwd;
+  ConvChoice<cudnnConvolutionBwdDataAlgo_t> bwd_data;
+  ConvChoice<cudnnConvolutionBwdFilterAlgo_t> bwd_filter;
 };
 
 class CudaBackend : public Backend {

@@ -38,13 +38,18 @@ Nchw ToNchw(const Shape& s) {
   return {CheckedInt(n, "N"), CheckedInt(s.num_elements() / std::max<int64_t>(n, 1), "C"), 1, 1};
 }
 
+// Made at the first Set (planning or setup), so that an operator made
+// without a device (Executor::PlanWithoutDevice) calls nothing in cuDNN.
 class TensorDesc {
  public:
-  TensorDesc() { PSTRAIN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d_)); }
-  ~TensorDesc() { cudnnDestroyTensorDescriptor(d_); }
+  TensorDesc() = default;
+  ~TensorDesc() {
+    if (d_) cudnnDestroyTensorDescriptor(d_);
+  }
   TensorDesc(const TensorDesc&) = delete;
   TensorDesc& operator=(const TensorDesc&) = delete;
   void Set(const Nchw& s) {
+    if (!d_) PSTRAIN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d_));
     PSTRAIN_CUDNN_CHECK(
         cudnnSetTensor4dDescriptor(d_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s.n, s.c, s.h, s.w));
   }
@@ -122,8 +127,7 @@ class CudnnConvolution : public CudaOp {
         Where());
     PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionGroupCount(conv_, p.num_group), Where());
     const bool tf32 = be_->options().gpu_tf32;
-    PSTRAIN_CUDNN_RETURN_IF_ERROR(
-        cudnnSetConvolutionMathType(conv_, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH), Where());
+    PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(conv_, SearchMath()), Where());
     int n, c, h, wd;
     PSTRAIN_CUDNN_RETURN_IF_ERROR(
         cudnnGetConvolution2dForwardOutputDim(conv_, x_.get(), filter_, &n, &c, &h, &wd), Where());
@@ -148,17 +152,18 @@ class CudnnConvolution : public CudaOp {
     }
     algos_ = it->second;
     ScratchNeeds needs;
-    needs.forward_bytes = algos_.fwd_bytes;
-    if (has_bwd_filter_) needs.backward_bytes = algos_.bwd_filter_bytes;
-    if (has_bwd_data_) needs.backward_bytes = std::max(needs.backward_bytes, algos_.bwd_data_bytes);
+    needs.forward_bytes = algos_.fwd.bytes;
+    if (has_bwd_filter_) needs.backward_bytes = algos_.bwd_filter.bytes;
+    if (has_bwd_data_) needs.backward_bytes = std::max(needs.backward_bytes, algos_.bwd_data.bytes);
     return needs;
   }
 
   void DoForward(const OpContext& ctx) override {
-    PSTRAIN_CUDNN_CHECK(
-        cudnnConvolutionForward(cudnn(), &kOne, x_.get(), t_.in[0].data(), filter_,
-                                t_.params[0].data(), conv_, algos_.fwd, Scratch(t_.scratch_forward),
-                                ScratchBytes(t_.scratch_forward), &kZero, y_.get(), t_.out.data()));
+    PSTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, algos_.fwd.math));
+    PSTRAIN_CUDNN_CHECK(cudnnConvolutionForward(
+        cudnn(), &kOne, x_.get(), t_.in[0].data(), filter_, t_.params[0].data(), conv_,
+        algos_.fwd.algo, Scratch(t_.scratch_forward), ScratchBytes(t_.scratch_forward), &kZero,
+        y_.get(), t_.out.data()));
     if (!node_.conv.no_bias) {
       PSTRAIN_CUDNN_CHECK(cudnnAddTensor(cudnn(), &kOne, bias_.get(), t_.params[1].data(), &kOne,
                                          y_.get(), t_.out.data()));
@@ -169,18 +174,20 @@ class CudnnConvolution : public CudaOp {
     if (!has_bwd_filter_) return;
     void* ws = Scratch(t_.scratch_backward);
     const size_t ws_bytes = ScratchBytes(t_.scratch_backward);
+    PSTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, algos_.bwd_filter.math));
     PSTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
         cudnn(), &kOne, x_.get(), t_.in[0].data(), y_.get(), t_.out_grad.data(), conv_,
-        algos_.bwd_filter, ws, ws_bytes, &kZero, filter_, t_.param_grads[0].data()));
+        algos_.bwd_filter.algo, ws, ws_bytes, &kZero, filter_, t_.param_grads[0].data()));
     if (!node_.conv.no_bias) {
       PSTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardBias(cudnn(), &kOne, y_.get(), t_.out_grad.data(),
                                                        &kZero, bias_.get(),
                                                        t_.param_grads[1].data()));
     }
     if (has_bwd_data_) {
+      PSTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, algos_.bwd_data.math));
       PSTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardData(
           cudnn(), &kOne, filter_, t_.params[0].data(), y_.get(), t_.out_grad.data(), conv_,
-          algos_.bwd_data, ws, ws_bytes, Beta(0), x_.get(), t_.in_grads[0].data()));
+          algos_.bwd_data.algo, ws, ws_bytes, Beta(0), x_.get(), t_.in_grads[0].data()));
     }
   }
 
@@ -237,7 +244,11 @@ class CudnnConvolution : public CudaOp {
                                         cudnn(), x_.get(), x.p, filter_, w.p, conv_, y_.get(), y.p,
                                         CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf, ws.p, limit),
                                     StrCat(Where(), ": searching forward algorithms"));
-      RETURN_IF_ERROR(Pick(perf, got, limit, "forward", &out->fwd, &out->fwd_bytes));
+      RETURN_IF_ERROR(Pick(perf, got, limit, "forward", &out->fwd));
+      RETURN_IF_ERROR(CoverWorkspace("forward", &out->fwd, [&](size_t* need) {
+        return cudnnGetConvolutionForwardWorkspaceSize(cudnn(), x_.get(), filter_, conv_, y_.get(),
+                                                       out->fwd.algo, need);
+      }));
     }
     if (!has_bwd_filter_) return Status::Ok();  // inference: no backward
     {
@@ -247,8 +258,11 @@ class CudnnConvolution : public CudaOp {
               cudnn(), x_.get(), x.p, y_.get(), y.p, conv_, filter_, dw.p,
               CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf, ws.p, limit),
           StrCat(Where(), ": searching backward-filter algorithms"));
-      RETURN_IF_ERROR(
-          Pick(perf, got, limit, "backward filter", &out->bwd_filter, &out->bwd_filter_bytes));
+      RETURN_IF_ERROR(Pick(perf, got, limit, "backward filter", &out->bwd_filter));
+      RETURN_IF_ERROR(CoverWorkspace("backward filter", &out->bwd_filter, [&](size_t* need) {
+        return cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn(), x_.get(), y_.get(), conv_,
+                                                              filter_, out->bwd_filter.algo, need);
+      }));
     }
     if (has_bwd_data_) {
       cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
@@ -257,10 +271,45 @@ class CudnnConvolution : public CudaOp {
               cudnn(), filter_, w.p, y_.get(), y.p, conv_, x_.get(), x.p,
               CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf, ws.p, limit),
           StrCat(Where(), ": searching backward-data algorithms"));
-      RETURN_IF_ERROR(
-          Pick(perf, got, limit, "backward data", &out->bwd_data, &out->bwd_data_bytes));
+      RETURN_IF_ERROR(Pick(perf, got, limit, "backward data", &out->bwd_data));
+      RETURN_IF_ERROR(CoverWorkspace("backward data", &out->bwd_data, [&](size_t* need) {
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn(), filter_, y_.get(), conv_,
+                                                            x_.get(), out->bwd_data.algo, need);
+      }));
     }
     return Status::Ok();
+  }
+
+  // Whether a search result may run: never with a conversion to half
+  // precision, and with tensor-op math (TF32 for float data) only where TF32
+  // is allowed.
+  bool MathAllowed(cudnnMathType_t math) const {
+    if (math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
+    return be_->options().gpu_tf32 || math != CUDNN_TENSOR_OP_MATH;
+  }
+  // The math a result runs under: its own with TF32 allowed, else FMA (the
+  // search's, which keeps tensor cores out).
+  cudnnMathType_t RunMath(cudnnMathType_t found) const {
+    return be_->options().gpu_tf32 ? found : CUDNN_FMA_MATH;
+  }
+
+  // The choice's workspace: the larger of the search's figure and cuDNN's
+  // size query (`query(&bytes)`) for the algorithm under the math it will run
+  // with, so the planned scratch covers the kernel that runs. The descriptor
+  // is back at the search's math afterwards.
+  template <typename Algo, typename Query>
+  Status CoverWorkspace(const char* which, ConvChoice<Algo>* c, Query query) {
+    PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(conv_, c->math), Where());
+    size_t need = 0;
+    const cudnnStatus_t status = query(&need);
+    PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(conv_, SearchMath()), Where());
+    PSTRAIN_CUDNN_RETURN_IF_ERROR(
+        status, StrCat(Where(), ": the workspace of the chosen ", which, " algorithm"));
+    c->bytes = std::max(c->bytes, need);
+    return Status::Ok();
+  }
+  cudnnMathType_t SearchMath() const {
+    return be_->options().gpu_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
   }
 
   // The fastest algorithm within the limit, unless one at most 3% slower
@@ -269,11 +318,13 @@ class CudnnConvolution : public CudaOp {
   // at batch 512 held about 150 MB of workspace against 53 MB of planned
   // activations while it was one buffer outside the plan).
   template <typename Perf, typename Algo>
-  Status Pick(const Perf* perf, int got, size_t limit, const char* which, Algo* algo,
-              size_t* bytes) {
+  Status Pick(const Perf* perf, int got, size_t limit, const char* which, ConvChoice<Algo>* c) {
     int fastest = -1, best = -1;
     for (int i = 0; i < got; ++i) {  // sorted fastest first
-      if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > limit) continue;
+      if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > limit ||
+          !MathAllowed(perf[i].mathType)) {
+        continue;
+      }
       if (fastest < 0) {
         fastest = best = i;
       } else if (perf[i].time <= perf[fastest].time * 1.03f && perf[i].memory < perf[best].memory) {
@@ -284,8 +335,9 @@ class CudnnConvolution : public CudaOp {
       return Status::Unavailable(StrCat(Where(), ": no cuDNN ", which, " algorithm runs within ",
                                         limit, " bytes of workspace"));
     }
-    *algo = perf[best].algo;
-    *bytes = perf[best].memory;
+    c->algo = perf[best].algo;
+    c->math = RunMath(perf[best].mathType);
+    c->bytes = perf[best].memory;
     return Status::Ok();
   }
 
