@@ -66,10 +66,12 @@ inline PoolArgs PoolArgsOf(const PoolParam& p, const Shape& xs, const Shape& ys)
 }
 #endif
 
-// Whether every element index of the input and the output fits 32 bits.
+// Whether 32-bit indices serve: every element index of the input and the
+// output, plus a grid-stride step (the kernels' grids stay under 2^28
+// threads), stays below 2^31.
 inline bool PoolFitsInt32(const PoolArgs& a) {
   const int64_t plane = a.H * a.W > a.OH * a.OW ? a.H * a.W : a.OH * a.OW;
-  return a.NC * plane <= INT32_MAX;
+  return a.NC * plane <= (int64_t{1} << 30);
 }
 
 // Window [start, end) of output position o along one axis (the reference's

@@ -144,7 +144,8 @@ TEST(PoolKernelsTest, IndexWidthFollowsTheTensors) {
   a.H = a.W = 28;
   a.OH = a.OW = 14;
   EXPECT_TRUE(internal::cuda::PoolFitsInt32(a));
-  a.NC = (int64_t{1} << 31) / (28 * 28) + 1;
+  // Headroom for a grid-stride step past the last element.
+  a.NC = (int64_t{1} << 30) / (28 * 28) + 1;
   EXPECT_FALSE(internal::cuda::PoolFitsInt32(a));
 }
 
