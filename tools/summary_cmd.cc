@@ -84,8 +84,9 @@ int PrintPlannedMemory(const Graph& graph, const TrainingDevices& devices, const
     plans.push_back(*plan);
   }
   std::printf(
-      "training step at batch %d, planned without a GPU (%s); cuDNN's workspaces come on top where "
-      "they do not fit the plan's gaps:\n",
+      "training step at batch %d, planned without a GPU (%s); the operators' scratch (cuDNN's "
+      "workspaces, a batch norm's unwanted data gradient) comes on top where it does not fit the "
+      "plan's gaps:\n",
       FLAGS_batch_size, why.c_str());
   const double params =
       static_cast<double>(2 * graph.NumParams() + graph.NumAuxElements()) * sizeof(float);

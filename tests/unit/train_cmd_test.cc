@@ -78,7 +78,7 @@ TEST(SummaryCmdTest, GpuMemoryOnAMachineWithoutThatGpu) {
     EXPECT_NE(out.find("gpu(63)"), std::string::npos) << out;
   } else if (PSTRAIN_TEST_WITH_CUDA) {
     EXPECT_EQ(status, 0) << out;
-    EXPECT_NE(out.find("planned without a GPU (" + why + "); cuDNN's workspaces"),
+    EXPECT_NE(out.find("planned without a GPU (" + why + "); the operators' scratch"),
               std::string::npos)
         << out;
     // Two halves of 32 examples, each LeNet's plan at 32.
