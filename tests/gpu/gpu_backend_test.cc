@@ -368,6 +368,49 @@ INSTANTIATE_TEST_SUITE_P(Models, GpuModelTest,
                            return s;
                          });
 
+// TF32 convolutions (the default, as PyTorch's): each direction runs under
+// the math its search result was timed with, in the workspace planned for
+// it. A training step agrees with full float within TF32's rounding (a
+// 10-bit mantissa in the products).
+TEST(GpuTrainingTest, Tf32StepFollowsFullFloat) {
+  SKIP_WITHOUT_GPU();
+  for (const char* model : {"resnet", "inception-bn-28-small"}) {
+    SCOPED_TRACE(model);
+    StatusOr<Graph> g = BuildModel(SmallModel(model));
+    ASSERT_OK(g.status());
+    constexpr int kBatch = 4;
+    BackendOptions tf32 = Gpu();
+    tf32.gpu_tf32 = true;
+    std::unique_ptr<Executor> e[2] = {MakeExecutor(*g, tf32, kBatch),
+                                      MakeExecutor(*g, Gpu(), kBatch)};
+    std::vector<float> data(static_cast<size_t>(e[1]->data().num_elements()));
+    std::mt19937_64 rng(9);
+    std::uniform_real_distribution<float> u(0, 1);
+    for (float& x : data) x = u(rng);
+    const std::vector<float> label = {0, 1, 2, 3};
+    for (auto& ex : e) {
+      ASSERT_OK(ex->LoadData(data.data(), data.size()));
+      ASSERT_OK(ex->LoadLabel(label.data(), label.size()));
+      ex->Forward(true);
+      ex->Backward();
+    }
+    EXPECT_NEAR(e[0]->Loss(), e[1]->Loss(), 1e-2 * std::max(1.0f, std::fabs(e[1]->Loss())));
+    for (int p = 0; p < e[0]->num_params(); ++p) {
+      std::vector<float> grad[2];
+      for (int k = 0; k < 2; ++k) {
+        grad[k].resize(static_cast<size_t>(e[k]->param(p).num_elements()));
+        ASSERT_OK(e[k]->ReadGrad(p, grad[k].data(), grad[k].size()));
+      }
+      double diff = 0, mag = 1e-3;
+      for (size_t i = 0; i < grad[0].size(); ++i) {
+        diff = std::max(diff, double(std::fabs(grad[0][i] - grad[1][i])));
+        mag = std::max(mag, double(std::fabs(grad[1][i])));
+      }
+      EXPECT_LT(diff / mag, 5e-2) << g->params()[p].name;
+    }
+  }
+}
+
 // Ten classes of fixed random patterns plus noise: LeNet with momentum SGD,
 // the same batches on both devices. The GPU's loss curve must follow the
 // CPU's, and the caching allocator must make no device allocation after the
