@@ -250,9 +250,11 @@ StatusOr<Plan> MakePlan(const Graph& graph, const ExecutorOptions& options,
     if (n.op == OpType::kInput) continue;
     OpShapes shapes;
     const bool backward = train && needs_grad[i];
-    for (NodeId in : n.inputs) {
+    for (size_t j = 0; j < n.inputs.size(); ++j) {
+      const NodeId in = n.inputs[j];
       shapes.in.push_back(nodes[in].out_shape.WithBatch(batch));
       shapes.in_grads.push_back(backward && needs_grad[in]);
+      shapes.in_grad_add.push_back(backward && j < edge_adds[i].size() && edge_adds[i][j]);
     }
     shapes.out = n.out_shape.WithBatch(batch);
     for (int p : n.params) shapes.params.push_back(graph.params()[p].shape);

@@ -11,6 +11,7 @@ OpShapes OpShapes::Of(const OpTensors& t) {
   s.param_grads = !t.param_grads.empty();
   for (size_t i = 0; i < t.in.size(); ++i) {
     s.in_grads.push_back(i < t.in_grads.size() && t.in_grads[i].defined());
+    s.in_grad_add.push_back(i < t.in_grad_add.size() && t.in_grad_add[i]);
   }
   return s;
 }
@@ -18,7 +19,8 @@ OpShapes OpShapes::Of(const OpTensors& t) {
 std::string OpShapes::ToString() const {
   std::string r = "in";
   for (size_t i = 0; i < in.size(); ++i) {
-    r += StrCat(" ", in[i].ToString(), i < in_grads.size() && in_grads[i] ? "+grad" : "");
+    r += StrCat(" ", in[i].ToString(), i < in_grads.size() && in_grads[i] ? "+grad" : "",
+                i < in_grad_add.size() && in_grad_add[i] ? " (added to)" : "");
   }
   r += StrCat(", out ", out.ToString(), out_grad ? "+grad" : "", ", params");
   for (const Shape& p : params) r += StrCat(" ", p.ToString(), param_grads ? "+grad" : "");

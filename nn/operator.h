@@ -63,9 +63,11 @@ struct OpShapes {
   bool out_grad = false;       // out_grad is bound
   bool param_grads = false;    // param_grads are bound
   std::vector<bool> in_grads;  // per input: its gradient is bound
+  // Per input: Backward adds to its gradient (OpTensors::in_grad_add).
+  std::vector<bool> in_grad_add;
   bool operator==(const OpShapes& o) const {
     return in == o.in && out == o.out && params == o.params && out_grad == o.out_grad &&
-           param_grads == o.param_grads && in_grads == o.in_grads;
+           param_grads == o.param_grads && in_grads == o.in_grads && in_grad_add == o.in_grad_add;
   }
   // The shapes of a binding.
   static OpShapes Of(const OpTensors& t);
