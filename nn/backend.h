@@ -69,6 +69,11 @@ struct BackendOptions {
   // float accumulation), as PyTorch does by default; false keeps them in full
   // float (the tests comparing with the CPU reference turn it off).
   bool gpu_tf32 = true;
+  // Time the execution plans of cuDNN's graph API (its heuristics' engines,
+  // as PyTorch's convolutions use them) beside the legacy algorithms, and run
+  // each convolution direction with the faster (nn/cuda/cudnn_graph.h). Off
+  // until measured on a GPU: the legacy search alone decides then.
+  bool gpu_conv_graph = false;
 };
 
 // Bytes of device memory this backend holds for tensors.

@@ -176,7 +176,14 @@ CudaBackend& CudaBackend::Of(const OpContext& ctx) {
 }
 
 std::string CudaBackend::Describe() const {
-  return StrCat("cuda ", device().ToString(), " (", name_, "; cuDNN ", cudnnGetVersion(), ")");
+  std::string graph;
+  if (options_.gpu_conv_graph) {
+    const int* n = conv_searches_;
+    graph = StrCat("; convolution directions on cuDNN graph engines: ", n[1], " of ",
+                   n[0] + n[1] + n[2], " searched, ", n[2], " the graph API could not build");
+  }
+  return StrCat("cuda ", device().ToString(), " (", name_, "; cuDNN ", cudnnGetVersion(), graph,
+                ")");
 }
 
 std::shared_ptr<Buffer> CudaBackend::AllocateBytes(size_t bytes) {

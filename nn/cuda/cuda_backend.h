@@ -31,6 +31,7 @@
 #include "common/mutex.h"
 #include "nn/backend.h"
 #include "nn/caching_allocator.h"
+#include "nn/cuda/cudnn_graph.h"
 #include "nn/operator.h"
 
 namespace pstrain::internal {
@@ -39,11 +40,15 @@ namespace pstrain::internal {
 // the math it was timed under (the search lists an algorithm once per math
 // type the descriptor allows; the descriptor is set to this one before each
 // call) and the workspace it needs under that math.
+// With BackendOptions::gpu_conv_graph, `graph` holds the graph API's plan
+// when it timed faster than the legacy algorithm (then algo and math are
+// unused and bytes is the plan's workspace).
 template <typename Algo>
 struct ConvChoice {
   Algo algo{};
   cudnnMathType_t math = CUDNN_FMA_MATH;
   size_t bytes = 0;
+  std::shared_ptr<GraphConvolution> graph;
 };
 // The three directions for one convolution shape (cached per backend: equal
 // layers search once).
@@ -100,6 +105,11 @@ class CudaBackend : public Backend {
   std::shared_ptr<Buffer> AllocateBytes(size_t bytes);
   // The cache of convolution algorithms, keyed by the shape's text.
   std::map<std::string, ConvAlgos>& conv_algos() { return conv_algos_; }
+  // A convolution direction searched with the graph API beside the legacy
+  // algorithms: which won, or that the graph API could not build it
+  // (Describe reports the counts).
+  enum class ConvSearch { kLegacyFaster, kGraphFaster, kGraphUnavailable };
+  void CountConvSearch(ConvSearch outcome) { ++conv_searches_[static_cast<int>(outcome)]; }
 
  private:
   explicit CudaBackend(const BackendOptions& options);
@@ -141,7 +151,8 @@ class CudaBackend : public Backend {
   int next_slot_ = 0;
   float* download_ = nullptr;  // pinned, kStagingBytes, for CopyToHost
   std::map<std::string, ConvAlgos> conv_algos_;
-  Mutex peers_mu_;  // CopyPeer may run on several merge threads
+  int conv_searches_[3] = {0, 0, 0};  // CountConvSearch, by outcome (the executor's thread)
+  Mutex peers_mu_;                    // CopyPeer may run on several merge threads
   std::set<int> peers_seen_ GUARDED_BY(peers_mu_);
 };
 

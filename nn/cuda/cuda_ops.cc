@@ -139,10 +139,12 @@ class CudnnConvolution : public CudaOp {
     if (!p.no_bias) bias_.Set(Nchw{1, y.c, 1, 1});
     has_bwd_filter_ = shapes_.param_grads && shapes_.out_grad;
     has_bwd_data_ = has_bwd_filter_ && shapes_.in_grads[0];
+    // (A graph plan has its beta built in: adding and writing are two plans.)
+    adds_ = has_bwd_data_ && !shapes_.in_grad_add.empty() && shapes_.in_grad_add[0];
     const std::string key =
         StrCat(xs.ToString(), "*", shapes_.params[0].ToString(), "/", p.stride_h, ",", p.stride_w,
                "/", p.pad_h, ",", p.pad_w, "/g", p.num_group, tf32 ? "/tf32" : "/fp32", "/b",
-               has_bwd_filter_ + has_bwd_data_);
+               has_bwd_filter_ + has_bwd_data_, adds_ ? "/add" : "");
     auto& cache = be_->conv_algos();
     auto it = cache.find(key);
     if (it == cache.end()) {
@@ -158,12 +160,36 @@ class CudnnConvolution : public CudaOp {
     return needs;
   }
 
+  // The graph plans' variant packs on the bound tensors.
+  Status SetupCuda(const OpContext& ctx) override {
+    if (algos_.fwd.graph) {
+      ASSIGN_OR_RETURN(fwd_pack_,
+                       algos_.fwd.graph->Bind(t_.in[0].data(), t_.params[0].data(), t_.out.data(),
+                                              Scratch(t_.scratch_forward)));
+    }
+    if (has_bwd_filter_ && algos_.bwd_filter.graph) {
+      ASSIGN_OR_RETURN(bwd_filter_pack_, algos_.bwd_filter.graph->Bind(
+                                             t_.in[0].data(), t_.param_grads[0].data(),
+                                             t_.out_grad.data(), Scratch(t_.scratch_backward)));
+    }
+    if (has_bwd_data_ && algos_.bwd_data.graph) {
+      ASSIGN_OR_RETURN(bwd_data_pack_, algos_.bwd_data.graph->Bind(
+                                           t_.in_grads[0].data(), t_.params[0].data(),
+                                           t_.out_grad.data(), Scratch(t_.scratch_backward)));
+    }
+    return Status::Ok();
+  }
+
   void DoForward(const OpContext& ctx) override {
-    PSTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, algos_.fwd.math));
-    PSTRAIN_CUDNN_CHECK(cudnnConvolutionForward(
-        cudnn(), &kOne, x_.get(), t_.in[0].data(), filter_, t_.params[0].data(), conv_,
-        algos_.fwd.algo, Scratch(t_.scratch_forward), ScratchBytes(t_.scratch_forward), &kZero,
-        y_.get(), t_.out.data()));
+    if (algos_.fwd.graph) {
+      CHECK_OK(algos_.fwd.graph->Execute(fwd_pack_));
+    } else {
+      PSTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, algos_.fwd.math));
+      PSTRAIN_CUDNN_CHECK(cudnnConvolutionForward(
+          cudnn(), &kOne, x_.get(), t_.in[0].data(), filter_, t_.params[0].data(), conv_,
+          algos_.fwd.algo, Scratch(t_.scratch_forward), ScratchBytes(t_.scratch_forward), &kZero,
+          y_.get(), t_.out.data()));
+    }
     if (!node_.conv.no_bias) {
       PSTRAIN_CUDNN_CHECK(cudnnAddTensor(cudnn(), &kOne, bias_.get(), t_.params[1].data(), &kOne,
                                          y_.get(), t_.out.data()));
@@ -174,16 +200,22 @@ class CudnnConvolution : public CudaOp {
     if (!has_bwd_filter_) return;
     void* ws = Scratch(t_.scratch_backward);
     const size_t ws_bytes = ScratchBytes(t_.scratch_backward);
-    PSTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, algos_.bwd_filter.math));
-    PSTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
-        cudnn(), &kOne, x_.get(), t_.in[0].data(), y_.get(), t_.out_grad.data(), conv_,
-        algos_.bwd_filter.algo, ws, ws_bytes, &kZero, filter_, t_.param_grads[0].data()));
+    if (algos_.bwd_filter.graph) {
+      CHECK_OK(algos_.bwd_filter.graph->Execute(bwd_filter_pack_));
+    } else {
+      PSTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, algos_.bwd_filter.math));
+      PSTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+          cudnn(), &kOne, x_.get(), t_.in[0].data(), y_.get(), t_.out_grad.data(), conv_,
+          algos_.bwd_filter.algo, ws, ws_bytes, &kZero, filter_, t_.param_grads[0].data()));
+    }
     if (!node_.conv.no_bias) {
       PSTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardBias(cudnn(), &kOne, y_.get(), t_.out_grad.data(),
                                                        &kZero, bias_.get(),
                                                        t_.param_grads[1].data()));
     }
-    if (has_bwd_data_) {
+    if (has_bwd_data_ && algos_.bwd_data.graph) {
+      CHECK_OK(algos_.bwd_data.graph->Execute(bwd_data_pack_));  // its beta is Beta(0)'s
+    } else if (has_bwd_data_) {
       PSTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, algos_.bwd_data.math));
       PSTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardData(
           cudnn(), &kOne, filter_, t_.params[0].data(), y_.get(), t_.out_grad.data(), conv_,
@@ -249,6 +281,11 @@ class CudnnConvolution : public CudaOp {
         return cudnnGetConvolutionForwardWorkspaceSize(cudnn(), x_.get(), filter_, conv_, y_.get(),
                                                        out->fwd.algo, need);
       }));
+      RETURN_IF_ERROR(
+          RaceGraph(ConvDirection::kForward, 0.0f, x.p, w.p, y.p, ws.p, limit, &out->fwd, [&] {
+            return cudnnConvolutionForward(cudnn(), &kOne, x_.get(), x.p, filter_, w.p, conv_,
+                                           out->fwd.algo, ws.p, limit, &kZero, y_.get(), y.p);
+          }));
     }
     if (!has_bwd_filter_) return Status::Ok();  // inference: no backward
     {
@@ -263,6 +300,12 @@ class CudnnConvolution : public CudaOp {
         return cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn(), x_.get(), y_.get(), conv_,
                                                               filter_, out->bwd_filter.algo, need);
       }));
+      RETURN_IF_ERROR(RaceGraph(
+          ConvDirection::kBackwardFilter, 0.0f, x.p, dw.p, y.p, ws.p, limit, &out->bwd_filter, [&] {
+            return cudnnConvolutionBackwardFilter(cudnn(), &kOne, x_.get(), x.p, y_.get(), y.p,
+                                                  conv_, out->bwd_filter.algo, ws.p, limit, &kZero,
+                                                  filter_, dw.p);
+          }));
     }
     if (has_bwd_data_) {
       cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
@@ -276,8 +319,106 @@ class CudnnConvolution : public CudaOp {
         return cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn(), filter_, y_.get(), conv_,
                                                             x_.get(), out->bwd_data.algo, need);
       }));
+      const float* beta = adds_ ? &kOne : &kZero;
+      RETURN_IF_ERROR(RaceGraph(
+          ConvDirection::kBackwardData, *beta, x.p, w.p, y.p, ws.p, limit, &out->bwd_data, [&] {
+            return cudnnConvolutionBackwardData(cudnn(), &kOne, filter_, w.p, y_.get(), y.p, conv_,
+                                                out->bwd_data.algo, ws.p, limit, beta, x_.get(),
+                                                x.p);
+          }));
     }
     return Status::Ok();
+  }
+
+  // With BackendOptions::gpu_conv_graph: the graph API's plans for this
+  // direction (nn/cuda/cudnn_graph.h), timed on the search buffers against
+  // the legacy choice `c` (run by `legacy`, a cuDNN call under c's math); the
+  // fastest wins. A direction the graph API cannot build keeps the legacy
+  // algorithm, with a warning naming why.
+  template <typename Algo, typename Legacy>
+  Status RaceGraph(ConvDirection direction, float beta, void* x, void* w, void* y, void* ws,
+                   size_t limit, ConvChoice<Algo>* c, Legacy legacy) {
+    if (!be_->options().gpu_conv_graph) return Status::Ok();
+    const Nchw xs = ToNchw(shapes_.in[0]), wsh = ToNchw(shapes_.params[0]),
+               ys = ToNchw(shapes_.out);
+    const ConvParam& p = node_.conv;
+    const ConvGeometry g{{xs.n, xs.c, xs.h, xs.w},
+                         {wsh.n, wsh.c, wsh.h, wsh.w},
+                         {ys.n, ys.c, ys.h, ys.w},
+                         {p.pad_h, p.pad_w},
+                         {p.stride_h, p.stride_w}};
+    auto made = GraphConvolution::Create(cudnn(), direction, g, beta);
+    Status listed = made.status();
+    if (listed.ok()) listed = (*made)->ListPlans(be_->options().gpu_tf32, limit, kGraphPlans);
+    if (listed.ok() && (*made)->num_plans() == 0) {
+      listed = Status::NotFound(StrCat("no engine of cuDNN's heuristics builds the ",
+                                       ConvDirectionName(direction), " pass within ", limit,
+                                       " bytes of workspace"));
+    }
+    if (!listed.ok()) {
+      LOG(WARNING) << Where() << ": " << listed << "; the legacy algorithm runs";
+      be_->CountConvSearch(CudaBackend::ConvSearch::kGraphUnavailable);
+      return Status::Ok();
+    }
+    GraphConvolution& graph = **made;
+    StatusOr<float> legacy_ms = TimeMs([&] {
+      PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(conv_, c->math), Where());
+      const cudnnStatus_t s = legacy();
+      PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(conv_, SearchMath()), Where());
+      PSTRAIN_CUDNN_RETURN_IF_ERROR(
+          s, StrCat(Where(), ": the legacy ", ConvDirectionName(direction), " algorithm"));
+      return Status::Ok();
+    });
+    RETURN_IF_ERROR(legacy_ms.status());
+    int best = -1;
+    float best_ms = *legacy_ms;
+    for (int i = 0; i < graph.num_plans(); ++i) {
+      StatusOr<float> ms = TimeMs([&] { return graph.Run(i, x, w, y, ws); });
+      if (!ms.ok()) {
+        VLOG(1) << Where() << ": " << ms.status();
+        continue;
+      }
+      if (*ms < best_ms) {
+        best = i;
+        best_ms = *ms;
+      }
+    }
+    be_->CountConvSearch(best >= 0 ? CudaBackend::ConvSearch::kGraphFaster
+                                   : CudaBackend::ConvSearch::kLegacyFaster);
+    if (best < 0) return Status::Ok();
+    graph.Choose(best);
+    VLOG(1) << Where() << " " << ConvDirectionName(direction) << ": " << graph.chosen_name() << " ("
+            << best_ms << " ms) over legacy algorithm " << c->algo << " (" << *legacy_ms << " ms)";
+    c->bytes = graph.chosen_workspace_bytes();
+    c->graph = std::shared_ptr<GraphConvolution>(std::move(made).value());
+    return Status::Ok();
+  }
+
+  // Device time of `run` on the compute stream: the median of three timed
+  // runs after an untimed one, in milliseconds.
+  template <typename Run>
+  StatusOr<float> TimeMs(Run run) {
+    struct Events {
+      cudaEvent_t start = nullptr, stop = nullptr;
+      ~Events() {
+        if (start) cudaEventDestroy(start);
+        if (stop) cudaEventDestroy(stop);
+      }
+    } ev;
+    PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreate(&ev.start), "cudaEventCreate");
+    PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreate(&ev.stop), "cudaEventCreate");
+    RETURN_IF_ERROR(run());
+    float ms[3];
+    for (float& m : ms) {
+      PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.start, stream()), "cudaEventRecord");
+      RETURN_IF_ERROR(run());
+      PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.stop, stream()), "cudaEventRecord");
+      PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(ev.stop), "cudaEventSynchronize");
+      PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&m, ev.start, ev.stop),
+                                   "cudaEventElapsedTime");
+    }
+    std::sort(ms, ms + 3);
+    return ms[1];
   }
 
   // Whether a search result may run: never with a conversion to half
@@ -344,8 +485,12 @@ class CudnnConvolution : public CudaOp {
   TensorDesc x_, y_, bias_;
   cudnnFilterDescriptor_t filter_ = nullptr;
   cudnnConvolutionDescriptor_t conv_ = nullptr;
+  static constexpr int kGraphPlans = 8;  // timed per direction, in the heuristics' order
+
   ConvAlgos algos_{};
   bool has_bwd_filter_ = false, has_bwd_data_ = false;
+  bool adds_ = false;  // the backward data adds to the input's gradient
+  BackendDescriptor fwd_pack_, bwd_filter_pack_, bwd_data_pack_;  // graph plans' (SetupCuda)
 };
 
 // -------------------------------------------------------------------- pooling

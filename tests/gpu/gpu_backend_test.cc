@@ -112,6 +112,38 @@ TEST_P(GpuOpTest, AddsToInputGradientsAsTheReferenceDoes) {
   }
 }
 
+// Convolutions through cuDNN's graph API where its engines time faster
+// (BackendOptions::gpu_conv_graph; each direction races the legacy
+// algorithm): the same results as the reference, written and added to.
+TEST_P(GpuOpTest, GraphEngineConvolutionsMatchTheReference) {
+  SKIP_WITHOUT_GPU();
+  const OpCase c = AllOpCases()[GetParam()];
+  Graph g;
+  NodeId id = c.build(&g);
+  ASSERT_TRUE(g.status().ok()) << g.status();
+  if (g.node(id).op != OpType::kConvolution) GTEST_SKIP() << "not a convolution";
+  BackendOptions graph = Gpu();
+  graph.gpu_conv_graph = true;
+  for (bool add : {false, true}) {
+    SCOPED_TRACE(add ? "adding to the input gradient" : "writing the input gradient");
+    OpHarness gpu(g, id, graph, c.batch, /*seed=*/7, c.distinct_inputs, add);
+    OpHarness ref(g, id, CpuKernels::kReference, c.batch, /*seed=*/7, c.distinct_inputs, add);
+    for (OpHarness* h : {&gpu, &ref}) {
+      h->Objective(/*is_train=*/true);
+      h->Backward();
+    }
+    OpTensors& d = gpu.tensors();
+    OpTensors& r = ref.tensors();
+    EXPECT_LT(RelMaxDiff(d.out, r.out), kTol) << "output";
+    EXPECT_LT(RelMaxDiff(d.in_grads[0], r.in_grads[0]), kTol) << "input gradient";
+    for (size_t i = 0; i < d.param_grads.size(); ++i) {
+      EXPECT_LT(RelMaxDiff(d.param_grads[i], r.param_grads[i]), kTol) << "param gradient " << i;
+    }
+    const std::string described = gpu.backend().Describe();
+    EXPECT_NE(described.find(" 0 the graph API could not build"), std::string::npos) << described;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllOps, GpuOpTest,
                          ::testing::Range(0, static_cast<int>(AllOpCases().size())),
                          [](const ::testing::TestParamInfo<int>& info) {
@@ -408,6 +440,49 @@ TEST(GpuTrainingTest, Tf32StepFollowsFullFloat) {
       }
       EXPECT_LT(diff / mag, 5e-2) << g->params()[p].name;
     }
+  }
+}
+
+// ResNet-20's step with cuDNN's graph engines racing the legacy algorithms
+// (BackendOptions::gpu_conv_graph, full float): every direction's
+// graph was built, and the step agrees with the legacy-only one.
+TEST(GpuTrainingTest, GraphEngineSearchBuildsEveryDirection) {
+  SKIP_WITHOUT_GPU();
+  StatusOr<Graph> g = BuildModel(SmallModel("resnet"));
+  ASSERT_OK(g.status());
+  constexpr int kBatch = 8;
+  BackendOptions legacy = Gpu(), graph = Gpu();
+  graph.gpu_conv_graph = true;
+  std::unique_ptr<Executor> e[2] = {MakeExecutor(*g, graph, kBatch),
+                                    MakeExecutor(*g, legacy, kBatch)};
+  const std::string described = e[0]->backend().Describe();
+  std::printf("%s\n", described.c_str());
+  EXPECT_NE(described.find(" 0 the graph API could not build"), std::string::npos) << described;
+  std::vector<float> data(static_cast<size_t>(e[1]->data().num_elements()));
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<float> u(0, 1);
+  for (float& x : data) x = u(rng);
+  std::vector<float> label(kBatch);
+  for (int n = 0; n < kBatch; ++n) label[n] = static_cast<float>(n % 10);
+  for (auto& ex : e) {
+    ASSERT_OK(ex->LoadData(data.data(), data.size()));
+    ASSERT_OK(ex->LoadLabel(label.data(), label.size()));
+    ex->Forward(true);
+    ex->Backward();
+  }
+  EXPECT_NEAR(e[0]->Loss(), e[1]->Loss(), 1e-4);
+  for (int p = 0; p < e[0]->num_params(); ++p) {
+    std::vector<float> grad[2];
+    for (int k = 0; k < 2; ++k) {
+      grad[k].resize(static_cast<size_t>(e[k]->param(p).num_elements()));
+      ASSERT_OK(e[k]->ReadGrad(p, grad[k].data(), grad[k].size()));
+    }
+    double diff = 0, mag = 1e-3;
+    for (size_t i = 0; i < grad[0].size(); ++i) {
+      diff = std::max(diff, double(std::fabs(grad[0][i] - grad[1][i])));
+      mag = std::max(mag, double(std::fabs(grad[1][i])));
+    }
+    EXPECT_LT(diff / mag, 1e-3) << g->params()[p].name;
   }
 }
 
