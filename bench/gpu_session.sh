@@ -11,7 +11,9 @@
 #   step     bench/gpu_vs_pytorch.sh, 3 rounds, then nn_step_bench --profile
 #            (device time per layer) and torch_step_bench.py --profile (device
 #            time per operator and kernel) of ResNet-50 at batch 32 and
-#            inception-bn-28-small at batch 256, the two rows slower than PyTorch
+#            inception-bn-28-small at batch 256, the two rows slower than PyTorch,
+#            and those two rows with --conv-graph (cuDNN's graph engines) against
+#            without
 #   merge    bench/gpu_merge_bench.sh (lenet and resnet)
 #   seed001 RUNS EPOCHS SECONDS   bench/gpu_seed001.sh (needs the CIFAR-10 JPEG set: DATA)
 # DATA: the data folder (../shared/data by default; mnist/, cifar10_jpeg/).
@@ -57,6 +59,20 @@ case $phase in
       --profile 5 >"$out/torch_profile_resnet50.md" 2>&1
     "${PYTHON:-python3}" bench/torch_step_bench.py --device cuda "${incept[@]}" --steps 20 \
       --profile 5 >"$out/torch_profile_incept256.md" 2>&1
+    # cuDNN's graph-API engines racing the legacy algorithms (--conv-graph),
+    # beside the legacy search alone, interleaved.
+    for r in 1 2; do
+      for rows in resnet incept; do
+        declare -n row=$rows
+        for flag in "" --conv-graph; do
+          echo "round $r: $rows ${flag:-legacy}"
+          # shellcheck disable=SC2086
+          "$bin/nn_step_bench" --gpus 0 "${row[@]}" --steps 30 $flag 2>&1 |
+            grep -E '^\| [a-z]|^on cuda'
+        done
+        unset -n row
+      done
+    done | tee "$out/conv_graph.md"
     tail -n 30 "$out"/profile_*.md
     tail -n 45 "$out"/torch_profile_*.md
     ;;
