@@ -160,6 +160,7 @@ CudaBackend::~CudaBackend() {
   if (timing_stop_ != nullptr) cudaEventDestroy(timing_stop_);
   if (download_stream_ != nullptr) cudaStreamDestroy(download_stream_);
   if (cublas_ != nullptr) cublasDestroy(cublas_);
+  conv_algos_.clear();  // graph plans made with the cuDNN handle go first
   if (cudnn_ != nullptr) cudnnDestroy(cudnn_);
   if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);

@@ -1,5 +1,7 @@
 #include "nn/cuda/cudnn_graph.h"
 
+#include <glog/logging.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -8,9 +10,9 @@
 namespace pstrain::internal {
 namespace {
 
-// The graph and the plan still take the handle (cuDNN 9 marks those two
-// attributes deprecated in favour of device properties, but honours them;
-// cuDNN's own frontend sets them too).
+// The graph and the plan take the handle where cuDNN still wants it (9.x
+// marks both attributes deprecated, optional since 9.8; its frontend still
+// sets the graph's): the graph's is set, the plan's tried.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 constexpr cudnnBackendAttributeName_t kGraphHandle = CUDNN_ATTR_OPERATIONGRAPH_HANDLE;
@@ -178,11 +180,22 @@ StatusOr<std::unique_ptr<GraphConvolution>> GraphConvolution::Create(cudnnHandle
 }
 
 Status GraphConvolution::ListPlans(bool tf32, size_t workspace_limit, int max_plans) {
-  const std::string& where = where_;
   plans_.clear();
+  RETURN_IF_ERROR(AddPlans(CUDNN_HEUR_MODE_A, tf32, workspace_limit, max_plans));
+  // Mode A may propose few engines once the tensor-core ones are left out;
+  // the fallback list adds some (its failure matters only with none).
+  if (num_plans() < max_plans) {
+    const Status fallback = AddPlans(CUDNN_HEUR_MODE_FALLBACK, tf32, workspace_limit, max_plans);
+    if (!fallback.ok() && num_plans() == 0) return fallback;
+  }
+  return Status::Ok();
+}
+
+Status GraphConvolution::AddPlans(cudnnBackendHeurMode_t mode, bool tf32, size_t workspace_limit,
+                                  int max_plans) {
+  const std::string& where = where_;
   ASSIGN_OR_RETURN(BackendDescriptor heur,
                    BackendDescriptor::Create(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR));
-  const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
   PSTRAIN_GRAPH_TRY(SetDescriptor(heur.get(), CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph_),
                     "heuristics graph");
   PSTRAIN_GRAPH_TRY(cudnnBackendSetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_MODE,
@@ -231,19 +244,29 @@ Status GraphConvolution::ListPlans(bool tf32, size_t workspace_limit, int max_pl
                  notes[n] != CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION &&
                  (tf32 || notes[n] != CUDNN_NUMERICAL_NOTE_TENSOR_CORE);
     }
+    // Engines compiled at run time (NVRTC) cost a compile per plan: left out.
+    cudnnBackendBehaviorNote_t behavior[CUDNN_BEHAVIOR_NOTE_TYPE_COUNT];
+    int64_t num_behavior = 0;
+    if (cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE,
+                                 CUDNN_BEHAVIOR_NOTE_TYPE_COUNT, &num_behavior,
+                                 behavior) == CUDNN_STATUS_SUCCESS) {
+      for (int64_t n = 0; n < num_behavior; ++n) {
+        allowed &= behavior[n] != CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION;
+      }
+    }
     if (!allowed) continue;
     int64_t index = -1;
     (void)cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &one,
                                    &index);
 
     Plan p;
-    p.name = StrCat("engine ", index);
+    p.name = StrCat("engine ", index, mode == CUDNN_HEUR_MODE_FALLBACK ? " (fallback)" : "", " #",
+                    plans_.size());
     auto plan = BackendDescriptor::Create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
     if (!plan.ok()) return plan.status();
     p.plan = std::move(plan).value();
     cudnnBackendDescriptor_t d = p.plan.get();
-    PSTRAIN_GRAPH_TRY(cudnnBackendSetAttribute(d, kPlanHandle, CUDNN_TYPE_HANDLE, 1, &handle_),
-                      "plan handle");
+    (void)cudnnBackendSetAttribute(d, kPlanHandle, CUDNN_TYPE_HANDLE, 1, &handle_);  // optional
     PSTRAIN_GRAPH_TRY(SetDescriptor(d, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs[k]),
                       "plan configuration");
     // An engine the heuristics list may still not build for these shapes
@@ -261,8 +284,9 @@ Status GraphConvolution::ListPlans(bool tf32, size_t workspace_limit, int max_pl
   return Status::Ok();
 }
 
-StatusOr<BackendDescriptor> GraphConvolution::Pack(const Plan& p, void* x, void* w, void* y,
+StatusOr<BackendDescriptor> GraphConvolution::Bind(int i, void* x, void* w, void* y,
                                                    void* workspace) const {
+  CHECK(i >= 0 && i < num_plans()) << where_ << ": no plan " << i;
   const std::string& where = where_;
   ASSIGN_OR_RETURN(BackendDescriptor pack,
                    BackendDescriptor::Create(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR));
@@ -280,9 +304,8 @@ StatusOr<BackendDescriptor> GraphConvolution::Pack(const Plan& p, void* x, void*
   return pack;
 }
 
-Status GraphConvolution::Run(int i, void* x, void* w, void* y, void* workspace) const {
+Status GraphConvolution::Execute(int i, const BackendDescriptor& pack) const {
   const Plan& p = plans_.at(static_cast<size_t>(i));
-  ASSIGN_OR_RETURN(BackendDescriptor pack, Pack(p, x, w, y, workspace));
   const std::string& where = where_;
   PSTRAIN_GRAPH_TRY(cudnnBackendExecute(handle_, p.plan.get(), pack.get()),
                     StrCat("running ", p.name));
@@ -293,18 +316,6 @@ void GraphConvolution::Choose(int i) {
   Plan chosen = std::move(plans_.at(static_cast<size_t>(i)));
   plans_.clear();
   plans_.push_back(std::move(chosen));
-}
-
-StatusOr<BackendDescriptor> GraphConvolution::Bind(void* x, void* w, void* y,
-                                                   void* workspace) const {
-  return Pack(plans_.at(0), x, w, y, workspace);
-}
-
-Status GraphConvolution::Execute(const BackendDescriptor& pack) const {
-  const std::string& where = where_;
-  PSTRAIN_GRAPH_TRY(cudnnBackendExecute(handle_, plans_.at(0).plan.get(), pack.get()),
-                    StrCat("running ", plans_.at(0).name));
-  return Status::Ok();
 }
 
 #undef PSTRAIN_GRAPH_TRY

@@ -63,31 +63,30 @@ class GraphConvolution {
                                                             const ConvGeometry& g, float beta);
   ~GraphConvolution();
 
-  // The execution plans of the heuristics' engine configurations (cuDNN's
-  // order, at most `max_plans`) that finalize on this device and need at
-  // most `workspace_limit` bytes of workspace; engines that convert the
-  // inputs to a narrower type or reduce in reduced precision are left out,
-  // and tensor-core engines (TF32 for float data) unless `tf32`. Replaces
-  // any earlier list; an empty list is not an error.
+  // The execution plans of the engine configurations cuDNN's heuristics
+  // propose (mode A's in its order, then the fallback list's while fewer
+  // than `max_plans`) that finalize on this device and need at most
+  // `workspace_limit` bytes of workspace; engines that convert the inputs
+  // to a narrower type, reduce in reduced precision or compile at run time
+  // are left out, and tensor-core engines (TF32 for float data) unless
+  // `tf32`. Replaces any earlier list; an empty list is not an error.
   Status ListPlans(bool tf32, size_t workspace_limit, int max_plans);
   int num_plans() const { return static_cast<int>(plans_.size()); }
   size_t workspace_bytes(int i) const { return plans_[i].workspace; }
   // A short name of plan i (cuDNN's engine index), for logs.
   const std::string& plan_name(int i) const { return plans_[i].name; }
 
-  // Runs plan i once on the stream of `handle` (enqueued, not waited for).
-  Status Run(int i, void* x, void* w, void* y, void* workspace) const;
+  // A variant pack for plan i on fixed pointers (the search's buffers, or
+  // an operator's bound tensors), so that each call builds nothing.
+  StatusOr<BackendDescriptor> Bind(int i, void* x, void* w, void* y, void* workspace) const;
+  // Enqueues plan i with a pack that Bind made for it, on the stream of
+  // `handle` (not waited for).
+  Status Execute(int i, const BackendDescriptor& pack) const;
 
-  // Keeps plan i only (the others are freed); then Bind and Execute use it.
+  // Keeps plan i only, as plan 0 (the others are freed).
   void Choose(int i);
   size_t chosen_workspace_bytes() const { return plans_.at(0).workspace; }
   const std::string& chosen_name() const { return plans_.at(0).name; }
-
-  // A variant pack for the chosen plan on fixed pointers (an operator's bound
-  // tensors), so that each step's call builds nothing.
-  StatusOr<BackendDescriptor> Bind(void* x, void* w, void* y, void* workspace) const;
-  // Enqueues the chosen plan with a pack from Bind.
-  Status Execute(const BackendDescriptor& pack) const;
 
  private:
   struct Plan {
@@ -97,7 +96,8 @@ class GraphConvolution {
   };
   GraphConvolution(cudnnHandle_t handle, ConvDirection direction)
       : handle_(handle), direction_(direction) {}
-  StatusOr<BackendDescriptor> Pack(const Plan& p, void* x, void* w, void* y, void* workspace) const;
+  // Appends the usable plans of one heuristics mode's configurations.
+  Status AddPlans(cudnnBackendHeurMode_t mode, bool tf32, size_t workspace_limit, int max_plans);
 
   cudnnHandle_t handle_;
   ConvDirection direction_;
