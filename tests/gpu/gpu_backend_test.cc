@@ -400,6 +400,40 @@ INSTANTIATE_TEST_SUITE_P(Models, GpuModelTest,
                            return s;
                          });
 
+// One training step of `graph` on `a` and on `b` from the same random batch:
+// the losses within `loss_tol` (relative to max(1, |loss|)), each parameter's
+// gradient within `grad_tol` of its largest element (at least 1e-3).
+void ExpectStepsAgree(const Graph& graph, Executor* a, Executor* b, double loss_tol,
+                      double grad_tol) {
+  std::vector<float> data(static_cast<size_t>(a->data().num_elements()));
+  std::mt19937_64 rng(9);
+  std::uniform_real_distribution<float> u(0, 1);
+  for (float& x : data) x = u(rng);
+  std::vector<float> label(static_cast<size_t>(a->data().shape()[0]));
+  for (size_t n = 0; n < label.size(); ++n) label[n] = static_cast<float>(n % 10);
+  for (Executor* ex : {a, b}) {
+    ASSERT_OK(ex->LoadData(data.data(), data.size()));
+    ASSERT_OK(ex->LoadLabel(label.data(), label.size()));
+    ex->Forward(true);
+    ex->Backward();
+  }
+  EXPECT_NEAR(a->Loss(), b->Loss(), loss_tol * std::max(1.0f, std::fabs(b->Loss())));
+  for (int p = 0; p < a->num_params(); ++p) {
+    std::vector<float> grad[2];
+    Executor* ex[2] = {a, b};
+    for (int k = 0; k < 2; ++k) {
+      grad[k].resize(static_cast<size_t>(ex[k]->param(p).num_elements()));
+      ASSERT_OK(ex[k]->ReadGrad(p, grad[k].data(), grad[k].size()));
+    }
+    double diff = 0, mag = 1e-3;
+    for (size_t i = 0; i < grad[0].size(); ++i) {
+      diff = std::max(diff, double(std::fabs(grad[0][i] - grad[1][i])));
+      mag = std::max(mag, double(std::fabs(grad[1][i])));
+    }
+    EXPECT_LT(diff / mag, grad_tol) << graph.params()[p].name;
+  }
+}
+
 // TF32 convolutions (the default, as PyTorch's): each direction runs under
 // the math its search result was timed with, in the workspace planned for
 // it. A training step agrees with full float within TF32's rounding (a
@@ -410,80 +444,27 @@ TEST(GpuTrainingTest, Tf32StepFollowsFullFloat) {
     SCOPED_TRACE(model);
     StatusOr<Graph> g = BuildModel(SmallModel(model));
     ASSERT_OK(g.status());
-    constexpr int kBatch = 4;
     BackendOptions tf32 = Gpu();
     tf32.gpu_tf32 = true;
-    std::unique_ptr<Executor> e[2] = {MakeExecutor(*g, tf32, kBatch),
-                                      MakeExecutor(*g, Gpu(), kBatch)};
-    std::vector<float> data(static_cast<size_t>(e[1]->data().num_elements()));
-    std::mt19937_64 rng(9);
-    std::uniform_real_distribution<float> u(0, 1);
-    for (float& x : data) x = u(rng);
-    const std::vector<float> label = {0, 1, 2, 3};
-    for (auto& ex : e) {
-      ASSERT_OK(ex->LoadData(data.data(), data.size()));
-      ASSERT_OK(ex->LoadLabel(label.data(), label.size()));
-      ex->Forward(true);
-      ex->Backward();
-    }
-    EXPECT_NEAR(e[0]->Loss(), e[1]->Loss(), 1e-2 * std::max(1.0f, std::fabs(e[1]->Loss())));
-    for (int p = 0; p < e[0]->num_params(); ++p) {
-      std::vector<float> grad[2];
-      for (int k = 0; k < 2; ++k) {
-        grad[k].resize(static_cast<size_t>(e[k]->param(p).num_elements()));
-        ASSERT_OK(e[k]->ReadGrad(p, grad[k].data(), grad[k].size()));
-      }
-      double diff = 0, mag = 1e-3;
-      for (size_t i = 0; i < grad[0].size(); ++i) {
-        diff = std::max(diff, double(std::fabs(grad[0][i] - grad[1][i])));
-        mag = std::max(mag, double(std::fabs(grad[1][i])));
-      }
-      EXPECT_LT(diff / mag, 5e-2) << g->params()[p].name;
-    }
+    std::unique_ptr<Executor> a = MakeExecutor(*g, tf32, 4), b = MakeExecutor(*g, Gpu(), 4);
+    ExpectStepsAgree(*g, a.get(), b.get(), 1e-2, 5e-2);
   }
 }
 
 // ResNet-20's step with cuDNN's graph engines racing the legacy algorithms
-// (BackendOptions::gpu_conv_graph, full float): every direction's
-// graph was built, and the step agrees with the legacy-only one.
+// (BackendOptions::gpu_conv_graph, full float): every direction's graph was
+// built, and the step agrees with the legacy-only one.
 TEST(GpuTrainingTest, GraphEngineSearchBuildsEveryDirection) {
   SKIP_WITHOUT_GPU();
   StatusOr<Graph> g = BuildModel(SmallModel("resnet"));
   ASSERT_OK(g.status());
-  constexpr int kBatch = 8;
-  BackendOptions legacy = Gpu(), graph = Gpu();
+  BackendOptions graph = Gpu();
   graph.gpu_conv_graph = true;
-  std::unique_ptr<Executor> e[2] = {MakeExecutor(*g, graph, kBatch),
-                                    MakeExecutor(*g, legacy, kBatch)};
-  const std::string described = e[0]->backend().Describe();
+  std::unique_ptr<Executor> a = MakeExecutor(*g, graph, 8), b = MakeExecutor(*g, Gpu(), 8);
+  const std::string described = a->backend().Describe();
   std::printf("%s\n", described.c_str());
   EXPECT_NE(described.find(" 0 the graph API could not build"), std::string::npos) << described;
-  std::vector<float> data(static_cast<size_t>(e[1]->data().num_elements()));
-  std::mt19937_64 rng(3);
-  std::uniform_real_distribution<float> u(0, 1);
-  for (float& x : data) x = u(rng);
-  std::vector<float> label(kBatch);
-  for (int n = 0; n < kBatch; ++n) label[n] = static_cast<float>(n % 10);
-  for (auto& ex : e) {
-    ASSERT_OK(ex->LoadData(data.data(), data.size()));
-    ASSERT_OK(ex->LoadLabel(label.data(), label.size()));
-    ex->Forward(true);
-    ex->Backward();
-  }
-  EXPECT_NEAR(e[0]->Loss(), e[1]->Loss(), 1e-4);
-  for (int p = 0; p < e[0]->num_params(); ++p) {
-    std::vector<float> grad[2];
-    for (int k = 0; k < 2; ++k) {
-      grad[k].resize(static_cast<size_t>(e[k]->param(p).num_elements()));
-      ASSERT_OK(e[k]->ReadGrad(p, grad[k].data(), grad[k].size()));
-    }
-    double diff = 0, mag = 1e-3;
-    for (size_t i = 0; i < grad[0].size(); ++i) {
-      diff = std::max(diff, double(std::fabs(grad[0][i] - grad[1][i])));
-      mag = std::max(mag, double(std::fabs(grad[1][i])));
-    }
-    EXPECT_LT(diff / mag, 1e-3) << g->params()[p].name;
-  }
+  ExpectStepsAgree(*g, a.get(), b.get(), 1e-4, 1e-3);
 }
 
 // Ten classes of fixed random patterns plus noise: LeNet with momentum SGD,
