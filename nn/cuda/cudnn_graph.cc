@@ -73,7 +73,7 @@ StatusOr<std::unique_ptr<GraphConvolution>> GraphConvolution::Create(cudnnHandle
                                                                      ConvDirection direction,
                                                                      const ConvGeometry& g,
                                                                      float beta) {
-  std::unique_ptr<GraphConvolution> c(new GraphConvolution(handle, direction));
+  std::unique_ptr<GraphConvolution> c(new GraphConvolution(handle));
   c->where_ =
       StrCat("cuDNN graph (", ConvDirectionName(direction), ", x ", g.x[0], "x", g.x[1], "x",
              g.x[2], "x", g.x[3], ", w ", g.w[0], "x", g.w[1], "x", g.w[2], "x", g.w[3], ")");
@@ -123,48 +123,43 @@ StatusOr<std::unique_ptr<GraphConvolution>> GraphConvolution::Create(cudnnHandle
   }
 
   // The operation: its type and the attribute names of its three tensors.
-  cudnnBackendDescriptorType_t type;
-  cudnnBackendAttributeName_t ax, aw, ay, aconv, aalpha, abeta;
-  switch (direction) {
-    case ConvDirection::kForward:
-      type = CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR;
-      ax = CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X;
-      aw = CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W;
-      ay = CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y;
-      aconv = CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC;
-      aalpha = CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA;
-      abeta = CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA;
-      break;
-    case ConvDirection::kBackwardData:
-      type = CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR;
-      ax = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX;
-      aw = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W;
-      ay = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY;
-      aconv = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC;
-      aalpha = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA;
-      abeta = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA;
-      break;
-    case ConvDirection::kBackwardFilter:
-    default:
-      type = CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR;
-      ax = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X;
-      aw = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW;
-      ay = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY;
-      aconv = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC;
-      aalpha = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA;
-      abeta = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA;
-      break;
-  }
-  ASSIGN_OR_RETURN(c->op_, BackendDescriptor::Create(type));
+  struct OpNames {
+    cudnnBackendDescriptorType_t type;
+    cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
+  };
+  static constexpr OpNames kOps[] = {
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA},
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA},
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA},
+  };
+  const OpNames& names = kOps[static_cast<int>(direction)];  // ConvDirection's order
+  ASSIGN_OR_RETURN(c->op_, BackendDescriptor::Create(names.type));
   {
     cudnnBackendDescriptor_t d = c->op_.get();
     const float alpha = 1.0f;
-    PSTRAIN_GRAPH_TRY(SetDescriptor(d, ax, c->x_), "operation x");
-    PSTRAIN_GRAPH_TRY(SetDescriptor(d, aw, c->w_), "operation w");
-    PSTRAIN_GRAPH_TRY(SetDescriptor(d, ay, c->y_), "operation y");
-    PSTRAIN_GRAPH_TRY(SetDescriptor(d, aconv, c->conv_), "operation convolution");
-    PSTRAIN_GRAPH_TRY(cudnnBackendSetAttribute(d, aalpha, CUDNN_TYPE_FLOAT, 1, &alpha), "alpha");
-    PSTRAIN_GRAPH_TRY(cudnnBackendSetAttribute(d, abeta, CUDNN_TYPE_FLOAT, 1, &beta), "beta");
+    PSTRAIN_GRAPH_TRY(SetDescriptor(d, names.x, c->x_), "operation x");
+    PSTRAIN_GRAPH_TRY(SetDescriptor(d, names.w, c->w_), "operation w");
+    PSTRAIN_GRAPH_TRY(SetDescriptor(d, names.y, c->y_), "operation y");
+    PSTRAIN_GRAPH_TRY(SetDescriptor(d, names.conv, c->conv_), "operation convolution");
+    PSTRAIN_GRAPH_TRY(cudnnBackendSetAttribute(d, names.alpha, CUDNN_TYPE_FLOAT, 1, &alpha),
+                      "alpha");
+    PSTRAIN_GRAPH_TRY(cudnnBackendSetAttribute(d, names.beta, CUDNN_TYPE_FLOAT, 1, &beta), "beta");
     PSTRAIN_GRAPH_TRY(cudnnBackendFinalize(d), "finalizing the operation");
   }
 

@@ -24,6 +24,7 @@
 
 namespace pstrain::internal {
 
+// (The order indexes the operations' attribute names in cudnn_graph.cc.)
 enum class ConvDirection { kForward, kBackwardData, kBackwardFilter };
 const char* ConvDirectionName(ConvDirection d);
 
@@ -72,9 +73,6 @@ class GraphConvolution {
   // `tf32`. Replaces any earlier list; an empty list is not an error.
   Status ListPlans(bool tf32, size_t workspace_limit, int max_plans);
   int num_plans() const { return static_cast<int>(plans_.size()); }
-  size_t workspace_bytes(int i) const { return plans_[i].workspace; }
-  // A short name of plan i (cuDNN's engine index), for logs.
-  const std::string& plan_name(int i) const { return plans_[i].name; }
 
   // A variant pack for plan i on fixed pointers (the search's buffers, or
   // an operator's bound tensors), so that each call builds nothing.
@@ -94,13 +92,11 @@ class GraphConvolution {
     size_t workspace = 0;
     std::string name;
   };
-  GraphConvolution(cudnnHandle_t handle, ConvDirection direction)
-      : handle_(handle), direction_(direction) {}
+  explicit GraphConvolution(cudnnHandle_t handle) : handle_(handle) {}
   // Appends the usable plans of one heuristics mode's configurations.
   Status AddPlans(cudnnBackendHeurMode_t mode, bool tf32, size_t workspace_limit, int max_plans);
 
   cudnnHandle_t handle_;
-  ConvDirection direction_;
   std::string where_;
   BackendDescriptor x_, w_, y_, conv_, op_, graph_;
   std::vector<Plan> plans_;
