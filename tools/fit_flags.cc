@@ -45,6 +45,11 @@ DEFINE_int32(load_epoch, 0, "resume from <prefix>-%04d.params of this epoch");
 DEFINE_string(kv_store, "device", "local, device, dist_sync, dist_async, dist_device_sync");
 DEFINE_string(gpus, "", "GPUs to use, e.g. 0,1 (the same GPU may be listed twice); empty: the CPU");
 DEFINE_string(gpu_weights, "", "relative work of each --gpus entry, e.g. 3,1; empty: equal");
+DEFINE_int32(gpu_tf32, 1,
+             "1: cuDNN convolutions may use TF32 tensor cores (as PyTorch's); 0: full float");
+DEFINE_int32(gpu_conv_graph, 0,
+             "1: time cuDNN's graph-API engines beside its legacy algorithms for each "
+             "convolution and run the faster");
 DEFINE_int32(num_threads, 0, "CPU threads of the kernels; 0: all cores");
 DEFINE_double(emulate_compute, 0,
               "seconds of emulated compute per batch (> 0): no data is read and nothing is "

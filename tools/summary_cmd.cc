@@ -18,6 +18,8 @@
 DECLARE_int32(batch_size);
 DECLARE_string(gpus);
 DECLARE_string(gpu_weights);
+DECLARE_int32(gpu_tf32);
+DECLARE_int32(gpu_conv_graph);
 
 namespace pstrain {
 
@@ -33,6 +35,8 @@ int PrintStepMemory(const Graph& graph, const TrainingDevices& devices) {
   for (int gpu : devices.gpus) {
     BackendOptions b;
     b.device = Device::Gpu(gpu);
+    b.gpu_tf32 = devices.tf32;  // both change the convolutions' workspaces
+    b.gpu_conv_graph = devices.conv_graph;
     go.devices.push_back(b);
   }
   go.weights = devices.weights;
@@ -118,6 +122,8 @@ int RunSummary(int argc, char** argv) {
   TrainConfig cfg;
   cfg.set_gpus(FLAGS_gpus);
   cfg.set_gpu_weights(FLAGS_gpu_weights);
+  cfg.set_gpu_tf32(FLAGS_gpu_tf32);
+  cfg.set_gpu_conv_graph(FLAGS_gpu_conv_graph);
   auto devices = ParseTrainingDevices(cfg);
   if (!devices.ok()) {
     std::fprintf(stderr, "pstrain summary: %s\n", devices.status().ToString().c_str());

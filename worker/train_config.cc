@@ -196,6 +196,14 @@ StatusOr<std::vector<int64_t>> ParseIntList(const std::string& text, const std::
 
 StatusOr<TrainingDevices> ParseTrainingDevices(const TrainConfig& cfg) {
   TrainingDevices out;
+  for (const auto& [name, value] : {std::pair<const char*, int32_t>{"gpu-tf32", cfg.gpu_tf32()},
+                                    {"gpu-conv-graph", cfg.gpu_conv_graph()}}) {
+    if (value != 0 && value != 1) {
+      return Status::InvalidArgument(StrCat("--", name, "=", value, " must be 0 or 1"));
+    }
+  }
+  out.tf32 = cfg.gpu_tf32() != 0;
+  out.conv_graph = cfg.gpu_conv_graph() != 0;
   ASSIGN_OR_RETURN(std::vector<int64_t> gpus, ParseIntList(cfg.gpus(), "--gpus"));
   for (int64_t g : gpus) {
     if (g < 0) {

@@ -43,12 +43,15 @@ Status ValidateTrainConfig(const TrainConfig& cfg);
 bool EmulationNeedsNoData(const TrainConfig& cfg);
 
 // The devices this worker trains on: --gpus as ordinals ({} for the CPU),
-// and their --gpu-weights ({} for equal shares). InvalidArgument for a list
-// that does not parse, a negative ordinal, weights that are not positive or
-// not one per GPU. Whether the GPUs exist is the backend's to say.
+// their --gpu-weights ({} for equal shares) and the GPU backend's switches.
+// InvalidArgument for a list that does not parse, a negative ordinal, weights
+// that are not positive or not one per GPU, a switch other than 0 or 1.
+// Whether the GPUs exist is the backend's to say.
 struct TrainingDevices {
   std::vector<int> gpus;
   std::vector<double> weights;
+  bool tf32 = true;         // --gpu-tf32
+  bool conv_graph = false;  // --gpu-conv-graph
 };
 StatusOr<TrainingDevices> ParseTrainingDevices(const TrainConfig& cfg);
 

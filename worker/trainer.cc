@@ -134,6 +134,8 @@ Status Trainer::InitDevices() {
   for (int gpu : devices.gpus) {
     BackendOptions b;
     b.device = Device::Gpu(gpu);
+    b.gpu_tf32 = devices.tf32;
+    b.gpu_conv_graph = devices.conv_graph;
     go.devices.push_back(b);
   }
   if (go.devices.empty()) go.devices.emplace_back();  // the CPU

@@ -183,7 +183,8 @@ std::string CudaBackend::Describe() const {
     graph = StrCat("; convolution directions on cuDNN graph engines: ", n[1], " of ",
                    n[0] + n[1] + n[2], " searched, ", n[2], " the graph API could not build");
   }
-  return StrCat("cuda ", device().ToString(), " (", name_, "; cuDNN ", cudnnGetVersion(), graph,
+  return StrCat("cuda ", device().ToString(), " (", name_, "; cuDNN ", cudnnGetVersion(),
+                options_.gpu_tf32 ? "; TF32 convolutions" : "; full-float convolutions", graph,
                 ")");
 }
 

@@ -1,6 +1,7 @@
 // GPU workers in real distributed jobs (issue 11): the `pstrain` binary under
 // the local launcher, one server and two workers on 127.0.0.1 that train on
-// GPU 0 (both share it). Skips without a GPU.
+// GPU 0 (both share it); and `pstrain train --gpus 0`'s own switches. Skips
+// without a GPU.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -119,6 +120,37 @@ TEST(GpuClusterTest, TwoGpuWorkersLearnMnistInDistSync) {
     ASSERT_EQ(acc.size(), 1u) << log;
     EXPECT_GT(acc[0], 0.95) << "worker " << w << ":\n" << log;
   }
+}
+
+// `--gpu-tf32 0 --gpu-conv-graph 1` reach the backend: the worker's log
+// names full-float convolutions and the graph engines' race over LeNet's five
+// convolution directions (two forwards, two filter gradients, one data
+// gradient: the first convolution's input is the data), every one built;
+// and it learns.
+TEST(GpuClusterTest, TrainTakesTheConvolutionSwitches) {
+  SKIP_WITHOUT_GPU();
+  TempDir dir;
+  std::vector<std::string> argv = {PstrainBinary(), "train"};
+  for (const std::string& a : LenetJob(dir.path(), "12800", "1")) argv.push_back(a);
+  for (std::string& a : argv) {
+    if (a == "dist_sync") a = "local";
+  }
+  argv.insert(argv.end(), {"--gpus", "0", "--gpu-tf32", "0", "--gpu-conv-graph", "1"});
+  std::string output;
+  int wait_status = 0;
+  ASSERT_OK(tracker::RunAndCapture(argv, Environment().All(), 240000, &output, &wait_status));
+  ASSERT_TRUE(WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) << output;
+  EXPECT_NE(output.find("; full-float convolutions"), std::string::npos) << output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(output, m,
+                                std::regex("graph engines: (\\d+) of (\\d+) searched, (\\d+) the "
+                                           "graph API could not build")))
+      << output;
+  EXPECT_EQ(m[2].str(), "5") << output;
+  EXPECT_EQ(m[3].str(), "0") << output;
+  const std::vector<double> acc = Accuracies(output);
+  ASSERT_EQ(acc.size(), 1u) << output;
+  EXPECT_GT(acc[0], 0.9) << output;
 }
 
 }  // namespace

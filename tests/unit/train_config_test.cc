@@ -215,6 +215,30 @@ TEST(TrainConfigTest, DevicesAreGpusAndTheirWeights) {
   EXPECT_FALSE(ValidateTrainConfig(cfg).ok());
 }
 
+TEST(TrainConfigTest, GpuSwitchesAreZeroOrOne) {
+  TrainConfig cfg = Valid();
+  auto defaults = ParseTrainingDevices(cfg);
+  ASSERT_OK(defaults.status());
+  EXPECT_TRUE(defaults->tf32);  // PyTorch's default
+  EXPECT_FALSE(defaults->conv_graph);
+  ASSERT_OK(ApplyConfigOverrides({{"gpu_tf32", "0"}, {"gpu_conv_graph", "1"}}, &cfg));
+  auto set = ParseTrainingDevices(cfg);
+  ASSERT_OK(set.status());
+  EXPECT_FALSE(set->tf32);
+  EXPECT_TRUE(set->conv_graph);
+  for (const auto& [flag, value] :
+       std::vector<std::pair<std::string, int>>{{"gpu-tf32", 2}, {"gpu-conv-graph", -1}}) {
+    TrainConfig bad = Valid();
+    if (flag == "gpu-tf32") bad.set_gpu_tf32(value);
+    if (flag == "gpu-conv-graph") bad.set_gpu_conv_graph(value);
+    const Status s = ValidateTrainConfig(bad);
+    EXPECT_FALSE(s.ok()) << flag;
+    EXPECT_NE(s.message().find(StrCat("--", flag, "=", value, " must be 0 or 1")),
+              std::string::npos)
+        << s;
+  }
+}
+
 TEST(TrainConfigTest, EffectiveTextListsEveryField) {
   TrainConfig cfg = Valid();
   std::string text = EffectiveConfigText(cfg);
