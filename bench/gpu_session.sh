@@ -7,7 +7,8 @@
 # and on the GPU host, from a copy of this checkout:
 #   bash bench/gpu_session.sh BUNDLE.tar.xz PHASE [args]
 # PHASE:
-#   tests    the `gpu` test binaries (the cluster test needs MNIST: DATA)
+#   tests    the `gpu` test binaries, a process per test suite (the cluster
+#            test needs MNIST: DATA)
 #   step     bench/gpu_vs_pytorch.sh, 3 rounds, then nn_step_bench --profile
 #            (device time per layer) and torch_step_bench.py --profile (device
 #            time per operator and kernel) of ResNet-50 at batch 32 and
@@ -36,11 +37,48 @@ export PSTRAIN_BINARY=$bin/pstrain PSTRAIN_CUDA_MODULE=$bin/libpstrain_cuda.so
 pstrain version | tee "$out/version.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$out/version.txt"
 
+# run_suites BINARY LOG: each test suite of a GoogleTest binary in its own
+# process, so that a crash or a sticky CUDA error (a kernel fault poisons its
+# context) costs only its suite; a suite that does not pass is run again one
+# test per process (LOG.rerun), and those runs say which tests fail. Prints a
+# line per suite and per rerun test, then the counts; returns 1 if a test
+# failed on its own.
+run_suites() {
+  local binary=$1 log=$2 suite test rc=0 status timed='.* \([0-9]+ ms\)$'
+  : >"$log"
+  : >"$log.rerun"
+  for suite in $("$binary" --gtest_list_tests | awk '/^[^ ]/ && !/^Running main/'); do
+    "$binary" --gtest_filter="$suite*" >>"$log" 2>&1
+    status=$?
+    if ((status == 0)); then
+      echo "pass  $suite*"
+      continue
+    fi
+    echo "FAIL  $suite* (exit $status): one test per process"
+    for test in $("$binary" --gtest_list_tests --gtest_filter="$suite*" |
+      awk '/^  /{print $1}'); do
+      "$binary" --gtest_filter="$suite$test" >>"$log.rerun" 2>&1
+      status=$?
+      if ((status == 0)); then
+        echo "  pass  $suite$test"
+      else
+        echo "  FAIL  $suite$test (exit $status)"
+        rc=1
+      fi
+    done
+  done
+  echo "$(grep -cE "^\[       OK \] $timed" "$log") passed," \
+    "$(grep -cE "^\[  SKIPPED \] $timed" "$log") skipped," \
+    "$(grep -cE "^\[  FAILED  \] $timed" "$log") failed in the suites' processes"
+  grep -m 1 -B 2 -E "^\[  SKIPPED \] $timed" "$log" | head -n 2
+  return $rc
+}
+
 case $phase in
   tests)
     rc=0
     for t in gpu_backend_test gpu_cluster_test; do
-      "$bin/$t" 2>&1 | tee "$out/$t.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]'
+      run_suites "$bin/$t" "$out/$t.log" | tee "$out/$t.summary"
       ((rc |= PIPESTATUS[0]))
     done
     exit $rc
