@@ -9,19 +9,20 @@
 # PHASE:
 #   tests    the `gpu` test binaries, a process per test suite (the cluster
 #            test needs MNIST: DATA)
-#   step     bench/gpu_vs_pytorch.sh, 3 rounds, then nn_step_bench --profile
-#            (device time per layer) and torch_step_bench.py --profile (device
-#            time per operator and kernel) of ResNet-50 at batch 32 and
-#            inception-bn-28-small at batch 256, the two rows slower than PyTorch,
-#            and those two rows with --conv-graph (cuDNN's graph engines) against
-#            without
+#   step [ROUNDS]   bench/gpu_vs_pytorch.sh, 3 rounds unless given
+#   profile  nn_step_bench --profile (device time per layer) and
+#            torch_step_bench.py --profile (device time per operator and kernel)
+#            of ResNet-50 at batch 32 and inception-bn-28-small at batch 256, the
+#            two rows slower than PyTorch, and those two rows with --conv-graph
+#            (cuDNN's graph engines) against without
 #   merge    bench/gpu_merge_bench.sh (lenet and resnet)
 #   seed001 RUNS EPOCHS SECONDS   bench/gpu_seed001.sh (needs the CIFAR-10 JPEG set: DATA)
 # DATA: the data folder (../shared/data by default; mnist/, cifar10_jpeg/).
 # Logs and tables go to $OUT (the device tool's output folder) or ./gpu-out.
 set -uo pipefail
-bundle=${1:?usage: bash bench/gpu_session.sh BUNDLE.tar.xz tests|step|merge|seed001 [args]}
-phase=${2:?usage: bash bench/gpu_session.sh BUNDLE.tar.xz tests|step|merge|seed001 [args]}
+usage="usage: bash bench/gpu_session.sh BUNDLE.tar.xz tests|step|profile|merge|seed001 [args]"
+bundle=${1:?$usage}
+phase=${2:?$usage}
 shift 2
 cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-gpu-out}
@@ -84,7 +85,10 @@ case $phase in
     exit $rc
     ;;
   step)
-    NN_STEP_BENCH=$bin/nn_step_bench bash bench/gpu_vs_pytorch.sh "$bin" 3 2>&1 | tee "$out/step.md"
+    NN_STEP_BENCH=$bin/nn_step_bench bash bench/gpu_vs_pytorch.sh "$bin" "${1:-3}" 2>&1 |
+      tee "$out/step.md"
+    ;;
+  profile)
     # Device time per layer (pstrain) and per operator and kernel (PyTorch's
     # profiler) of the two slow rows, side by side.
     resnet=(--network resnet --num-layers 50 --image-shape "3,224,224" --num-classes 1000 --batch 32)
@@ -122,7 +126,7 @@ case $phase in
       "${2:-40}" "${3:-540}" 2>&1 | tee "$out/seed001.md"
     ;;
   *)
-    echo "gpu_session: unknown phase '$phase' (tests, step, merge, seed001)" >&2
+    echo "gpu_session: unknown phase '$phase' (tests, step, profile, merge, seed001)" >&2
     exit 2
     ;;
 esac
