@@ -16,7 +16,10 @@
 #            two rows slower than PyTorch, and those two rows with --conv-graph
 #            (cuDNN's graph engines) against without
 #   merge    bench/gpu_merge_bench.sh (lenet and resnet)
-#   seed001 RUNS EPOCHS SECONDS   bench/gpu_seed001.sh (needs the CIFAR-10 JPEG set: DATA)
+#   seed001 [RUNS] [EPOCHS] [SECONDS]   bench/gpu_seed001.sh (needs the CIFAR-10
+#            JPEG set: DATA); by default incept_6, 40 epochs, at most 500 s:
+#            one run of 10 workers fits a call (about 8 s an epoch on an H100);
+#            the runs owed: incept_6 incept_7 incept_4 async
 # DATA: the data folder (../shared/data by default; mnist/, cifar10_jpeg/).
 # Logs and tables go to $OUT (the device tool's output folder) or ./gpu-out.
 set -uo pipefail
@@ -122,8 +125,8 @@ case $phase in
     bash bench/gpu_merge_bench.sh "$bin/pstrain" "lenet resnet" 2>&1 | tee "$out/merge.md"
     ;;
   seed001)
-    bash bench/gpu_seed001.sh "$bin/pstrain" "${1:-incept_6 incept_7 incept_4 async}" \
-      "${2:-40}" "${3:-540}" 2>&1 | tee "$out/seed001.md"
+    bash bench/gpu_seed001.sh "$bin/pstrain" "${1:-incept_6}" "${2:-40}" "${3:-500}" 2>&1 |
+      tee "$out/seed001.md"
     ;;
   *)
     echo "gpu_session: unknown phase '$phase' (tests, step, profile, merge, seed001)" >&2
