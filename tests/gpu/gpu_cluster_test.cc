@@ -57,11 +57,12 @@ std::vector<double> Accuracies(const std::string& log) {
 }
 
 std::vector<std::string> LenetJob(const std::string& dir, const std::string& examples,
-                                  const std::string& epochs) {
-  return {"--network",      "lenet",     "--data-dir",     SharedDataDir() + "/mnist",
-          "--kv-store",     "dist_sync", "--batch-size",   "64",
-          "--num-examples", examples,    "--num-epochs",   epochs,
-          "--lr",           "0.05",      "--model-prefix", dir + "/lenet"};
+                                  const std::string& epochs,
+                                  const std::string& kv_store = "dist_sync") {
+  return {"--network",      "lenet",  "--data-dir",     SharedDataDir() + "/mnist",
+          "--kv-store",     kv_store, "--batch-size",   "64",
+          "--num-examples", examples, "--num-epochs",   epochs,
+          "--lr",           "0.05",   "--model-prefix", dir + "/lenet"};
 }
 
 // Two dist_sync steps (each of the two workers two batches of 64) with GPU
@@ -131,10 +132,7 @@ TEST(GpuClusterTest, TrainTakesTheConvolutionSwitches) {
   SKIP_WITHOUT_GPU();
   TempDir dir;
   std::vector<std::string> argv = {PstrainBinary(), "train"};
-  for (const std::string& a : LenetJob(dir.path(), "12800", "1")) argv.push_back(a);
-  for (std::string& a : argv) {
-    if (a == "dist_sync") a = "local";
-  }
+  for (const std::string& a : LenetJob(dir.path(), "12800", "1", "local")) argv.push_back(a);
   argv.insert(argv.end(), {"--gpus", "0", "--gpu-tf32", "0", "--gpu-conv-graph", "1"});
   std::string output;
   int wait_status = 0;
