@@ -163,6 +163,7 @@ StatusOr<std::vector<std::unique_ptr<Operator>>> Backend::CreateOperatorsWithout
   for (const Node& node : graph.nodes()) {
     if (node.op == OpType::kInput) continue;
     ASSIGN_OR_RETURN(ops[node.id], make(node));
+    ops[node.id]->LearnInputShapes(graph);
   }
   return ops;
 }

@@ -365,6 +365,7 @@ Status Executor::Init() {
   for (int i = 0; i < N; ++i) {
     if (nodes[i].op == OpType::kInput) continue;
     ASSIGN_OR_RETURN(m.ops[i], be.CreateOperator(nodes[i]));
+    m.ops[i]->LearnInputShapes(graph_);
   }
 
   const std::vector<bool> in_place = InPlaceNodes(graph_, options_, m.ops, needs_grad, m.softmax);

@@ -27,6 +27,13 @@ std::string OpShapes::ToString() const {
   return r;
 }
 
+void Operator::LearnInputShapes(const Graph& graph) {
+  std::vector<Shape> in;
+  in.reserve(node_.inputs.size());
+  for (NodeId i : node_.inputs) in.push_back(graph.node(i).out_shape);
+  DoLearnInputShapes(in);
+}
+
 StatusOr<ScratchNeeds> Operator::PlanScratch(const OpContext& ctx, const OpShapes& shapes) {
   CHECK(!planned_) << OpTypeName(node_.op) << " '" << node_.name << "': PlanScratch twice";
   CHECK(ctx.backend != nullptr) << node_.name << ": PlanScratch without a backend";

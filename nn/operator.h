@@ -107,6 +107,11 @@ class Operator {
   // REQUIRES: Forward(is_train=true) ran since the bind.
   void Backward(const OpContext& ctx) { DoBackward(ctx); }
 
+  // Gives the operator its node's input shapes (per sample) from `graph`, the
+  // graph the node is in. Called once right after the backend made it, before
+  // memory is planned: an operator whose backward reads depend on its shapes
+  // settles BackwardNeeds* here.
+  void LearnInputShapes(const Graph& graph);
   // What Backward reads besides out_grad; the memory planner keeps only these
   // forward tensors alive until the backward.
   virtual bool BackwardNeedsInputs() const { return true; }
@@ -133,6 +138,7 @@ class Operator {
 
   // The device's kernels. DoPlanScratch runs once before DoSetup (shapes_
   // is set then); t_ is bound when DoSetup runs.
+  virtual void DoLearnInputShapes(const std::vector<Shape>& per_sample) {}
   virtual StatusOr<ScratchNeeds> DoPlanScratch(const OpContext& ctx) { return ScratchNeeds{}; }
   virtual Status DoSetup(const OpContext& ctx) { return Status::Ok(); }
   virtual void DoForward(const OpContext& ctx) = 0;

@@ -504,12 +504,21 @@ class CudaPooling : public CudaOp {
   ~CudaPooling() override {
     if (pool_) cudnnDestroyPoolingDescriptor(pool_);
   }
-  // cuDNN's backward reads both (ours reads the recorded maxima instead).
-  bool BackwardNeedsInputs() const override { return true; }
-  bool BackwardNeedsOutput() const override { return true; }
+  // cuDNN's backward reads both; ours neither (max pooling reads the maxima
+  // its forward recorded). Without the input shapes, as cuDNN's.
+  bool BackwardNeedsInputs() const override { return !ours_; }
+  bool BackwardNeedsOutput() const override { return !ours_; }
   bool CanAddToInputGradient(size_t i) const override { return true; }  // cuDNN's beta, ours
 
  protected:
+  void DoLearnInputShapes(const std::vector<Shape>& in) override {
+    if (in.size() != 1 || in[0].ndim() != 3 || node_.out_shape.ndim() != 3) return;  // Setup says
+    const Shape& x = in[0];
+    const Shape& y = node_.out_shape;
+    ours_ = !cuda::CudnnPoolingFits(
+        cuda::PoolArgsOf(node_.pool, Shape{1, x[0], x[1], x[2]}, Shape{1, y[0], y[1], y[2]}));
+  }
+
   Status SetupCuda(const OpContext& ctx) override {
     const Shape& xs = t_.in[0].shape();
     const Shape& ys = t_.out.shape();
@@ -530,6 +539,12 @@ class CudaPooling : public CudaOp {
     PSTRAIN_CUDNN_RETURN_IF_ERROR(
         cudnnGetPooling2dForwardOutputDim(pool_, x_.get(), &n, &c, &h, &w), Where());
     use_cudnn_ = h == args_.OH && w == args_.OW;
+    if (use_cudnn_ && ours_) {
+      // The plan let the input and output go before the backward, which
+      // cuDNN's reads: CudnnPoolingFits is not cuDNN's rule.
+      return Status::Internal(StrCat(Where(), ": cuDNN pools ", args_.H, "x", args_.W, " into ", h,
+                                     "x", w, ", which the plan took for our kernels' windows"));
+    }
     if (!use_cudnn_ && args_.is_max) {
       if (args_.H * args_.W > INT32_MAX) {
         return Status::InvalidArgument(
@@ -570,6 +585,9 @@ class CudaPooling : public CudaOp {
   cudnnPoolingDescriptor_t pool_ = nullptr;
   cuda::PoolArgs args_{};
   bool use_cudnn_ = true;
+  // Our kernels run (decided from the input shapes, before planning): the
+  // backward keeps neither the input nor the output.
+  bool ours_ = false;
   // Our max pooling's record of each window's first maximum, from the forward
   // to the backward (NC * OH * OW offsets within the plane).
   std::shared_ptr<Buffer> argmax_;

@@ -66,6 +66,16 @@ inline PoolArgs PoolArgsOf(const PoolParam& p, const Shape& xs, const Shape& ys)
 }
 #endif
 
+// Whether cuDNN's pooling has the node's windows: its output size, 1 + (H +
+// 2 pad - kernel) / stride rounded down, is the node's. Else MXNet's "full"
+// rounding added an output whose window spills past the padding, and our
+// kernels run (their backward reads neither the input nor the output).
+PSTRAIN_HOST_DEVICE inline bool CudnnPoolingFits(const PoolArgs& a) {
+  return a.H + 2 * a.pad_h >= a.kernel_h && a.W + 2 * a.pad_w >= a.kernel_w &&
+         1 + (a.H + 2 * a.pad_h - a.kernel_h) / a.stride_h == a.OH &&
+         1 + (a.W + 2 * a.pad_w - a.kernel_w) / a.stride_w == a.OW;
+}
+
 // Whether 32-bit indices serve: every element index of the input and the
 // output, plus a grid-stride step (the kernels' grids stay under 2^28
 // threads), stays below 2^31.

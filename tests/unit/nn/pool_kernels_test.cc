@@ -105,6 +105,51 @@ TEST(PoolKernelsTest, EveryPoolingCaseMatchesTheReference) {
   EXPECT_GE(checked, 11);  // the op cases' pooling rows
 }
 
+// Which pools cuDNN runs (CudnnPoolingFits, decided before planning: our
+// kernels' backward keeps neither the input nor the output alive): every
+// "valid" one, and a "full" one only where its rounding adds no window.
+// Inception-BN-28-small's downsampling pools (28 -> 14, 14 -> 7) are ours; its
+// global pool and ResNet's stem pool are cuDNN's.
+TEST(PoolKernelsTest, CudnnRunsThePoolsWhoseWindowsItHas) {
+  struct Row {
+    int64_t hw;
+    int kernel, stride, pad;
+    PoolConvention convention;
+    bool global;
+    int64_t out;  // the graph's output size
+    bool cudnn;
+  };
+  constexpr PoolConvention kFull = PoolConvention::kFull, kValid = PoolConvention::kValid;
+  const Row rows[] = {
+      {28, 3, 2, 0, kFull, false, 14, false},   // inception-bn-28-small in3c
+      {14, 3, 2, 0, kFull, false, 7, false},    // inception-bn-28-small in4e
+      {7, 7, 1, 0, kValid, true, 1, true},      // its global pool
+      {112, 3, 2, 1, kValid, false, 56, true},  // ResNet-50's stem
+      {27, 3, 2, 0, kFull, false, 13, true},    // full, but the stride fits exactly
+      {28, 3, 2, 0, kValid, false, 13, true},
+      {5, 2, 2, 1, kFull, false, 4, false},  // 5 + 2 - 2 = 5: full rounding adds one
+  };
+  for (const Row& r : rows) {
+    SCOPED_TRACE(::testing::Message() << r.hw << "x" << r.hw << " k" << r.kernel << " s" << r.stride
+                                      << " p" << r.pad << (r.global ? " global" : ""));
+    Graph g;
+    PoolParam p;
+    p.type = PoolType::kMax;
+    p.kernel_h = p.kernel_w = r.kernel;
+    p.stride_h = p.stride_w = r.stride;
+    p.pad_h = p.pad_w = r.pad;
+    p.convention = r.convention;
+    p.global = r.global;
+    const NodeId y = g.Pooling("pool", g.Input("data", Shape{4, r.hw, r.hw}), p);
+    ASSERT_TRUE(g.status().ok()) << g.status();
+    const Shape& out = g.node(y).out_shape;
+    ASSERT_EQ(out, (Shape{4, r.out, r.out}));
+    const PoolArgs a =
+        internal::cuda::PoolArgsOf(p, Shape{1, 4, r.hw, r.hw}, Shape{1, out[0], out[1], out[2]});
+    EXPECT_EQ(internal::cuda::CudnnPoolingFits(a), r.cudnn);
+  }
+}
+
 // Ties (the first maximum in row-major order takes the gradient), NaNs
 // (skipped, as the reference's max skips them) and -inf (a window of only
 // -inf still routes its gradient to its first element).
