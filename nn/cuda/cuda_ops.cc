@@ -139,12 +139,14 @@ class CudnnConvolution : public CudaOp {
     if (!p.no_bias) bias_.Set(Nchw{1, y.c, 1, 1});
     has_bwd_filter_ = shapes_.param_grads && shapes_.out_grad;
     has_bwd_data_ = has_bwd_filter_ && shapes_.in_grads[0];
-    // (A graph plan has its beta built in: adding and writing are two plans.)
     adds_ = has_bwd_data_ && !shapes_.in_grad_add.empty() && shapes_.in_grad_add[0];
+    // (A graph plan has its beta built in, adding and writing are two plans;
+    // the legacy algorithms take beta at the call and share one search.)
+    const bool split_adds = adds_ && be_->options().gpu_conv_graph;
     const std::string key =
         StrCat(xs.ToString(), "*", shapes_.params[0].ToString(), "/", p.stride_h, ",", p.stride_w,
                "/", p.pad_h, ",", p.pad_w, "/g", p.num_group, tf32 ? "/tf32" : "/fp32", "/b",
-               has_bwd_filter_ + has_bwd_data_, adds_ ? "/add" : "");
+               has_bwd_filter_ + has_bwd_data_, split_adds ? "/add" : "");
     auto& cache = be_->conv_algos();
     auto it = cache.find(key);
     if (it == cache.end()) {
@@ -401,24 +403,12 @@ class CudnnConvolution : public CudaOp {
   // runs after an untimed one, in milliseconds.
   template <typename Run>
   StatusOr<float> TimeMs(Run run) {
-    struct Events {
-      cudaEvent_t start = nullptr, stop = nullptr;
-      ~Events() {
-        if (start) cudaEventDestroy(start);
-        if (stop) cudaEventDestroy(stop);
-      }
-    } ev;
-    PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreate(&ev.start), "cudaEventCreate");
-    PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreate(&ev.stop), "cudaEventCreate");
     RETURN_IF_ERROR(run());
     float ms[3];
     for (float& m : ms) {
-      PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.start, stream()), "cudaEventRecord");
+      be_->StartTiming();
       RETURN_IF_ERROR(run());
-      PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.stop, stream()), "cudaEventRecord");
-      PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(ev.stop), "cudaEventSynchronize");
-      PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&m, ev.start, ev.stop),
-                                   "cudaEventElapsedTime");
+      m = static_cast<float>(be_->StopTiming() * 1e3);
     }
     std::sort(ms, ms + 3);
     return ms[1];
@@ -538,12 +528,14 @@ class CudaPooling : public CudaOp {
     int n, c, h, w;
     PSTRAIN_CUDNN_RETURN_IF_ERROR(
         cudnnGetPooling2dForwardOutputDim(pool_, x_.get(), &n, &c, &h, &w), Where());
-    use_cudnn_ = h == args_.OH && w == args_.OW;
-    if (use_cudnn_ && ours_) {
-      // The plan let the input and output go before the backward, which
-      // cuDNN's reads: CudnnPoolingFits is not cuDNN's rule.
+    // One rule decides, the plan's (DoLearnInputShapes) and this one: cuDNN's
+    // own output size must agree with it.
+    use_cudnn_ = cuda::CudnnPoolingFits(args_);
+    if (use_cudnn_ != (h == args_.OH && w == args_.OW)) {
       return Status::Internal(StrCat(Where(), ": cuDNN pools ", args_.H, "x", args_.W, " into ", h,
-                                     "x", w, ", which the plan took for our kernels' windows"));
+                                     "x", w, ", where CudnnPoolingFits says ",
+                                     use_cudnn_ ? "it has" : "it lacks", " the windows of ",
+                                     args_.OH, "x", args_.OW));
     }
     if (!use_cudnn_ && args_.is_max) {
       if (args_.H * args_.W > INT32_MAX) {

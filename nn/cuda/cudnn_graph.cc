@@ -217,9 +217,9 @@ Status GraphConvolution::AddPlans(cudnnBackendHeurMode_t mode, bool tf32, size_t
   }
   for (int64_t k = 0; k < got && static_cast<int>(plans_.size()) < max_plans; ++k) {
     // The engine's numerical notes decide whether it may run here.
-    auto engine = BackendDescriptor::Create(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-    if (!engine.ok()) return engine.status();
-    cudnnBackendDescriptor_t e = engine->get();
+    ASSIGN_OR_RETURN(BackendDescriptor engine,
+                     BackendDescriptor::Create(CUDNN_BACKEND_ENGINE_DESCRIPTOR));
+    cudnnBackendDescriptor_t e = engine.get();
     int64_t one = 0;
     if (cudnnBackendGetAttribute(configs[k].get(), CUDNN_ATTR_ENGINECFG_ENGINE,
                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &one,
@@ -257,9 +257,7 @@ Status GraphConvolution::AddPlans(cudnnBackendHeurMode_t mode, bool tf32, size_t
     Plan p;
     p.name = StrCat("engine ", index, mode == CUDNN_HEUR_MODE_FALLBACK ? " (fallback)" : "", " #",
                     plans_.size());
-    auto plan = BackendDescriptor::Create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-    if (!plan.ok()) return plan.status();
-    p.plan = std::move(plan).value();
+    ASSIGN_OR_RETURN(p.plan, BackendDescriptor::Create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR));
     cudnnBackendDescriptor_t d = p.plan.get();
     (void)cudnnBackendSetAttribute(d, kPlanHandle, CUDNN_TYPE_HANDLE, 1, &handle_);  // optional
     PSTRAIN_GRAPH_TRY(SetDescriptor(d, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs[k]),
