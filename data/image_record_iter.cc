@@ -283,7 +283,8 @@ std::string ImageRecordIter::Describe() const {
   return StrCat("ImageRecordIter ", rec ? config_.path_imgrec : config_.path_imglist, " part ",
                 config_.part_index, "/", config_.num_parts, rec ? " (bytes " : " (entries ",
                 part_begin_, "-", part_end_, "), ", num_examples(), " examples, batch ",
-                config_.batch_size, ", ", config_.preprocess_threads, " threads");
+                config_.batch_size, config_.shuffle ? ", shuffled, " : ", file order, ",
+                config_.preprocess_threads, " threads");
 }
 
 StatusOr<std::vector<float>> ComputeMeanImage(const ImageRecordIterConfig& config) {

@@ -26,6 +26,9 @@ DEFINE_int64(num_examples, 0, "training examples per epoch over all workers; 0: 
 DEFINE_int32(benchmark, 0, "1: train on synthetic data of --image-shape");
 DEFINE_int32(test_io, 0, "1: only read the training data and log its speed");
 DEFINE_uint64(seed, 0, "seed of shuffling and initialization");
+DEFINE_int32(shuffle_train, 1,
+             "1: each pass over the training data in a new seeded order; 0: the file's order "
+             "every pass (MXNet's ImageRecordIter without shuffle)");
 DEFINE_int32(num_epochs, 100, "max number of epochs");
 DEFINE_int32(batch_size, 128, "batch size per worker");
 DEFINE_string(optimizer, "sgd", "the optimizer (sgd)");

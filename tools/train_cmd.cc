@@ -54,6 +54,7 @@ StatusOr<TrainData> OpenImageData(const TrainConfig& cfg, int rank, int num_work
         ImageRecordIterConfigFromFlags(split, cfg.batch_size(), static_cast<int>(shape[0]),
                                        static_cast<int>(shape[1]), static_cast<int>(shape[2]), rank,
                                        num_workers, static_cast<uint64_t>(cfg.seed())));
+    if (split == ImageDataSplit::kTrain) ic.shuffle = cfg.shuffle_train() != 0;
     ASSIGN_OR_RETURN(std::unique_ptr<ImageRecordIter> it, ImageRecordIter::Create(ic));
     return std::unique_ptr<DataIter>(std::move(it));
   };

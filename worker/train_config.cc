@@ -251,6 +251,10 @@ Status ValidateTrainConfig(const TrainConfig& cfg) {
         "--num-examples, --num-layers, --num-classes, --top-k, --load-epoch and --num-threads "
         "must be >= 0");
   }
+  if (cfg.shuffle_train() != 0 && cfg.shuffle_train() != 1) {
+    return Status::InvalidArgument(
+        StrCat("--shuffle-train=", cfg.shuffle_train(), " must be 0 or 1"));
+  }
   if (cfg.optimizer() != "sgd") {
     return Status::InvalidArgument(
         StrCat("--optimizer='", cfg.optimizer(), "' is not supported (known: sgd)"));

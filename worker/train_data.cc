@@ -70,7 +70,7 @@ StatusOr<TrainData> OpenTrainData(const TrainConfig& cfg, int rank, int num_work
   out.num_classes = cfg.num_classes() > 0 ? cfg.num_classes() : 10;
   out.total_train_examples = train_set->count();
   IterOptions train_opts = opts;
-  train_opts.shuffle = true;
+  train_opts.shuffle = cfg.shuffle_train() != 0;
   ASSIGN_OR_RETURN(out.train,
                    NewInMemoryIter(train_set, train_opts,
                                    out.kind == "mnist" ? "MNIST train" : "CIFAR-10 train"));

@@ -3,8 +3,8 @@
 // --benchmark 1: synthetic data of --image-shape, no validation.
 // Otherwise --data-dir holds MNIST idx files (train-images-idx3-ubyte[.gz],
 // ...) or CIFAR-10 binary batches (data_batch_*.bin, test_batch*.bin). The
-// training reader is shuffled (seed --seed) and both are partitioned by
-// (rank, num_workers), as fit.py does.
+// training reader is shuffled (seed --seed; --shuffle-train 0: the file's
+// order) and both are partitioned by (rank, num_workers), as fit.py does.
 #ifndef PSTRAIN_WORKER_TRAIN_DATA_H_
 #define PSTRAIN_WORKER_TRAIN_DATA_H_
 

@@ -277,6 +277,15 @@ TEST_F(DataCmdTest, Cifar10ArchiveIsUnpackedAndPackedIntoRecordIO) {
                        &out),
             0)
       << out;
+  EXPECT_NE(out.find("batch 50, shuffled,"), std::string::npos) << out;
+  ASSERT_EQ(RunPstrain(cwd_,
+                       "train --test-io 1 --data-train cifar/train.rec --image-shape 3,32,32 "
+                       "--num-classes 10 --batch-size 50 --num-epochs 1 --kv-store local "
+                       "--shuffle-train 0",
+                       &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("batch 50, file order,"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "data/mnist.h"
 #include "tests/test_util.h"
+#include "worker/train_data.h"
 
 namespace pstrain {
 namespace {
@@ -237,6 +239,54 @@ TEST(TrainConfigTest, GpuSwitchesAreZeroOrOne) {
               std::string::npos)
         << s;
   }
+}
+
+TEST(TrainConfigTest, ShuffleTrainIsZeroOrOne) {
+  TrainConfig cfg = Valid();
+  EXPECT_EQ(cfg.shuffle_train(), 1);  // fit.py's readers shuffle
+  ASSERT_OK(ApplyConfigOverrides({{"shuffle_train", "0"}}, &cfg));
+  EXPECT_OK(ValidateTrainConfig(cfg));
+  cfg.set_shuffle_train(2);
+  const Status s = ValidateTrainConfig(cfg);
+  EXPECT_NE(s.message().find("--shuffle-train=2 must be 0 or 1"), std::string::npos) << s;
+}
+
+// The labels of the first batch of the next pass.
+std::vector<float> FirstLabelsOfNextPass(DataIter* it) {
+  it->Reset();
+  Batch b;
+  auto more = it->Next(&b);
+  EXPECT_TRUE(more.ok() && *more) << more.status();
+  return b.label;
+}
+
+// --shuffle-train 0 reads MNIST's training file in its own order on every
+// pass (MXNet's ImageRecordIter without shuffle); 1 draws a new order per pass.
+TEST(TrainDataTest, ShuffleTrainZeroReadsTheFileOrderEveryPass) {
+  const std::string dir = testing::SharedDataDir() + "/mnist";
+  auto labels_file = FindMnistFile(dir, "train-labels-idx1-ubyte");
+  auto images_file = FindMnistFile(dir, "train-images-idx3-ubyte");
+  if (!labels_file.ok() || !images_file.ok()) GTEST_SKIP() << "no MNIST in " << dir;
+  auto file = ReadMnist(*images_file, *labels_file);
+  ASSERT_OK(file.status());
+  TrainConfig cfg = Valid();
+  cfg.set_data_dir(dir);
+  cfg.set_batch_size(64);
+  const std::vector<float> in_file(file->labels.begin(), file->labels.begin() + 64);
+  cfg.set_shuffle_train(0);
+  auto fixed = OpenTrainData(cfg, /*rank=*/0, /*num_workers=*/1);
+  ASSERT_OK(fixed.status());
+  EXPECT_EQ(fixed->train->Describe().find("shuffled"), std::string::npos)
+      << fixed->train->Describe();
+  for (int pass = 0; pass < 2; ++pass) {
+    EXPECT_EQ(FirstLabelsOfNextPass(fixed->train.get()), in_file) << "pass " << pass;
+  }
+  cfg.set_shuffle_train(1);
+  auto shuffled = OpenTrainData(cfg, 0, 1);
+  ASSERT_OK(shuffled.status());
+  const std::vector<float> first = FirstLabelsOfNextPass(shuffled->train.get());
+  EXPECT_NE(first, in_file);
+  EXPECT_NE(FirstLabelsOfNextPass(shuffled->train.get()), first) << "a new order per pass";
 }
 
 TEST(TrainConfigTest, EffectiveTextListsEveryField) {
