@@ -3,6 +3,8 @@
 # with the 2015 scripts' hyperparameters (wd 0.00001, Uniform(0.07), epochs of
 # 60,000 images), from the CIFAR-10 JPEG set packed by `pstrain im2rec`:
 #   incept_3   1 GPU, batch 128, lr 0.1, --kv-store local
+#   incept_3_fixed  the same, reading train.rec in its file order every epoch
+#              (--shuffle-train 0), as the 2015 ImageRecordIter did
 #   incept_5   10 GPU workers (all on GPU 0), 5 servers, dist_sync, 256 per GPU, lr 0.1
 #   incept_6   the same, lr 0.4
 #   incept_7   10 workers, 128 per GPU, lr 0.1
@@ -21,7 +23,7 @@ RUNS=${2:-incept_3 incept_5 incept_6 incept_7 incept_4 async}
 EPOCHS=${3:-40}
 LIMIT=${4:-3600}
 DATA=${PSTRAIN_SHARED_DATA_DIR:-../shared/data}
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -30,6 +32,7 @@ tar -xzf "$DATA/cifar10_jpeg/cifar10-jpeg.tar.gz" -C "$work" || exit 1
   "$P" im2rec --list --recursive cifar_test test >/dev/null &&
   "$P" im2rec --num-thread "$(nproc)" cifar_train train >/dev/null &&
   "$P" im2rec --num-thread "$(nproc)" cifar_test test >/dev/null) || exit 1
+# shellcheck disable=SC2054  # the commas are in values (3,28,28)
 common=(--network inception-bn-28-small --data-train "$work/cifar_train.rec"
   --data-val "$work/cifar_test.rec" --image-shape 3,28,28 --num-classes 10 --random-crop 1
   --random-mirror 1 --mean-img "$work/mean.bin" --wd 0.00001 --initializer "uniform(0.07)"
@@ -40,8 +43,10 @@ timeout 600 "$P" train "${common[@]}" --num-epochs 1 --num-examples 128 --batch-
 [[ -s $work/mean.bin ]] || { echo "gpu_seed001: the mean image was not made" >&2; exit 1; }
 
 for run in $RUNS; do
+  order=1
   case $run in
     incept_3) one=1 batch=128 lr=0.1 kv=local ;;
+    incept_3_fixed) one=1 batch=128 lr=0.1 kv=local order=0 ;;
     incept_5) one=0 batch=256 lr=0.1 kv=dist_sync ;;
     incept_6) one=0 batch=256 lr=0.4 kv=dist_sync ;;
     incept_7) one=0 batch=128 lr=0.1 kv=dist_sync ;;
@@ -49,11 +54,11 @@ for run in $RUNS; do
     async) one=0 batch=256 lr=0.1 kv=dist_async ;;
     *) echo "gpu_seed001: unknown run $run" >&2; exit 2 ;;
   esac
-  echo "### $run: batch $batch per GPU, lr $lr, $kv$([[ $one == 0 ]] && echo ', 10 workers, 5 servers')"
+  echo "### $run: batch $batch per GPU, lr $lr, $kv$([[ $one == 0 ]] && echo ', 10 workers, 5 servers')$([[ $order == 0 ]] && echo ', file order')"
   echo
   if [[ $one == 1 ]]; then
     timeout "$LIMIT" "$P" train "${common[@]}" --batch-size "$batch" --lr "$lr" --kv-store "$kv" \
-      --disp-batches 100 >"$work/$run.log" 2>&1
+      --shuffle-train "$order" --disp-batches 100 >"$work/$run.log" 2>&1
     "$P" parse-log "$work/$run.log"
   else
     rm -rf "$work/logs"
