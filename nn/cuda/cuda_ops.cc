@@ -187,10 +187,9 @@ class CudnnConvolution : public CudaOp {
       CHECK_OK(algos_.fwd.graph->Execute(0, fwd_pack_));
     } else {
       PSTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, algos_.fwd.math));
-      PSTRAIN_CUDNN_CHECK(cudnnConvolutionForward(
-          cudnn(), &kOne, x_.get(), t_.in[0].data(), filter_, t_.params[0].data(), conv_,
-          algos_.fwd.algo, Scratch(t_.scratch_forward), ScratchBytes(t_.scratch_forward), &kZero,
-          y_.get(), t_.out.data()));
+      PSTRAIN_CUDNN_CHECK(LegacyForward(algos_.fwd.algo, t_.in[0].data(), t_.params[0].data(),
+                                        t_.out.data(), Scratch(t_.scratch_forward),
+                                        ScratchBytes(t_.scratch_forward)));
     }
     if (!node_.conv.no_bias) {
       PSTRAIN_CUDNN_CHECK(cudnnAddTensor(cudnn(), &kOne, bias_.get(), t_.params[1].data(), &kOne,
@@ -206,9 +205,9 @@ class CudnnConvolution : public CudaOp {
       CHECK_OK(algos_.bwd_filter.graph->Execute(0, bwd_filter_pack_));
     } else {
       PSTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, algos_.bwd_filter.math));
-      PSTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
-          cudnn(), &kOne, x_.get(), t_.in[0].data(), y_.get(), t_.out_grad.data(), conv_,
-          algos_.bwd_filter.algo, ws, ws_bytes, &kZero, filter_, t_.param_grads[0].data()));
+      PSTRAIN_CUDNN_CHECK(LegacyBackwardFilter(algos_.bwd_filter.algo, t_.in[0].data(),
+                                               t_.out_grad.data(), t_.param_grads[0].data(), ws,
+                                               ws_bytes));
     }
     if (!node_.conv.no_bias) {
       PSTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardBias(cudnn(), &kOne, y_.get(), t_.out_grad.data(),
@@ -219,14 +218,35 @@ class CudnnConvolution : public CudaOp {
       CHECK_OK(algos_.bwd_data.graph->Execute(0, bwd_data_pack_));  // its beta is Beta(0)'s
     } else if (has_bwd_data_) {
       PSTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, algos_.bwd_data.math));
-      PSTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardData(
-          cudnn(), &kOne, filter_, t_.params[0].data(), y_.get(), t_.out_grad.data(), conv_,
-          algos_.bwd_data.algo, ws, ws_bytes, Beta(0), x_.get(), t_.in_grads[0].data()));
+      PSTRAIN_CUDNN_CHECK(LegacyBackwardData(algos_.bwd_data.algo, t_.params[0].data(),
+                                             t_.out_grad.data(), Beta(0), t_.in_grads[0].data(), ws,
+                                             ws_bytes));
     }
   }
 
  private:
   static void* Scratch(const Tensor& t) { return t.defined() ? t.data() : nullptr; }
+
+  // Each direction's legacy cuDNN call under `algo` (the caller sets its math
+  // type): the step runs it on the bound tensors, the graph race on the
+  // search buffers.
+  cudnnStatus_t LegacyForward(cudnnConvolutionFwdAlgo_t algo, const void* x, const void* w, void* y,
+                              void* ws, size_t ws_bytes) {
+    return cudnnConvolutionForward(cudnn(), &kOne, x_.get(), x, filter_, w, conv_, algo, ws,
+                                   ws_bytes, &kZero, y_.get(), y);
+  }
+  cudnnStatus_t LegacyBackwardFilter(cudnnConvolutionBwdFilterAlgo_t algo, const void* x,
+                                     const void* dy, void* dw, void* ws, size_t ws_bytes) {
+    return cudnnConvolutionBackwardFilter(cudnn(), &kOne, x_.get(), x, y_.get(), dy, conv_, algo,
+                                          ws, ws_bytes, &kZero, filter_, dw);
+  }
+  // beta 1 adds to dx (a tensor read by other layers too), 0 writes it.
+  cudnnStatus_t LegacyBackwardData(cudnnConvolutionBwdDataAlgo_t algo, const void* w,
+                                   const void* dy, const float* beta, void* dx, void* ws,
+                                   size_t ws_bytes) {
+    return cudnnConvolutionBackwardData(cudnn(), &kOne, filter_, w, y_.get(), dy, conv_, algo, ws,
+                                        ws_bytes, beta, x_.get(), dx);
+  }
   static size_t ScratchBytes(const Tensor& t) { return t.defined() ? t.bytes() : 0; }
 
   // Device memory outside the caching allocator, for the search only (the
@@ -284,10 +304,8 @@ class CudnnConvolution : public CudaOp {
                                                        out->fwd.algo, need);
       }));
       RETURN_IF_ERROR(
-          RaceGraph(ConvDirection::kForward, 0.0f, x.p, w.p, y.p, ws.p, limit, &out->fwd, [&] {
-            return cudnnConvolutionForward(cudnn(), &kOne, x_.get(), x.p, filter_, w.p, conv_,
-                                           out->fwd.algo, ws.p, limit, &kZero, y_.get(), y.p);
-          }));
+          RaceGraph(ConvDirection::kForward, 0.0f, x.p, w.p, y.p, ws.p, limit, &out->fwd,
+                    [&] { return LegacyForward(out->fwd.algo, x.p, w.p, y.p, ws.p, limit); }));
     }
     if (!has_bwd_filter_) return Status::Ok();  // inference: no backward
     {
@@ -303,11 +321,8 @@ class CudnnConvolution : public CudaOp {
                                                               filter_, out->bwd_filter.algo, need);
       }));
       RETURN_IF_ERROR(RaceGraph(
-          ConvDirection::kBackwardFilter, 0.0f, x.p, dw.p, y.p, ws.p, limit, &out->bwd_filter, [&] {
-            return cudnnConvolutionBackwardFilter(cudnn(), &kOne, x_.get(), x.p, y_.get(), y.p,
-                                                  conv_, out->bwd_filter.algo, ws.p, limit, &kZero,
-                                                  filter_, dw.p);
-          }));
+          ConvDirection::kBackwardFilter, 0.0f, x.p, dw.p, y.p, ws.p, limit, &out->bwd_filter,
+          [&] { return LegacyBackwardFilter(out->bwd_filter.algo, x.p, y.p, dw.p, ws.p, limit); }));
     }
     if (has_bwd_data_) {
       cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
@@ -324,9 +339,7 @@ class CudnnConvolution : public CudaOp {
       const float* beta = adds_ ? &kOne : &kZero;
       RETURN_IF_ERROR(RaceGraph(
           ConvDirection::kBackwardData, *beta, x.p, w.p, y.p, ws.p, limit, &out->bwd_data, [&] {
-            return cudnnConvolutionBackwardData(cudnn(), &kOne, filter_, w.p, y_.get(), y.p, conv_,
-                                                out->bwd_data.algo, ws.p, limit, beta, x_.get(),
-                                                x.p);
+            return LegacyBackwardData(out->bwd_data.algo, w.p, y.p, beta, x.p, ws.p, limit);
           }));
     }
     return Status::Ok();
