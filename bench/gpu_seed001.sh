@@ -5,6 +5,8 @@
 #   incept_3   1 GPU, batch 128, lr 0.1, --kv-store local
 #   incept_3_fixed  the same, reading train.rec in its file order every epoch
 #              (--shuffle-train 0), as the 2015 ImageRecordIter did
+#   torch_3    incept_3 in PyTorch on the same files (bench/torch_cifar_rec.py,
+#              $PYTHON or python3, CUDA unless TORCH_DEVICE says otherwise)
 #   incept_5   10 GPU workers (all on GPU 0), 5 servers, dist_sync, 256 per GPU, lr 0.1
 #   incept_6   the same, lr 0.4
 #   incept_7   10 workers, 128 per GPU, lr 0.1
@@ -14,7 +16,8 @@
 # Prints a `pstrain parse-log` table per run (10-worker runs: worker 0's log and
 # the mean validation accuracy of the ten workers, each scoring its tenth of
 # the test set). Runs stop after EPOCHS epochs or SECONDS seconds, whichever
-# comes first.
+# comes first. EXAMPLES: images per epoch (60,000 unless set; a smaller
+# figure makes a quick try of the script).
 #   bash bench/gpu_seed001.sh [pstrain] [runs] [epochs] [seconds]
 #   e.g. bash bench/gpu_seed001.sh build/pstrain "incept_3 incept_5" 40 600
 set -uo pipefail
@@ -22,6 +25,7 @@ P=${1:-build/pstrain}
 RUNS=${2:-incept_3 incept_5 incept_6 incept_7 incept_4 async}
 EPOCHS=${3:-40}
 LIMIT=${4:-3600}
+EXAMPLES=${EXAMPLES:-60000}
 DATA=${PSTRAIN_SHARED_DATA_DIR:-../shared/data}
 cd "$(dirname "$0")/.." || exit 1
 work=$(mktemp -d)
@@ -36,7 +40,7 @@ tar -xzf "$DATA/cifar10_jpeg/cifar10-jpeg.tar.gz" -C "$work" || exit 1
 common=(--network inception-bn-28-small --data-train "$work/cifar_train.rec"
   --data-val "$work/cifar_test.rec" --image-shape 3,28,28 --num-classes 10 --random-crop 1
   --random-mirror 1 --mean-img "$work/mean.bin" --wd 0.00001 --initializer "uniform(0.07)"
-  --num-examples 60000 --num-epochs "$EPOCHS" --gpus 0)
+  --num-examples "$EXAMPLES" --num-epochs "$EPOCHS" --gpus 0)
 # The mean image once, before any run reads it (10 workers would race to write it).
 timeout 600 "$P" train "${common[@]}" --num-epochs 1 --num-examples 128 --batch-size 128 \
   --kv-store local >/dev/null 2>&1
@@ -47,6 +51,7 @@ for run in $RUNS; do
   case $run in
     incept_3) one=1 batch=128 lr=0.1 kv=local ;;
     incept_3_fixed) one=1 batch=128 lr=0.1 kv=local order=0 ;;
+    torch_3) one=torch batch=128 lr=0.1 kv=local ;;
     incept_5) one=0 batch=256 lr=0.1 kv=dist_sync ;;
     incept_6) one=0 batch=256 lr=0.4 kv=dist_sync ;;
     incept_7) one=0 batch=128 lr=0.1 kv=dist_sync ;;
@@ -54,9 +59,14 @@ for run in $RUNS; do
     async) one=0 batch=256 lr=0.1 kv=dist_async ;;
     *) echo "gpu_seed001: unknown run $run" >&2; exit 2 ;;
   esac
-  echo "### $run: batch $batch per GPU, lr $lr, $kv$([[ $one == 0 ]] && echo ', 10 workers, 5 servers')$([[ $order == 0 ]] && echo ', file order')"
+  echo "### $run: batch $batch per GPU, lr $lr, $kv$([[ $one == 0 ]] && echo ', 10 workers, 5 servers')$([[ $order == 0 ]] && echo ', file order')$([[ $one == torch ]] && echo ', PyTorch')"
   echo
-  if [[ $one == 1 ]]; then
+  if [[ $one == torch ]]; then
+    timeout "$LIMIT" "${PYTHON:-python3}" bench/torch_cifar_rec.py "$work/cifar_train.rec" \
+      "$work/cifar_test.rec" "$EPOCHS" "$(nproc)" "${TORCH_DEVICE:-cuda}" "$EXAMPLES" \
+      >"$work/$run.log" 2>&1 || tail -n 5 "$work/$run.log"
+    "$P" parse-log "$work/$run.log"
+  elif [[ $one == 1 ]]; then
     timeout "$LIMIT" "$P" train "${common[@]}" --batch-size "$batch" --lr "$lr" --kv-store "$kv" \
       --shuffle-train "$order" --disp-batches 100 >"$work/$run.log" 2>&1
     "$P" parse-log "$work/$run.log"

@@ -6,9 +6,13 @@ zero biases, batch 128, 28x28 random crops and mirrors of the 32x32 images,
 the mean image of the training images' centre crops subtracted, centre crops
 scored. Prints MXNet's log lines, so `pstrain parse-log` reads them:
 
-  python3 bench/torch_cifar_rec.py TRAIN.rec VAL.rec EPOCHS [THREADS [DEVICE]]
+  python3 bench/torch_cifar_rec.py TRAIN.rec VAL.rec EPOCHS [THREADS [DEVICE [EXAMPLES]]]
 
-DEVICE is "cpu" (default) or "cuda" (cuDNN benchmark mode on).
+DEVICE is "cpu" (default) or "cuda" (cuDNN benchmark mode on). EXAMPLES per
+epoch (default: one pass over TRAIN.rec): as `pstrain train --num-examples`,
+each epoch starts a new shuffled pass and runs on into the next one when
+EXAMPLES is more than a pass (the seed's epochs were 60,000 images).
+Images are decoded with PIL, or torchvision where PIL is missing.
 """
 import io
 import struct
@@ -18,9 +22,25 @@ import time
 import numpy as np
 import torch
 import torch.nn as nn
-from PIL import Image
 
 import torch_models
+
+try:
+    from PIL import Image
+
+    def decode(body):
+        return np.asarray(Image.open(io.BytesIO(body)).convert("RGB"))
+except ImportError:
+    try:
+        import torchvision.io
+
+        def decode(body):
+            raw = torch.frombuffer(bytearray(body), dtype=torch.uint8)
+            img = torchvision.io.decode_image(raw, mode=torchvision.io.ImageReadMode.RGB)
+            return img.permute(1, 2, 0).numpy()
+    except ImportError:
+        sys.exit("torch_cifar_rec.py: decoding the images needs PIL (pip install pillow) "
+                 "or torchvision")
 
 MAGIC = 0xCED7230A
 
@@ -44,7 +64,7 @@ def read_rec(path):
         if flag > 0:  # a list of labels: the first one
             label = struct.unpack_from("<f", body, 0)[0]
             body = body[4 * flag:]
-        images.append(np.asarray(Image.open(io.BytesIO(body)).convert("RGB")))
+        images.append(decode(body))
         labels.append(int(label))
         payload = b""
     return np.stack(images), np.array(labels, dtype=np.int64)
@@ -54,6 +74,7 @@ def main():
     train_rec, val_rec, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3])
     torch.set_num_threads(int(sys.argv[4]) if len(sys.argv) > 4 else 2)
     dev = torch.device(sys.argv[5] if len(sys.argv) > 5 else "cpu")
+    examples = int(sys.argv[6]) if len(sys.argv) > 6 else 0
     torch.backends.cudnn.benchmark = True
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
@@ -75,11 +96,15 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.00001)
     loss_fn = nn.CrossEntropyLoss()
     batch, n = 128, len(y_train)
+    batches = (examples if examples > 0 else n) // batch
     for epoch in range(epochs):
         model.train()
         start, right, seen = time.time(), 0, 0
-        order = torch.from_numpy(rng.permutation(n)).to(dev)
-        for b in range(n // batch):
+        # A new pass at each epoch's start, and more passes while it lasts.
+        passes = -(-batches * batch // n)
+        order = torch.from_numpy(
+            np.concatenate([rng.permutation(n) for _ in range(passes)])).to(dev)
+        for b in range(batches):
             idx = order[b * batch:(b + 1) * batch]
             offsets = rng.integers(0, 5, size=(batch, 2))
             x = torch.stack([x_train[i, :, oy:oy + 28, ox:ox + 28]
