@@ -226,6 +226,7 @@ class CudnnConvolution : public CudaOp {
 
  private:
   static void* Scratch(const Tensor& t) { return t.defined() ? t.data() : nullptr; }
+  static size_t ScratchBytes(const Tensor& t) { return t.defined() ? t.bytes() : 0; }
 
   // Each direction's legacy cuDNN call under `algo` (the caller sets its math
   // type): the step runs it on the bound tensors, the graph race on the
@@ -247,7 +248,6 @@ class CudnnConvolution : public CudaOp {
     return cudnnConvolutionBackwardData(cudnn(), &kOne, filter_, w, y_.get(), dy, conv_, algo, ws,
                                         ws_bytes, beta, x_.get(), dx);
   }
-  static size_t ScratchBytes(const Tensor& t) { return t.defined() ? t.bytes() : 0; }
 
   // Device memory outside the caching allocator, for the search only (the
   // memory figures do not count it): freed when it goes.
