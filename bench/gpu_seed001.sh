@@ -17,7 +17,9 @@
 # the mean validation accuracy of the ten workers, each scoring its tenth of
 # the test set). Runs stop after EPOCHS epochs or SECONDS seconds, whichever
 # comes first. EXAMPLES: images per epoch (60,000 unless set; a smaller
-# figure makes a quick try of the script).
+# figure makes a quick try of the script). PARALLEL=1 starts every run named
+# at once on the one GPU (two single-GPU runs fit one 10-minute call so; ten
+# workers' runs are better one at a time) and prints their tables in order.
 #   bash bench/gpu_seed001.sh [pstrain] [runs] [epochs] [seconds]
 #   e.g. bash bench/gpu_seed001.sh build/pstrain "incept_3 incept_5" 40 600
 set -uo pipefail
@@ -26,8 +28,13 @@ RUNS=${2:-incept_3 incept_5 incept_6 incept_7 incept_4 async}
 EPOCHS=${3:-40}
 LIMIT=${4:-3600}
 EXAMPLES=${EXAMPLES:-60000}
+PARALLEL=${PARALLEL:-0}
 DATA=${PSTRAIN_SHARED_DATA_DIR:-../shared/data}
 cd "$(dirname "$0")/.." || exit 1
+for run in $RUNS; do
+  [[ " incept_3 incept_3_fixed torch_3 incept_5 incept_6 incept_7 incept_4 async " == *" $run "* ]] ||
+    { echo "gpu_seed001: unknown run $run" >&2; exit 2; }
+done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -46,8 +53,9 @@ timeout 600 "$P" train "${common[@]}" --num-epochs 1 --num-examples 128 --batch-
   --kv-store local >/dev/null 2>&1
 [[ -s $work/mean.bin ]] || { echo "gpu_seed001: the mean image was not made" >&2; exit 1; }
 
-for run in $RUNS; do
-  order=1
+# run_one RUN: one run's heading and parse-log table on stdout (its logs in $work).
+run_one() {
+  local run=$1 order=1 one batch lr kv logs
   case $run in
     incept_3) one=1 batch=128 lr=0.1 kv=local ;;
     incept_3_fixed) one=1 batch=128 lr=0.1 kv=local order=0 ;;
@@ -57,7 +65,7 @@ for run in $RUNS; do
     incept_7) one=0 batch=128 lr=0.1 kv=dist_sync ;;
     incept_4) one=0 batch=128 lr=0.4 kv=dist_sync ;;
     async) one=0 batch=256 lr=0.1 kv=dist_async ;;
-    *) echo "gpu_seed001: unknown run $run" >&2; exit 2 ;;
+    *) echo "gpu_seed001: unknown run $run" >&2; return 2 ;;
   esac
   echo "### $run: batch $batch per GPU, lr $lr, $kv$([[ $one == 0 ]] && echo ', 10 workers, 5 servers')$([[ $order == 0 ]] && echo ', file order')$([[ $one == torch ]] && echo ', PyTorch')"
   echo
@@ -71,18 +79,29 @@ for run in $RUNS; do
       --shuffle-train "$order" --disp-batches 100 >"$work/$run.log" 2>&1
     "$P" parse-log "$work/$run.log"
   else
-    rm -rf "$work/logs"
-    timeout "$LIMIT" "$P" launch -n 10 -s 5 --launcher local --quiet --log-dir "$work/logs" -- \
+    logs=$work/logs-$run
+    rm -rf "$logs"
+    timeout "$LIMIT" "$P" launch -n 10 -s 5 --launcher local --quiet --log-dir "$logs" -- \
       "$P" train "${common[@]}" --batch-size "$batch" --lr "$lr" --kv-store "$kv" \
       --data-nthreads 1 --disp-batches 10 >"$work/$run.log" 2>&1
-    "$P" parse-log "$work/logs/worker-0.log"
+    "$P" parse-log "$logs/worker-0.log"
     echo
     echo "mean validation accuracy of the ten workers, every fifth epoch:"
-    cat "$work"/logs/worker-*.log | grep -o "Epoch\[[0-9]*\] Validation-accuracy=[0-9.]*" |
+    cat "$logs"/worker-*.log | grep -o "Epoch\[[0-9]*\] Validation-accuracy=[0-9.]*" |
       sed 's/Epoch\[\([0-9]*\)\] Validation-accuracy=/\1 /' |
       awk '{ s[$1] += $2; n[$1]++ } END { for (e in s) if ((e + 1) % 5 == 0) printf "%d %.4f\n", e + 1, s[e] / n[e] }' |
       sort -n | tr '\n' ';'
     echo
   fi
   echo
-done
+}
+
+if [[ $PARALLEL == 1 ]]; then
+  # Every run at once, sharing the GPU (each slower, all inside one call);
+  # the tables then in the order asked.
+  for run in $RUNS; do run_one "$run" >"$work/$run.table" 2>&1 & done
+  wait
+  for run in $RUNS; do cat "$work/$run.table"; done
+else
+  for run in $RUNS; do run_one "$run"; done
+fi

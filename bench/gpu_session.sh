@@ -20,8 +20,9 @@
 #            JPEG set: DATA); by default incept_6, 40 epochs, at most 500 s:
 #            one run of 10 workers fits a call (about 8 s an epoch on an H100);
 #            the runs owed: incept_6 incept_7 incept_4 async; incept_3_fixed
-#            (incept_3 in the file's order, 40 epochs in about 200 s) and
-#            torch_3 (incept_3 in PyTorch on the same files): one call each
+#            (incept_3 in the file's order, 40 epochs in about 200 s alone) and
+#            torch_3 (incept_3 in PyTorch on the same files): both in one call
+#            with PARALLEL=1 (gpu_seed001.sh runs them at once on the GPU)
 # DATA: the data folder (../shared/data by default; mnist/, cifar10_jpeg/).
 # Logs and tables go to $OUT (the device tool's output folder) or ./gpu-out.
 set -uo pipefail
