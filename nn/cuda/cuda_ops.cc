@@ -250,14 +250,18 @@ class CudnnConvolution : public CudaOp {
   }
 
   // Device memory outside the caching allocator, for the search only (the
-  // memory figures do not count it): freed when it goes.
+  // memory figures do not count it): freed when it goes, once the search's
+  // stream is done with it (a search that fails midway may leave runs queued).
   struct SearchBuffer {
     void* p = nullptr;
+    cudaStream_t stream = nullptr;
     ~SearchBuffer() {
-      if (p) cudaFree(p);
+      if (p == nullptr) return;
+      if (stream != nullptr) (void)cudaStreamSynchronize(stream);
+      cudaFree(p);
     }
-    // Zeroed in `stream`'s order (the search runs there).
-    Status Allocate(size_t bytes, cudaStream_t stream, const std::string& what) {
+    // Zeroed in `on`'s order (the search runs there).
+    Status Allocate(size_t bytes, cudaStream_t on, const std::string& what) {
       const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
       if (e != cudaSuccess) {
         (void)cudaGetLastError();
@@ -265,6 +269,7 @@ class CudnnConvolution : public CudaOp {
         return Status::Unavailable(StrCat(
             what, ": ", bytes, " bytes for cuDNN's algorithm search: ", cudaGetErrorString(e)));
       }
+      stream = on;
       PSTRAIN_CUDA_CHECK(cudaMemsetAsync(p, 0, std::max<size_t>(bytes, 1), stream));
       return Status::Ok();
     }
@@ -286,6 +291,7 @@ class CudnnConvolution : public CudaOp {
     if (has_bwd_filter_) RETURN_IF_ERROR(dw.Allocate(bytes(shapes_.params[0]), stream(), Where()));
     size_t limit = be_->options().gpu_workspace_bytes;
     SearchBuffer ws;
+    ws.stream = stream();
     while (limit > 0 && cudaMalloc(&ws.p, limit) != cudaSuccess) {
       (void)cudaGetLastError();
       ws.p = nullptr;
@@ -354,6 +360,16 @@ class CudnnConvolution : public CudaOp {
   Status RaceGraph(ConvDirection direction, float beta, void* x, void* w, void* y, void* ws,
                    size_t limit, ConvChoice<Algo>* c, Legacy legacy) {
     if (!be_->options().gpu_conv_graph) return Status::Ok();
+    if (c->bytes > limit) {
+      // cuDNN's size query under the run's math asked for more than the
+      // search's whole workspace (CoverWorkspace): the legacy algorithm cannot
+      // run on the search buffers to be timed, but runs in the step.
+      LOG(WARNING) << Where() << ": the legacy " << ConvDirectionName(direction)
+                   << " algorithm needs " << c->bytes << " bytes of workspace, more than the "
+                   << limit << " of the search; it runs without racing the graph API";
+      be_->CountConvSearch(CudaBackend::ConvSearch::kGraphUnavailable);
+      return Status::Ok();
+    }
     const Nchw xs = ToNchw(shapes_.in[0]), wsh = ToNchw(shapes_.params[0]),
                ys = ToNchw(shapes_.out);
     const ConvParam& p = node_.conv;
