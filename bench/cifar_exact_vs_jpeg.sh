@@ -30,35 +30,8 @@ die() { echo "cifar_exact_vs_jpeg: $*" >&2; exit 1; }
 "$P" rec cifar10 "$DATA/cifar10_partial" "$work/exact" >/dev/null || die "packing the exact images"
 tar -xzf "$DATA/cifar10_jpeg/cifar10-jpeg.tar.gz" -C "$work" || die "unpacking the JPEG set"
 
-# The JPEG set names an image <split>/<class>/NNNN.jpg, NNNN counting the
-# images of its class in the order of the official batches; the labels of
-# every batch are known, so each exact image has its JPEG twin.
-python3 - "$DATA/cifar10_partial" "$work" <<'EOF' || die "listing the JPEG twins"
-import os, re, sys
-src, work = sys.argv[1], sys.argv[2]
-classes = [l.strip() for l in open(os.path.join(src, "classes.txt")) if l.strip()]
-assert len(classes) == 10, classes
-def twins(split, batches):
-    seen = [0] * 10
-    lines = []
-    for b in batches:
-        labels = open(os.path.join(src, b + ".labels"), "rb").read()
-        cut = [f for f in os.listdir(src) if f.startswith(b + ".") and f.endswith(".bin")]
-        have = os.path.getsize(os.path.join(src, cut[0])) // 3073 if cut else 0
-        for i, c in enumerate(labels):
-            if i < have:
-                path = "%s/%s/%04d.jpg" % (split, classes[c], seen[c])
-                if not os.path.exists(os.path.join(work, path)):
-                    sys.exit("missing " + path)
-                lines.append("%d\t%d\t%s\n" % (len(lines), c, path))
-            seen[c] += 1
-    with open(os.path.join(work, "jpeg_%s.lst" % split), "w") as f:
-        f.writelines(lines)
-    return len(lines)
-n_train = twins("train", ["data_batch_%d" % i for i in range(1, 6)])
-n_test = twins("test", ["test_batch"])
-print("twins: %d training, %d test images" % (n_train, n_test))
-EOF
+python3 "$(dirname "$0")/cifar_twins.py" "$DATA/cifar10_partial" "$work" ||
+  die "listing the JPEG twins"
 for split in train test; do
   "$P" im2rec --num-thread "$(nproc)" "$work/jpeg_$split" "$work" >/dev/null ||
     die "packing the JPEG $split images"
@@ -75,6 +48,7 @@ for split in train test; do
           if (n == 0 || sum / n > 3) exit 1 }' || die "the $split twins do not match"
 done
 
+# shellcheck disable=SC2054  # the commas are in values (3,28,28)
 common=(--network inception-bn-28-small --image-shape 3,28,28 --num-classes 10 --random-crop 1
   --random-mirror 1 --wd 0.00001 --initializer "uniform(0.07)" --batch-size 128 --lr 0.1
   --kv-store local --num-epochs "$EPOCHS" --disp-batches 1000 "$@")

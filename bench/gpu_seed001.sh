@@ -6,7 +6,9 @@
 #   incept_3_fixed  the same, reading train.rec in its file order every epoch
 #              (--shuffle-train 0), as the 2015 ImageRecordIter did
 #   torch_3    incept_3 in PyTorch on the same files (bench/torch_cifar_rec.py,
-#              $PYTHON or python3, CUDA unless TORCH_DEVICE says otherwise)
+#              $PYTHON or python3, CUDA unless TORCH_DEVICE says otherwise),
+#              also scoring the exact test images of DATA/cifar10_partial
+#              and their JPEG twins where that folder is there
 #   incept_5   10 GPU workers (all on GPU 0), 5 servers, dist_sync, 256 per GPU, lr 0.1
 #   incept_6   the same, lr 0.4
 #   incept_7   10 workers, 128 per GPU, lr 0.1
@@ -53,6 +55,20 @@ timeout 600 "$P" train "${common[@]}" --num-epochs 1 --num-examples 128 --batch-
   --kv-store local >/dev/null 2>&1
 [[ -s $work/mean.bin ]] || { echo "gpu_seed001: the mean image was not made" >&2; exit 1; }
 
+# torch_3 also scores the exact test images we have (DATA/cifar10_partial: the
+# first 1,017) and their JPEG twins, each epoch: what the JPEG copy costs a
+# model trained on the full JPEG set at test time (bench/cifar_twins.py).
+twins=()
+if [[ " $RUNS " == *" torch_3 "* && -s $DATA/cifar10_partial/classes.txt ]]; then
+  if "$P" rec cifar10 "$DATA/cifar10_partial" "$work/exact" >/dev/null &&
+    "${PYTHON:-python3}" bench/cifar_twins.py "$DATA/cifar10_partial" "$work" test >/dev/null &&
+    "$P" im2rec --num-thread "$(nproc)" "$work/jpeg_test" "$work" >/dev/null; then
+    twins=("exact=$work/exact/test.rec" "twins=$work/jpeg_test.rec")
+  else
+    echo "gpu_seed001: the exact test images and their twins could not be packed" >&2
+  fi
+fi
+
 # run_one RUN: one run's heading and parse-log table on stdout (its logs in $work).
 run_one() {
   local run=$1 order=1 one batch lr kv logs
@@ -72,8 +88,9 @@ run_one() {
   if [[ $one == torch ]]; then
     timeout "$LIMIT" "${PYTHON:-python3}" bench/torch_cifar_rec.py "$work/cifar_train.rec" \
       "$work/cifar_test.rec" "$EPOCHS" "$(nproc)" "${TORCH_DEVICE:-cuda}" "$EXAMPLES" \
-      >"$work/$run.log" 2>&1 || tail -n 5 "$work/$run.log"
-    "$P" parse-log "$work/$run.log"
+      "${twins[@]}" >"$work/$run.log" 2>&1 || tail -n 5 "$work/$run.log"
+    "$P" parse-log "$work/$run.log" \
+      --metric-names "accuracy$( ((${#twins[@]})) && echo ,exact-accuracy,twins-accuracy)"
   elif [[ $one == 1 ]]; then
     timeout "$LIMIT" "$P" train "${common[@]}" --batch-size "$batch" --lr "$lr" --kv-store "$kv" \
       --shuffle-train "$order" --disp-batches 100 >"$work/$run.log" 2>&1

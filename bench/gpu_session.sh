@@ -23,7 +23,9 @@
 #            (incept_3 in the file's order, 40 epochs in about 200 s alone) and
 #            torch_3 (incept_3 in PyTorch on the same files): both in one call
 #            with PARALLEL=1 (gpu_seed001.sh runs them at once on the GPU)
-# DATA: the data folder (../shared/data by default; mnist/, cifar10_jpeg/).
+# DATA: the data folder (../shared/data by default; mnist/, cifar10_jpeg/, and
+# for torch_3's exact test images cifar10_partial/'s classes.txt, test_batch.*
+# and one data_batch_N.* that `pstrain rec cifar10` needs).
 # Logs and tables go to $OUT (the device tool's output folder) or ./gpu-out.
 set -uo pipefail
 usage="usage: bash bench/gpu_session.sh BUNDLE.tar.xz tests|step|profile|merge|seed001 [args]"

@@ -6,13 +6,16 @@ zero biases, batch 128, 28x28 random crops and mirrors of the 32x32 images,
 the mean image of the training images' centre crops subtracted, centre crops
 scored. Prints MXNet's log lines, so `pstrain parse-log` reads them:
 
-  python3 bench/torch_cifar_rec.py TRAIN.rec VAL.rec EPOCHS [THREADS [DEVICE [EXAMPLES]]]
+  python3 bench/torch_cifar_rec.py TRAIN.rec VAL.rec EPOCHS [THREADS [DEVICE [EXAMPLES [NAME=REC ...]]]]
 
 DEVICE is "cpu" (default) or "cuda" (cuDNN benchmark mode on). EXAMPLES per
 epoch (default: one pass over TRAIN.rec): as `pstrain train --num-examples`,
 each epoch starts a new shuffled pass and runs on into the next one when
 EXAMPLES is more than a pass (the seed's epochs were 60,000 images).
-Images are decoded with PIL, or torchvision where PIL is missing.
+Each NAME=REC is a further validation set, scored at each epoch's end like
+VAL.rec and logged as "Validation-NAME-accuracy" (`pstrain parse-log
+--metric-names accuracy,NAME-accuracy` tabulates it). Images are decoded with
+PIL, or torchvision where PIL is missing.
 """
 import io
 import struct
@@ -75,17 +78,25 @@ def main():
     torch.set_num_threads(int(sys.argv[4]) if len(sys.argv) > 4 else 2)
     dev = torch.device(sys.argv[5] if len(sys.argv) > 5 else "cpu")
     examples = int(sys.argv[6]) if len(sys.argv) > 6 else 0
+    extra = []
+    for arg in sys.argv[7:]:
+        name, sep, path = arg.partition("=")
+        if not sep or not name or not path:
+            sys.exit("torch_cifar_rec.py: %r: a further validation set is NAME=REC" % arg)
+        extra.append((name, path))
     torch.backends.cudnn.benchmark = True
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     x_train, y_train = read_rec(train_rec)
-    x_val, y_val = read_rec(val_rec)
     # NCHW float; the mean image of the training set's centre crops.
-    to_t = lambda x: torch.from_numpy(x.transpose(0, 3, 1, 2).astype(np.float32))
-    x_train, x_val = to_t(x_train).to(dev), to_t(x_val).to(dev)
+    to_t = lambda x: torch.from_numpy(x.transpose(0, 3, 1, 2).astype(np.float32)).to(dev)
+    x_train, y_train = to_t(x_train), torch.from_numpy(y_train).to(dev)
     mean = x_train[:, :, 2:30, 2:30].mean(0, keepdim=True)
-    x_val = x_val[:, :, 2:30, 2:30] - mean
-    y_train, y_val = torch.from_numpy(y_train).to(dev), torch.from_numpy(y_val).to(dev)
+    # Every validation set: centre crops less that mean.
+    val_sets = []
+    for name, path in [("", val_rec)] + extra:
+        x, y = read_rec(path)
+        val_sets.append((name, to_t(x)[:, :, 2:30, 2:30] - mean, torch.from_numpy(y).to(dev)))
 
     model = torch_models.build("inception-bn-28-small", (3, 28, 28), 10).to(dev)
     for m in model.modules():
@@ -121,10 +132,12 @@ def main():
         print("INFO:root:Epoch[%d] Train-accuracy=%f" % (epoch, right / seen))
         print("INFO:root:Epoch[%d] Time cost=%.3f" % (epoch, time.time() - start))
         model.eval()
-        with torch.no_grad():
-            pred = torch.cat([model(x_val[i:i + 500]).argmax(1) for i in range(0, len(y_val), 500)])
-        print("INFO:root:Epoch[%d] Validation-accuracy=%f" % (epoch, (pred == y_val).float().mean()),
-              flush=True)
+        for name, x_val, y_val in val_sets:
+            with torch.no_grad():
+                pred = torch.cat([model(x_val[i:i + 500]).argmax(1)
+                                  for i in range(0, len(y_val), 500)])
+            print("INFO:root:Epoch[%d] Validation-%saccuracy=%f"
+                  % (epoch, name + "-" if name else "", (pred == y_val).float().mean()), flush=True)
 
 
 if __name__ == "__main__":
