@@ -33,10 +33,24 @@ EXAMPLES=${EXAMPLES:-60000}
 PARALLEL=${PARALLEL:-0}
 DATA=${PSTRAIN_SHARED_DATA_DIR:-../shared/data}
 cd "$(dirname "$0")/.." || exit 1
-for run in $RUNS; do
-  [[ " incept_3 incept_3_fixed torch_3 incept_5 incept_6 incept_7 incept_4 async " == *" $run "* ]] ||
-    { echo "gpu_seed001: unknown run $run" >&2; exit 2; }
-done
+# settings RUN: sets one (1: one GPU, 0: ten workers, torch), batch, lr, kv
+# and order (0: the file's order) for RUN; fails for a run it does not know.
+settings() {
+  local run=$1
+  order=1
+  case $run in
+    incept_3) one=1 batch=128 lr=0.1 kv=local ;;
+    incept_3_fixed) one=1 batch=128 lr=0.1 kv=local order=0 ;;
+    torch_3) one=torch batch=128 lr=0.1 kv=local ;;
+    incept_5) one=0 batch=256 lr=0.1 kv=dist_sync ;;
+    incept_6) one=0 batch=256 lr=0.4 kv=dist_sync ;;
+    incept_7) one=0 batch=128 lr=0.1 kv=dist_sync ;;
+    incept_4) one=0 batch=128 lr=0.4 kv=dist_sync ;;
+    async) one=0 batch=256 lr=0.1 kv=dist_async ;;
+    *) echo "gpu_seed001: unknown run $run" >&2; return 2 ;;
+  esac
+}
+for run in $RUNS; do settings "$run" || exit 2; done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -71,18 +85,8 @@ fi
 
 # run_one RUN: one run's heading and parse-log table on stdout (its logs in $work).
 run_one() {
-  local run=$1 order=1 one batch lr kv logs
-  case $run in
-    incept_3) one=1 batch=128 lr=0.1 kv=local ;;
-    incept_3_fixed) one=1 batch=128 lr=0.1 kv=local order=0 ;;
-    torch_3) one=torch batch=128 lr=0.1 kv=local ;;
-    incept_5) one=0 batch=256 lr=0.1 kv=dist_sync ;;
-    incept_6) one=0 batch=256 lr=0.4 kv=dist_sync ;;
-    incept_7) one=0 batch=128 lr=0.1 kv=dist_sync ;;
-    incept_4) one=0 batch=128 lr=0.4 kv=dist_sync ;;
-    async) one=0 batch=256 lr=0.1 kv=dist_async ;;
-    *) echo "gpu_seed001: unknown run $run" >&2; return 2 ;;
-  esac
+  local run=$1 order one batch lr kv logs
+  settings "$run" || return 2
   echo "### $run: batch $batch per GPU, lr $lr, $kv$([[ $one == 0 ]] && echo ', 10 workers, 5 servers')$([[ $order == 0 ]] && echo ', file order')$([[ $one == torch ]] && echo ', PyTorch')"
   echo
   if [[ $one == torch ]]; then
