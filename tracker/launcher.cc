@@ -806,6 +806,13 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
        "pstrain-mpi", std::to_string(o.num_servers)});
   for (const std::string& c : o.command) t.spec.argv.push_back(c);
   t.spec.env = local_env;
+  // MPICH's mpiexec forwards its stdin to rank 0's proxy. From /dev/null the
+  // EOF goes out at once, and when a quick job's proxy has already exited
+  // that write fails (SIGPIPE, or exit 255 with "error writing to control
+  // socket"), and the ranks' output still queued is lost with it: about one
+  // job in fifteen on a loaded 2-core host. A pipe we hold open and never
+  // write to gives it nothing to forward.
+  t.spec.pipe_stdin = flavour == MpiFlavour::kMpich;
   t.tags = flavour == MpiFlavour::kOpenMpi ? OutputTags::kOpenMpi : OutputTags::kMpich;
   for (int r = 0; r < total; ++r) {
     t.rank_names.push_back(r < o.num_servers ? StrCat("server-", r)

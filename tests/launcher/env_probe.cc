@@ -3,16 +3,20 @@
 // saw (role, rank, environment, arguments, pid, cwd) to <out>/<role>-<rank>.txt,
 // and prints MXNet-style epoch lines (workers) for the log tests.
 //
-//   env_probe --out=DIR [--sleep=SECONDS] [--fail=ROLE:RANK:CODE] [--show=VAR,...] [ARGS...]
+//   env_probe --out=DIR [--sleep=SECONDS] [--fail=ROLE:RANK:CODE] [--show=VAR,...]
+//             [--stdin-wait-ms=MS] [ARGS...]
 //
 // --fail makes that one process exit with CODE once every process has written
-// its report.
+// its report. --stdin-wait-ms adds "stdin=eof|data|open|error" to the report:
+// what its stdin gave within MS milliseconds (open: neither data nor its end),
+// and "parent_stdin=" the same for its parent's stdin.
 // As scheduler it accepts DMLC_NUM_SERVER + DMLC_NUM_WORKER connections and
 // exits only after all of them have closed (the others have exited), so the
 // job ends with the scheduler, as in MXNet. Every wait is bounded.
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -125,11 +129,34 @@ size_t CountReports(const std::string& dir) {
   return n;
 }
 
+// What `fd` gives within `wait_ms`: "eof", "data", "open" (nothing yet), or
+// "error" (a read that failed, as on a closed descriptor).
+std::string InputState(int fd, int wait_ms) {
+  pollfd p = {fd, POLLIN, 0};
+  if (poll(&p, 1, wait_ms) <= 0) return "open";
+  char c = 0;
+  ssize_t got = read(fd, &c, 1);
+  return got > 0 ? "data" : got == 0 ? "eof" : "error";
+}
+
+// The same for the parent's stdin, opened anew through /proc ("none" when it
+// cannot be): under MPICH the parent is the launcher's rank wrapper, whose
+// stdin is what mpirun forwarded (the wrapper's `cmd &` gets /dev/null).
+std::string ParentInputState(int wait_ms) {
+  const std::string path = "/proc/" + std::to_string(getppid()) + "/fd/0";
+  int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return "none";
+  std::string state = InputState(fd, wait_ms);
+  close(fd);
+  return state;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string out_dir, fail, show;
   double sleep_s = 0;
+  int stdin_wait_ms = -1;
   std::vector<std::string> extra;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -141,6 +168,8 @@ int main(int argc, char** argv) {
       fail = a.substr(7);
     } else if (a.rfind("--show=", 0) == 0) {
       show = a.substr(7);
+    } else if (a.rfind("--stdin-wait-ms=", 0) == 0) {
+      stdin_wait_ms = std::atoi(a.c_str() + 16);
     } else {
       extra.push_back(a);
     }
@@ -178,6 +207,10 @@ int main(int argc, char** argv) {
   }
   for (size_t i = 0; i < extra.size(); ++i) {
     report += "arg" + std::to_string(i) + "=" + extra[i] + "\n";
+  }
+  if (stdin_wait_ms >= 0) {
+    report += "stdin=" + InputState(STDIN_FILENO, stdin_wait_ms) + "\n";
+    report += "parent_stdin=" + ParentInputState(stdin_wait_ms) + "\n";
   }
 
   std::string error;

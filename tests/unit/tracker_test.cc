@@ -761,5 +761,31 @@ TEST_F(SupervisorTest, CommandThatCannotStartIsAnError) {
   EXPECT_NE(result.status().message().find("/nonexistent/program"), std::string::npos);
 }
 
+// A shell in MPICH's mpirun's place: rank-tagged lines as `-prepend-rank`
+// writes them, with the rank wrapper's failure marker, then it hangs, as Hydra
+// waits for the other ranks.
+Task MpichGroup(const std::string& script) {
+  Task t = ShellTask("mpirun", 0, script);
+  t.host = "this host";
+  t.tags = OutputTags::kMpich;
+  t.rank_names = {"server-0", "worker-0"};
+  return t;
+}
+
+TEST_F(SupervisorTest, MpichRankThatFailsStopsTheJobNamingIt) {
+  const std::string marker = kMpiRankFailedMarker;
+  options_.term_grace_ms = 500;
+  std::vector<Task> tasks;
+  tasks.push_back(MpichGroup("echo '[0] up'; echo '[1] " + marker + "3' >&2; exec sleep 30"));
+  auto start = SteadyClock::now();
+  auto result = RunJob(std::move(tasks), options_);
+  ASSERT_OK(result.status());
+  EXPECT_FALSE(result->success);
+  EXPECT_EQ(result->reason, "worker-0 (MPI rank 1) under mpirun (this host) exited with code 3");
+  EXPECT_LT(SteadyClock::now() - start, std::chrono::seconds(10));
+  EXPECT_EQ(Read(dir_ + "/server-0.log"), "up\n");
+  EXPECT_EQ(Read(dir_ + "/worker-0.log"), marker + "3\n");
+}
+
 }  // namespace
 }  // namespace pstrain::tracker
