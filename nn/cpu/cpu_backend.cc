@@ -46,6 +46,16 @@ constexpr int64_t kParallelFloats = int64_t{1} << 20;
 // Element-wise loops shorter than this stay on the calling thread.
 constexpr int64_t kParallelElements = 1 << 15;
 
+// omp_get_max_threads() as the process's first CPU backend found it: the
+// OpenMP default. Read later on a thread that has run nodes, it gives the
+// team EnterNode last set there (often 1), which once made `pstrain train`
+// report "1 threads" and would have sized a second graph planned on that
+// thread for one thread.
+int ProcessDefaultTeam() {
+  static const int team = omp_get_max_threads();
+  return team;
+}
+
 }  // namespace
 
 struct CpuBackend::Counters {
@@ -54,7 +64,9 @@ struct CpuBackend::Counters {
 };
 
 CpuBackend::CpuBackend(const BackendOptions& options)
-    : options_(options), counters_(std::make_shared<Counters>()) {}
+    : options_(options),
+      team_(options.num_threads > 0 ? options.num_threads : ProcessDefaultTeam()),
+      counters_(std::make_shared<Counters>()) {}
 
 CpuBackend& CpuBackend::Of(const OpContext& ctx) {
   CHECK(ctx.backend != nullptr && ctx.backend->device().is_cpu())
@@ -64,9 +76,8 @@ CpuBackend& CpuBackend::Of(const OpContext& ctx) {
 }
 
 std::string CpuBackend::Describe() const {
-  const int team = options_.num_threads > 0 ? options_.num_threads : omp_get_max_threads();
   return StrCat("cpu (", options_.cpu_kernels == CpuKernels::kOneDnn ? "oneDNN" : "reference",
-                " kernels, ", team, " threads)");
+                " kernels, ", team_, team_ == 1 ? " thread)" : " threads)");
 }
 
 std::shared_ptr<Buffer> CpuBackend::Allocate(size_t num_floats) {
@@ -116,8 +127,7 @@ StatusOr<std::unique_ptr<Operator>> CpuBackend::CreateOperator(const Node& node)
 }
 
 void CpuBackend::PlanGraph(const Graph& graph, int64_t batch, const std::vector<bool>& in_place) {
-  // 0: the OpenMP default, which honours OMP_NUM_THREADS (else every core).
-  const int team = options_.num_threads > 0 ? options_.num_threads : omp_get_max_threads();
+  const int team = team_;
   threads_.assign(graph.nodes().size(), 1);
   for (const Node& n : graph.nodes()) {
     if (n.op == OpType::kInput) continue;

@@ -35,7 +35,8 @@ class CpuBackend : public Backend {
   // ReLU into the batch norm before it (oneDNN's fused normalization).
   void PlanGraph(const Graph& graph, int64_t batch, const std::vector<bool>& in_place) override;
   // omp_set_num_threads(the node's team): oneDNN primitives are created for,
-  // and run with, the team of their node.
+  // and run with, the team of their node. (This sets the calling thread's
+  // OpenMP default, so the backend's own team is fixed when it is made.)
   void EnterNode(NodeId node) override;
 
   void CopyFromHost(const float* src, const Tensor& dst) override;
@@ -61,6 +62,9 @@ class CpuBackend : public Backend {
  private:
   struct Counters;
   const BackendOptions options_;
+  // The team of the large nodes: options_.num_threads, else the process's
+  // OpenMP default (OMP_NUM_THREADS, else every core).
+  const int team_;
   CpuEngine engine_;
   std::vector<int> threads_;  // per node, from PlanGraph
   std::vector<int> layouts_;  // per node, from PlanGraph

@@ -4,10 +4,12 @@
 #include "nn/executor.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <random>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "models/models.h"
@@ -320,6 +322,37 @@ TEST(ExecutorTest, GradReadyFiresOncePerParamLastLayerFirstWithFinalValues) {
   std::vector<int> expect(e->num_params());
   for (int p = 0; p < e->num_params(); ++p) expect[p] = p;
   EXPECT_EQ(needed, expect);
+}
+
+// A CPU backend's team is the process's OpenMP default whatever the calling
+// thread ran before: running nodes sets the thread's OpenMP default to the
+// last node's team (1 for a small node), and a backend made after that once
+// took it for the default.
+TEST(ExecutorTest, CpuTeamIsTheOpenMpDefaultAfterNodesRan) {
+  int default_team = 0;
+  std::thread([&] { default_team = omp_get_max_threads(); }).join();  // untouched ICV
+  const std::string team = StrCat(default_team, default_team == 1 ? " thread)" : " threads)");
+  StatusOr<Graph> g = BuildModel({"lenet", 0, Shape(), 0});
+  ASSERT_OK(g.status());
+  for (int round = 0; round < 2; ++round) {
+    ExecutorOptions o;
+    o.batch_size = 2;  // every node small: each runs on one thread
+    auto e = Executor::Create(*g, o);
+    ASSERT_OK(e.status());
+    EXPECT_NE((*e)->backend().Describe().find(team), std::string::npos)
+        << "round " << round << ": " << (*e)->backend().Describe();
+    (*e)->Forward(true);
+    (*e)->Backward();
+    EXPECT_NE((*e)->backend().Describe().find(team), std::string::npos)
+        << "round " << round << ": " << (*e)->backend().Describe();
+  }
+  ExecutorOptions two;
+  two.batch_size = 2;
+  two.backend.num_threads = 3;
+  auto e = Executor::Create(*g, two);
+  ASSERT_OK(e.status());
+  EXPECT_NE((*e)->backend().Describe().find("3 threads)"), std::string::npos)
+      << (*e)->backend().Describe();
 }
 
 TEST(ExecutorTest, ParamAccessChecksIndexAndSize) {
