@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "nn/cpu/cpu_ops.h"
 #include "nn/cpu/layout.h"
@@ -46,13 +47,16 @@ constexpr int64_t kParallelFloats = int64_t{1} << 20;
 // Element-wise loops shorter than this stay on the calling thread.
 constexpr int64_t kParallelElements = 1 << 15;
 
-// omp_get_max_threads() as the process's first CPU backend found it: the
-// OpenMP default. Read later on a thread that has run nodes, it gives the
-// team EnterNode last set there (often 1), which once made `pstrain train`
-// report "1 threads" and would have sized a second graph planned on that
-// thread for one thread.
-int ProcessDefaultTeam() {
-  static const int team = omp_get_max_threads();
+// The OpenMP default team (OMP_NUM_THREADS, else every core). It is read on
+// a new thread, which starts from the default: on a thread that has run
+// nodes, omp_get_max_threads() gives the team EnterNode last set there (often
+// 1), and a backend made there once took that for the default.
+int DefaultTeam() {
+  static const int team = [] {
+    int n = 1;
+    std::thread([&n] { n = omp_get_max_threads(); }).join();
+    return n;
+  }();
   return team;
 }
 
@@ -65,7 +69,7 @@ struct CpuBackend::Counters {
 
 CpuBackend::CpuBackend(const BackendOptions& options)
     : options_(options),
-      team_(options.num_threads > 0 ? options.num_threads : ProcessDefaultTeam()),
+      team_(options.num_threads > 0 ? options.num_threads : DefaultTeam()),
       counters_(std::make_shared<Counters>()) {}
 
 CpuBackend& CpuBackend::Of(const OpContext& ctx) {
@@ -127,14 +131,13 @@ StatusOr<std::unique_ptr<Operator>> CpuBackend::CreateOperator(const Node& node)
 }
 
 void CpuBackend::PlanGraph(const Graph& graph, int64_t batch, const std::vector<bool>& in_place) {
-  const int team = team_;
   threads_.assign(graph.nodes().size(), 1);
   for (const Node& n : graph.nodes()) {
     if (n.op == OpType::kInput) continue;
     const bool compute_bound = n.op == OpType::kConvolution || n.op == OpType::kFullyConnected;
     if (NodeWork(graph, n, batch) >= kParallelWork ||
         (!compute_bound && n.out_shape.num_elements() * batch >= kParallelFloats)) {
-      threads_[n.id] = team;
+      threads_[n.id] = team_;
     }
   }
   const bool onednn = options_.cpu_kernels == CpuKernels::kOneDnn;

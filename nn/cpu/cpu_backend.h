@@ -62,8 +62,8 @@ class CpuBackend : public Backend {
  private:
   struct Counters;
   const BackendOptions options_;
-  // The team of the large nodes: options_.num_threads, else the process's
-  // OpenMP default (OMP_NUM_THREADS, else every core).
+  // The team of the large nodes: options_.num_threads, else the OpenMP
+  // default (OMP_NUM_THREADS, else every core).
   const int team_;
   CpuEngine engine_;
   std::vector<int> threads_;  // per node, from PlanGraph
