@@ -682,7 +682,12 @@ class CudnnBatchNorm : public CudaOp {
   }
 
   Status SetupCuda(const OpContext& ctx) override {
-    const Nchw s = ToNchw(t_.in[0].shape());
+    // Per channel (dimension 1) over the batch and every later dimension, as
+    // the CPU's: (N, C, rest...) as (N, C, rest, 1), not ToNchw's (N, C * rest).
+    const Shape& xs = t_.in[0].shape();
+    const Nchw s = xs.ndim() == 4 ? ToNchw(xs)
+                                  : Nchw{CheckedInt(xs[0], "N"), CheckedInt(xs[1], "C"),
+                                         CheckedInt(xs.ProductFrom(2), "H"), 1};
     x_.Set(s);
     stats_.Set(Nchw{1, s.c, 1, 1});
     C_ = s.c;

@@ -99,6 +99,19 @@ inline std::vector<OpCase> AllOpCases() {
                      return g->BatchNorm("bn", g->Input("data", {3, 4, 4}), {2e-5f, 0.9f, true});
                    },
                    2});
+  // Channels then more than two dimensions, or one: each channel is
+  // normalised over the batch and all the rest.
+  cases.push_back({"batchnorm_3d",
+                   [](Graph* g) {
+                     return g->BatchNorm("bn", g->Input("data", {4, 6}), {1e-3f, 0.9f, false});
+                   },
+                   3});
+  cases.push_back(
+      {"batchnorm_5d",
+       [](Graph* g) {
+         return g->BatchNorm("bn", g->Input("data", {3, 2, 2, 3}), {1e-3f, 0.9f, false});
+       },
+       2});
   cases.push_back({"batchnorm_2d",
                    [](Graph* g) {
                      return g->BatchNorm("bn", g->Input("data", {5}), {1e-3f, 0.9f, false});
