@@ -100,11 +100,11 @@ Status CudaBackend::Init() {
   PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreate(&timing_stop_), "cudaEventCreate");
   PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnCreate(&cudnn_), "cudnnCreate");
   PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnSetStream(cudnn_, stream_), "cudnnSetStream");
-  if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) {
-    return Status::Unavailable("cublasCreate failed");
+  if (const cublasStatus_t s = cublasCreate(&cublas_); s != CUBLAS_STATUS_SUCCESS) {
+    return Status::Unavailable(StrCat("cublasCreate: ", CublasStatusName(s)));
   }
-  if (cublasSetStream(cublas_, stream_) != CUBLAS_STATUS_SUCCESS) {
-    return Status::Unavailable("cublasSetStream failed");
+  if (const cublasStatus_t s = cublasSetStream(cublas_, stream_); s != CUBLAS_STATUS_SUCCESS) {
+    return Status::Unavailable(StrCat("cublasSetStream: ", CublasStatusName(s)));
   }
   const int ordinal = ordinal_;
   allocator_ = std::make_shared<CachingAllocator>(
@@ -123,19 +123,24 @@ Status CudaBackend::Init() {
         cudaSetDevice(ordinal);
         PSTRAIN_CUDA_CHECK(cudaFree(p));
       });
-  for (Staging& s : staging_) {
-    void* host = nullptr;
-    PSTRAIN_CUDA_RETURN_IF_ERROR(cudaMallocHost(&host, kStagingBytes), "pinned staging buffer");
-    s.host = static_cast<float*>(host);
-    s.device = AllocateBytes(kStagingBytes);
-    PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s.uploaded, cudaEventDisableTiming),
-                                 "cudaEventCreate");
-    PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s.consumed, cudaEventDisableTiming),
-                                 "cudaEventCreate");
-  }
+  for (int i = 0; i < kStagingSlots; ++i) RETURN_IF_ERROR(AddStagingSlot());
   void* download = nullptr;
   PSTRAIN_CUDA_RETURN_IF_ERROR(cudaMallocHost(&download, kStagingBytes), "pinned download buffer");
   download_ = static_cast<float*>(download);
+  return Status::Ok();
+}
+
+Status CudaBackend::AddStagingSlot() {
+  // In the vector first: the destructor frees whatever was made.
+  Staging& s = staging_.emplace_back();
+  void* host = nullptr;
+  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaMallocHost(&host, kStagingBytes), "pinned staging buffer");
+  s.host = static_cast<float*>(host);
+  s.device = AllocateBytes(kStagingBytes);
+  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s.uploaded, cudaEventDisableTiming),
+                               "cudaEventCreate");
+  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s.consumed, cudaEventDisableTiming),
+                               "cudaEventCreate");
   return Status::Ok();
 }
 
@@ -229,9 +234,17 @@ void CudaBackend::CopyFromHost(const float* src, const Tensor& dst) {
   const char* from = reinterpret_cast<const char*>(src);
   char* to = reinterpret_cast<char*>(dst.data());
   const size_t bytes = dst.bytes();
+  const size_t chunks = (bytes + kStagingBytes - 1) / kStagingBytes;
+  while (staging_.size() < chunks + 2) {
+    // Fresh slots: the ring's order past them is unchanged. The first batch
+    // grows it; later ones find it grown.
+    const Status added = AddStagingSlot();
+    CHECK(added.ok()) << name_ << ": growing the staging ring to " << chunks + 2 << " slots of "
+                      << kStagingBytes << " bytes: " << added;
+  }
   for (size_t done = 0; done < bytes;) {
     Staging& s = staging_[next_slot_];
-    next_slot_ = (next_slot_ + 1) % kStagingSlots;
+    next_slot_ = (next_slot_ + 1) % static_cast<int>(staging_.size());
     const size_t n = std::min(kStagingBytes, bytes - done);
     if (s.used) {
       // The pinned buffer is free once its last upload finished; the device
@@ -270,20 +283,37 @@ void CudaBackend::CopyToHost(const Tensor& src, float* dst) {
 namespace {
 
 // An event recorded once; blocking sync: a waiting host thread sleeps rather
-// than spins (the merge and push threads share the cores with OpenMP).
+// than spins (the merge and push threads share the cores with OpenMP). Every
+// call makes the event's device current first: those threads never chose one,
+// and an event call on a thread whose current device is another GPU (0 by
+// default) opens a context there, hundreds of MB on a GPU this worker does
+// not use.
 class CudaFence : public Fence {
  public:
-  explicit CudaFence(cudaEvent_t event) : event_(event) {}
-  ~CudaFence() override { PSTRAIN_CUDA_CHECK(cudaEventDestroy(event_)); }
+  CudaFence(int ordinal, cudaEvent_t event) : ordinal_(ordinal), event_(event) {}
+  ~CudaFence() override {
+    PSTRAIN_CUDA_CHECK(cudaSetDevice(ordinal_));
+    PSTRAIN_CUDA_CHECK(cudaEventDestroy(event_));
+  }
   bool Done() override {
+    PSTRAIN_CUDA_CHECK(cudaSetDevice(ordinal_));
     const cudaError_t e = cudaEventQuery(event_);
-    if (e == cudaErrorNotReady) return false;
+    if (e == cudaErrorNotReady) {
+      // Not an error, but it may be left as the thread's last error, which
+      // the next kernel launch's check would then report.
+      (void)cudaGetLastError();
+      return false;
+    }
     PSTRAIN_CUDA_CHECK(e);
     return true;
   }
-  void Wait() override { PSTRAIN_CUDA_CHECK(cudaEventSynchronize(event_)); }
+  void Wait() override {
+    PSTRAIN_CUDA_CHECK(cudaSetDevice(ordinal_));
+    PSTRAIN_CUDA_CHECK(cudaEventSynchronize(event_));
+  }
 
  private:
+  const int ordinal_;
   cudaEvent_t event_;
 };
 
@@ -312,7 +342,7 @@ std::unique_ptr<Fence> CudaBackend::RecordFence() {
   cudaEvent_t event = nullptr;
   PSTRAIN_CUDA_CHECK(
       cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventBlockingSync));
-  auto fence = std::make_unique<CudaFence>(event);
+  auto fence = std::make_unique<CudaFence>(ordinal_, event);
   PSTRAIN_CUDA_CHECK(cudaEventRecord(compute_done_, stream_));
   PSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(download_stream_, compute_done_, 0));
   PSTRAIN_CUDA_CHECK(cudaEventRecord(event, download_stream_));

@@ -27,6 +27,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "common/mutex.h"
 #include "nn/backend.h"
@@ -121,6 +122,11 @@ class CudaBackend : public Backend {
   void EnablePeerAccess(int peer);
 
   // A pinned host buffer and a device buffer that a host copy passes through.
+  // The ring starts with kStagingSlots and grows to a copy's chunks plus two
+  // (AddStagingSlot), so that no copy waits for its own earlier chunks: their
+  // device buffers are emptied by the compute stream after the work queued
+  // before the copy, and a batch larger than the ring would otherwise cross
+  // the bus only once the previous step is done.
   struct Staging {
     float* host = nullptr;           // pinned, kStagingBytes
     std::shared_ptr<Buffer> device;  // kStagingBytes
@@ -147,7 +153,8 @@ class CudaBackend : public Backend {
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::shared_ptr<CachingAllocator> allocator_;
-  Staging staging_[kStagingSlots];
+  Status AddStagingSlot();
+  std::vector<Staging> staging_;
   int next_slot_ = 0;
   float* download_ = nullptr;  // pinned, kStagingBytes, for CopyToHost
   std::map<std::string, ConvAlgos> conv_algos_;

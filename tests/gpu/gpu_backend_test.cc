@@ -212,7 +212,8 @@ TEST(GpuBackendTest, CopiesFillAddAndTheOptimizerStepMatchTheCpu) {
   Backend& G = **gpu;
   Backend& C = **cpu;
   EXPECT_FALSE(G.host_accessible());
-  // Sizes around the staging buffers' 4 MiB, so the chunked paths run.
+  // Sizes around the staging buffers' 4 MiB and past the first ring's 16 MiB, so the
+  // chunked copies and the ring's growth run.
   for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{1} << 20, (int64_t{5} << 20) + 3}) {
     SCOPED_TRACE(n);
     std::mt19937_64 rng(n);
