@@ -162,7 +162,14 @@ int RunTrain(int argc, char** argv) {
   }
 
   auto fail_job = [&](const char* what, const Status& s) {
-    if (node != nullptr) node->Fail(s);  // the others learn of it at once
+    if (node != nullptr) {
+      node->Fail(s);  // the others learn of it at once
+      // The requests the failure abandoned may still be read (ZeroMQ's
+      // frames, sent as the sockets close) or written (replies) until the
+      // node stops (kv_client.h): stop it while their buffers, the trainer's
+      // (pinned host memory on a GPU), still exist.
+      node->Stop();
+    }
     return Fail(what, s);
   };
   auto trainer = Trainer::Create(*cfg, env);
