@@ -24,8 +24,9 @@ int CheckedInt(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
-// A tensor's shape as cuDNN's NCHW: 4-d as it is, (N, C) as (N, C, 1, 1),
-// anything else as (N, rest, 1, 1).
+// A tensor's shape as cuDNN's NCHW: 4-d as it is, (N, C, rest...) as (N, C,
+// rest, 1), so that what is per channel (batch norm) stays per channel; (N)
+// as (N, 1, 1, 1).
 struct Nchw {
   int n, c, h, w;
 };
@@ -34,8 +35,8 @@ Nchw ToNchw(const Shape& s) {
     return {CheckedInt(s[0], "N"), CheckedInt(s[1], "C"), CheckedInt(s[2], "H"),
             CheckedInt(s[3], "W")};
   }
-  const int64_t n = s.ndim() > 0 ? s[0] : 1;
-  return {CheckedInt(n, "N"), CheckedInt(s.num_elements() / std::max<int64_t>(n, 1), "C"), 1, 1};
+  return {CheckedInt(s.ndim() > 0 ? s[0] : 1, "N"), CheckedInt(s.ndim() > 1 ? s[1] : 1, "C"),
+          CheckedInt(s.ProductFrom(2), "H"), 1};
 }
 
 // Made at the first Set (planning or setup), so that an operator made
@@ -683,11 +684,8 @@ class CudnnBatchNorm : public CudaOp {
 
   Status SetupCuda(const OpContext& ctx) override {
     // Per channel (dimension 1) over the batch and every later dimension, as
-    // the CPU's: (N, C, rest...) as (N, C, rest, 1), not ToNchw's (N, C * rest).
-    const Shape& xs = t_.in[0].shape();
-    const Nchw s = xs.ndim() == 4 ? ToNchw(xs)
-                                  : Nchw{CheckedInt(xs[0], "N"), CheckedInt(xs[1], "C"),
-                                         CheckedInt(xs.ProductFrom(2), "H"), 1};
+    // the CPU's.
+    const Nchw s = ToNchw(t_.in[0].shape());
     x_.Set(s);
     stats_.Set(Nchw{1, s.c, 1, 1});
     C_ = s.c;
