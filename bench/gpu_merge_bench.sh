@@ -12,14 +12,24 @@
 # samples/s are the median Speedometer figure of one run (the first two
 # dropped). Prints two markdown tables.
 #   bash bench/gpu_merge_bench.sh [pstrain] [networks]   # default: build/pstrain "lenet resnet"
-#   PYTHON=python3 by default (it needs torch with CUDA)
+#   PYTHON=python3 by default (it needs torch with CUDA; TORCH_DEVICE=cpu runs
+#   its DDP on the CPU, to try the script on a host without a GPU)
+#   LOG_DIR: keep every run's log there (default: a temporary folder)
+#   RUN_TIMEOUT_S: the most one run may take (default 150 s; a run is seconds)
+# A run that fails shows as "failed" in its table, with its log's last lines
+# on stderr.
 set -uo pipefail
 P=${1:-build/pstrain}
 NETS=${2:-lenet resnet}
 PY=${PYTHON:-python3}
-cd "$(dirname "$0")/.."
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+LIMIT=${RUN_TIMEOUT_S:-150}
+cd "$(dirname "$0")/.." || exit 1
+work=${LOG_DIR:-}
+if [[ -z $work ]]; then
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+fi
+mkdir -p "$work" || exit 1
 
 args() {
   case $1 in
@@ -38,23 +48,37 @@ batch_of() {  # the --batch-size in a list of arguments
   while [[ $# -gt 0 && $1 != --batch-size ]]; do shift; done
   echo "${2:-?}"
 }
+# speed LOG STATUS: the median Speedometer figure of LOG, or "failed" (and
+# LOG's last lines on stderr) when the run's STATUS is not 0 or LOG has none.
 speed() {
-  grep -o "Speed: [0-9.]*" "$1" | awk 'NR > 2 { print $2 }' | sort -g |
-    awk '{ a[NR] = $1 } END { if (NR) printf "%.0f", a[int((NR + 1) / 2)]; else printf "failed" }'
+  local s
+  s=$(grep -o "Speed: [0-9.]*" "$1" 2>/dev/null | awk 'NR > 2 { print $2 }' | sort -g |
+    awk '{ a[NR] = $1 } END { if (NR) printf "%.0f", a[int((NR + 1) / 2)] }')
+  if [[ $2 != 0 || -z $s ]]; then
+    echo "gpu_merge_bench: $1: exit $2, no speed; its last lines:" >&2
+    tail -n 5 "$1" >&2
+    s=failed
+  fi
+  printf "%s" "$s"
 }
-train() {  # log, then the train arguments
-  local log=$1
+train() {  # name, then the train arguments
+  local log=$work/$1.log
   shift
-  timeout 300 "$P" train "$@" --benchmark 1 --num-epochs 1 --disp-batches 5 >"$log" 2>&1
-  speed "$log"
+  timeout "$LIMIT" "$P" train "$@" --benchmark 1 --num-epochs 1 --disp-batches 5 >"$log" 2>&1
+  speed "$log" $?
 }
-launch() {  # log, servers, then the train arguments
-  local log=$1 servers=$2
+launch() {  # name, servers, then the train arguments
+  local logs=$work/$1 servers=$2 status
   shift 2
-  rm -rf "$work/logs"
-  timeout 300 "$P" launch -n 1 -s "$servers" --launcher local --quiet --log-dir "$work/logs" -- \
-    "$P" train "$@" --benchmark 1 --num-epochs 1 --disp-batches 5 >"$log" 2>&1
-  speed "$work/logs/worker-0.log"
+  rm -rf "$logs"
+  timeout "$LIMIT" "$P" launch -n 1 -s "$servers" --launcher local --quiet --log-dir "$logs" -- \
+    "$P" train "$@" --benchmark 1 --num-epochs 1 --disp-batches 5 >"$logs.log" 2>&1
+  status=$?
+  if [[ ! -s $logs/worker-0.log ]]; then
+    speed "$logs.log" "$status"
+  else
+    speed "$logs/worker-0.log" "$status"
+  fi
 }
 
 echo "| network, batch | GPU 0 listed | pstrain local | pstrain device | PyTorch DDP (gloo), processes on GPU 0 |"
@@ -64,12 +88,14 @@ for net in $NETS; do
   for n in 1 2 4; do
     gpus=$(printf '0%.0s,' $(seq "$n"))
     gpus=${gpus%,}
-    loc=$(train "$work/l" "${a[@]}" --gpus "$gpus" --kv-store local)
+    loc=$(train "$net-x$n-local" "${a[@]}" --gpus "$gpus" --kv-store local)
     dev=-
-    [[ $n -gt 1 ]] && dev=$(train "$work/d" "${a[@]}" --gpus "$gpus" --kv-store device)
+    [[ $n -gt 1 ]] && dev=$(train "$net-x$n-device" "${a[@]}" --gpus "$gpus" --kv-store device)
     read -r -a t <<<"$(torch_args "$net")"
-    ddp=$("$PY" bench/torch_ddp_split_step.py "${t[@]}" --processes "$n" --device cuda 2>&1 |
-      sed -n 's/.*samples_per_s=\([0-9.]*\).*/\1/p')
+    timeout "$LIMIT" "$PY" bench/torch_ddp_split_step.py "${t[@]}" --processes "$n" \
+      --device "${TORCH_DEVICE:-cuda}" >"$work/$net-x$n-ddp.log" 2>&1
+    ddp=$(sed -n 's/.*samples_per_s=\([0-9.]*\).*/\1/p' "$work/$net-x$n-ddp.log")
+    [[ -n $ddp ]] || tail -n 5 "$work/$net-x$n-ddp.log" >&2
     echo "| $net, $(batch_of "${a[@]}") | $n | $loc | $dev | ${ddp:-failed} |"
   done
 done
@@ -84,11 +110,11 @@ hidden() {  # samples/s of local, dist, exchange alone -> share hidden
 }
 for net in $NETS; do
   read -r -a a <<<"$(args "$net")"
-  loc=$(train "$work/l" "${a[@]}" --gpus 0 --kv-store local)
+  loc=$(train "$net-x1-local-again" "${a[@]}" --gpus 0 --kv-store local)
   row="| $net, $(batch_of "${a[@]}") | $loc"
   for s in 1 2; do
-    d=$(launch "$work/d" "$s" "${a[@]}" --gpus 0 --kv-store dist_sync)
-    c=$(launch "$work/c" "$s" "${a[@]}" --kv-store dist_sync --emulate-compute 0.0001)
+    d=$(launch "$net-dist-sync-$s-servers" "$s" "${a[@]}" --gpus 0 --kv-store dist_sync)
+    c=$(launch "$net-exchange-$s-servers" "$s" "${a[@]}" --kv-store dist_sync --emulate-compute 0.0001)
     row+=" | $d | $c | $(hidden "$loc" "$d" "$c")"
   done
   echo "$row |"

@@ -22,6 +22,7 @@
 # figure makes a quick try of the script). PARALLEL=1 starts every run named
 # at once on the one GPU (two single-GPU runs fit one 10-minute call so; ten
 # workers' runs are better one at a time) and prints their tables in order.
+# LOG_DIR: keep every run's logs there (default: with the data, removed at the end).
 #   bash bench/gpu_seed001.sh [pstrain] [runs] [epochs] [seconds]
 #   e.g. bash bench/gpu_seed001.sh build/pstrain "incept_3 incept_5" 40 600
 set -uo pipefail
@@ -53,6 +54,8 @@ settings() {
 for run in $RUNS; do settings "$run" || exit 2; done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+keep=${LOG_DIR:-$work}
+mkdir -p "$keep" || exit 1
 
 tar -xzf "$DATA/cifar10_jpeg/cifar10-jpeg.tar.gz" -C "$work" || exit 1
 (cd "$work" && "$P" im2rec --list --recursive cifar_train train >/dev/null &&
@@ -83,7 +86,17 @@ if [[ " $RUNS " == *" torch_3 "* && -s $DATA/cifar10_partial/classes.txt ]]; the
   fi
 fi
 
-# run_one RUN: one run's heading and parse-log table on stdout (its logs in $work).
+# ended LOG STATUS: a line saying how a run that did not end by itself ended:
+# at the time limit (timeout's 124), or failing (then LOG's last lines).
+ended() {
+  case $2 in
+    0) ;;
+    124) echo "(stopped at the time limit, ${LIMIT} s)" ;;
+    *) echo "(failed, exit $2; the log's last lines:)"; tail -n 5 "$1" ;;
+  esac
+}
+
+# run_one RUN: one run's heading and parse-log table on stdout (its logs in $keep).
 run_one() {
   local run=$1 order one batch lr kv logs
   settings "$run" || return 2
@@ -92,19 +105,22 @@ run_one() {
   if [[ $one == torch ]]; then
     timeout "$LIMIT" "${PYTHON:-python3}" bench/torch_cifar_rec.py "$work/cifar_train.rec" \
       "$work/cifar_test.rec" "$EPOCHS" "$(nproc)" "${TORCH_DEVICE:-cuda}" "$EXAMPLES" \
-      "${twins[@]}" >"$work/$run.log" 2>&1 || tail -n 5 "$work/$run.log"
-    "$P" parse-log "$work/$run.log" \
+      "${twins[@]}" >"$keep/$run.log" 2>&1
+    ended "$keep/$run.log" $?
+    "$P" parse-log "$keep/$run.log" \
       --metric-names "accuracy$( ((${#twins[@]})) && echo ,exact-accuracy,twins-accuracy)"
   elif [[ $one == 1 ]]; then
     timeout "$LIMIT" "$P" train "${common[@]}" --batch-size "$batch" --lr "$lr" --kv-store "$kv" \
-      --shuffle-train "$order" --disp-batches 100 >"$work/$run.log" 2>&1
-    "$P" parse-log "$work/$run.log"
+      --shuffle-train "$order" --disp-batches 100 >"$keep/$run.log" 2>&1
+    ended "$keep/$run.log" $?
+    "$P" parse-log "$keep/$run.log"
   else
-    logs=$work/logs-$run
+    logs=$keep/logs-$run
     rm -rf "$logs"
     timeout "$LIMIT" "$P" launch -n 10 -s 5 --launcher local --quiet --log-dir "$logs" -- \
       "$P" train "${common[@]}" --batch-size "$batch" --lr "$lr" --kv-store "$kv" \
-      --data-nthreads 1 --disp-batches 10 >"$work/$run.log" 2>&1
+      --data-nthreads 1 --disp-batches 10 >"$keep/$run.log" 2>&1
+    ended "$keep/$run.log" $?
     "$P" parse-log "$logs/worker-0.log"
     echo
     echo "mean validation accuracy of the ten workers, every fifth epoch:"
@@ -120,9 +136,9 @@ run_one() {
 if [[ $PARALLEL == 1 ]]; then
   # Every run at once, sharing the GPU (each slower, all inside one call);
   # the tables then in the order asked.
-  for run in $RUNS; do run_one "$run" >"$work/$run.table" 2>&1 & done
+  for run in $RUNS; do run_one "$run" >"$keep/$run.table" 2>&1 & done
   wait
-  for run in $RUNS; do cat "$work/$run.table"; done
+  for run in $RUNS; do cat "$keep/$run.table"; done
 else
   for run in $RUNS; do run_one "$run"; done
 fi

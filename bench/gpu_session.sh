@@ -26,7 +26,8 @@
 # DATA: the data folder (../shared/data by default; mnist/, cifar10_jpeg/, and
 # for torch_3's exact test images cifar10_partial/'s classes.txt, test_batch.*
 # and one data_batch_N.* that `pstrain rec cifar10` needs).
-# Logs and tables go to $OUT (the device tool's output folder) or ./gpu-out.
+# Logs and tables go to $OUT (the device tool's output folder) or ./gpu-out;
+# the step, merge and seed001 phases' run logs as PHASE-logs.tar.xz there.
 set -uo pipefail
 usage="usage: bash bench/gpu_session.sh BUNDLE.tar.xz tests|step|profile|merge|seed001 [args]"
 bundle=${1:?$usage}
@@ -37,7 +38,11 @@ out=${OUT:-gpu-out}
 mkdir -p "$out"
 export PSTRAIN_SHARED_DATA_DIR=${DATA:-../shared/data}
 unpacked=$(mktemp -d)
-trap 'rm -rf "$unpacked"' EXIT
+# The step, merge and seed001 phases keep every run's log in $logs, packed
+# into one file at the end: the device tool brings back at most 8 files.
+logs=$unpacked/$phase-logs
+trap '[[ -d $logs ]] && tar -C "$unpacked" -cJf "$out/$phase-logs.tar.xz" "$phase-logs"
+  rm -rf "$unpacked"' EXIT
 tar -C "$unpacked" -xaf "$bundle" || exit 1
 # shellcheck disable=SC1091
 . "$unpacked/pstrain-bundle/env.sh"
@@ -93,8 +98,10 @@ case $phase in
     exit $rc
     ;;
   step)
-    NN_STEP_BENCH=$bin/nn_step_bench bash bench/gpu_vs_pytorch.sh "$bin" "${1:-3}" 2>&1 |
-      tee "$out/step.md"
+    # A round of the seven rows takes minutes: no round starts that would
+    # end past 8.5 minutes, inside the call's 10.
+    NN_STEP_BENCH=$bin/nn_step_bench LOG_DIR=$logs BUDGET_S=${BUDGET_S:-510} \
+      bash bench/gpu_vs_pytorch.sh "$bin" "${1:-3}" 2>&1 | tee "$out/step.md"
     ;;
   profile)
     # Device time per layer (pstrain) and per operator and kernel (PyTorch's
@@ -111,7 +118,9 @@ case $phase in
       --profile 5 >"$out/torch_profile_incept256.md" 2>&1
     # cuDNN's graph-API engines racing the legacy algorithms (--conv-graph),
     # beside the legacy search alone, interleaved.
+    # (a second round only where the call's 10 minutes leave room for it)
     for r in 1 2; do
+      ((r == 1 || SECONDS < 330)) || break
       for rows in resnet incept; do
         declare -n row=$rows
         for flag in "" --conv-graph; do
@@ -127,11 +136,12 @@ case $phase in
     tail -n 45 "$out"/torch_profile_*.md
     ;;
   merge)
-    bash bench/gpu_merge_bench.sh "$bin/pstrain" "lenet resnet" 2>&1 | tee "$out/merge.md"
+    LOG_DIR=$logs bash bench/gpu_merge_bench.sh "$bin/pstrain" "lenet resnet" 2>&1 |
+      tee "$out/merge.md"
     ;;
   seed001)
-    bash bench/gpu_seed001.sh "$bin/pstrain" "${1:-incept_6}" "${2:-40}" "${3:-500}" 2>&1 |
-      tee "$out/seed001.md"
+    LOG_DIR=$logs bash bench/gpu_seed001.sh "$bin/pstrain" "${1:-incept_6}" "${2:-40}" \
+      "${3:-500}" 2>&1 | tee "$out/seed001.md"
     ;;
   *)
     echo "gpu_session: unknown phase '$phase' (tests, step, profile, merge, seed001)" >&2

@@ -7,12 +7,23 @@
 # on 28x28 CIFAR (seed 001), ResNet-50 and Inception-v3 (seed 003), the neon
 # CIFAR-10 conv net (seed 004).
 #   bash bench/gpu_vs_pytorch.sh [build_dir] [rounds]     # PYTHON=python3 by default
-#   (NN_STEP_BENCH=path/to/nn_step_bench where it is not build_dir/bench/, a bundle say)
-set -euo pipefail
+# Environment:
+#   NN_STEP_BENCH  path/to/nn_step_bench where it is not build_dir/bench/ (a bundle, say)
+#   BUDGET_S       no round starts that the last round's time says would end
+#                  after BUDGET_S seconds from the start (default: no limit)
+#   LOG_DIR        keep every run's output there (default: a temporary folder)
+#   ROWS_MATCHING  only the rows whose network matches this regex
+#   BENCH_DEVICE   cuda (default), or cpu to try the script on a host without a GPU
+# The table is printed after every round, so a run cut short keeps what it
+# measured; a row that fails says so in the table and leaves its output in
+# LOG_DIR, and the other rows go on (the exit status is then 1).
+set -uo pipefail
 BUILD=${1:-build}
 ROUNDS=${2:-3}
 PY=${PYTHON:-python3}
-cd "$(dirname "$0")/.."
+BUDGET=${BUDGET_S:-0}
+DEVICE=${BENCH_DEVICE:-cuda}
+cd "$(dirname "$0")/.." || exit 1
 # network batch image-shape classes layers steps
 ROWS=(
   "lenet 128 1,28,28 10 0 200"
@@ -23,33 +34,81 @@ ROWS=(
   "inception-v3 32 3,299,299 1000 0 20"
   "neon-cifar10-conv 128 3,32,32 10 0 200"
 )
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+if [[ -n ${ROWS_MATCHING:-} ]]; then
+  for i in "${!ROWS[@]}"; do [[ ${ROWS[$i]%% *} =~ $ROWS_MATCHING ]] || unset "ROWS[$i]"; done
+  ROWS=("${ROWS[@]}")
+fi
+case $DEVICE in
+  cuda) on_device=(--gpus 0) ;;
+  cpu) on_device=() ;;
+  *) echo "gpu_vs_pytorch: BENCH_DEVICE is cuda or cpu, not '$DEVICE'" >&2; exit 2 ;;
+esac
+out=${LOG_DIR:-}
+if [[ -z $out ]]; then
+  out=$(mktemp -d)
+  trap 'rm -rf "$out"' EXIT
+fi
+mkdir -p "$out" || exit 1
+
+median() {
+  sort -g "$1" | awk '{ a[NR] = $1 } END { if (NR == 0) print "failed"; else print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
+}
+# table ROUNDS_DONE: the table of the rounds so far.
+table() {
+  echo "| network | batch | input | pstrain samples/s | PyTorch samples/s | pstrain / PyTorch | pstrain peak MB | PyTorch peak MB |"
+  echo "|---|---:|---|---:|---:|---:|---:|---:|"
+  local i net batch shape classes layers steps p t
+  for i in "${!ROWS[@]}"; do
+    read -r net batch shape classes layers steps <<<"${ROWS[$i]}"
+    p=$(median "$out/p$i.sps")
+    t=$(median "$out/t$i.sps")
+    printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n" "$net${layers/#0/}" "$batch" "$shape" \
+      "$(awk -v a="$p" 'BEGIN { print (a == "failed") ? a : sprintf("%.0f", a) }')" \
+      "$(awk -v a="$t" 'BEGIN { print (a == "failed") ? a : sprintf("%.0f", a) }')" \
+      "$(awk -v a="$p" -v b="$t" 'BEGIN { print (a + 0 > 0 && b + 0 > 0) ? sprintf("%.2f", a / b) : "-" }')" \
+      "$(cat "$out/p$i.mem" 2>/dev/null)" "$(cat "$out/t$i.mem" 2>/dev/null)"
+  done
+  echo "($1 of $ROUNDS interleaved rounds; $DEVICE; $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
+}
+
+start=$SECONDS
+failures=0
+for i in "${!ROWS[@]}"; do : >"$out/p$i.sps"; : >"$out/t$i.sps"; done
 for ((r = 1; r <= ROUNDS; r++)); do
+  round_start=$SECONDS
   for i in "${!ROWS[@]}"; do
     read -r net batch shape classes layers steps <<<"${ROWS[$i]}"
     common=(--network "$net" --batch "$batch" --image-shape "$shape" --num-classes "$classes"
             --num-layers "$layers" --steps "$steps")
-    "${NN_STEP_BENCH:-$BUILD/bench/nn_step_bench}" "${common[@]}" --gpus 0 >"$out/p" 2>&1 ||
-      { cat "$out/p" >&2; exit 1; }
-    "$PY" bench/torch_step_bench.py "${common[@]}" --device cuda >"$out/t" 2>&1 ||
-      { cat "$out/t" >&2; exit 1; }
-    awk -F'|' 'NR == 3 { gsub(/ /, "", $8); print $8 }' "$out/p" >>"$out/p$i.sps"
-    awk -F'|' '/^\| / { gsub(/ /, "", $8); print $8 }' "$out/t" >>"$out/t$i.sps"
-    grep -o 'peak memory held by the backend: [0-9.]*' "$out/p" | awk '{print $NF}' >"$out/p$i.mem"
-    grep -o 'allocated by PyTorch: [0-9.]*' "$out/t" | awk '{print $NF}' >"$out/t$i.mem"
+    p=$out/pstrain-$net-$batch-round$r.txt
+    t=$out/torch-$net-$batch-round$r.txt
+    if "${NN_STEP_BENCH:-$BUILD/bench/nn_step_bench}" "${common[@]}" "${on_device[@]}" >"$p" 2>&1; then
+      awk -F'|' 'NR == 3 { gsub(/ /, "", $8); print $8 }' "$p" >>"$out/p$i.sps"
+      grep -o 'peak memory held by the backend: [0-9.]*' "$p" | awk '{print $NF}' >"$out/p$i.mem"
+    else
+      ((failures++))
+      echo "round $r: pstrain failed on $net batch $batch:" >&2
+      tail -n 5 "$p" >&2
+    fi
+    if "$PY" bench/torch_step_bench.py "${common[@]}" --device "$DEVICE" >"$t" 2>&1; then
+      awk -F'|' '/^\| / { gsub(/ /, "", $8); print $8 }' "$t" >>"$out/t$i.sps"
+      grep -o 'allocated by PyTorch: [0-9.]*' "$t" | awk '{print $NF}' >"$out/t$i.mem"
+    else
+      ((failures++))
+      echo "round $r: PyTorch failed on $net batch $batch:" >&2
+      tail -n 5 "$t" >&2
+    fi
     echo "round $r/$ROUNDS: $net batch $batch" >&2
   done
+  table "$r"
+  echo
+  took=$((SECONDS - round_start))
+  if ((BUDGET > 0 && r < ROUNDS && SECONDS - start + took > BUDGET)); then
+    echo "(stopped after round $r: a round takes ${took} s, and another would end past BUDGET_S=$BUDGET)"
+    break
+  fi
 done
-median() { sort -g "$1" | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
-echo "| network | batch | input | pstrain samples/s | PyTorch samples/s | pstrain / PyTorch | pstrain peak MB | PyTorch peak MB |"
-echo "|---|---:|---|---:|---:|---:|---:|---:|"
-for i in "${!ROWS[@]}"; do
-  read -r net batch shape classes layers steps <<<"${ROWS[$i]}"
-  p=$(median "$out/p$i.sps")
-  t=$(median "$out/t$i.sps")
-  printf "| %s | %s | %s | %.0f | %.0f | %.2f | %s | %s |\n" "$net${layers/#0/}" "$batch" "$shape" \
-    "$p" "$t" "$(awk -v a="$p" -v b="$t" 'BEGIN { print a / b }')" "$(cat "$out/p$i.mem")" \
-    "$(cat "$out/t$i.mem")"
-done
-echo "($ROUNDS interleaved rounds; $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
+if ((failures > 0)); then
+  echo "gpu_vs_pytorch: $failures run(s) failed${LOG_DIR:+; their output is in $LOG_DIR}" >&2
+  exit 1
+fi
