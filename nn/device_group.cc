@@ -417,6 +417,23 @@ Status DeviceGroup::WriteAux(int i, const float* src, size_t n) {
   return Status::Ok();
 }
 
+Status DeviceGroup::AverageAux() {
+  if (num_devices() == 1) return Status::Ok();
+  for (int i = 0; i < num_aux(); ++i) {
+    const size_t n = static_cast<size_t>(graph_.aux_states()[i].shape.num_elements());
+    std::vector<float> mean(n, 0.0f), one(n);
+    // As MXNet's get_params: the sum over the devices in order, then / count.
+    for (auto& e : execs_) {
+      RETURN_IF_ERROR(e->ReadAux(i, one.data(), n));
+      for (size_t k = 0; k < n; ++k) mean[k] += one[k];
+    }
+    const float count = static_cast<float>(num_devices());
+    for (float& v : mean) v /= count;
+    RETURN_IF_ERROR(WriteAux(i, mean.data(), n));
+  }
+  return Status::Ok();
+}
+
 float* DeviceGroup::host_param(int i) const {
   return merge_backend_->host_accessible() ? merge_param_[i].data() : nullptr;
 }

@@ -48,8 +48,9 @@
 // executor's own tensors, nothing is copied.
 //
 // The group is a ModelParams whose param/grad are the merge buffers. Aux
-// states (BatchNorm's moving statistics) stay per device, as in MXNet; reads
-// come from the first device, writes go to all.
+// states (BatchNorm's moving statistics) stay per device during an epoch, as
+// in MXNet, and AverageAux makes them one at its end; reads come from the
+// first device, writes go to all.
 //
 // Threads: one (the trainer's), like an executor; with a kLocal merge from
 // GPUs the grad-ready callback runs on the group's merge thread (one call
@@ -119,6 +120,12 @@ class DeviceGroup : public ModelParams {
   // callback included (at once when merges are synchronous). Call before
   // reading the merge buffers or the callbacks' state after a step.
   void Drain();
+  // MXNet's "sync aux params across devices" at an epoch's end (BaseModule.fit
+  // calls get_params, which averages each aux state over the devices, then
+  // set_params): every device's aux states (BatchNorm's moving statistics,
+  // each folded from its own share of the batches) replaced by their mean.
+  // Before checkpoints and validation; a no-op with one device.
+  Status AverageAux();
 
   // The whole batch in host memory, split over the devices by rows.
   // InvalidArgument when n does not fit.

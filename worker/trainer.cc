@@ -311,6 +311,9 @@ Status Trainer::TrainEpoch(int epoch) {
                           m.peak >> 20, " MiB, in use ", m.in_use >> 20, " MiB, reserved ",
                           m.reserved >> 20, " MiB"));
   }
+  // Several devices' BatchNorm statistics made one (their mean) before the
+  // checkpoint saves them and validation uses them, as MXNet's fit does.
+  RETURN_IF_ERROR(exec_->AverageAux());
   if (!cfg_.model_prefix().empty() && (epoch + 1) % cfg_.save_period() == 0) {
     RETURN_IF_ERROR(SaveCheckpoint(epoch + 1));
   }

@@ -252,7 +252,7 @@ TEST(DeviceGroupTest, OneDeviceIsItsExecutor) {
   EXPECT_EQ(&one->backend(), &one->executor(0).backend());
 }
 
-TEST(DeviceGroupTest, AuxStatesStayPerDeviceReadFromTheFirst) {
+TEST(DeviceGroupTest, AuxStatesStayPerDeviceUntilAveraged) {
   StatusOr<Graph> g = BuildModel({"neon-cifar10-conv", 0, Shape(), 0});
   ASSERT_OK(g.status());
   DeviceGroupOptions o;
@@ -276,6 +276,18 @@ TEST(DeviceGroupTest, AuxStatesStayPerDeviceReadFromTheFirst) {
   ASSERT_OK(d.ReadAux(0, group.data(), n));
   EXPECT_NE(a0, a1) << "each device folds its own batch statistics in";
   EXPECT_EQ(group, a0);
+
+  // At an epoch's end every device gets their mean (MXNet's get_params then
+  // set_params), as do checkpoints, which read the group.
+  ASSERT_OK(d.AverageAux());
+  std::vector<float> mean(n), b0(n), b1(n);
+  for (size_t k = 0; k < n; ++k) mean[k] = (a0[k] + a1[k]) / 2.0f;
+  ASSERT_OK(d.executor(0).ReadAux(0, b0.data(), n));
+  ASSERT_OK(d.executor(1).ReadAux(0, b1.data(), n));
+  ASSERT_OK(d.ReadAux(0, group.data(), n));
+  EXPECT_EQ(b0, mean);
+  EXPECT_EQ(b1, mean);
+  EXPECT_EQ(group, mean);
 }
 
 TEST(DeviceGroupTest, BadShapesAndDevicesAreErrors) {
