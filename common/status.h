@@ -34,6 +34,7 @@ enum class StatusCode : int {
   kInternal = 9,
   kCancelled = 10,
   kUnimplemented = 11,
+  kResourceExhausted = 12,  // memory (a device's or the host's) ran out
 };
 
 // Returns "InvalidArgument", "DeadlineExceeded", ...
@@ -71,6 +72,9 @@ class [[nodiscard]] Status {
   }
   static Status Unimplemented(std::string msg) {
     return Status(StatusCode::kUnimplemented, std::move(msg));
+  }
+  static Status ResourceExhausted(std::string msg) {
+    return Status(StatusCode::kResourceExhausted, std::move(msg));
   }
 
   bool ok() const { return state_ == nullptr; }

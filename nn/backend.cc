@@ -168,7 +168,7 @@ StatusOr<std::vector<std::unique_ptr<Operator>>> Backend::CreateOperatorsWithout
   return ops;
 }
 
-std::vector<Tensor> Backend::ZerosPacked(const std::vector<Shape>& shapes) {
+StatusOr<std::vector<Tensor>> Backend::TryZerosPacked(const std::vector<Shape>& shapes) {
   std::vector<int64_t> offsets;
   int64_t total = 0;
   for (const Shape& s : shapes) {
@@ -177,11 +177,19 @@ std::vector<Tensor> Backend::ZerosPacked(const std::vector<Shape>& shapes) {
   }
   std::vector<Tensor> out;
   if (shapes.empty()) return out;
-  const Tensor all = Zeros(Shape{std::max<int64_t>(total, 1)});
+  ASSIGN_OR_RETURN(std::shared_ptr<Buffer> all,
+                   TryAllocate(static_cast<size_t>(std::max<int64_t>(total, 1))));
+  Fill(Tensor(all, 0, Shape{std::max<int64_t>(total, 1)}), 0.0f);
   for (size_t i = 0; i < shapes.size(); ++i) {
-    out.emplace_back(all.buffer(), static_cast<size_t>(offsets[i]), shapes[i]);
+    out.emplace_back(all, static_cast<size_t>(offsets[i]), shapes[i]);
   }
   return out;
+}
+
+std::vector<Tensor> Backend::ZerosPacked(const std::vector<Shape>& shapes) {
+  StatusOr<std::vector<Tensor>> t = TryZerosPacked(shapes);
+  CHECK(t.ok()) << t.status();
+  return std::move(t).value();
 }
 
 StatusOr<std::unique_ptr<Backend>> Backend::Create(const BackendOptions& options) {

@@ -140,8 +140,16 @@ class Backend {
 
   // Uninitialized memory for num_floats floats on device(). The CUDA backend
   // caches freed blocks, so a step loop that allocates what the last step
-  // freed never calls cudaMalloc. CHECK-fails when the device is out of memory.
-  virtual std::shared_ptr<Buffer> Allocate(size_t num_floats) = 0;
+  // freed never calls cudaMalloc. ResourceExhausted, naming the device and
+  // the bytes, when the device is out of memory.
+  virtual StatusOr<std::shared_ptr<Buffer>> TryAllocate(size_t num_floats) = 0;
+  // TryAllocate for memory that was planned for (the step loop's, say):
+  // CHECK-fails when the device is out of memory.
+  std::shared_ptr<Buffer> Allocate(size_t num_floats) {
+    StatusOr<std::shared_ptr<Buffer>> b = TryAllocate(num_floats);
+    CHECK(b.ok()) << b.status();
+    return std::move(b).value();
+  }
   Tensor Empty(const Shape& shape) {
     return Tensor(Allocate(static_cast<size_t>(shape.num_elements())), 0, shape);
   }
@@ -162,6 +170,8 @@ class Backend {
   // kTensorAlignFloats boundary: a block per tensor would round each large one
   // up to the allocator's granule (2 MiB on a GPU: about 26 MB per copy of
   // ResNet-50's weights).
+  // ResourceExhausted as TryAllocate; ZerosPacked CHECK-fails instead.
+  StatusOr<std::vector<Tensor>> TryZerosPacked(const std::vector<Shape>& shapes);
   std::vector<Tensor> ZerosPacked(const std::vector<Shape>& shapes);
   // Host memory (a Buffer of Device::Cpu(), 64-byte aligned) that this
   // backend's asynchronous copies use without staging: page-locked ("pinned")

@@ -386,7 +386,20 @@ Status Executor::Init() {
   const auto& edge_item = plan.edge_item;
   const auto& edge_is_temp = plan.edge_is_temp;
   const auto& edge_adds = plan.edge_adds;
-  const std::shared_ptr<Buffer> arena = be.Allocate(static_cast<size_t>(plan.arena_floats));
+  // The allocations that a batch too large for the device meets: an error
+  // that says what did not fit, not a crash.
+  auto no_room = [&](const Status& s, const std::string& what) {
+    return Status::ResourceExhausted(
+        StrCat(what, " for a batch of ", batch, ": ", s.message(), "; a smaller batch may fit"));
+  };
+  StatusOr<std::shared_ptr<Buffer>> made_arena =
+      be.TryAllocate(static_cast<size_t>(plan.arena_floats));
+  if (!made_arena.ok()) {
+    return no_room(made_arena.status(),
+                   StrCat("the activations and their gradients (the memory plan: ",
+                          plan.arena_floats * sizeof(float) / (1 << 20), " MiB)"));
+  }
+  const std::shared_ptr<Buffer> arena = std::move(made_arena).value();
   auto view = [&](int item, const Shape& per_sample) {
     return Tensor(arena, static_cast<size_t>(items[item].offset), per_sample.WithBatch(batch));
   };
@@ -396,7 +409,11 @@ Status Executor::Init() {
   for (int i = 0; i < N; ++i) {
     const Node& n = nodes[i];
     if (n.op == OpType::kInput) {
-      m.out[i] = be.Zeros(n.out_shape.WithBatch(batch));
+      const Shape s = n.out_shape.WithBatch(batch);
+      StatusOr<std::shared_ptr<Buffer>> b = be.TryAllocate(static_cast<size_t>(s.num_elements()));
+      if (!b.ok()) return no_room(b.status(), StrCat("the input '", n.name, "'"));
+      m.out[i] = Tensor(std::move(b).value(), 0, s);
+      be.Fill(m.out[i], 0.0f);
     } else {
       m.out[i] = view(out_item[i], n.out_shape);
     }
@@ -404,9 +421,20 @@ Status Executor::Init() {
   std::vector<Shape> param_shapes, aux_shapes;
   for (const ParamInfo& p : graph_.params()) param_shapes.push_back(p.shape);
   for (const ParamInfo& a : graph_.aux_states()) aux_shapes.push_back(a.shape);
-  params_ = be.ZerosPacked(param_shapes);
-  grads_ = train ? be.ZerosPacked(param_shapes) : std::vector<Tensor>(param_shapes.size());
-  aux_ = be.ZerosPacked(aux_shapes);
+  // (Their size does not depend on the batch, but they come after the arena.)
+  StatusOr<std::vector<Tensor>> params = be.TryZerosPacked(param_shapes);
+  if (!params.ok()) return no_room(params.status(), "the parameters");
+  params_ = std::move(params).value();
+  if (train) {
+    StatusOr<std::vector<Tensor>> grads = be.TryZerosPacked(param_shapes);
+    if (!grads.ok()) return no_room(grads.status(), "the parameters' gradients");
+    grads_ = std::move(grads).value();
+  } else {
+    grads_.assign(param_shapes.size(), Tensor());
+  }
+  StatusOr<std::vector<Tensor>> aux = be.TryZerosPacked(aux_shapes);
+  if (!aux.ok()) return no_room(aux.status(), "the aux states");
+  aux_ = std::move(aux).value();
   m.accumulate.resize(N);
   m.fwd_s.assign(N, 0.0);
   m.bwd_s.assign(N, 0.0);

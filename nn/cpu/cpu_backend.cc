@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -84,11 +85,18 @@ std::string CpuBackend::Describe() const {
                 " kernels, ", team_, team_ == 1 ? " thread)" : " threads)");
 }
 
-std::shared_ptr<Buffer> CpuBackend::Allocate(size_t num_floats) {
+StatusOr<std::shared_ptr<Buffer>> CpuBackend::TryAllocate(size_t num_floats) {
+  if (num_floats > (SIZE_MAX - 63) / sizeof(float)) {
+    return Status::ResourceExhausted(StrCat("cpu: ", num_floats, " floats do not fit in memory"));
+  }
   size_t bytes = ((num_floats * sizeof(float) + 63) / 64) * 64;
   if (bytes == 0) bytes = 64;
   void* p = std::aligned_alloc(64, bytes);
-  CHECK(p != nullptr) << "out of host memory allocating " << bytes << " bytes";
+  if (p == nullptr) {
+    return Status::ResourceExhausted(StrCat("cpu: out of host memory allocating ", bytes,
+                                            " bytes (", counters_->in_use.load(),
+                                            " in use by this backend)"));
+  }
   const size_t now = counters_->in_use.fetch_add(bytes) + bytes;
   size_t peak = counters_->peak.load();
   while (now > peak && !counters_->peak.compare_exchange_weak(peak, now)) {

@@ -24,7 +24,7 @@ class CpuBackend : public Backend {
   std::string Describe() const override;
   bool host_accessible() const override { return true; }
 
-  std::shared_ptr<Buffer> Allocate(size_t num_floats) override;
+  StatusOr<std::shared_ptr<Buffer>> TryAllocate(size_t num_floats) override;
   MemoryStats memory_stats() const override;
   BackendCounters counters() const override;
 

@@ -202,10 +202,10 @@ std::shared_ptr<Buffer> CudaBackend::AllocateBytes(size_t bytes) {
                       [allocator](float* d) { allocator->Free(d); });
 }
 
-std::shared_ptr<Buffer> CudaBackend::Allocate(size_t num_floats) {
+StatusOr<std::shared_ptr<Buffer>> CudaBackend::TryAllocate(size_t num_floats) {
   std::string error;
   void* p = allocator_->Allocate(num_floats * sizeof(float), &error);
-  CHECK(p != nullptr) << device().ToString() << ": " << error;
+  if (p == nullptr) return Status::ResourceExhausted(StrCat(device().ToString(), ": ", error));
   std::shared_ptr<CachingAllocator> allocator = allocator_;
   return Buffer::Wrap(static_cast<float*>(p), num_floats, device(),
                       [allocator](float* d) { allocator->Free(d); });

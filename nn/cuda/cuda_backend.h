@@ -73,7 +73,7 @@ class CudaBackend : public Backend {
   std::string Describe() const override;
   bool host_accessible() const override { return false; }
 
-  std::shared_ptr<Buffer> Allocate(size_t num_floats) override;
+  StatusOr<std::shared_ptr<Buffer>> TryAllocate(size_t num_floats) override;
   std::shared_ptr<Buffer> AllocatePinned(size_t num_floats) override;
   MemoryStats memory_stats() const override { return allocator_->stats(); }
 

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -250,6 +251,14 @@ TEST(SyntheticTest, AnyShapeAndFlat) {
   for (float l : b.label) EXPECT_TRUE(l >= 0 && l < 1000);
   EXPECT_FALSE(NewSyntheticIter({3, 0, 7}, 10, 10, opts).ok());
   EXPECT_FALSE(NewSyntheticIter({3, 5, 7}, 0, 10, opts).ok());
+  // A batch the host's memory cannot hold: an error, not an allocation failure.
+  opts.batch_size = std::numeric_limits<int>::max();
+  auto huge = NewSyntheticIter({3, 224, 224}, 1000, 100, opts);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), StatusCode::kResourceExhausted) << huge.status();
+  EXPECT_NE(huge.status().message().find("a batch of 2147483647 examples of 150528 bytes"),
+            std::string::npos)
+      << huge.status();
 }
 
 TEST_F(ReaderTest, Cifar10RecordsAndTruncation) {

@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <set>
 #include <thread>
@@ -385,6 +386,31 @@ TEST(ExecutorTest, BadOptionsAndGraphsAreErrors) {
   bad.Convolution("c", bad.Input("data", {1, 2, 2}), ConvParam{4, 3, 3});
   EXPECT_FALSE(bad.status().ok());
   EXPECT_FALSE(Executor::Create(bad, ExecutorOptions()).ok());
+}
+
+// A batch whose memory plan no host can give (LeNet's is about 115 KB per
+// example: over 200 TB here, past any address space) is an error that says
+// what did not fit, as it is on a GPU, not a crash.
+TEST(ExecutorTest, ABatchTooLargeForMemoryIsAnErrorNotACrash) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer ends the process at an allocation past its maximum instead "
+                  "of returning null (allocator_may_return_null=0)";
+#endif
+  StatusOr<Graph> g = BuildModel({"lenet", 0, Shape(), 0});
+  ASSERT_OK(g.status());
+  ExecutorOptions o;
+  o.batch_size = std::numeric_limits<int>::max();
+  o.backend.num_threads = 1;
+  StatusOr<std::unique_ptr<Executor>> e = Executor::Create(*g, o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kResourceExhausted) << e.status();
+  for (const char* said : {"the activations and their gradients", "for a batch of 2147483647",
+                           "out of host memory", "a smaller batch may fit"}) {
+    EXPECT_NE(e.status().message().find(said), std::string::npos) << said << ": " << e.status();
+  }
+  // A batch that fits still makes an executor after the failed one.
+  o.batch_size = 2;
+  EXPECT_OK(Executor::Create(*g, o).status());
 }
 
 // Ten classes, each a fixed random 28x28 pattern plus noise: LeNet with plain
