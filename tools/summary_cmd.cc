@@ -5,6 +5,7 @@
 #include <gflags/gflags.h>
 
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,54 +14,84 @@
 #include "nn/executor.h"
 #include "tools/commands.h"
 #include "tools/fit_flags.h"
+#include "worker/param_sync.h"
 #include "worker/train_config.h"
+#include "worker/trainer.h"
 
 DECLARE_int32(batch_size);
 DECLARE_string(gpus);
 DECLARE_string(gpu_weights);
 DECLARE_int32(gpu_tf32);
 DECLARE_int32(gpu_conv_graph);
+DECLARE_string(kv_store);
+DECLARE_int32(num_threads);
+DECLARE_double(mom);
+DECLARE_string(gc_type);
+DECLARE_double(gc_threshold);
 
 namespace pstrain {
 
 namespace {
 
-// Builds the training executors of one step at --batch-size split over the
-// GPUs (as `train --gpus` does), runs one step on zeros (the peak includes
-// the convolutions' workspace), and prints what each device held.
-int PrintStepMemory(const Graph& graph, const TrainingDevices& devices) {
-  DeviceGroupOptions go;
-  go.batch_size = FLAGS_batch_size;
-  go.devices.clear();
-  for (int gpu : devices.gpus) {
-    BackendOptions b;
-    b.device = Device::Gpu(gpu);
-    b.gpu_tf32 = devices.tf32;  // both change the convolutions' workspaces
-    b.gpu_conv_graph = devices.conv_graph;
-    go.devices.push_back(b);
+// Builds the devices of one training step at --batch-size as `train` does
+// (TrainingDeviceGroupOptions: the split, the merge of --kv-store), runs the
+// step on a zero batch (its upload, the convolutions' workspaces, the merge)
+// with `train`'s optimizer for `local` and `device` (its momentum on the
+// device where the update runs there), and prints what each device held.
+int PrintStepMemory(const Graph& graph, const TrainConfig& cfg) {
+  auto go = TrainingDeviceGroupOptions(cfg);
+  if (!go.ok()) {
+    std::fprintf(stderr, "pstrain summary: %s\n", go.status().ToString().c_str());
+    return 2;
   }
-  go.weights = devices.weights;
-  auto group = DeviceGroup::Create(graph, go);
+  auto group = DeviceGroup::Create(graph, *go);
   if (!group.ok()) {
     std::fprintf(stderr, "pstrain summary: %s\n", group.status().ToString().c_str());
     return 1;
   }
   DeviceGroup& g = **group;
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "pstrain summary: %s\n", s.ToString().c_str());
+    return 1;
+  };
+  // The dist kvstores update on the servers: the worker holds no optimizer state.
+  const bool local_update = cfg.kv_store() == "local" || cfg.kv_store() == "device";
+  std::unique_ptr<LocalParamSync> sync;
+  if (local_update) {
+    auto opt = MakeOptimizerConfig(cfg, /*epoch_size=*/1, /*num_workers=*/1);
+    if (!opt.ok()) return fail(opt.status());
+    auto made = LocalParamSync::Create(*opt);
+    if (!made.ok()) return fail(made.status());
+    sync = std::move(made).value();
+    if (Status s = sync->Init(&g); !s.ok()) return fail(s);
+    LocalParamSync* p = sync.get();
+    g.SetGradReadyCallback([p](int i) { p->OnGradReady(i); });
+    g.SetParamNeededCallback([p](int i) { p->WaitParam(i); });
+  }
+  const Shape in = g.executor(0).data().shape();
+  std::vector<float> data(static_cast<size_t>(in.ProductFrom(1) * cfg.batch_size()), 0.0f);
+  std::vector<float> label(static_cast<size_t>(cfg.batch_size()), 0.0f);
+  if (Status s = g.LoadData(data.data(), data.size()); !s.ok()) return fail(s);
+  if (Status s = g.LoadLabel(label.data(), label.size()); !s.ok()) return fail(s);
   g.Forward(/*is_train=*/true);
   g.Backward();
+  g.Drain();
   const double params =
       static_cast<double>(2 * graph.NumParams() + graph.NumAuxElements()) * sizeof(float);
-  std::printf("training step at batch %d:\n", FLAGS_batch_size);
+  std::printf("training step at batch %d, --kv-store %s (%s):\n", cfg.batch_size(),
+              cfg.kv_store().c_str(),
+              local_update ? "the optimizer's state included" : "the optimizer on the servers");
   for (int d = 0; d < g.num_devices(); ++d) {
     Executor& e = g.executor(d);
     e.backend().Synchronize();
     const MemoryStats m = e.backend().memory_stats();
     std::printf(
-        "  %s, %d examples: peak %.1f MiB, reserved %.1f MiB; activations and their "
-        "gradients %.1f MiB planned (%.1f unplanned); parameters, gradients, aux states "
+        "  %s, listing %d, %d examples: peak %.1f MiB, reserved %.1f MiB; activations and "
+        "their gradients %.1f MiB planned (%.1f unplanned); parameters, gradients, aux states "
         "%.1f MiB\n",
-        e.backend().Describe().c_str(), g.shares()[d], m.peak / 1048576.0, m.reserved / 1048576.0,
-        e.planned_bytes() / 1048576.0, e.unplanned_bytes() / 1048576.0, params / 1048576.0);
+        e.backend().Describe().c_str(), d, g.shares()[d], m.peak / 1048576.0,
+        m.reserved / 1048576.0, e.planned_bytes() / 1048576.0, e.unplanned_bytes() / 1048576.0,
+        params / 1048576.0);
   }
   return 0;
 }
@@ -119,19 +150,29 @@ int RunSummary(int argc, char** argv) {
   }
   std::printf("total parameters: %lld\n", static_cast<long long>(graph->NumParams()));
   if (FLAGS_gpus.empty()) return 0;
+  // The flags a training step's memory depends on, as `train` reads them.
   TrainConfig cfg;
+  cfg.set_batch_size(FLAGS_batch_size);
   cfg.set_gpus(FLAGS_gpus);
   cfg.set_gpu_weights(FLAGS_gpu_weights);
   cfg.set_gpu_tf32(FLAGS_gpu_tf32);
   cfg.set_gpu_conv_graph(FLAGS_gpu_conv_graph);
+  cfg.set_kv_store(FLAGS_kv_store);
+  cfg.set_num_threads(FLAGS_num_threads);
+  cfg.set_mom(FLAGS_mom);
+  cfg.set_gc_type(FLAGS_gc_type);
+  cfg.set_gc_threshold(FLAGS_gc_threshold);
   auto devices = ParseTrainingDevices(cfg);
+  if (devices.ok()) {
+    if (Status s = ValidateKvStore(cfg.kv_store()); !s.ok()) devices = s;
+  }
   if (!devices.ok()) {
     std::fprintf(stderr, "pstrain summary: %s\n", devices.status().ToString().c_str());
     return 2;
   }
   std::string why;
   if (GpuCount(&why) == 0) return PrintPlannedMemory(*graph, *devices, why);
-  return PrintStepMemory(*graph, *devices);
+  return PrintStepMemory(*graph, cfg);
 }
 
 }  // namespace pstrain

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 namespace pstrain {
@@ -194,6 +195,16 @@ StatusOr<std::vector<int64_t>> ParseIntList(const std::string& text, const std::
   return out;
 }
 
+Status ValidateKvStore(const std::string& kv) {
+  if (kv != "local" && kv != "device" && kv != "dist_sync" && kv != "dist_async" &&
+      kv != "dist_device_sync") {
+    return Status::InvalidArgument(
+        StrCat("--kv-store='", kv,
+               "' is not one of local, device, dist_sync, dist_async, dist_device_sync"));
+  }
+  return Status::Ok();
+}
+
 StatusOr<TrainingDevices> ParseTrainingDevices(const TrainConfig& cfg) {
   TrainingDevices out;
   for (const auto& [name, value] : {std::pair<const char*, int32_t>{"gpu-tf32", cfg.gpu_tf32()},
@@ -208,6 +219,10 @@ StatusOr<TrainingDevices> ParseTrainingDevices(const TrainConfig& cfg) {
   for (int64_t g : gpus) {
     if (g < 0) {
       return Status::InvalidArgument(StrCat("--gpus='", cfg.gpus(), "': GPU ", g, " is negative"));
+    }
+    if (g > std::numeric_limits<int>::max()) {
+      return Status::InvalidArgument(
+          StrCat("--gpus='", cfg.gpus(), "': GPU ", g, " is not a device number"));
     }
     out.gpus.push_back(static_cast<int>(g));
   }
@@ -268,12 +283,7 @@ Status ValidateTrainConfig(const TrainConfig& cfg) {
     return Status::InvalidArgument(StrCat("--lr-factor=", cfg.lr_factor(), " must be in (0, 1]"));
   }
   const std::string& kv = cfg.kv_store();
-  if (kv != "local" && kv != "device" && kv != "dist_sync" && kv != "dist_async" &&
-      kv != "dist_device_sync") {
-    return Status::InvalidArgument(
-        StrCat("--kv-store='", kv,
-               "' is not one of local, device, dist_sync, dist_async, dist_device_sync"));
-  }
+  RETURN_IF_ERROR(ValidateKvStore(kv));
   ASSIGN_OR_RETURN(const GradientCompression gc,
                    ParseGradientCompression(cfg.gc_type(), cfg.gc_threshold()));
   if (gc.enabled() && kv == "local") {

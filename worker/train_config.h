@@ -55,6 +55,9 @@ struct TrainingDevices {
 };
 StatusOr<TrainingDevices> ParseTrainingDevices(const TrainConfig& cfg);
 
+// InvalidArgument unless kv is local, device, dist_sync, dist_async or dist_device_sync.
+Status ValidateKvStore(const std::string& kv);
+
 // "1,28,28" -> {1, 28, 28}; "" -> {}. InvalidArgument naming `what` otherwise.
 StatusOr<std::vector<int64_t>> ParseIntList(const std::string& text, const std::string& what);
 

@@ -126,10 +126,10 @@ Status Trainer::Init() {
   return Status::Ok();
 }
 
-Status Trainer::InitDevices() {
+StatusOr<DeviceGroupOptions> TrainingDeviceGroupOptions(const TrainConfig& cfg) {
   DeviceGroupOptions go;
-  go.batch_size = cfg_.batch_size();
-  ASSIGN_OR_RETURN(const TrainingDevices devices, ParseTrainingDevices(cfg_));
+  go.batch_size = cfg.batch_size();
+  ASSIGN_OR_RETURN(const TrainingDevices devices, ParseTrainingDevices(cfg));
   go.devices.clear();
   for (int gpu : devices.gpus) {
     BackendOptions b;
@@ -139,18 +139,23 @@ Status Trainer::InitDevices() {
     go.devices.push_back(b);
   }
   if (go.devices.empty()) go.devices.emplace_back();  // the CPU
-  for (BackendOptions& b : go.devices) b.num_threads = cfg_.num_threads();
+  for (BackendOptions& b : go.devices) b.num_threads = cfg.num_threads();
   go.weights = devices.weights;
   // MXNet: `device` and `dist_device_sync` sum on a GPU, the rest on the CPU.
-  go.merge = cfg_.kv_store() == "device" || cfg_.kv_store() == "dist_device_sync"
+  go.merge = cfg.kv_store() == "device" || cfg.kv_store() == "dist_device_sync"
                  ? MergeDevice::kDevice
                  : MergeDevice::kLocal;
-  go.seed = cfg_.seed() + 1;
-  if (cfg_.kv_store() == "device") {
+  go.seed = cfg.seed() + 1;
+  if (cfg.kv_store() == "device") {
     // MXNet's device kvstore quantizes each device's gradient before the merge;
     // the dist kvstores compress the push instead (the ParamSync's client).
-    ASSIGN_OR_RETURN(go.compression, ParseGradientCompression(cfg_.gc_type(), cfg_.gc_threshold()));
+    ASSIGN_OR_RETURN(go.compression, ParseGradientCompression(cfg.gc_type(), cfg.gc_threshold()));
   }
+  return go;
+}
+
+Status Trainer::InitDevices() {
+  ASSIGN_OR_RETURN(const DeviceGroupOptions go, TrainingDeviceGroupOptions(cfg_));
   ASSIGN_OR_RETURN(exec_, DeviceGroup::Create(graph_, go));
   params_ = exec_.get();
   const Shape out_shape = exec_->output_shape();
@@ -307,7 +312,9 @@ Status Trainer::TrainEpoch(int epoch) {
     const Backend& b = exec_->executor(d).backend();
     if (b.host_accessible()) continue;
     const MemoryStats m = b.memory_stats();
-    env_.log->Info(StrCat("Epoch[", epoch, "] ", b.device().ToString(), " memory: peak ",
+    // (A GPU listed several times has a backend, and a line, per listing.)
+    const std::string listing = exec_->num_devices() > 1 ? StrCat(" (listing ", d, ")") : "";
+    env_.log->Info(StrCat("Epoch[", epoch, "] ", b.device().ToString(), listing, " memory: peak ",
                           m.peak >> 20, " MiB, in use ", m.in_use >> 20, " MiB, reserved ",
                           m.reserved >> 20, " MiB"));
   }

@@ -41,6 +41,14 @@
 
 namespace pstrain {
 
+// The devices of a training step as `train` makes them from its config: the
+// batch split over --gpus by --gpu-weights (the CPU without --gpus), each
+// with --num-threads, --gpu-tf32 and --gpu-conv-graph; the merge where MXNet
+// sums (`device` and `dist_device_sync` on the first GPU, the rest on the
+// CPU); `device`'s 2-bit compression. `summary --gpus` measures the same.
+// The flags' errors (ParseTrainingDevices, ParseGradientCompression).
+StatusOr<DeviceGroupOptions> TrainingDeviceGroupOptions(const TrainConfig& cfg);
+
 // What the process around the trainer provides.
 struct TrainerEnv {
   int rank = 0;

@@ -215,6 +215,19 @@ TEST(TrainConfigTest, DevicesAreGpusAndTheirWeights) {
   cfg.set_gpu_weights("");
   cfg.set_gpus("0,-1");
   EXPECT_FALSE(ValidateTrainConfig(cfg).ok());
+  // Not cut to an int (4294967296 would have been GPU 0).
+  cfg.set_gpus("4294967296");
+  const Status huge = ValidateTrainConfig(cfg);
+  EXPECT_NE(huge.message().find("GPU 4294967296 is not a device number"), std::string::npos)
+      << huge;
+}
+
+TEST(TrainConfigTest, KvStoresAreMxnetsFive) {
+  for (const char* kv : {"local", "device", "dist_sync", "dist_async", "dist_device_sync"}) {
+    EXPECT_OK(ValidateKvStore(kv));
+  }
+  const Status s = ValidateKvStore("dist");
+  EXPECT_NE(s.message().find("--kv-store='dist' is not one of"), std::string::npos) << s;
 }
 
 TEST(TrainConfigTest, GpuSwitchesAreZeroOrOne) {

@@ -499,4 +499,43 @@ TEST(LocalParamSyncTest, LargeParametersUpdateInPiecesExactlyAsInOnePass) {
 }
 
 }  // namespace
+// The devices and the merge of a training step, as `train` and `summary` make them.
+TEST(TrainingDevicesTest, DeviceGroupOptionsFollowTheFlags) {
+  TrainConfig cfg;
+  cfg.set_batch_size(12);
+  cfg.set_num_threads(3);
+  auto cpu = TrainingDeviceGroupOptions(cfg);
+  ASSERT_OK(cpu.status());
+  ASSERT_EQ(cpu->devices.size(), 1u);
+  EXPECT_TRUE(cpu->devices[0].device.is_cpu());
+  EXPECT_EQ(cpu->devices[0].num_threads, 3);
+  EXPECT_EQ(cpu->batch_size, 12);
+  cfg.set_gpus("0,0,1");
+  cfg.set_gpu_weights("2,1,1");
+  cfg.set_gpu_tf32(0);
+  for (const auto& [kv, merge] : std::vector<std::pair<std::string, MergeDevice>>{
+           {"local", MergeDevice::kLocal},
+           {"device", MergeDevice::kDevice},
+           {"dist_sync", MergeDevice::kLocal},
+           {"dist_async", MergeDevice::kLocal},
+           {"dist_device_sync", MergeDevice::kDevice}}) {
+    cfg.set_kv_store(kv);
+    auto go = TrainingDeviceGroupOptions(cfg);
+    ASSERT_OK(go.status());
+    EXPECT_EQ(go->merge, merge) << kv;
+    ASSERT_EQ(go->devices.size(), 3u);
+    EXPECT_EQ(go->devices[2].device, Device::Gpu(1));
+    EXPECT_FALSE(go->devices[0].gpu_tf32);
+    EXPECT_EQ(go->weights, (std::vector<double>{2, 1, 1}));
+  }
+  cfg.set_kv_store("device");
+  cfg.set_gc_type("2bit");
+  auto gc = TrainingDeviceGroupOptions(cfg);
+  ASSERT_OK(gc.status());
+  EXPECT_TRUE(gc->compression.enabled()) << "device compresses before the merge";
+  cfg.set_kv_store("dist_sync");
+  EXPECT_FALSE(TrainingDeviceGroupOptions(cfg)->compression.enabled())
+      << "the dist kvstores compress the push";
+}
+
 }  // namespace pstrain
