@@ -74,6 +74,10 @@ struct BackendOptions {
   // each convolution direction with the faster (nn/cuda/cudnn_graph.h). Off
   // until measured on a GPU: the legacy search alone decides then.
   bool gpu_conv_graph = false;
+  // With gpu_conv_graph, for tests of the graph plans' numbers: a graph plan
+  // wherever one runs (the fastest of them), even where the legacy algorithm
+  // is faster.
+  bool gpu_conv_graph_preferred = false;
 };
 
 // Bytes of device memory this backend holds for tensors.

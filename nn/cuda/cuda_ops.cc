@@ -413,7 +413,7 @@ class CudnnConvolution : public CudaOp {
         VLOG(1) << Where() << ": " << ms.status();
         continue;
       }
-      if (*ms < best_ms) {
+      if (*ms < best_ms || (best < 0 && be_->options().gpu_conv_graph_preferred)) {
         best = i;
         best_ms = *ms;
       }
