@@ -98,8 +98,10 @@ case $phase in
     exit $rc
     ;;
   step)
-    # A round of the seven rows takes minutes: no round starts that would
-    # end past 8.5 minutes, inside the call's 10.
+    # A round of the seven rows takes minutes: no round starts that its
+    # predecessor says would end past 8.5 minutes of the bench (the bundle's
+    # unpacking before and the logs' packing after take seconds), inside the
+    # call's 10.
     NN_STEP_BENCH=$bin/nn_step_bench LOG_DIR=$logs BUDGET_S=${BUDGET_S:-510} \
       bash bench/gpu_vs_pytorch.sh "$bin" "${1:-3}" 2>&1 | tee "$out/step.md"
     ;;

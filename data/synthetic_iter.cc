@@ -21,13 +21,14 @@ StatusOr<std::unique_ptr<DataIter>> NewSyntheticIter(const std::vector<int64_t>&
   }
   auto set = std::make_shared<ExampleSet>();
   set->shape = shape;
-  // The pool holds a batch at least: one that the host cannot hold is an
-  // error here rather than an allocation failure.
+  // Each batch is made as floats: one that the host cannot hold is an error
+  // here rather than an allocation failure.
   const int64_t host_bytes = int64_t{sysconf(_SC_PHYS_PAGES)} * sysconf(_SC_PAGESIZE);
-  if (host_bytes > 0 && opts.batch_size > host_bytes / set->example_size()) {
+  const int64_t batch_bytes_each = set->example_size() * int64_t{sizeof(float)};
+  if (host_bytes > 0 && opts.batch_size > host_bytes / batch_bytes_each) {
     return Status::ResourceExhausted(
         StrCat("synthetic data: a batch of ", opts.batch_size, " examples of ", set->example_size(),
-               " bytes needs more than this host's ", host_bytes >> 20, " MiB of memory"));
+               " floats needs more than this host's ", host_bytes >> 20, " MiB of memory"));
   }
   constexpr int64_t kPoolBytes = int64_t{64} << 20;
   num_examples =

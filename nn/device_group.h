@@ -99,7 +99,8 @@ StatusOr<std::vector<int>> SplitBatch(int batch_size, int num_devices,
 
 class DeviceGroup : public ModelParams {
  public:
-  // The errors of SplitBatch and of Executor::Create for each device,
+  // The errors of SplitBatch and of Executor::Create for each device (with
+  // ResourceExhausted when a device's share does not fit its memory),
   // InvalidArgument for no device or devices of different kinds, and
   // Unimplemented for gradient compression on a device the host cannot address.
   static StatusOr<std::unique_ptr<DeviceGroup>> Create(const Graph& graph,

@@ -97,7 +97,9 @@ class Executor : public ModelParams {
  public:
   // Builds the executor. InvalidArgument if graph.status() is not ok, the batch
   // size is < 1 or the graph has no SoftmaxOutput when for_training; the
-  // backend's errors for its device (Backend::Create).
+  // backend's errors for its device (Backend::Create); ResourceExhausted,
+  // naming what did not fit, when the device's memory cannot hold the plan,
+  // the batch or the parameters.
   static StatusOr<std::unique_ptr<Executor>> Create(const Graph& graph,
                                                     const ExecutorOptions& options);
   ~Executor();

@@ -162,10 +162,11 @@ int RunSummary(int argc, char** argv) {
   cfg.set_mom(FLAGS_mom);
   cfg.set_gc_type(FLAGS_gc_type);
   cfg.set_gc_threshold(FLAGS_gc_threshold);
-  auto devices = ParseTrainingDevices(cfg);
-  if (devices.ok()) {
-    if (Status s = ValidateKvStore(cfg.kv_store()); !s.ok()) devices = s;
+  if (Status s = ValidateKvStore(cfg.kv_store()); !s.ok()) {
+    std::fprintf(stderr, "pstrain summary: %s\n", s.ToString().c_str());
+    return 2;
   }
+  auto devices = ParseTrainingDevices(cfg);
   if (!devices.ok()) {
     std::fprintf(stderr, "pstrain summary: %s\n", devices.status().ToString().c_str());
     return 2;

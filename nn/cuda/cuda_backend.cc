@@ -1,6 +1,7 @@
 #include "nn/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <optional>
 
@@ -203,6 +204,10 @@ std::shared_ptr<Buffer> CudaBackend::AllocateBytes(size_t bytes) {
 }
 
 StatusOr<std::shared_ptr<Buffer>> CudaBackend::TryAllocate(size_t num_floats) {
+  if (num_floats > (SIZE_MAX >> 4) / sizeof(float)) {  // (room for the allocator's rounding)
+    return Status::ResourceExhausted(
+        StrCat(device().ToString(), ": ", num_floats, " floats do not fit in memory"));
+  }
   std::string error;
   void* p = allocator_->Allocate(num_floats * sizeof(float), &error);
   if (p == nullptr) return Status::ResourceExhausted(StrCat(device().ToString(), ": ", error));

@@ -267,8 +267,11 @@ class CudnnConvolution : public CudaOp {
       if (e != cudaSuccess) {
         (void)cudaGetLastError();
         p = nullptr;
-        return Status::Unavailable(StrCat(
-            what, ": ", bytes, " bytes for cuDNN's algorithm search: ", cudaGetErrorString(e)));
+        const std::string why = StrCat(
+            what, ": ", bytes, " bytes for cuDNN's algorithm search: ", cudaGetErrorString(e));
+        return e == cudaErrorMemoryAllocation
+                   ? Status::ResourceExhausted(StrCat(why, "; a smaller batch may fit"))
+                   : Status::Unavailable(why);
       }
       stream = on;
       PSTRAIN_CUDA_CHECK(cudaMemsetAsync(p, 0, std::max<size_t>(bytes, 1), stream));

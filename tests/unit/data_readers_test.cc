@@ -256,7 +256,7 @@ TEST(SyntheticTest, AnyShapeAndFlat) {
   auto huge = NewSyntheticIter({3, 224, 224}, 1000, 100, opts);
   ASSERT_FALSE(huge.ok());
   EXPECT_EQ(huge.status().code(), StatusCode::kResourceExhausted) << huge.status();
-  EXPECT_NE(huge.status().message().find("a batch of 2147483647 examples of 150528 bytes"),
+  EXPECT_NE(huge.status().message().find("a batch of 2147483647 examples of 150528 floats"),
             std::string::npos)
       << huge.status();
 }

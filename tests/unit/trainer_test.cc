@@ -498,7 +498,6 @@ TEST(LocalParamSyncTest, LargeParametersUpdateInPiecesExactlyAsInOnePass) {
   EXPECT_NE(s.message().find("gradient of fc_weight holds NaN or Inf"), std::string::npos) << s;
 }
 
-}  // namespace
 // The devices and the merge of a training step, as `train` and `summary` make them.
 TEST(TrainingDevicesTest, DeviceGroupOptionsFollowTheFlags) {
   TrainConfig cfg;
@@ -534,8 +533,10 @@ TEST(TrainingDevicesTest, DeviceGroupOptionsFollowTheFlags) {
   ASSERT_OK(gc.status());
   EXPECT_TRUE(gc->compression.enabled()) << "device compresses before the merge";
   cfg.set_kv_store("dist_sync");
-  EXPECT_FALSE(TrainingDeviceGroupOptions(cfg)->compression.enabled())
-      << "the dist kvstores compress the push";
+  auto dist = TrainingDeviceGroupOptions(cfg);
+  ASSERT_OK(dist.status());
+  EXPECT_FALSE(dist->compression.enabled()) << "the dist kvstores compress the push";
 }
 
+}  // namespace
 }  // namespace pstrain
