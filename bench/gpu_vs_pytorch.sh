@@ -71,6 +71,25 @@ table() {
   echo "($1 of $ROUNDS interleaved rounds; $DEVICE; $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
 }
 
+# measure WHO ROW LINE MEMORY COMMAND...: runs COMMAND (a bench printing
+# nn_step_bench's table) into its log in $out; appends the samples/s of its
+# table line LINE (an awk pattern) to ROW.sps and puts the figure after
+# "MEMORY: " into ROW.mem, or counts a failure and shows the log's tail.
+# (Reads r, net and batch.)
+measure() {
+  local who=$1 row=$2 line=$3 memory=$4 log
+  shift 4
+  log=$out/$who-$net-$batch-round$r.txt
+  if "$@" >"$log" 2>&1; then
+    awk -F'|' "$line"' { gsub(/ /, "", $8); print $8 }' "$log" >>"$out/$row.sps"
+    grep -o "$memory: [0-9.]*" "$log" | awk '{print $NF}' >"$out/$row.mem"
+  else
+    ((failures++))
+    echo "round $r: $who failed on $net batch $batch:" >&2
+    tail -n 5 "$log" >&2
+  fi
+}
+
 start=$SECONDS
 failures=0
 for i in "${!ROWS[@]}"; do : >"$out/p$i.sps"; : >"$out/t$i.sps"; done
@@ -80,24 +99,10 @@ for ((r = 1; r <= ROUNDS; r++)); do
     read -r net batch shape classes layers steps <<<"${ROWS[$i]}"
     common=(--network "$net" --batch "$batch" --image-shape "$shape" --num-classes "$classes"
             --num-layers "$layers" --steps "$steps")
-    p=$out/pstrain-$net-$batch-round$r.txt
-    t=$out/torch-$net-$batch-round$r.txt
-    if "${NN_STEP_BENCH:-$BUILD/bench/nn_step_bench}" "${common[@]}" "${on_device[@]}" >"$p" 2>&1; then
-      awk -F'|' 'NR == 3 { gsub(/ /, "", $8); print $8 }' "$p" >>"$out/p$i.sps"
-      grep -o 'peak memory held by the backend: [0-9.]*' "$p" | awk '{print $NF}' >"$out/p$i.mem"
-    else
-      ((failures++))
-      echo "round $r: pstrain failed on $net batch $batch:" >&2
-      tail -n 5 "$p" >&2
-    fi
-    if "$PY" bench/torch_step_bench.py "${common[@]}" --device "$DEVICE" >"$t" 2>&1; then
-      awk -F'|' '/^\| / { gsub(/ /, "", $8); print $8 }' "$t" >>"$out/t$i.sps"
-      grep -o 'allocated by PyTorch: [0-9.]*' "$t" | awk '{print $NF}' >"$out/t$i.mem"
-    else
-      ((failures++))
-      echo "round $r: PyTorch failed on $net batch $batch:" >&2
-      tail -n 5 "$t" >&2
-    fi
+    measure pstrain "p$i" 'NR == 3' 'peak memory held by the backend' \
+      "${NN_STEP_BENCH:-$BUILD/bench/nn_step_bench}" "${common[@]}" "${on_device[@]}"
+    measure PyTorch "t$i" '/^\| /' 'allocated by PyTorch' \
+      "$PY" bench/torch_step_bench.py "${common[@]}" --device "$DEVICE"
     echo "round $r/$ROUNDS: $net batch $batch" >&2
   done
   table "$r"

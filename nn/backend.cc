@@ -177,11 +177,9 @@ StatusOr<std::vector<Tensor>> Backend::TryZerosPacked(const std::vector<Shape>& 
   }
   std::vector<Tensor> out;
   if (shapes.empty()) return out;
-  ASSIGN_OR_RETURN(std::shared_ptr<Buffer> all,
-                   TryAllocate(static_cast<size_t>(std::max<int64_t>(total, 1))));
-  Fill(Tensor(all, 0, Shape{std::max<int64_t>(total, 1)}), 0.0f);
+  ASSIGN_OR_RETURN(const Tensor all, TryZeros(Shape{std::max<int64_t>(total, 1)}));
   for (size_t i = 0; i < shapes.size(); ++i) {
-    out.emplace_back(all, static_cast<size_t>(offsets[i]), shapes[i]);
+    out.emplace_back(all.buffer(), static_cast<size_t>(offsets[i]), shapes[i]);
   }
   return out;
 }

@@ -162,6 +162,14 @@ class Backend {
     Fill(t, 0.0f);
     return t;
   }
+  // Zeros, with ResourceExhausted as TryAllocate.
+  StatusOr<Tensor> TryZeros(const Shape& shape) {
+    ASSIGN_OR_RETURN(std::shared_ptr<Buffer> b,
+                     TryAllocate(static_cast<size_t>(shape.num_elements())));
+    Tensor t(std::move(b), 0, shape);
+    Fill(t, 0.0f);
+    return t;
+  }
   // The operators `graph`'s nodes would have on options.device (null for
   // input nodes), made without the device (a GPU's come from the CUDA module;
   // no GPU need be present), for a memory plan made without it

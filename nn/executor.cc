@@ -409,11 +409,9 @@ Status Executor::Init() {
   for (int i = 0; i < N; ++i) {
     const Node& n = nodes[i];
     if (n.op == OpType::kInput) {
-      const Shape s = n.out_shape.WithBatch(batch);
-      StatusOr<std::shared_ptr<Buffer>> b = be.TryAllocate(static_cast<size_t>(s.num_elements()));
-      if (!b.ok()) return no_room(b.status(), StrCat("the input '", n.name, "'"));
-      m.out[i] = Tensor(std::move(b).value(), 0, s);
-      be.Fill(m.out[i], 0.0f);
+      StatusOr<Tensor> in = be.TryZeros(n.out_shape.WithBatch(batch));
+      if (!in.ok()) return no_room(in.status(), StrCat("the input '", n.name, "'"));
+      m.out[i] = std::move(in).value();
     } else {
       m.out[i] = view(out_item[i], n.out_shape);
     }
@@ -422,19 +420,20 @@ Status Executor::Init() {
   for (const ParamInfo& p : graph_.params()) param_shapes.push_back(p.shape);
   for (const ParamInfo& a : graph_.aux_states()) aux_shapes.push_back(a.shape);
   // (Their size does not depend on the batch, but they come after the arena.)
-  StatusOr<std::vector<Tensor>> params = be.TryZerosPacked(param_shapes);
-  if (!params.ok()) return no_room(params.status(), "the parameters");
-  params_ = std::move(params).value();
+  auto zeros_packed = [&](const std::vector<Shape>& shapes, const char* what,
+                          std::vector<Tensor>* out) {
+    StatusOr<std::vector<Tensor>> t = be.TryZerosPacked(shapes);
+    if (!t.ok()) return no_room(t.status(), what);
+    *out = std::move(t).value();
+    return Status::Ok();
+  };
+  RETURN_IF_ERROR(zeros_packed(param_shapes, "the parameters", &params_));
   if (train) {
-    StatusOr<std::vector<Tensor>> grads = be.TryZerosPacked(param_shapes);
-    if (!grads.ok()) return no_room(grads.status(), "the parameters' gradients");
-    grads_ = std::move(grads).value();
+    RETURN_IF_ERROR(zeros_packed(param_shapes, "the parameters' gradients", &grads_));
   } else {
     grads_.assign(param_shapes.size(), Tensor());
   }
-  StatusOr<std::vector<Tensor>> aux = be.TryZerosPacked(aux_shapes);
-  if (!aux.ok()) return no_room(aux.status(), "the aux states");
-  aux_ = std::move(aux).value();
+  RETURN_IF_ERROR(zeros_packed(aux_shapes, "the aux states", &aux_));
   m.accumulate.resize(N);
   m.fwd_s.assign(N, 0.0);
   m.bwd_s.assign(N, 0.0);
