@@ -58,6 +58,7 @@ DeviceGroup::~DeviceGroup() {
   merge_param_.clear();
   merge_grad_.clear();
   host_staging_.clear();
+  peer_grad_scratch_.reset();
 }
 
 StatusOr<std::unique_ptr<DeviceGroup>> DeviceGroup::Create(const Graph& graph,
@@ -111,6 +112,22 @@ Status DeviceGroup::Init() {
       merge_param_.push_back(first.param(i));
       merge_grad_.push_back(options_.for_training ? first.grad(i) : Tensor());
     }
+    if (execs_.size() > 1 && options_.for_training && !first.backend().host_accessible()) {
+      // kDevice between GPUs: each other device's gradient is copied here
+      // before it is added, one parameter at a time in the first device's
+      // stream order, so one buffer of the largest parameter serves them all.
+      int64_t largest = 0;
+      for (int i = 0; i < P; ++i) largest = std::max(largest, first.param(i).num_elements());
+      StatusOr<std::shared_ptr<Buffer>> b =
+          merge_backend_->TryAllocate(static_cast<size_t>(std::max<int64_t>(largest, 1)));
+      if (!b.ok()) {
+        return b.status().WithContext(
+            StrCat("device 0 (", options_.devices[0].device.ToString(),
+                   "): the device merge's copy of another device's gradient (", largest * 4 >> 20,
+                   " MiB)"));
+      }
+      peer_grad_scratch_ = std::move(b).value();
+    }
   } else {
     BackendOptions cpu;
     cpu.num_threads = options_.devices[0].device.is_cpu() ? options_.devices[0].num_threads : 0;
@@ -136,9 +153,27 @@ Status DeviceGroup::Init() {
           pinned_grad_[d].push_back(pinned(s));
         }
       } else {
-        merge_param_.push_back(merge_backend_->Zeros(s));
-        merge_grad_.push_back(options_.for_training ? merge_backend_->Zeros(s) : Tensor());
-        if (!first.backend().host_accessible()) host_staging_.push_back(merge_backend_->Empty(s));
+        // In host memory, which may be short of what a large model needs.
+        auto zeros = [this, &s, i](const char* what) -> StatusOr<Tensor> {
+          StatusOr<Tensor> t = merge_backend_->TryZeros(s);
+          if (!t.ok()) {
+            return t.status().WithContext(
+                StrCat("the host merge's ", what, " of ", graph_.params()[i].name));
+          }
+          return t;
+        };
+        ASSIGN_OR_RETURN(Tensor param, zeros("parameter"));
+        merge_param_.push_back(std::move(param));
+        if (options_.for_training) {
+          ASSIGN_OR_RETURN(Tensor grad, zeros("gradient"));
+          merge_grad_.push_back(std::move(grad));
+        } else {
+          merge_grad_.push_back(Tensor());
+        }
+        if (!first.backend().host_accessible()) {
+          ASSIGN_OR_RETURN(Tensor staging, zeros("staging copy"));
+          host_staging_.push_back(std::move(staging));
+        }
       }
       // Every device starts from the merge buffers' values.
       first.backend().CopyToHost(first.param(i), merge_param_[i].data());
@@ -271,7 +306,7 @@ void DeviceGroup::Merge(int i) {
       mb.Add(g, mg);  // kDevice between host devices: read in place
     } else {
       // kDevice between GPUs: the other device's gradient over to the first.
-      Tensor scratch = mb.Empty(mg.shape());
+      const Tensor scratch(peer_grad_scratch_, 0, mg.shape());
       mb.CopyPeer(e.backend(), g, scratch);
       mb.Add(scratch, mg);
     }

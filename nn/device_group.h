@@ -185,6 +185,8 @@ class DeviceGroup : public ModelParams {
   bool async_merge_ = false;  // kLocal from devices the host cannot address
   std::vector<Tensor> merge_param_, merge_grad_;
   std::vector<Tensor> host_staging_;  // kLocal from a device: one host tensor per param
+  // kDevice between GPUs: room for the largest parameter on the first device.
+  std::shared_ptr<Buffer> peer_grad_scratch_;
   // async_merge_: per device (from 1), per param, a pinned gradient (device 0
   // downloads into merge_grad_, pinned too, as is merge_param_).
   std::vector<std::vector<Tensor>> pinned_grad_;

@@ -54,6 +54,24 @@ Status LocalParamSync::Init(ModelParams* exec) {
   states_.assign(params.size(), ParamState{});
   device_momentum_.assign(params.size(), Tensor());
   for (size_t i = 0; i < params.size(); ++i) states_[i].wd_mult = WeightDecayMult(params[i].name);
+  const OptimizerConfig& cfg = optimizer_->config();
+  const bool uses_momentum = cfg.type() != OptimizerConfig::TEST && cfg.momentum() != 0.0f;
+  if (!uses_momentum || params.empty() || exec->host_param(0) != nullptr) return Status::Ok();
+  // The momentum of parameters in device memory stays there: allocated now,
+  // in one buffer, so that a device too small for it says so before training
+  // rather than failing at the first update.
+  std::vector<Shape> shapes;
+  int64_t floats = 0;
+  for (int p = 0; p < exec->num_params(); ++p) {
+    shapes.push_back(exec->param(p).shape());
+    floats += shapes.back().num_elements();
+  }
+  StatusOr<std::vector<Tensor>> momentum = exec->backend().TryZerosPacked(shapes);
+  if (!momentum.ok()) {
+    return momentum.status().WithContext(StrCat("the optimizer's momentum (", floats * 4 >> 20,
+                                                " MiB) on ", exec->backend().device().ToString()));
+  }
+  device_momentum_ = std::move(momentum).value();
   return Status::Ok();
 }
 
@@ -81,20 +99,7 @@ void LocalParamSync::OnGradReady(int i) {
     return;
   }
   const Optimizer::Step step = optimizer_->NextStep(&states_[i]);
-  if (step.uses_momentum() && !device_momentum_[i].defined()) {
-    device_momentum_[i] = DeviceMomentum(i);
-  }
   exec_->backend().ApplyOptimizerStep(step, exec_->grad(i), exec_->param(i), device_momentum_[i]);
-}
-
-Tensor LocalParamSync::DeviceMomentum(int i) {
-  // (Parameters update on the threads their gradients complete on.)
-  std::call_once(momentum_once_, [this] {
-    std::vector<Shape> shapes;
-    for (int p = 0; p < exec_->num_params(); ++p) shapes.push_back(exec_->param(p).shape());
-    momentum_buffer_ = exec_->backend().ZerosPacked(shapes);
-  });
-  return momentum_buffer_[i];
 }
 
 std::vector<NamedArray> LocalParamSync::SaveState() const {
@@ -137,8 +142,7 @@ Status LocalParamSync::LoadState(const std::vector<NamedArray>& arrays) {
     }
     if (exec_->host_param(i) != nullptr) {
       states_[i].momentum = a.data;
-    } else {
-      if (!device_momentum_[i].defined()) device_momentum_[i] = DeviceMomentum(i);
+    } else if (device_momentum_[i].defined()) {
       exec_->backend().CopyFromHost(a.data.data(), device_momentum_[i]);
     }
   }

@@ -26,7 +26,6 @@
 #define PSTRAIN_WORKER_PARAM_SYNC_H_
 
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -104,14 +103,10 @@ class LocalParamSync : public ParamSync {
 
   std::unique_ptr<Optimizer> optimizer_;
   ModelParams* exec_ = nullptr;
-  // The device momentum of parameter i (a view into one buffer for all of
-  // them, allocated at the first use: Backend::ZerosPacked).
-  Tensor DeviceMomentum(int i);
-
-  std::vector<ParamState> states_;       // momentum here on the CPU
-  std::vector<Tensor> device_momentum_;  // on a device backend: per parameter, once used
-  std::once_flag momentum_once_;
-  std::vector<Tensor> momentum_buffer_;  // DeviceMomentum's views, set once
+  std::vector<ParamState> states_;  // momentum here on the CPU
+  // On a device backend with momentum: per parameter, a view into one buffer
+  // allocated by Init (empty otherwise).
+  std::vector<Tensor> device_momentum_;
   Mutex mu_;
   Status error_ GUARDED_BY(mu_);
 };

@@ -25,6 +25,7 @@
 #include "tests/test_util.h"
 #include "tests/unit/nn/op_cases.h"
 #include "tests/unit/nn/op_harness.h"
+#include "worker/param_sync.h"
 
 namespace pstrain::testing {
 namespace {
@@ -579,6 +580,79 @@ TEST(GpuTrainingTest, LenetLossCurveFollowsTheCpuAndTheLoopAllocatesNothing) {
   }
   EXPECT_EQ(e[0]->backend().memory_stats().reserved, reserved_after_first_step)
       << "the step loop took more device memory after the first step";
+}
+
+// `--kv-store local` and `device` on one GPU: LocalParamSync keeps the
+// momentum on the device, allocated by Init (so a GPU too small for it says
+// so before training) and not at the first update; it saves and loads
+// through the host, and without momentum it allocates nothing.
+TEST(GpuTrainingTest, TheLocalSyncsMomentumIsOnTheDeviceFromInit) {
+  SKIP_WITHOUT_GPU();
+  StatusOr<Graph> g = BuildModel({"lenet", 0, Shape(), 0});
+  ASSERT_OK(g.status());
+  constexpr int kBatch = 16;
+  std::unique_ptr<Executor> e[2] = {MakeExecutor(*g, Gpu(), kBatch),
+                                    MakeExecutor(*g, Gpu(), kBatch)};
+  size_t param_bytes = 0;
+  for (int p = 0; p < e[0]->num_params(); ++p) {
+    param_bytes += static_cast<size_t>(e[0]->param(p).num_elements()) * sizeof(float);
+  }
+  OptimizerConfig oc;
+  oc.set_learning_rate(0.05f);
+  oc.set_momentum(0.9f);
+  oc.set_rescale_grad(1.0f / kBatch);
+  auto sync = LocalParamSync::Create(oc);
+  ASSERT_OK(sync.status());
+  const size_t before = e[0]->backend().memory_stats().in_use;
+  ASSERT_OK((*sync)->Init(e[0].get()));
+  const size_t after_init = e[0]->backend().memory_stats().in_use;
+  EXPECT_GE(after_init - before, param_bytes) << "Init allocates the momentum on the GPU";
+  for (const NamedArray& a : (*sync)->SaveState()) {
+    EXPECT_TRUE(std::all_of(a.data.begin(), a.data.end(), [](float v) { return v == 0.0f; }))
+        << a.name << ": the momentum starts at zero";
+  }
+
+  e[0]->SetGradReadyCallback([&sync](int i) { (*sync)->OnGradReady(i); });
+  std::mt19937_64 rng(6);
+  std::uniform_real_distribution<float> u(0, 1);
+  std::vector<float> data(kBatch * 784), label(kBatch);
+  for (int step = 0; step < 2; ++step) {
+    for (float& x : data) x = u(rng);
+    for (float& l : label) l = static_cast<float>(rng() % 10);
+    ASSERT_OK(e[0]->LoadData(data.data(), data.size()));
+    ASSERT_OK(e[0]->LoadLabel(label.data(), label.size()));
+    e[0]->Forward(true);
+    e[0]->Backward();
+  }
+  ASSERT_OK((*sync)->TakeError());
+  const std::vector<NamedArray> saved = (*sync)->SaveState();
+  ASSERT_EQ(saved.size(), static_cast<size_t>(e[0]->num_params()));
+  for (const NamedArray& a : saved) {
+    double sum = 0;
+    for (float v : a.data) sum += std::fabs(v);
+    EXPECT_GT(sum, 0) << a.name << ": two momentum updates left it zero";
+  }
+
+  // Loaded into another GPU executor's sync, saved again: the same values.
+  auto restored = LocalParamSync::Create(oc);
+  ASSERT_OK(restored.status());
+  ASSERT_OK((*restored)->Init(e[1].get()));
+  ASSERT_OK((*restored)->LoadState(saved));
+  const std::vector<NamedArray> again = (*restored)->SaveState();
+  ASSERT_EQ(again.size(), saved.size());
+  for (size_t i = 0; i < saved.size(); ++i) {
+    EXPECT_EQ(again[i].name, saved[i].name);
+    EXPECT_EQ(again[i].data, saved[i].data) << saved[i].name;
+  }
+
+  // Plain SGD keeps no state.
+  oc.set_momentum(0.0f);
+  auto plain = LocalParamSync::Create(oc);
+  ASSERT_OK(plain.status());
+  const size_t before_plain = e[1]->backend().memory_stats().in_use;
+  ASSERT_OK((*plain)->Init(e[1].get()));
+  EXPECT_EQ(e[1]->backend().memory_stats().in_use, before_plain);
+  EXPECT_TRUE((*plain)->SaveState().empty());
 }
 
 // cuDNN's workspaces are the convolutions' scratch, placed in the executor's
