@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -117,6 +118,15 @@ class DoneFence : public Fence {
   bool Done() override { return true; }
   void Wait() override {}
 };
+
+// The most elements one tensor may hold on `device`: cuDNN's legacy API
+// describes a GPU tensor with int dimensions and strides, so a GPU tensor
+// stays below 2^31 elements (PyTorch splits such a batch into parts; pstrain
+// says which batch fits). The executor checks every activation against it.
+inline int64_t MaxTensorElements(const Device& device) {
+  return device.is_cpu() ? std::numeric_limits<int64_t>::max()
+                         : int64_t{std::numeric_limits<int32_t>::max()};
+}
 
 class Backend {
  public:

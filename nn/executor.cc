@@ -36,6 +36,26 @@ StatusOr<GraphRoles> RolesOf(const Graph& graph, const ExecutorOptions& options)
     return Status::InvalidArgument(StrCat("batch size must be >= 1, got ", options.batch_size));
   }
   if (graph.nodes().empty()) return Status::InvalidArgument("graph has no nodes");
+  const Device& device = options.backend.device;
+  const int64_t limit = MaxTensorElements(device);
+  for (const Node& n : graph.nodes()) {
+    const int64_t each = n.out_shape.num_elements();
+    if (each > 0 && options.batch_size > limit / each) {
+      return Status::InvalidArgument(
+          StrCat("node ", n.name, " (", OpTypeName(n.op), ") outputs ", each,
+                 " values per example: a batch of ", options.batch_size,
+                 " makes a tensor of more than the ", limit, " elements a tensor on ",
+                 device.ToString(), " may hold", device.is_cpu() ? "" : " (cuDNN indexes with int)",
+                 "; a batch of at most ", limit / each, " fits"));
+    }
+  }
+  for (const ParamInfo& p : graph.params()) {
+    if (p.shape.num_elements() > limit) {
+      return Status::InvalidArgument(StrCat("parameter ", p.name, " ", p.shape.ToString(),
+                                            " has more than the ", limit, " elements a tensor on ",
+                                            device.ToString(), " may hold"));
+    }
+  }
   GraphRoles r;
   for (const Node& n : graph.nodes()) {
     if (n.op == OpType::kSoftmaxOutput) {

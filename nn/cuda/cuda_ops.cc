@@ -19,6 +19,8 @@ namespace {
 
 const float kOne = 1.0f, kZero = 0.0f;
 
+// An invariant: the executor refuses a batch whose tensors pass
+// MaxTensorElements (nn/backend.h) before any operator is made.
 int CheckedInt(int64_t v, const char* what) {
   CHECK(v >= 0 && v <= INT32_MAX) << what << " " << v << " exceeds cuDNN's int dimensions";
   return static_cast<int>(v);

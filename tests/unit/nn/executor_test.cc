@@ -413,6 +413,38 @@ TEST(ExecutorTest, ABatchTooLargeForMemoryIsAnErrorNotACrash) {
   EXPECT_OK(Executor::Create(*g, o).status());
 }
 
+// cuDNN describes a tensor with int dimensions: a GPU batch whose largest
+// activation passes 2^31 - 1 elements (LeNet's first convolution at about
+// 186,000 examples, which fits an H100's memory) is an error naming the node
+// and the batch that fits, before any GPU is touched, not a CHECK failure in
+// the operator's setup. The CPU has no such limit.
+TEST(ExecutorTest, AGpuBatchPastCudnnsIntIndexingIsAnError) {
+  StatusOr<Graph> g = BuildModel({"lenet", 0, Shape(), 0});
+  ASSERT_OK(g.status());
+  const Node* largest = &g->nodes()[0];
+  for (const Node& n : g->nodes()) {
+    if (n.out_shape.num_elements() > largest->out_shape.num_elements()) largest = &n;
+  }
+  const int64_t fits = std::numeric_limits<int32_t>::max() / largest->out_shape.num_elements();
+  ExecutorOptions o;
+  o.backend.device = Device::Gpu(0);
+  o.batch_size = fits + 1;
+  for (const Status& s :
+       {Executor::PlanWithoutDevice(*g, o).status(), Executor::Create(*g, o).status()}) {
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+    for (const std::string& said : {"node " + largest->name, std::string("a tensor on gpu(0)"),
+                                    "a batch of at most " + std::to_string(fits) + " fits"}) {
+      EXPECT_NE(s.message().find(said), std::string::npos) << said << ": " << s;
+    }
+  }
+  o.batch_size = fits;
+  const Status at_limit = Executor::PlanWithoutDevice(*g, o).status();
+  EXPECT_NE(at_limit.code(), StatusCode::kInvalidArgument) << at_limit;
+  o.backend.device = Device::Cpu();
+  o.batch_size = fits + 1;
+  EXPECT_OK(Executor::PlanWithoutDevice(*g, o).status());
+}
+
 // Ten classes, each a fixed random 28x28 pattern plus noise: LeNet with plain
 // SGD must drive the loss far down within 60 steps.
 TEST(ExecutorTest, LenetLearnsSyntheticClasses) {
