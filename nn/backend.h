@@ -198,10 +198,16 @@ class Backend {
   // Host memory (a Buffer of Device::Cpu(), 64-byte aligned) that this
   // backend's asynchronous copies use without staging: page-locked ("pinned")
   // on a GPU and usable by every GPU of the process; plain memory on the CPU.
-  // Costly to allocate: allocate once and reuse. CHECK-fails when the host
-  // cannot give it.
-  virtual std::shared_ptr<Buffer> AllocatePinned(size_t num_floats) {
-    return Buffer::Allocate(num_floats, Device::Cpu());
+  // Costly to allocate: allocate once and reuse. ResourceExhausted, naming
+  // the bytes, when the host cannot give (or lock) that much.
+  virtual StatusOr<std::shared_ptr<Buffer>> TryAllocatePinned(size_t num_floats) {
+    return Buffer::TryAllocate(num_floats);
+  }
+  // TryAllocatePinned, CHECK-failing instead (tests).
+  std::shared_ptr<Buffer> AllocatePinned(size_t num_floats) {
+    StatusOr<std::shared_ptr<Buffer>> b = TryAllocatePinned(num_floats);
+    CHECK(b.ok()) << b.status();
+    return std::move(b).value();
   }
   virtual MemoryStats memory_stats() const = 0;
   virtual BackendCounters counters() const { return {}; }

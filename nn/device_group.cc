@@ -4,6 +4,18 @@
 #include <cmath>
 
 namespace pstrain {
+namespace {
+
+// Zeroed host memory that `device`'s asynchronous copies use (pinned on a GPU).
+StatusOr<Tensor> PinnedZeros(Backend& device, const Shape& s) {
+  const size_t n = static_cast<size_t>(s.num_elements());
+  ASSIGN_OR_RETURN(std::shared_ptr<Buffer> b, device.TryAllocatePinned(n));
+  Tensor t(std::move(b), 0, s);
+  std::fill_n(t.data(), n, 0.0f);
+  return t;
+}
+
+}  // namespace
 
 StatusOr<std::vector<int>> SplitBatch(int batch_size, int num_devices,
                                       const std::vector<double>& weights) {
@@ -57,7 +69,6 @@ DeviceGroup::~DeviceGroup() {
   // The merge buffers belong to their backend: they go first.
   merge_param_.clear();
   merge_grad_.clear();
-  host_staging_.clear();
   peer_grad_scratch_.reset();
 }
 
@@ -138,42 +149,29 @@ Status DeviceGroup::Init() {
       pinned_grad_.resize(execs_.size());
       grad_fences_.resize(P);
     }
-    // A host tensor of shape s in memory the devices copy asynchronously.
-    auto pinned = [&first, this](const Shape& s) {
-      Tensor t(first.backend().AllocatePinned(static_cast<size_t>(s.num_elements())), 0, s);
-      merge_backend_->Fill(t, 0.0f);
+    // A zeroed host tensor for parameter i: pinned where the devices copy to
+    // and from it asynchronously. The host may be short of room for a large model.
+    auto host_zeros = [&first, this](int i, const char* what) -> StatusOr<Tensor> {
+      const Shape& s = graph_.params()[i].shape;
+      StatusOr<Tensor> t =
+          async_merge_ ? PinnedZeros(first.backend(), s) : merge_backend_->TryZeros(s);
+      if (!t.ok()) {
+        return t.status().WithContext(
+            StrCat("the host merge's ", what, " of ", graph_.params()[i].name));
+      }
       return t;
     };
     for (int i = 0; i < P; ++i) {
-      const Shape& s = graph_.params()[i].shape;
-      if (async_merge_) {
-        merge_param_.push_back(pinned(s));
-        merge_grad_.push_back(options_.for_training ? pinned(s) : Tensor());
-        for (size_t d = 1; d < execs_.size() && options_.for_training; ++d) {
-          pinned_grad_[d].push_back(pinned(s));
-        }
-      } else {
-        // In host memory, which may be short of what a large model needs.
-        auto zeros = [this, &s, i](const char* what) -> StatusOr<Tensor> {
-          StatusOr<Tensor> t = merge_backend_->TryZeros(s);
-          if (!t.ok()) {
-            return t.status().WithContext(
-                StrCat("the host merge's ", what, " of ", graph_.params()[i].name));
-          }
-          return t;
-        };
-        ASSIGN_OR_RETURN(Tensor param, zeros("parameter"));
-        merge_param_.push_back(std::move(param));
-        if (options_.for_training) {
-          ASSIGN_OR_RETURN(Tensor grad, zeros("gradient"));
-          merge_grad_.push_back(std::move(grad));
-        } else {
-          merge_grad_.push_back(Tensor());
-        }
-        if (!first.backend().host_accessible()) {
-          ASSIGN_OR_RETURN(Tensor staging, zeros("staging copy"));
-          host_staging_.push_back(std::move(staging));
-        }
+      ASSIGN_OR_RETURN(Tensor param, host_zeros(i, "parameter"));
+      merge_param_.push_back(std::move(param));
+      Tensor grad;
+      if (options_.for_training) {
+        ASSIGN_OR_RETURN(grad, host_zeros(i, "gradient"));
+      }
+      merge_grad_.push_back(std::move(grad));
+      for (size_t d = 1; async_merge_ && options_.for_training && d < execs_.size(); ++d) {
+        ASSIGN_OR_RETURN(Tensor download, host_zeros(i, "download of a device's gradient"));
+        pinned_grad_[d].push_back(std::move(download));
       }
       // Every device starts from the merge buffers' values.
       first.backend().CopyToHost(first.param(i), merge_param_[i].data());
@@ -289,18 +287,12 @@ void DeviceGroup::Merge(int i) {
     Executor& e = *execs_[d];
     const Tensor& g = e.grad(i);
     if (separate_merge_) {
-      // kLocal: sum in host memory.
-      if (e.backend().host_accessible()) {
-        if (d == 0) {
-          mb.Copy(g, mg);
-        } else {
-          mb.Add(g, mg);
-        }
-      } else if (d == 0) {
-        e.backend().CopyToHost(g, mg.data());
+      // kLocal between host devices (from GPUs the merge thread sums):
+      // sum in host memory, reading the gradients in place.
+      if (d == 0) {
+        mb.Copy(g, mg);
       } else {
-        e.backend().CopyToHost(g, host_staging_[i].data());
-        mb.Add(host_staging_[i], mg);
+        mb.Add(g, mg);
       }
     } else if (mb.host_accessible() && e.backend().host_accessible()) {
       mb.Add(g, mg);  // kDevice between host devices: read in place

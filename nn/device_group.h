@@ -184,7 +184,6 @@ class DeviceGroup : public ModelParams {
   bool separate_merge_ = false;
   bool async_merge_ = false;  // kLocal from devices the host cannot address
   std::vector<Tensor> merge_param_, merge_grad_;
-  std::vector<Tensor> host_staging_;  // kLocal from a device: one host tensor per param
   // kDevice between GPUs: room for the largest parameter on the first device.
   std::shared_ptr<Buffer> peer_grad_scratch_;
   // async_merge_: per device (from 1), per param, a pinned gradient (device 0

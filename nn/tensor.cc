@@ -39,15 +39,26 @@ std::string Shape::ToString() const {
   return os.str();
 }
 
-std::shared_ptr<Buffer> Buffer::Allocate(size_t num_floats, Device device) {
-  CHECK(device.is_cpu()) << "Buffer::Allocate is for host memory; memory on " << device.ToString()
-                         << " comes from its Backend";
+StatusOr<std::shared_ptr<Buffer>> Buffer::TryAllocate(size_t num_floats) {
+  if (num_floats > (SIZE_MAX - 63) / sizeof(float)) {
+    return Status::ResourceExhausted(StrCat("host: ", num_floats, " floats do not fit in memory"));
+  }
   size_t bytes = ((num_floats * sizeof(float) + 63) / 64) * 64;
   if (bytes == 0) bytes = 64;
   void* p = std::aligned_alloc(64, bytes);
-  CHECK(p != nullptr) << "out of memory allocating " << bytes << " bytes";
-  return std::shared_ptr<Buffer>(
-      new Buffer(static_cast<float*>(p), num_floats, device, [](float* d) { std::free(d); }));
+  if (p == nullptr) {
+    return Status::ResourceExhausted(StrCat("host: out of memory allocating ", bytes, " bytes"));
+  }
+  return std::shared_ptr<Buffer>(new Buffer(static_cast<float*>(p), num_floats, Device::Cpu(),
+                                            [](float* d) { std::free(d); }));
+}
+
+std::shared_ptr<Buffer> Buffer::Allocate(size_t num_floats, Device device) {
+  CHECK(device.is_cpu()) << "Buffer::Allocate is for host memory; memory on " << device.ToString()
+                         << " comes from its Backend";
+  StatusOr<std::shared_ptr<Buffer>> b = TryAllocate(num_floats);
+  CHECK(b.ok()) << b.status();
+  return std::move(b).value();
 }
 
 std::shared_ptr<Buffer> Buffer::Wrap(float* data, size_t num_floats, Device device,

@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "common/status.h"
+
 namespace pstrain {
 
 enum class DeviceType { kCpu = 0, kGpu = 1 };
@@ -71,7 +73,10 @@ class Shape {
 // which wraps it with the function that gives it back.
 class Buffer {
  public:
-  // Allocates `num_floats` uninitialized floats in host memory.
+  // Allocates `num_floats` uninitialized floats (64-byte aligned) in host
+  // memory: ResourceExhausted, naming the bytes, when the host has no room.
+  static StatusOr<std::shared_ptr<Buffer>> TryAllocate(size_t num_floats);
+  // TryAllocate, CHECK-failing instead.
   // REQUIRES: device.is_cpu(): device memory comes from Backend::Allocate.
   static std::shared_ptr<Buffer> Allocate(size_t num_floats, Device device);
   // Takes `data` (num_floats floats on `device`); `release(data)` runs when the

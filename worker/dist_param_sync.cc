@@ -94,9 +94,15 @@ Status DistParamSync::Init(ModelParams* exec) {
   host_grad_.clear();
   host_param_.clear();
   if (!exec->backend().host_accessible()) {
+    // The host's copies of the gradients and weights the client sends and
+    // receives, pinned for the device's asynchronous copies.
     for (size_t i = 0; i < params.size(); ++i) {
-      host_grad_.push_back(exec->backend().AllocatePinned(static_cast<size_t>(lens_[i])));
-      host_param_.push_back(exec->backend().AllocatePinned(static_cast<size_t>(lens_[i])));
+      for (auto* copies : {&host_grad_, &host_param_}) {
+        StatusOr<std::shared_ptr<Buffer>> b =
+            exec->backend().TryAllocatePinned(static_cast<size_t>(lens_[i]));
+        if (!b.ok()) return b.status().WithContext(StrCat("the host's copy of ", params[i].name));
+        copies->push_back(std::move(b).value());
+      }
     }
     if (!pusher_.joinable()) pusher_ = std::thread([this] { PusherLoop(); });
   }

@@ -216,12 +216,22 @@ StatusOr<std::shared_ptr<Buffer>> CudaBackend::TryAllocate(size_t num_floats) {
                       [allocator](float* d) { allocator->Free(d); });
 }
 
-std::shared_ptr<Buffer> CudaBackend::AllocatePinned(size_t num_floats) {
+StatusOr<std::shared_ptr<Buffer>> CudaBackend::TryAllocatePinned(size_t num_floats) {
+  if (num_floats > (SIZE_MAX >> 4) / sizeof(float)) {
+    return Status::ResourceExhausted(StrCat("host: ", num_floats, " floats do not fit in memory"));
+  }
   // Portable: every GPU's context may copy from and to it (a device group
   // lists several, or the same one several times).
   void* p = nullptr;
-  PSTRAIN_CUDA_CHECK(
-      cudaHostAlloc(&p, std::max<size_t>(num_floats, 1) * sizeof(float), cudaHostAllocPortable));
+  const size_t bytes = std::max<size_t>(num_floats, 1) * sizeof(float);
+  const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: the context goes on
+    const std::string why =
+        StrCat("host: pinning ", bytes, " bytes for ", name_, "'s copies: ", cudaGetErrorString(e));
+    return e == cudaErrorMemoryAllocation ? Status::ResourceExhausted(why)
+                                          : Status::Unavailable(why);
+  }
   return Buffer::Wrap(static_cast<float*>(p), num_floats, Device::Cpu(),
                       [](float* d) { PSTRAIN_CUDA_CHECK(cudaFreeHost(d)); });
 }

@@ -74,7 +74,7 @@ class CudaBackend : public Backend {
   bool host_accessible() const override { return false; }
 
   StatusOr<std::shared_ptr<Buffer>> TryAllocate(size_t num_floats) override;
-  std::shared_ptr<Buffer> AllocatePinned(size_t num_floats) override;
+  StatusOr<std::shared_ptr<Buffer>> TryAllocatePinned(size_t num_floats) override;
   MemoryStats memory_stats() const override { return allocator_->stats(); }
 
   StatusOr<std::unique_ptr<Operator>> CreateOperator(const Node& node) override;

@@ -817,6 +817,27 @@ INSTANTIATE_TEST_SUITE_P(Merges, GpuGroupTest,
                                                                     : std::string("device");
                          });
 
+// Device memory and pinned host memory past what the machine has are
+// ResourceExhausted errors, and the backend works on after them (a failed
+// cudaMalloc or cudaHostAlloc leaves no sticky error behind).
+TEST(GpuBackendTest, MemoryPastWhatFitsIsResourceExhausted) {
+  SKIP_WITHOUT_GPU();
+  auto made = Backend::Create(Gpu());
+  ASSERT_OK(made.status());
+  Backend& G = **made;
+  const size_t past_any_machine = size_t{1} << 44;  // floats: 64 TiB
+  for (const Status& s :
+       {G.TryAllocate(past_any_machine).status(), G.TryAllocatePinned(past_any_machine).status()}) {
+    EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+  }
+  const std::vector<float> want = {1, 2, 3, 4};
+  Tensor t = G.Empty({4});
+  G.CopyFromHost(want.data(), t);
+  std::shared_ptr<Buffer> pinned = G.AllocatePinned(4);
+  G.CopyToHost(t, pinned->data());
+  EXPECT_EQ(std::vector<float>(pinned->data(), pinned->data() + 4), want);
+}
+
 TEST(GpuBackendTest, AGpuThatIsNotThereIsAnErrorNamingIt) {
   SKIP_WITHOUT_GPU();
   BackendOptions o = Gpu();

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -50,6 +52,23 @@ TEST(BackendTest, AGpuWithoutCudaOrWithoutADeviceIsAnErrorNamingIt) {
   const bool has_cuda = std::find(names.begin(), names.end(), "cuda") != names.end();
   EXPECT_EQ(b.status().code(), has_cuda ? StatusCode::kInvalidArgument : StatusCode::kUnimplemented)
       << b.status();
+}
+
+// Memory a backend cannot give is an error naming what was asked, for the
+// device's memory and for the host memory its copies use alike.
+TEST(BackendTest, MemoryPastWhatFitsIsResourceExhausted) {
+  auto made = Backend::Create(BackendOptions());
+  ASSERT_OK(made.status());
+  const size_t too_many = std::numeric_limits<size_t>::max() / sizeof(float);
+  for (const Status& s :
+       {(*made)->TryAllocate(too_many).status(), (*made)->TryAllocatePinned(too_many).status(),
+        Buffer::TryAllocate(too_many).status()}) {
+    EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+    EXPECT_NE(s.message().find(std::to_string(too_many) + " floats"), std::string::npos) << s;
+  }
+  auto fits = (*made)->TryAllocatePinned(16);
+  ASSERT_OK(fits.status());
+  EXPECT_EQ((*fits)->num_floats(), 16u);
 }
 
 // The asynchronous seam on the CPU: plain aligned host memory, copies that
