@@ -79,6 +79,15 @@ struct BackendOptions {
   // wherever one runs (the fastest of them), even where the legacy algorithm
   // is faster.
   bool gpu_conv_graph_preferred = false;
+  // ---- tests ----
+  // The CPU backend plays a device the host cannot address, so that the
+  // paths written for GPUs run (and are tested) without one: host_accessible()
+  // is false, and its asynchronous copies wait in a queue until the next
+  // call into the backend, or until a fence recorded after them is polled or
+  // waited for, as a GPU stream's may. Reading a download, or reusing an
+  // upload's source, before its fence then reads or writes what a GPU
+  // would get wrong.
+  bool cpu_as_device = false;
 };
 
 // Bytes of device memory this backend holds for tensors.

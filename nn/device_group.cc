@@ -82,7 +82,8 @@ StatusOr<std::unique_ptr<DeviceGroup>> DeviceGroup::Create(const Graph& graph,
                  options.devices[0].device.ToString()));
     }
   }
-  if (options.compression.enabled() && !options.devices[0].device.is_cpu()) {
+  if (options.compression.enabled() &&
+      (!options.devices[0].device.is_cpu() || options.devices[0].cpu_as_device)) {
     return Status::Unimplemented(
         StrCat("2-bit gradient compression in the device merge (--kv-store device) runs on the "
                "CPU only, not yet on ",

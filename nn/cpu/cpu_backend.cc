@@ -82,7 +82,8 @@ CpuBackend& CpuBackend::Of(const OpContext& ctx) {
 
 std::string CpuBackend::Describe() const {
   return StrCat("cpu (", options_.cpu_kernels == CpuKernels::kOneDnn ? "oneDNN" : "reference",
-                " kernels, ", team_, team_ == 1 ? " thread)" : " threads)");
+                " kernels, ", team_, team_ == 1 ? " thread" : " threads",
+                options_.cpu_as_device ? ", as a device)" : ")");
 }
 
 StatusOr<std::shared_ptr<Buffer>> CpuBackend::TryAllocate(size_t num_floats) {
@@ -164,32 +165,88 @@ void CpuBackend::PlanGraph(const Graph& graph, int64_t batch, const std::vector<
 }
 
 void CpuBackend::EnterNode(NodeId node) {
+  RunQueued(INT64_MAX);
   if (node >= 0 && static_cast<size_t>(node) < threads_.size()) {
     omp_set_num_threads(threads_[node]);
   }
 }
 
+// A fence over the first `ticket` queued copies of a backend playing a device.
+class CpuBackend::QueueFence : public Fence {
+ public:
+  QueueFence(CpuBackend* backend, int64_t ticket) : backend_(backend), ticket_(ticket) {}
+  bool Done() override {
+    backend_->RunQueued(ticket_);
+    return true;
+  }
+  void Wait() override { backend_->RunQueued(ticket_); }
+
+ private:
+  CpuBackend* const backend_;
+  const int64_t ticket_;
+};
+
+void CpuBackend::RunQueued(int64_t upto) {
+  if (!options_.cpu_as_device) return;
+  MutexLock l(&queue_mu_);
+  while (ran_ < upto && !queued_.empty()) {
+    queued_.front()();
+    queued_.pop_front();
+    ++ran_;
+  }
+}
+
+void CpuBackend::Enqueue(std::function<void()> copy) {
+  MutexLock l(&queue_mu_);
+  queued_.push_back(std::move(copy));
+  ++asked_;
+}
+
+void CpuBackend::CopyToHostAsync(const Tensor& src, float* dst) {
+  if (!options_.cpu_as_device) return CopyToHost(src, dst);
+  Enqueue([src, dst] { std::memcpy(dst, src.data(), src.bytes()); });
+}
+
+void CpuBackend::CopyFromHostAsync(const float* src, const Tensor& dst) {
+  if (!options_.cpu_as_device) return CopyFromHost(src, dst);
+  Enqueue([src, dst] { std::memcpy(dst.data(), src, dst.bytes()); });
+}
+
+std::unique_ptr<Fence> CpuBackend::RecordFence() {
+  if (!options_.cpu_as_device) return std::make_unique<DoneFence>();
+  MutexLock l(&queue_mu_);
+  return std::make_unique<QueueFence>(this, asked_);
+}
+
 void CpuBackend::CopyFromHost(const float* src, const Tensor& dst) {
+  RunQueued(INT64_MAX);
   if (src != dst.data()) std::memcpy(dst.data(), src, dst.bytes());
 }
 
 void CpuBackend::CopyToHost(const Tensor& src, float* dst) {
+  RunQueued(INT64_MAX);
   if (src.data() != dst) std::memcpy(dst, src.data(), src.bytes());
 }
 
 void CpuBackend::Copy(const Tensor& src, const Tensor& dst) {
   CHECK_EQ(src.num_elements(), dst.num_elements());
+  RunQueued(INT64_MAX);
   if (src.data() != dst.data()) std::memcpy(dst.data(), src.data(), dst.bytes());
 }
 
 void CpuBackend::CopyPeer(Backend& from, const Tensor& src, const Tensor& dst) {
   CHECK(from.device().is_cpu()) << "CopyPeer from " << from.device().ToString() << " to the CPU";
+  from.Synchronize();  // after the work asked of `from` so far
   Copy(src, dst);
 }
 
-void CpuBackend::Fill(const Tensor& t, float value) { t.Fill(value); }
+void CpuBackend::Fill(const Tensor& t, float value) {
+  RunQueued(INT64_MAX);
+  t.Fill(value);
+}
 
 void CpuBackend::Add(const Tensor& src, const Tensor& dst) {
+  RunQueued(INT64_MAX);
   CHECK_EQ(src.num_elements(), dst.num_elements());
   float* d = dst.data();
   const float* s = src.data();
@@ -200,6 +257,7 @@ void CpuBackend::Add(const Tensor& src, const Tensor& dst) {
 
 void CpuBackend::ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& grad,
                                     const Tensor& weight, const Tensor& momentum) {
+  RunQueued(INT64_MAX);
   CHECK_EQ(grad.num_elements(), weight.num_elements());
   float* m = nullptr;
   if (step.uses_momentum()) {

@@ -3,10 +3,14 @@
 #ifndef PSTRAIN_NN_CPU_CPU_BACKEND_H_
 #define PSTRAIN_NN_CPU_CPU_BACKEND_H_
 
+#include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "nn/backend.h"
 #include "nn/cpu/cpu_engine.h"
 #include "nn/operator.h"
@@ -22,7 +26,7 @@ class CpuBackend : public Backend {
 
   Device device() const override { return Device::Cpu(); }
   std::string Describe() const override;
-  bool host_accessible() const override { return true; }
+  bool host_accessible() const override { return !options_.cpu_as_device; }
 
   StatusOr<std::shared_ptr<Buffer>> TryAllocate(size_t num_floats) override;
   MemoryStats memory_stats() const override;
@@ -47,7 +51,11 @@ class CpuBackend : public Backend {
   void Add(const Tensor& src, const Tensor& dst) override;
   void ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& grad, const Tensor& weight,
                           const Tensor& momentum) override;
-  void Synchronize() override {}
+  // Queued while options.cpu_as_device (see there); at once otherwise.
+  void CopyToHostAsync(const Tensor& src, float* dst) override;
+  void CopyFromHostAsync(const float* src, const Tensor& dst) override;
+  std::unique_ptr<Fence> RecordFence() override;
+  void Synchronize() override { RunQueued(INT64_MAX); }
 
   CpuEngine& engine() { return engine_; }
   // The channel block of node `id`'s output and its gradient, 0 for plain
@@ -75,6 +83,16 @@ class CpuBackend : public Backend {
     return id >= 0 && static_cast<size_t>(id) < v.size() ? v[id] : T{};
   }
   std::shared_ptr<Counters> counters_;
+
+  // options_.cpu_as_device: the asynchronous copies asked for and not yet
+  // run, in order. Every other call runs them first (stream order).
+  class QueueFence;
+  void RunQueued(int64_t upto) EXCLUDES(queue_mu_);
+  void Enqueue(std::function<void()> copy) EXCLUDES(queue_mu_);
+  Mutex queue_mu_;  // held while a queued copy runs, so they run in order
+  std::deque<std::function<void()>> queued_ GUARDED_BY(queue_mu_);
+  int64_t asked_ GUARDED_BY(queue_mu_) = 0;  // copies ever queued
+  int64_t ran_ GUARDED_BY(queue_mu_) = 0;    // of those, run
 };
 
 StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const BackendOptions& options);

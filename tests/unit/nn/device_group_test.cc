@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <ostream>
 #include <random>
 #include <vector>
 
@@ -40,17 +41,20 @@ Graph Lenet() {
   return *g;
 }
 
-BackendOptions Cpu() {
+// The CPU, or the CPU playing a device the host cannot address
+// (BackendOptions::cpu_as_device): the paths written for GPUs, run here.
+BackendOptions Cpu(bool as_device = false) {
   BackendOptions b;
   b.num_threads = 1;
+  b.cpu_as_device = as_device;
   return b;
 }
 
 std::unique_ptr<DeviceGroup> MakeGroup(const Graph& g, int devices, MergeDevice merge,
-                                       std::vector<double> weights = {}) {
+                                       std::vector<double> weights = {}, bool as_device = false) {
   DeviceGroupOptions o;
   o.batch_size = 8;
-  o.devices.assign(devices, Cpu());
+  o.devices.assign(devices, Cpu(as_device));
   o.weights = std::move(weights);
   o.merge = merge;
   auto made = DeviceGroup::Create(g, o);
@@ -123,13 +127,30 @@ class Trainer {
   std::vector<Tensor> mom_;
 };
 
-class DeviceGroupTest : public ::testing::TestWithParam<MergeDevice> {};
+// Each merge, between host devices and between devices the host cannot
+// address (their own copies, fences and the merge thread of `local`).
+struct GroupCase {
+  MergeDevice merge;
+  bool as_device;
+};
+
+void PrintTo(const GroupCase& c, std::ostream* os) {
+  *os << (c.merge == MergeDevice::kLocal ? "local" : "device")
+      << (c.as_device ? " merge from devices" : " merge from host devices");
+}
+
+class DeviceGroupTest : public ::testing::TestWithParam<GroupCase> {
+ protected:
+  std::unique_ptr<DeviceGroup> Make(const Graph& g, int devices, std::vector<double> weights = {}) {
+    return MakeGroup(g, devices, GetParam().merge, std::move(weights), GetParam().as_device);
+  }
+};
 
 TEST_P(DeviceGroupTest, TwoDevicesComputeWhatOneDoesOnTheWholeBatch) {
   const Graph g = Lenet();
-  auto one = MakeGroup(g, 1, GetParam());
-  auto two = MakeGroup(g, 2, GetParam());
-  auto skew = MakeGroup(g, 3, GetParam(), {3, 1, 2});  // shares 4, 1, 3
+  auto one = Make(g, 1);
+  auto two = Make(g, 2);
+  auto skew = Make(g, 3, {3, 1, 2});  // shares 4, 1, 3
   EXPECT_EQ(two->shares(), (std::vector<int>{4, 4}));
   EXPECT_EQ(skew->shares(), (std::vector<int>{4, 1, 3}));
   const Batch b = RandomBatch(1);
@@ -138,6 +159,7 @@ TEST_P(DeviceGroupTest, TwoDevicesComputeWhatOneDoesOnTheWholeBatch) {
     ASSERT_OK(d->LoadLabel(b.label.data(), b.label.size()));
     d->Forward(true);
     d->Backward();
+    d->Drain();  // the merges of `local` from devices run on the group's thread
   }
   std::vector<float> out1(80), out2(80), out3(80);
   ASSERT_OK(one->ReadOutput(out1.data(), out1.size()));
@@ -155,14 +177,15 @@ TEST_P(DeviceGroupTest, TwoDevicesComputeWhatOneDoesOnTheWholeBatch) {
 
 TEST_P(DeviceGroupTest, TrainingStepsMatchOneDeviceAndEveryDeviceGetsTheWeights) {
   const Graph g = Lenet();
-  auto one = MakeGroup(g, 1, GetParam());
-  auto two = MakeGroup(g, 2, GetParam(), {1, 3});
+  auto one = Make(g, 1);
+  auto two = Make(g, 2, {1, 3});
   Trainer t1(one.get()), t2(two.get());
   for (int step = 0; step < 5; ++step) {
     const Batch b = RandomBatch(step + 10);
     t1.Step(b);
     t2.Step(b);
   }
+  two->Drain();
   // Once per parameter and step, whatever the device count.
   EXPECT_EQ(t2.grads_, 5 * g.params().size());
   EXPECT_EQ(t2.needed_, 5 * g.params().size());
@@ -192,14 +215,19 @@ TEST_P(DeviceGroupTest, CompressionQuantizesEachDevicesGradientBeforeTheMerge) {
     SCOPED_TRACE(StrCat(devices, " device(s)"));
     DeviceGroupOptions o;
     o.batch_size = 8;
-    o.devices.assign(devices, Cpu());
+    o.devices.assign(devices, Cpu(GetParam().as_device));
     o.merge = MergeDevice::kLocal;
     auto plain = DeviceGroup::Create(g, o);
     ASSERT_OK(plain.status());
-    o.merge = GetParam();
+    o.merge = GetParam().merge;
     o.compression.type = GradientCompressionType::kTwoBit;
     o.compression.threshold = t;
     auto gc = DeviceGroup::Create(g, o);
+    if (GetParam().as_device) {
+      // The merge quantizes in host memory: not on a device the host cannot address.
+      EXPECT_EQ(gc.status().code(), StatusCode::kUnimplemented) << gc.status();
+      continue;
+    }
     ASSERT_OK(gc.status());
     InitializeParams(*InitializerSpec::Parse("xavier(gaussian,in,2)"), 7, plain->get());
     InitializeParams(*InitializerSpec::Parse("xavier(gaussian,in,2)"), 7, gc->get());
@@ -236,12 +264,46 @@ TEST_P(DeviceGroupTest, CompressionQuantizesEachDevicesGradientBeforeTheMerge) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Merges, DeviceGroupTest,
-                         ::testing::Values(MergeDevice::kLocal, MergeDevice::kDevice),
-                         [](const ::testing::TestParamInfo<MergeDevice>& info) {
-                           return info.param == MergeDevice::kLocal ? std::string("local")
-                                                                    : std::string("device");
-                         });
+// Two host devices and two devices the host cannot address compute the same
+// steps, bit for bit: the merge, the update and the broadcast only move
+// values differently (downloads on the merge thread for `local`, a scratch
+// copy for `device`).
+TEST_P(DeviceGroupTest, DevicesTheHostCannotAddressTrainExactlyAsHostDevices) {
+  const Graph g = Lenet();
+  auto host = MakeGroup(g, 2, GetParam().merge, {1, 3});
+  auto dev = MakeGroup(g, 2, GetParam().merge, {1, 3}, /*as_device=*/true);
+  EXPECT_EQ(host->host_param(0) != nullptr, true);
+  EXPECT_EQ(dev->host_param(0) != nullptr, GetParam().merge == MergeDevice::kLocal)
+      << "the local merge keeps the weights in host memory, the device merge on device 0";
+  Trainer th(host.get()), td(dev.get());
+  for (int step = 0; step < 4; ++step) {
+    const Batch b = RandomBatch(step + 20);
+    th.Step(b);
+    td.Step(b);
+  }
+  dev->Drain();
+  EXPECT_EQ(td.grads_, th.grads_);
+  for (int i = 0; i < host->num_params(); ++i) {
+    EXPECT_EQ(Read(*dev, i, false), Read(*host, i, false)) << g.params()[i].name;
+  }
+  host->Forward(false);
+  dev->Forward(false);
+  for (int d = 0; d < dev->num_devices(); ++d) {
+    for (int i = 0; i < dev->num_params(); ++i) {
+      EXPECT_EQ(Read(dev->executor(d), i, false), Read(*host, i, false))
+          << "device " << d << " " << g.params()[i].name;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Merges, DeviceGroupTest,
+    ::testing::Values(GroupCase{MergeDevice::kLocal, false}, GroupCase{MergeDevice::kDevice, false},
+                      GroupCase{MergeDevice::kLocal, true}, GroupCase{MergeDevice::kDevice, true}),
+    [](const ::testing::TestParamInfo<GroupCase>& info) {
+      return StrCat(info.param.merge == MergeDevice::kLocal ? "local" : "device",
+                    info.param.as_device ? "_from_devices" : "");
+    });
 
 TEST(DeviceGroupTest, OneDeviceIsItsExecutor) {
   const Graph g = Lenet();
@@ -252,12 +314,14 @@ TEST(DeviceGroupTest, OneDeviceIsItsExecutor) {
   EXPECT_EQ(&one->backend(), &one->executor(0).backend());
 }
 
-TEST(DeviceGroupTest, AuxStatesStayPerDeviceUntilAveraged) {
+class DeviceGroupAuxTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DeviceGroupAuxTest, AuxStatesStayPerDeviceUntilAveraged) {
   StatusOr<Graph> g = BuildModel({"neon-cifar10-conv", 0, Shape(), 0});
   ASSERT_OK(g.status());
   DeviceGroupOptions o;
   o.batch_size = 4;
-  o.devices.assign(2, Cpu());
+  o.devices.assign(2, Cpu(/*as_device=*/GetParam()));
   auto made = DeviceGroup::Create(*g, o);
   ASSERT_OK(made.status());
   DeviceGroup& d = **made;
@@ -289,6 +353,11 @@ TEST(DeviceGroupTest, AuxStatesStayPerDeviceUntilAveraged) {
   EXPECT_EQ(b1, mean);
   EXPECT_EQ(group, mean);
 }
+
+INSTANTIATE_TEST_SUITE_P(HostAndDevices, DeviceGroupAuxTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "devices" : "host");
+                         });
 
 TEST(DeviceGroupTest, BadShapesAndDevicesAreErrors) {
   const Graph g = Lenet();
