@@ -155,7 +155,8 @@ StatusOr<DeviceGroupOptions> TrainingDeviceGroupOptions(const TrainConfig& cfg) 
 }
 
 Status Trainer::InitDevices() {
-  ASSIGN_OR_RETURN(const DeviceGroupOptions go, TrainingDeviceGroupOptions(cfg_));
+  ASSIGN_OR_RETURN(DeviceGroupOptions go, TrainingDeviceGroupOptions(cfg_));
+  if (env_.adjust_devices) env_.adjust_devices(&go);
   ASSIGN_OR_RETURN(exec_, DeviceGroup::Create(graph_, go));
   params_ = exec_.get();
   const Shape out_shape = exec_->output_shape();

@@ -64,6 +64,11 @@ struct TrainerEnv {
   // Opens this worker's readers. Empty: OpenTrainData (MNIST, CIFAR-10 binary,
   // synthetic); `pstrain train` sets it for RecordIO images (--data-train *.rec).
   std::function<StatusOr<TrainData>(int rank, int num_workers)> open_data;
+  // Tests: changes the devices TrainingDeviceGroupOptions made from the config
+  // (the CPU listed several times, or playing a device the host cannot
+  // address: BackendOptions::cpu_as_device), so the paths written for GPUs run
+  // through the whole loop without one.
+  std::function<void(DeviceGroupOptions*)> adjust_devices;
 };
 
 struct EpochResult {

@@ -42,6 +42,24 @@ StatusOr<Graph> SmallMlp(const ModelOptions& mo) {
   return g;
 }
 
+// SmallMlp with a batch norm after its hidden layer: aux states to average.
+StatusOr<Graph> SmallBnMlp(const ModelOptions& mo) {
+  Graph g;
+  NodeId x = g.Input("data", mo.image_shape);
+  x = g.Flatten("flatten", x);
+  FcParam fc1;
+  fc1.num_hidden = 64;
+  x = g.FullyConnected("fc1", x, fc1);
+  x = g.BatchNorm("bn1", x, BatchNormParam());
+  x = g.Activation("relu1", x, ActType::kRelu);
+  FcParam fc2;
+  fc2.num_hidden = mo.num_classes;
+  x = g.FullyConnected("fc2", x, fc2);
+  g.SoftmaxOutput("softmax", x);
+  if (!g.status().ok()) return g.status();
+  return g;
+}
+
 class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -413,6 +431,84 @@ TEST_F(TrainerTest, SyntheticBenchmarkTrains) {
 
 // --kv-store local: a gradient or an update with NaN or Inf is an error the
 // loop returns (training stops non-zero), naming the parameter.
+// The loop on devices the host cannot address (the CPU playing one:
+// BackendOptions::cpu_as_device), as on GPUs: LocalParamSync's update and
+// momentum in device memory, and with two devices the local merge's
+// downloads and merge thread or the device merge's copies, the broadcasts,
+// the epoch's aux averaging and the checkpoint's reads. It trains bit for bit
+// as the host does, checkpoint files included.
+TEST_F(TrainerTest, DevicesTheHostCannotAddressTrainExactlyAsTheHost) {
+  for (const char* kv : {"local", "device"}) {
+    for (int devices : {1, 2}) {
+      SCOPED_TRACE(StrCat("--kv-store ", kv, ", ", devices, " device(s)"));
+      std::vector<std::unique_ptr<Trainer>> runs;
+      std::vector<std::string> checkpoints;
+      for (bool as_device : {false, true}) {
+        TrainConfig cfg = cfg_;
+        cfg.set_kv_store(kv);
+        cfg.set_num_examples(1280);
+        const std::string prefix =
+            (dir_ / StrCat(kv, devices, as_device ? "-device" : "-host")).string();
+        cfg.set_model_prefix(prefix);
+        TrainerEnv env;
+        env.log = &log_;
+        env.build_model = SmallBnMlp;
+        env.adjust_devices = [devices, as_device](DeviceGroupOptions* go) {
+          go->devices.assign(devices, go->devices[0]);
+          for (BackendOptions& b : go->devices) b.cpu_as_device = as_device;
+        };
+        auto t = Trainer::Create(cfg, env);
+        ASSERT_OK(t.status());
+        ASSERT_OK((*t)->Run());
+        EXPECT_NE((*t)->devices().executor(0).backend().host_accessible(), as_device);
+        runs.push_back(std::move(t).value());
+        checkpoints.push_back(testing::ReadFile(StrCat(prefix, "-0002.params")));
+        ASSERT_FALSE(checkpoints.back().empty());
+      }
+      const ModelParams& host = runs[0]->params();
+      const ModelParams& dev = runs[1]->params();
+      for (int i = 0; i < host.num_params(); ++i) {
+        std::vector<float> want(static_cast<size_t>(host.param(i).num_elements()));
+        std::vector<float> got(want.size());
+        ASSERT_OK(host.ReadParam(i, want.data(), want.size()));
+        ASSERT_OK(dev.ReadParam(i, got.data(), got.size()));
+        EXPECT_EQ(got, want) << host.graph().params()[i].name;
+      }
+      EXPECT_EQ(runs[1]->history().back().val, runs[0]->history().back().val);
+      EXPECT_TRUE(checkpoints[1] == checkpoints[0]) << "the checkpoints differ";
+    }
+  }
+}
+
+// With several devices the trainer averages their BatchNorm statistics at
+// each epoch's end (MXNet's fit: get_params, set_params), so every device,
+// the checkpoint and validation hold one set.
+TEST_F(TrainerTest, SeveralDevicesEndEachEpochWithTheirMeanStatistics) {
+  TrainConfig cfg = cfg_;
+  cfg.set_num_examples(1280);
+  cfg.set_num_epochs(1);
+  TrainerEnv env;
+  env.log = &log_;
+  env.build_model = SmallBnMlp;
+  env.adjust_devices = [](DeviceGroupOptions* go) {
+    go->devices.assign(2, go->devices[0]);
+    go->weights = {1, 3};  // different shares, so different statistics
+  };
+  auto t = Trainer::Create(cfg, env);
+  ASSERT_OK(t.status());
+  ASSERT_OK((*t)->Run());
+  const DeviceGroup& g = (*t)->devices();
+  ASSERT_EQ(g.num_devices(), 2);
+  for (int i = 0; i < static_cast<int>(g.graph().aux_states().size()); ++i) {
+    const size_t n = static_cast<size_t>(g.graph().aux_states()[i].shape.num_elements());
+    std::vector<float> a0(n), a1(n);
+    ASSERT_OK(g.executor(0).ReadAux(i, a0.data(), n));
+    ASSERT_OK(g.executor(1).ReadAux(i, a1.data(), n));
+    EXPECT_EQ(a0, a1) << g.graph().aux_states()[i].name;
+    EXPECT_NE(*std::max_element(a0.begin(), a0.end()), 0.0f) << "statistics were folded in";
+  }
+}
+
 TEST(LocalParamSyncTest, NanGradientsAndOverflowingUpdatesAreErrors) {
   StatusOr<Graph> g = BuildModel({"mlp", 0, Shape(), 0});
   ASSERT_OK(g.status());
