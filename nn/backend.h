@@ -7,8 +7,9 @@
 // executor and the local optimizer need of their own.
 //
 // Ordering: a backend runs its work in the order it is asked for, as if on
-// one queue (the CPU backend runs it at once; the CUDA backend enqueues it on
-// its compute stream). CopyToHost and Synchronize wait for everything asked
+// one queue (the CPU backend runs it at once, but for the asynchronous copies
+// of one playing a device: BackendOptions::cpu_as_device; the CUDA backend
+// enqueues it on its compute stream). CopyToHost and Synchronize wait for everything asked
 // before them; the other calls may return before the device has finished.
 // The asynchronous host copies (CopyToHostAsync, CopyFromHostAsync) return at
 // once too, and a Fence (RecordFence) tells the host when everything asked
@@ -254,11 +255,12 @@ class Backend {
   // before the work asked earlier has finished: REQUIRES that no work asked
   // earlier and not yet finished reads or writes dst (the caller knows: it
   // waited for a Fence recorded after that work). The CPU backend copies at
-  // once (then src may be reused on return, dst holds the values on return).
+  // once (then src may be reused on return, dst holds the values on return),
+  // unless it plays a device (cpu_as_device: at the next call or fence).
   virtual void CopyToHostAsync(const Tensor& src, float* dst) { CopyToHost(src, dst); }
   virtual void CopyFromHostAsync(const float* src, const Tensor& dst) { CopyFromHost(src, dst); }
   // A fence after everything asked of this backend so far (the CPU backend's
-  // is done at once).
+  // is done at once; playing a device, it runs the copies it covers when polled).
   virtual std::unique_ptr<Fence> RecordFence() { return std::make_unique<DoneFence>(); }
   // dst = src on this device. REQUIRES: same num_elements.
   virtual void Copy(const Tensor& src, const Tensor& dst) = 0;

@@ -75,11 +75,14 @@ DeviceGroup::~DeviceGroup() {
 StatusOr<std::unique_ptr<DeviceGroup>> DeviceGroup::Create(const Graph& graph,
                                                            const DeviceGroupOptions& options) {
   if (options.devices.empty()) return Status::InvalidArgument("a device group needs a device");
+  auto kind = [](const BackendOptions& b) {
+    return b.device.ToString() + (b.cpu_as_device ? " (as a device)" : "");
+  };
   for (const BackendOptions& b : options.devices) {
-    if (b.device.type != options.devices[0].device.type) {
-      return Status::InvalidArgument(
-          StrCat("one worker's devices must be of one kind: ", b.device.ToString(), " and ",
-                 options.devices[0].device.ToString()));
+    if (b.device.type != options.devices[0].device.type ||
+        b.cpu_as_device != options.devices[0].cpu_as_device) {
+      return Status::InvalidArgument(StrCat("one worker's devices must be of one kind: ", kind(b),
+                                            " and ", kind(options.devices[0])));
     }
   }
   if (options.compression.enabled() &&
@@ -87,7 +90,8 @@ StatusOr<std::unique_ptr<DeviceGroup>> DeviceGroup::Create(const Graph& graph,
     return Status::Unimplemented(
         StrCat("2-bit gradient compression in the device merge (--kv-store device) runs on the "
                "CPU only, not yet on ",
-               options.devices[0].device.ToString(),
+               options.devices[0].cpu_as_device ? std::string("a device the host cannot address")
+                                                : options.devices[0].device.ToString(),
                " (the dist kvstores compress on the host and work with GPUs)"));
   }
   std::unique_ptr<DeviceGroup> g(new DeviceGroup(graph, options));
@@ -135,8 +139,7 @@ Status DeviceGroup::Init() {
       if (!b.ok()) {
         return b.status().WithContext(
             StrCat("device 0 (", options_.devices[0].device.ToString(),
-                   "): the device merge's copy of another device's gradient (", largest * 4 >> 20,
-                   " MiB)"));
+                   "): the device merge's copy of another device's gradient"));
       }
       peer_grad_scratch_ = std::move(b).value();
     }

@@ -100,9 +100,11 @@ StatusOr<std::vector<int>> SplitBatch(int batch_size, int num_devices,
 class DeviceGroup : public ModelParams {
  public:
   // The errors of SplitBatch and of Executor::Create for each device (with
-  // ResourceExhausted when a device's share does not fit its memory),
-  // InvalidArgument for no device or devices of different kinds, and
-  // Unimplemented for gradient compression on a device the host cannot address.
+  // ResourceExhausted when a device's share does not fit its memory, or the
+  // merge's buffers do not: the device merge's scratch on device 0, the local
+  // merge's host or pinned buffers), InvalidArgument for no device or devices
+  // of different kinds, and Unimplemented for gradient compression on a
+  // device the host cannot address.
   static StatusOr<std::unique_ptr<DeviceGroup>> Create(const Graph& graph,
                                                        const DeviceGroupOptions& options);
   ~DeviceGroup() override;

@@ -38,16 +38,19 @@ StatusOr<GraphRoles> RolesOf(const Graph& graph, const ExecutorOptions& options)
   if (graph.nodes().empty()) return Status::InvalidArgument("graph has no nodes");
   const Device& device = options.backend.device;
   const int64_t limit = MaxTensorElements(device);
+  // The node with the most values per example bounds the batch.
+  const Node* largest = &graph.nodes()[0];
   for (const Node& n : graph.nodes()) {
-    const int64_t each = n.out_shape.num_elements();
-    if (each > 0 && options.batch_size > limit / each) {
-      return Status::InvalidArgument(
-          StrCat("node ", n.name, " (", OpTypeName(n.op), ") outputs ", each,
-                 " values per example: a batch of ", options.batch_size,
-                 " makes a tensor of more than the ", limit, " elements a tensor on ",
-                 device.ToString(), " may hold", device.is_cpu() ? "" : " (cuDNN indexes with int)",
-                 "; a batch of at most ", limit / each, " fits"));
-    }
+    if (n.out_shape.num_elements() > largest->out_shape.num_elements()) largest = &n;
+  }
+  const int64_t each = largest->out_shape.num_elements();
+  if (each > 0 && options.batch_size > limit / each) {
+    return Status::InvalidArgument(StrCat(
+        "node ", largest->name, " (", OpTypeName(largest->op), ") outputs ", each,
+        " values per example: a batch of ", options.batch_size, " makes a tensor of more than the ",
+        limit, " elements a tensor on ", device.ToString(), " may hold",
+        device.is_cpu() ? "" : " (cuDNN indexes with int)", "; a batch of at most ", limit / each,
+        " fits (per device, where several share the batch)"));
   }
   for (const ParamInfo& p : graph.params()) {
     if (p.shape.num_elements() > limit) {

@@ -85,7 +85,7 @@ Optimizer::Step Optimizer::NextStep(ParamState* state) {
   Step s;
   s.rescale = cfg_.rescale_grad();
   s.test = cfg_.type() == OptimizerConfig::TEST;
-  if (s.test) return s;
+  if (s.test) return s;  // (uses_momentum() is false then, as Step's)
   s.lr = schedule_.LrAt(num_update) * state->lr_mult;
   s.wd = cfg_.wd() * state->wd_mult;
   s.clip = cfg_.clip_gradient();

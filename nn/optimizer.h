@@ -106,6 +106,11 @@ class Optimizer {
   // The rate the next update with the current global count would use.
   float CurrentLr() const;
   int64_t num_update() const { return num_update_.load(std::memory_order_relaxed); }
+  // Whether its updates keep a momentum per parameter (Step::uses_momentum
+  // of every step).
+  bool uses_momentum() const {
+    return cfg_.type() != OptimizerConfig::TEST && cfg_.momentum() != 0.0f;
+  }
   const OptimizerConfig& config() const { return cfg_; }
 
  private:

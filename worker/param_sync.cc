@@ -54,22 +54,19 @@ Status LocalParamSync::Init(ModelParams* exec) {
   states_.assign(params.size(), ParamState{});
   device_momentum_.assign(params.size(), Tensor());
   for (size_t i = 0; i < params.size(); ++i) states_[i].wd_mult = WeightDecayMult(params[i].name);
-  const OptimizerConfig& cfg = optimizer_->config();
-  const bool uses_momentum = cfg.type() != OptimizerConfig::TEST && cfg.momentum() != 0.0f;
-  if (!uses_momentum || params.empty() || exec->host_param(0) != nullptr) return Status::Ok();
+  if (!optimizer_->uses_momentum() || params.empty() || exec->host_param(0) != nullptr) {
+    return Status::Ok();
+  }
   // The momentum of parameters in device memory stays there: allocated now,
   // in one buffer, so that a device too small for it says so before training
   // rather than failing at the first update.
   std::vector<Shape> shapes;
-  int64_t floats = 0;
-  for (int p = 0; p < exec->num_params(); ++p) {
-    shapes.push_back(exec->param(p).shape());
-    floats += shapes.back().num_elements();
-  }
+  for (int p = 0; p < exec->num_params(); ++p) shapes.push_back(exec->param(p).shape());
+  // (The allocation's error names the bytes.)
   StatusOr<std::vector<Tensor>> momentum = exec->backend().TryZerosPacked(shapes);
   if (!momentum.ok()) {
-    return momentum.status().WithContext(StrCat("the optimizer's momentum (", floats * 4 >> 20,
-                                                " MiB) on ", exec->backend().device().ToString()));
+    return momentum.status().WithContext(
+        StrCat("the optimizer's momentum on ", exec->backend().device().ToString()));
   }
   device_momentum_ = std::move(momentum).value();
   return Status::Ok();

@@ -172,6 +172,8 @@ void CpuBackend::EnterNode(NodeId node) {
 }
 
 // A fence over the first `ticket` queued copies of a backend playing a device.
+// Polling it runs them (memory copies, under the queue's lock: it waits for
+// no other work).
 class CpuBackend::QueueFence : public Fence {
  public:
   QueueFence(CpuBackend* backend, int64_t ticket) : backend_(backend), ticket_(ticket) {}

@@ -41,6 +41,7 @@ class CpuBackend : public Backend {
   // omp_set_num_threads(the node's team): oneDNN primitives are created for,
   // and run with, the team of their node. (This sets the calling thread's
   // OpenMP default, so the backend's own team is fixed when it is made.)
+  // Playing a device, it first runs the queued copies, which the node may read.
   void EnterNode(NodeId node) override;
 
   void CopyFromHost(const float* src, const Tensor& dst) override;

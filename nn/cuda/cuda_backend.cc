@@ -1,5 +1,7 @@
 #include "nn/cuda/cuda_backend.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -217,8 +219,14 @@ StatusOr<std::shared_ptr<Buffer>> CudaBackend::TryAllocate(size_t num_floats) {
 }
 
 StatusOr<std::shared_ptr<Buffer>> CudaBackend::TryAllocatePinned(size_t num_floats) {
-  if (num_floats > (SIZE_MAX >> 4) / sizeof(float)) {
-    return Status::ResourceExhausted(StrCat("host: ", num_floats, " floats do not fit in memory"));
+  // Past the host's memory, cudaHostAlloc may fail with another error than
+  // out of memory (or try to lock pages that cannot exist): say so first.
+  const uint64_t host_bytes =
+      static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if (num_floats > (SIZE_MAX >> 4) / sizeof(float) || num_floats * sizeof(float) > host_bytes) {
+    return Status::ResourceExhausted(StrCat("host: ", num_floats,
+                                            " floats do not fit in its memory (", host_bytes >> 20,
+                                            " MiB) to pin for ", name_, "'s copies"));
   }
   // Portable: every GPU's context may copy from and to it (a device group
   // lists several, or the same one several times).

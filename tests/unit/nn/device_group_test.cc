@@ -272,7 +272,7 @@ TEST_P(DeviceGroupTest, DevicesTheHostCannotAddressTrainExactlyAsHostDevices) {
   const Graph g = Lenet();
   auto host = MakeGroup(g, 2, GetParam().merge, {1, 3});
   auto dev = MakeGroup(g, 2, GetParam().merge, {1, 3}, /*as_device=*/true);
-  EXPECT_EQ(host->host_param(0) != nullptr, true);
+  EXPECT_NE(host->host_param(0), nullptr);
   EXPECT_EQ(dev->host_param(0) != nullptr, GetParam().merge == MergeDevice::kLocal)
       << "the local merge keeps the weights in host memory, the device merge on device 0";
   Trainer th(host.get()), td(dev.get());
@@ -375,6 +375,10 @@ TEST(DeviceGroupTest, BadShapesAndDevicesAreErrors) {
   auto mixed = DeviceGroup::Create(g, o);
   ASSERT_FALSE(mixed.ok());
   EXPECT_NE(mixed.status().message().find("one kind"), std::string::npos) << mixed.status();
+  o.devices = {Cpu(), Cpu(/*as_device=*/true)};
+  auto half = DeviceGroup::Create(g, o);
+  EXPECT_NE(half.status().message().find("cpu (as a device) and cpu"), std::string::npos)
+      << half.status();
   o.devices = {Cpu(), Cpu(), Cpu()};
   o.batch_size = 2;
   EXPECT_FALSE(DeviceGroup::Create(g, o).ok());
