@@ -22,7 +22,7 @@
 #include "models/models.h"
 #include "tests/test_util.h"
 #include "tests/unit/inproc_job.h"
-#include "worker/dist_param_sync.h"
+#include "tests/unit/inproc_worker_env.h"
 #include "worker/train_config.h"
 #include "worker/trainer.h"
 
@@ -52,15 +52,7 @@ JobRun TrainJob(const std::string& kv_store, int devices, bool as_device) {
       2, 2,
       [&](KVClient& kv) -> Status {
         TrainLog log([](const std::string&) {});
-        TrainerEnv env;
-        env.log = &log;
-        env.build_model = BuildModel;
-        env.rank = kv.rank();
-        env.num_workers = kv.num_workers();
-        env.make_sync = [&kv](const OptimizerConfig& opt) -> StatusOr<std::unique_ptr<ParamSync>> {
-          return std::unique_ptr<ParamSync>(std::make_unique<DistParamSync>(
-              &kv, opt, /*sync_mode=*/true, 60000, 60000, GradientCompression()));
-        };
+        TrainerEnv env = testing::DistSyncWorkerEnv(&kv, &log, GradientCompression());
         env.adjust_devices = [devices, as_device](DeviceGroupOptions* go) {
           go->devices.assign(devices, go->devices[0]);
           for (BackendOptions& b : go->devices) b.cpu_as_device = as_device;

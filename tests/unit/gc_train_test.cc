@@ -16,6 +16,7 @@
 #include "models/models.h"
 #include "tests/test_util.h"
 #include "tests/unit/inproc_job.h"
+#include "tests/unit/inproc_worker_env.h"
 #include "worker/dist_param_sync.h"
 #include "worker/train_config.h"
 #include "worker/trainer.h"
@@ -97,15 +98,7 @@ TEST(CompressedTrainingTest, DistSyncLearnsMnistWithCompressedPushes) {
         2, 2,
         [&](KVClient& kv) -> Status {
           TrainLog log([](const std::string&) {});
-          TrainerEnv env;
-          env.log = &log;
-          env.build_model = BuildModel;
-          env.rank = kv.rank();
-          env.num_workers = kv.num_workers();
-          env.make_sync = [&](const OptimizerConfig& opt) -> StatusOr<std::unique_ptr<ParamSync>> {
-            return std::unique_ptr<ParamSync>(std::make_unique<DistParamSync>(
-                &kv, opt, /*sync_mode=*/true, 60000, 60000, compression));
-          };
+          const TrainerEnv env = testing::DistSyncWorkerEnv(&kv, &log, compression);
           ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(cfg, env));
           RETURN_IF_ERROR(t->Run());
           if (kv.gradient_compression().enabled() != compression.enabled()) {

@@ -26,14 +26,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A small MLP (784-64-10) built here so the loop is tested on its own.
-StatusOr<Graph> SmallMlp(const ModelOptions& mo) {
+// A small MLP (784-64-10) built here so the loop is tested on its own; with
+// `batch_norm`, a batch norm after its hidden layer (aux states to average).
+StatusOr<Graph> SmallMlpOf(const ModelOptions& mo, bool batch_norm) {
   Graph g;
   NodeId x = g.Input("data", mo.image_shape);
   x = g.Flatten("flatten", x);
   FcParam fc1;
   fc1.num_hidden = 64;
   x = g.FullyConnected("fc1", x, fc1);
+  if (batch_norm) x = g.BatchNorm("bn1", x, BatchNormParam());
   x = g.Activation("relu1", x, ActType::kRelu);
   FcParam fc2;
   fc2.num_hidden = mo.num_classes;
@@ -42,24 +44,8 @@ StatusOr<Graph> SmallMlp(const ModelOptions& mo) {
   if (!g.status().ok()) return g.status();
   return g;
 }
-
-// SmallMlp with a batch norm after its hidden layer: aux states to average.
-StatusOr<Graph> SmallBnMlp(const ModelOptions& mo) {
-  Graph g;
-  NodeId x = g.Input("data", mo.image_shape);
-  x = g.Flatten("flatten", x);
-  FcParam fc1;
-  fc1.num_hidden = 64;
-  x = g.FullyConnected("fc1", x, fc1);
-  x = g.BatchNorm("bn1", x, BatchNormParam());
-  x = g.Activation("relu1", x, ActType::kRelu);
-  FcParam fc2;
-  fc2.num_hidden = mo.num_classes;
-  x = g.FullyConnected("fc2", x, fc2);
-  g.SoftmaxOutput("softmax", x);
-  if (!g.status().ok()) return g.status();
-  return g;
-}
+StatusOr<Graph> SmallMlp(const ModelOptions& mo) { return SmallMlpOf(mo, false); }
+StatusOr<Graph> SmallBnMlp(const ModelOptions& mo) { return SmallMlpOf(mo, true); }
 
 class TrainerTest : public ::testing::Test {
  protected:
