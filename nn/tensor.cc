@@ -43,11 +43,10 @@ StatusOr<std::shared_ptr<Buffer>> Buffer::TryAllocate(size_t num_floats) {
   if (num_floats > (SIZE_MAX - 63) / sizeof(float)) {
     return Status::ResourceExhausted(StrCat("host: ", num_floats, " floats do not fit in memory"));
   }
-  size_t bytes = ((num_floats * sizeof(float) + 63) / 64) * 64;
-  if (bytes == 0) bytes = 64;
+  const size_t bytes = HostBytes(num_floats);
   void* p = std::aligned_alloc(64, bytes);
   if (p == nullptr) {
-    return Status::ResourceExhausted(StrCat("host: out of memory allocating ", bytes, " bytes"));
+    return Status::ResourceExhausted(StrCat("out of host memory allocating ", bytes, " bytes"));
   }
   return std::shared_ptr<Buffer>(new Buffer(static_cast<float*>(p), num_floats, Device::Cpu(),
                                             [](float* d) { std::free(d); }));

@@ -12,6 +12,7 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -76,6 +77,11 @@ class Buffer {
   // Allocates `num_floats` uninitialized floats (64-byte aligned) in host
   // memory: ResourceExhausted, naming the bytes, when the host has no room.
   static StatusOr<std::shared_ptr<Buffer>> TryAllocate(size_t num_floats);
+  // The bytes TryAllocate takes for num_floats floats (64-byte granules, at
+  // least one). REQUIRES: num_floats fits (TryAllocate checks it).
+  static size_t HostBytes(size_t num_floats) {
+    return std::max<size_t>((num_floats * sizeof(float) + 63) / 64 * 64, 64);
+  }
   // TryAllocate, CHECK-failing instead.
   // REQUIRES: device.is_cpu(): device memory comes from Backend::Allocate.
   static std::shared_ptr<Buffer> Allocate(size_t num_floats, Device device);

@@ -87,27 +87,21 @@ std::string CpuBackend::Describe() const {
 }
 
 StatusOr<std::shared_ptr<Buffer>> CpuBackend::TryAllocate(size_t num_floats) {
-  if (num_floats > (SIZE_MAX - 63) / sizeof(float)) {
-    return Status::ResourceExhausted(StrCat("cpu: ", num_floats, " floats do not fit in memory"));
+  StatusOr<std::shared_ptr<Buffer>> host = Buffer::TryAllocate(num_floats);
+  if (!host.ok()) {
+    return host.status().WithContext(
+        StrCat("cpu (", counters_->in_use.load(), " bytes in use by this backend)"));
   }
-  size_t bytes = ((num_floats * sizeof(float) + 63) / 64) * 64;
-  if (bytes == 0) bytes = 64;
-  void* p = std::aligned_alloc(64, bytes);
-  if (p == nullptr) {
-    return Status::ResourceExhausted(StrCat("cpu: out of host memory allocating ", bytes,
-                                            " bytes (", counters_->in_use.load(),
-                                            " in use by this backend)"));
-  }
+  const size_t bytes = Buffer::HostBytes(num_floats);
   const size_t now = counters_->in_use.fetch_add(bytes) + bytes;
   size_t peak = counters_->peak.load();
   while (now > peak && !counters_->peak.compare_exchange_weak(peak, now)) {
   }
+  // The host buffer goes with this one; the count drops first.
   std::shared_ptr<Counters> counters = counters_;
-  return Buffer::Wrap(static_cast<float*>(p), num_floats, Device::Cpu(),
-                      [counters, bytes](float* d) {
-                        std::free(d);
-                        counters->in_use.fetch_sub(bytes);
-                      });
+  return Buffer::Wrap(
+      (*host)->data(), num_floats, Device::Cpu(),
+      [counters, bytes, host = *host](float*) { counters->in_use.fetch_sub(bytes); });
 }
 
 MemoryStats CpuBackend::memory_stats() const {
