@@ -187,10 +187,20 @@ void WriteNormalized(const AugmentConfig& cfg, const Image& src, Rect window, bo
     }
   }
   if (!cfg.mean_image.empty()) {
+    // The mean is the crop's, subtracted before the flip (MXNet's order): a
+    // mirrored output column x came from column ow-1-x and takes its mean.
     for (int c = 0; c < C; ++c) {
-      const float* m = cfg.mean_image.data() + c * plane;
-      float* o = out + c * plane;
-      for (size_t i = 0; i < plane; ++i) o[i] -= m[i] * af.k[c];
+      const float k = af.k[c];
+      for (int y = 0; y < oh; ++y) {
+        const size_t row = c * plane + static_cast<size_t>(y) * ow;
+        const float* m = cfg.mean_image.data() + row;
+        float* o = out + row;
+        if (mirror) {
+          for (int x = 0; x < ow; ++x) o[x] -= m[ow - 1 - x] * k;
+        } else {
+          for (int x = 0; x < ow; ++x) o[x] -= m[x] * k;
+        }
+      }
     }
   }
 }
@@ -217,9 +227,8 @@ Status AugmentImage(const AugmentConfig& cfg, std::string_view encoded, std::str
   }
   Image* img = &scratch->decoded;
   if (cfg.resize > 0) {
-    const int shorter = std::min(h, w);
-    const int nh = h == shorter ? cfg.resize : static_cast<int>(int64_t{h} * cfg.resize / shorter);
-    const int nw = w == shorter ? cfg.resize : static_cast<int>(int64_t{w} * cfg.resize / shorter);
+    int nh = 0, nw = 0;
+    RETURN_IF_ERROR(ShorterSideTo(h, w, cfg.resize, where, &nh, &nw));
     RETURN_IF_ERROR(scratch->decoder.DecodeRegion(encoded, where, cfg.channels, Rect{0, 0, w, h},
                                                   nh, nw, img, &scale));
     if (img->height != nh || img->width != nw) {

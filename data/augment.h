@@ -13,9 +13,12 @@
 //        rand_crop: top-left uniform in [0, H-h] x [0, W-w];
 //        otherwise: the centre ((H-h)/2, (W-w)/2);
 //      an image smaller than the output (without random_resized_crop) is an error;
-//   4. mirror: horizontal flip with probability 0.5 when rand_mirror;
-//   5. normalize: out = (pixel - mean) / std * scale, with a per-channel mean
-//      (mean_rgb) or, when mean_image is set, a per-pixel C x h x w mean.
+//   4. normalize: out = (pixel - mean) / std * scale, with a per-channel mean
+//      (mean_rgb) or, when mean_image is set, a per-pixel C x h x w mean of
+//      the crop;
+//   5. mirror: horizontal flip with probability 0.5 when rand_mirror, after
+//      the normalization as in MXNet, so that a flipped pixel has had its own
+//      place's mean image value subtracted, not that of the place it lands on.
 // Every random choice comes from the Rng passed in, so a fixed seed gives the
 // same output on any thread.
 #ifndef PSTRAIN_DATA_AUGMENT_H_

@@ -336,6 +336,44 @@ TEST(AugmentTest, NormalizationUsesMeanStdAndScale) {
   }
 }
 
+// MXNet subtracts the mean image from the crop and then mirrors it
+// (iter_normalize.h, iter_image_recordio_2.cc): a flipped pixel keeps the mean
+// of the place it came from. Found by review: the mean was subtracted in the
+// output's places, so half the training images carried a mirrored bias.
+TEST(AugmentTest, TheMeanImageIsSubtractedBeforeTheMirror) {
+  AugmentConfig cfg = Config(1, 4);
+  cfg.channels = 1;
+  cfg.mean_image = {0, 10, 20, 30};
+  ASSERT_OK(cfg.Validate());
+  Image src;
+  src.Resize(1, 4, 1);
+  for (int x = 0; x < 4; ++x) src.pixels[x] = static_cast<uint8_t>(100 + x);
+  float out[4];
+  WriteNormalized(cfg, src, Rect{0, 0, 4, 1}, true, out);
+  EXPECT_THAT(out, ::testing::ElementsAre(73, 82, 91, 100));
+  WriteNormalized(cfg, src, Rect{0, 0, 4, 1}, false, out);
+  EXPECT_THAT(out, ::testing::ElementsAre(100, 91, 82, 73));
+
+  // The resizing path (a window of another size than the output) flips the
+  // same way: a mirrored output is the unmirrored one reversed, mean and all.
+  Image big = Ramp(6, 8);
+  AugmentConfig rgb = Config(3, 4);
+  rgb.mean_image.resize(3 * 12);
+  for (size_t i = 0; i < rgb.mean_image.size(); ++i) rgb.mean_image[i] = 3.0f * i;
+  ASSERT_OK(rgb.Validate());
+  std::vector<float> plain(3 * 12), flipped(3 * 12);
+  WriteNormalized(rgb, big, Rect{1, 0, 7, 6}, false, plain.data());
+  WriteNormalized(rgb, big, Rect{1, 0, 7, 6}, true, flipped.data());
+  for (int c = 0; c < 3; ++c) {
+    for (int y = 0; y < 3; ++y) {
+      for (int x = 0; x < 4; ++x) {
+        EXPECT_FLOAT_EQ(flipped[c * 12 + y * 4 + x], plain[c * 12 + y * 4 + 3 - x])
+            << "c " << c << " y " << y << " x " << x;
+      }
+    }
+  }
+}
+
 TEST(AugmentTest, RandomResizedCropRespectsAreaAndAspectRanges) {
   AugmentConfig cfg = Config(32, 32);
   cfg.random_resized_crop = true;
