@@ -197,14 +197,8 @@ Status EncodeOne(const ImageListEntry& e, const std::string& root, const PackOpt
       std::swap(img, work);
     }
     if (options.resize > 0) {
-      int nh, nw;
-      if (img.height > img.width) {
-        nw = options.resize;
-        nh = static_cast<int>(int64_t{img.height} * options.resize / img.width);
-      } else {
-        nh = options.resize;
-        nw = static_cast<int>(int64_t{img.width} * options.resize / img.height);
-      }
+      int nh = 0, nw = 0;
+      RETURN_IF_ERROR(ShorterSideTo(img.height, img.width, options.resize, file, &nh, &nw));
       ResizeBilinear(img, nh, nw, &work);
       std::swap(img, work);
     }

@@ -375,6 +375,25 @@ void SourceCoord(int d, float scale, int src_size, int* i, float* a) {
 
 }  // namespace
 
+Status ShorterSideTo(int height, int width, int shorter, std::string_view where, int* out_height,
+                     int* out_width) {
+  const int64_t side = std::min(height, width);
+  if (side <= 0 || shorter <= 0) {
+    return Status::InvalidArgument(StrCat(where, ": cannot scale an image of ", width, "x", height,
+                                          " to a shorter side of ", shorter));
+  }
+  const int64_t h = height == side ? shorter : int64_t{height} * shorter / side;
+  const int64_t w = width == side ? shorter : int64_t{width} * shorter / side;
+  if (h > kMaxPixels || w > kMaxPixels || h * w > kMaxPixels) {
+    return Status::Corruption(StrCat(where, ": the image of ", width, "x", height,
+                                     " scaled to a shorter side of ", shorter, " would be ", w, "x",
+                                     h, ", larger than ", kMaxPixels, " pixels"));
+  }
+  *out_height = static_cast<int>(h);
+  *out_width = static_cast<int>(w);
+  return Status::Ok();
+}
+
 void ResizeBilinear(const Image& src, int out_height, int out_width, Image* out) {
   CHECK(src.height > 0 && src.width > 0 && out_height > 0 && out_width > 0);
   const int c = src.channels;

@@ -94,6 +94,14 @@ Status EncodeJpeg(const Image& image, int quality, std::string* out);
 // Encodes an RGB or gray image as PNG (lossless: decoding gives the pixels back).
 Status EncodePng(const Image& image, std::string* out);
 
+// The size of a height x width image scaled so that its shorter side is
+// `shorter` (the longer side rounded down, as MXNet's im2rec and resize
+// augmenter). Corruption naming `where` when the result is larger than an
+// image may be (2^28 pixels, the bound decoding applies), so that an extreme
+// aspect ratio is an error rather than an allocation of gigabytes.
+Status ShorterSideTo(int height, int width, int shorter, std::string_view where, int* out_height,
+                     int* out_width);
+
 // Bilinear resize with pixel centres aligned (OpenCV's INTER_LINEAR rule).
 // REQUIRES: src non-empty, out_height and out_width > 0.
 void ResizeBilinear(const Image& src, int out_height, int out_width, Image* out);

@@ -156,6 +156,36 @@ TEST_F(Im2recTest, PackResizesSkipsBadImagesAndIndexesByListIndex) {
   }
 }
 
+// Found by review: a 1,000,000 x 1 PNG (a kilobyte) resized to a shorter side
+// of 256 asked for 256 million x 256 pixels and aborted the whole pack.
+TEST_F(Im2recTest, AnImageWhoseResizeWouldBeHugeIsSkipped) {
+  Image wide;
+  wide.Resize(1, 1000000, 3);
+  std::fill(wide.pixels.begin(), wide.pixels.end(), uint8_t{90});
+  std::string png;
+  ASSERT_OK(EncodePng(wide, &png));
+  WriteFile("root/wide.png", png);
+  std::vector<ImageListEntry> entries = {{0, {0.0f}, "wide.png"}, {1, {1.0f}, "b_cats/a.jpg"}};
+  ASSERT_OK(WriteImageList(Path("w.lst"), entries));
+  PackOptions opts;
+  opts.resize = 256;
+  PackStats stats;
+  ASSERT_OK(PackImageList(Path("w.lst"), Path("root"), Path("w.rec"), Path("w.idx"), opts, &stats));
+  EXPECT_EQ(stats.written, 1);
+  EXPECT_EQ(stats.skipped, 1);
+
+  int h = 0, w = 0;
+  Status s = ShorterSideTo(1, 1000000, 256, "wide.png", &h, &w);
+  EXPECT_EQ(s.code(), StatusCode::kCorruption);
+  EXPECT_THAT(s.message(), HasSubstr("wide.png: the image of 1000000x1 scaled to a shorter side "
+                                     "of 256 would be 256000000x256"));
+  // Sides whose product overflows int are refused too, not wrapped.
+  EXPECT_EQ(ShorterSideTo(1, 1000000, 3000, "w", &h, &w).code(), StatusCode::kCorruption);
+  ASSERT_OK(ShorterSideTo(40, 16, 8, "w", &h, &w));
+  EXPECT_EQ(h, 20);
+  EXPECT_EQ(w, 8);
+}
+
 TEST_F(Im2recTest, PassThroughStoresTheFileBytes) {
   std::vector<ImageListEntry> entries = {{0, {3.0f}, "b_cats/a.jpg"}};
   ASSERT_OK(WriteImageList(Path("t.lst"), entries));
