@@ -158,17 +158,28 @@ bool Subprocess::WriteStdin(const std::string& data) {
 
 bool Subprocess::Poll() {
   if (exited_) return true;
-  int status = 0;
-  pid_t r = waitpid(pid_, &status, WNOHANG);
-  if (r == pid_) {
-    exited_ = true;
-    wait_status_ = status;
-  } else if (r < 0 && errno == ECHILD) {
-    // Reaped elsewhere; nothing more can be learnt about it.
-    exited_ = true;
-    wait_status_ = 0xff00;  // "exited with code 255"
+  // WNOWAIT: an exited child stays a zombie, holding its pid and so its
+  // group's id, while what it left in its group is killed; only then is it
+  // reaped (after which the id could name another process's group).
+  siginfo_t info = {};
+  if (waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
+    if (errno == ECHILD) {
+      // Reaped elsewhere; nothing more can be learnt about it.
+      exited_ = true;
+      wait_status_ = 0xff00;  // "exited with code 255"
+    }
+    return exited_;
   }
-  return exited_;
+  if (info.si_pid != pid_) return false;  // still running
+  kill(-pid_, SIGKILL);                   // ESRCH when the group is empty
+  int status = 0;
+  pid_t r;
+  do {
+    r = waitpid(pid_, &status, 0);  // at once: it has exited
+  } while (r < 0 && errno == EINTR);
+  exited_ = true;
+  wait_status_ = r == pid_ ? status : 0xff00;
+  return true;
 }
 
 bool Subprocess::succeeded() const {

@@ -53,7 +53,9 @@ class Subprocess {
   // when the child no longer reads it (no SIGPIPE is raised).
   bool WriteStdin(const std::string& data);
 
-  // Reaps the child without blocking; true once it has exited.
+  // Reaps the child without blocking; true once it has exited. What the child
+  // left running in its process group is killed (SIGKILL) before it is
+  // reaped: a job's process takes the helpers it started with it.
   bool Poll();
   bool exited() const { return exited_; }
   // The raw waitpid status. REQUIRES: exited().

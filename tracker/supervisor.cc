@@ -550,10 +550,9 @@ class Job {
         continue;
       }
       // What it wrote before exiting is in the pipes now (mpirun's notice
-      // names the failed rank); read it before judging.
+      // names the failed rank); read it before judging. (Poll killed what
+      // the process left in its group.)
       DrainNow(r);
-      // Whatever the job's process left in its group goes with it.
-      r.proc->SignalGroup(SIGKILL);
       ObserveExit(r);
       if (!r.proc->succeeded() && !stopping_ && MayRestart(r)) {
         if (Restart(i)) all = false;

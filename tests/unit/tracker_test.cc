@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -180,6 +181,42 @@ TEST(SubprocessTest, WriteStdinReachesTheChildAndSurvivesItsEnd) {
   EXPECT_EQ(sigismember(&pending, SIGPIPE), 0);
   (*p)->CloseStdin();
   EXPECT_FALSE((*p)->WriteStdin("late\n"));
+}
+
+// Whether `pid` has ended: gone, or a zombie waiting for init to reap it.
+bool ProcessEnded(int pid) {
+  if (kill(pid, 0) != 0) return true;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const size_t paren = line.rfind(')');
+  return paren == std::string::npos || line.compare(paren + 1, 3, " Z ") == 0;
+}
+
+bool EndsWithin(int pid, int ms) {
+  Deadline deadline = Deadline::InMillis(ms);
+  while (!ProcessEnded(pid) && !deadline.Expired()) usleep(20000);
+  return ProcessEnded(pid);
+}
+
+// Found by review: a process that exited leaving a child in its group kept
+// that child running (the group was signalled only after the reap, when the
+// signal was skipped). Now Poll kills the group before it reaps the child.
+TEST(SubprocessTest, WhatTheChildLeftInItsGroupDiesWithIt) {
+  ProcessSpec spec;
+  spec.argv = {"/bin/sh", "-c", "sleep 30 & echo $!; exit 0"};
+  spec.env = Environment().All();
+  auto p = Subprocess::Start(spec);
+  ASSERT_OK(p.status());
+  Deadline deadline = Deadline::InMillis(10000);
+  while (!(*p)->Poll() && !deadline.Expired()) usleep(10000);
+  ASSERT_TRUE((*p)->exited());
+  EXPECT_TRUE((*p)->succeeded()) << (*p)->ExitDescription();
+  char buf[32] = {};
+  ASSERT_GT(read((*p)->stdout_fd(), buf, sizeof(buf) - 1), 0);
+  const int sleeper = std::atoi(buf);
+  ASSERT_GT(sleeper, 0) << buf;
+  EXPECT_TRUE(EndsWithin(sleeper, 3000)) << "pid " << sleeper << " outlived its group's leader";
 }
 
 TEST(LaunchArgsTest, LaunchPyStyle) {
@@ -523,6 +560,20 @@ TEST_F(SupervisorTest, LinesArePrefixedOnTheTerminalAndRawInTheLogs) {
   EXPECT_NE(terminal.find("[worker-0] one\n"), std::string::npos) << terminal;
   EXPECT_NE(terminal.find("[worker-0] two\n"), std::string::npos) << terminal;
   EXPECT_NE(terminal.find("[worker-0] err\n"), std::string::npos) << terminal;
+}
+
+// A task that leaves a process behind in its group and exits 0: the job
+// succeeds and the leftover does not outlive it (`launch -- sh -c 'sleep &'`
+// once left its sleeps running after "all processes exited 0").
+TEST_F(SupervisorTest, WhatATaskLeftInItsGroupEndsWithIt) {
+  std::vector<Task> tasks;
+  tasks.push_back(ShellTask("worker", 0, "sleep 30 & echo $!; exit 0"));
+  auto result = RunJob(std::move(tasks), options_);
+  ASSERT_OK(result.status());
+  EXPECT_TRUE(result->success) << result->reason;
+  const int sleeper = std::atoi(Read(dir_ + "/worker-0.log").c_str());
+  ASSERT_GT(sleeper, 0);
+  EXPECT_TRUE(EndsWithin(sleeper, 3000)) << "pid " << sleeper << " outlived the job";
 }
 
 TEST_F(SupervisorTest, FirstFailureStopsTheOthersAndIsNamed) {
