@@ -389,7 +389,11 @@ std::string RemoteCommand(const std::string& dir, const std::map<std::string, st
   // leads its own process group; the watcher kills that group when the ssh
   // session's stdin ends (launcher stopped or gone): SIGTERM, then SIGKILL
   // after 5 s. The wrapper kills whatever the job left in its group when the
-  // job ends, and exits with the job's status.
+  // job ends, removes the key file, and exits with the job's status. Once the
+  // job runs (so that it does not inherit them) the wrapper ignores SIGPIPE
+  // and SIGHUP: a session that died under it must not kill it on a write to
+  // the gone channel (the shell's report of the killed job) before the key
+  // file is removed.
   static const char kScript[] =
       "d=$1; shift; cd \"$d\" || exit 127; "
       "k=$(mktemp) || exit 127; n=0; "
@@ -400,7 +404,7 @@ std::string RemoteCommand(const std::string& dir, const std::map<std::string, st
       "( while read -r _ <&3; do :; done; kill -TERM -\"$p\"; i=0; "
       "while [ $i -lt 50 ] && kill -0 -\"$p\"; do sleep 0.1; i=$((i+1)); done; "
       "kill -KILL -\"$p\" ) "
-      ">/dev/null 2>&1 & w=$!; exec 3<&-; "
+      ">/dev/null 2>&1 & w=$!; exec 3<&-; trap '' PIPE HUP; "
       "wait \"$p\"; r=$?; kill -KILL -\"$p\" 2>/dev/null; kill \"$w\" 2>/dev/null; rm -f \"$k\"; "
       "exit \"$r\"";
   std::vector<std::string> words = {"/bin/sh", "-c", kScript, "pstrain-remote", dir};

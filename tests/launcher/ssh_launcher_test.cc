@@ -290,6 +290,16 @@ TEST_F(SshLauncherTest, KilledLauncherLeavesNoRemoteProcess) {
   // ssh gets SIGTERM when its parent dies; the remote wrapper sees the session
   // end and kills the job's process group.
   EXPECT_EQ(Survivors(reports, 10000), std::vector<std::string>{});
+  // The remote side's key files go with the session too: the wrapper once
+  // died of SIGPIPE reporting the killed job to the gone channel, before its rm.
+  for (const auto& [name, kv] : reports) {
+    if (name == "scheduler-0") continue;
+    const std::string key = kv.at("PSTRAIN_KEY_FILE");
+    ASSERT_FALSE(key.empty()) << name;
+    Deadline gone = Deadline::InMillis(5000);
+    while (std::filesystem::exists(key) && !gone.Expired()) usleep(20000);
+    EXPECT_FALSE(std::filesystem::exists(key)) << name << " left its key file " << key;
+  }
 }
 
 TEST_F(SshLauncherTest, UnknownHostKeyIsRefusedUnlessCheckingIsTurnedOff) {
