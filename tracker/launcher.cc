@@ -838,8 +838,18 @@ StatusOr<JobResult> ExecutePlan(LaunchPlan plan, const LaunchOptions& options,
   for (const auto& cmd : plan.sync_commands) {
     std::string out;
     int status = 0;
+    int stop_signal = 0;
     Status s = RunAndCapture(cmd, plan.tasks.front().spec.env, options.sync_timeout_s * 1000, &out,
-                             &status);
+                             &status, supervisor.stop_fd, &stop_signal);
+    if (s.code() == StatusCode::kCancelled) {
+      // Ctrl-C while copying: the job is not started (as a stop during it).
+      JobResult stopped;
+      stopped.exit_code = stop_signal != 0 ? 128 + stop_signal : 1;
+      stopped.reason = StrCat(stop_signal != 0 ? "interrupted by " + SignalName(stop_signal)
+                                               : std::string("stop requested"),
+                              " during --sync-dst-dir, before the job started");
+      return stopped;
+    }
     if (!s.ok()) return s.WithContext("--sync-dst-dir");
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
       return Status::Unavailable(

@@ -202,7 +202,7 @@ void Subprocess::SignalGroup(int sig) {
 
 Status RunAndCapture(const std::vector<std::string>& argv,
                      const std::map<std::string, std::string>& env, int timeout_ms,
-                     std::string* output, int* wait_status) {
+                     std::string* output, int* wait_status, int stop_fd, int* stop_signal) {
   ProcessSpec spec;
   spec.argv = argv;
   spec.env = env;
@@ -215,17 +215,26 @@ Status RunAndCapture(const std::vector<std::string>& argv,
       return Status::DeadlineExceeded(
           StrCat("'", argv[0], "' did not finish within ", timeout_ms, " ms"));
     }
-    pollfd fds[2];
+    pollfd fds[3];
     int nfds = 0;
     for (int fd : {p->stdout_fd(), p->stderr_fd()}) {
       if (fd >= 0) fds[nfds++] = {fd, POLLIN, 0};
     }
-    if (nfds == 0) {
-      usleep(10000);
-      continue;
+    const int outputs = nfds;
+    if (stop_fd >= 0) fds[nfds++] = {stop_fd, POLLIN, 0};
+    // With both pipes closed only the exit is awaited: poll briefly.
+    const int64_t wait_ms = outputs == 0 ? 10 : 100;
+    poll(fds, static_cast<nfds_t>(nfds),
+         static_cast<int>(std::min<int64_t>(deadline.RemainingMillis(), wait_ms)));
+    if (stop_fd >= 0 && fds[nfds - 1].revents != 0) {
+      unsigned char sig = 0;
+      if (read(stop_fd, &sig, 1) == 1) {
+        if (stop_signal != nullptr) *stop_signal = sig;
+        return Status::Cancelled(StrCat("'", argv[0], "' was stopped (",
+                                        sig != 0 ? SignalName(sig) : "stop requested", ")"));
+      }
     }
-    poll(fds, nfds, static_cast<int>(std::min<int64_t>(deadline.RemainingMillis(), 100)));
-    for (int i = 0; i < nfds; ++i) {
+    for (int i = 0; i < outputs; ++i) {
       if (fds[i].revents == 0) continue;
       ssize_t n = read(fds[i].fd, buf, sizeof(buf));
       if (n > 0) {
@@ -241,6 +250,11 @@ Status RunAndCapture(const std::vector<std::string>& argv,
   }
   *wait_status = p->wait_status();
   return Status::Ok();
+}
+
+std::string SignalName(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev != nullptr ? StrCat("SIG", abbrev) : StrCat("signal ", sig);
 }
 
 }  // namespace pstrain::tracker

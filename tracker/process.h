@@ -81,10 +81,17 @@ class Subprocess {
 
 // Runs `argv` to completion (stdin /dev/null), collecting stdout and stderr
 // together into *output. Kills it and returns DeadlineExceeded past `timeout_ms`.
-// The exit status is in *wait_status.
+// The exit status is in *wait_status. With a `stop_fd` (a launcher's stop
+// pipe, as SupervisorOptions::stop_fd): once it is readable, one byte (the
+// signal that asked, 0 if none) is read into *stop_signal, the process group
+// is killed and Cancelled returned.
 Status RunAndCapture(const std::vector<std::string>& argv,
                      const std::map<std::string, std::string>& env, int timeout_ms,
-                     std::string* output, int* wait_status);
+                     std::string* output, int* wait_status, int stop_fd = -1,
+                     int* stop_signal = nullptr);
+
+// "SIGINT" for 2; "signal 99" for a number without a name.
+std::string SignalName(int sig);
 
 }  // namespace pstrain::tracker
 

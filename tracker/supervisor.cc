@@ -59,11 +59,6 @@ bool GroupHasStoppedProcess(int pgid) {
   return stopped;
 }
 
-std::string SignalName(int sig) {
-  const char* abbrev = sigabbrev_np(sig);
-  return abbrev != nullptr ? StrCat("SIG", abbrev) : StrCat("signal ", sig);
-}
-
 Status MakeDirs(const std::string& path) {
   std::string partial;
   size_t pos = 0;

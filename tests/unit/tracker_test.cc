@@ -576,6 +576,38 @@ TEST_F(SupervisorTest, WhatATaskLeftInItsGroupEndsWithIt) {
   EXPECT_TRUE(EndsWithin(sleeper, 3000)) << "pid " << sleeper << " outlived the job";
 }
 
+// Found by review: Ctrl-C during --sync-dst-dir's rsync (its own process
+// group, so the terminal's SIGINT missed it) was read only after every host
+// had been copied to and the job started. Now the copy stops at once and
+// the job is not started.
+TEST_F(SupervisorTest, AStopDuringTheSyncStopsItAndStartsNothing) {
+  LaunchPlan plan;
+  plan.log_dir = dir_;
+  plan.sync_commands = {{"/bin/sh", "-c", "exec sleep 30"}, {"/bin/sh", "-c", "exec sleep 30"}};
+  const std::string marker = temp_.Sub("started");
+  plan.tasks.push_back(ShellTask("scheduler", 0, "touch '" + marker + "'"));
+  int stop[2];
+  ASSERT_EQ(pipe(stop), 0);
+  options_.stop_fd = stop[0];
+  std::thread ctrl_c([&] {
+    usleep(300000);
+    const unsigned char sig = SIGINT;
+    EXPECT_EQ(write(stop[1], &sig, 1), 1);
+  });
+  LaunchOptions launch;
+  auto start = SteadyClock::now();
+  auto result = ExecutePlan(std::move(plan), launch, options_);
+  ctrl_c.join();
+  close(stop[0]);
+  close(stop[1]);
+  ASSERT_OK(result.status());
+  EXPECT_FALSE(result->success);
+  EXPECT_EQ(result->exit_code, 128 + SIGINT);
+  EXPECT_EQ(result->reason, "interrupted by SIGINT during --sync-dst-dir, before the job started");
+  EXPECT_LT(SteadyClock::now() - start, std::chrono::seconds(5));
+  EXPECT_FALSE(std::filesystem::exists(marker)) << "the job started after the stop";
+}
+
 TEST_F(SupervisorTest, FirstFailureStopsTheOthersAndIsNamed) {
   std::vector<Task> tasks;
   tasks.push_back(ShellTask("scheduler", 0, "exec sleep 30"));
