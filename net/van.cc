@@ -3,6 +3,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <utility>
@@ -41,12 +42,13 @@ std::string ZmqError() { return zmq_strerror(zmq_errno()); }
 // One connection: its DEALER, and what makes messages to a co-located peer
 // go through shared memory in order.
 struct Van::Peer {
-  Peer(std::unique_ptr<ZmqDealer> dealer, std::shared_ptr<ShmMapping> theirs,
-       DoorbellAddress doorbell)
-      : dealer(std::move(dealer)), theirs(std::move(theirs)), doorbell(doorbell) {}
+  Peer(std::unique_ptr<ZmqDealer> dealer, ConnectionEvents* events,
+       std::shared_ptr<ShmMapping> theirs, DoorbellAddress doorbell)
+      : dealer(std::move(dealer)), events(events), theirs(std::move(theirs)), doorbell(doorbell) {}
 
   Mutex mu;  // serializes sends to this peer: numbers are taken in send order
   const std::unique_ptr<ZmqDealer> dealer PT_GUARDED_BY(mu);
+  ConnectionEvents* const events;            // the dealer's (thread-safe): read without mu
   const std::shared_ptr<ShmMapping> theirs;  // the peer's arena, mapped here (null: TCP)
   std::atomic<bool> maps_mine{false};        // the peer said it mapped our arena
   ShmSequence sequence GUARDED_BY(mu);       // shm_seq of messages to it (with theirs)
@@ -154,6 +156,7 @@ Status Van::Connect(int id, const std::string& host, int port, const ShmInfo* sh
   dopt.keys = options_.keys;
   dopt.encrypt = options_.encrypt;
   dopt.name = options_.name;
+  dopt.reconnect_interval_ms = options_.reconnect_interval_ms;
   ASSIGN_OR_RETURN(std::unique_ptr<ZmqDealer> dealer, ZmqDealer::Open(context_, dopt));
   Status connected = dealer->Connect(StrCat("tcp://", ip, ":", port));
   if (!connected.ok()) {
@@ -164,7 +167,8 @@ Status Van::Connect(int id, const std::string& host, int port, const ShmInfo* sh
     LOG(INFO) << options_.name << ": connected to " << NodeIdName(id) << " at " << host << ":"
               << port << (theirs != nullptr ? " (its shared memory mapped)" : "");
   }
-  auto peer = std::make_shared<Peer>(std::move(dealer), theirs, bell);
+  ConnectionEvents* events = dealer->events();
+  auto peer = std::make_shared<Peer>(std::move(dealer), events, theirs, bell);
   MutexLock l(&mu_);
   if (theirs != nullptr) inbox_.Add(id, theirs);
   // A replaced peer: what was queued for its old process is not for the new one.
@@ -176,8 +180,18 @@ Status Van::Connect(int id, const std::string& host, int port, const ShmInfo* sh
 ConnectionReport Van::DescribeConnection(int id) {
   std::shared_ptr<Peer> peer = FindPeer(id);
   if (peer == nullptr) return {ConnectionReport::kNone, "no connection was opened"};
-  MutexLock l(&peer->mu);
-  return peer->dealer->Describe();
+  // Not under peer->mu: a send blocked towards a gone peer holds it.
+  return peer->events->Report();
+}
+
+void Van::DrainConnectionEvents() {
+  std::vector<std::shared_ptr<Peer>> peers;
+  {
+    MutexLock l(&mu_);
+    peers.reserve(peers_.size());
+    for (const auto& [id, peer] : peers_) peers.push_back(peer);
+  }
+  for (const std::shared_ptr<Peer>& peer : peers) peer->events->Drain();
 }
 
 void Van::Rename(int from, int to) {
@@ -351,7 +365,15 @@ void Van::ReceiveLoop() {
   const int bell = doorbell_ != nullptr ? doorbell_->fd() : -1;
   zmq_pollitem_t items[2] = {{router_->socket(), 0, ZMQ_POLLIN, 0}, {nullptr, bell, ZMQ_POLLIN, 0}};
   const int num_items = bell >= 0 ? 2 : 1;
+  // Every connection's events are read a few times a second: unread, they
+  // would stop ZeroMQ's I/O thread (ConnectionEvents).
+  constexpr auto kEventsEvery = std::chrono::milliseconds(250);
+  auto events_due = std::chrono::steady_clock::now() + kEventsEvery;
   while (!stop_.load()) {
+    if (const auto now = std::chrono::steady_clock::now(); now >= events_due) {
+      DrainConnectionEvents();
+      events_due = now + kEventsEvery;
+    }
     const ShmInbox::Entries& inbound = inbox_.Current();
     const int me = self_id_.load();
     bool busy = false;

@@ -79,6 +79,9 @@ struct VanOptions {
   // This node's ZeroMQ routing id on every connection it opens (peers check
   // it against the sender a message claims; see ExpectRoute). Empty: ZeroMQ's.
   std::string routing_id;
+  // Milliseconds between ZeroMQ's attempts to reach a peer that cannot be
+  // reached; 0: ZeroMQ's default (100). Tests make retries come fast.
+  int reconnect_interval_ms = 0;
 };
 
 class Doorbell;
@@ -196,6 +199,8 @@ class Van {
   void Drop(const Message* msg, const std::string& why, int queue_owner = -1) EXCLUDES(mu_);
   // Receive thread: reads one message from the ROUTER; false when none was waiting.
   bool ReceiveOne();
+  // Receive thread: reads every connection's pending events (ConnectionEvents).
+  void DrainConnectionEvents() EXCLUDES(mu_);
 
   const VanOptions options_;
   const Handler handler_;

@@ -67,6 +67,10 @@ StatusOr<std::unique_ptr<ZmqDealer>> ZmqDealer::Open(void* context, const Dealer
                  sizeof(options.send_timeout_ms));
   int hwm = 100000;
   zmq_setsockopt(d->socket_, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+  if (options.reconnect_interval_ms > 0) {
+    zmq_setsockopt(d->socket_, ZMQ_RECONNECT_IVL, &options.reconnect_interval_ms,
+                   sizeof(options.reconnect_interval_ms));
+  }
   if (!options.routing_id.empty()) {
     zmq_setsockopt(d->socket_, ZMQ_ROUTING_ID, options.routing_id.data(),
                    options.routing_id.size());
@@ -93,35 +97,21 @@ StatusOr<std::unique_ptr<ZmqDealer>> ZmqDealer::Open(void* context, const Dealer
     }
   }
   // Connection events, so that a peer that cannot be reached can be told
-  // apart from one that refuses us or went away (Describe).
-  static std::atomic<uint64_t> monitors{0};
-  const std::string events = StrCat("inproc://peer-events-", reinterpret_cast<uintptr_t>(d.get()),
-                                    "-", monitors.fetch_add(1));
-  if (zmq_socket_monitor(d->socket_, events.c_str(),
-                         ZMQ_EVENT_CONNECTED | ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_DISCONNECTED |
-                             ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
-                             ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                             ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
-    d->monitor_ = zmq_socket(context, ZMQ_PAIR);
-    if (d->monitor_ != nullptr && zmq_connect(d->monitor_, events.c_str()) != 0) {
-      zmq_close(d->monitor_);
-      d->monitor_ = nullptr;
-    }
-    if (d->monitor_ == nullptr) zmq_socket_monitor(d->socket_, nullptr, 0);
-  }
+  // apart from one that refuses us or went away (ConnectionEvents::Report).
+  d->events_->Watch(context, d->socket_);
   return d;
 }
 
 ZmqDealer::~ZmqDealer() {
   if (socket_ != nullptr) {
-    if (monitor_ != nullptr) zmq_socket_monitor(socket_, nullptr, 0);
+    events_->Stop(socket_);
     zmq_close(socket_);
   }
-  if (monitor_ != nullptr) zmq_close(monitor_);
 }
 
 Status ZmqDealer::Connect(const std::string& address) {
   address_ = address;
+  events_->SetAddress(address);
   if (zmq_connect(socket_, address_.c_str()) != 0) return Status::IOError(ZmqError());
   return Status::Ok();
 }
@@ -159,7 +149,59 @@ bool ZmqDealer::SendBatchFrame(const std::vector<BatchEntry>& entries) {
   return true;
 }
 
-ConnectionReport ZmqDealer::Describe() {
+ConnectionEvents::~ConnectionEvents() {
+  MutexLock l(&mu_);
+  if (monitor_ != nullptr) zmq_close(monitor_);
+}
+
+bool ConnectionEvents::Watch(void* context, void* socket) {
+  static std::atomic<uint64_t> monitors{0};
+  const std::string events = StrCat("inproc://peer-events-", reinterpret_cast<uintptr_t>(this), "-",
+                                    monitors.fetch_add(1));
+  if (zmq_socket_monitor(socket, events.c_str(),
+                         ZMQ_EVENT_CONNECTED | ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_DISCONNECTED |
+                             ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0) {
+    return false;
+  }
+  void* pair = zmq_socket(context, ZMQ_PAIR);
+  if (pair != nullptr && zmq_connect(pair, events.c_str()) != 0) {
+    zmq_close(pair);
+    pair = nullptr;
+  }
+  if (pair == nullptr) {
+    zmq_socket_monitor(socket, nullptr, 0);
+    return false;
+  }
+  MutexLock l(&mu_);
+  monitor_ = pair;
+  return true;
+}
+
+void ConnectionEvents::Stop(void* socket) {
+  MutexLock l(&mu_);
+  if (monitor_ == nullptr) return;
+  // A full monitor holds ZeroMQ's I/O thread in its send, and with it the
+  // lock that stopping the monitor takes: make room first.
+  DrainLocked();
+  zmq_socket_monitor(socket, nullptr, 0);
+  DrainLocked();
+  zmq_close(monitor_);
+  monitor_ = nullptr;
+}
+
+void ConnectionEvents::SetAddress(const std::string& address) {
+  MutexLock l(&mu_);
+  address_ = address;
+}
+
+void ConnectionEvents::Drain() {
+  MutexLock l(&mu_);
+  DrainLocked();
+}
+
+void ConnectionEvents::DrainLocked() {
   // Each event: a frame of (uint16 event, uint32 value), then the address.
   for (int n = 0; monitor_ != nullptr && n < 100000; ++n) {
     zmq_msg_t f;
@@ -206,6 +248,11 @@ ConnectionReport ZmqDealer::Describe() {
         break;
     }
   }
+}
+
+ConnectionReport ConnectionEvents::Report() {
+  MutexLock l(&mu_);
+  DrainLocked();
   const std::string& at = address_;
   using R = ConnectionReport;
   if (up_ && handshake_ok_) return {R::kConnected, StrCat("connected to ", at)};

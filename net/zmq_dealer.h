@@ -13,7 +13,8 @@
 // (kBatchMagic, net/message.h).
 //
 // Threads: not thread-safe. The Van serializes every call on one dealer
-// with that peer's lock.
+// with that peer's lock; its ConnectionEvents (events()) may be used from any
+// thread.
 #ifndef PSTRAIN_NET_ZMQ_DEALER_H_
 #define PSTRAIN_NET_ZMQ_DEALER_H_
 
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "net/job_keys.h"
 #include "net/message.h"
@@ -45,12 +47,52 @@ struct ConnectionReport {
   std::string text;
 };
 
+// A dealer's connection events, read from ZeroMQ's monitor of its socket.
+// ZeroMQ's I/O thread hands each event over with a blocking send, and that
+// thread serves every socket of the context: events left unread (about 2,000,
+// 5 minutes of retries to a peer that stays away) stop the whole node, and
+// stopping the monitor then hangs. So the owner drains them regularly (the
+// Van's receive thread does, several times a second). Thread-safe.
+class ConnectionEvents {
+ public:
+  ConnectionEvents() = default;
+  ~ConnectionEvents();
+  ConnectionEvents(const ConnectionEvents&) = delete;
+  ConnectionEvents& operator=(const ConnectionEvents&) = delete;
+
+  // Starts monitoring `socket` (of `context`). False when ZeroMQ cannot
+  // (then no events are told, and Report only names the address).
+  bool Watch(void* context, void* socket) EXCLUDES(mu_);
+  // Drains the events, then stops the monitor. Before the socket is closed.
+  void Stop(void* socket) EXCLUDES(mu_);
+  void SetAddress(const std::string& address) EXCLUDES(mu_);
+  // Reads the events that arrived since the last call; never blocks.
+  void Drain() EXCLUDES(mu_);
+  // What the events told of the connection so far (draining first).
+  ConnectionReport Report() EXCLUDES(mu_);
+
+ private:
+  void DrainLocked() REQUIRES(mu_);
+
+  Mutex mu_;
+  void* monitor_ GUARDED_BY(mu_) = nullptr;  // a PAIR receiving the events (null: none)
+  std::string address_ GUARDED_BY(mu_);
+  int tcp_up_ GUARDED_BY(mu_) = 0;          // TCP connections made
+  int retries_ GUARDED_BY(mu_) = 0;         // reconnects scheduled (refused or lost)
+  int lost_ GUARDED_BY(mu_) = 0;            // connections lost
+  int auth_refused_ GUARDED_BY(mu_) = 0;    // handshakes the peer refused (not our key)
+  int other_failures_ GUARDED_BY(mu_) = 0;  // handshakes failed otherwise
+  bool up_ GUARDED_BY(mu_) = false;
+  bool handshake_ok_ GUARDED_BY(mu_) = false;
+};
+
 struct DealerOptions {
   int send_timeout_ms = 30000;          // a send blocked this long (peer gone) fails
   std::string routing_id;               // empty: ZeroMQ's
   std::shared_ptr<const JobKeys> keys;  // null: no security
   bool encrypt = true;                  // with keys: CURVE (true) or PLAIN
   std::string name = "node";            // for errors
+  int reconnect_interval_ms = 0;        // 0: ZeroMQ's default (VanOptions)
 };
 
 // One message of a batch frame: its serialized header (with
@@ -88,23 +130,16 @@ class ZmqDealer {
   // copied in. False when ZeroMQ did not take it (zmq_errno() says why).
   bool SendBatchFrame(const std::vector<BatchEntry>& entries);
 
-  // What ZeroMQ's events told of this connection so far.
-  ConnectionReport Describe();
+  // This connection's events; lives as long as the dealer, usable from any
+  // thread.
+  ConnectionEvents* events() const { return events_.get(); }
 
  private:
   ZmqDealer() = default;
 
   void* socket_ = nullptr;
-  void* monitor_ = nullptr;  // a PAIR receiving the socket's events (null: none)
   std::string address_;
-  // What the events told so far.
-  int tcp_up_ = 0;          // TCP connections made
-  int retries_ = 0;         // reconnects scheduled (after a refused or lost connection)
-  int lost_ = 0;            // connections lost
-  int auth_refused_ = 0;    // handshakes the peer refused (not our job's key)
-  int other_failures_ = 0;  // handshakes failed otherwise (security settings differ)
-  bool up_ = false;
-  bool handshake_ok_ = false;
+  const std::unique_ptr<ConnectionEvents> events_ = std::make_unique<ConnectionEvents>();
 };
 
 }  // namespace pstrain

@@ -354,6 +354,57 @@ TEST(ConnectionReportTest, RefusedUnansweredKeyRefusedAndConnectedAreToldApart) 
   }
 }
 
+// Found by review: ZeroMQ's I/O thread hands a dealer's connection events to
+// its monitor with a blocking send, and nothing read them after start-up: some
+// 2,000 retries to a peer that stays away (5 minutes at ZeroMQ's interval, a
+// worker lost under --worker-loss continue) filled the monitor and stopped
+// every socket of the node, and closing the dealer hung. Here the retries
+// come every millisecond.
+TEST(ConnectionReportTest, APeerThatStaysAwayDoesNotStopTheNodesOtherConnections) {
+  int dead_port = 0;
+  {
+    auto gone = TestVan("");
+    dead_port = gone->port();
+  }
+  std::atomic<int> received{0};
+  VanOptions vo;
+  vo.bind_host = "127.0.0.1";
+  vo.name = "receiver";
+  auto rx = Van::Create(vo, [&](Message&&) { ++received; });
+  ASSERT_OK(rx.status());
+  (*rx)->SetSelfId(8);
+  (*rx)->StartReceiving();
+  vo.name = "sender";
+  vo.reconnect_interval_ms = 1;
+  auto tx = Van::Create(vo, [](Message&&) {});
+  ASSERT_OK(tx.status());
+  (*tx)->SetSelfId(9);
+  (*tx)->StartReceiving();
+  ASSERT_OK((*tx)->Connect(1, "127.0.0.1", dead_port));
+  ASSERT_OK((*tx)->Connect(8, "127.0.0.1", (*rx)->port()));
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 70; ++i) {  // 7 s: thousands of retries
+    Message m;
+    m.header.set_version(PROTOCOL_VERSION_CURRENT);
+    m.header.set_cmd(CMD_HEARTBEAT);
+    m.header.set_sender(9);
+    m.header.set_receiver(8);
+    ASSERT_OK((*tx)->Send(8, m));
+    Deadline arrived = Deadline::InMillis(3000);
+    while (received.load() <= i && !arrived.Expired()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_GT(received.load(), i)
+        << "message " << i << " did not arrive: the node's sockets stopped after "
+        << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
+        << " s of retries";
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const ConnectionReport r = (*tx)->DescribeConnection(1);
+  EXPECT_EQ(r.kind, ConnectionReport::kRefused) << r.text;
+  tx->reset();  // the dealer's monitor is stopped without hanging
+}
+
 // A node whose scheduler is not there says so (not only that the table did
 // not come), within its start-up timeout.
 TEST(ConnectionReportTest, ANodeWhoseSchedulerIsNotThereSaysTheConnectionWasRefused) {

@@ -181,7 +181,7 @@ TEST(ZmqSocketsTest, BindingATakenPortNamesTheAddress) {
 ConnectionReport ReportAfter(ZmqDealer& d, ConnectionReport::Kind want) {
   ConnectionReport r;
   for (int i = 0; i < 300; ++i) {
-    r = d.Describe();
+    r = d.events()->Report();
     if (r.kind == want) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -248,7 +248,7 @@ TEST_P(ZmqSocketsSecurityTest, OnlyDealersHoldingTheJobsKeysGetThrough) {
   }
   EXPECT_GE((*router)->refused(), 2);
   EXPECT_TRUE(ReceiveWithin(**router, 300).empty());
-  ConnectionReport r = impostor->Describe();
+  ConnectionReport r = impostor->events()->Report();
   EXPECT_NE(r.kind, ConnectionReport::kConnected) << r.text;
 
   // With the job's keys: through.
