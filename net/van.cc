@@ -423,12 +423,15 @@ void Van::Drop(const Message* msg, const std::string& why, int queue_owner) {
   if (msg == nullptr) return;
   const PsHeader& h = msg->header;
   // Hand back the sender's shared-memory blocks that the message names but
-  // that were never resolved, so its ring is not stalled behind them.
+  // that were never resolved, so its ring is not stalled behind them. They
+  // are in the arena of the node whose queue it came through, whatever
+  // sender it claims (a forged one must not free another node's blocks; over
+  // ZeroMQ a forged sender's fields were stripped before).
   if (HasUnresolvedShmValues(h, msg->values.size())) {
     std::shared_ptr<ShmMapping> mapping;
     {
       MutexLock l(&mu_);
-      auto it = peers_.find(h.sender());
+      auto it = peers_.find(queue_owner >= 0 ? queue_owner : h.sender());
       if (it != peers_.end()) mapping = it->second->theirs;
     }
     ReleaseUnresolvedShmValues(h, msg->values.size(), mapping.get());

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/mutex.h"
+#include "net/shm_queue.h"
 #include "net/van.h"
 #include "tests/test_util.h"
 
@@ -459,6 +460,44 @@ TEST(VanShmTest, ForgedSharedMemoryDescriptorsAreDroppedAndTheVanKeepsServing) {
   EXPECT_EQ(p.b->dropped(), 5);
   EXPECT_EQ(p.a->arena()->ring_used_bytes(), 0u) << "the dropped message's block came back";
   zmq_ctx_term(ctx);
+  ASSERT_OK(p.a->Send(ServerId(0), DataMessage(WorkerId(0), ServerId(0), Floats(2000, 6.0f))));
+  Message ok = p.inbox_b.Next();
+  EXPECT_EQ(reinterpret_cast<const float*>(ok.values[0].data())[1999], 6.0f);
+}
+
+// Found by review: a message that a co-located node queued for b under
+// another node's name was dropped, but its shared-memory descriptors were
+// handed back in the arena of the node it claimed to be, freeing a block that
+// node still used. They belong to the queue's owner.
+TEST(VanShmTest, AQueuedMessageWithAForgedSenderFreesNothingOfTheClaimedSender) {
+  VanPair p;
+  VanOptions vo;
+  vo.bind_host = "127.0.0.1";
+  vo.shm_bytes = 1 << 20;
+  vo.name = "c";
+  auto c = Van::Create(vo, [](Message&&) {});
+  ASSERT_OK(c.status());
+  (*c)->SetSelfId(WorkerId(1));
+  (*c)->StartReceiving();
+  ASSERT_OK(p.b->Connect(WorkerId(1), "127.0.0.1", (*c)->port(), (*c)->shm_info()));
+  auto victim = (*c)->arena()->AllocateRing(16);
+  ASSERT_TRUE(victim.has_value());
+  const uint64_t used = (*c)->arena()->ring_used_bytes();
+  ASSERT_GT(used, 0u);
+  // a queues, in its own arena for b, a push that claims to be c's and names
+  // c's block.
+  Message forged = DataMessage(WorkerId(1), ServerId(0), Floats(4, 0.0f));
+  forged.header.add_shm_frame_offset(victim->offset);
+  forged.header.add_shm_frame_bytes(16);
+  forged.values.clear();
+  ASSERT_TRUE(EnqueueMessage(p.a->arena().get(), ServerId(0), forged.header.SerializeAsString(),
+                             forged, /*inline_values=*/false));
+  for (int i = 0; i < 200 && p.b->dropped() < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(p.b->dropped(), 1);
+  EXPECT_EQ((*c)->arena()->ring_used_bytes(), used) << "c's block was freed by a forged message";
+  // b goes on serving a.
   ASSERT_OK(p.a->Send(ServerId(0), DataMessage(WorkerId(0), ServerId(0), Floats(2000, 6.0f))));
   Message ok = p.inbox_b.Next();
   EXPECT_EQ(reinterpret_cast<const float*>(ok.values[0].data())[1999], 6.0f);
