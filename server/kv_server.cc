@@ -250,18 +250,23 @@ void KVServer::HandleWorkerLost(int id) {
   }
 }
 
+void KVServer::DropLostPushes(KeyState* ks) const {
+  auto gone = [this](const Op& op) { return lost_[op.worker()].load(); };
+  for (size_t w = 0; w < ks->in_round.size(); ++w) {
+    if (lost_[w].load()) ks->in_round[w] = 0;
+  }
+  const size_t before = ks->waiting.size();
+  ks->waiting.erase(std::remove_if(ks->waiting.begin(), ks->waiting.end(), gone),
+                    ks->waiting.end());
+  ks->merged -= static_cast<int>(before - ks->waiting.size());
+  ks->deferred.erase(std::remove_if(ks->deferred.begin(), ks->deferred.end(), gone),
+                     ks->deferred.end());
+}
+
 void KVServer::RemoveLost(Shard* shard) {
   for (auto& [wire, ks] : shard->keys) {
     if (ks.in_round.empty()) continue;
-    auto gone = [this](const Op& op) { return lost_[op.worker()].load(); };
-    for (size_t w = 0; w < ks.in_round.size(); ++w) {
-      if (lost_[w].load()) ks.in_round[w] = 0;
-    }
-    const size_t before = ks.waiting.size();
-    ks.waiting.erase(std::remove_if(ks.waiting.begin(), ks.waiting.end(), gone), ks.waiting.end());
-    ks.merged -= static_cast<int>(before - ks.waiting.size());
-    ks.deferred.erase(std::remove_if(ks.deferred.begin(), ks.deferred.end(), gone),
-                      ks.deferred.end());
+    DropLostPushes(&ks);
     if (ks.merged > 0 && ks.merged >= live_workers_.load()) {
       // Complete now: the last push runs again and closes the round.
       Op last = ks.waiting.back();
@@ -865,6 +870,10 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   ++ks->merged;
   ks->in_round[op.worker()] = 1;
   ks->waiting.push_back(op);
+  // A worker lost since its push was held: its push is not summed, also
+  // where this shard has not run RemoveLost yet (the receive thread runs a
+  // small push at once, and the loss lowered `live` already).
+  if (live < num_workers) DropLostPushes(ks);
   if (ks->merged < live) return;
   // Summed in worker-rank order, whatever the arrival order: a deterministic
   // job gives the same bits every time (and after a server's recovery).

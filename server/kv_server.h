@@ -99,6 +99,8 @@ class KVServer {
   void HandleWorkerLost(int id);
   // Shard (busy): drops lost workers' pushes and closes the rounds now complete.
   void RemoveLost(Shard* shard);
+  // Shard (busy): leaves lost workers' pushes out of `ks`'s round and deferred ones.
+  void DropLostPushes(KeyState* ks) const;
   // The optimizer of `cfg` for the workers left (rescaled when some are lost).
   StatusOr<std::shared_ptr<Optimizer>> MakeOptimizer(const ServerConfig& cfg) const;
   void HandleConfig(const Message& msg);
