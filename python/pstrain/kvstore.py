@@ -492,13 +492,36 @@ class _Group(Handle):
         self._finished = self._error is None
 
 
+# What the script passed to sys.exit, if it called it. An exit handler cannot
+# see the process's exit code, and SystemExit sets no sys.last_value: without
+# this, a worker that called sys.exit(3) mid-training closed its store as a
+# finished worker and waited for the job's end, while the other workers waited
+# for its gradients (the job hung until a timeout). (`raise SystemExit(3)`
+# itself is not seen: inside `with kv:` it fails the job too.)
+_exit_status = []
+_sys_exit = sys.exit
+
+
+def _noting_exit(status=None):
+    _exit_status[:] = [status]
+    _sys_exit(status)
+
+
+_noting_exit.__doc__ = _sys_exit.__doc__
+sys.exit = _noting_exit
+
+
 def _close_at_exit():
     failure = getattr(sys, "last_value", None)  # the script died of this exception
+    status = _exit_status[0] if _exit_status else None
     for kv in list(_OPEN):
         if kv._closed:
             continue
         if failure is not None:
             kv._fail("the worker's script raised %s: %s" % (type(failure).__name__, failure))
+            continue
+        if status is not None and status != 0:
+            kv._fail("the worker's script called sys.exit(%r)" % (status,))
             continue
         try:
             kv.close()

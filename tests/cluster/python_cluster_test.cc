@@ -186,6 +186,22 @@ std::unique_ptr<testing::LoggedProcess> PyProc(const std::string& script,
       std::vector<std::string>{PythonExecutable(), script}, env, log);
 }
 
+// A worker whose script calls sys.exit(3) mid-training fails the job at once,
+// named with its exit (it once closed its store as a finished worker and the
+// job hung until the barrier timeout, the other worker waiting for its pushes).
+TEST_F(PythonClusterTest, AWorkerThatCallsSysExitFailsTheJobAtOnce) {
+  TempDir logs;
+  const auto start = std::chrono::steady_clock::now();
+  auto run = Launch(2, 1, logs.path(), {PythonScript("early_exit.py")}, 90000);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  EXPECT_LT(seconds, 30.0) << run.output;
+  EXPECT_NE(run.output.find("worker-1"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("sys.exit(3)"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("no error within 120 s"), std::string::npos) << run.output;
+}
+
 // A server killed mid-training: every worker's pending request raises
 // pstrain.Error naming the server within the heartbeat timeout, the scripts
 // die of it (non-zero), and nothing is left running. The timeout is 4 s: at
