@@ -39,6 +39,7 @@ class Reader {
     return Status::Ok();
   }
   size_t pos() const { return pos_; }
+  size_t left() const { return bytes_.size() - pos_; }
   void Rewind(size_t n) { pos_ -= n; }
 
  private:
@@ -96,6 +97,12 @@ Status ReadArray(Reader* r, MeanImage* out, bool* is_float) {
   if (type_flag < 0 || type_flag > 6) return r->Corrupt(StrCat("unknown type flag ", type_flag));
   *is_float = type_flag == kFloat32;
   if (!*is_float) return r->SkipBytes(static_cast<size_t>(count) * kTypeSize[type_flag], "data");
+  // The file must hold the data before it is allocated (a header of a few
+  // bytes may claim 2^31 floats).
+  if (static_cast<uint64_t>(count) * 4 > r->left()) {
+    return r->Corrupt(StrCat("the array claims ", count, " floats but the file holds ", r->left(),
+                             " more bytes"));
+  }
   out->data.resize(static_cast<size_t>(count));
   return r->ReadBytes(out->data.data(), out->data.size() * 4, "data");
 }

@@ -109,7 +109,30 @@ TEST_F(ImageMeanTest, CorruptFilesNameFileAndOffset) {
   auto truncated = LoadMeanImage(path_);
   ASSERT_FALSE(truncated.ok());
   EXPECT_EQ(truncated.status().code(), StatusCode::kCorruption);
-  EXPECT_THAT(truncated.status().message(), HasSubstr("file ends inside the data"));
+  EXPECT_THAT(truncated.status().message(),
+              HasSubstr("the array claims 16 floats but the file holds"));
+}
+
+// Found by review: a 56-byte file claiming 2^31 floats made the reader
+// allocate (and zero) 8 GiB before it found the data missing.
+TEST_F(ImageMeanTest, AHeaderClaimingMoreThanTheFileHoldsAllocatesNothing) {
+  std::string s;
+  Put<uint64_t>(&s, 0x112);
+  Put<uint64_t>(&s, 0);
+  Put<uint64_t>(&s, 1);
+  Put<uint32_t>(&s, 0xF993FAC9);
+  Put<int32_t>(&s, 0);
+  Put<uint32_t>(&s, 1);
+  Put<int64_t>(&s, int64_t{1} << 31);
+  Put<int32_t>(&s, 1);
+  Put<int32_t>(&s, 0);
+  Put<int32_t>(&s, 0);  // float32, and no data
+  Write(s);
+  auto bad = LoadMeanImage(path_);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kCorruption);
+  EXPECT_THAT(bad.status().message(),
+              HasSubstr(path_ + ":56: the array claims 2147483648 floats but the file holds 0"));
 }
 
 }  // namespace
