@@ -183,6 +183,12 @@ size_t OnBody(char* data, size_t size, size_t count, void* user) {
     if (!CheckHead(t, http)) return 0;
     t->head_checked = true;
   }
+  // A response without a length (or with a wrong one) is stopped at the
+  // file's size, not written to the disk until it ends.
+  if (t->expected > 0 && t->offset + t->written + static_cast<int64_t>(n) > t->expected) {
+    t->error = StrCat("the server sent more than the ", t->expected, " bytes the file has");
+    return 0;
+  }
   size_t done = 0;
   while (done < n) {
     ssize_t w = ::write(t->fd, data + done, n - done);

@@ -30,14 +30,15 @@ namespace pstrain::testing {
 class TestHttpServer {
  public:
   enum class Mode {
-    kServe,         // 200, or 206 for a Range "bytes=S-" / "bytes=S-E"; 416 past the end
-    kNotFound,      // 404
-    kServerError,   // 500
-    kCutAfter,      // as kServe, but the connection closes after `n` body bytes
-    kCorrupt,       // as kServe, with the byte at file offset `n` flipped
-    kStall,         // as kServe, but after `n` body bytes nothing more is sent
-    kIgnoreRange,   // always 200 with the whole file
-    kTruncatedFile  // the server's copy is only the first `n` bytes (honest lengths)
+    kServe,          // 200, or 206 for a Range "bytes=S-" / "bytes=S-E"; 416 past the end
+    kNotFound,       // 404
+    kServerError,    // 500
+    kCutAfter,       // as kServe, but the connection closes after `n` body bytes
+    kCorrupt,        // as kServe, with the byte at file offset `n` flipped
+    kStall,          // as kServe, but after `n` body bytes nothing more is sent
+    kIgnoreRange,    // always 200 with the whole file
+    kTruncatedFile,  // the server's copy is only the first `n` bytes (honest lengths)
+    kEndless         // 200 without a Content-Length: the file, then `n` bytes more
   };
   struct Rule {
     Mode mode = Mode::kServe;
@@ -226,6 +227,18 @@ class TestHttpServer {
         return;
       }
       partial = true;
+    }
+    if (rule.mode == Mode::kEndless) {
+      // No length and no end in sight: only the client can stop it.
+      std::string head =
+          "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+          "Connection: close\r\n\r\n";
+      if (!SendAll(fd, head.data(), head.size()) || !SendAll(fd, body.data(), body.size())) return;
+      const std::string more(65536, 'x');
+      for (int64_t sent = 0; sent < rule.n && !stop_; sent += static_cast<int64_t>(more.size())) {
+        if (!SendAll(fd, more.data(), more.size())) return;
+      }
+      return;
     }
     const int64_t length = end - start + 1;
     std::string h = partial ? "HTTP/1.1 206 Partial Content\r\n" : "HTTP/1.1 200 OK\r\n";

@@ -222,6 +222,22 @@ TEST_F(DatasetFetchTest, ATruncatedFileOnAMirrorIsNotAccepted) {
   ASSERT_OK(again.status());
 }
 
+// Found by review: a response without a length was written to the .part file
+// until it ended (a mirror, or anyone on a plain-http path, could fill the
+// disk); only then did the size check fail. Now it stops at the file's size.
+TEST_F(DatasetFetchTest, AResponseLongerThanTheFileIsStoppedAtItsSize) {
+  server_.SetRule("endless", {Mode::kEndless, int64_t{1} << 30});
+  auto r = FetchFile(Spec({server_.Url("endless")}, kLabels, kLabelsSize, kLabelsSha), options_);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("sent more than the 28881 bytes the file has"),
+            std::string::npos)
+      << r.status();
+  EXPECT_FALSE(fs::exists(dir_ + "/" + kLabels));
+  for (const auto& e : fs::directory_iterator(dir_)) {
+    EXPECT_LE(static_cast<int64_t>(fs::file_size(e.path())), kLabelsSize) << e.path();
+  }
+}
+
 // Unknown size: the digest alone must catch a short file.
 TEST_F(DatasetFetchTest, ATruncatedFileOfUnknownSizeFailsItsDigest) {
   server_.SetRule("short", {Mode::kTruncatedFile, 20000});
