@@ -20,6 +20,15 @@ StatusOr<std::vector<Host>> ParseHostList(const std::string& text, const std::st
     Host h;
     std::string where = StrCat(origin, ":", lineno);
     std::string port;
+    // "user@" first, so that "me@[::1]:2222" is a user on an IPv6 host.
+    std::string user;
+    if (const size_t at = word.find('@'); word[0] != '[' && at != std::string::npos) {
+      user = word.substr(0, at + 1);
+      word = word.substr(at + 1);
+      if (word.empty()) {
+        return Status::InvalidArgument(StrCat(where, ": no host after '", user, "'"));
+      }
+    }
     if (word[0] == '[') {
       size_t close = word.find(']');
       if (close == std::string::npos) {
@@ -38,9 +47,10 @@ StatusOr<std::vector<Host>> ParseHostList(const std::string& text, const std::st
       h.name = word.substr(0, colon);
       if (colon != std::string::npos) port = word.substr(colon + 1);
     }
-    if (h.name.empty() || h.name[0] == '-') {
-      return Status::InvalidArgument(StrCat(where, ": bad host name '", h.name, "'"));
+    if (h.name.empty() || h.name[0] == '-' || user.rfind('-', 0) == 0) {
+      return Status::InvalidArgument(StrCat(where, ": bad host name '", user, h.name, "'"));
     }
+    h.name = user + h.name;
     if (!port.empty() || word.back() == ':') {
       char* end = nullptr;
       long p = std::strtol(port.c_str(), &end, 10);

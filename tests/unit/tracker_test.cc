@@ -57,6 +57,20 @@ TEST(HostFileTest, HostsPortsCommentsAndErrors) {
   EXPECT_EQ((*hosts)[2].port, 23);
   EXPECT_EQ((*hosts)[3].name, "10.0.0.7");
 
+  // A user on an IPv6 host (found by review: "port ':1]:2222' of host 'me@['").
+  auto users = ParseHostList("me@[::1]:2222\nyou@node3:24\nthem@node4\n", "hosts");
+  ASSERT_OK(users.status());
+  ASSERT_EQ(users->size(), 3u);
+  EXPECT_EQ((*users)[0].name, "me@::1");
+  EXPECT_EQ((*users)[0].address(), "::1");
+  EXPECT_EQ((*users)[0].port, 2222);
+  EXPECT_EQ((*users)[1].name, "you@node3");
+  EXPECT_EQ((*users)[1].port, 24);
+  EXPECT_EQ((*users)[2].name, "them@node4");
+  EXPECT_EQ((*users)[2].port, 22);
+  EXPECT_FALSE(ParseHostList("me@\n", "h").ok());
+  EXPECT_FALSE(ParseHostList("-oX@node\n", "h").ok());
+
   auto bad = ParseHostList("a\nb:99999\n", "my_hosts");
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("my_hosts:2"), std::string::npos) << bad.status();
