@@ -38,7 +38,8 @@ class TestHttpServer {
     kStall,          // as kServe, but after `n` body bytes nothing more is sent
     kIgnoreRange,    // always 200 with the whole file
     kTruncatedFile,  // the server's copy is only the first `n` bytes (honest lengths)
-    kEndless         // 200 without a Content-Length: the file, then `n` bytes more
+    kEndless,        // 200 without a Content-Length: the file, then `n` bytes more
+    kSlow            // as kServe, pausing 3 s after each `n` body bytes
   };
   struct Rule {
     Mode mode = Mode::kServe;
@@ -253,6 +254,14 @@ class TestHttpServer {
     int64_t send = length;
     if (rule.mode == Mode::kCutAfter || rule.mode == Mode::kStall) {
       send = std::min<int64_t>(length, rule.n);
+    }
+    if (rule.mode == Mode::kSlow && rule.n > 0) {
+      for (int64_t at = 0; at < send && !stop_; at += rule.n) {
+        const int64_t piece = std::min<int64_t>(rule.n, send - at);
+        if (!SendAll(fd, body.data() + start + at, static_cast<size_t>(piece))) return;
+        if (at + piece < send) std::this_thread::sleep_for(std::chrono::seconds(3));
+      }
+      return;
     }
     if (!SendAll(fd, body.data() + start, static_cast<size_t>(send))) return;
     if (rule.mode == Mode::kStall) {

@@ -112,14 +112,25 @@ int RunTrain(int argc, char** argv) {
     return 2;
   }
   TrainLog log;
-  if (!cfg->dataset().empty() && cfg->benchmark() == 0) {
-    Status s = ResolveDataset(&*cfg, &log);
-    if (!s.ok()) return Fail("", s);
+  // Locates the data set (fetching what is missing) and logs the arguments. A
+  // worker of a cluster does so once it has joined, as MXNet's fit.py creates
+  // the kvstore before the data: a download longer than the scheduler's
+  // start-up timeout does not fail the job, and heartbeats go on meanwhile.
+  auto prepare = [&]() -> Status {
+    if (!cfg->dataset().empty() && cfg->benchmark() == 0) {
+      RETURN_IF_ERROR(ResolveDataset(&*cfg, &log));
+    }
+    std::string text = EffectiveConfigText(*cfg);
+    std::string one_line;
+    for (char c : text) one_line += c == '\n' ? std::string("; ") : std::string(1, c);
+    log.Info("start with arguments " + one_line);
+    return Status::Ok();
+  };
+  // dist_sync, dist_async, dist_device_sync, ...: a worker of a cluster.
+  const bool dist = cfg->kv_store().find("dist") != std::string::npos;
+  if (!dist) {
+    if (Status s = prepare(); !s.ok()) return Fail("", s);
   }
-  std::string text = EffectiveConfigText(*cfg);
-  std::string one_line;
-  for (char c : text) one_line += c == '\n' ? std::string("; ") : std::string(1, c);
-  log.Info("start with arguments " + one_line);
   TrainerEnv env;
   env.log = &log;
   env.build_model = BuildModel;
@@ -131,11 +142,20 @@ int RunTrain(int argc, char** argv) {
     env.open_data = [&c](int rank, int num_workers) { return OpenImageData(c, rank, num_workers); };
   }
 
-  // dist_sync, dist_async, dist_device_sync, ...: a worker of a cluster.
-  const bool dist = cfg->kv_store().find("dist") != std::string::npos;
   std::unique_ptr<ClusterNode> node;
   std::unique_ptr<KVClient> kv;
   JobEnv job;
+  auto fail_job = [&](const char* what, const Status& s) {
+    if (node != nullptr) {
+      node->Fail(s);  // the others learn of it at once
+      // The requests the failure abandoned may still be read (ZeroMQ's
+      // frames, sent as the sockets close) or written (replies) until the
+      // node stops (kv_client.h): stop it while their buffers, the trainer's
+      // (pinned host memory on a GPU), still exist.
+      node->Stop();
+    }
+    return Fail(what, s);
+  };
   if (dist) {
     auto read = ReadClusterEnv();
     if (!read.ok()) return Fail("", read.status());
@@ -147,6 +167,7 @@ int RunTrain(int argc, char** argv) {
     kv = std::make_unique<KVClient>(node.get(), KVClientOptionsFromJobEnv(job));
     Status s = kv->Start();
     if (!s.ok()) return Fail("joining the cluster: ", s);
+    if (s = prepare(); !s.ok()) return fail_job("", s);
     env.rank = kv->rank();
     env.num_workers = kv->num_workers();
     const bool sync_mode = cfg->kv_store().find("async") == std::string::npos;
@@ -161,17 +182,6 @@ int RunTrain(int argc, char** argv) {
     };
   }
 
-  auto fail_job = [&](const char* what, const Status& s) {
-    if (node != nullptr) {
-      node->Fail(s);  // the others learn of it at once
-      // The requests the failure abandoned may still be read (ZeroMQ's
-      // frames, sent as the sockets close) or written (replies) until the
-      // node stops (kv_client.h): stop it while their buffers, the trainer's
-      // (pinned host memory on a GPU), still exist.
-      node->Stop();
-    }
-    return Fail(what, s);
-  };
   auto trainer = Trainer::Create(*cfg, env);
   if (!trainer.ok()) return fail_job("", trainer.status());
   Status s = (*trainer)->Run();

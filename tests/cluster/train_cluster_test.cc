@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -14,6 +15,7 @@
 
 #include "common/env.h"
 #include "logtools/log_table.h"
+#include "tests/http_test_server.h"
 #include "tests/test_util.h"
 #include "tracker/process.h"
 
@@ -112,6 +114,62 @@ void TrainMlpDistributed(const std::string& kv_store, int servers, const std::st
     EXPECT_GT(val.back(), min_accuracy) << log_path << ":\n" << log;
     EXPECT_EQ(MetricValues(log, "Train-accuracy").size(), 2u) << log;
   }
+}
+
+// A worker whose data set is fetched for longer than the scheduler's start-up
+// timeout joins first and fetches then (as MXNet's fit.py creates the kvstore
+// before the data), so the job trains; it once fetched first and the job
+// failed with "startup timed out ... 0/1 workers".
+TEST(TrainClusterTest, AWorkerFetchesItsDataAfterJoiningTheJob) {
+  testing::TestHttpServer server;
+  const std::string mnist = SharedDataDir() + "/mnist/";
+  for (const char* f : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                        "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
+    ASSERT_TRUE(server.AddFileFrom(f, mnist + f)) << mnist + f;
+  }
+  // The 9.9 MB training images in three pieces, 3 s apart: 6 s or more.
+  server.SetRule("slow", {testing::TestHttpServer::Mode::kSlow, 4 << 20});
+  ASSERT_TRUE(server.Start());
+  TempDir logs, data;
+  const auto start = std::chrono::steady_clock::now();
+  CmdRun run = RunPstrain({"launch",
+                           "-n",
+                           "1",
+                           "-s",
+                           "1",
+                           "--launcher",
+                           "local",
+                           "--log-dir",
+                           logs.path(),
+                           "--",
+                           PstrainBinary(),
+                           "train",
+                           "--network",
+                           "mlp",
+                           "--kv-store",
+                           "dist_sync",
+                           "--dataset",
+                           "mnist",
+                           "--data-dir",
+                           data.Sub("mnist"),
+                           "--num-examples",
+                           "2000",
+                           "--num-epochs",
+                           "1",
+                           "--batch-size",
+                           "100"},
+                          120000,
+                          {{"PSTRAIN_STARTUP_TIMEOUT_MS", "4000"},
+                           {"PSTRAIN_DATA", ""},
+                           {"PSTRAIN_DATA_MIRRORS", server.Url("slow")}});
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  server.Stop();
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_GT(seconds, 6.0) << "the fetch was not slower than the start-up timeout";
+  const std::string log = ReadFile(logs.path() + "/worker-0.log");
+  EXPECT_NE(log.find("sha256 ok"), std::string::npos) << log;
+  EXPECT_EQ(MetricValues(log, "Validation-accuracy").size(), 1u) << log;
 }
 
 TEST(TrainClusterTest, DistSyncTrainingLearns) { TrainMlpDistributed("dist_sync", 1, "0.1", 0.88); }
