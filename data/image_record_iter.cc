@@ -79,15 +79,28 @@ Status ImageRecordIter::OpenRecordFile() {
   part_end_ = range.second;
   if (!config_.path_imgidx.empty()) {
     ASSIGN_OR_RETURN(std::vector<RecordIndexEntry> idx, ReadRecordIndex(config_.path_imgidx));
+    std::vector<uint64_t> all;
+    all.reserve(idx.size());
     for (const RecordIndexEntry& e : idx) {
       if (e.offset >= file_->size()) {
         return Status::Corruption(StrCat(config_.path_imgidx, ": key ", e.key, " has offset ",
                                          e.offset, " past the end of ", config_.path_imgrec, " (",
                                          file_->size(), " bytes)"));
       }
-      if (e.offset >= range.first && e.offset < range.second) offsets_.push_back(e.offset);
+      all.push_back(e.offset);
     }
-    std::sort(offsets_.begin(), offsets_.end());
+    // A record listed twice is read once.
+    std::sort(all.begin(), all.end());
+    all.erase(std::unique(all.begin(), all.end()), all.end());
+    // By count, as dmlc's indexed RecordIO splitter that MXNet uses with a
+    // .idx: parts of ceil(N / P) records, the last ones shorter (or empty).
+    const uint64_t step = (all.size() + config_.num_parts - 1) / config_.num_parts;
+    const uint64_t first = std::min<uint64_t>(step * config_.part_index, all.size());
+    const uint64_t last = std::min<uint64_t>(first + step, all.size());
+    offsets_.assign(all.begin() + static_cast<std::ptrdiff_t>(first),
+                    all.begin() + static_cast<std::ptrdiff_t>(last));
+    part_begin_ = first < last ? offsets_.front() : 0;
+    part_end_ = last < all.size() ? all[last] : file_->size();
   } else {
     ASSIGN_OR_RETURN(offsets_, file_->ScanRecordStarts(range.first, range.second));
   }

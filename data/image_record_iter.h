@@ -1,12 +1,13 @@
 // ImageRecordIter: MXNet's ImageRecordIter over a RecordIO file of image
 // records, behind the DataIter interface.
 //
-// The iterator reads part `part_index` of `num_parts` of the .rec file (the
-// records that start in that byte range, as MXNet splits a file among
-// workers; with a .idx the offsets come from it, else from one scan of the
-// record headers). Instead of a .rec it can read an image folder through a
-// .lst file (path_imglist + path_root, like MXNet's ImageIter); part p of P
-// then holds list entries [N*p/P, N*(p+1)/P). A pool of `preprocess_threads` threads decodes and
+// The iterator reads part `part_index` of `num_parts` of the .rec file. Without
+// a .idx: the records that start in that part of its bytes, found by one scan
+// of the record headers (as MXNet's RecordIO splitter). With a .idx: the
+// records listed there, split by count as MXNet's indexed splitter does
+// (parts of ceil(N/P) records in file order, the last ones shorter). Instead of a .rec it can read
+// an image folder through a .lst file (path_imglist + path_root, like MXNet's ImageIter); part p of
+// P then holds list entries [N*p/P, N*(p+1)/P). A pool of `preprocess_threads` threads decodes and
 // augments whole batches ahead of the consumer, into at most max(prefetch_buffer,
 // preprocess_threads) batch buffers; Next() hands batches over in order by
 // swapping buffers (no copy) and returns the caller's old buffers to the pool.

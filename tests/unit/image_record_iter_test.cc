@@ -195,11 +195,29 @@ TEST_F(ImageRecordIterTest, PartsSplitTheExamplesExactlyOnce) {
       std::vector<int64_t> ids = ReadPass(it->get());
       EXPECT_EQ(static_cast<int64_t>(ids.size()), (*it)->num_examples());
       EXPECT_GT(ids.size(), 40u) << "parts are about equal in bytes";
+      if (use_idx) {
+        // By count, as dmlc's indexed splitter: ceil(257/4) = 65 per part in
+        // file order, the last 62.
+        std::set<int64_t> mine(ids.begin(), ids.end());
+        ASSERT_EQ(mine.size(), part < 3 ? 65u : 62u) << "part " << part;
+        EXPECT_EQ(*mine.begin(), 65 * part);
+        EXPECT_EQ(*mine.rbegin(), std::min(65 * part + 64, 256));
+      }
       seen.insert(ids.begin(), ids.end());
     }
     ASSERT_EQ(seen.size(), 257u);
     for (int i = 0; i < 257; ++i) EXPECT_EQ(seen.count(i), 1u) << "example " << i;
   }
+  // A record listed twice in the .idx is read once.
+  auto idx = ReadRecordIndex(Path("p.idx"));
+  ASSERT_OK(idx.status());
+  idx->push_back((*idx)[3]);
+  ASSERT_OK(WriteRecordIndex(Path("twice.idx"), *idx));
+  ImageRecordIterConfig cfg = Config("p", 10);
+  cfg.path_imgidx = Path("twice.idx");
+  auto it = ImageRecordIter::Create(cfg);
+  ASSERT_OK(it.status());
+  EXPECT_EQ((*it)->num_examples(), 257);
 }
 
 TEST_F(ImageRecordIterTest, MultiLabelRecords) {
