@@ -1,5 +1,6 @@
 #include "tracker/process.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -11,6 +12,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 
 #include "common/deadline.h"
 #include "common/fd_io.h"
@@ -156,7 +160,7 @@ bool Subprocess::WriteStdin(const std::string& data) {
   return ok;
 }
 
-bool Subprocess::Poll() {
+bool Subprocess::Poll(bool wait_for_group) {
   if (exited_) return true;
   // WNOWAIT: an exited child stays a zombie, holding its pid and so its
   // group's id, while what it left in its group is killed; only then is it
@@ -171,7 +175,8 @@ bool Subprocess::Poll() {
     return exited_;
   }
   if (info.si_pid != pid_) return false;  // still running
-  kill(-pid_, SIGKILL);                   // ESRCH when the group is empty
+  if (wait_for_group && GroupHasLiveProcess(pid_, pid_)) return false;
+  kill(-pid_, SIGKILL);  // ESRCH when the group is empty
   int status = 0;
   pid_t r;
   do {
@@ -250,6 +255,50 @@ Status RunAndCapture(const std::vector<std::string>& argv,
   }
   *wait_status = p->wait_status();
   return Status::Ok();
+}
+
+bool ReadProcStat(int pid, char* state, int* pgrp) {
+  std::ifstream stat(StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t paren = line.rfind(") ");
+  if (paren == std::string::npos) return false;
+  int ppid = 0;
+  return std::sscanf(line.c_str() + paren + 2, "%c %d %d", state, &ppid, pgrp) == 3;
+}
+
+namespace {
+
+// Whether a process of group `pgid` other than `except` is in a state that
+// `match` accepts; true when /proc cannot be read.
+template <typename Match>
+bool GroupHas(int pgid, int except, Match match) {
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return true;  // cannot tell: assume one is
+  bool found = false;
+  while (const dirent* e = readdir(proc)) {
+    char* end = nullptr;
+    const long pid = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || pid == except) continue;
+    char state = 0;
+    int pgrp = 0;
+    if (ReadProcStat(static_cast<int>(pid), &state, &pgrp) && pgrp == pgid && match(state)) {
+      found = true;
+      break;
+    }
+  }
+  closedir(proc);
+  return found;
+}
+
+}  // namespace
+
+bool GroupHasStoppedProcess(int pgid) {
+  return GroupHas(pgid, -1, [](char state) { return state == 'T'; });
+}
+
+bool GroupHasLiveProcess(int pgid, int except) {
+  return GroupHas(pgid, except, [](char state) { return state != 'Z' && state != 'X'; });
 }
 
 std::string SignalName(int sig) {

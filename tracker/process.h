@@ -55,8 +55,11 @@ class Subprocess {
 
   // Reaps the child without blocking; true once it has exited. What the child
   // left running in its process group is killed (SIGKILL) before it is
-  // reaped: a job's process takes the helpers it started with it.
-  bool Poll();
+  // reaped: a job's process takes the helpers it started with it. With
+  // `wait_for_group` (while a job is stopping, its processes given time to
+  // end) an exited child whose group still runs is left unreaped, so that the
+  // group can still be signalled: false until the rest has ended.
+  bool Poll(bool wait_for_group = false);
   bool exited() const { return exited_; }
   // The raw waitpid status. REQUIRES: exited().
   int wait_status() const { return wait_status_; }
@@ -92,6 +95,16 @@ Status RunAndCapture(const std::vector<std::string>& argv,
 
 // "SIGINT" for 2; "signal 99" for a number without a name.
 std::string SignalName(int sig);
+
+// A process's state ('R', 'S', 'T', 'Z', ...) and process group, from
+// /proc/PID/stat; false when it is gone.
+bool ReadProcStat(int pid, char* state, int* pgrp);
+// Whether a process of process group `pgid` is stopped (SIGSTOP, SIGTSTP);
+// true when /proc cannot be read.
+bool GroupHasStoppedProcess(int pgid);
+// Whether a process of group `pgid` other than `except` runs (a zombie does
+// not count); true when /proc cannot be read.
+bool GroupHasLiveProcess(int pgid, int except);
 
 }  // namespace pstrain::tracker
 

@@ -27,38 +27,6 @@ namespace {
 constexpr size_t kMaxLine = 64 * 1024;  // a longer "line" is cut and forwarded in pieces
 constexpr int kDrainMs = 1000;          // output still arriving after every process exited
 
-// /proc/PID/stat after the command's ")": state, parent, process group, ...
-// False when the process is gone.
-bool ReadProcStat(int pid, char* state, int* pgrp) {
-  std::ifstream stat(StrCat("/proc/", pid, "/stat"));
-  std::string line;
-  if (!std::getline(stat, line)) return false;
-  const size_t paren = line.rfind(") ");
-  if (paren == std::string::npos) return false;
-  int ppid = 0;
-  return std::sscanf(line.c_str() + paren + 2, "%c %d %d", state, &ppid, pgrp) == 3;
-}
-
-// Whether a process of process group `pgid` is stopped (SIGSTOP, SIGTSTP).
-bool GroupHasStoppedProcess(int pgid) {
-  DIR* proc = opendir("/proc");
-  if (proc == nullptr) return true;  // cannot tell: assume one is
-  bool stopped = false;
-  while (const dirent* e = readdir(proc)) {
-    char* end = nullptr;
-    const long pid = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0') continue;
-    char state = 0;
-    int pgrp = 0;
-    if (ReadProcStat(static_cast<int>(pid), &state, &pgrp) && pgrp == pgid && state == 'T') {
-      stopped = true;
-      break;
-    }
-  }
-  closedir(proc);
-  return stopped;
-}
-
 Status MakeDirs(const std::string& path) {
   std::string partial;
   size_t pos = 0;
@@ -540,7 +508,11 @@ class Job {
     for (size_t i = 0; i < running_.size(); ++i) {
       Running& r = running_[i];
       if (r.proc->exited()) continue;
-      if (!r.proc->Poll()) {
+      // While stopping, a process whose group still runs is not reaped: the
+      // rest of the group keeps its grace (a non-exec'ing wrapper script
+      // dies of the SIGTERM at once, its command saving a checkpoint does
+      // not) until Escalate's SIGKILL.
+      if (!r.proc->Poll(/*wait_for_group=*/stopping_)) {
         all = false;
         continue;
       }
@@ -597,7 +569,7 @@ class Job {
   void WaitAllExited(Deadline deadline) {
     while (!deadline.Expired()) {
       bool all = true;
-      for (Running& r : running_) all = r.proc->Poll() && all;
+      for (Running& r : running_) all = r.proc->Poll(/*wait_for_group=*/true) && all;
       if (all) return;
       usleep(20000);
     }
@@ -628,7 +600,8 @@ class Job {
         }
       }
     }
-    // Output written just before the exits, or by processes the job left behind.
+    // Output written just before the exits, or by processes that escaped their
+    // group (Poll kills what a process leaves in it).
     Deadline drain = Deadline::InMillis(kDrainMs);
     auto open_fds = [this] {
       for (Running& r : running_) {

@@ -622,6 +622,23 @@ TEST_F(SupervisorTest, AStopDuringTheSyncStopsItAndStartsNothing) {
   EXPECT_FALSE(std::filesystem::exists(marker)) << "the job started after the stop";
 }
 
+// While the job stops, a wrapper script that dies of the SIGTERM at once does
+// not take its command's grace with it: the command (here saving a
+// "checkpoint" for a second) is not SIGKILLed when the wrapper is reaped.
+TEST_F(SupervisorTest, AStoppingWrappersCommandKeepsItsGrace) {
+  const std::string saved = temp_.Sub("saved");
+  std::vector<Task> tasks;
+  tasks.push_back(ShellTask("worker", 0,
+                            "sh -c 'trap \"sleep 1; echo saved > " + saved +
+                                "; exit 0\" TERM; while :; do sleep 0.05; done'; echo never"));
+  tasks.push_back(ShellTask("worker", 1, "sleep 0.5; exit 3"));
+  options_.term_grace_ms = 5000;
+  auto result = RunJob(std::move(tasks), options_);
+  ASSERT_OK(result.status());
+  EXPECT_FALSE(result->success);
+  EXPECT_EQ(testing::ReadFile(saved), "saved\n") << "the command was killed before its grace";
+}
+
 TEST_F(SupervisorTest, FirstFailureStopsTheOthersAndIsNamed) {
   std::vector<Task> tasks;
   tasks.push_back(ShellTask("scheduler", 0, "exec sleep 30"));
