@@ -275,6 +275,7 @@ class KVStore:
 
     # ---- keys ----
     def _key(self, k, create):
+        _store_calls[0] += 1
         kind = "str" if isinstance(k, str) else "int"
         if self._key_kind is None:
             self._key_kind = kind
@@ -492,18 +493,23 @@ class _Group(Handle):
         self._finished = self._error is None
 
 
-# What the script passed to sys.exit, if it called it. An exit handler cannot
-# see the process's exit code, and SystemExit sets no sys.last_value: without
-# this, a worker that called sys.exit(3) mid-training closed its store as a
-# finished worker and waited for the job's end, while the other workers waited
-# for its gradients (the job hung until a timeout). (`raise SystemExit(3)`
-# itself is not seen: inside `with kv:` it fails the job too.)
+# What the main thread last passed to sys.exit, and the store calls made by
+# then. An exit handler cannot see the process's exit code, and SystemExit
+# sets no sys.last_value: without this, a worker that called sys.exit(3)
+# mid-training closed its store as a finished worker and waited for the job's
+# end, while the other workers waited for its gradients (the job hung until a
+# timeout). A sys.exit that was caught and followed by more store calls does
+# not count. Not seen: `raise SystemExit(3)`, exit() and quit(), and a
+# `from sys import exit` made before pstrain was imported (inside `with kv:`
+# each fails the job too).
 _exit_status = []
+_store_calls = [0]
 _sys_exit = sys.exit
 
 
 def _noting_exit(status=None):
-    _exit_status[:] = [status]
+    if threading.current_thread() is threading.main_thread():
+        _exit_status[:] = [status, _store_calls[0]]
     _sys_exit(status)
 
 
@@ -513,7 +519,9 @@ sys.exit = _noting_exit
 
 def _close_at_exit():
     failure = getattr(sys, "last_value", None)  # the script died of this exception
-    status = _exit_status[0] if _exit_status else None
+    status = None
+    if _exit_status and _exit_status[1] == _store_calls[0]:
+        status = _exit_status[0]
     for kv in list(_OPEN):
         if kv._closed:
             continue
