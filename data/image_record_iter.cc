@@ -99,7 +99,14 @@ Status ImageRecordIter::OpenRecordFile() {
     const uint64_t last = std::min<uint64_t>(first + step, all.size());
     offsets_.assign(all.begin() + static_cast<std::ptrdiff_t>(first),
                     all.begin() + static_cast<std::ptrdiff_t>(last));
-    part_begin_ = first < last ? offsets_.front() : 0;
+    if (offsets_.empty()) {
+      return Status::InvalidArgument(StrCat(
+          config_.path_imgidx, ": part ", config_.part_index, " of ", config_.num_parts,
+          " holds none of the ", all.size(), " records it lists (with a .idx, parts of ceil(",
+          all.size(), "/", config_.num_parts, ") = ", step,
+          " records, as MXNet's indexed splitter): use fewer parts or no .idx"));
+    }
+    part_begin_ = offsets_.front();
     part_end_ = last < all.size() ? all[last] : file_->size();
   } else {
     ASSIGN_OR_RETURN(offsets_, file_->ScanRecordStarts(range.first, range.second));

@@ -5,7 +5,8 @@
 // a .idx: the records that start in that part of its bytes, found by one scan
 // of the record headers (as MXNet's RecordIO splitter). With a .idx: the
 // records listed there, split by count as MXNet's indexed splitter does
-// (parts of ceil(N/P) records in file order, the last ones shorter). Instead of a .rec it can read
+// (parts of ceil(N/P) records in file order, the last ones shorter; a part
+// left empty so is InvalidArgument). Instead of a .rec it can read
 // an image folder through a .lst file (path_imglist + path_root, like MXNet's ImageIter); part p of
 // P then holds list entries [N*p/P, N*(p+1)/P). A pool of `preprocess_threads` threads decodes and
 // augments whole batches ahead of the consumer, into at most max(prefetch_buffer,

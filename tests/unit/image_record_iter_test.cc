@@ -218,6 +218,17 @@ TEST_F(ImageRecordIterTest, PartsSplitTheExamplesExactlyOnce) {
   auto it = ImageRecordIter::Create(cfg);
   ASSERT_OK(it.status());
   EXPECT_EQ((*it)->num_examples(), 257);
+  // 9 records in 4 parts: 3, 3, 3 and none, which is said as such.
+  WriteRec("nine", 9);
+  cfg = Config("nine", 2);
+  cfg.path_imgidx = Path("nine.idx");
+  cfg.num_parts = 4;
+  cfg.part_index = 3;
+  auto empty = ImageRecordIter::Create(cfg);
+  EXPECT_EQ(empty.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(empty.status().message().find("part 3 of 4 holds none of the 9 records it lists"),
+            std::string::npos)
+      << empty.status();
 }
 
 TEST_F(ImageRecordIterTest, MultiLabelRecords) {
