@@ -67,7 +67,9 @@ Status ResolveShmValues(const PsHeader& h, ShmMapping* sender_arena, std::vector
 // For a message that is dropped after `resolved` of the frames `h` lists were
 // resolved: whether some were not, and handing those back (a reference is
 // taken and dropped at once, which frees the block) so the sender's ring is
-// not stalled behind them. A pair that names no live block is ignored.
+// not stalled behind them. `sender_arena` is the arena of the node the message
+// came from (for a queued one, the queue's owner, whatever sender it claims).
+// A pair that names no live block is ignored.
 bool HasUnresolvedShmValues(const PsHeader& h, size_t resolved);
 void ReleaseUnresolvedShmValues(const PsHeader& h, size_t resolved, ShmMapping* sender_arena);
 
