@@ -39,7 +39,7 @@ class TestHttpServer {
     kIgnoreRange,    // always 200 with the whole file
     kTruncatedFile,  // the server's copy is only the first `n` bytes (honest lengths)
     kEndless,        // 200 without a Content-Length: the file, then `n` bytes more
-    kSlow            // as kServe, pausing 3 s after each `n` body bytes
+    kSlow            // as kServe, pausing 4 s after each `n` body bytes
   };
   struct Rule {
     Mode mode = Mode::kServe;
@@ -259,7 +259,7 @@ class TestHttpServer {
       for (int64_t at = 0; at < send && !stop_; at += rule.n) {
         const int64_t piece = std::min<int64_t>(rule.n, send - at);
         if (!SendAll(fd, body.data() + start + at, static_cast<size_t>(piece))) return;
-        if (at + piece < send) std::this_thread::sleep_for(std::chrono::seconds(3));
+        if (at + piece < send) std::this_thread::sleep_for(std::chrono::seconds(4));
       }
       return;
     }
