@@ -117,6 +117,9 @@ void ClusterNode::AddFailureListener(FailureListener l) {
 }
 void ClusterNode::AddTickListener(TickListener l) { tick_listeners_.push_back(std::move(l)); }
 void ClusterNode::AddLostListener(LostListener l) { lost_listeners_.push_back(std::move(l)); }
+void ClusterNode::AddFinishedListener(FinishedListener l) {
+  finished_listeners_.push_back(std::move(l));
+}
 void ClusterNode::AddReplacedListener(ReplacedListener l) {
   replaced_listeners_.push_back(std::move(l));
 }
@@ -399,6 +402,17 @@ void ClusterNode::Dispatch(Message&& msg) {
       LOG(WARNING) << Self() << ": " << NodeIdName(lost)
                    << " is lost; the job goes on without it (PSTRAIN_WORKER_LOSS=continue)";
       for (const auto& listener : lost_listeners_) listener(lost);
+      return;
+    }
+    case CMD_WORKER_FINISHED: {
+      const int done = h.node().id();
+      if (h.sender() != kSchedulerId || !IsWorkerId(done) ||
+          RankOfId(done) >= options_.num_workers) {
+        LOG(WARNING) << Self() << ": ignoring a finished-worker notice from "
+                     << NodeIdName(h.sender());
+        return;
+      }
+      for (const auto& listener : finished_listeners_) listener(done);
       return;
     }
     case CMD_BARRIER: {

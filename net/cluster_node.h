@@ -90,6 +90,9 @@ class ClusterNode {
   // Worker `id` died and the job goes on without it (CMD_WORKER_LOST). Runs on
   // the receive thread; must not block.
   using LostListener = std::function<void(int id)>;
+  // Server: worker `id` finished while others go on (CMD_WORKER_FINISHED).
+  // Runs on the receive thread; must not block.
+  using FinishedListener = std::function<void(int id)>;
 
   // Binds this node's socket. REQUIRES: options.role is server or worker.
   static StatusOr<std::unique_ptr<ClusterNode>> Create(const ClusterOptions& options);
@@ -108,6 +111,7 @@ class ClusterNode {
   void AddTickListener(TickListener listener);
   void AddReplacedListener(ReplacedListener listener);
   void AddLostListener(LostListener listener);
+  void AddFinishedListener(FinishedListener listener);
 
   // Registers and waits (startup_timeout_ms) for the node table, then (on this
   // thread) connects to peers, hands on the messages that came early and
@@ -202,6 +206,7 @@ class ClusterNode {
   std::vector<TickListener> tick_listeners_;
   std::vector<ReplacedListener> replaced_listeners_;
   std::vector<LostListener> lost_listeners_;
+  std::vector<FinishedListener> finished_listeners_;
 
   mutable Mutex mu_;
   CondVar cv_{&mu_};

@@ -129,8 +129,7 @@ void Scheduler::Handle(Message&& msg) {
       return;
     case CMD_FINISH:
       if (it == nodes_.end() || !IsWorkerId(h.sender())) return;
-      finished_.insert(h.sender());
-      MaybeShutdown();
+      if (finished_.insert(h.sender()).second) WorkerFinished(h.sender());
       return;
     case CMD_NODE_REPLACED: {
       // A worker is ready for a replacement server.
@@ -458,6 +457,16 @@ void Scheduler::EnterBarrier(const Message& msg) {
     return;
   }
   b.arrived.insert(h.sender());
+  if (group & kWorkerGroup) {
+    for (int id : finished_) {
+      if (lost_.count(id) > 0) continue;
+      Abort(StrCat(Describe(h.sender()), " entered the barrier of group ", group, " generation ",
+                   b.generation + 1, ", which needs ", Describe(id),
+                   ", but that worker finished: every worker must enter the same barriers"),
+            -1, id);
+      return;
+    }
+  }
   MaybeReleaseBarrier(group);
 }
 
@@ -495,6 +504,30 @@ void Scheduler::MaybeShutdown() {
   Broadcast(m, -1);
   done_ = true;
   cv_.SignalAll();
+}
+
+void Scheduler::WorkerFinished(int id) {
+  MaybeShutdown();
+  if (done_ || !failure_.ok()) return;
+  for (const auto& [group, b] : barriers_) {
+    if (!(group & kWorkerGroup) || b.arrived.empty() || b.arrived.count(id) > 0) continue;
+    std::string waiting;
+    for (int a : b.arrived) waiting += StrCat(waiting.empty() ? "" : ", ", Describe(a));
+    Abort(StrCat(Describe(id), " finished while ", waiting, " wait(s) in the barrier of group ",
+                 group, " generation ", b.generation + 1,
+                 ", which needs it: every worker must enter the same barriers"),
+          -1, id);
+    return;
+  }
+  // The servers fail a dist_sync round that waits for its push at once.
+  Message notice;
+  notice.header = Header(CMD_WORKER_FINISHED);
+  *notice.header.mutable_node() = nodes_.at(id).info;
+  for (const auto& [sid, node] : nodes_) {
+    if (!IsServerId(sid) || dead_.count(sid) > 0) continue;
+    Status sent = van_->Send(sid, notice);
+    if (!sent.ok()) LOG(WARNING) << "scheduler: " << sent;
+  }
 }
 
 void Scheduler::LoseWorker(int id, const std::string& why) {

@@ -5,6 +5,8 @@
 // runs barriers per group with generation numbers, answers heartbeats, declares
 // a node dead when it is silent past the heartbeat timeout and tells everyone
 // (CMD_ABORT naming it), and broadcasts SHUTDOWN once every worker finished.
+// A worker that finishes before the others cannot be waited for: a barrier
+// that needs it ends the job, and the servers hear of it (CMD_WORKER_FINISHED).
 //
 // Server recovery (ClusterOptions::server_restarts > 0): a server declared
 // dead does not end the job at once. The scheduler waits restart_timeout_ms
@@ -90,6 +92,10 @@ class Scheduler {
   int BarrierMembers(int group) const REQUIRES(mu_);
   // Completes barrier `group` if every member still in the job arrived.
   void MaybeReleaseBarrier(int group) REQUIRES(mu_);
+  // Every worker still in the job finished: SHUTDOWN. Otherwise a barrier
+  // that waits for worker `id` ends the job, and the servers hear of it
+  // (CMD_WORKER_FINISHED: a dist_sync round waiting for its push ends the job).
+  void WorkerFinished(int id) REQUIRES(mu_);
   // Every worker still in the job finished: SHUTDOWN.
   void MaybeShutdown() REQUIRES(mu_);
   // Why a registering node is not part of this job (protocol, S and W, job

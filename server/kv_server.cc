@@ -120,9 +120,12 @@ KVServer::KVServer(ClusterNode* node, const KVServerOptions& options)
     threads_.emplace_back([this, s] { ShardLoop(s); });
   }
   live_workers_ = node->num_workers();
-  lost_ = std::make_unique<std::atomic<bool>[]>(static_cast<size_t>(node->num_workers()));
-  for (int w = 0; w < node->num_workers(); ++w) lost_[w] = false;
+  const size_t workers = static_cast<size_t>(std::max(0, node->num_workers()));
+  lost_ = std::make_unique<std::atomic<bool>[]>(workers);
+  finished_ = std::make_unique<std::atomic<bool>[]>(workers);
+  for (size_t w = 0; w < workers; ++w) lost_[w] = finished_[w] = false;
   node_->AddLostListener([this](int id) { HandleWorkerLost(id); });
+  node_->AddFinishedListener([this](int id) { HandleWorkerFinished(id); });
   node_->SetMessageHandler([this](Message&& m) { HandleMessage(std::move(m)); });
   node_->SetBurstEndHandler([this] { SendHeldReplies(); });
   node_->AddTickListener([this] { RequestRoundCheck(); });
@@ -261,6 +264,39 @@ void KVServer::DropLostPushes(KeyState* ks) const {
   ks->merged -= static_cast<int>(before - ks->waiting.size());
   ks->deferred.erase(std::remove_if(ks->deferred.begin(), ks->deferred.end(), gone),
                      ks->deferred.end());
+}
+
+void KVServer::HandleWorkerFinished(int id) {
+  const int w = RankOfId(id);
+  if (w < 0 || w >= node_->num_workers() || finished_[w].exchange(true)) return;
+  ++finished_workers_;
+  for (auto& shard : shards_) {
+    MutexLock l(&shard->mu);
+    shard->check_rounds = true;
+    shard->cv.Signal();
+  }
+}
+
+bool KVServer::FailRoundOfFinished(uint64_t wire, const KeyState& ks) {
+  if (ks.merged == 0 || finished_workers_.load() == 0) return false;
+  int done = -1;
+  std::string pushed;
+  for (size_t w = 0; w < ks.in_round.size(); ++w) {
+    if (ks.in_round[w]) pushed += StrCat(pushed.empty() ? "" : ", ", w);
+    if (!ks.in_round[w] && !lost_[w].load() && finished_[w].load() && done < 0) {
+      done = static_cast<int>(w);
+    }
+  }
+  if (done < 0) return false;
+  node_->Fail(
+      Status::FailedPrecondition(StrCat(
+          node_->Self(), ": worker rank ", done, " finished after ", ks.rounds,
+          " dist_sync rounds of ", PartName(wire), ", but worker rank(s) ", pushed,
+          " pushed round ", ks.rounds + 1,
+          ", which needs its push and can never close: in dist_sync every worker must push each "
+          "key equally often (give every worker the same number of batches), or use dist_async")),
+      WorkerId(done));
+  return true;
 }
 
 void KVServer::RemoveLost(Shard* shard) {
@@ -633,6 +669,8 @@ void KVServer::CheckRounds(Shard* shard) {
   const int64_t timeout = options_.round_timeout_ms;
   for (auto& [wire, ks] : shard->keys) {
     if (ks.merged == 0) continue;
+    if (FailRoundOfFinished(wire, ks)) return;
+    if (timeout <= 0) continue;
     const int64_t open_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(now - ks.opened).count();
     if (open_ms < timeout / 4) continue;
@@ -874,7 +912,10 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   // where this shard has not run RemoveLost yet (the receive thread runs a
   // small push at once, and the loss lowered `live` already).
   if (live < num_workers) DropLostPushes(ks);
-  if (ks->merged < live) return;
+  if (ks->merged < live) {
+    (void)FailRoundOfFinished(wire, *ks);
+    return;
+  }
   // Summed in worker-rank order, whatever the arrival order: a deterministic
   // job gives the same bits every time (and after a server's recovery).
   std::sort(ks->waiting.begin(), ks->waiting.end(),

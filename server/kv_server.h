@@ -101,6 +101,12 @@ class KVServer {
   void RemoveLost(Shard* shard);
   // Shard (busy): leaves lost workers' pushes out of `ks`'s round and deferred ones.
   void DropLostPushes(KeyState* ks) const;
+  // Receive thread: worker `id` finished while others go on; the shards look
+  // for rounds that wait for it.
+  void HandleWorkerFinished(int id);
+  // Shard (busy): a worker that finished, whose push `ks`'s open round waits
+  // for, ends the job (that round can never close): true when it did.
+  bool FailRoundOfFinished(uint64_t wire, const KeyState& ks);
   // The optimizer of `cfg` for the workers left (rescaled when some are lost).
   StatusOr<std::shared_ptr<Optimizer>> MakeOptimizer(const ServerConfig& cfg) const;
   void HandleConfig(const Message& msg);
@@ -111,7 +117,8 @@ class KVServer {
   void Execute(Shard* shard, KeyState* ks, const Op& op);
   // Heartbeat thread: asks every shard to look at its open rounds.
   void RequestRoundCheck();
-  // Shard (busy): reports rounds open past a quarter of the timeout, fails the job past it.
+  // Shard (busy): fails the job for a round that waits for a finished worker;
+  // reports rounds open past a quarter of the timeout, fails the job past it.
   void CheckRounds(Shard* shard);
   void CompletePart(const Op& op, const KeyState* ks, const Status& s);
   // out = grads[0] + ... + grads[k-1] (n elements each, summed in that order).
@@ -142,6 +149,9 @@ class KVServer {
   // Workers still in the job, and which ranks are lost (set once, never cleared).
   std::atomic<int> live_workers_{0};
   std::unique_ptr<std::atomic<bool>[]> lost_;
+  // Workers that finished while others went on (set once, never cleared).
+  std::atomic<int> finished_workers_{0};
+  std::unique_ptr<std::atomic<bool>[]> finished_;
 };
 
 }  // namespace pstrain

@@ -501,7 +501,8 @@ class _Group(Handle):
 # timeout). A sys.exit that was caught and followed by more store calls does
 # not count. Not seen: `raise SystemExit(3)`, exit() and quit(), and a
 # `from sys import exit` made before pstrain was imported (inside `with kv:`
-# each fails the job too).
+# each fails the job too; outside, the worker counts as finished, and a
+# dist_sync round or barrier that then waits for it ends the job at once).
 _exit_status = []
 _store_calls = [0]
 _sys_exit = sys.exit

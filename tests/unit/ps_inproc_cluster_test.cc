@@ -659,6 +659,91 @@ TEST(InProcClusterTest, ARoundThatCannotCloseEndsTheJobNamingTheMissingWorker) {
   for (const Status& s : r.workers) EXPECT_NE(s.message().find(who), std::string::npos) << s;
 }
 
+// Uneven data in dist_sync: worker 1 pushes 3 rounds and finishes, worker 0
+// pushes a 4th. That round can never close, and the server says so as soon as
+// it hears that worker 1 finished, not after the round timeout (here 60 s).
+TEST(InProcClusterTest, ARoundWaitingForAFinishedWorkerEndsTheJobAtOnce) {
+  testing::JobSpec spec;
+  spec.server.round_timeout_ms = 60000;
+  const auto start = std::chrono::steady_clock::now();
+  JobResult r = testing::RunJobWith(
+      1, 2,
+      [](KVClient& kv) -> Status {
+        const std::vector<float> ones(10, 1.0f);
+        std::vector<float> got(10);
+        RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));
+        RETURN_IF_ERROR(kv.Wait(kv.Init({3}, {10}, ones.data()), Soon()));
+        RETURN_IF_ERROR(kv.Barrier(Soon()));
+        const int rounds = kv.rank() == 0 ? 4 : 3;
+        for (int i = 0; i < rounds; ++i) {
+          RETURN_IF_ERROR(
+              kv.Wait(kv.PushPull({3}, {10}, ones.data(), got.data()), Deadline::InMillis(30000)));
+        }
+        return Status::Ok();
+      },
+      spec);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 20.0);
+  const std::string why =
+      "worker rank 1 finished after 3 dist_sync rounds of key 3 part 0, but worker rank(s) 0 "
+      "pushed round 4, which needs its push and can never close";
+  EXPECT_NE(r.scheduler.message().find(why), std::string::npos) << r.scheduler;
+  EXPECT_NE(r.workers[0].message().find(why), std::string::npos) << r.workers[0];
+  EXPECT_FALSE(r.workers[1].ok());
+}
+
+// The same when the finished worker's notice comes first: the late push is
+// the one that finds its round can never close.
+TEST(InProcClusterTest, APushAfterAWorkerFinishedEndsTheJobAtOnce) {
+  testing::JobSpec spec;
+  spec.server.round_timeout_ms = 60000;
+  const auto start = std::chrono::steady_clock::now();
+  JobResult r = testing::RunJobWith(
+      1, 2,
+      [](KVClient& kv) -> Status {
+        const std::vector<float> ones(10, 1.0f);
+        std::vector<float> got(10);
+        RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));
+        RETURN_IF_ERROR(kv.Wait(kv.Init({3}, {10}, ones.data()), Soon()));
+        RETURN_IF_ERROR(kv.Barrier(Soon()));
+        if (kv.rank() == 1) return Status::Ok();
+        // Long enough for worker 1's finish to reach the server first.
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        return kv.Wait(kv.PushPull({3}, {10}, ones.data(), got.data()), Deadline::InMillis(30000));
+      },
+      spec);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 20.0);
+  const std::string why =
+      "worker rank 1 finished after 0 dist_sync rounds of key 3 part 0, but worker rank(s) 0 "
+      "pushed round 1";
+  EXPECT_NE(r.scheduler.message().find(why), std::string::npos) << r.scheduler;
+  EXPECT_NE(r.workers[0].message().find(why), std::string::npos) << r.workers[0];
+}
+
+// A barrier that needs a worker which finished can never be left: the job
+// ends at once, naming both, whichever came first.
+TEST(InProcClusterTest, ABarrierThatNeedsAFinishedWorkerEndsTheJobAtOnce) {
+  for (bool barrier_first : {true, false}) {
+    SCOPED_TRACE(barrier_first ? "the barrier first" : "the finish first");
+    const auto start = std::chrono::steady_clock::now();
+    JobResult r = RunJob(1, 2, [&](KVClient& kv) -> Status {
+      RETURN_IF_ERROR(kv.Barrier(Soon()));
+      const bool late = (kv.rank() == 1) == barrier_first;
+      if (late) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+      if (kv.rank() == 1) return Status::Ok();
+      return kv.Barrier(Deadline::InMillis(30000));
+    });
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+              20.0);
+    EXPECT_EQ(r.scheduler.code(), StatusCode::kUnavailable) << r.scheduler;
+    EXPECT_NE(r.scheduler.message().find("worker rank 1 at 127.0.0.1:"), std::string::npos)
+        << r.scheduler;
+    EXPECT_NE(r.scheduler.message().find("every worker must enter the same barriers"),
+              std::string::npos)
+        << r.scheduler;
+    EXPECT_FALSE(r.workers[0].ok());
+  }
+}
+
 // The servers' configuration is set once per job: a worker that sends
 // another one (here a different learning rate) is refused, naming the
 // difference, and the job keeps the first; the same one from every worker,
