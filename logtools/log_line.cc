@@ -1,6 +1,7 @@
 #include "logtools/log_line.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 
 namespace pstrain::logtools {
@@ -10,12 +11,15 @@ bool StartsWith(std::string_view s, std::string_view prefix) {
   return s.substr(0, prefix.size()) == prefix;
 }
 
-// Parses a number at the start of `s` (strtod syntax); false if there is none.
+// Parses a finite number at the start of `s` (strtod syntax); false if there
+// is none. "nan" and "inf" are not numbers here, as MXNet's parse_log.py
+// (`=([.\d]+)`) skips such lines: a worker without examples logs
+// accuracy=nan, and the epoch's average is of the others.
 bool ParseNumber(std::string_view s, double* out) {
   std::string buf(s.substr(0, std::min<size_t>(s.size(), 64)));
   char* end = nullptr;
   double v = std::strtod(buf.c_str(), &end);
-  if (end == buf.c_str()) return false;
+  if (end == buf.c_str() || !std::isfinite(v)) return false;
   *out = v;
   return true;
 }

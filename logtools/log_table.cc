@@ -126,9 +126,10 @@ StatusOr<Op> ParseOp(const std::string& s) {
 
 StatusOr<TableFormat> ParseTableFormat(const std::string& s) {
   if (s == "markdown" || s == "md") return TableFormat::kMarkdown;
-  if (s == "tsv" || s == "none") return TableFormat::kTsv;
+  if (s == "none") return TableFormat::kNone;
+  if (s == "tsv") return TableFormat::kTsv;
   if (s == "csv") return TableFormat::kCsv;
-  return Status::InvalidArgument(StrCat("--format '", s, "' is not markdown, tsv or csv"));
+  return Status::InvalidArgument(StrCat("--format '", s, "' is not markdown, none, tsv or csv"));
 }
 
 std::vector<TableRow> Summarize(const ParsedLog& log, Op op) {
@@ -179,7 +180,7 @@ std::string FormatTable(const std::vector<TableRow>& rows, const std::vector<std
   for (const TableRow& r : rows) {
     std::vector<std::string> cells;
     char epoch[16];
-    std::snprintf(epoch, sizeof(epoch), md ? "%2d" : "%d", r.epoch);
+    std::snprintf(epoch, sizeof(epoch), md || format == TableFormat::kNone ? "%2d" : "%d", r.epoch);
     cells.push_back(epoch);
     for (const auto& v : r.train) cells.push_back(v ? Fixed(*v, 6) : missing);
     for (const auto& v : r.valid) cells.push_back(v ? Fixed(*v, 6) : missing);

@@ -73,12 +73,13 @@ struct TableRow {
 // One row per logged epoch, ascending.
 std::vector<TableRow> Summarize(const ParsedLog& log, Op op);
 
-enum class TableFormat { kMarkdown, kTsv, kCsv };
+enum class TableFormat { kMarkdown, kNone, kTsv, kCsv };
 StatusOr<TableFormat> ParseTableFormat(const std::string& s);
 
 // markdown: "| epoch | train-accuracy | valid-accuracy | time |", "| --- | ...",
-// rows "| %2d | %f | %f | %.1f |" (MXNet's parse_log.py); tsv and csv: the same
-// columns separated by tabs or commas, epoch as "%d". A missing value is "-" in
+// rows "| %2d | %f | %f | %.1f |" (MXNet's parse_log.py); none (its other
+// format): the same columns separated by tabs, epoch as "%2d"; tsv and csv:
+// separated by tabs or commas, epoch as "%d". A missing value is "-" in
 // markdown and empty otherwise.
 std::string FormatTable(const std::vector<TableRow>& rows, const std::vector<std::string>& metrics,
                         TableFormat format);

@@ -80,7 +80,10 @@ std::string PlotSvg(const std::vector<std::pair<std::string, std::vector<TableRo
     lo = 0;
     hi = 1;
   }
-  double ystep = NiceStep(std::max(hi - lo, 1e-3), 8);
+  // The range is at least a little of the values' size: a step below the
+  // doubles' spacing there would not move the ticks (3e12 everywhere, say).
+  double ystep =
+      NiceStep(std::max({hi - lo, 1e-3, 1e-6 * std::max(std::abs(lo), std::abs(hi))}), 8);
   double ymin = std::floor(lo / ystep) * ystep, ymax = std::ceil(hi / ystep) * ystep;
   if (ymax <= ymin) ymax = ymin + ystep;
   double xstep = std::max(1.0, NiceStep(max_epoch, 10));
@@ -98,7 +101,9 @@ std::string PlotSvg(const std::vector<std::pair<std::string, std::vector<TableRo
   s += "<text x=\"" + Num(kLeft + pw / 2) + "\" y=\"28\" text-anchor=\"middle\" font-size=\"16\">" +
        Escape(metric) + " per epoch</text>\n";
   // Grid and y ticks.
-  for (double v = ymin; v <= ymax + ystep / 2; v += ystep) {
+  const long ticks = std::lround((ymax - ymin) / ystep);
+  for (long i = 0; i <= ticks && i <= 64; ++i) {
+    const double v = ymin + static_cast<double>(i) * ystep;
     double y = py(v);
     s += "<line x1=\"" + Num(kLeft) + "\" y1=\"" + Num(y) + "\" x2=\"" + Num(kLeft + pw) +
          "\" y2=\"" + Num(y) + "\" stroke=\"#e0e0e0\"/>\n";
@@ -134,10 +139,10 @@ std::string PlotSvg(const std::vector<std::pair<std::string, std::vector<TableRo
       common = len;
     } else {
       common = std::min(common, len);
+      // Back to the '/' before the last one kept ("/a/b/" -> "/a/" -> "/" -> "").
       while (common > 0 && n.compare(0, common, logs[0].first, 0, common) != 0) {
-        common = logs[0].first.rfind('/', common - 2) == std::string::npos
-                     ? 0
-                     : logs[0].first.rfind('/', common - 2) + 1;
+        const size_t slash = common >= 2 ? logs[0].first.rfind('/', common - 2) : std::string::npos;
+        common = slash == std::string::npos ? 0 : slash + 1;
       }
     }
   }

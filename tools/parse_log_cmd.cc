@@ -11,7 +11,8 @@
 #include "logtools/log_table.h"
 #include "tools/commands.h"
 
-DEFINE_string(format, "markdown", "table format: markdown, tsv or csv");
+DEFINE_string(format, "markdown",
+              "table format: markdown, none (parse_log.py's tab-separated one), tsv or csv");
 DEFINE_string(metric_names, "accuracy",
               "metrics to tabulate, comma-separated (e.g. accuracy,top_k_accuracy_5)");
 DEFINE_string(op, "avg", "how values of several workers combine: avg or max (time: always avg)");
@@ -22,7 +23,7 @@ namespace pstrain {
 int RunParseLog(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
-                 "usage: pstrain parse-log FILE_OR_JOB_DIR... [--format markdown|tsv|csv] "
+                 "usage: pstrain parse-log FILE_OR_JOB_DIR... [--format markdown|none|tsv|csv] "
                  "[--metric-names accuracy,...] [--op avg|max] [--plot FILE.svg]\n");
     return 2;
   }

@@ -148,6 +148,36 @@ TEST(LogTableTest, OurLinesWithPrefixesBatchLinesAndSeveralMetrics) {
       "2\t0.700000\t\t\t\t\n");
   EXPECT_EQ(FormatTable(rows, log.metrics, TableFormat::kCsv).substr(0, 20),
             "epoch,train-accuracy");
+  // parse_log.py's `none`: tabs, the epoch as "%2d".
+  auto none = ParseTableFormat("none");
+  ASSERT_OK(none.status());
+  EXPECT_EQ(FormatTable(Summarize(log, Op::kMax), {"accuracy", "top_k_accuracy_5"}, *none),
+            "epoch\ttrain-accuracy\ttrain-top_k_accuracy_5\tvalid-accuracy\t"
+            "valid-top_k_accuracy_5\ttime\n"
+            " 1\t0.600000\t0.900000\t0.350000\t\t11.0\n"
+            " 2\t0.700000\t\t\t\t\n");
+}
+
+// parse_log.py's `=([.\d]+)` does not match nan or inf: such a line (a
+// worker without validation examples logs accuracy=nan) is skipped, and the
+// epoch is the others' average, whatever order the lines came in.
+TEST(LogTableTest, ANanValueIsSkippedAsParseLogPySkipsIt) {
+  for (bool nan_first : {false, true}) {
+    const std::string a = "[worker-0] Epoch[0] Validation-accuracy=0.750000\n";
+    const std::string b =
+        "[worker-1] Epoch[0] Validation-accuracy=nan\n"
+        "[worker-1] Epoch[0] Time cost=inf\n";
+    LogAccumulator acc("ours", {"accuracy"});
+    acc.AddText(
+        "[worker-0] Epoch[0] Train-accuracy=0.810000\n[worker-0] Epoch[0] Time cost=10.5\n" +
+        (nan_first ? b + a : a + b));
+    for (Op op : {Op::kAvg, Op::kMax}) {
+      std::vector<TableRow> rows = Summarize(acc.log(), op);
+      ASSERT_EQ(rows.size(), 1u);
+      EXPECT_EQ(Row(rows[0]), "1 0.810000 0.750000");
+      EXPECT_EQ(rows[0].time.value_or(-1), 10.5);
+    }
+  }
 }
 
 TEST(LogTableTest, ErrorsNameThePath) {
@@ -188,6 +218,32 @@ TEST(LogTableTest, SvgHasOneCurvePerLogAndSplit) {
   logs.pop_back();
   EXPECT_NE(PlotSvg(logs, "accuracy", 0).find(">incept_3 valid<"), std::string::npos)
       << "the directory all names share is dropped";
+  EXPECT_EQ(svg.find("nan"), std::string::npos);
+}
+
+// An absolute and a relative path share no directory (the search for one
+// used to wrap around and loop for ever), and values too large for a tiny
+// step to move the ticks (3e12 everywhere) plot a bounded grid.
+TEST(LogTableTest, SvgOfAnyPathsAndValuesEnds) {
+  TableRow row;
+  row.epoch = 1;
+  row.train = {0.5};
+  row.valid = {0.4};
+  std::vector<std::pair<std::string, std::vector<TableRow>>> logs = {
+      {"/work/shared/data/mxnet-logs/cifar10/incept_2", {row}}, {"./logs/job", {row}}};
+  std::string svg = PlotSvg(logs, "accuracy", 0);
+  EXPECT_NE(svg.find(">cifar10/incept_2 valid<"), std::string::npos) << "shortened to 24";
+  EXPECT_NE(svg.find(">./logs/job valid<"), std::string::npos);
+  logs = {{"/a/b/x.log", {row}}, {"/a/c/y.log", {row}}};
+  svg = PlotSvg(logs, "accuracy", 0);
+  EXPECT_NE(svg.find(">b/x.log valid<"), std::string::npos) << "/a/ is shared";
+
+  row.train = {3000000000000.5};
+  row.valid = {3000000000000.5};
+  svg = PlotSvg({{"big", {row}}}, "mse", 0);
+  size_t lines = 0;
+  for (size_t p = svg.find("<line"); p != std::string::npos; p = svg.find("<line", p + 1)) ++lines;
+  EXPECT_LT(lines, 40u);
   EXPECT_EQ(svg.find("nan"), std::string::npos);
 }
 
