@@ -1,7 +1,9 @@
 #include "worker/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <utility>
 
@@ -109,7 +111,8 @@ Status Trainer::Init() {
   }
   RETURN_IF_ERROR(sync_->Init(params_));
   if (cfg_.load_epoch() > 0) {
-    const std::string states = CheckpointStatesPath(cfg_.model_prefix(), cfg_.load_epoch());
+    const std::string states =
+        CheckpointStatesPath(LoadPrefix(cfg_.load_epoch()), cfg_.load_epoch());
     auto arrays = LoadArrays(states);
     if (arrays.ok()) {
       RETURN_IF_ERROR(sync_->LoadState(*arrays).WithContext(states));
@@ -208,9 +211,16 @@ Status Trainer::InitEmulated() {
 
 Status Trainer::Run() {
   if (cfg_.test_io() != 0) return RunTestIo();
-  // The reader draws epoch e's order at its (e+1)-th Reset; skip the epochs a
-  // resumed run has already done so it sees the same orders as an unbroken one.
-  for (int e = 0; e < cfg_.load_epoch(); ++e) data_.train->Reset();
+  // The reader draws a new order at every Reset: one at each epoch's start,
+  // and one more each time an epoch goes round a part shorter than it
+  // (NextTrainBatch). A resumed run makes the Resets of the epochs it skips,
+  // so it sees the same orders as an unbroken one.
+  if (data_.train != nullptr && cfg_.load_epoch() > 0) {
+    const int64_t per_pass = std::max<int64_t>(
+        1, (data_.train->num_examples() + cfg_.batch_size() - 1) / cfg_.batch_size());
+    const int64_t resets_per_epoch = (epoch_size_ + per_pass - 1) / per_pass;
+    for (int64_t i = 0; i < cfg_.load_epoch() * resets_per_epoch; ++i) data_.train->Reset();
+  }
   for (int epoch = cfg_.load_epoch(); epoch < cfg_.num_epochs(); ++epoch) {
     RETURN_IF_ERROR(TrainEpoch(epoch));
   }
@@ -273,6 +283,7 @@ Status Trainer::TrainEpoch(int epoch) {
   RETURN_IF_ERROR(NextTrainBatch(&batch));
   RETURN_IF_ERROR(CopyBatchIn(batch));
   auto speed_tic = SteadyClock::now();
+  MetricValues train_values;
   for (int64_t nbatch = 0; nbatch < epoch_size_; ++nbatch) {
     exec_->Forward(/*is_train=*/true);
     RETURN_IF_ERROR(sync_->TakeError());
@@ -284,6 +295,10 @@ Status Trainer::TrainEpoch(int epoch) {
     }
     metrics.Update(Output(), batch.label.data(), batch.batch_size() - batch.pad, num_classes_);
     std::swap(batch, next);
+    // The epoch's Train- values are taken before the Speedometer may reset
+    // the metrics on the last batch (MXNet 1.2 and later; before, it printed
+    // nan when the last batch was one the Speedometer reported).
+    if (nbatch + 1 == epoch_size_) train_values = metrics.Get();
     // Speedometer (MXNet v0.10-1.3): starts its clock at the first batch,
     // reports every `disp_batches` batches, then resets the metrics.
     if (nbatch == 0) {
@@ -302,7 +317,7 @@ Status Trainer::TrainEpoch(int epoch) {
   RETURN_IF_ERROR(sync_->Drain());
   EpochResult result;
   result.epoch = epoch;
-  result.train = metrics.Get();
+  result.train = std::move(train_values);
   result.seconds = SecondsSince(epoch_start);
   result.samples = epoch_size_ * cfg_.batch_size();
   for (const std::string& line : FormatEpochMetricLines(epoch, "Train", result.train)) {
@@ -389,6 +404,13 @@ Status Trainer::Validate(int epoch, EpochResult* result) {
   return Status::Ok();
 }
 
+std::string Trainer::LoadPrefix(int epoch) const {
+  const std::string own = StrCat(cfg_.model_prefix(), "-", env_.rank);
+  std::error_code ec;
+  if (env_.rank > 0 && std::filesystem::exists(CheckpointParamsPath(own, epoch), ec)) return own;
+  return cfg_.model_prefix();
+}
+
 Status Trainer::SaveCheckpoint(int epoch_done) {
   // Rank r > 0 saves to prefix-<r>, as fit.py does.
   const std::string prefix =
@@ -425,7 +447,7 @@ Status Trainer::SaveCheckpoint(int epoch_done) {
 }
 
 Status Trainer::LoadCheckpoint(int epoch) {
-  const std::string path = CheckpointParamsPath(cfg_.model_prefix(), epoch);
+  const std::string path = CheckpointParamsPath(LoadPrefix(epoch), epoch);
   ASSIGN_OR_RETURN(std::vector<NamedArray> arrays, LoadArrays(path));
   std::map<std::string, const NamedArray*> by_name;
   for (const NamedArray& a : arrays) by_name[a.name] = &a;

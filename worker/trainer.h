@@ -114,6 +114,9 @@ class Trainer {
   Status Validate(int epoch, EpochResult* result);
   Status SaveCheckpoint(int epoch_done);
   Status LoadCheckpoint(int epoch);
+  // The prefix a resumed run loads epoch `epoch` from: rank r > 0 its own
+  // prefix-<r> when that checkpoint exists (fit.py's _load_model), else the prefix.
+  std::string LoadPrefix(int epoch) const;
   Status CopyBatchIn(const Batch& batch);
   // The output of the last Forward, copied to host memory.
   const float* Output();

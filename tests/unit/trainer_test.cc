@@ -20,6 +20,7 @@
 #include "nn/host_params.h"
 #include "tests/test_util.h"
 #include "worker/checkpoint.h"
+#include "worker/train_data.h"
 
 namespace pstrain {
 namespace {
@@ -367,6 +368,93 @@ TEST_F(TrainerTest, ResumeContinuesTheSameCurve) {
       ASSERT_EQ(pa.at(k), pb.at(k)) << "param " << i << " element " << k;
     }
   }
+}
+
+// A part shorter than an epoch (here 2400 examples, 19 batches, for an epoch
+// of 30) is gone round within each epoch, one more shuffle each time: a
+// resumed run makes those too, and continues the unbroken run's curve.
+TEST_F(TrainerTest, ResumeContinuesTheSameCurveWhenEpochsGoRoundTheirPart) {
+  auto make = [&](const TrainConfig& cfg) {
+    TrainerEnv env;
+    env.log = &log_;
+    env.build_model = SmallMlp;
+    env.open_data = [&cfg](int, int) -> StatusOr<TrainData> {
+      ASSIGN_OR_RETURN(TrainData d, OpenTrainData(cfg, /*rank=*/0, /*num_workers=*/25));
+      if (d.train->num_examples() != 2400) return Status::Internal("expected 2400 examples");
+      return d;
+    };
+    return Trainer::Create(cfg, env);
+  };
+  TrainConfig straight = cfg_;
+  straight.set_num_epochs(3);
+  straight.set_model_prefix((dir_ / "w").string());
+  auto a = make(straight);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_OK((*a)->Run());
+  TrainConfig resumed = straight;
+  resumed.set_load_epoch(2);
+  auto b = make(resumed);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_OK((*b)->Run());
+  ASSERT_EQ((*b)->history().size(), 1u);
+  EXPECT_EQ((*b)->history()[0].train[0].second, (*a)->history()[2].train[0].second);
+  EXPECT_EQ((*b)->history()[0].val[0].second, (*a)->history()[2].val[0].second);
+  for (int i = 0; i < (*a)->devices().num_params(); ++i) {
+    const Tensor& pa = (*a)->devices().param(i);
+    const Tensor& pb = (*b)->devices().param(i);
+    for (int64_t k = 0; k < pa.num_elements(); ++k) {
+      ASSERT_EQ(pa.at(k), pb.at(k)) << "param " << i << " element " << k;
+    }
+  }
+}
+
+// The last batch is one the Speedometer reports (and then resets the metrics
+// after): the epoch's Train- value is still the one it reported, not nan.
+TEST_F(TrainerTest, TheTrainValueOfAnEpochWhoseLastBatchIsReportedIsANumber) {
+  TrainConfig cfg = cfg_;
+  cfg.set_num_epochs(1);
+  cfg.set_disp_batches(29);  // batches 0..29: Batch [29] is the last
+  auto t = Make(cfg);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_OK((*t)->Run());
+  const double train = (*t)->history()[0].train[0].second;
+  EXPECT_TRUE(std::isfinite(train)) << train;
+  auto speed = Matching(R"(INFO:root:Epoch\[0\] Batch \[29\]\tSpeed: .*accuracy=([01]\.[0-9]{6}))");
+  ASSERT_EQ(speed.size(), 1u);
+  char want[32];
+  std::snprintf(want, sizeof(want), "accuracy=%.6f", train);
+  EXPECT_NE(speed[0].find(want), std::string::npos) << speed[0] << " vs " << want;
+  EXPECT_TRUE(Matching(R"(INFO:root:Epoch\[0\] Train-accuracy=nan)").empty());
+}
+
+// Rank r > 0 of a dist job saved prefix-<r>: resumed, it loads its own file
+// (its own BatchNorm statistics), as fit.py's _load_model; without one, the prefix.
+TEST_F(TrainerTest, ARankAboveZeroResumesFromItsOwnCheckpoint) {
+  TrainConfig cfg = cfg_;
+  cfg.set_num_epochs(1);
+  cfg.set_model_prefix((dir_ / "r").string());
+  TrainerEnv env;
+  env.log = &log_;
+  env.build_model = SmallMlp;
+  env.rank = 1;
+  env.num_workers = 2;
+  auto a = Trainer::Create(cfg, env);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_OK((*a)->Run());
+  ASSERT_TRUE(fs::exists(dir_ / "r-1-0001.params"));
+  ASSERT_FALSE(fs::exists(dir_ / "r-0001.params"));
+  TrainConfig resumed = cfg;
+  resumed.set_num_epochs(2);
+  resumed.set_load_epoch(1);
+  auto b = Trainer::Create(resumed, env);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(Matching(R"(INFO:root:Loaded parameters from ".*r-1-0001\.params")").size(), 1u);
+  // Rank 0's file only: rank 1 falls back to it.
+  fs::rename(dir_ / "r-1-0001.params", dir_ / "r-0001.params");
+  lines_.clear();
+  auto c = Trainer::Create(resumed, env);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(Matching(R"(INFO:root:Loaded parameters from ".*/r-0001\.params")").size(), 1u);
 }
 
 TEST_F(TrainerTest, BadCheckpointIsAClearError) {
