@@ -53,6 +53,7 @@ StatusOr<std::unique_ptr<ImageRecordIter>> ImageRecordIter::Create(
     it->list_.assign(all.begin() + n * p / parts, all.begin() + n * (p + 1) / parts);
     it->part_begin_ = n * p / parts;
     it->part_end_ = n * (p + 1) / parts;
+    it->listed_ = static_cast<int64_t>(n);
     if (it->list_.empty()) {
       return Status::InvalidArgument(StrCat(config.path_imglist, ": part ", config.part_index,
                                             " of ", config.num_parts, " holds no images"));
@@ -92,6 +93,7 @@ Status ImageRecordIter::OpenRecordFile() {
     // A record listed twice is read once.
     std::sort(all.begin(), all.end());
     all.erase(std::unique(all.begin(), all.end()), all.end());
+    listed_ = static_cast<int64_t>(all.size());
     // By count, as dmlc's indexed RecordIO splitter that MXNet uses with a
     // .idx: parts of ceil(N / P) records, the last ones shorter (or empty).
     const uint64_t step = (all.size() + config_.num_parts - 1) / config_.num_parts;
@@ -117,6 +119,14 @@ Status ImageRecordIter::OpenRecordFile() {
                                           range.second, ") holds no records"));
   }
   return Status::Ok();
+}
+
+StatusOr<int64_t> ImageRecordIter::CountAllExamples() const {
+  if (listed_ >= 0) return listed_;
+  // The parts before and after this one start at record starts (PartitionRange).
+  ASSIGN_OR_RETURN(uint64_t before, file_->CountRecords(0, part_begin_));
+  ASSIGN_OR_RETURN(uint64_t after, file_->CountRecords(part_end_, file_->size()));
+  return static_cast<int64_t>(before + offsets_.size() + after);
 }
 
 ImageRecordIter::~ImageRecordIter() {

@@ -85,6 +85,10 @@ class ImageRecordIter : public DataIter {
   int64_t num_examples() const override {
     return static_cast<int64_t>(file_ ? offsets_.size() : list_.size());
   }
+  // The examples of all parts together: the same on every worker, so that
+  // they agree on an epoch's size (fit.py's num_examples). A .lst or .idx
+  // knows it; a bare .rec has the other parts' record headers scanned.
+  StatusOr<int64_t> CountAllExamples() const;
   std::vector<int64_t> batch_shape() const override;
   std::string Describe() const override;
 
@@ -113,6 +117,7 @@ class ImageRecordIter : public DataIter {
   std::vector<uint64_t> offsets_;           // record starts of this part, in file order
   std::vector<ImageListEntry> list_;        // this part's .lst entries (list mode)
   uint64_t part_begin_ = 0, part_end_ = 0;  // bytes of the .rec, or entries of the .lst
+  int64_t listed_ = -1;                     // every part's entries of the .lst or .idx
   int64_t num_batches_ = 0;
 
   Mutex mu_;

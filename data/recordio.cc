@@ -221,6 +221,17 @@ StatusOr<std::vector<uint64_t>> RecordIOFile::ScanRecordStarts(uint64_t begin, u
   return starts;
 }
 
+StatusOr<uint64_t> RecordIOFile::CountRecords(uint64_t begin, uint64_t end) const {
+  uint64_t count = 0;
+  end = std::min(end, size_);
+  for (uint64_t pos = begin; pos < end; ++count) {
+    uint64_t next = 0;
+    RETURN_IF_ERROR(ReadAt(pos, nullptr, nullptr, &next));
+    pos = next;
+  }
+  return count;
+}
+
 uint64_t RecordIOFile::SeekRecordBegin(uint64_t pos) const {
   pos = (pos + 3) & ~uint64_t{3};
   for (; pos + 8 <= size_; pos += 4) {

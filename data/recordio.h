@@ -100,6 +100,9 @@ class RecordIOFile {
   // order, found by hopping over the lrec words (payloads are not copied).
   // REQUIRES: begin is a record start (as PartitionRange returns).
   StatusOr<std::vector<uint64_t>> ScanRecordStarts(uint64_t begin, uint64_t end) const;
+  // How many records begin in [begin, end) (the same hops, nothing kept).
+  // REQUIRES: begin is a record start.
+  StatusOr<uint64_t> CountRecords(uint64_t begin, uint64_t end) const;
 
   // The first record start at or after `pos` (pos rounded up to 4): the next
   // aligned magic word followed by a cflag of 0 or 1, as dmlc's

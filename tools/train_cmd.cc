@@ -48,19 +48,21 @@ StatusOr<TrainData> OpenImageData(const TrainConfig& cfg, int rank, int num_work
   out.kind = "recordio";
   out.image_shape = shape;
   out.num_classes = cfg.num_classes();
-  auto open = [&](ImageDataSplit split) -> StatusOr<std::unique_ptr<DataIter>> {
+  auto open = [&](ImageDataSplit split) -> StatusOr<std::unique_ptr<ImageRecordIter>> {
     ASSIGN_OR_RETURN(
         ImageRecordIterConfig ic,
         ImageRecordIterConfigFromFlags(split, cfg.batch_size(), static_cast<int>(shape[0]),
                                        static_cast<int>(shape[1]), static_cast<int>(shape[2]), rank,
                                        num_workers, static_cast<uint64_t>(cfg.seed())));
     if (split == ImageDataSplit::kTrain) ic.shuffle = cfg.shuffle_train() != 0;
-    ASSIGN_OR_RETURN(std::unique_ptr<ImageRecordIter> it, ImageRecordIter::Create(ic));
-    return std::unique_ptr<DataIter>(std::move(it));
+    return ImageRecordIter::Create(ic);
   };
-  ASSIGN_OR_RETURN(out.train, open(ImageDataSplit::kTrain));
-  // Without --num-examples an epoch covers this part's records on every worker.
-  out.total_train_examples = out.train->num_examples() * num_workers;
+  ASSIGN_OR_RETURN(std::unique_ptr<ImageRecordIter> train, open(ImageDataSplit::kTrain));
+  // Without --num-examples an epoch is floor(N / W) of all N records on every
+  // worker: the parts differ by a few records (split by bytes, or ceil(N/P)
+  // with a .idx), and in dist_sync every worker must run as many batches.
+  ASSIGN_OR_RETURN(out.total_train_examples, train->CountAllExamples());
+  out.train = std::move(train);
   if (!FLAGS_data_val.empty()) {
     ASSIGN_OR_RETURN(out.val, open(ImageDataSplit::kVal));
   }

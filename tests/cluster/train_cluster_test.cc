@@ -8,8 +8,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -409,6 +411,58 @@ TEST(TrainClusterTest, Im2recPackedImagesTrainANet) {
     EXPECT_LE(v, 1.0);
   }
   EXPECT_NE(run.output.find("Epoch[0] Batch [2]\tSpeed: "), std::string::npos) << run.output;
+
+  // Three dist_sync workers on 298 of the records (a .idx listing them):
+  // parts of ceil(298 / 3) = 100, 100 and 98 records, yet every worker runs
+  // floor(298 / 3) = 99 examples an epoch (33 batches of 3), so the rounds
+  // match and the job ends (each used to take its own part's 34 or 33).
+  {
+    std::ifstream in(train_prefix + ".idx");
+    std::ofstream out(train_prefix + "-298.idx");
+    std::string line;
+    for (int i = 0; i < 298 && std::getline(in, line); ++i) out << line << "\n";
+  }
+  TempDir logs;
+  CmdRun dist = RunPstrain({"launch",
+                            "-n",
+                            "3",
+                            "-s",
+                            "1",
+                            "--launcher",
+                            "local",
+                            "--log-dir",
+                            logs.path(),
+                            "--",
+                            PstrainBinary(),
+                            "train",
+                            "--network",
+                            "mlp",
+                            "--data-train",
+                            train_prefix + ".rec",
+                            "--data-train-idx",
+                            train_prefix + "-298.idx",
+                            "--image-shape",
+                            "3,28,28",
+                            "--num-classes",
+                            "10",
+                            "--batch-size",
+                            "3",
+                            "--num-epochs",
+                            "1",
+                            "--kv-store",
+                            "dist_sync"},
+                           180000);
+  ASSERT_EQ(dist.exit_code, 0) << dist.output;
+  std::multiset<int64_t> part_sizes;
+  for (int w = 0; w < 3; ++w) {
+    const std::string log = ReadFile(logs.path() + "/worker-" + std::to_string(w) + ".log");
+    EXPECT_NE(log.find("; 33 batches per epoch"), std::string::npos) << log;
+    std::smatch m;
+    if (std::regex_search(log, m, std::regex(R"(, ([0-9]+) examples)"))) {
+      part_sizes.insert(std::stoll(m[1].str()));
+    }
+  }
+  EXPECT_EQ(part_sizes, (std::multiset<int64_t>{98, 100, 100}));
 }
 
 }  // namespace

@@ -195,6 +195,10 @@ TEST_F(ImageRecordIterTest, PartsSplitTheExamplesExactlyOnce) {
       std::vector<int64_t> ids = ReadPass(it->get());
       EXPECT_EQ(static_cast<int64_t>(ids.size()), (*it)->num_examples());
       EXPECT_GT(ids.size(), 40u) << "parts are about equal in bytes";
+      // Every part counts all the records alike (the workers' epoch size).
+      auto all = (*it)->CountAllExamples();
+      ASSERT_OK(all.status());
+      EXPECT_EQ(*all, 257);
       if (use_idx) {
         // By count, as dmlc's indexed splitter: ceil(257/4) = 65 per part in
         // file order, the last 62.
@@ -218,6 +222,7 @@ TEST_F(ImageRecordIterTest, PartsSplitTheExamplesExactlyOnce) {
   auto it = ImageRecordIter::Create(cfg);
   ASSERT_OK(it.status());
   EXPECT_EQ((*it)->num_examples(), 257);
+  EXPECT_EQ(*(*it)->CountAllExamples(), 257);
   // 9 records in 4 parts: 3, 3, 3 and none, which is said as such.
   WriteRec("nine", 9);
   cfg = Config("nine", 2);
@@ -392,6 +397,7 @@ TEST_F(ImageRecordIterTest, ReadsAnImageFolderThroughALstFile) {
     auto it = ImageRecordIter::Create(cfg);
     ASSERT_TRUE(it.ok()) << it.status();
     EXPECT_EQ((*it)->num_examples(), 10);
+    EXPECT_EQ(*(*it)->CountAllExamples(), 30);
     std::vector<Batch> batches;
     for (int64_t id : ReadPass(it->get(), &batches)) seen.insert(id);
     for (const Batch& b : batches) {
