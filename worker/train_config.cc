@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -36,6 +37,16 @@ bool ParseInt64(const std::string& s, int64_t* out) {
   char* end = nullptr;
   long long v = std::strtoll(s.c_str(), &end, 10);
   if (s.empty() || errno != 0 || *end != '\0') return false;
+  *out = v;
+  return true;
+}
+
+bool ParseUint64(const std::string& s, uint64_t* out) {
+  if (s.empty() || s[0] < '0' || s[0] > '9') return false;  // no sign, no spaces
+  errno = 0;
+  char* end = nullptr;
+  unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0') return false;
   *out = v;
   return true;
 }
@@ -110,6 +121,10 @@ StatusOr<TrainConfig> ParseTrainConfigText(const std::string& text, const std::s
 }
 
 StatusOr<TrainConfig> ReadTrainConfigFile(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return Status::InvalidArgument(StrCat("config file ", path, " is a directory"));
+  }
   std::ifstream in(path);
   if (!in) return Status::NotFound(StrCat("config file ", path, " cannot be opened"));
   std::stringstream text;
@@ -155,10 +170,12 @@ Status ApplyConfigOverrides(const std::vector<std::pair<std::string, std::string
         if (!ParseInt64(value, &i)) return bad("an integer");
         refl->SetInt64(cfg, f, i);
         break;
-      case pb::FieldDescriptor::CPPTYPE_UINT64:
-        if (!ParseInt64(value, &i) || i < 0) return bad("a non-negative integer");
-        refl->SetUInt64(cfg, f, static_cast<uint64_t>(i));
+      case pb::FieldDescriptor::CPPTYPE_UINT64: {
+        uint64_t u = 0;
+        if (!ParseUint64(value, &u)) return bad("a non-negative integer below 2^64");
+        refl->SetUInt64(cfg, f, u);
         break;
+      }
       case pb::FieldDescriptor::CPPTYPE_FLOAT:
         if (!ParseDouble(value, &d)) return bad("a number");
         refl->SetFloat(cfg, f, static_cast<float>(d));

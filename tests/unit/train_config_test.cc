@@ -70,6 +70,11 @@ TEST(TrainConfigTest, ReadsFilesAndReportsMissingOnes) {
   auto missing = ReadTrainConfigFile(path.string());
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  // A folder opens as a stream that reads nothing: not an empty config.
+  auto folder = ReadTrainConfigFile(path.parent_path().string());
+  EXPECT_EQ(folder.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(folder.status().message().find("is a directory"), std::string::npos)
+      << folder.status();
 }
 
 TEST(TrainConfigTest, OverridesWinAndAreTyped) {
@@ -94,6 +99,13 @@ TEST(TrainConfigTest, OverridesWinAndAreTyped) {
   EXPECT_NE(s.message().find("--no-such-flag"), std::string::npos) << s;
   s = ApplyConfigOverrides({{"lr", "0.1x"}}, &*cfg);
   EXPECT_NE(s.message().find("is not a number"), std::string::npos) << s;
+  // The uint64 seed takes its whole range, and nothing signed.
+  ASSERT_OK(ApplyConfigOverrides({{"seed", "18446744073709551615"}}, &*cfg));
+  EXPECT_EQ(cfg->seed(), 18446744073709551615ull);
+  for (const char* bad : {"-1", "+1", " 1", "18446744073709551616"}) {
+    s = ApplyConfigOverrides({{"seed", bad}}, &*cfg);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
+  }
 }
 
 TEST(TrainConfigTest, ValidationNamesTheBadValue) {
