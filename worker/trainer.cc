@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -260,7 +261,20 @@ Status Trainer::NextTrainBatch(Batch* batch) {
   return Status::Ok();
 }
 
-Status Trainer::CopyBatchIn(const Batch& batch) {
+Status Trainer::CopyBatchIn(const Batch& batch, const DataIter& from) {
+  // A label past the network's classes would train nothing and count as
+  // wrong (the softmax has no such output): a wrong --num-classes, say.
+  for (size_t i = 0; i < batch.label.size(); ++i) {
+    const float v = batch.label[i];
+    if (!(v >= 0 && v < static_cast<float>(num_classes_)) || v != std::floor(v)) {
+      const size_t e = i / static_cast<size_t>(std::max(1, batch.label_width));
+      return Status::InvalidArgument(
+          StrCat(from.Describe(), ": example ",
+                 e < batch.index.size() ? std::to_string(batch.index[e]) : std::to_string(e),
+                 " has label ", v, ", not a class of the network's ", num_classes_,
+                 " outputs (--num-classes ", num_classes_, ")"));
+    }
+  }
   RETURN_IF_ERROR(exec_->LoadData(batch.data.data(), batch.data.size()));
   return exec_->LoadLabel(batch.label.data(), batch.label.size());
 }
@@ -281,7 +295,7 @@ Status Trainer::TrainEpoch(int epoch) {
   // read for the metrics: the device never waits for the reader.
   Batch batch, next;
   RETURN_IF_ERROR(NextTrainBatch(&batch));
-  RETURN_IF_ERROR(CopyBatchIn(batch));
+  RETURN_IF_ERROR(CopyBatchIn(batch, *data_.train));
   auto speed_tic = SteadyClock::now();
   MetricValues train_values;
   for (int64_t nbatch = 0; nbatch < epoch_size_; ++nbatch) {
@@ -291,7 +305,7 @@ Status Trainer::TrainEpoch(int epoch) {
     RETURN_IF_ERROR(sync_->TakeError());
     if (nbatch + 1 < epoch_size_) {
       RETURN_IF_ERROR(NextTrainBatch(&next));
-      RETURN_IF_ERROR(CopyBatchIn(next));  // the inputs only: the output stays
+      RETURN_IF_ERROR(CopyBatchIn(next, *data_.train));  // the inputs only: the output stays
     }
     metrics.Update(Output(), batch.label.data(), batch.batch_size() - batch.pad, num_classes_);
     std::swap(batch, next);
@@ -392,7 +406,7 @@ Status Trainer::Validate(int epoch, EpochResult* result) {
   while (true) {
     ASSIGN_OR_RETURN(bool more, data_.val->Next(&batch));
     if (!more) break;
-    RETURN_IF_ERROR(CopyBatchIn(batch));
+    RETURN_IF_ERROR(CopyBatchIn(batch, *data_.val));
     exec_->Forward(/*is_train=*/false);
     RETURN_IF_ERROR(sync_->TakeError());
     metrics.Update(Output(), batch.label.data(), batch.batch_size() - batch.pad, num_classes_);

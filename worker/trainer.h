@@ -117,7 +117,9 @@ class Trainer {
   // The prefix a resumed run loads epoch `epoch` from: rank r > 0 its own
   // prefix-<r> when that checkpoint exists (fit.py's _load_model), else the prefix.
   std::string LoadPrefix(int epoch) const;
-  Status CopyBatchIn(const Batch& batch);
+  // Checks the batch's labels (classes of the network's output; an error
+  // names `from` and the example) and copies it to the devices.
+  Status CopyBatchIn(const Batch& batch, const DataIter& from);
   // The output of the last Forward, copied to host memory.
   const float* Output();
   Status NextTrainBatch(Batch* batch);

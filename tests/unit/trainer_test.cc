@@ -457,6 +457,22 @@ TEST_F(TrainerTest, ARankAboveZeroResumesFromItsOwnCheckpoint) {
   EXPECT_EQ(Matching(R"(INFO:root:Loaded parameters from ".*/r-0001\.params")").size(), 1u);
 }
 
+// MNIST's labels 0-9 against a network of 5 classes (--num-classes 5): the
+// run stops at the first such label, naming it, instead of training a model
+// that can never be right.
+TEST_F(TrainerTest, ALabelPastTheNetworksClassesIsAnError) {
+  TrainConfig cfg = cfg_;
+  cfg.set_num_classes(5);
+  auto t = Make(cfg);
+  ASSERT_TRUE(t.ok()) << t.status();
+  Status s = (*t)->Run();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("MNIST train"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("not a class of the network's 5 outputs (--num-classes 5)"),
+            std::string::npos)
+      << s;
+}
+
 TEST_F(TrainerTest, BadCheckpointIsAClearError) {
   TrainConfig cfg = cfg_;
   cfg.set_model_prefix((dir_ / "missing").string());
