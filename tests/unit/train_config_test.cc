@@ -73,8 +73,7 @@ TEST(TrainConfigTest, ReadsFilesAndReportsMissingOnes) {
   // A folder opens as a stream that reads nothing: not an empty config.
   auto folder = ReadTrainConfigFile(path.parent_path().string());
   EXPECT_EQ(folder.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(folder.status().message().find("is a directory"), std::string::npos)
-      << folder.status();
+  EXPECT_NE(folder.status().message().find("is a directory"), std::string::npos) << folder.status();
 }
 
 TEST(TrainConfigTest, OverridesWinAndAreTyped) {
