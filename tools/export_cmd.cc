@@ -40,20 +40,27 @@ int RunExport(int argc, char** argv) {
     std::fprintf(stderr, "pstrain export: unexpected argument '%s'\n", argv[1]);
     return 2;
   }
-  if (FLAGS_network.empty() || FLAGS_out.empty()) {
-    std::fprintf(stderr, "pstrain export: --network and --out are required\n");
+  auto cfg = MergedConfigFromFlags();
+  if (!cfg.ok()) {
+    std::fprintf(stderr, "pstrain export: %s\n", cfg.status().ToString().c_str());
+    return 2;
+  }
+  if (cfg->network().empty() || FLAGS_out.empty()) {
+    std::fprintf(stderr,
+                 "pstrain export: --network (or network: in the --config file) and --out are "
+                 "required\n");
     return 2;
   }
   std::string params = FLAGS_params;
   if (params.empty()) {
-    if (FLAGS_model_prefix.empty() || FLAGS_load_epoch < 1) {
+    if (cfg->model_prefix().empty() || cfg->load_epoch() < 1) {
       std::fprintf(stderr,
                    "pstrain export: give --params FILE, or --model-prefix and --load-epoch\n");
       return 2;
     }
-    params = CheckpointParamsPath(FLAGS_model_prefix, FLAGS_load_epoch);
+    params = CheckpointParamsPath(cfg->model_prefix(), cfg->load_epoch());
   }
-  auto graph = ModelFromFlags();
+  auto graph = ModelFromConfig(*cfg);
   if (!graph.ok()) {
     std::fprintf(stderr, "pstrain export: %s\n", graph.status().ToString().c_str());
     return 2;
@@ -64,7 +71,7 @@ int RunExport(int argc, char** argv) {
     return 1;
   }
   OnnxExportOptions opts;
-  opts.graph_name = FLAGS_network;
+  opts.graph_name = cfg->network();
   opts.producer_version = PSTRAIN_VERSION;
   opts.source = params;
   auto model = ExportOnnx(*graph, *arrays, opts);
@@ -85,7 +92,7 @@ int RunExport(int argc, char** argv) {
   const Node& data = graph->node(graph->input_nodes()[0]);
   const Node& out = graph->node(graph->output());
   std::printf("wrote %s: %s, ONNX opset %d, input %s %s, output %s %s, %d nodes\n",
-              FLAGS_out.c_str(), FLAGS_network.c_str(), kOnnxOpset, data.name.c_str(),
+              FLAGS_out.c_str(), cfg->network().c_str(), kOnnxOpset, data.name.c_str(),
               WithBatch(data.out_shape).c_str(), out.name.c_str(), WithBatch(out.out_shape).c_str(),
               model->graph().node_size());
   return 0;

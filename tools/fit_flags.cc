@@ -78,7 +78,7 @@ bool DefinedHere(const gflags::CommandLineFlagInfo& f) {
 
 }  // namespace
 
-StatusOr<TrainConfig> TrainConfigFromFlags() {
+StatusOr<TrainConfig> MergedConfigFromFlags() {
   TrainConfig cfg;
   if (!FLAGS_config.empty()) {
     ASSIGN_OR_RETURN(cfg, ReadTrainConfigFile(FLAGS_config));
@@ -91,21 +91,28 @@ StatusOr<TrainConfig> TrainConfigFromFlags() {
     given.emplace_back(f.name, f.current_value);
   }
   RETURN_IF_ERROR(ApplyConfigOverrides(given, &cfg));
+  return cfg;
+}
+
+StatusOr<TrainConfig> TrainConfigFromFlags() {
+  ASSIGN_OR_RETURN(TrainConfig cfg, MergedConfigFromFlags());
   RETURN_IF_ERROR(ValidateTrainConfig(cfg));
   return cfg;
 }
 
-StatusOr<Graph> ModelFromFlags() {
-  if (FLAGS_network.empty()) return Status::InvalidArgument("--network is required");
-  auto dims = ParseIntList(FLAGS_image_shape, "--image-shape");
+StatusOr<Graph> ModelFromConfig(const TrainConfig& cfg) {
+  if (cfg.network().empty()) {
+    return Status::InvalidArgument("--network (or network: in the --config file) is required");
+  }
+  auto dims = ParseIntList(cfg.image_shape(), "--image-shape");
   if (!dims.ok() || (!dims->empty() && dims->size() != 3)) {
-    return Status::InvalidArgument(StrCat("--image-shape='", FLAGS_image_shape, "' must be C,H,W"));
+    return Status::InvalidArgument(StrCat("--image-shape='", cfg.image_shape(), "' must be C,H,W"));
   }
   ModelOptions mo;
-  mo.name = FLAGS_network;
-  mo.num_layers = FLAGS_num_layers;
+  mo.name = cfg.network();
+  mo.num_layers = cfg.num_layers();
   mo.image_shape = Shape(*dims);
-  mo.num_classes = FLAGS_num_classes;
+  mo.num_classes = cfg.num_classes();
   return BuildModel(mo);
 }
 

@@ -11,15 +11,18 @@
 
 namespace pstrain {
 
-// The effective config: the --config text file when given, then every fit
-// flag set explicitly on the command line (flags win), validated. Errors name
-// the file:line:column or the flag.
+// The --config text file when given, then every fit flag set explicitly on
+// the command line (flags win), not validated as a training run: what
+// `summary` and `export` read. Errors name the file:line:column or the flag.
+StatusOr<TrainConfig> MergedConfigFromFlags();
+
+// The effective config of a training run: MergedConfigFromFlags, validated.
 StatusOr<TrainConfig> TrainConfigFromFlags();
 
-// The zoo model the network flags name (--network, --num-layers,
-// --image-shape, --num-classes), as `summary` and `export` build it without a
+// The zoo model the config's network fields name (network, num_layers,
+// image_shape, num_classes), as `summary` and `export` build it without a
 // data set. InvalidArgument naming the flag when one is wrong.
-StatusOr<Graph> ModelFromFlags();
+StatusOr<Graph> ModelFromConfig(const TrainConfig& cfg);
 
 }  // namespace pstrain
 

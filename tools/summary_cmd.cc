@@ -99,9 +99,9 @@ int PrintStepMemory(const Graph& graph, const TrainConfig& cfg) {
 // Where no GPU is visible: the plan each listed GPU's executor would make,
 // made without the device (Executor::PlanWithoutDevice), without cuDNN's
 // workspaces (the algorithm search on the GPU decides them).
-int PrintPlannedMemory(const Graph& graph, const TrainingDevices& devices, const std::string& why) {
-  auto shares =
-      SplitBatch(FLAGS_batch_size, static_cast<int>(devices.gpus.size()), devices.weights);
+int PrintPlannedMemory(const Graph& graph, int batch_size, const TrainingDevices& devices,
+                       const std::string& why) {
+  auto shares = SplitBatch(batch_size, static_cast<int>(devices.gpus.size()), devices.weights);
   if (!shares.ok()) {
     std::fprintf(stderr, "pstrain summary: %s\n", shares.status().ToString().c_str());
     return 2;
@@ -122,7 +122,7 @@ int PrintPlannedMemory(const Graph& graph, const TrainingDevices& devices, const
       "training step at batch %d, planned without a GPU (%s); the operators' scratch (cuDNN's "
       "workspaces, a batch norm's unwanted data gradient) comes on top where it does not fit the "
       "plan's gaps:\n",
-      FLAGS_batch_size, why.c_str());
+      batch_size, why.c_str());
   const double params =
       static_cast<double>(2 * graph.NumParams() + graph.NumAuxElements()) * sizeof(float);
   for (size_t d = 0; d < devices.gpus.size(); ++d) {
@@ -138,7 +138,12 @@ int PrintPlannedMemory(const Graph& graph, const TrainingDevices& devices, const
 }  // namespace
 
 int RunSummary(int argc, char** argv) {
-  auto graph = ModelFromFlags();
+  auto merged = MergedConfigFromFlags();
+  if (!merged.ok()) {
+    std::fprintf(stderr, "pstrain summary: %s\n", merged.status().ToString().c_str());
+    return 2;
+  }
+  auto graph = ModelFromConfig(*merged);
   if (!graph.ok()) {
     std::fprintf(stderr, "pstrain summary: %s\n", graph.status().ToString().c_str());
     return 2;
@@ -149,19 +154,9 @@ int RunSummary(int argc, char** argv) {
                 row.out_shape.ToString().c_str(), static_cast<long long>(row.num_params));
   }
   std::printf("total parameters: %lld\n", static_cast<long long>(graph->NumParams()));
-  if (FLAGS_gpus.empty()) return 0;
-  // The flags a training step's memory depends on, as `train` reads them.
-  TrainConfig cfg;
-  cfg.set_batch_size(FLAGS_batch_size);
-  cfg.set_gpus(FLAGS_gpus);
-  cfg.set_gpu_weights(FLAGS_gpu_weights);
-  cfg.set_gpu_tf32(FLAGS_gpu_tf32);
-  cfg.set_gpu_conv_graph(FLAGS_gpu_conv_graph);
-  cfg.set_kv_store(FLAGS_kv_store);
-  cfg.set_num_threads(FLAGS_num_threads);
-  cfg.set_mom(FLAGS_mom);
-  cfg.set_gc_type(FLAGS_gc_type);
-  cfg.set_gc_threshold(FLAGS_gc_threshold);
+  // The fields a training step's memory depends on, as `train` reads them.
+  const TrainConfig& cfg = *merged;
+  if (cfg.gpus().empty()) return 0;
   if (Status s = ValidateKvStore(cfg.kv_store()); !s.ok()) {
     std::fprintf(stderr, "pstrain summary: %s\n", s.ToString().c_str());
     return 2;
@@ -172,7 +167,7 @@ int RunSummary(int argc, char** argv) {
     return 2;
   }
   std::string why;
-  if (GpuCount(&why) == 0) return PrintPlannedMemory(*graph, *devices, why);
+  if (GpuCount(&why) == 0) return PrintPlannedMemory(*graph, cfg.batch_size(), *devices, why);
   return PrintStepMemory(*graph, cfg);
 }
 

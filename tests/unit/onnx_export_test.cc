@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 #include <set>
@@ -419,6 +420,20 @@ TEST_F(OnnxExportTest, ExportCommandWritesTheModelOrSaysWhatIsWrong) {
             0)
       << out;
   EXPECT_TRUE(std::filesystem::exists(dir_ + "/b.onnx"));
+  // So does the --config file a run was trained with (flags still win).
+  {
+    std::ofstream cfg(dir_ + "/lenet.cfg");
+    cfg << "network: \"lenet\"\nmodel_prefix: \"" << dir_ << "/lenet\"\nload_epoch: 2\n";
+  }
+  ASSERT_EQ(RunPstrain("export --config " + dir_ + "/lenet.cfg --out " + dir_ + "/cfg.onnx", &out),
+            0)
+      << out;
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/cfg.onnx"));
+  EXPECT_EQ(RunPstrain("export --config " + dir_ + "/lenet.cfg --load-epoch 3 --out " + dir_ +
+                           "/cfg3.onnx",
+                       &out),
+            1);
+  EXPECT_NE(out.find("lenet-0003.params"), std::string::npos) << out;
 
   // Another network's parameters: the array, both shapes and the flags to check.
   EXPECT_EQ(RunPstrain("export --network lenet --num-classes 100 --params " + params + " --out " +

@@ -41,6 +41,19 @@ TEST(SummaryCmdTest, PrintsLayersAndTotal) {
   EXPECT_NE(out.find("\ntotal parameters: 109386\n"), std::string::npos) << out;
   EXPECT_EQ(RunPstrain("summary --network no-such-net", &out), 2);
   EXPECT_NE(out.find("no-such-net"), std::string::npos) << out;
+  // The --config file a run was trained with names the network too.
+  const std::string cfg = ::testing::TempDir() + "/summary_resnet.cfg";
+  {
+    std::ofstream f(cfg);
+    f << "network: \"resnet\"\nnum_layers: 20\nimage_shape: \"3,32,32\"\n";
+  }
+  ASSERT_EQ(RunPstrain("summary --config " + cfg, &out), 0) << out;
+  EXPECT_NE(out.find("\ntotal parameters: 272544\n"), std::string::npos) << out;
+  ASSERT_EQ(RunPstrain("summary --config " + cfg + " --network lenet --image-shape 1,28,28", &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("\ntotal parameters: 431080\n"), std::string::npos) << out;
+  std::remove(cfg.c_str());
 }
 
 // MXNet spells a boolean flag's off switch --no-shuffle; gflags --noshuffle.
