@@ -46,12 +46,20 @@ float LrSchedule::LrAt(int64_t num_update) const {
       }
       break;
   }
+  // MXNet multiplies once per decay (in double); so do we for the usual few
+  // (a schedule by epochs), and past that take the power at once: a step of
+  // one update would otherwise cost each update as many multiplications as
+  // updates so far. The two agree to far below a float's precision.
+  constexpr int64_t kMultiplied = 64;
   double lr = base_lr_;
-  for (int64_t i = 0; i < decays; ++i) {
-    lr *= cfg_.factor();
-    if (cfg_.type() == LrSchedulerConfig::FACTOR && lr < cfg_.stop_factor_lr()) {
-      return cfg_.stop_factor_lr();
-    }
+  if (decays <= kMultiplied) {
+    for (int64_t i = 0; i < decays; ++i) lr *= cfg_.factor();
+  } else {
+    lr *= std::pow(static_cast<double>(cfg_.factor()), static_cast<double>(decays));
+  }
+  // The FACTOR scheduler's floor (it stops decaying there).
+  if (cfg_.type() == LrSchedulerConfig::FACTOR && decays > 0 && lr < cfg_.stop_factor_lr()) {
+    return cfg_.stop_factor_lr();
   }
   return static_cast<float>(lr);
 }

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <vector>
 
@@ -152,6 +153,37 @@ TEST(OptimizerTest, FactorScheduleDecaysEveryStepUpdates) {
   EXPECT_FLOAT_EQ(s->LrAt(10), 0.1f);
   EXPECT_FLOAT_EQ(s->LrAt(11), 0.05f);
   EXPECT_FLOAT_EQ(s->LrAt(21), 0.025f);
+}
+
+// A step of one update: the rate at update n costs no n multiplications
+// (a server's millionth update took milliseconds per key), and it still
+// follows MXNet's multiply-per-decay within float precision, floor included.
+TEST(OptimizerTest, FactorScheduleOfManyDecaysIsCheapAndExact) {
+  LrSchedulerConfig sc;
+  sc.set_type(LrSchedulerConfig::FACTOR);
+  sc.set_step(1);
+  sc.set_factor(1.0f);
+  auto flat = LrSchedule::Create(0.1f, sc);
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(flat->LrAt(int64_t{1} << 40), 0.1f);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 0.1);
+  sc.set_factor(0.99f);
+  sc.set_stop_factor_lr(1e-3f);
+  auto decaying = LrSchedule::Create(0.1f, sc);
+  ASSERT_TRUE(decaying.ok()) << decaying.status();
+  double lr = 0.1f;
+  for (int64_t n = 2; n <= 1000; ++n) {
+    lr *= 0.99f;  // MXNet: once num_update passes count + step
+    const float want = lr < 1e-3f ? 1e-3f : static_cast<float>(lr);
+    ASSERT_FLOAT_EQ(decaying->LrAt(n), want) << "update " << n;
+  }
+  EXPECT_EQ(decaying->LrAt(int64_t{1} << 40), 1e-3f);
+  sc.set_factor(0.5f);
+  sc.set_stop_factor_lr(0);
+  auto to_zero = LrSchedule::Create(0.1f, sc);
+  ASSERT_TRUE(to_zero.ok()) << to_zero.status();
+  EXPECT_EQ(to_zero->LrAt(int64_t{1} << 40), 0.0f);
 }
 
 TEST(OptimizerTest, MultiFactorScheduleDecaysAtEachStep) {
