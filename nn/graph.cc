@@ -97,9 +97,17 @@ int Graph::AddAux(Node* node, const std::string& suffix, Shape shape, ParamRole 
 
 NodeId Graph::Input(const std::string& name, const Shape& shape) {
   if (!status_.ok()) return kInvalidNode;
+  // Per example; far past any memory, and below where int64 products wrap.
+  constexpr int64_t kMaxInputElements = int64_t{1} << 40;
+  int64_t elements = 1;
   for (int i = 0; i < shape.ndim(); ++i) {
     if (shape[i] < 1) {
       Fail(StrCat("input '", name, "': shape ", shape.ToString(), " has a dimension < 1"));
+      return kInvalidNode;
+    }
+    if (__builtin_mul_overflow(elements, shape[i], &elements) || elements > kMaxInputElements) {
+      Fail(StrCat("input '", name, "': shape ", shape.ToString(),
+                  " has more than 2^40 elements per example"));
       return kInvalidNode;
     }
   }

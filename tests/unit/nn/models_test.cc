@@ -145,5 +145,21 @@ TEST(ModelsTest, BadResnetDepthAndTinyImageAreErrors) {
   EXPECT_NE(g.status().message().find("conv2"), std::string::npos) << g.status();
 }
 
+// Image shapes whose element count passes int64 (16 x 1048577 x 1099510579201
+// = 2^64 + 16 wrapped to 16 floats, and trained) are refused by name.
+TEST(ModelsTest, AnImageShapeTooLargeToCountIsAnError) {
+  for (Shape shape : {Shape{16, 1048577, 1099510579201}, Shape{1, 4294967297, 4294967297},
+                      Shape{1, int64_t{1} << 21, int64_t{1} << 20}}) {
+    ModelOptions o;
+    o.name = "mlp";
+    o.image_shape = shape;
+    StatusOr<Graph> g = BuildModel(o);
+    ASSERT_FALSE(g.ok()) << shape.ToString();
+    EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(g.status().message().find("more than 2^40 elements per example"), std::string::npos)
+        << g.status();
+  }
+}
+
 }  // namespace
 }  // namespace pstrain
