@@ -27,8 +27,10 @@ namespace pstrain {
 
 struct ModelOptions {
   std::string name;
-  int num_layers = 0;  // resnet: 18/34/50/101/152 (ImageNet) or 6n+2 / 9n+2 (CIFAR)
-  Shape image_shape;   // (C,H,W); empty = the model's default
+  // resnet: 18/34/50/101/152 (ImageNet) or 6n+2 / 9n+2 (CIFAR); 0: 50 or
+  // 110, MXNet's scripts' defaults.
+  int num_layers = 0;
+  Shape image_shape;  // (C,H,W); empty = the model's default
   // 0 = the model's default: 10, or 1000 for ImageNet models (10 for those too
   // when the image is at most 32 pixels high, e.g. resnet's CIFAR variant).
   int num_classes = 0;

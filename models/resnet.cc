@@ -48,8 +48,9 @@ NodeId ResidualUnit(Graph* g, NodeId x, int filters, int stride, bool dim_match,
 // (L-2) % 6 == 0 and L < 164, bottleneck for (L-2) % 9 == 0 and L >= 164.
 // ImageNet otherwise: L in {18, 34, 50, 101, 152, 200, 269}.
 Status BuildResnet(const ModelOptions& o, Graph* g) {
-  const int L = o.num_layers;
   const int64_t height = o.image_shape[1];
+  // 0: MXNet's scripts' defaults (train_cifar10.py 110, train_imagenet.py 50).
+  const int L = o.num_layers != 0 ? o.num_layers : (height <= 32 ? 110 : 50);
   std::vector<int> units, filters;
   bool bottleneck;
   const bool cifar = height <= 32;

@@ -12,7 +12,9 @@
 // Names and defaults equal the TrainConfig fields (fit_flags_test checks it).
 DEFINE_string(config, "", "protobuf text file with TrainConfig fields; flags given override it");
 DEFINE_string(network, "", "the network: mlp, lenet, resnet, inception-bn, ... (required)");
-DEFINE_int32(num_layers, 0, "number of layers (resnet); 0: the network's default");
+DEFINE_int32(num_layers, 0,
+             "number of layers (resnet); 0: the network's default (resnet: 110 for images up "
+             "to 32 high, else 50, as MXNet's scripts)");
 DEFINE_string(image_shape, "", "C,H,W of the input images; empty: the data set's");
 DEFINE_int32(num_classes, 0, "number of classes; 0: the data set's (10)");
 DEFINE_string(

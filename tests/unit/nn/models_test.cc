@@ -28,6 +28,9 @@ TEST(ModelsTest, DefaultClassesFollowTheImageSize) {
   EXPECT_EQ(Build("resnet", 110, {3, 28, 28}).NumParams(), 1730784);
   EXPECT_EQ(Build("resnet", 50, {3, 224, 224}).NumParams(), 25549486);
   EXPECT_EQ(Build("inception-bn", 0, {3, 224, 224}).NumParams(), 11295240);
+  // No depth: MXNet's scripts' resnet-110 (CIFAR) and resnet-50 (ImageNet).
+  EXPECT_EQ(Build("resnet", 0, {3, 28, 28}).NumParams(), 1730784);
+  EXPECT_EQ(Build("resnet", 0, {3, 224, 224}).NumParams(), 25549486);
 }
 
 TEST(ModelsTest, MlpCount) {
