@@ -7,6 +7,7 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -121,14 +122,24 @@ void PrintCommandHelp(const Command& cmd) {
   std::printf("\nlogging: --v=N for verbose logs, --logtostderr=0 --log_dir=DIR for files.\n");
 }
 
-// "--num-epochs=3" -> "--num_epochs=3"; leaves values and positional args alone.
+// "--num-epochs=3" -> "--num_epochs=3"; leaves values and positional args
+// alone: a word that does not start with a letter after its dashes ("-1,-2"),
+// and the word after a flag that takes one ("--rgb-mean -1,-2,-3").
 // MXNet's "--no-shuffle" for a boolean flag `shuffle` becomes gflags'
 // "--noshuffle" (unless a flag is itself named no_shuffle).
 void NormalizeFlagNames(std::vector<std::string>* args) {
+  bool value_next = false;
   for (std::string& a : *args) {
     if (a == "--") break;
+    if (value_next) {
+      value_next = false;
+      continue;
+    }
     if (a.size() < 2 || a[0] != '-') continue;
     size_t name_start = a[1] == '-' ? 2 : 1;
+    if (name_start >= a.size() || !std::isalpha(static_cast<unsigned char>(a[name_start]))) {
+      continue;
+    }
     size_t name_end = a.find('=');
     if (name_end == std::string::npos) name_end = a.size();
     for (size_t i = name_start; i < name_end; ++i) {
@@ -140,7 +151,10 @@ void NormalizeFlagNames(std::vector<std::string>* args) {
         !gflags::GetCommandLineFlagInfo(name.c_str(), &info) &&
         gflags::GetCommandLineFlagInfo(name.substr(3).c_str(), &info) && info.type == "bool") {
       a = a.substr(0, name_start) + "no" + name.substr(3);
+      continue;
     }
+    value_next = name_end == a.size() && gflags::GetCommandLineFlagInfo(name.c_str(), &info) &&
+                 info.type != "bool";
   }
 }
 

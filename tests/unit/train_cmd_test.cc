@@ -71,6 +71,16 @@ TEST(CommandLineTest, NoPrefixTurnsABooleanFlagOffAsInMxnet) {
   EXPECT_NE(out.find("unknown command line flag 'no_network'"), std::string::npos) << out;
 }
 
+// A value that starts with a dash, given as the next word, stays as written
+// (its dashes were turned into underscores: "'_2' is not a number").
+TEST(CommandLineTest, AValueStartingWithADashIsLeftAsWritten) {
+  std::string out;
+  EXPECT_EQ(RunPstrain("imageio --data-train /none.rec --rgb-mean -1,-2,-3", &out), 1) << out;
+  EXPECT_NE(out.find("no RecordIO file /none.rec"), std::string::npos) << out;
+  EXPECT_EQ(RunPstrain("imageio --data-train /none.rec --rgb-mean -1,-2-3", &out), 2) << out;
+  EXPECT_NE(out.find("-1,-2-3"), std::string::npos) << out;
+}
+
 // On a host with GPUs, a GPU it does not have is an error naming it; on a
 // host without any, the memory is planned without them (the CUDA module's
 // operators), saying why and that the workspaces are not in it.
