@@ -129,9 +129,14 @@ StatusOr<std::vector<float>> LoadOrComputeMeanImage(const ImageRecordIterConfig&
 }  // namespace
 
 StatusOr<ImageRecordIterConfig> ImageRecordIterConfigFromFlags(ImageDataSplit split, int batch_size,
-                                                               int channels, int height, int width,
-                                                               int part_index, int num_parts,
-                                                               uint64_t seed) {
+                                                               int64_t channels, int64_t height,
+                                                               int64_t width, int part_index,
+                                                               int num_parts, uint64_t seed) {
+  if ((channels != 1 && channels != 3) || height < 1 || height > 65535 || width < 1 ||
+      width > 65535) {
+    return Status::InvalidArgument(StrCat("image shape ", channels, ",", height, ",", width,
+                                          ": need 1 or 3 channels and sides of 1 to 65535"));
+  }
   const bool train = split == ImageDataSplit::kTrain;
   ImageRecordIterConfig cfg;
   const std::string& path = train ? FLAGS_data_train : FLAGS_data_val;
@@ -152,9 +157,9 @@ StatusOr<ImageRecordIterConfig> ImageRecordIterConfigFromFlags(ImageDataSplit sp
   cfg.num_parts = num_parts;
   cfg.preprocess_threads = FLAGS_data_nthreads;
   AugmentConfig& aug = cfg.aug;
-  aug.channels = channels;
-  aug.out_height = height;
-  aug.out_width = width;
+  aug.channels = static_cast<int>(channels);
+  aug.out_height = static_cast<int>(height);
+  aug.out_width = static_cast<int>(width);
   RETURN_IF_ERROR(ParseFloatTriple("rgb-mean", FLAGS_rgb_mean, aug.mean_rgb));
   RETURN_IF_ERROR(ParseFloatTriple("rgb-std", FLAGS_rgb_std, aug.std_rgb));
   if (channels == 1) {  // gray images use the first mean and std

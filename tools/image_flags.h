@@ -47,14 +47,15 @@ bool DataTrainIsImageList();
 // random crop / resized crop / mirror / pad as flagged) or --data-val (kVal:
 // centre crop, no mirror, no shuffle), both partitioned into `num_parts` with
 // this worker's `part_index`, as fit.py does. `channels`, `height` and `width`
-// are the output image shape (--image-shape). With --mean-img the mean image
+// are the output image shape (--image-shape: 1 or 3 channels, sides of 1 to
+// 65535 pixels, else InvalidArgument). With --mean-img the mean image
 // replaces --rgb-mean (loaded, or computed over --data-train and saved when the
 // file is missing: one decoding pass). A malformed flag value is
 // InvalidArgument naming the flag; an empty --data-val is NotFound.
 StatusOr<ImageRecordIterConfig> ImageRecordIterConfigFromFlags(ImageDataSplit split, int batch_size,
-                                                               int channels, int height, int width,
-                                                               int part_index, int num_parts,
-                                                               uint64_t seed);
+                                                               int64_t channels, int64_t height,
+                                                               int64_t width, int part_index,
+                                                               int num_parts, uint64_t seed);
 
 // Parses "a,b,c" into exactly three floats (--rgb-mean, --rgb-std).
 Status ParseFloatTriple(const std::string& flag, const std::string& value, float out[3]);

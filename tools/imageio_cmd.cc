@@ -9,6 +9,7 @@
 #include "data/image_record_iter.h"
 #include "tools/commands.h"
 #include "tools/image_flags.h"
+#include "worker/train_config.h"
 
 DEFINE_int32(io_batch_size, 128, "imageio: examples per batch");
 DEFINE_string(io_image_shape, "3,28,28", "imageio: output shape C,H,W");
@@ -21,16 +22,18 @@ DEFINE_uint64(io_seed, 0, "imageio: seed of the shuffle and the augmentation");
 namespace pstrain {
 
 int RunImageIo(int argc, char** argv) {
-  float shape[3];
-  Status s = ParseFloatTriple("io-image-shape", FLAGS_io_image_shape, shape);
-  if (!s.ok()) {
-    std::fprintf(stderr, "imageio: %s\n", s.ToString().c_str());
+  auto shape = ParseIntList(FLAGS_io_image_shape, "--io-image-shape");
+  if (shape.ok() && shape->size() != 3) {
+    shape = Status::InvalidArgument(
+        StrCat("--io-image-shape='", FLAGS_io_image_shape, "' must be C,H,W"));
+  }
+  if (!shape.ok()) {
+    std::fprintf(stderr, "imageio: %s\n", shape.status().ToString().c_str());
     return 2;
   }
   auto cfg = ImageRecordIterConfigFromFlags(ImageDataSplit::kTrain, FLAGS_io_batch_size,
-                                            static_cast<int>(shape[0]), static_cast<int>(shape[1]),
-                                            static_cast<int>(shape[2]), FLAGS_io_part_index,
-                                            FLAGS_io_num_parts, FLAGS_io_seed);
+                                            (*shape)[0], (*shape)[1], (*shape)[2],
+                                            FLAGS_io_part_index, FLAGS_io_num_parts, FLAGS_io_seed);
   if (!cfg.ok()) {
     std::fprintf(stderr, "imageio: %s\n", cfg.status().ToString().c_str());
     return 2;

@@ -51,8 +51,7 @@ StatusOr<TrainData> OpenImageData(const TrainConfig& cfg, int rank, int num_work
   auto open = [&](ImageDataSplit split) -> StatusOr<std::unique_ptr<ImageRecordIter>> {
     ASSIGN_OR_RETURN(
         ImageRecordIterConfig ic,
-        ImageRecordIterConfigFromFlags(split, cfg.batch_size(), static_cast<int>(shape[0]),
-                                       static_cast<int>(shape[1]), static_cast<int>(shape[2]), rank,
+        ImageRecordIterConfigFromFlags(split, cfg.batch_size(), shape[0], shape[1], shape[2], rank,
                                        num_workers, static_cast<uint64_t>(cfg.seed())));
     if (split == ImageDataSplit::kTrain) ic.shuffle = cfg.shuffle_train() != 0;
     return ImageRecordIter::Create(ic);

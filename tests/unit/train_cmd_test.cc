@@ -71,6 +71,27 @@ TEST(CommandLineTest, NoPrefixTurnsABooleanFlagOffAsInMxnet) {
   EXPECT_NE(out.find("unknown command line flag 'no_network'"), std::string::npos) << out;
 }
 
+// Image shapes are integers of a size an image can have: 28.9 or 1e10 are
+// not truncated or cast (a 2^32 + 28 side used to become 28).
+TEST(CommandLineTest, ImageShapesAreWholeNumbersInRange) {
+  std::string out;
+  for (const char* shape : {"3,28.9,28", "3,1e10,28", "3,nan,28", "3,28"}) {
+    EXPECT_EQ(
+        RunPstrain(std::string("imageio --data-train /none.rec --io-image-shape ") + shape, &out),
+        2)
+        << shape << ": " << out;
+    EXPECT_NE(out.find("--io-image-shape='"), std::string::npos) << out;
+  }
+  for (const char* cmd : {"imageio --data-train /none.rec --io-image-shape 3,4294967324,28",
+                          "train --network mlp --data-train /none.rec --num-classes 10 "
+                          "--kv-store local --image-shape 3,4294967324,28"}) {
+    EXPECT_NE(RunPstrain(cmd, &out), 0) << cmd;
+    EXPECT_NE(out.find("image shape 3,4294967324,28: need 1 or 3 channels and sides of 1 to 65535"),
+              std::string::npos)
+        << out;
+  }
+}
+
 // A value that starts with a dash, given as the next word, stays as written
 // (its dashes were turned into underscores: "'_2' is not a number").
 TEST(CommandLineTest, AValueStartingWithADashIsLeftAsWritten) {
