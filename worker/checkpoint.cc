@@ -81,7 +81,8 @@ Status SaveArrays(const std::string& path, const std::vector<NamedArray>& arrays
     for (int64_t d : a.shape) Put<int64_t>(&out, d);
     PutBytes(&out, a.data.data(), a.data.size() * sizeof(float));
   }
-  Put<uint32_t>(&out, static_cast<uint32_t>(crc32(0L, out.data(), static_cast<uInt>(out.size()))));
+  // crc32_z takes a size_t: all of a file past 4 GiB, not its size mod 2^32.
+  Put<uint32_t>(&out, static_cast<uint32_t>(crc32_z(0L, out.data(), out.size())));
 
   const std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "wb");
@@ -162,7 +163,7 @@ StatusOr<std::vector<NamedArray>> LoadArrays(const std::string& path) {
     return Status::Corruption(
         StrCat(path, ": ", body - r.pos(), " unexpected bytes at byte offset ", r.pos()));
   }
-  const uint32_t crc = static_cast<uint32_t>(crc32(0L, bytes.data(), static_cast<uInt>(body)));
+  const uint32_t crc = static_cast<uint32_t>(crc32_z(0L, bytes.data(), body));
   if (crc != stored_crc) {
     return Status::Corruption(
         StrCat(path, ": CRC mismatch at byte offset ", body, " (the file is damaged)"));
