@@ -59,8 +59,9 @@ class ParamSync {
   // The first error since the last call (then cleared); ok if none.
   virtual Status TakeError() = 0;
   // Returns when every exchange started by OnGradReady has finished, so that
-  // every param(i) holds its newest weights (before a checkpoint, at the end).
-  virtual Status Drain() { return Status::Ok(); }
+  // every param(i) holds its newest weights (before a checkpoint, at the end),
+  // with the first error not taken yet (then cleared), as TakeError.
+  virtual Status Drain() = 0;
 
   // Optimizer state for checkpoints: arrays of kind kOptimizerState named
   // "<param>_momentum". A sync whose state lives elsewhere returns none.
@@ -93,6 +94,9 @@ class LocalParamSync : public ParamSync {
     error_ = Status::Ok();
     return s;
   }
+  // Updates finish in OnGradReady: an error of the last one (a device
+  // group's merge after the loop's last TakeError) is all there is left.
+  Status Drain() override { return TakeError(); }
   std::vector<NamedArray> SaveState() const override;
   Status LoadState(const std::vector<NamedArray>& arrays) override;
 

@@ -39,6 +39,7 @@ class TimedSync : public ParamSync {
   void OnGradReady(int i) override { calls.push_back({'g', i, Since()}); }
   void WaitParam(int i) override { calls.push_back({'w', i, Since()}); }
   Status TakeError() override { return Status::Ok(); }
+  Status Drain() override { return Status::Ok(); }
   std::vector<NamedArray> SaveState() const override { return {}; }
   Status LoadState(const std::vector<NamedArray>&) override { return Status::Ok(); }
 

@@ -139,6 +139,7 @@ class RecordingSync : public ParamSync {
     inner_->WaitParam(i);
   }
   Status TakeError() override { return inner_->TakeError(); }
+  Status Drain() override { return inner_->Drain(); }
   std::vector<NamedArray> SaveState() const override { return inner_->SaveState(); }
   Status LoadState(const std::vector<NamedArray>& a) override { return inner_->LoadState(a); }
 
@@ -630,6 +631,13 @@ TEST(LocalParamSyncTest, NanGradientsAndOverflowingUpdatesAreErrors) {
             std::string::npos)
       << s;
   ASSERT_OK((*sync)->TakeError());  // reported once
+  // One the loop has not taken yet (the last merge of an epoch) comes from
+  // Drain, before a checkpoint could save the broken weights.
+  e.host_grad(2)[7] = std::nanf("");
+  (*sync)->OnGradReady(2);
+  s = (*sync)->Drain();
+  EXPECT_NE(s.message().find("gradient of fc2_weight holds NaN or Inf"), std::string::npos) << s;
+  ASSERT_OK((*sync)->Drain());
   oc.set_learning_rate(3e38f);
   auto huge = LocalParamSync::Create(oc);
   ASSERT_OK(huge.status());
