@@ -63,8 +63,8 @@ Status DistParamSync::Init(ModelParams* exec) {
     pending_.assign(params.size(), 0);
     queued_.assign(params.size(), false);
   }
-  RETURN_IF_ERROR(
-      client_->SetServerConfig(config, RequestDeadline()).WithContext("configuring the servers"));
+  RETURN_IF_ERROR(StopOnError(
+      client_->SetServerConfig(config, RequestDeadline()).WithContext("configuring the servers")));
 
   // Rank 0's initial values become everyone's (MXNet: init + worker barrier);
   // the client sends only rank 0's. One call covers every key, one message per server.
@@ -75,16 +75,18 @@ Status DistParamSync::Init(ModelParams* exec) {
     RETURN_IF_ERROR(exec->ReadParam(static_cast<int>(i), values.data() + values.size() - n, n));
   }
   KVClient::Ticket t = client_->Init(keys_, lens_, values.data());
-  RETURN_IF_ERROR(client_->Wait(t, RequestDeadline()).WithContext("initializing the parameters"));
-  RETURN_IF_ERROR(client_->Barrier(Deadline::InMillis(barrier_timeout_ms_))
-                      .WithContext("worker barrier after initialization"));
+  RETURN_IF_ERROR(
+      StopOnError(client_->Wait(t, RequestDeadline()).WithContext("initializing the parameters")));
+  RETURN_IF_ERROR(StopOnError(client_->Barrier(Deadline::InMillis(barrier_timeout_ms_))
+                                  .WithContext("worker barrier after initialization")));
 
   std::vector<float> pulled;
   int64_t total = 0;
   for (int64_t n : lens_) total += n;
   pulled.resize(static_cast<size_t>(total));
   t = client_->Pull(keys_, lens_, pulled.data());
-  RETURN_IF_ERROR(client_->Wait(t, RequestDeadline()).WithContext("pulling the initial weights"));
+  RETURN_IF_ERROR(
+      StopOnError(client_->Wait(t, RequestDeadline()).WithContext("pulling the initial weights")));
   const float* p = pulled.data();
   for (size_t i = 0; i < params.size(); ++i) {
     const size_t n = static_cast<size_t>(lens_[i]);
@@ -198,6 +200,15 @@ void DistParamSync::WaitParam(int i) {
     // by earlier work: the push waited for a fence after the backward).
     exec_->backend().CopyFromHostAsync(host_param_[i]->data(), exec_->param(i));
   }
+}
+
+Status DistParamSync::StopOnError(const Status& s) {
+  if (s.ok()) return s;
+  // A request waited for in vain may still be answered into its buffers,
+  // locals of Init, until the node stops (kv_client.h): it stops before they go.
+  client_->node()->Fail(s);
+  client_->node()->Stop();
+  return s;
 }
 
 Status DistParamSync::Drain() {

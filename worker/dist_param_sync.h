@@ -79,6 +79,9 @@ class DistParamSync : public ParamSync {
   };
 
   Deadline RequestDeadline() const { return Deadline::InMillis(request_timeout_ms_); }
+  // Init's requests: an error fails and stops the node before Init returns
+  // it, so that no late reply writes into Init's buffers after they are gone.
+  Status StopOnError(const Status& s);
   void Record(const Status& s);
   bool HasError();
   // The device path's thread: waits for each job's fence, then pushes.
