@@ -176,6 +176,9 @@ int main(int argc, char** argv) {
         pstrain::PrintCommandHelp(*c);
         return 0;
       }
+      std::fprintf(stderr, "pstrain: unknown command '%s'\n\n", argv[2]);
+      pstrain::PrintTopUsage(stderr);
+      return 2;
     }
     pstrain::PrintTopUsage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

@@ -92,6 +92,13 @@ TEST(CommandLineTest, ImageShapesAreWholeNumbersInRange) {
   }
 }
 
+TEST(CommandLineTest, HelpForACommandThatDoesNotExistSaysSo) {
+  std::string out;
+  EXPECT_EQ(RunPstrain("help no-such-command", &out), 2) << out;
+  EXPECT_NE(out.find("unknown command 'no-such-command'"), std::string::npos) << out;
+  EXPECT_EQ(RunPstrain("help train", &out), 0) << out;
+}
+
 // A value that starts with a dash, given as the next word, stays as written
 // (its dashes were turned into underscores: "'_2' is not a number").
 TEST(CommandLineTest, AValueStartingWithADashIsLeftAsWritten) {
