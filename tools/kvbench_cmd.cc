@@ -414,6 +414,12 @@ int RunWorker(const JobEnv& env) {
     if (bytes->size() != counts->size()) {
       return fail(Status::InvalidArgument("--tensor-bytes and --tensors need as many entries"));
     }
+    for (int64_t b : *bytes) {
+      if (b % 4 != 0) {  // float32 tensors: the table would show bytes never sent
+        return fail(Status::InvalidArgument(
+            StrCat("--tensor-bytes: ", b, " is not a whole number of float32 values")));
+      }
+    }
     std::vector<std::string> modes;
     std::stringstream ss(FLAGS_mode);
     std::string m;

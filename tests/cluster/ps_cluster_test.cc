@@ -145,6 +145,17 @@ TEST_F(ClusterTest, BenchmarkPrintsTableAndScriptLines) {
   EXPECT_NE(log.find("| tensor bytes |"), std::string::npos) << log;
 }
 
+// Sizes that are not whole float32 values would be reported but not sent.
+TEST_F(ClusterTest, BenchmarkSizesAreWholeFloats) {
+  auto job = StartJob(1, 1, {"kvbench", "--tensor-bytes=4097", "--tensors=1", "--iters=5"});
+  EXPECT_NE(job.back()->Wait(60), 0);
+  const std::string log = job.back()->Log();
+  EXPECT_NE(log.find("--tensor-bytes: 4097 is not a whole number of float32 values"),
+            std::string::npos)
+      << log;
+  for (Proc* p : job) p->Wait(60);
+}
+
 // --shapes-of moves exactly a zoo model's parameter arrays, one call each.
 TEST_F(ClusterTest, BenchmarkMovesTheParameterArraysOfAModel) {
   auto job = StartJob(2, 1,
