@@ -619,6 +619,14 @@ TEST(InProcClusterTest, ANanPushIsLeftOutWhenTheServersSkipThem) {
   for (float v : final_value) ASSERT_EQ(v, 6.0f);
 }
 
+// dist_sync SGD at rate 1 on key 3 (10 ones), every worker past the barrier.
+Status StartKey3(KVClient& kv) {
+  const std::vector<float> ones(10, 1.0f);
+  RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));
+  RETURN_IF_ERROR(kv.Wait(kv.Init({3}, {10}, ones.data()), Soon()));
+  return kv.Barrier(Soon());
+}
+
 // A worker that is alive (heartbeats flow) but never pushes its part of a
 // dist_sync round: the server ends the job after the round timeout, naming
 // the worker and the key, instead of everyone waiting for the 600 s request
@@ -635,9 +643,7 @@ TEST(InProcClusterTest, ARoundThatCannotCloseEndsTheJobNamingTheMissingWorker) {
       [](KVClient& kv) -> Status {
         const std::vector<float> ones(10, 1.0f);
         std::vector<float> got(10);
-        RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));
-        RETURN_IF_ERROR(kv.Wait(kv.Init({3}, {10}, ones.data()), Soon()));
-        RETURN_IF_ERROR(kv.Barrier(Soon()));
+        RETURN_IF_ERROR(StartKey3(kv));
         // Rank 0's push waits past the round's deadline (not its own 5 s).
         if (kv.rank() == 0) {
           return kv.Wait(kv.PushPull({3}, {10}, ones.data(), got.data()),
@@ -671,9 +677,7 @@ TEST(InProcClusterTest, ARoundWaitingForAFinishedWorkerEndsTheJobAtOnce) {
       [](KVClient& kv) -> Status {
         const std::vector<float> ones(10, 1.0f);
         std::vector<float> got(10);
-        RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));
-        RETURN_IF_ERROR(kv.Wait(kv.Init({3}, {10}, ones.data()), Soon()));
-        RETURN_IF_ERROR(kv.Barrier(Soon()));
+        RETURN_IF_ERROR(StartKey3(kv));
         const int rounds = kv.rank() == 0 ? 4 : 3;
         for (int i = 0; i < rounds; ++i) {
           RETURN_IF_ERROR(
@@ -702,9 +706,7 @@ TEST(InProcClusterTest, APushAfterAWorkerFinishedEndsTheJobAtOnce) {
       [](KVClient& kv) -> Status {
         const std::vector<float> ones(10, 1.0f);
         std::vector<float> got(10);
-        RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));
-        RETURN_IF_ERROR(kv.Wait(kv.Init({3}, {10}, ones.data()), Soon()));
-        RETURN_IF_ERROR(kv.Barrier(Soon()));
+        RETURN_IF_ERROR(StartKey3(kv));
         if (kv.rank() == 1) return Status::Ok();
         // Long enough for worker 1's finish to reach the server first.
         std::this_thread::sleep_for(std::chrono::milliseconds(1500));
