@@ -519,12 +519,19 @@ void Scheduler::WorkerFinished(int id) {
           -1, id);
     return;
   }
-  // The servers fail a dist_sync round that waits for its push at once.
+  // The servers fail a dist_sync round that waits for its push at once. Not
+  // a replacement server (dead, waiting, or ever restarted): the finished
+  // worker re-sends it the pushes of its last rounds (PSTRAIN_SNAPSHOT_EVERY
+  // > 1), so a round may rightly wait for it there; the round timeout stays.
   Message notice;
   notice.header = Header(CMD_WORKER_FINISHED);
   *notice.header.mutable_node() = nodes_.at(id).info;
   for (const auto& [sid, node] : nodes_) {
-    if (!IsServerId(sid) || dead_.count(sid) > 0) continue;
+    auto restarts = restarts_used_.find(sid);
+    if (!IsServerId(sid) || dead_.count(sid) > 0 || replacing_.count(sid) > 0 ||
+        (restarts != restarts_used_.end() && restarts->second > 0)) {
+      continue;
+    }
     Status sent = van_->Send(sid, notice);
     if (!sent.ok()) LOG(WARNING) << "scheduler: " << sent;
   }

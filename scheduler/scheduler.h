@@ -6,7 +6,8 @@
 // a node dead when it is silent past the heartbeat timeout and tells everyone
 // (CMD_ABORT naming it), and broadcasts SHUTDOWN once every worker finished.
 // A worker that finishes before the others cannot be waited for: a barrier
-// that needs it ends the job, and the servers hear of it (CMD_WORKER_FINISHED).
+// that needs it ends the job, and the servers that never restarted hear of it
+// (CMD_WORKER_FINISHED); a replacement keeps the round timeout.
 //
 // Server recovery (ClusterOptions::server_restarts > 0): a server declared
 // dead does not end the job at once. The scheduler waits restart_timeout_ms
@@ -93,8 +94,9 @@ class Scheduler {
   // Completes barrier `group` if every member still in the job arrived.
   void MaybeReleaseBarrier(int group) REQUIRES(mu_);
   // Every worker still in the job finished: SHUTDOWN. Otherwise a barrier
-  // that waits for worker `id` ends the job, and the servers hear of it
-  // (CMD_WORKER_FINISHED: a dist_sync round waiting for its push ends the job).
+  // that waits for worker `id` ends the job, and the servers that never
+  // restarted hear of it (CMD_WORKER_FINISHED: a dist_sync round waiting for
+  // its push ends the job).
   void WorkerFinished(int id) REQUIRES(mu_);
   // Every worker still in the job finished: SHUTDOWN.
   void MaybeShutdown() REQUIRES(mu_);

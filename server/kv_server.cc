@@ -280,14 +280,14 @@ void KVServer::HandleWorkerFinished(int id) {
 bool KVServer::FailRoundOfFinished(uint64_t wire, const KeyState& ks) {
   if (ks.merged == 0 || finished_workers_.load() == 0) return false;
   int done = -1;
+  for (size_t w = 0; w < ks.in_round.size() && done < 0; ++w) {
+    if (!ks.in_round[w] && !lost_[w].load() && finished_[w].load()) done = static_cast<int>(w);
+  }
+  if (done < 0) return false;
   std::string pushed;
   for (size_t w = 0; w < ks.in_round.size(); ++w) {
     if (ks.in_round[w]) pushed += StrCat(pushed.empty() ? "" : ", ", w);
-    if (!ks.in_round[w] && !lost_[w].load() && finished_[w].load() && done < 0) {
-      done = static_cast<int>(w);
-    }
   }
-  if (done < 0) return false;
   node_->Fail(
       Status::FailedPrecondition(StrCat(
           node_->Self(), ": worker rank ", done, " finished after ", ks.rounds,
