@@ -60,7 +60,10 @@ StatusOr<TrainData> OpenImageData(const TrainConfig& cfg, int rank, int num_work
   // Without --num-examples an epoch is floor(N / W) of all N records on every
   // worker: the parts differ by a few records (split by bytes, or ceil(N/P)
   // with a .idx), and in dist_sync every worker must run as many batches.
-  ASSIGN_OR_RETURN(out.total_train_examples, train->CountAllExamples());
+  // Counting a bare .rec's other parts reads their headers: only then.
+  if (cfg.num_examples() == 0) {
+    ASSIGN_OR_RETURN(out.total_train_examples, train->CountAllExamples());
+  }
   out.train = std::move(train);
   if (!FLAGS_data_val.empty()) {
     ASSIGN_OR_RETURN(out.val, open(ImageDataSplit::kVal));

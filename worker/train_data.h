@@ -21,8 +21,10 @@ namespace pstrain {
 
 struct TrainData {
   std::unique_ptr<DataIter> train;
-  std::unique_ptr<DataIter> val;     // null when there is no validation set
-  int64_t total_train_examples = 0;  // over all parts (fit.py's num_examples)
+  std::unique_ptr<DataIter> val;  // null when there is no validation set
+  // Over all parts (fit.py's num_examples); may be left 0 where the config
+  // gives --num-examples.
+  int64_t total_train_examples = 0;
   std::vector<int64_t> image_shape;  // {C, H, W}
   int num_classes = 10;
   std::string kind;  // "mnist", "cifar10", "synthetic"
