@@ -163,7 +163,11 @@ StatusOr<std::vector<NamedArray>> LoadArrays(const std::string& path) {
     return Status::Corruption(
         StrCat(path, ": ", body - r.pos(), " unexpected bytes at byte offset ", r.pos()));
   }
-  const uint32_t crc = static_cast<uint32_t>(crc32_z(0L, bytes.data(), body));
+  uint32_t crc = static_cast<uint32_t>(crc32_z(0L, bytes.data(), body));
+  if (crc != stored_crc && body > UINT32_MAX) {
+    // Written before the CRC covered all of a file past 4 GiB: its size mod 2^32.
+    crc = static_cast<uint32_t>(crc32(0L, bytes.data(), static_cast<uInt>(body)));
+  }
   if (crc != stored_crc) {
     return Status::Corruption(
         StrCat(path, ": CRC mismatch at byte offset ", body, " (the file is damaged)"));
