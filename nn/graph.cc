@@ -97,7 +97,8 @@ int Graph::AddAux(Node* node, const std::string& suffix, Shape shape, ParamRole 
 
 NodeId Graph::Input(const std::string& name, const Shape& shape) {
   if (!status_.ok()) return kInvalidNode;
-  // Per example; far past any memory, and below where int64 products wrap.
+  // Per example: far past any memory, and far enough below where int64
+  // products wrap that a batch times it does not.
   constexpr int64_t kMaxInputElements = int64_t{1} << 40;
   int64_t elements = 1;
   for (int i = 0; i < shape.ndim(); ++i) {

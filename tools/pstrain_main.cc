@@ -165,7 +165,9 @@ int main(int argc, char** argv) {
   using pstrain::Command;
   if (argc < 2 || std::strcmp(argv[1], "help") == 0 || std::strcmp(argv[1], "--help") == 0 ||
       std::strcmp(argv[1], "-h") == 0) {
-    if (argc >= 3 && std::strcmp(argv[1], "help") == 0) {
+    const bool named = argc >= 3 && std::strcmp(argv[2], "--help") != 0 &&
+                       std::strcmp(argv[2], "-h") != 0;  // `help --help`: the usage
+    if (named && std::strcmp(argv[1], "help") == 0) {
       if (const Command* c = pstrain::FindCommand(argv[2])) {
         if (c->raw_args) {  // it prints its own help
           std::string name = std::string("pstrain ") + c->name;

@@ -310,8 +310,9 @@ Status Trainer::TrainEpoch(int epoch) {
     metrics.Update(Output(), batch.label.data(), batch.batch_size() - batch.pad, num_classes_);
     std::swap(batch, next);
     // The epoch's Train- values are taken before the Speedometer may reset
-    // the metrics on the last batch (MXNet 1.2 and later; before, it printed
-    // nan when the last batch was one the Speedometer reported).
+    // the metrics on the last batch, as MXNet 1.2 did (before, it printed nan
+    // when the last batch was one the Speedometer reported; later versions
+    // print the whole epoch's value instead of the last window's).
     if (nbatch + 1 == epoch_size_) train_values = metrics.Get();
     // Speedometer (MXNet v0.10-1.3): starts its clock at the first batch,
     // reports every `disp_batches` batches, then resets the metrics.

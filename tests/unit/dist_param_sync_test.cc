@@ -15,8 +15,9 @@
 namespace pstrain {
 namespace {
 
-// A request that Init stops waiting for (here every deadline is 0 ms) may
-// still be answered into Init's own buffers: the node is failed and stopped
+// A request that Init stops waiting for may still be answered into Init's
+// own buffers: whichever of Init's waits fails (here every deadline is 0 ms,
+// so the first, the configuration's, does), the node is failed and stopped
 // before Init returns, so nothing is written after they are gone.
 TEST(DistParamSyncTest, AnInitThatStopsWaitingStopsTheNodeFirst) {
   testing::JobResult r = testing::RunJob(1, 1, [](KVClient& kv) -> Status {

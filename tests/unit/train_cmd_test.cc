@@ -97,6 +97,8 @@ TEST(CommandLineTest, HelpForACommandThatDoesNotExistSaysSo) {
   EXPECT_EQ(RunPstrain("help no-such-command", &out), 2) << out;
   EXPECT_NE(out.find("unknown command 'no-such-command'"), std::string::npos) << out;
   EXPECT_EQ(RunPstrain("help train", &out), 0) << out;
+  EXPECT_EQ(RunPstrain("help --help", &out), 0) << out;
+  EXPECT_EQ(RunPstrain("help -h", &out), 0) << out;
 }
 
 // A value that starts with a dash, given as the next word, stays as written
