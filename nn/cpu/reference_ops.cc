@@ -155,6 +155,11 @@ class PoolingRef : public Operator {
           const float v = x[base + h * W + w];
           acc = is_max ? std::max(acc, v) : acc + v;
         }
+      // A window wholly in the padding ("full" rounding can add one) holds
+      // no element: MXNet's max pooling writes the lowest float there.
+      if (is_max && (wh.start >= wh.end || ww.start >= ww.end)) {
+        acc = std::numeric_limits<float>::lowest();
+      }
       y[yi] = is_max ? acc : acc / static_cast<float>(wh.padded_size * ww.padded_size);
     });
   }

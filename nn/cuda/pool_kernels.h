@@ -101,7 +101,8 @@ PSTRAIN_HOST_DEVICE inline PoolWindow<I> PoolWindowAt(I o, I stride, I pad, I ke
 // Output element i of NC * OH * OW: y[i]; for max pooling also argmax[i], the
 // offset h * W + w within its plane of the window's first maximum in
 // row-major order (the reference's choice: the first element equal to the
-// maximum, NaNs skipped), or -1 where the window holds only NaNs.
+// maximum, NaNs skipped), or -1 where the window holds only NaNs or no
+// element at all.
 template <typename I>
 PSTRAIN_HOST_DEVICE inline void PoolForwardAt(const PoolArgs& a, const float* x, float* y,
                                               int32_t* argmax, I i) {
@@ -123,6 +124,9 @@ PSTRAIN_HOST_DEVICE inline void PoolForwardAt(const PoolArgs& a, const float* x,
           at = static_cast<int32_t>(h * W + w);
         }
       }
+    // A window wholly in the padding holds no element: the lowest float, as
+    // MXNet's max pooling (and the reference) write there.
+    if (wh.start >= wh.end || ww.start >= ww.end) best = -3.40282347e+38f;
     y[i] = best;
     argmax[i] = at;
     return;

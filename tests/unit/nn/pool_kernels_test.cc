@@ -183,6 +183,46 @@ TEST(PoolKernelsTest, TiesNansAndInfinitiesAsTheReference) {
   }
 }
 
+// MXNet's "full" rounding can add an output whose window lies wholly in the
+// right padding (input 2, kernel 2, pad 1, stride 3: outputs 2, the second's
+// window [2, 3) holds only padding). MXNet 1.x's max pooling starts each
+// window at the lowest float and so writes it there; average pooling writes
+// 0. No gradient flows from such an output. The reference, oneDNN and the
+// CUDA kernels' element functions agree.
+TEST(PoolKernelsTest, AWindowWhollyInThePaddingAsMxnet) {
+  for (PoolType type : {PoolType::kMax, PoolType::kAvg}) {
+    SCOPED_TRACE(type == PoolType::kMax ? "max" : "avg");
+    Graph g;
+    const NodeId id = g.Pooling("pool", g.Input("data", {2, 2, 2}),
+                                PoolParam{type, 2, 2, 3, 3, 1, 1, false, PoolConvention::kFull});
+    ASSERT_TRUE(g.status().ok()) << g.status();
+    ASSERT_EQ(g.node(id).out_shape, Shape({2, 2, 2}));
+    const float want = type == PoolType::kMax ? std::numeric_limits<float>::lowest() : 0.0f;
+    for (CpuKernels kernels : {CpuKernels::kReference, CpuKernels::kOneDnn}) {
+      SCOPED_TRACE(kernels == CpuKernels::kReference ? "reference" : "oneDNN");
+      OpHarness h(g, id, kernels, /*batch=*/3, /*seed=*/4);
+      OpTensors& t = h.tensors();
+      const double objective = h.Objective(/*is_train=*/true);
+      EXPECT_TRUE(std::isfinite(objective)) << objective;
+      h.Backward();
+      for (int64_t i = 0; i < t.out.num_elements(); ++i) {
+        const int64_t oh = (i / 2) % 2, ow = i % 2;
+        if (oh == 1 || ow == 1) {
+          EXPECT_EQ(t.out.at(i), want) << "output " << i;
+        } else {
+          EXPECT_TRUE(std::isfinite(t.out.at(i))) << "output " << i;
+        }
+      }
+      // The input's gradient is the sum over the windows that hold it, as the
+      // reference computes it for the non-empty windows only.
+      for (int64_t i = 0; i < t.in_grads[0].num_elements(); ++i) {
+        EXPECT_TRUE(std::isfinite(t.in_grads[0].at(i))) << "dx " << i;
+      }
+    }
+    CheckAgainstReference(g, id, /*batch=*/3, /*distinct=*/true, [](const Tensor&) {});
+  }
+}
+
 TEST(PoolKernelsTest, IndexWidthFollowsTheTensors) {
   PoolArgs a{};
   a.NC = 256 * 80;
