@@ -363,6 +363,15 @@ void ClusterNode::Dispatch(Message&& msg) {
     MutexLock l(&mu_);
     last_scheduler_contact_ = SteadyClock::now();
   }
+  const bool schedulers_own = h.cmd() == CMD_NODE_TABLE || h.cmd() == CMD_BARRIER ||
+                              h.cmd() == CMD_ABORT || h.cmd() == CMD_SHUTDOWN;
+  if (schedulers_own && h.sender() != kSchedulerId) {
+    // Only the scheduler tables, releases barriers, aborts and shuts down a
+    // node (a member's own messages of these kinds go to the scheduler).
+    LOG(WARNING) << Self() << ": ignoring a " << PsCommand_Name(h.cmd()) << " from "
+                 << NodeIdName(h.sender()) << ": only the scheduler sends those";
+    return;
+  }
   switch (h.cmd()) {
     case CMD_DATA:
     case CMD_CONFIG:
@@ -532,12 +541,14 @@ Status ClusterNode::WaitShutdown(Deadline deadline) {
 void ClusterNode::AdoptReplacement(const NodeInfo& info) {
   const int id = info.id();
   for (const auto& listener : replaced_listeners_) listener(id, /*connected=*/false);
+  // Its route first: once its arena is mapped its numbers count, and only its
+  // own connection may move them.
+  van_->ExpectRoute(id, NodeRoute(info.nonce()));
   Status s = van_->Connect(id, info.host(), info.port(), info.has_shm() ? &info.shm() : nullptr);
   if (!s.ok()) {
     Fail(s.WithContext(StrCat("connecting to the replacement of ", NodeIdName(id))), id);
     return;
   }
-  van_->ExpectRoute(id, NodeRoute(info.nonce()));
   {
     MutexLock l(&mu_);
     table_[id] = info;

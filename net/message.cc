@@ -262,6 +262,9 @@ Decoded DecodeFrames(const std::vector<Blob>& frames) {
     return d;
   }
   d.header_ok = true;
+  // The connection it came on, before anything can fail: a message dropped
+  // as malformed is still checked against the sender it claims.
+  msg.route.assign(frames[0].data(), frames[0].size());
   const bool data = msg.header.cmd() == CMD_DATA;
   const bool in_shm = data && msg.header.shm_frame_offset_size() > 0;
   const uint64_t expect = data ? 4 + (in_shm ? 0 : msg.header.num_value_frames()) : 2;
@@ -271,7 +274,6 @@ Decoded DecodeFrames(const std::vector<Blob>& frames) {
                PsCommand_Name(msg.header.cmd()), ", header implies ", expect - 1);
     return d;
   }
-  msg.route.assign(frames[0].data(), frames[0].size());
   if (data) {
     msg.keys = frames[2];
     msg.lens = frames[3];

@@ -10,12 +10,17 @@ Reorderer::Reorderer(std::string name, int verbose) : name_(std::move(name)), ve
 
 Reorderer::Outcome Reorderer::Deliver(int sender, uint64_t stream, uint64_t seq, Message&& msg,
                                       const Handler& handler) {
-  return Put(sender, stream, seq, &msg, handler);
+  return Put(sender, stream, seq, &msg, /*hold=*/true, handler);
 }
 
 Reorderer::Outcome Reorderer::Skip(int sender, uint64_t stream, uint64_t seq,
                                    const Handler& handler) {
-  return Put(sender, stream, seq, nullptr, handler);
+  return Put(sender, stream, seq, nullptr, /*hold=*/true, handler);
+}
+
+Reorderer::Outcome Reorderer::Pass(int sender, uint64_t stream, uint64_t seq, Message* msg,
+                                   const Handler& handler) {
+  return Put(sender, stream, seq, msg, /*hold=*/false, handler);
 }
 
 bool Reorderer::Paused(int sender) const {
@@ -34,7 +39,7 @@ uint64_t Reorderer::expected(int sender) const {
 }
 
 Reorderer::Outcome Reorderer::Put(int sender, uint64_t stream, uint64_t seq, Message* msg,
-                                  const Handler& handler) {
+                                  bool hold, const Handler& handler) {
   InOrder& o = order_[sender];
   if (stream != o.stream) {
     // A new connection from that node (a replaced process): its numbers start
@@ -51,7 +56,22 @@ Reorderer::Outcome Reorderer::Put(int sender, uint64_t stream, uint64_t seq, Mes
                  << ": that number was seen already";
     return Outcome::kDuplicate;
   }
+  if (!hold) {
+    // Nothing comes before it any more: what waited for earlier numbers goes
+    // first, in order.
+    while (!o.stash.empty() && o.stash.begin()->first < seq) {
+      auto node = o.stash.extract(o.stash.begin());
+      if (node.mapped().has_value()) handler(std::move(*node.mapped()));
+    }
+    o.expected = seq;
+  }
   if (seq != o.expected) {
+    if (o.stash.size() >= kMaxHeld) {
+      LOG_EVERY_N(WARNING, 1000) << name_ << ": dropped message " << seq << " from "
+                                 << NodeIdName(sender) << ": " << o.stash.size()
+                                 << " of its messages wait already for its message " << o.expected;
+      return Outcome::kRefused;
+    }
     if (o.stash.size() == kMaxStashed) {
       LOG(WARNING) << name_ << ": " << o.stash.size() << " messages from " << NodeIdName(sender)
                    << " are waiting for its message " << o.expected

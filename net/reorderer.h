@@ -14,7 +14,13 @@
 //   - a number seen before (handed on or waiting) is refused and logged;
 //   - a new numbering from a sender (its process replaced by a new one, or a
 //     new connection) starts over at the new numbering's first message, and
-//     whatever still waited under the old numbering is forgotten.
+//     whatever still waited under the old numbering is forgotten;
+//   - a sender whose queue this node does not read (it has not mapped the
+//     sender's arena, yet or at all) sends everything over ZeroMQ, in order:
+//     its numbers are passed (Pass) as they come, never held, so the numbering
+//     is in step once the queue is read;
+//   - no sender holds more than kMaxHeld waiting: past that it is refused (a
+//     peer that numbers with gaps must not fill this node's memory).
 // Unnumbered messages (peers that share no memory) never come here.
 //
 // Threads: not thread-safe. The Van's receive thread alone uses it.
@@ -42,11 +48,16 @@ class Reorderer {
                  // with every waiting one that followed it
     kStashed,    // an earlier number is missing: it waits
     kDuplicate,  // that number was handed on, skipped or is waiting already: ignored
+    kRefused,    // kMaxHeld of the sender's wait already: ignored
   };
   // Messages of one sender that may wait for an earlier number before the
   // sender's shared-memory queue stops being read (Paused): the missing one is
   // then on ZeroMQ, behind them.
   static constexpr size_t kMaxStashed = size_t{1} << 16;
+  // Messages of one sender that may wait at all. A sender that keeps to the
+  // protocol never comes near: its queue is not read past kMaxStashed, and
+  // its ZeroMQ messages are drained between reads of the queue.
+  static constexpr size_t kMaxHeld = 2 * kMaxStashed;
 
   // `name` and `verbose` (VanOptions') only shape log lines.
   Reorderer(std::string name, int verbose);
@@ -62,6 +73,11 @@ class Reorderer {
   // (its message was dropped): the messages after it do not wait for it.
   // Hands on those that were waiting only for it.
   Outcome Skip(int sender, uint64_t stream, uint64_t seq, const Handler& handler);
+  // Number `seq` of a sender whose queue is not read (all it sends comes over
+  // ZeroMQ, in order): `msg` (null: a dropped message) is handed on at once,
+  // after any of the sender's waiting messages numbered before it, and the
+  // sender's next expected number is seq + 1. kDuplicate for a number seen.
+  Outcome Pass(int sender, uint64_t stream, uint64_t seq, Message* msg, const Handler& handler);
 
   // Whether kMaxStashed or more of `sender`'s messages wait for an earlier
   // number (the receive thread stops reading that sender's queue).
@@ -79,8 +95,9 @@ class Reorderer {
     uint64_t expected = 0;
     std::map<uint64_t, std::optional<Message>> stash;
   };
-  // Deliver (msg) or Skip (null).
-  Outcome Put(int sender, uint64_t stream, uint64_t seq, Message* msg, const Handler& handler);
+  // Deliver (msg) or Skip (null); `hold` false: Pass.
+  Outcome Put(int sender, uint64_t stream, uint64_t seq, Message* msg, bool hold,
+              const Handler& handler);
 
   const std::string name_;
   const int verbose_;

@@ -26,10 +26,4 @@ std::optional<SeqSlot> DroppedSlot(const PsHeader& h, int queue_owner) {
   return SeqSlot{queue_owner >= 0 ? queue_owner : h.sender(), h.shm_stream(), h.shm_seq()};
 }
 
-void StripShmFields(PsHeader* h) {
-  h->clear_shm_seq();
-  h->clear_shm_frame_offset();
-  h->clear_shm_frame_bytes();
-}
-
 }  // namespace pstrain

@@ -12,7 +12,8 @@
 //   - receiver: a numbered message dropped as malformed gives its number up
 //     (DroppedSlot names the slot to skip in the Reorderer);
 //   - receiver: a message that claims a sender it did not come from must not
-//     touch that sender's numbering or arena (StripShmFields before dropping).
+//     touch that sender's numbering or arena (Van::Drop checks its route
+//     first).
 #ifndef PSTRAIN_NET_SHM_SEQUENCE_H_
 #define PSTRAIN_NET_SHM_SEQUENCE_H_
 
@@ -61,10 +62,6 @@ struct SeqSlot {
 // shared-memory queue, whose order it was in whatever sender it claims;
 // otherwise the claimed sender's.
 std::optional<SeqSlot> DroppedSlot(const PsHeader& h, int queue_owner = -1);
-// Clears shm_seq, shm_frame_offset and shm_frame_bytes: for a message whose
-// claimed sender is forged, so that dropping it skips no number of that
-// sender's and releases no block of its arena.
-void StripShmFields(PsHeader* h);
 
 }  // namespace pstrain
 

@@ -421,25 +421,23 @@ void Van::Drop(const Message* msg, const std::string& why, int queue_owner) {
   ++dropped_;
   LOG(WARNING) << options_.name << ": dropped a malformed message: " << why;
   if (msg == nullptr) return;
+  // A forged sender must not skip another node's numbers (holding up or
+  // refusing its real messages) nor free the blocks of its arena.
+  if (queue_owner < 0 && !RouteMatches(*msg)) return;
   const PsHeader& h = msg->header;
+  const int sender = queue_owner >= 0 ? queue_owner : h.sender();
+  std::shared_ptr<ShmMapping> mapping = ArenaOf(sender);
   // Hand back the sender's shared-memory blocks that the message names but
-  // that were never resolved, so its ring is not stalled behind them. They
-  // are in the arena of the node whose queue it came through, whatever
-  // sender it claims (a forged one must not free another node's blocks; over
-  // ZeroMQ a forged sender's fields were stripped before).
+  // that were never resolved, so its ring is not stalled behind them.
   if (HasUnresolvedShmValues(h, msg->values.size())) {
-    std::shared_ptr<ShmMapping> mapping;
-    {
-      MutexLock l(&mu_);
-      auto it = peers_.find(queue_owner >= 0 ? queue_owner : h.sender());
-      if (it != peers_.end()) mapping = it->second->theirs;
-    }
     ReleaseUnresolvedShmValues(h, msg->values.size(), mapping.get());
   }
   // A numbered message that is dropped must not hold up the ones after it.
   if (std::optional<SeqSlot> slot = DroppedSlot(h, queue_owner)) {
-    if (order_.Skip(slot->sender, slot->stream, slot->seq, handler_) ==
-        Reorderer::Outcome::kDuplicate) {
+    const Reorderer::Outcome outcome =
+        mapping != nullptr ? order_.Skip(slot->sender, slot->stream, slot->seq, handler_)
+                           : order_.Pass(slot->sender, slot->stream, slot->seq, nullptr, handler_);
+    if (outcome == Reorderer::Outcome::kDuplicate || outcome == Reorderer::Outcome::kRefused) {
       ++dropped_;
     }
   }
@@ -475,34 +473,39 @@ bool Van::ReceiveOne() {
   return true;
 }
 
+bool Van::RouteMatches(const Message& msg) {
+  if (msg.route.empty()) return true;
+  MutexLock l(&mu_);
+  auto it = routes_.find(msg.header.sender());
+  return it == routes_.end() || it->second == msg.route;
+}
+
+std::shared_ptr<ShmMapping> Van::ArenaOf(int sender) {
+  MutexLock l(&mu_);
+  auto it = peers_.find(sender);
+  return it != peers_.end() ? it->second->theirs : nullptr;
+}
+
 // Checks a message from either path, resolves values in shared memory, and
 // hands it on in its sender's order.
 void Van::Finish(Message&& msg) {
   const PsHeader& h = msg.header;
+  // Before anything else: nothing of a forged message may touch the claimed
+  // sender's order or arena.
+  if (!RouteMatches(msg)) {
+    Drop(&msg, StrCat("a message claiming to come from ", NodeIdName(h.sender()),
+                      " arrived on another node's connection: forged sender"));
+    return;
+  }
   if (h.version() != PROTOCOL_VERSION_CURRENT && h.cmd() != CMD_REGISTER) {
     Drop(&msg, StrCat("protocol version ", h.version(), " from ", NodeIdName(h.sender()),
                       ", expected ", static_cast<int>(PROTOCOL_VERSION_CURRENT)));
     return;
   }
-  if (!msg.route.empty()) {
-    std::string expected;
-    {
-      MutexLock l(&mu_);
-      auto it = routes_.find(h.sender());
-      if (it != routes_.end()) expected = it->second;
-    }
-    if (!expected.empty() && expected != msg.route) {
-      // Nothing of it may touch the claimed sender's order or arena.
-      StripShmFields(&msg.header);
-      Drop(&msg, StrCat("a message claiming to come from ", NodeIdName(h.sender()),
-                        " arrived on another node's connection: forged sender"));
-      return;
-    }
-  }
   const bool data = h.cmd() == CMD_DATA;
   const bool in_shm = data && h.shm_frame_offset_size() > 0;
   std::shared_ptr<ShmMapping> sender_arena;
-  if (h.shm_mapped() || in_shm) {
+  if (h.shm_mapped() || in_shm || h.has_shm_seq()) {
     MutexLock l(&mu_);
     auto it = peers_.find(h.sender());
     if (it != peers_.end()) {
@@ -534,8 +537,12 @@ void Van::Finish(Message&& msg) {
   const int sender = h.sender();
   const uint64_t stream = h.shm_stream();
   const uint64_t seq = h.shm_seq();
-  if (order_.Deliver(sender, stream, seq, std::move(msg), handler_) ==
-      Reorderer::Outcome::kDuplicate) {
+  // A sender whose arena is not mapped here has no queue here: its messages
+  // come over ZeroMQ alone, in order, and are not held.
+  const Reorderer::Outcome outcome =
+      sender_arena != nullptr ? order_.Deliver(sender, stream, seq, std::move(msg), handler_)
+                              : order_.Pass(sender, stream, seq, &msg, handler_);
+  if (outcome == Reorderer::Outcome::kDuplicate || outcome == Reorderer::Outcome::kRefused) {
     ++dropped_;
   }
 }

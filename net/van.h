@@ -194,8 +194,17 @@ class Van {
   // Receive thread: messages `peer` queued for node `me`; true if any.
   bool DrainQueue(int peer, ShmMapping& mapping, int me);
   void Finish(Message&& msg) EXCLUDES(mu_);
+  // Whether a message from ZeroMQ may speak for the sender it claims: it came
+  // on the connection the node table gives that sender (or no route is known
+  // for the sender yet). Messages from a queue are checked where read.
+  bool RouteMatches(const Message& msg) EXCLUDES(mu_);
+  // The sender's arena as mapped here (null: its queue is not read here, and
+  // everything it sends comes over ZeroMQ).
+  std::shared_ptr<ShmMapping> ArenaOf(int sender) EXCLUDES(mu_);
   // Counts and logs a malformed message; a numbered one is skipped in the
-  // order of `queue_owner` (default: its sender) so later ones are not held up.
+  // order of `queue_owner` (default: its sender) so later ones are not held
+  // up. One from ZeroMQ whose route does not match its sender touches nothing
+  // of that sender's (numbering, arena blocks).
   void Drop(const Message* msg, const std::string& why, int queue_owner = -1) EXCLUDES(mu_);
   // Receive thread: reads one message from the ROUTER; false when none was waiting.
   bool ReceiveOne();

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <thread>
 #include <vector>
@@ -94,7 +95,8 @@ TEST(JobKeysTest, AFileOthersCanReadOrAMalformedOneIsRefusedByName) {
 
 // The values MXNet's conformance check expects, with the job's keys, over TCP
 // and through shared memory.
-Status Rounds(KVClient& kv, int rounds) {
+// `midway` (if set) runs after the initial barrier, before the rounds.
+Status Rounds(KVClient& kv, int rounds, const std::function<void()>& midway = nullptr) {
   const int W = kv.num_workers();
   const std::vector<KVClient::Key> keys = {3, 4};
   const std::vector<int64_t> lens = {6, 300000};
@@ -103,6 +105,7 @@ Status Rounds(KVClient& kv, int rounds) {
   RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 2.0f), Soon()));
   RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, ones.data()), Soon()));
   RETURN_IF_ERROR(kv.Barrier(Soon()));
+  if (midway) midway();
   for (int i = 1; i <= rounds; ++i) {
     RETURN_IF_ERROR(kv.Wait(kv.PushPull(keys, lens, grad.data(), got.data()), Soon()));
     const float expect = 1.0f + 2.0f * W * (W + 1) / 2.0f * i;
@@ -149,7 +152,9 @@ class Intruder {
     van_ = std::move(van).value();
     van_->StartReceiving();
   }
-  void Send(int port, PsHeader h, std::vector<float> values = {}) {
+  // `edit` (if set) changes the message last (a malformed one).
+  void Send(int port, PsHeader h, std::vector<float> values = {},
+            const std::function<void(Message*)>& edit = nullptr) {
     // One connection per port (a second with the same routing id is refused).
     if (connected_.insert(port).second) CHECK_OK(van_->Connect(port, "127.0.0.1", port));
     Message m;
@@ -166,6 +171,7 @@ class Intruder {
       m.header.set_value_bytes(values.size() * sizeof(float));
       m.header.set_dtype(DTYPE_FLOAT32);
     }
+    if (edit) edit(&m);
     (void)van_->Send(port, m);
   }
   std::atomic<int> received{0};
@@ -283,6 +289,101 @@ TEST(SecurityTest, ForgedMessagesBeforeTheTableAreNotTaken) {
     EXPECT_TRUE(attacked.load());
     EXPECT_EQ(intruder.received.load(), 0) << "nothing may answer it";
   }
+}
+
+// A member that names a co-located worker as the sender of a malformed
+// numbered message (an old protocol version; more value frames than it sends)
+// must not touch that worker's numbering at the server: it used to start the
+// worker's numbering over at the forged one, and the server then held every
+// later message of the worker, waiting for a number that was never coming.
+TEST(SecurityTest, AForgedMalformedMessageDoesNotTouchTheNumberingOfTheSenderItNames) {
+  for (int kind = 0; kind < 2; ++kind) {
+    SCOPED_TRACE(kind == 0 ? "old protocol version" : "frames that do not decode");
+    Intruder intruder("", 7);
+    std::atomic<int> server_port{0};
+    JobSpec spec;
+    spec.shm_bytes = int64_t{16} << 20;  // the worker numbers its messages to the server
+    spec.on_server = [&](int rank, int port) { server_port = port; };
+    const auto attack = [&] {
+      PsHeader push = Forged(CMD_DATA, WorkerId(0));
+      push.set_push(true);
+      push.set_shm_stream(12345);
+      push.set_shm_seq(0);
+      push.set_shm_mapped(true);
+      intruder.Send(server_port.load(), push, std::vector<float>(kind == 0 ? 6 : 100000, 1.0f),
+                    [kind](Message* m) {
+                      if (kind == 0) m->header.set_version(PROTOCOL_VERSION_CURRENT + 1);
+                      if (kind == 1) m->header.set_num_value_frames(3);
+                    });
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    };
+    JobResult r = RunJobWith(
+        1, 1, [&](KVClient& kv) { return Rounds(kv, 3, attack); }, spec);
+    ExpectAllOk(r);
+    EXPECT_EQ(intruder.received.load(), 0) << "nothing may answer it";
+  }
+}
+
+// Only the scheduler shuts a node down, aborts it, releases its barriers or
+// sends it a table: a member's own messages of those kinds (its real sender,
+// on its own connection) are ignored. A worker used to shut a server down.
+TEST(SecurityTest, AMemberCannotShutDownAbortOrReleaseAnotherNode) {
+  JobSpec spec;
+  JobResult r = RunJobWith(
+      2, 1,
+      [&](KVClient& kv) {
+        return Rounds(kv, 3, [&kv] {
+          if (kv.rank() != 0) return;
+          ClusterNode* node = kv.node();
+          const int own = node->id();
+          for (PsCommand cmd : {CMD_SHUTDOWN, CMD_ABORT, CMD_BARRIER, CMD_NODE_TABLE}) {
+            for (int to : {ServerId(0), ServerId(1)}) {
+              Message m;
+              m.header.set_version(PROTOCOL_VERSION_CURRENT);
+              m.header.set_cmd(cmd);
+              m.header.set_sender(own);
+              m.header.set_receiver(to);
+              m.header.set_error_message("a member's abort");
+              m.header.set_error_code(static_cast<int>(StatusCode::kInternal));
+              m.header.set_group(0);
+              m.header.set_generation(1000);
+              const Status sent = node->Send(to, m);
+              EXPECT_TRUE(sent.ok()) << PsCommand_Name(cmd) << ": " << sent;
+            }
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        });
+      },
+      spec);
+  ExpectAllOk(r);
+}
+
+// Numbered messages from a peer whose arena this node has not mapped come
+// over ZeroMQ alone, in order: they are handed on at once, gaps and all. They
+// used to wait for the missing numbers, without bound (a member could fill
+// the node's memory).
+TEST(SecurityTest, NumberedMessagesFromAPeerWhoseQueueIsNotReadAreNotHeld) {
+  std::atomic<int> got{0};
+  VanOptions vo;
+  vo.bind_host = "127.0.0.1";
+  vo.name = "receiver";
+  auto van = Van::Create(vo, [&got](Message&&) { ++got; });
+  ASSERT_OK(van.status());
+  (*van)->StartReceiving();
+  Intruder sender("", 7);
+  const std::vector<uint64_t> numbers = {5, 9, 20, 21, 400};
+  for (uint64_t seq : numbers) {
+    PsHeader h = Forged(CMD_HEARTBEAT, 77);
+    h.set_shm_stream(1);
+    h.set_shm_seq(seq);
+    h.set_shm_mapped(true);
+    sender.Send((*van)->port(), h);
+  }
+  for (int i = 0; i < 200 && got.load() < static_cast<int>(numbers.size()); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(got.load(), static_cast<int>(numbers.size()));
+  EXPECT_EQ((*van)->dropped(), 0);
 }
 
 // What a node says when it cannot join: the connection's own events tell a

@@ -184,5 +184,50 @@ TEST(ReordererTest, ASenderWithTooManyWaitingIsPausedUntilTheMissingOneArrives) 
   EXPECT_EQ(r.expected(kSender), last + 1);
 }
 
+// A sender whose queue is not read sends over ZeroMQ alone, in order: its
+// numbers are passed as they come, gaps and all, never held; once its queue is
+// read the numbering is in step.
+TEST(ReordererTest, ASenderWhoseQueueIsNotReadIsPassedAtOnceAndStaysInStep) {
+  Reorderer r("test", 0);
+  Sink sink;
+  const auto h = sink.handler();
+  for (uint64_t seq : {3u, 4u, 9u}) {
+    Message m = Tagged(kSender, seq);
+    EXPECT_EQ(r.Pass(kSender, kStream, seq, &m, h), Out::kHandedOn);
+  }
+  EXPECT_EQ(r.Pass(kSender, kStream, 12, nullptr, h), Out::kHandedOn) << "a dropped one";
+  EXPECT_EQ(sink.ids(), (std::vector<uint64_t>{3, 4, 9}));
+  EXPECT_EQ(r.waiting(kSender), 0u);
+  EXPECT_EQ(r.expected(kSender), 13u);
+  Message again = Tagged(kSender, 9);
+  EXPECT_EQ(r.Pass(kSender, kStream, 9, &again, h), Out::kDuplicate);
+  // Its queue is read from now on: 14 (queue) overtakes 13 (ZeroMQ).
+  EXPECT_EQ(r.Deliver(kSender, kStream, 14, Tagged(kSender, 14), h), Out::kStashed);
+  EXPECT_EQ(r.Deliver(kSender, kStream, 13, Tagged(kSender, 13), h), Out::kHandedOn);
+  EXPECT_EQ(sink.ids(), (std::vector<uint64_t>{3, 4, 9, 13, 14}));
+}
+
+// A peer that numbers with gaps cannot fill the receiver's memory: past
+// kMaxHeld waiting, its messages are refused; the one it waits for still
+// releases those held.
+TEST(ReordererTest, NoSenderHoldsMoreThanKMaxHeld) {
+  Reorderer r("test", 0);
+  Sink sink;
+  const auto h = sink.handler();
+  for (uint64_t i = 1; i <= Reorderer::kMaxHeld; ++i) {
+    ASSERT_EQ(r.Skip(kSender, kStream, 2 * i, h), Out::kStashed) << i;
+  }
+  EXPECT_EQ(r.Deliver(kSender, kStream, 3, Tagged(kSender, 3), h), Out::kRefused);
+  EXPECT_EQ(r.Skip(kSender, kStream, 5, h), Out::kRefused);
+  EXPECT_EQ(r.waiting(kSender), Reorderer::kMaxHeld);
+  EXPECT_EQ(r.Deliver(kOther, kStream, 0, Tagged(kOther, 0), h), Out::kHandedOn)
+      << "other senders are not held up";
+  EXPECT_EQ(r.Deliver(kSender, kStream, 0, Tagged(kSender, 0), h), Out::kHandedOn);
+  EXPECT_EQ(r.Deliver(kSender, kStream, 1, Tagged(kSender, 1), h), Out::kHandedOn);
+  EXPECT_EQ(r.waiting(kSender), Reorderer::kMaxHeld - 1) << "2 passed; 4 on wait for 3";
+  EXPECT_EQ(r.expected(kSender), 3u);
+  EXPECT_EQ(r.Deliver(kSender, kStream, 3, Tagged(kSender, 3), h), Out::kHandedOn);
+}
+
 }  // namespace
 }  // namespace pstrain

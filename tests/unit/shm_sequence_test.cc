@@ -116,22 +116,5 @@ TEST(ShmSequenceTest, ADroppedNumberedMessageDoesNotHoldUpTheRest) {
   EXPECT_EQ(got, (std::vector<uint64_t>{0, 2, 3}));
 }
 
-TEST(ShmSequenceTest, AForgedMessageTouchesNoNumberOrBlockOfTheClaimedSender) {
-  PsHeader h;
-  h.set_sender(kSender);
-  h.set_request_id(42);
-  h.set_shm_seq(3);
-  h.set_shm_stream(8);
-  h.add_shm_frame_offset(4096);
-  h.add_shm_frame_bytes(64);
-  StripShmFields(&h);
-  EXPECT_FALSE(h.has_shm_seq());
-  EXPECT_EQ(h.shm_frame_offset_size(), 0);
-  EXPECT_EQ(h.shm_frame_bytes_size(), 0);
-  EXPECT_FALSE(DroppedSlot(h).has_value());
-  EXPECT_EQ(h.sender(), kSender) << "the rest stays, for the log line";
-  EXPECT_EQ(h.request_id(), 42u);
-}
-
 }  // namespace
 }  // namespace pstrain
