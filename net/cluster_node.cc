@@ -81,7 +81,7 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Create(const ClusterOptions&
 
 ClusterNode::~ClusterNode() { Stop(); }
 
-void ClusterNode::Stop() {
+void ClusterNode::StopReceiving() {
   {
     MutexLock l(&mu_);
     stopping_ = true;
@@ -90,6 +90,10 @@ void ClusterNode::Stop() {
   if (heartbeat_.joinable()) heartbeat_.join();
   // Handlers may still send while the receive thread winds down.
   if (van_ != nullptr) van_->StopReceiving();
+}
+
+void ClusterNode::Stop() {
+  StopReceiving();
   van_.reset();
 }
 

@@ -131,8 +131,13 @@ class ClusterNode {
   void Fail(const Status& error, int blame = kBlameSelf);
   static constexpr int kBlameSelf = -1;
 
-  // Stops heartbeats and closes the sockets; no handler or listener runs after
-  // it returns. Idempotent. The KV server and client call it in their destructors.
+  // Stops heartbeats and the receive thread: no handler or listener runs after
+  // it returns, and Send still works (an owner's own threads may still send
+  // while it stops them). Idempotent.
+  void StopReceiving();
+  // StopReceiving, then closes the sockets: Send fails from then on. Call it
+  // once no other thread sends. Idempotent. The KV server and client call it
+  // in their destructors.
   void Stop();
 
   Status Send(int id, const Message& msg);

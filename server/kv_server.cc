@@ -132,13 +132,16 @@ KVServer::KVServer(ClusterNode* node, const KVServerOptions& options)
 }
 
 KVServer::~KVServer() {
-  node_->Stop();
+  // Nothing new reaches the shards; then they stop (they send replies until
+  // then, so the sockets close only after).
+  node_->StopReceiving();
   for (auto& s : shards_) {
     MutexLock l(&s->mu);
     s->stop = true;
     s->cv.SignalAll();
   }
   for (auto& t : threads_) t.join();
+  node_->Stop();
 }
 
 Status KVServer::Run() {

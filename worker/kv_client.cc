@@ -56,14 +56,16 @@ KVClient::KVClient(ClusterNode* node, const KVClientOptions& options)
 }
 
 KVClient::~KVClient() {
-  // The node first: no reply handler runs after it stops (sends fail fast).
-  node_->Stop();
+  // No reply handler runs once the node stops receiving; then the sender
+  // thread stops, and only then do the sockets it sends on close.
+  node_->StopReceiving();
   {
     MutexLock l(&mu_);
     sender_stop_ = true;
     sender_cv_.SignalAll();
   }
   sender_.join();
+  node_->Stop();
 }
 
 StatusOr<const std::vector<PartPlan>*> KVClient::Parts(Key key, int64_t len) {
