@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <set>
@@ -168,9 +169,18 @@ std::string ConfigPath(const std::string& dir) { return dir + "/config.pb"; }
 Status KVServer::OpenSnapshots() {
   if (options_.snapshot_dir.empty()) return Status::Ok();
   ASSIGN_OR_RETURN(snapshots_, SnapshotStore::Open(options_.snapshot_dir, options_.snapshot_sync));
-  if (options_.restart <= 0) return snapshots_->Clear();  // a new job: nothing to resume
-  // A replacement: the job's configuration and every key as last snapshotted.
   const std::string path = ConfigPath(options_.snapshot_dir);
+  if (options_.restart <= 0) {
+    // A new job: nothing to resume, not even the last job's configuration (a
+    // replacement of this server that dies before it is configured would
+    // take it up).
+    RETURN_IF_ERROR(snapshots_->Clear());
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+    if (ec) return Status::IOError(StrCat("cannot remove ", path, ": ", ec.message()));
+    return Status::Ok();
+  }
+  // A replacement: the job's configuration and every key as last snapshotted.
   std::ifstream in(path, std::ios::binary);
   const bool have_config = static_cast<bool>(in);
   if (have_config) {
@@ -880,6 +890,16 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
     for (const Op& d : ops) CompletePart(d, ks, s);
     if (!s.ok()) node_->Fail(Status(s.code(), StrCat(node_->Self(), ": ", s.message())), blame);
   };
+  if (lost_[op.worker()].load()) {
+    // Lost after the receive thread took its push (HandleMessage refuses
+    // later ones): a round of one would apply it, and the job went on
+    // without it.
+    CompletePart(op, ks,
+                 Status::FailedPrecondition(StrCat(NodeIdName(WorkerId(op.worker())),
+                                                   " was declared lost; its push of ",
+                                                   PartName(wire), " is not applied")));
+    return;
+  }
   if (cfg == nullptr || !cfg->sync_mode()) {
     if (optimizer() == nullptr) {
       CompletePart(op, ks,

@@ -4,12 +4,14 @@
 // snapshots, the workers re-send what it lacks, and the job ends with exactly
 // the weights of a run nobody disturbed.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -277,6 +279,40 @@ TEST_F(ServerRecoveryFailureTest, WithoutRestartsADeadServerEndsTheJob) {
   const Status verdict = DeadServerNotReplaced(/*restarts=*/0);
   EXPECT_FALSE(verdict.ok());
   EXPECT_NE(verdict.message().find("declared dead"), std::string::npos) << verdict;
+}
+
+// A new job's server (restart 0) forgets what a job before it left in its
+// snapshot folder, its configuration too: a replacement of this server that
+// died before the job configured it would have taken that one up.
+TEST(ServerSnapshotTest, ANewJobForgetsTheLastJobsConfigurationAndKeys) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / StrCat("pstrain-stale-", getpid())).string();
+  std::filesystem::create_directories(dir);
+  const std::string config = dir + "/config.pb";
+  {
+    ServerConfig stale;
+    stale.set_sync_mode(true);
+    stale.mutable_optimizer()->set_learning_rate(1e6f);
+    std::ofstream out(config, std::ios::binary);
+    ASSERT_TRUE(stale.SerializeToOstream(&out));
+  }
+  RecoverySpec spec;
+  spec.num_servers = 1;
+  spec.num_workers = 1;
+  ClusterOptions o = BaseOptions(spec);
+  o.role = Role::kServer;
+  o.root_port = 1;  // no scheduler: Run gives up on its table soon
+  o.startup_timeout_ms = 300;
+  auto node = ClusterNode::Create(o);
+  ASSERT_OK(node.status());
+  KVServerOptions ko;
+  ko.snapshot_dir = dir;
+  ko.restart = 0;
+  KVServer server(node->get(), ko);
+  const Status run = server.Run();
+  EXPECT_EQ(run.code(), StatusCode::kDeadlineExceeded) << run;
+  EXPECT_FALSE(std::filesystem::exists(config)) << "the last job's configuration is still there";
+  std::filesystem::remove_all(dir);
 }
 
 // PSTRAIN_WORKER_LOSS=continue: a worker that dies silently is dropped; its
