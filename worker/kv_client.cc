@@ -161,6 +161,14 @@ KVClient::Ticket KVClient::Queue(Kind kind, const std::vector<Key>& keys,
           break;
         }
         for (const PartPlan& p : **parts) {
+          if (p.len > int64_t{UINT32_MAX}) {
+            // A message names each part's length in 32 bits.
+            bad = Status::InvalidArgument(
+                StrCat("key ", keys[i], " of length ", lens[i], " has a part of ", p.len,
+                       " floats on server rank ", p.server, "; a part holds at most ", UINT32_MAX,
+                       " (run more servers, or split the key)"));
+            break;
+          }
           Build& b = builds[p.server];
           b.keys.push_back(WireKey(p.server, keys[i], p.part));
           b.lens.push_back(static_cast<uint32_t>(p.len));

@@ -401,6 +401,13 @@ TEST(InProcClusterTest, BadRequestsGetErrorsNamingTheKey) {
     }
     s = kv.Wait(kv.Push({1, 2}, {4}, v.data()), Soon());
     if (s.ok()) return Status::Internal("keys/lens mismatch accepted");
+    // A part longer than a message can name (32 bits) is refused before
+    // anything is read or sent; it used to go out with its length cut.
+    s = kv.Wait(kv.Push({43}, {int64_t{5} << 30}, v.data()), Soon());
+    if (s.code() != StatusCode::kInvalidArgument ||
+        s.message().find("key 43 of length 5368709120 has a part of") == std::string::npos) {
+      return Status::Internal(StrCat("a part of over 2^32 floats: ", s.ToString()));
+    }
     // The server still serves correct values.
     std::vector<float> got(8);
     RETURN_IF_ERROR(kv.Wait(kv.Pull({42}, {8}, got.data()), Soon()));
