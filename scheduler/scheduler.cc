@@ -139,10 +139,7 @@ void Scheduler::Handle(Message&& msg) {
       }
       r->second.waiting.erase(h.sender());
       if (!r->second.waiting.empty()) return;
-      Status sent = van_->Send(r->first, r->second.table);
-      if (!sent.ok()) LOG(WARNING) << "scheduler: " << sent;
-      LOG(INFO) << "scheduler: every worker is ready for " << Describe(r->first)
-                << "; it gets the node table";
+      SendReplacementTable(r->first, r->second.table);
       replacing_.erase(r);
       return;
     }
@@ -393,6 +390,14 @@ void Scheduler::Replace(const Message& msg) {
   }
 }
 
+void Scheduler::SendReplacementTable(int id, const Message& table) {
+  Status sent = van_->Send(id, table);
+  if (!sent.ok()) LOG(WARNING) << "scheduler: " << sent;
+  LOG(INFO) << "scheduler: every worker is ready for " << Describe(id)
+            << "; it gets the node table";
+  nodes_.at(id).last_seen = SteadyClock::now();
+}
+
 void Scheduler::CheckReplacements() {
   for (const auto& [id, d] : dead_) {
     const int64_t waited = MillisSince(d.since);
@@ -563,7 +568,7 @@ void Scheduler::LoseWorker(int id, const std::string& why) {
       ++it;
       continue;
     }
-    (void)van_->Send(it->first, it->second.table);
+    SendReplacementTable(it->first, it->second.table);
     it = replacing_.erase(it);
   }
   MaybeShutdown();
@@ -608,7 +613,10 @@ Status Scheduler::Run() {
     if (started_ && options_.heartbeat_interval_ms > 0) {
       for (const auto& [id, node] : nodes_) {
         const int64_t silent = MillisSince(node.last_seen);
-        if (silent <= options_.heartbeat_timeout_ms || dead_.count(id) > 0 || lost_.count(id) > 0) {
+        // A replacement sends no heartbeat before its table (CheckReplacements
+        // watches the wait for it).
+        if (silent <= options_.heartbeat_timeout_ms || dead_.count(id) > 0 || lost_.count(id) > 0 ||
+            replacing_.count(id) > 0) {
           continue;
         }
         const std::string why =

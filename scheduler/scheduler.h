@@ -85,6 +85,9 @@ class Scheduler {
   void ServerSilent(int id, const std::string& why) REQUIRES(mu_);
   // Runs from Run(): replacements that did not come, or workers that did not answer, in time.
   void CheckReplacements() REQUIRES(mu_);
+  // Every worker is ready for the replacement `id`: it gets its table (and its
+  // heartbeats, which start then, are watched from now on).
+  void SendReplacementTable(int id, const Message& table) REQUIRES(mu_);
   Message NodeTable() const REQUIRES(mu_);
   // A worker silent past the heartbeat timeout with PSTRAIN_WORKER_LOSS=continue:
   // everyone hears that the job goes on without it (or it ends, if it was the last).
