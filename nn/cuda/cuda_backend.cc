@@ -130,6 +130,16 @@ Status CudaBackend::Init() {
   void* download = nullptr;
   PSTRAIN_CUDA_RETURN_IF_ERROR(cudaMallocHost(&download, kStagingBytes), "pinned download buffer");
   download_ = static_cast<float*>(download);
+  void* flags = nullptr;
+  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&flags, 2 * sizeof(unsigned long long),
+                                             cudaHostAllocMapped | cudaHostAllocPortable),
+                               "mapped pinned memory for the optimizer's check");
+  step_flags_ = static_cast<unsigned long long*>(flags);
+  step_flags_[0] = step_flags_[1] = 0;
+  void* on_device = nullptr;
+  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&on_device, flags, 0),
+                               "the device's address of the optimizer's check");
+  step_flags_device_ = static_cast<unsigned long long*>(on_device);
   return Status::Ok();
 }
 
@@ -161,6 +171,7 @@ CudaBackend::~CudaBackend() {
     if (s.consumed != nullptr) cudaEventDestroy(s.consumed);
   }
   if (download_ != nullptr) cudaFreeHost(download_);
+  if (step_flags_ != nullptr) cudaFreeHost(step_flags_);
   if (peer_event_ != nullptr) cudaEventDestroy(peer_event_);
   if (compute_done_ != nullptr) cudaEventDestroy(compute_done_);
   if (upload_done_ != nullptr) cudaEventDestroy(upload_done_);
@@ -444,10 +455,36 @@ void CudaBackend::ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& 
     m = momentum.data();
   }
   SetDevice();
-  cuda::SgdArgs a{
-      step.rescale, step.lr,  step.wd, step.clip, step.uses_momentum() ? step.mom : 0.0f,
-      step.do_clip, step.test};
+  cuda::SgdArgs a{step.rescale,
+                  step.lr,
+                  step.wd,
+                  step.clip,
+                  step.uses_momentum() ? step.mom : 0.0f,
+                  step.do_clip,
+                  step.test,
+                  step.param,
+                  step_flags_device_};
   cuda::SgdUpdate(a, grad.data(), weight.data(), m, weight.num_elements(), stream_);
+}
+
+StepCheck CudaBackend::TakeStepCheck() {
+  // A word the kernel set after the load below is cleared unseen: that is a
+  // later bad update than the one reported (the first, which stops a job).
+  StepCheck c;
+  for (int k = 0; k < 2; ++k) {
+    const unsigned long long v = __atomic_load_n(&step_flags_[k], __ATOMIC_ACQUIRE);
+    if (v == 0) continue;
+    __atomic_store_n(&step_flags_[k], 0ull, __ATOMIC_RELEASE);
+    const int param = static_cast<int>(static_cast<uint32_t>(v));
+    if (k == 0) {
+      c.bad_grad = true;
+      c.grad_param = param;
+    } else {
+      c.bad_weight = true;
+      c.weight_param = param;
+    }
+  }
+  return c;
 }
 
 void CudaBackend::StartTiming() {

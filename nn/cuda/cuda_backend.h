@@ -92,6 +92,8 @@ class CudaBackend : public Backend {
   void Add(const Tensor& src, const Tensor& dst) override;
   void ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& grad, const Tensor& weight,
                           const Tensor& momentum) override;
+  // Reads the flags the update kernel sets (mapped pinned memory): no wait.
+  StepCheck TakeStepCheck() override;
   void Synchronize() override;
   void StartTiming() override;
   double StopTiming() override;
@@ -157,6 +159,11 @@ class CudaBackend : public Backend {
   std::vector<Staging> staging_;
   int next_slot_ = 0;
   float* download_ = nullptr;  // pinned, kStagingBytes, for CopyToHost
+  // ApplyOptimizerStep's check (cuda::SgdArgs::flags): two words of mapped
+  // pinned memory that the update kernel sets and TakeStepCheck reads and
+  // clears; [0] a gradient, [1] a weight written held NaN or Inf.
+  unsigned long long* step_flags_ = nullptr;         // the host's address
+  unsigned long long* step_flags_device_ = nullptr;  // the kernel's
   std::map<std::string, ConvAlgos> conv_algos_;
   int conv_searches_[3] = {0, 0, 0};  // CountConvSearch, by outcome (the executor's thread)
   Mutex peers_mu_;                    // CopyPeer may run on several merge threads
