@@ -143,17 +143,49 @@ Status CudaBackend::Init() {
   return Status::Ok();
 }
 
+namespace {
+
+// Frees what a staging slot holds (any part may be missing).
+template <typename Slot>
+void FreeStaging(Slot& s) {
+  if (s.host != nullptr) cudaFreeHost(s.host);
+  s.host = nullptr;
+  s.device.reset();
+  if (s.uploaded != nullptr) cudaEventDestroy(s.uploaded);
+  if (s.consumed != nullptr) cudaEventDestroy(s.consumed);
+  s.uploaded = s.consumed = nullptr;
+}
+
+}  // namespace
+
 Status CudaBackend::AddStagingSlot() {
-  // In the vector first: the destructor frees whatever was made.
-  Staging& s = staging_.emplace_back();
+  Staging s;
+  auto fail = [&s](Status error) {
+    FreeStaging(s);
+    return error;
+  };
   void* host = nullptr;
-  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaMallocHost(&host, kStagingBytes), "pinned staging buffer");
+  if (const cudaError_t e = cudaMallocHost(&host, kStagingBytes); e != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: the context goes on
+    const std::string why =
+        StrCat("host: pinning a staging buffer of ", kStagingBytes, " bytes for ", name_, ": ",
+               cudaGetErrorName(e), ": ", cudaGetErrorString(e));
+    return fail(e == cudaErrorMemoryAllocation ? Status::ResourceExhausted(why)
+                                               : Status::Unavailable(why));
+  }
   s.host = static_cast<float*>(host);
-  s.device = AllocateBytes(kStagingBytes);
-  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s.uploaded, cudaEventDisableTiming),
-                               "cudaEventCreate");
-  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s.consumed, cudaEventDisableTiming),
-                               "cudaEventCreate");
+  StatusOr<std::shared_ptr<Buffer>> device = TryAllocateBytes(kStagingBytes, "a staging buffer");
+  if (!device.ok()) return fail(device.status());
+  s.device = std::move(device).value();
+  if (const cudaError_t e = cudaEventCreateWithFlags(&s.uploaded, cudaEventDisableTiming);
+      e != cudaSuccess) {
+    return fail(CudaError(e, "cudaEventCreate"));
+  }
+  if (const cudaError_t e = cudaEventCreateWithFlags(&s.consumed, cudaEventDisableTiming);
+      e != cudaSuccess) {
+    return fail(CudaError(e, "cudaEventCreate"));
+  }
+  staging_.push_back(std::move(s));
   return Status::Ok();
 }
 
@@ -164,12 +196,7 @@ CudaBackend::~CudaBackend() {
   }
   if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
   if (download_stream_ != nullptr) cudaStreamSynchronize(download_stream_);
-  for (Staging& s : staging_) {
-    if (s.host != nullptr) cudaFreeHost(s.host);
-    s.device.reset();
-    if (s.uploaded != nullptr) cudaEventDestroy(s.uploaded);
-    if (s.consumed != nullptr) cudaEventDestroy(s.consumed);
-  }
+  for (Staging& s : staging_) FreeStaging(s);
   if (download_ != nullptr) cudaFreeHost(download_);
   if (step_flags_ != nullptr) cudaFreeHost(step_flags_);
   if (peer_event_ != nullptr) cudaEventDestroy(peer_event_);
@@ -207,10 +234,14 @@ std::string CudaBackend::Describe() const {
                 ")");
 }
 
-std::shared_ptr<Buffer> CudaBackend::AllocateBytes(size_t bytes) {
-  std::string error;
-  void* p = allocator_->Allocate(bytes, &error);
-  CHECK(p != nullptr) << device().ToString() << ": " << error;
+StatusOr<std::shared_ptr<Buffer>> CudaBackend::TryAllocateBytes(size_t bytes,
+                                                                const std::string& what) {
+  std::string error = "too large to allocate";
+  void* p = bytes > (SIZE_MAX >> 4) ? nullptr : allocator_->Allocate(bytes, &error);
+  if (p == nullptr) {
+    return Status::ResourceExhausted(
+        StrCat(device().ToString(), ": ", bytes, " bytes for ", what, ": ", error));
+  }
   std::shared_ptr<CachingAllocator> allocator = allocator_;
   return Buffer::Wrap(static_cast<float*>(p), bytes / sizeof(float), device(),
                       [allocator](float* d) { allocator->Free(d); });
@@ -269,12 +300,17 @@ void CudaBackend::CopyFromHost(const float* src, const Tensor& dst) {
   char* to = reinterpret_cast<char*>(dst.data());
   const size_t bytes = dst.bytes();
   const size_t chunks = (bytes + kStagingBytes - 1) / kStagingBytes;
-  while (staging_.size() < chunks + 2) {
+  const size_t want = std::min(chunks + 2, static_cast<size_t>(kMaxStagingSlots));
+  while (staging_.size() < want && !staging_full_) {
     // Fresh slots: the ring's order past them is unchanged. The first batch
-    // grows it; later ones find it grown.
+    // grows it; later ones find it grown. Short of memory, the slots there
+    // are serve (a copy then waits for its own earlier chunks).
     const Status added = AddStagingSlot();
-    CHECK(added.ok()) << name_ << ": growing the staging ring to " << chunks + 2 << " slots of "
-                      << kStagingBytes << " bytes: " << added;
+    if (!added.ok()) {
+      staging_full_ = true;
+      LOG(WARNING) << name_ << ": the staging ring stays at " << staging_.size() << " slots of "
+                   << kStagingBytes << " bytes (host copies overlap less): " << added;
+    }
   }
   for (size_t done = 0; done < bytes;) {
     Staging& s = staging_[next_slot_];

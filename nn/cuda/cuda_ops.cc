@@ -84,6 +84,17 @@ class CudaOp : public Operator {
   // (OpTensors::in_grad_add), 0 overwrites it.
   const float* Beta(size_t i) const { return AddsTo(i) ? &kOne : &kZero; }
   std::string Where() const { return StrCat(OpTypeName(node_.op), " '", node_.name, "'"); }
+  // Device memory for this operator's own state (SetupCuda): ResourceExhausted
+  // naming the operator, `what` and the bytes when the device is out of it
+  // (a batch too large for the device is an error, not an abort).
+  StatusOr<std::shared_ptr<Buffer>> TryBytes(size_t bytes, const char* what) const {
+    return be_->TryAllocateBytes(bytes, StrCat(Where(), "'s ", what));
+  }
+  StatusOr<Tensor> TryEmpty(const Shape& shape, const char* what) const {
+    ASSIGN_OR_RETURN(std::shared_ptr<Buffer> b,
+                     TryBytes(static_cast<size_t>(shape.num_elements()) * sizeof(float), what));
+    return Tensor(std::move(b), 0, shape);
+  }
 
   CudaBackend* be_ = nullptr;
 };
@@ -577,7 +588,9 @@ class CudaPooling : public CudaOp {
         return Status::InvalidArgument(
             StrCat(Where(), ": a plane of ", args_.H, "x", args_.W, " exceeds 2^31 elements"));
       }
-      argmax_ = be_->AllocateBytes(static_cast<size_t>(t_.out.num_elements()) * sizeof(int32_t));
+      ASSIGN_OR_RETURN(argmax_,
+                       TryBytes(static_cast<size_t>(t_.out.num_elements()) * sizeof(int32_t),
+                                "maxima (argmax)"));
     }
     return Status::Ok();
   }
@@ -635,7 +648,7 @@ class CublasFullyConnected : public CudaOp {
     K_ = CheckedInt(t_.in[0].shape().ProductFrom(1), "input features");
     M_ = CheckedInt(node_.fc.num_hidden, "num_hidden");
     if (!node_.fc.no_bias) {
-      ones_ = be_->Empty(Shape{N_});
+      ASSIGN_OR_RETURN(ones_, TryEmpty(Shape{N_}, "ones for the bias gradient"));
       be_->Fill(ones_, 1.0f);
     }
     return Status::Ok();
@@ -697,12 +710,12 @@ class CudnnBatchNorm : public CudaOp {
     // cuDNN 9 takes any epsilon >= CUDNN_BN_MIN_EPSILON (0); older ones
     // wanted 1e-5, which would change the 2015 models' 1e-10 + 1e-5 slightly.
     eps_ = std::max(static_cast<double>(node_.bn.eps), static_cast<double>(CUDNN_BN_MIN_EPSILON));
-    saved_mean_ = be_->Empty(Shape{C_});
-    saved_invstd_ = be_->Empty(Shape{C_});
+    ASSIGN_OR_RETURN(saved_mean_, TryEmpty(Shape{C_}, "saved mean"));
+    ASSIGN_OR_RETURN(saved_invstd_, TryEmpty(Shape{C_}, "saved inverse deviation"));
     if (node_.bn.fix_gamma) {
-      ones_ = be_->Empty(Shape{C_});
+      ASSIGN_OR_RETURN(ones_, TryEmpty(Shape{C_}, "fixed gamma"));
       be_->Fill(ones_, 1.0f);
-      dgamma_scratch_ = be_->Empty(Shape{C_});
+      ASSIGN_OR_RETURN(dgamma_scratch_, TryEmpty(Shape{C_}, "gamma gradient scratch"));
     }
     return Status::Ok();
   }
@@ -815,7 +828,8 @@ class CudnnSoftmaxOutput : public CudaOp {
     N_ = t_.out.shape()[0];
     K_ = t_.out.shape().ProductFrom(1);
     x_.Set(Nchw{CheckedInt(N_, "batch"), CheckedInt(K_, "classes"), 1, 1});
-    loss_ = be_->Zeros(Shape{N_});
+    ASSIGN_OR_RETURN(loss_, TryEmpty(Shape{N_}, "per-example loss"));
+    be_->Fill(loss_, 0.0f);
     return Status::Ok();
   }
 
@@ -917,7 +931,7 @@ class CudaDropout : public CudaOp {
     if (ctx.rng == nullptr) {
       return Status::InvalidArgument(StrCat(Where(), " needs a random generator"));
     }
-    mask_ = be_->AllocateBytes(static_cast<size_t>(t_.out.num_elements()));
+    ASSIGN_OR_RETURN(mask_, TryBytes(static_cast<size_t>(t_.out.num_elements()), "mask"));
     return Status::Ok();
   }
 

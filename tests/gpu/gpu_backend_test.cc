@@ -924,6 +924,29 @@ TEST(GpuBackendTest, MemoryPastWhatFitsIsResourceExhausted) {
   EXPECT_EQ(std::vector<float>(pinned->data(), pinned->data() + 4), want);
 }
 
+// A copy from the host far larger than the staging ring's cap (32 slots of
+// 4 MiB) goes through the ring chunk by chunk: the data arrive whole, and
+// the device memory the ring holds stays bounded by the cap.
+TEST(GpuBackendTest, LargeHostCopiesGoThroughACappedStagingRing) {
+  SKIP_WITHOUT_GPU();
+  auto made = Backend::Create(Gpu());
+  ASSERT_OK(made.status());
+  Backend& G = **made;
+  const int64_t n = (int64_t{200} << 20) / 4 + 5;  // 200 MiB and a bit: 51 chunks
+  std::vector<float> src(n);
+  for (int64_t i = 0; i < n; ++i) src[i] = static_cast<float>(i % 100003);
+  Tensor t = G.Empty({n});
+  const size_t before = G.memory_stats().reserved;
+  for (int round = 0; round < 2; ++round) {
+    G.CopyFromHost(src.data(), t);
+    std::vector<float> back(n);
+    G.CopyToHost(t, back.data());
+    ASSERT_EQ(back, src) << "round " << round;
+  }
+  const size_t ring_cap = size_t{32} << 22;
+  EXPECT_LE(G.memory_stats().reserved - before, ring_cap) << "the staging ring grew past its cap";
+}
+
 TEST(GpuBackendTest, AGpuThatIsNotThereIsAnErrorNamingIt) {
   SKIP_WITHOUT_GPU();
   BackendOptions o = Gpu();
