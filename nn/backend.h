@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "common/deadline.h"
 #include "common/status.h"
 #include "nn/graph.h"
 #include "nn/optimizer.h"
@@ -121,6 +122,10 @@ struct StepCheck {
   bool ok() const { return !bad_grad && !bad_weight; }
 };
 
+// How long a host thread waits for work queued on a device (a Fence) before
+// it calls the device hung: far past any step's work, short of forever.
+inline constexpr std::chrono::minutes kDeviceWaitTimeout{5};
+
 // The host's view of a point in one backend's queue: done once everything
 // asked of the backend before RecordFence() has finished on the device.
 // Thread-safe; may outlive nothing but its backend.
@@ -129,16 +134,18 @@ class Fence {
   virtual ~Fence() = default;
   // Whether the work before the fence has finished (never blocks).
   virtual bool Done() = 0;
-  // Returns once Done(). Device work always ends (a failing device aborts
-  // the process through the backend's checks), so this wait has no deadline.
-  virtual void Wait() = 0;
+  // Returns Ok once Done(), or DeadlineExceeded, naming the device, once
+  // `deadline` passes first (a hung device; the caller says what it waited
+  // for). A device that reports an error aborts the process through the
+  // backend's checks, as elsewhere.
+  [[nodiscard]] virtual Status Wait(Deadline deadline) = 0;
 };
 
 // A fence with nothing to wait for (backends that compute at once).
 class DoneFence : public Fence {
  public:
   bool Done() override { return true; }
-  void Wait() override {}
+  Status Wait(Deadline deadline) override { return Status::Ok(); }
 };
 
 // The most elements one tensor may hold on `device`: cuDNN's legacy API

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <thread>
 
 #include "common/env.h"
 #include "nn/cuda/cuda_check.h"
@@ -126,6 +127,7 @@ Status CudaBackend::Init() {
         cudaSetDevice(ordinal);
         PSTRAIN_CUDA_CHECK(cudaFree(p));
       });
+  fence_events_ = std::make_shared<FenceEventPool>(ordinal_);
   for (int i = 0; i < kStagingSlots; ++i) RETURN_IF_ERROR(AddStagingSlot());
   void* download = nullptr;
   PSTRAIN_CUDA_RETURN_IF_ERROR(cudaMallocHost(&download, kStagingBytes), "pinned download buffer");
@@ -350,21 +352,64 @@ void CudaBackend::CopyToHost(const Tensor& src, float* dst) {
   }
 }
 
+// Events for fences, reused: RecordFence runs once per parameter and step
+// (a device group's merge, the dist sync's pushes), and creating and
+// destroying an event each time costs two driver calls. The pool holds as
+// many events as fences were ever alive at once. Thread-safe: a fence gives
+// its event back from whichever thread drops it. Every call makes the
+// pool's device current first (see CudaFence).
+class FenceEventPool {
+ public:
+  explicit FenceEventPool(int ordinal) : ordinal_(ordinal) {}
+  ~FenceEventPool() {
+    cudaSetDevice(ordinal_);
+    MutexLock l(&mu_);
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  }
+  FenceEventPool(const FenceEventPool&) = delete;
+  FenceEventPool& operator=(const FenceEventPool&) = delete;
+
+  cudaEvent_t Get() {
+    {
+      MutexLock l(&mu_);
+      if (!free_.empty()) {
+        cudaEvent_t e = free_.back();
+        free_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    // Polled (CudaFence::Wait), never synchronized on: no blocking-sync flag.
+    PSTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  // Recording the event again later overwrites what it captured, even if
+  // that has not completed yet: an event may come back before it is done.
+  void Put(cudaEvent_t e) {
+    MutexLock l(&mu_);
+    free_.push_back(e);
+  }
+
+ private:
+  const int ordinal_;
+  Mutex mu_;
+  std::vector<cudaEvent_t> free_ GUARDED_BY(mu_);
+};
+
 namespace {
 
-// An event recorded once; blocking sync: a waiting host thread sleeps rather
-// than spins (the merge and push threads share the cores with OpenMP). Every
-// call makes the event's device current first: those threads never chose one,
-// and an event call on a thread whose current device is another GPU (0 by
-// default) opens a context there, hundreds of MB on a GPU this worker does
-// not use.
+// An event recorded once, from the backend's pool. Every call makes the
+// event's device current first: the merge and push threads that wait never
+// chose one, and an event call on a thread whose current device is another
+// GPU (0 by default) opens a context there, hundreds of MB on a GPU this
+// worker does not use.
 class CudaFence : public Fence {
  public:
-  CudaFence(int ordinal, cudaEvent_t event) : ordinal_(ordinal), event_(event) {}
-  ~CudaFence() override {
-    PSTRAIN_CUDA_CHECK(cudaSetDevice(ordinal_));
-    PSTRAIN_CUDA_CHECK(cudaEventDestroy(event_));
-  }
+  CudaFence(int ordinal, std::shared_ptr<FenceEventPool> pool)
+      : ordinal_(ordinal), pool_(std::move(pool)), event_(pool_->Get()) {}
+  ~CudaFence() override { pool_->Put(event_); }
+  cudaEvent_t event() const { return event_; }
+
   bool Done() override {
     PSTRAIN_CUDA_CHECK(cudaSetDevice(ordinal_));
     const cudaError_t e = cudaEventQuery(event_);
@@ -377,14 +422,37 @@ class CudaFence : public Fence {
     PSTRAIN_CUDA_CHECK(e);
     return true;
   }
-  void Wait() override {
-    PSTRAIN_CUDA_CHECK(cudaSetDevice(ordinal_));
-    PSTRAIN_CUDA_CHECK(cudaEventSynchronize(event_));
+
+  // Polled with a bounded back-off, since cudaEventSynchronize has no
+  // timeout: a few queries first (most fences are done, or nearly, when
+  // waited for), then sleeps doubling from 10 us to 500 us, so a waiting
+  // thread sleeps (the merge and push threads share the cores with OpenMP)
+  // and wakes at most 500 us late.
+  Status Wait(Deadline deadline) override {
+    constexpr int kSpins = 32;
+    constexpr auto kMaxSleep = std::chrono::microseconds(500);
+    auto sleep = std::chrono::microseconds(10);
+    for (int poll = 0; !Done(); ++poll) {
+      if (deadline.Expired()) {
+        return Status::DeadlineExceeded(
+            StrCat("gpu(", ordinal_,
+                   "): the work queued before a fence did not finish in time "
+                   "(the device is hung or far slower than expected)"));
+      }
+      if (poll < kSpins) {
+        std::this_thread::yield();
+        continue;
+      }
+      std::this_thread::sleep_for(sleep);
+      sleep = std::min(sleep * 2, kMaxSleep);
+    }
+    return Status::Ok();
   }
 
  private:
   const int ordinal_;
-  cudaEvent_t event_;
+  const std::shared_ptr<FenceEventPool> pool_;
+  const cudaEvent_t event_;
 };
 
 }  // namespace
@@ -409,13 +477,10 @@ void CudaBackend::CopyFromHostAsync(const float* src, const Tensor& dst) {
 
 std::unique_ptr<Fence> CudaBackend::RecordFence() {
   SetDevice();
-  cudaEvent_t event = nullptr;
-  PSTRAIN_CUDA_CHECK(
-      cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventBlockingSync));
-  auto fence = std::make_unique<CudaFence>(ordinal_, event);
+  auto fence = std::make_unique<CudaFence>(ordinal_, fence_events_);
   PSTRAIN_CUDA_CHECK(cudaEventRecord(compute_done_, stream_));
   PSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(download_stream_, compute_done_, 0));
-  PSTRAIN_CUDA_CHECK(cudaEventRecord(event, download_stream_));
+  PSTRAIN_CUDA_CHECK(cudaEventRecord(fence->event(), download_stream_));
   return fence;
 }
 

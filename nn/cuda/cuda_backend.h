@@ -59,6 +59,8 @@ struct ConvAlgos {
   ConvChoice<cudnnConvolutionBwdFilterAlgo_t> bwd_filter;
 };
 
+class FenceEventPool;  // cuda_backend.cc
+
 class CudaBackend : public Backend {
  public:
   // Unavailable (with the CUDA error) when the device cannot be set up;
@@ -165,6 +167,9 @@ class CudaBackend : public Backend {
   cudaEvent_t compute_done_ = nullptr;
   cudaEvent_t upload_done_ = nullptr;
   cudaEvent_t timing_start_ = nullptr, timing_stop_ = nullptr;  // StartTiming, StopTiming
+  // RecordFence's events, reused (shared with the fences, which give theirs
+  // back from any thread).
+  std::shared_ptr<FenceEventPool> fence_events_;
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::shared_ptr<CachingAllocator> allocator_;

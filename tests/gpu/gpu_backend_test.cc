@@ -406,7 +406,7 @@ TEST(GpuBackendTest, AsyncCopiesThroughPinnedMemoryFollowTheQueue) {
     std::unique_ptr<Fence> f = G.RecordFence();
     bool done = false;
     std::thread waiter([&] {
-      f->Wait();
+      ASSERT_OK(f->Wait(Deadline::In(kDeviceWaitTimeout)));
       done = f->Done();
     });
     waiter.join();

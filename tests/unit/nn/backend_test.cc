@@ -93,19 +93,19 @@ TEST(BackendTest, CpuAsyncCopiesAreDoneAtOnceAndFencesAreDone) {
   std::fill(pinned->data(), pinned->data() + n, -1.0f);
   std::unique_ptr<Fence> f = b.RecordFence();
   EXPECT_TRUE(f->Done());
-  f->Wait();
+  ASSERT_OK(f->Wait(Deadline::In(kDeviceWaitTimeout)));
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(t.at(i), want[i]) << i;
   b.Add(t, t);  // ordered before the download
   b.CopyToHostAsync(t, pinned->data());
   std::unique_ptr<Fence> g = b.RecordFence();
-  g->Wait();
+  ASSERT_OK(g->Wait(Deadline::In(kDeviceWaitTimeout)));
   EXPECT_TRUE(g->Done());
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(pinned->data()[i], 2.0f * want[i]) << i;
   // A fence may be waited on from another thread.
   std::unique_ptr<Fence> h = b.RecordFence();
   bool done = false;
   std::thread waiter([&] {
-    h->Wait();
+    ASSERT_OK(h->Wait(Deadline::In(kDeviceWaitTimeout)));
     done = h->Done();
   });
   waiter.join();
