@@ -3,9 +3,11 @@
 // dropout, flatten, the loss and the softmax gradient through copies and our
 // kernels (nn/cuda/kernels.h). Each one's results are the CPU reference's
 // (nn/cpu/reference_ops.cc) within float rounding, which the `gpu` tests
-// check, with two documented differences: TF32 convolutions when
-// BackendOptions::gpu_tf32 (PyTorch's default too), and dropout masks drawn
-// from a counter-based generator instead of the CPU's.
+// check, with three documented differences: TF32 convolutions when
+// BackendOptions::gpu_tf32 (PyTorch's default too), dropout masks drawn
+// from a counter-based generator instead of the CPU's, and, for max pooling
+// through cuDNN, which of several equal maxima of a window gets its gradient
+// (see CudaPooling).
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -561,6 +563,15 @@ class CudaPooling : public CudaOp {
     args_ = cuda::PoolArgsOf(node_.pool, xs, ys);
     x_.Set(xs);
     y_.Set(ys);
+    // Ties: the reference (and our kernels, pool_kernels.h) give a window's
+    // gradient to its first maximum in row-major order. cuDNN documents no
+    // rule for equal maxima (only that this mode's backward is
+    // deterministic), so where a window holds its maximum twice the input
+    // gradient may differ from the reference's: another element may get it,
+    // or several may. Training is not affected where the ties are a ReLU's
+    // zeros (the ReLU's backward zeroes those elements' gradients anyway),
+    // and ties of other floats are rare; the op tests compare max pooling on
+    // distinct inputs (OpCase::distinct_inputs) for this reason.
     PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnCreatePoolingDescriptor(&pool_), Where());
     PSTRAIN_CUDNN_RETURN_IF_ERROR(
         cudnnSetPooling2dDescriptor(pool_,
