@@ -305,8 +305,8 @@ void CudaBackend::CopyFromHost(const float* src, const Tensor& dst) {
   const size_t want = std::min(chunks + 2, static_cast<size_t>(kMaxStagingSlots));
   while (staging_.size() < want && !staging_full_) {
     // Fresh slots: the ring's order past them is unchanged. The first batch
-    // grows it; later ones find it grown. Short of memory, the slots there
-    // are serve (a copy then waits for its own earlier chunks).
+    // grows it; later ones find it grown. Short of memory, the slots it has
+    // serve (a copy then waits for its own earlier chunks).
     const Status added = AddStagingSlot();
     if (!added.ok()) {
       staging_full_ = true;
@@ -356,8 +356,9 @@ void CudaBackend::CopyToHost(const Tensor& src, float* dst) {
 // (a device group's merge, the dist sync's pushes), and creating and
 // destroying an event each time costs two driver calls. The pool holds as
 // many events as fences were ever alive at once. Thread-safe: a fence gives
-// its event back from whichever thread drops it. Every call makes the
-// pool's device current first (see CudaFence).
+// its event back from whichever thread drops it (no CUDA call then). Get
+// runs on the backend's thread, its device current; the destructor makes
+// the pool's device current first (see CudaFence).
 class FenceEventPool {
  public:
   explicit FenceEventPool(int ordinal) : ordinal_(ordinal) {}
