@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "common/deadline.h"
 #include "common/status.h"
 #include "nn/graph.h"
 #include "nn/optimizer.h"
@@ -109,6 +110,22 @@ struct BackendCounters {
   int64_t param_reorders = 0;
 };
 
+// What a backend's optimizer updates (ApplyOptimizerStep) found, in the
+// update's own pass as Optimizer::ApplyStep's check: the first update whose
+// gradient held NaN or Inf, and the first that wrote NaN or Inf into its
+// weights, each named by its Optimizer::Step::param.
+struct StepCheck {
+  bool bad_grad = false;
+  int grad_param = -1;  // (when bad_grad) that update's step.param
+  bool bad_weight = false;
+  int weight_param = -1;  // (when bad_weight) that update's step.param
+  bool ok() const { return !bad_grad && !bad_weight; }
+};
+
+// How long a host thread waits for work queued on a device (a Fence) before
+// it calls the device hung: far past any step's work, short of forever.
+inline constexpr std::chrono::minutes kDeviceWaitTimeout{5};
+
 // The host's view of a point in one backend's queue: done once everything
 // asked of the backend before RecordFence() has finished on the device.
 // Thread-safe; may outlive nothing but its backend.
@@ -117,16 +134,18 @@ class Fence {
   virtual ~Fence() = default;
   // Whether the work before the fence has finished (never blocks).
   virtual bool Done() = 0;
-  // Returns once Done(). Device work always ends (a failing device aborts
-  // the process through the backend's checks), so this wait has no deadline.
-  virtual void Wait() = 0;
+  // Returns Ok once Done(), or DeadlineExceeded, naming the device, once
+  // `deadline` passes first (a hung device; the caller says what it waited
+  // for). A device that reports an error aborts the process through the
+  // backend's checks, as elsewhere.
+  [[nodiscard]] virtual Status Wait(Deadline deadline) = 0;
 };
 
 // A fence with nothing to wait for (backends that compute at once).
 class DoneFence : public Fence {
  public:
   bool Done() override { return true; }
-  void Wait() override {}
+  Status Wait(Deadline deadline) override { return Status::Ok(); }
 };
 
 // The most elements one tensor may hold on `device`: cuDNN's legacy API
@@ -275,8 +294,17 @@ class Backend {
   // One optimizer update in device memory, Optimizer::ApplyStep's arithmetic:
   // weight and (when step.uses_momentum()) momentum updated in place from grad.
   // momentum may be undefined otherwise.
+  // A gradient or a weight written holding NaN or Inf is applied like any
+  // other (as Optimizer::ApplyStep does) and reported by TakeStepCheck.
   virtual void ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& grad,
                                   const Tensor& weight, const Tensor& momentum) = 0;
+  // What the updates found (StepCheck) since the last call, which clears it.
+  // Never waits for the device: an update still running then is reported by
+  // a later call; after Synchronize(), every update asked before it has been
+  // reported by the next call. Of several bad updates between two calls, the
+  // first of each kind is reported (a job stops at the first). Thread-safe
+  // (a device group's merge thread may apply the updates).
+  virtual StepCheck TakeStepCheck() = 0;
   // Returns when everything asked for so far has finished on the device.
   virtual void Synchronize() = 0;
 

@@ -244,7 +244,7 @@ void DeviceGroup::EnqueueDownload(int d, int p) {
 void DeviceGroup::MergeLoop() {
   while (true) {
     MergeJob job;
-    bool stop;
+    bool stop, failed;
     {
       MutexLock l(&mu_);
       // Idle until work or the destructor's stop, which bounds this wait.
@@ -253,10 +253,24 @@ void DeviceGroup::MergeLoop() {
       job = std::move(jobs_.front());
       jobs_.pop_front();
       stop = stop_;
+      failed = !error_.ok();
     }
-    for (auto& f : job.fences) f->Wait();  // the pinned gradients are complete
     const int p = job.param;
-    if (!stop) {
+    // The pinned gradients are complete once the fences are: each within
+    // kDeviceWaitTimeout, else the group's error (TakeError), and this job
+    // and the later ones neither sum nor call back (nor wait: a hung device
+    // would cost each one the timeout).
+    for (size_t d = 0; d < job.fences.size() && !failed; ++d) {
+      const Status waited = job.fences[d]->Wait(Deadline::In(kDeviceWaitTimeout));
+      if (waited.ok()) continue;
+      failed = true;
+      MutexLock l(&mu_);
+      if (error_.ok()) {
+        error_ = waited.WithContext(StrCat("device ", d, "'s download of the gradient of ",
+                                           graph_.params()[p].name, " for the merge"));
+      }
+    }
+    if (!stop && !failed) {
       // Device 0's gradient is in the merge buffer already; the order of the
       // sums is the synchronous merge's.
       for (int d = 1; d < num_devices(); ++d)
@@ -270,17 +284,34 @@ void DeviceGroup::MergeLoop() {
   }
 }
 
+// The merges ahead take at most one fence wait (kDeviceWaitTimeout: after a
+// failed one the rest skip theirs) and their callbacks, which do not block
+// (an optimizer update, or a push that only enqueues): a merge still
+// running twice that long later is a bug of ours.
+constexpr auto kMergeWaitBound = 2 * kDeviceWaitTimeout;
+
 void DeviceGroup::WaitMerged(int p) {
   MutexLock l(&mu_);
-  // Bounded by the device work before the fences and the callback, which
-  // does not block (an optimizer update, or a push that only enqueues).
-  cv_.WaitUntil(Deadline::Never(), [this, p]() REQUIRES(mu_) { return merging_[p] == 0; });
+  CHECK(cv_.WaitUntil(Deadline::In(kMergeWaitBound),
+                      [this, p]() REQUIRES(mu_) { return merging_[p] == 0; }))
+      << "the merge of " << graph_.params()[p].name << " did not end within "
+      << kMergeWaitBound.count() << " minutes";
 }
 
 void DeviceGroup::Drain() {
   if (!async_merge_) return;
   MutexLock l(&mu_);
-  cv_.WaitUntil(Deadline::Never(), [this]() REQUIRES(mu_) { return in_flight_ == 0; });
+  CHECK(cv_.WaitUntil(Deadline::In(kMergeWaitBound),
+                      [this]() REQUIRES(mu_) { return in_flight_ == 0; }))
+      << in_flight_ << " merges did not end within " << kMergeWaitBound.count() << " minutes";
+}
+
+Status DeviceGroup::TakeError() {
+  if (!async_merge_) return Status::Ok();
+  MutexLock l(&mu_);
+  Status s = error_;
+  error_ = Status::Ok();
+  return s;
 }
 
 void DeviceGroup::Merge(int i) {

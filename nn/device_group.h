@@ -123,6 +123,12 @@ class DeviceGroup : public ModelParams {
   // callback included (at once when merges are synchronous). Call before
   // reading the merge buffers or the callbacks' state after a step.
   void Drain();
+  // The first error of a merge since the last call (then cleared): a
+  // device's gradient download that did not finish within
+  // kDeviceWaitTimeout (DeadlineExceeded naming the device and parameter).
+  // That merge and the later ones skip their sum and grad-ready callback, so
+  // the caller must stop. Ok when merges are synchronous.
+  Status TakeError();
   // MXNet's "sync aux params across devices" at an epoch's end (BaseModule.fit
   // calls get_params, which averages each aux state over the devices, then
   // set_params): every device's aux states (BatchNorm's moving statistics,
@@ -204,6 +210,7 @@ class DeviceGroup : public ModelParams {
   std::vector<char> merging_ GUARDED_BY(mu_);  // per param: a job queued or running
   int in_flight_ GUARDED_BY(mu_) = 0;          // jobs queued or running
   bool stop_ GUARDED_BY(mu_) = false;
+  Status error_ GUARDED_BY(mu_);  // TakeError's
   std::thread merger_;
   // Per param, the caller's thread only: devices whose gradient is complete,
   // and whether devices hold an older value.

@@ -90,6 +90,10 @@ class Optimizer {
     float rescale = 1, lr = 0, wd = 0, clip = 0, mom = 0;
     bool do_clip = false;
     bool test = false;  // TEST: w <- w + rescale * g
+    // The caller's name for the parameter updated (its index, say), which a
+    // device backend reports back with a non-finite value it met
+    // (Backend::TakeStepCheck); -1 when unnamed. Not part of the arithmetic.
+    int param = -1;
     bool uses_momentum() const { return !test && mom != 0.0f; }
   };
   // Counts one update of the parameter whose state is `state` (and the global

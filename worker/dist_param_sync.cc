@@ -156,8 +156,15 @@ void DistParamSync::PusherLoop() {
       job = std::move(jobs_.front());
       jobs_.pop_front();
     }
-    job.fence->Wait();  // host_grad_[i] holds the gradient
     const int i = job.param;
+    // host_grad_[i] holds the gradient once the fence is done: within
+    // kDeviceWaitTimeout, else the error (a hung device); after an error
+    // nothing is waited for (each wait would cost the timeout) or pushed.
+    if (!HasError()) {
+      Record(job.fence->Wait(Deadline::In(kDeviceWaitTimeout))
+                 .WithContext(StrCat("copying the gradient of ", exec_->graph().params()[i].name,
+                                     " to the host")));
+    }
     bool skip;
     {
       MutexLock l(&mu_);

@@ -82,21 +82,56 @@ void LocalParamSync::OnGradReady(int i) {
     if (step.uses_momentum() && state.momentum.size() != n) state.momentum.assign(n, 0.0f);
     const UpdateCheck c = ApplyStepThreaded(
         step, exec_->host_grad(i), w, state.momentum.empty() ? nullptr : state.momentum.data(), n);
-    MutexLock l(&mu_);
-    if (!c.ok() && error_.ok()) {
-      const std::string& name = exec_->graph().params()[i].name;
-      error_ = Status::FailedPrecondition(
-          c.bad_grad >= 0
-              ? StrCat("the gradient of ", name, " holds NaN or Inf at update ",
-                       states_[i].num_updates, ": training stops (the model would be broken)")
-              : StrCat("update ", states_[i].num_updates, " made ", name,
-                       " NaN or Inf although its gradient was finite: the learning rate is too "
-                       "large (lower --lr, or clip with --clip-gradient)"));
-    }
+    if (!c.ok()) NoteNonFinite(i, c.bad_grad >= 0);
     return;
   }
-  const Optimizer::Step step = optimizer_->NextStep(&states_[i]);
+  Optimizer::Step step = optimizer_->NextStep(&states_[i]);
+  step.param = i;  // what the backend's check names (TakeError)
   exec_->backend().ApplyOptimizerStep(step, exec_->grad(i), exec_->param(i), device_momentum_[i]);
+  device_updates_.store(true, std::memory_order_relaxed);
+}
+
+void LocalParamSync::NoteNonFinite(int i, bool bad_grad) {
+  MutexLock l(&mu_);
+  if (!error_.ok()) return;
+  const std::string& name = exec_->graph().params()[i].name;
+  error_ = Status::FailedPrecondition(
+      bad_grad ? StrCat("the gradient of ", name, " holds NaN or Inf at update ",
+                        states_[i].num_updates, ": training stops (the model would be broken)")
+               : StrCat("update ", states_[i].num_updates, " made ", name,
+                        " NaN or Inf although its gradient was finite: the learning rate is too "
+                        "large (lower --lr, or clip with --clip-gradient)"));
+}
+
+void LocalParamSync::TakeDeviceCheck() {
+  if (!device_updates_.load(std::memory_order_relaxed)) return;
+  const StepCheck c = exec_->backend().TakeStepCheck();
+  // The gradient first, as the host's check words it. (An update number read
+  // here is the parameter's count now: the update found, in the step loop,
+  // whose output read waited for the device.)
+  const int num_params = static_cast<int>(states_.size());
+  auto known = [num_params](int p) { return p >= 0 && p < num_params; };
+  if (c.bad_grad) {
+    CHECK(known(c.grad_param)) << "a device update of parameter " << c.grad_param;
+    NoteNonFinite(c.grad_param, /*bad_grad=*/true);
+  } else if (c.bad_weight) {
+    CHECK(known(c.weight_param)) << "a device update of parameter " << c.weight_param;
+    NoteNonFinite(c.weight_param, /*bad_grad=*/false);
+  }
+}
+
+Status LocalParamSync::TakeError() {
+  TakeDeviceCheck();
+  MutexLock l(&mu_);
+  Status s = error_;
+  error_ = Status::Ok();
+  return s;
+}
+
+Status LocalParamSync::Drain() {
+  // Every update asked so far finished, so the check sees them all.
+  if (device_updates_.load(std::memory_order_relaxed)) exec_->backend().Synchronize();
+  return TakeError();
 }
 
 std::vector<NamedArray> LocalParamSync::SaveState() const {

@@ -25,6 +25,7 @@
 #ifndef PSTRAIN_WORKER_PARAM_SYNC_H_
 #define PSTRAIN_WORKER_PARAM_SYNC_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -87,16 +88,15 @@ class LocalParamSync : public ParamSync {
   Status Init(ModelParams* params) override;
   void OnGradReady(int param_index) override;
   void WaitParam(int param_index) override {}
-  // A gradient or update with NaN or Inf (checked on the CPU, in the update's pass).
-  Status TakeError() override {
-    MutexLock l(&mu_);
-    Status s = error_;
-    error_ = Status::Ok();
-    return s;
-  }
-  // Updates finish in OnGradReady: an error of the last one (a device
-  // group's merge after the loop's last TakeError) is all there is left.
-  Status Drain() override { return TakeError(); }
+  // A gradient or update with NaN or Inf, found in the update's pass: on the
+  // CPU at once; on a device by the update kernel, read here without waiting
+  // for it (Backend::TakeStepCheck), so in the step loop, whose output read
+  // waits for the device, by the call after the next Forward at the latest.
+  Status TakeError() override;
+  // Host updates finish in OnGradReady; a device's are waited for here. An
+  // error of the last ones (a device group's merge after the loop's last
+  // TakeError, a device's last step) is all there is left.
+  Status Drain() override;
   std::vector<NamedArray> SaveState() const override;
   Status LoadState(const std::vector<NamedArray>& arrays) override;
 
@@ -104,6 +104,11 @@ class LocalParamSync : public ParamSync {
 
  private:
   explicit LocalParamSync(std::unique_ptr<Optimizer> opt) : optimizer_(std::move(opt)) {}
+  // Records the first error: parameter i's gradient, or the weights its update
+  // wrote, held NaN or Inf.
+  void NoteNonFinite(int i, bool bad_grad) EXCLUDES(mu_);
+  // The device backend's check of its updates so far, into the error.
+  void TakeDeviceCheck() EXCLUDES(mu_);
 
   std::unique_ptr<Optimizer> optimizer_;
   ModelParams* exec_ = nullptr;
@@ -111,6 +116,8 @@ class LocalParamSync : public ParamSync {
   // On a device backend with momentum: per parameter, a view into one buffer
   // allocated by Init (empty otherwise).
   std::vector<Tensor> device_momentum_;
+  // Whether an update ran on the device backend (its check is to be taken).
+  std::atomic<bool> device_updates_{false};
   Mutex mu_;
   Status error_ GUARDED_BY(mu_);
 };

@@ -300,6 +300,7 @@ Status Trainer::TrainEpoch(int epoch) {
   MetricValues train_values;
   for (int64_t nbatch = 0; nbatch < epoch_size_; ++nbatch) {
     exec_->Forward(/*is_train=*/true);
+    RETURN_IF_ERROR(exec_->TakeError());  // a merge's (a hung device's download)
     RETURN_IF_ERROR(sync_->TakeError());
     exec_->Backward();
     RETURN_IF_ERROR(sync_->TakeError());
@@ -329,6 +330,7 @@ Status Trainer::TrainEpoch(int epoch) {
   // checkpoint reads the weights: the device group's merges first (they call
   // the sync), then the sync's exchanges.
   exec_->Drain();
+  RETURN_IF_ERROR(exec_->TakeError());
   RETURN_IF_ERROR(sync_->Drain());
   EpochResult result;
   result.epoch = epoch;

@@ -175,7 +175,10 @@ class CpuBackend::QueueFence : public Fence {
     backend_->RunQueued(ticket_);
     return true;
   }
-  void Wait() override { backend_->RunQueued(ticket_); }
+  Status Wait(Deadline deadline) override {
+    backend_->RunQueued(ticket_);  // memory copies: they end
+    return Status::Ok();
+  }
 
  private:
   CpuBackend* const backend_;
@@ -260,8 +263,25 @@ void CpuBackend::ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& g
     CHECK_EQ(momentum.num_elements(), weight.num_elements());
     m = momentum.data();
   }
-  Optimizer::ApplyStep(step, grad.data(), weight.data(), weight.data(), m,
-                       static_cast<size_t>(weight.num_elements()));
+  const UpdateCheck c = Optimizer::ApplyStep(step, grad.data(), weight.data(), weight.data(), m,
+                                             static_cast<size_t>(weight.num_elements()));
+  if (c.ok()) return;
+  MutexLock l(&check_mu_);
+  if (c.bad_grad >= 0 && !check_.bad_grad) {
+    check_.bad_grad = true;
+    check_.grad_param = step.param;
+  }
+  if (c.bad_weight && !check_.bad_weight) {
+    check_.bad_weight = true;
+    check_.weight_param = step.param;
+  }
+}
+
+StepCheck CpuBackend::TakeStepCheck() {
+  MutexLock l(&check_mu_);
+  const StepCheck c = check_;
+  check_ = StepCheck();
+  return c;
 }
 
 StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const BackendOptions& options) {

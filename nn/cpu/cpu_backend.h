@@ -52,6 +52,7 @@ class CpuBackend : public Backend {
   void Add(const Tensor& src, const Tensor& dst) override;
   void ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& grad, const Tensor& weight,
                           const Tensor& momentum) override;
+  StepCheck TakeStepCheck() override;
   // Queued while options.cpu_as_device (see there); at once otherwise.
   void CopyToHostAsync(const Tensor& src, float* dst) override;
   void CopyFromHostAsync(const float* src, const Tensor& dst) override;
@@ -94,6 +95,9 @@ class CpuBackend : public Backend {
   std::deque<std::function<void()>> queued_ GUARDED_BY(queue_mu_);
   int64_t asked_ GUARDED_BY(queue_mu_) = 0;  // copies ever queued
   int64_t ran_ GUARDED_BY(queue_mu_) = 0;    // of those, run
+
+  Mutex check_mu_;
+  StepCheck check_ GUARDED_BY(check_mu_);  // ApplyOptimizerStep's, until taken
 };
 
 StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const BackendOptions& options);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <thread>
 
 #include "common/env.h"
 #include "nn/cuda/cuda_check.h"
@@ -126,24 +127,67 @@ Status CudaBackend::Init() {
         cudaSetDevice(ordinal);
         PSTRAIN_CUDA_CHECK(cudaFree(p));
       });
+  fence_events_ = std::make_shared<FenceEventPool>(ordinal_);
   for (int i = 0; i < kStagingSlots; ++i) RETURN_IF_ERROR(AddStagingSlot());
   void* download = nullptr;
   PSTRAIN_CUDA_RETURN_IF_ERROR(cudaMallocHost(&download, kStagingBytes), "pinned download buffer");
   download_ = static_cast<float*>(download);
+  void* flags = nullptr;
+  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&flags, 2 * sizeof(unsigned long long),
+                                             cudaHostAllocMapped | cudaHostAllocPortable),
+                               "mapped pinned memory for the optimizer's check");
+  step_flags_ = static_cast<unsigned long long*>(flags);
+  step_flags_[0] = step_flags_[1] = 0;
+  void* on_device = nullptr;
+  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&on_device, flags, 0),
+                               "the device's address of the optimizer's check");
+  step_flags_device_ = static_cast<unsigned long long*>(on_device);
   return Status::Ok();
 }
 
+namespace {
+
+// Frees what a staging slot holds (any part may be missing).
+template <typename Slot>
+void FreeStaging(Slot& s) {
+  if (s.host != nullptr) cudaFreeHost(s.host);
+  s.host = nullptr;
+  s.device.reset();
+  if (s.uploaded != nullptr) cudaEventDestroy(s.uploaded);
+  if (s.consumed != nullptr) cudaEventDestroy(s.consumed);
+  s.uploaded = s.consumed = nullptr;
+}
+
+}  // namespace
+
 Status CudaBackend::AddStagingSlot() {
-  // In the vector first: the destructor frees whatever was made.
-  Staging& s = staging_.emplace_back();
+  Staging s;
+  auto fail = [&s](Status error) {
+    FreeStaging(s);
+    return error;
+  };
   void* host = nullptr;
-  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaMallocHost(&host, kStagingBytes), "pinned staging buffer");
+  if (const cudaError_t e = cudaMallocHost(&host, kStagingBytes); e != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: the context goes on
+    const std::string why =
+        StrCat("host: pinning a staging buffer of ", kStagingBytes, " bytes for ", name_, ": ",
+               cudaGetErrorName(e), ": ", cudaGetErrorString(e));
+    return fail(e == cudaErrorMemoryAllocation ? Status::ResourceExhausted(why)
+                                               : Status::Unavailable(why));
+  }
   s.host = static_cast<float*>(host);
-  s.device = AllocateBytes(kStagingBytes);
-  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s.uploaded, cudaEventDisableTiming),
-                               "cudaEventCreate");
-  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s.consumed, cudaEventDisableTiming),
-                               "cudaEventCreate");
+  StatusOr<std::shared_ptr<Buffer>> device = TryAllocateBytes(kStagingBytes, "a staging buffer");
+  if (!device.ok()) return fail(device.status());
+  s.device = std::move(device).value();
+  if (const cudaError_t e = cudaEventCreateWithFlags(&s.uploaded, cudaEventDisableTiming);
+      e != cudaSuccess) {
+    return fail(CudaError(e, "cudaEventCreate"));
+  }
+  if (const cudaError_t e = cudaEventCreateWithFlags(&s.consumed, cudaEventDisableTiming);
+      e != cudaSuccess) {
+    return fail(CudaError(e, "cudaEventCreate"));
+  }
+  staging_.push_back(std::move(s));
   return Status::Ok();
 }
 
@@ -154,13 +198,9 @@ CudaBackend::~CudaBackend() {
   }
   if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
   if (download_stream_ != nullptr) cudaStreamSynchronize(download_stream_);
-  for (Staging& s : staging_) {
-    if (s.host != nullptr) cudaFreeHost(s.host);
-    s.device.reset();
-    if (s.uploaded != nullptr) cudaEventDestroy(s.uploaded);
-    if (s.consumed != nullptr) cudaEventDestroy(s.consumed);
-  }
+  for (Staging& s : staging_) FreeStaging(s);
   if (download_ != nullptr) cudaFreeHost(download_);
+  if (step_flags_ != nullptr) cudaFreeHost(step_flags_);
   if (peer_event_ != nullptr) cudaEventDestroy(peer_event_);
   if (compute_done_ != nullptr) cudaEventDestroy(compute_done_);
   if (upload_done_ != nullptr) cudaEventDestroy(upload_done_);
@@ -196,10 +236,14 @@ std::string CudaBackend::Describe() const {
                 ")");
 }
 
-std::shared_ptr<Buffer> CudaBackend::AllocateBytes(size_t bytes) {
-  std::string error;
-  void* p = allocator_->Allocate(bytes, &error);
-  CHECK(p != nullptr) << device().ToString() << ": " << error;
+StatusOr<std::shared_ptr<Buffer>> CudaBackend::TryAllocateBytes(size_t bytes,
+                                                                const std::string& what) {
+  std::string error = "too large to allocate";
+  void* p = bytes > (SIZE_MAX >> 4) ? nullptr : allocator_->Allocate(bytes, &error);
+  if (p == nullptr) {
+    return Status::ResourceExhausted(
+        StrCat(device().ToString(), ": ", bytes, " bytes for ", what, ": ", error));
+  }
   std::shared_ptr<CachingAllocator> allocator = allocator_;
   return Buffer::Wrap(static_cast<float*>(p), bytes / sizeof(float), device(),
                       [allocator](float* d) { allocator->Free(d); });
@@ -258,12 +302,17 @@ void CudaBackend::CopyFromHost(const float* src, const Tensor& dst) {
   char* to = reinterpret_cast<char*>(dst.data());
   const size_t bytes = dst.bytes();
   const size_t chunks = (bytes + kStagingBytes - 1) / kStagingBytes;
-  while (staging_.size() < chunks + 2) {
+  const size_t want = std::min(chunks + 2, static_cast<size_t>(kMaxStagingSlots));
+  while (staging_.size() < want && !staging_full_) {
     // Fresh slots: the ring's order past them is unchanged. The first batch
-    // grows it; later ones find it grown.
+    // grows it; later ones find it grown. Short of memory, the slots it has
+    // serve (a copy then waits for its own earlier chunks).
     const Status added = AddStagingSlot();
-    CHECK(added.ok()) << name_ << ": growing the staging ring to " << chunks + 2 << " slots of "
-                      << kStagingBytes << " bytes: " << added;
+    if (!added.ok()) {
+      staging_full_ = true;
+      LOG(WARNING) << name_ << ": the staging ring stays at " << staging_.size() << " slots of "
+                   << kStagingBytes << " bytes (host copies overlap less): " << added;
+    }
   }
   for (size_t done = 0; done < bytes;) {
     Staging& s = staging_[next_slot_];
@@ -303,21 +352,65 @@ void CudaBackend::CopyToHost(const Tensor& src, float* dst) {
   }
 }
 
+// Events for fences, reused: RecordFence runs once per parameter and step
+// (a device group's merge, the dist sync's pushes), and creating and
+// destroying an event each time costs two driver calls. The pool holds as
+// many events as fences were ever alive at once. Thread-safe: a fence gives
+// its event back from whichever thread drops it (no CUDA call then). Get
+// runs on the backend's thread, its device current; the destructor makes
+// the pool's device current first (see CudaFence).
+class FenceEventPool {
+ public:
+  explicit FenceEventPool(int ordinal) : ordinal_(ordinal) {}
+  ~FenceEventPool() {
+    cudaSetDevice(ordinal_);
+    MutexLock l(&mu_);
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  }
+  FenceEventPool(const FenceEventPool&) = delete;
+  FenceEventPool& operator=(const FenceEventPool&) = delete;
+
+  cudaEvent_t Get() {
+    {
+      MutexLock l(&mu_);
+      if (!free_.empty()) {
+        cudaEvent_t e = free_.back();
+        free_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    // Polled (CudaFence::Wait), never synchronized on: no blocking-sync flag.
+    PSTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  // Recording the event again later overwrites what it captured, even if
+  // that has not completed yet: an event may come back before it is done.
+  void Put(cudaEvent_t e) {
+    MutexLock l(&mu_);
+    free_.push_back(e);
+  }
+
+ private:
+  const int ordinal_;
+  Mutex mu_;
+  std::vector<cudaEvent_t> free_ GUARDED_BY(mu_);
+};
+
 namespace {
 
-// An event recorded once; blocking sync: a waiting host thread sleeps rather
-// than spins (the merge and push threads share the cores with OpenMP). Every
-// call makes the event's device current first: those threads never chose one,
-// and an event call on a thread whose current device is another GPU (0 by
-// default) opens a context there, hundreds of MB on a GPU this worker does
-// not use.
+// An event recorded once, from the backend's pool. Every call makes the
+// event's device current first: the merge and push threads that wait never
+// chose one, and an event call on a thread whose current device is another
+// GPU (0 by default) opens a context there, hundreds of MB on a GPU this
+// worker does not use.
 class CudaFence : public Fence {
  public:
-  CudaFence(int ordinal, cudaEvent_t event) : ordinal_(ordinal), event_(event) {}
-  ~CudaFence() override {
-    PSTRAIN_CUDA_CHECK(cudaSetDevice(ordinal_));
-    PSTRAIN_CUDA_CHECK(cudaEventDestroy(event_));
-  }
+  CudaFence(int ordinal, std::shared_ptr<FenceEventPool> pool)
+      : ordinal_(ordinal), pool_(std::move(pool)), event_(pool_->Get()) {}
+  ~CudaFence() override { pool_->Put(event_); }
+  cudaEvent_t event() const { return event_; }
+
   bool Done() override {
     PSTRAIN_CUDA_CHECK(cudaSetDevice(ordinal_));
     const cudaError_t e = cudaEventQuery(event_);
@@ -330,14 +423,37 @@ class CudaFence : public Fence {
     PSTRAIN_CUDA_CHECK(e);
     return true;
   }
-  void Wait() override {
-    PSTRAIN_CUDA_CHECK(cudaSetDevice(ordinal_));
-    PSTRAIN_CUDA_CHECK(cudaEventSynchronize(event_));
+
+  // Polled with a bounded back-off, since cudaEventSynchronize has no
+  // timeout: a few queries first (most fences are done, or nearly, when
+  // waited for), then sleeps doubling from 10 us to 500 us, so a waiting
+  // thread sleeps (the merge and push threads share the cores with OpenMP)
+  // and wakes at most 500 us late.
+  Status Wait(Deadline deadline) override {
+    constexpr int kSpins = 32;
+    constexpr auto kMaxSleep = std::chrono::microseconds(500);
+    auto sleep = std::chrono::microseconds(10);
+    for (int poll = 0; !Done(); ++poll) {
+      if (deadline.Expired()) {
+        return Status::DeadlineExceeded(
+            StrCat("gpu(", ordinal_,
+                   "): the work queued before a fence did not finish in time "
+                   "(the device is hung or far slower than expected)"));
+      }
+      if (poll < kSpins) {
+        std::this_thread::yield();
+        continue;
+      }
+      std::this_thread::sleep_for(sleep);
+      sleep = std::min(sleep * 2, kMaxSleep);
+    }
+    return Status::Ok();
   }
 
  private:
   const int ordinal_;
-  cudaEvent_t event_;
+  const std::shared_ptr<FenceEventPool> pool_;
+  const cudaEvent_t event_;
 };
 
 }  // namespace
@@ -362,13 +478,10 @@ void CudaBackend::CopyFromHostAsync(const float* src, const Tensor& dst) {
 
 std::unique_ptr<Fence> CudaBackend::RecordFence() {
   SetDevice();
-  cudaEvent_t event = nullptr;
-  PSTRAIN_CUDA_CHECK(
-      cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventBlockingSync));
-  auto fence = std::make_unique<CudaFence>(ordinal_, event);
+  auto fence = std::make_unique<CudaFence>(ordinal_, fence_events_);
   PSTRAIN_CUDA_CHECK(cudaEventRecord(compute_done_, stream_));
   PSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(download_stream_, compute_done_, 0));
-  PSTRAIN_CUDA_CHECK(cudaEventRecord(event, download_stream_));
+  PSTRAIN_CUDA_CHECK(cudaEventRecord(fence->event(), download_stream_));
   return fence;
 }
 
@@ -444,10 +557,36 @@ void CudaBackend::ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& 
     m = momentum.data();
   }
   SetDevice();
-  cuda::SgdArgs a{
-      step.rescale, step.lr,  step.wd, step.clip, step.uses_momentum() ? step.mom : 0.0f,
-      step.do_clip, step.test};
+  cuda::SgdArgs a{step.rescale,
+                  step.lr,
+                  step.wd,
+                  step.clip,
+                  step.uses_momentum() ? step.mom : 0.0f,
+                  step.do_clip,
+                  step.test,
+                  step.param,
+                  step_flags_device_};
   cuda::SgdUpdate(a, grad.data(), weight.data(), m, weight.num_elements(), stream_);
+}
+
+StepCheck CudaBackend::TakeStepCheck() {
+  // A word the kernel set after the load below is cleared unseen: that is a
+  // later bad update than the one reported (the first, which stops a job).
+  StepCheck c;
+  for (int k = 0; k < 2; ++k) {
+    const unsigned long long v = __atomic_load_n(&step_flags_[k], __ATOMIC_ACQUIRE);
+    if (v == 0) continue;
+    __atomic_store_n(&step_flags_[k], 0ull, __ATOMIC_RELEASE);
+    const int param = static_cast<int>(static_cast<uint32_t>(v));
+    if (k == 0) {
+      c.bad_grad = true;
+      c.grad_param = param;
+    } else {
+      c.bad_weight = true;
+      c.weight_param = param;
+    }
+  }
+  return c;
 }
 
 void CudaBackend::StartTiming() {

@@ -59,6 +59,8 @@ struct ConvAlgos {
   ConvChoice<cudnnConvolutionBwdFilterAlgo_t> bwd_filter;
 };
 
+class FenceEventPool;  // cuda_backend.cc
+
 class CudaBackend : public Backend {
  public:
   // Unavailable (with the CUDA error) when the device cannot be set up;
@@ -92,6 +94,8 @@ class CudaBackend : public Backend {
   void Add(const Tensor& src, const Tensor& dst) override;
   void ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& grad, const Tensor& weight,
                           const Tensor& momentum) override;
+  // Reads the flags the update kernel sets (mapped pinned memory): no wait.
+  StepCheck TakeStepCheck() override;
   void Synchronize() override;
   void StartTiming() override;
   double StopTiming() override;
@@ -103,7 +107,9 @@ class CudaBackend : public Backend {
   const BackendOptions& options() const { return options_; }
   // Raw device bytes from the caching allocator, for an operator's own state
   // (saved statistics, masks); freed when the returned buffer goes.
-  std::shared_ptr<Buffer> AllocateBytes(size_t bytes);
+  // ResourceExhausted naming the device, `what` and the bytes when the
+  // device is out of memory.
+  StatusOr<std::shared_ptr<Buffer>> TryAllocateBytes(size_t bytes, const std::string& what);
   // The cache of convolution algorithms, keyed by the shape's text.
   std::map<std::string, ConvAlgos>& conv_algos() { return conv_algos_; }
   // A convolution direction searched with the graph API beside the legacy
@@ -123,10 +129,20 @@ class CudaBackend : public Backend {
 
   // A pinned host buffer and a device buffer that a host copy passes through.
   // The ring starts with kStagingSlots and grows to a copy's chunks plus two
-  // (AddStagingSlot), so that no copy waits for its own earlier chunks: their
+  // (AddStagingSlot), up to kMaxStagingSlots, so that no copy of up to
+  // kMaxStagingSlots - 2 chunks waits for its own earlier chunks: their
   // device buffers are emptied by the compute stream after the work queued
-  // before the copy, and a batch larger than the ring would otherwise cross
-  // the bus only once the previous step is done.
+  // before the copy, and a batch larger than the ring crosses the bus only
+  // as the compute stream empties the slots (the previous step's work
+  // first). A larger copy goes through the capped ring chunk by chunk, so the
+  // ring's memory stays bounded whatever the copies; a ring that cannot grow
+  // (memory short) serves with the slots it has.
+  //
+  // Reuse of a slot: its pinned buffer is rewritten once the copy stream's
+  // upload from it is done (`uploaded`, waited for by the host); its device
+  // buffer once the compute stream's copy out of it is (`consumed`, waited
+  // for by the copy stream before the next upload). No other stream touches
+  // a slot.
   struct Staging {
     float* host = nullptr;           // pinned, kStagingBytes
     std::shared_ptr<Buffer> device;  // kStagingBytes
@@ -135,6 +151,7 @@ class CudaBackend : public Backend {
     bool used = false;
   };
   static constexpr int kStagingSlots = 4;
+  static constexpr int kMaxStagingSlots = 32;  // 128 MiB pinned, and as much on the device
   static constexpr size_t kStagingBytes = size_t{4} << 20;
 
   const BackendOptions options_;
@@ -150,13 +167,24 @@ class CudaBackend : public Backend {
   cudaEvent_t compute_done_ = nullptr;
   cudaEvent_t upload_done_ = nullptr;
   cudaEvent_t timing_start_ = nullptr, timing_stop_ = nullptr;  // StartTiming, StopTiming
+  // RecordFence's events, reused (shared with the fences, which give theirs
+  // back from any thread).
+  std::shared_ptr<FenceEventPool> fence_events_;
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::shared_ptr<CachingAllocator> allocator_;
+  // Appends a slot to the ring; on an error (out of pinned or device memory)
+  // the ring is as it was.
   Status AddStagingSlot();
   std::vector<Staging> staging_;
   int next_slot_ = 0;
+  bool staging_full_ = false;  // growing failed once (logged): the ring stays
   float* download_ = nullptr;  // pinned, kStagingBytes, for CopyToHost
+  // ApplyOptimizerStep's check (cuda::SgdArgs::flags): two words of mapped
+  // pinned memory that the update kernel sets and TakeStepCheck reads and
+  // clears; [0] a gradient, [1] a weight written held NaN or Inf.
+  unsigned long long* step_flags_ = nullptr;         // the host's address
+  unsigned long long* step_flags_device_ = nullptr;  // the kernel's
   std::map<std::string, ConvAlgos> conv_algos_;
   int conv_searches_[3] = {0, 0, 0};  // CountConvSearch, by outcome (the executor's thread)
   Mutex peers_mu_;                    // CopyPeer may run on several merge threads

@@ -3,9 +3,11 @@
 // dropout, flatten, the loss and the softmax gradient through copies and our
 // kernels (nn/cuda/kernels.h). Each one's results are the CPU reference's
 // (nn/cpu/reference_ops.cc) within float rounding, which the `gpu` tests
-// check, with two documented differences: TF32 convolutions when
-// BackendOptions::gpu_tf32 (PyTorch's default too), and dropout masks drawn
-// from a counter-based generator instead of the CPU's.
+// check, with three documented differences: TF32 convolutions when
+// BackendOptions::gpu_tf32 (PyTorch's default too), dropout masks drawn
+// from a counter-based generator instead of the CPU's, and, for max pooling
+// through cuDNN, which of several equal maxima of a window gets its gradient
+// (see CudaPooling).
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -84,6 +86,17 @@ class CudaOp : public Operator {
   // (OpTensors::in_grad_add), 0 overwrites it.
   const float* Beta(size_t i) const { return AddsTo(i) ? &kOne : &kZero; }
   std::string Where() const { return StrCat(OpTypeName(node_.op), " '", node_.name, "'"); }
+  // Device memory for this operator's own state (SetupCuda): ResourceExhausted
+  // naming the operator, `what` and the bytes when the device is out of it
+  // (a batch too large for the device is an error, not an abort).
+  StatusOr<std::shared_ptr<Buffer>> TryBytes(size_t bytes, const char* what) const {
+    return be_->TryAllocateBytes(bytes, StrCat(Where(), "'s ", what));
+  }
+  StatusOr<Tensor> TryEmpty(const Shape& shape, const char* what) const {
+    ASSIGN_OR_RETURN(std::shared_ptr<Buffer> b,
+                     TryBytes(static_cast<size_t>(shape.num_elements()) * sizeof(float), what));
+    return Tensor(std::move(b), 0, shape);
+  }
 
   CudaBackend* be_ = nullptr;
 };
@@ -550,6 +563,15 @@ class CudaPooling : public CudaOp {
     args_ = cuda::PoolArgsOf(node_.pool, xs, ys);
     x_.Set(xs);
     y_.Set(ys);
+    // Ties: the reference (and our kernels, pool_kernels.h) give a window's
+    // gradient to its first maximum in row-major order. cuDNN documents no
+    // rule for equal maxima (only that this mode's backward is
+    // deterministic), so where a window holds its maximum twice the input
+    // gradient may differ from the reference's: another element may get it,
+    // or several may. Training is not affected where the ties are a ReLU's
+    // zeros (the ReLU's backward zeroes those elements' gradients anyway),
+    // and ties of other floats are rare; the op tests compare max pooling on
+    // distinct inputs (OpCase::distinct_inputs) for this reason.
     PSTRAIN_CUDNN_RETURN_IF_ERROR(cudnnCreatePoolingDescriptor(&pool_), Where());
     PSTRAIN_CUDNN_RETURN_IF_ERROR(
         cudnnSetPooling2dDescriptor(pool_,
@@ -577,7 +599,9 @@ class CudaPooling : public CudaOp {
         return Status::InvalidArgument(
             StrCat(Where(), ": a plane of ", args_.H, "x", args_.W, " exceeds 2^31 elements"));
       }
-      argmax_ = be_->AllocateBytes(static_cast<size_t>(t_.out.num_elements()) * sizeof(int32_t));
+      ASSIGN_OR_RETURN(argmax_,
+                       TryBytes(static_cast<size_t>(t_.out.num_elements()) * sizeof(int32_t),
+                                "maxima (argmax)"));
     }
     return Status::Ok();
   }
@@ -635,7 +659,7 @@ class CublasFullyConnected : public CudaOp {
     K_ = CheckedInt(t_.in[0].shape().ProductFrom(1), "input features");
     M_ = CheckedInt(node_.fc.num_hidden, "num_hidden");
     if (!node_.fc.no_bias) {
-      ones_ = be_->Empty(Shape{N_});
+      ASSIGN_OR_RETURN(ones_, TryEmpty(Shape{N_}, "ones for the bias gradient"));
       be_->Fill(ones_, 1.0f);
     }
     return Status::Ok();
@@ -697,12 +721,12 @@ class CudnnBatchNorm : public CudaOp {
     // cuDNN 9 takes any epsilon >= CUDNN_BN_MIN_EPSILON (0); older ones
     // wanted 1e-5, which would change the 2015 models' 1e-10 + 1e-5 slightly.
     eps_ = std::max(static_cast<double>(node_.bn.eps), static_cast<double>(CUDNN_BN_MIN_EPSILON));
-    saved_mean_ = be_->Empty(Shape{C_});
-    saved_invstd_ = be_->Empty(Shape{C_});
+    ASSIGN_OR_RETURN(saved_mean_, TryEmpty(Shape{C_}, "saved mean"));
+    ASSIGN_OR_RETURN(saved_invstd_, TryEmpty(Shape{C_}, "saved inverse deviation"));
     if (node_.bn.fix_gamma) {
-      ones_ = be_->Empty(Shape{C_});
+      ASSIGN_OR_RETURN(ones_, TryEmpty(Shape{C_}, "fixed gamma"));
       be_->Fill(ones_, 1.0f);
-      dgamma_scratch_ = be_->Empty(Shape{C_});
+      ASSIGN_OR_RETURN(dgamma_scratch_, TryEmpty(Shape{C_}, "gamma gradient scratch"));
     }
     return Status::Ok();
   }
@@ -815,7 +839,8 @@ class CudnnSoftmaxOutput : public CudaOp {
     N_ = t_.out.shape()[0];
     K_ = t_.out.shape().ProductFrom(1);
     x_.Set(Nchw{CheckedInt(N_, "batch"), CheckedInt(K_, "classes"), 1, 1});
-    loss_ = be_->Zeros(Shape{N_});
+    ASSIGN_OR_RETURN(loss_, TryEmpty(Shape{N_}, "per-example loss"));
+    be_->Fill(loss_, 0.0f);
     return Status::Ok();
   }
 
@@ -917,7 +942,7 @@ class CudaDropout : public CudaOp {
     if (ctx.rng == nullptr) {
       return Status::InvalidArgument(StrCat(Where(), " needs a random generator"));
     }
-    mask_ = be_->AllocateBytes(static_cast<size_t>(t_.out.num_elements()));
+    ASSIGN_OR_RETURN(mask_, TryBytes(static_cast<size_t>(t_.out.num_elements()), "mask"));
     return Status::Ok();
   }
 

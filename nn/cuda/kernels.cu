@@ -32,23 +32,52 @@ __global__ void Add2Kernel(const float* a, const float* b, float* out, int64_t n
   PSTRAIN_GRID_STRIDE_LOOP(i, n) { out[i] = a[i] + b[i]; }
 }
 
+// 1 for NaN and +-Inf (all exponent bits set), else 0: the CPU's test.
+__device__ __forceinline__ uint32_t NonFinite(float x) {
+  return (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u;
+}
+
+// Sets a step flag (SgdArgs::flags) to `param` unless an earlier update set
+// it. Launches on one stream do not overlap, and every writer of one launch
+// writes the same value, so the read and the write need no atomic.
+__device__ void ReportStep(unsigned long long* flag, int param) {
+  volatile unsigned long long* f = flag;
+  if (*f == 0) *f = kStepFlagSet | static_cast<uint32_t>(param);
+  __threadfence_system();
+}
+
 __global__ void SgdKernel(SgdArgs a, const float* __restrict__ grad, float* __restrict__ w,
                           float* __restrict__ mom, int64_t n) {
+  uint32_t bad = 0;  // bit 0: a gradient value, bit 1: a weight written (the CPU's)
   PSTRAIN_GRID_STRIDE_LOOP(i, n) {
+    const float gi = grad[i];
+    float wi;
     if (a.test) {
-      w[i] = w[i] + a.rescale * grad[i];
-      continue;
-    }
-    float g = a.rescale * grad[i];
-    if (a.do_clip) g = fminf(fmaxf(g, -a.clip), a.clip);
-    // The CPU's expression (nvcc may fuse it into FMAs: equal within rounding).
-    if (a.momentum == 0.0f) {
-      w[i] = w[i] - a.lr * (g + a.wd * w[i]);
+      wi = w[i] + a.rescale * gi;
     } else {
-      const float m = a.momentum * mom[i] - a.lr * (g + a.wd * w[i]);
-      mom[i] = m;
-      w[i] = w[i] + m;
+      float g = a.rescale * gi;
+      // std::clamp's comparisons: NaN stays NaN (fminf/fmaxf would make it
+      // -clip and hide it from the check below).
+      if (a.do_clip) g = g < -a.clip ? -a.clip : (a.clip < g ? a.clip : g);
+      // The CPU's expression (nvcc may fuse it into FMAs: equal within rounding).
+      if (a.momentum == 0.0f) {
+        wi = w[i] - a.lr * (g + a.wd * w[i]);
+      } else {
+        const float m = a.momentum * mom[i] - a.lr * (g + a.wd * w[i]);
+        mom[i] = m;
+        wi = w[i] + m;
+      }
     }
+    w[i] = wi;
+    bad |= NonFinite(gi) | NonFinite(wi) << 1;
+  }
+  // One write per warp that saw one (every lane gets here: blocks are whole
+  // warps, and no thread leaves the loop early).
+  const unsigned bad_grad = __ballot_sync(0xffffffffu, bad & 1u);
+  const unsigned bad_weight = __ballot_sync(0xffffffffu, bad & 2u);
+  if (a.flags != nullptr && (threadIdx.x & 31u) == 0) {
+    if (bad_grad != 0) ReportStep(&a.flags[0], a.param);
+    if (bad_weight != 0) ReportStep(&a.flags[1], a.param);
   }
 }
 

@@ -29,11 +29,18 @@ void Add2(const float* a, const float* b, float* out, int64_t n, cudaStream_t st
 // The optimizer's rule (Optimizer::ApplyStep): with momentum,
 //   g = clip(rescale * grad);  mom = m * mom - lr * (g + wd * w);  w += mom
 // without, w -= lr * (g + wd * w); test: w += rescale * grad. mom may be null
-// unless momentum != 0.
+// unless momentum != 0. clip(g) keeps a NaN g NaN, as std::clamp on the CPU.
+// In the same pass, as the CPU's check (Optimizer::ApplyStep): where a
+// gradient holds NaN or Inf, flags[0] is set to kStepFlagSet | param unless
+// it is set already; where a weight written does, flags[1]. flags (two words
+// the host reads: mapped pinned memory) may be null.
 struct SgdArgs {
   float rescale, lr, wd, clip, momentum;
   bool do_clip, test;
+  int param;
+  unsigned long long* flags;
 };
+inline constexpr unsigned long long kStepFlagSet = 1ull << 32;
 void SgdUpdate(const SgdArgs& a, const float* grad, float* weight, float* mom, int64_t n,
                cudaStream_t stream);
 

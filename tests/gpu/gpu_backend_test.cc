@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <regex>
 #include <string>
@@ -297,6 +298,92 @@ TEST(GpuBackendTest, CopiesFillAddAndTheOptimizerStepMatchTheCpu) {
   }
 }
 
+// NaN and Inf through the optimizer step: clipping keeps a NaN gradient NaN
+// (as std::clamp on the CPU; fminf/fmaxf would make it -clip), the weights
+// match the CPU's element for element (NaN where it is NaN), and the
+// backend's check names the same parameters as the CPU backend's.
+TEST(GpuBackendTest, TheOptimizerStepReportsNonFiniteValuesAsTheCpu) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = Backend::Create(Gpu());
+  ASSERT_OK(gpu.status());
+  auto cpu = Backend::Create(BackendOptions());
+  ASSERT_OK(cpu.status());
+  Backend& G = **gpu;
+  Backend& C = **cpu;
+  const int64_t n = 100003;  // several blocks, a partial last warp
+  for (float mom : {0.0f, 0.9f}) {
+    SCOPED_TRACE(StrCat("momentum ", mom));
+    std::vector<float> w(n), g(n), m(n, 0.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      w[i] = 0.001f * static_cast<float>(i % 1000) - 0.5f;
+      g[i] = 0.01f * static_cast<float>(i % 97) - 0.4f;
+    }
+    g[5] = std::nanf("");
+    g[n - 1] = -std::numeric_limits<float>::infinity();
+    Tensor gw = G.Empty({n}), gg = G.Empty({n}), gm = G.Empty({n});
+    Tensor cw = C.Empty({n}), cg = C.Empty({n}), cm = C.Empty({n});
+    G.CopyFromHost(w.data(), gw);
+    G.CopyFromHost(g.data(), gg);
+    G.CopyFromHost(m.data(), gm);
+    C.CopyFromHost(w.data(), cw);
+    C.CopyFromHost(g.data(), cg);
+    C.CopyFromHost(m.data(), cm);
+    Optimizer::Step step;
+    step.lr = 0.1f;
+    step.wd = 1e-3f;
+    step.mom = mom;
+    step.clip = 0.3f;
+    step.do_clip = true;
+    step.param = 4;
+    G.ApplyOptimizerStep(step, gg, gw, gm);
+    C.ApplyOptimizerStep(step, cg, cw, cm);
+    step.param = 9;  // a later bad update: the first is reported
+    G.ApplyOptimizerStep(step, gg, gw, gm);
+    C.ApplyOptimizerStep(step, cg, cw, cm);
+    std::vector<float> back(n);
+    G.CopyToHost(gw, back.data());
+    EXPECT_TRUE(std::isnan(back[5])) << "a NaN gradient clipped to " << back[5];
+    // -Inf is clipped to -clip (a finite update), and still reported below.
+    EXPECT_TRUE(std::isfinite(back[n - 1])) << back[n - 1];
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::isnan(cw.at(i))) {
+        ASSERT_TRUE(std::isnan(back[i])) << i;
+      } else {
+        ASSERT_NEAR(back[i], cw.at(i), 1e-6) << i;
+      }
+    }
+    G.Synchronize();
+    for (Backend* b : {&G, &C}) {
+      SCOPED_TRACE(b->Describe());
+      const StepCheck c = b->TakeStepCheck();
+      EXPECT_TRUE(c.bad_grad);
+      EXPECT_EQ(c.grad_param, 4);
+      EXPECT_TRUE(c.bad_weight);
+      EXPECT_EQ(c.weight_param, 4);
+      EXPECT_TRUE(b->TakeStepCheck().ok()) << "taken once";
+    }
+  }
+  // A finite gradient whose update overflows: the weights only.
+  Tensor gw = G.Zeros({n}), gg = G.Zeros({n});
+  G.Fill(gg, 100.0f);
+  Optimizer::Step huge;
+  huge.lr = 3e38f;
+  huge.param = 2;
+  G.ApplyOptimizerStep(huge, gg, gw, Tensor());
+  G.Synchronize();
+  const StepCheck c = G.TakeStepCheck();
+  EXPECT_FALSE(c.bad_grad);
+  EXPECT_TRUE(c.bad_weight);
+  EXPECT_EQ(c.weight_param, 2);
+  // A clean update reports nothing.
+  G.Fill(gw, 0.0f);
+  G.Fill(gg, 1.0f);
+  huge.lr = 0.1f;
+  G.ApplyOptimizerStep(huge, gg, gw, Tensor());
+  G.Synchronize();
+  EXPECT_TRUE(G.TakeStepCheck().ok());
+}
+
 // The asynchronous seam on a GPU: pinned memory, a download that sees the
 // kernels asked before it once its fence is done, an upload the kernels
 // asked after it see, and fences waited on from another thread.
@@ -320,7 +407,7 @@ TEST(GpuBackendTest, AsyncCopiesThroughPinnedMemoryFollowTheQueue) {
     std::unique_ptr<Fence> f = G.RecordFence();
     bool done = false;
     std::thread waiter([&] {
-      f->Wait();
+      ASSERT_OK(f->Wait(Deadline::In(kDeviceWaitTimeout)));
       done = f->Done();
     });
     waiter.join();
@@ -836,6 +923,29 @@ TEST(GpuBackendTest, MemoryPastWhatFitsIsResourceExhausted) {
   std::shared_ptr<Buffer> pinned = G.AllocatePinned(4);
   G.CopyToHost(t, pinned->data());
   EXPECT_EQ(std::vector<float>(pinned->data(), pinned->data() + 4), want);
+}
+
+// A copy from the host far larger than the staging ring's cap (32 slots of
+// 4 MiB) goes through the ring chunk by chunk: the data arrive whole, and
+// the device memory the ring holds stays bounded by the cap.
+TEST(GpuBackendTest, LargeHostCopiesGoThroughACappedStagingRing) {
+  SKIP_WITHOUT_GPU();
+  auto made = Backend::Create(Gpu());
+  ASSERT_OK(made.status());
+  Backend& G = **made;
+  const int64_t n = (int64_t{200} << 20) / 4 + 5;  // 200 MiB and a bit: 51 chunks
+  std::vector<float> src(n);
+  for (int64_t i = 0; i < n; ++i) src[i] = static_cast<float>(i % 100003);
+  Tensor t = G.Empty({n});
+  const size_t before = G.memory_stats().reserved;
+  for (int round = 0; round < 2; ++round) {
+    G.CopyFromHost(src.data(), t);
+    std::vector<float> back(n);
+    G.CopyToHost(t, back.data());
+    ASSERT_EQ(back, src) << "round " << round;
+  }
+  const size_t ring_cap = size_t{32} << 22;
+  EXPECT_LE(G.memory_stats().reserved - before, ring_cap) << "the staging ring grew past its cap";
 }
 
 TEST(GpuBackendTest, AGpuThatIsNotThereIsAnErrorNamingIt) {

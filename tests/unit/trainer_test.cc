@@ -648,6 +648,45 @@ TEST(LocalParamSyncTest, NanGradientsAndOverflowingUpdatesAreErrors) {
   EXPECT_NE(s.message().find("learning rate is too large"), std::string::npos) << s;
 }
 
+// On a device the host cannot address (the CPU playing one), the update is
+// the backend's and so is the check: TakeError reports it as on the host,
+// naming the parameter, and so does Drain for the last step's updates.
+TEST(LocalParamSyncTest, NanGradientsOnADeviceAreErrorsToo) {
+  StatusOr<Graph> g = BuildModel({"mlp", 0, Shape(), 0});
+  ASSERT_OK(g.status());
+  ExecutorOptions eo;
+  eo.batch_size = 2;
+  eo.backend.cpu_as_device = true;
+  auto exec = Executor::Create(*g, eo);
+  ASSERT_OK(exec.status());
+  Executor& e = **exec;
+  ASSERT_EQ(e.host_param(0), nullptr);
+  OptimizerConfig oc;
+  oc.set_learning_rate(0.1f);
+  oc.set_momentum(0.9f);
+  oc.set_clip_gradient(1.0f);  // clipping keeps NaN NaN
+  auto sync = LocalParamSync::Create(oc);
+  ASSERT_OK(sync.status());
+  ASSERT_OK((*sync)->Init(&e));
+  (*sync)->OnGradReady(0);
+  ASSERT_OK((*sync)->TakeError());
+  e.grad(2).data()[7] = std::nanf("");
+  (*sync)->OnGradReady(2);
+  Status s = (*sync)->TakeError();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("gradient of fc2_weight holds NaN or Inf at update 1"),
+            std::string::npos)
+      << s;
+  ASSERT_OK((*sync)->TakeError());  // reported once
+  (*sync)->OnGradReady(2);
+  s = (*sync)->Drain();
+  EXPECT_NE(s.message().find("gradient of fc2_weight holds NaN or Inf at update 2"),
+            std::string::npos)
+      << s;
+  ASSERT_OK((*sync)->Drain());
+}
+
 // A parameter of 1.5M floats is updated in pieces over threads: the same
 // weights and momentum as Optimizer::Update's one pass, bit for bit, step
 // after step; a NaN in its last piece is still reported.

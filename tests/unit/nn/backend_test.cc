@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -92,19 +93,19 @@ TEST(BackendTest, CpuAsyncCopiesAreDoneAtOnceAndFencesAreDone) {
   std::fill(pinned->data(), pinned->data() + n, -1.0f);
   std::unique_ptr<Fence> f = b.RecordFence();
   EXPECT_TRUE(f->Done());
-  f->Wait();
+  ASSERT_OK(f->Wait(Deadline::In(kDeviceWaitTimeout)));
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(t.at(i), want[i]) << i;
   b.Add(t, t);  // ordered before the download
   b.CopyToHostAsync(t, pinned->data());
   std::unique_ptr<Fence> g = b.RecordFence();
-  g->Wait();
+  ASSERT_OK(g->Wait(Deadline::In(kDeviceWaitTimeout)));
   EXPECT_TRUE(g->Done());
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(pinned->data()[i], 2.0f * want[i]) << i;
   // A fence may be waited on from another thread.
   std::unique_ptr<Fence> h = b.RecordFence();
   bool done = false;
   std::thread waiter([&] {
-    h->Wait();
+    ASSERT_OK(h->Wait(Deadline::In(kDeviceWaitTimeout)));
     done = h->Done();
   });
   waiter.join();
@@ -171,6 +172,47 @@ TEST(BackendTest, CpuOptimizerStepIsTheOptimizersRule) {
   EXPECT_EQ(back, sa.momentum);
   EXPECT_EQ(sb.num_updates, 3);
   EXPECT_TRUE(sb.momentum.empty()) << "NextStep leaves the momentum to the caller";
+}
+
+// The check of the updates a backend applies: the first bad gradient's and
+// the first bad weight's parameter, until taken; a NaN gradient stays NaN
+// through the clipping (std::clamp), as the CUDA kernel keeps it.
+TEST(BackendTest, CpuOptimizerStepReportsNonFiniteValuesUntilTaken) {
+  auto made = Backend::Create(BackendOptions());
+  ASSERT_OK(made.status());
+  Backend& b = **made;
+  const int64_t n = 40;
+  Tensor tw = b.Zeros({n}), tg = b.Zeros({n}), tm = b.Zeros({n});
+  Optimizer::Step s;
+  s.lr = 0.1f;
+  s.mom = 0.9f;
+  s.clip = 0.5f;
+  s.do_clip = true;
+  s.param = 3;
+  b.ApplyOptimizerStep(s, tg, tw, tm);
+  EXPECT_TRUE(b.TakeStepCheck().ok());
+  tg.data()[17] = std::nanf("");
+  b.ApplyOptimizerStep(s, tg, tw, tm);
+  EXPECT_TRUE(std::isnan(tw.at(17))) << "clipping keeps NaN: " << tw.at(17);
+  s.param = 5;  // a later bad update is not the one reported
+  b.ApplyOptimizerStep(s, tg, tw, tm);
+  StepCheck c = b.TakeStepCheck();
+  EXPECT_TRUE(c.bad_grad);
+  EXPECT_EQ(c.grad_param, 3);
+  EXPECT_TRUE(c.bad_weight);
+  EXPECT_EQ(c.weight_param, 3);
+  EXPECT_TRUE(b.TakeStepCheck().ok()) << "taken once";
+  // A finite gradient that overflows the weights.
+  Tensor w2 = b.Zeros({n}), g2 = b.Zeros({n});
+  b.Fill(g2, 100.0f);
+  Optimizer::Step huge;
+  huge.lr = 3e38f;
+  huge.param = 7;
+  b.ApplyOptimizerStep(huge, g2, w2, Tensor());
+  c = b.TakeStepCheck();
+  EXPECT_FALSE(c.bad_grad);
+  EXPECT_TRUE(c.bad_weight);
+  EXPECT_EQ(c.weight_param, 7);
 }
 
 TEST(BackendTest, CpuOperatorForAnInputNodeIsAnError) {

@@ -16,8 +16,11 @@ struct OpCase {
   std::string name;
   std::function<NodeId(Graph*)> build;  // returns the node under test
   int batch = 2;
-  bool distinct_inputs = false;  // max pooling: no ties within a step
-  bool relu_kink = false;        // skip inputs within the step of 0
+  // Max pooling: no ties within a step (a step of the gradient check, or a
+  // window: cuDNN routes a tie's gradient by no documented rule, the
+  // reference to the first maximum; see CudaPooling in nn/cuda/cuda_ops.cc).
+  bool distinct_inputs = false;
+  bool relu_kink = false;  // skip inputs within the step of 0
 };
 
 inline std::vector<OpCase> AllOpCases() {
