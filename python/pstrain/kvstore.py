@@ -18,7 +18,8 @@ arrays given must not be changed (a push's) or read (a pull's); the store
 keeps them alive. ``init``, ``broadcast``, ``set_optimizer`` and ``barrier``
 block. Every wait has a deadline (``PSTRAIN_REQUEST_TIMEOUT_MS``,
 ``PSTRAIN_BARRIER_TIMEOUT_MS``); a dead node fails every request within the
-heartbeat timeout.
+heartbeat timeout. A request that failed while nobody waited for it raises
+its error at the next ``waitall``, ``barrier`` or ``close`` (once).
 
 A worker's store ends the worker's part in the job when it is closed, or at
 exit: it tells the scheduler the worker finished, or, when the script died of
@@ -105,6 +106,7 @@ class Handle:
         self._after = after  # copies into the caller's arrays, run once done
         self._finished = False
         self._error = None
+        self._reported = False  # whether a wait() raised _error
 
     def done(self):
         """Whether the servers answered (or the request failed); never blocks."""
@@ -125,7 +127,11 @@ class Handle:
         """
         self._settle(timeout)
         if self._error is not None:
+            self._mark_reported()
             raise self._error
+
+    def _mark_reported(self):
+        self._reported = True
 
     def _settle(self, timeout=None):
         if self._finished or self._error is not None:
@@ -166,7 +172,9 @@ class KVStore:
         self.type = kvtype
         self._lock = threading.Lock()
         self._pending = {}  # id -> Handle not yet settled
-        self._abandoned = []  # failed handles: their buffers live until close
+        # Failed handles: their buffers live until close; the first error no
+        # wait() raised is raised by the next waitall, barrier or close.
+        self._failed = []
         self._str_keys = {}
         self._key_kind = None
         self._sizes = {}
@@ -210,7 +218,11 @@ class KVStore:
         return self._client.num_servers if self._client is not None else 0
 
     def barrier(self):
-        """Blocks until every worker reached the barrier (the barrier deadline bounds it)."""
+        """Blocks until every worker reached the barrier (the barrier deadline bounds it).
+
+        First raises the error of a request that failed unseen (see waitall).
+        """
+        self._raise_unreported()
         if self._client is not None:
             self._client.barrier()
 
@@ -244,15 +256,13 @@ class KVStore:
         """
         if self._closed:
             return
-        error = None
-        for h in list(self._pending.values()):
+        for h in self._pending_handles():
             h._settle()
-            if h._error is not None and error is None:
-                error = h._error
+        error = self._unreported_error()
         self._closed = True
         if self._client is not None:
             self._client.close("" if error is None else "a request failed: %s" % error)
-            self._abandoned = []
+            self._failed = []
         if error is not None:
             raise error
 
@@ -427,14 +437,11 @@ class KVStore:
         return self.pull(key, out=out, priority=priority)
 
     def waitall(self):
-        """Waits for every request this store has in flight; raises the first error."""
-        error = None
-        for h in list(self._pending.values()):
+        """Waits for every request this store has in flight; raises the first error
+        of a failed request that no ``wait()`` raised (once: the next call does not)."""
+        for h in self._pending_handles():
             h._settle()
-            if h._error is not None and error is None:
-                error = h._error
-        if error is not None:
-            raise error
+        self._raise_unreported()
 
     # ---- internals ----
     def _local_push(self, ikey, arr):
@@ -450,11 +457,16 @@ class KVStore:
             self._pending[id(h)] = h
             sweep = len(self._pending) > 1024
         if sweep:
-            # Requests nobody waits for: settle those already answered.
-            for p in list(self._pending.values()):
+            # Requests nobody waits for: settle those already answered (a failed
+            # one's error waits in _failed for waitall, barrier or close).
+            for p in self._pending_handles():
                 if p.done():
                     p._settle()
         return h
+
+    def _pending_handles(self):
+        with self._lock:
+            return list(self._pending.values())
 
     def _combine(self, handles):
         if len(handles) == 1:
@@ -468,7 +480,21 @@ class KVStore:
     def _abandon(self, h):
         with self._lock:
             self._pending.pop(id(h), None)
-            self._abandoned.append(h._keep)
+            self._failed.append(h)
+
+    def _unreported_error(self):
+        """The first error of a failed request that no wait() raised; every
+        failed request counts as reported from then on."""
+        with self._lock:
+            error = next((h._error for h in self._failed if not h._reported), None)
+            for h in self._failed:
+                h._reported = True
+        return error
+
+    def _raise_unreported(self):
+        error = self._unreported_error()
+        if error is not None:
+            raise error
 
 
 class _Group(Handle):
@@ -484,6 +510,11 @@ class _Group(Handle):
     def done_at(self):
         times = [h.done_at() for h in self._handles]
         return max(times) if times and not any(math.isnan(t) for t in times) else float("nan")
+
+    def _mark_reported(self):
+        self._reported = True
+        for h in self._handles:
+            h._reported = True
 
     def _settle(self, timeout=None):
         for h in self._handles:

@@ -77,6 +77,9 @@ TEST_F(PythonClusterTest, ConformanceDistSync) {
         << log;
     // The servers' own message, raised in Python.
     EXPECT_NE(log.find("pull of a key no server holds raised Error"), std::string::npos) << log;
+    // ... and, for a request nobody waited for, at the next waitall.
+    EXPECT_NE(log.find("waitall after a pull that failed unseen raised Error"), std::string::npos)
+        << log;
   }
   EXPECT_NE(run.output.find("all 5 processes exited 0"), std::string::npos) << run.output;
 }

@@ -114,6 +114,16 @@ def sync_checks(kv, rounds):
     assert "424242" in str(e), str(e)
     expect_raises(pstrain.Error, lambda: kv.set_optimizer(
         pstrain.optimizer.SGD(learning_rate=0.1, momentum=1.5)), "momentum 1.5")
+    # A request that failed while nobody waited for it (the sweep of answered
+    # requests settled it) raises at the next waitall, once.
+    lost = np.zeros(6, np.float32)
+    kv._issue(kv._client.pull([424242], [6], lost, 0), [lost], [])
+    small = np.zeros(SHAPES[0], np.float32)
+    for _ in range(1100):
+        kv.pull(3, out=small)
+    e = expect_raises(pstrain.Error, kv.waitall, "waitall after a pull that failed unseen")
+    assert "424242" in str(e), str(e)
+    kv.waitall()
     kv.barrier()
     print("conformance: dist_sync ok: %d rounds, %d workers, %d servers, shapes %s, final value %g"
           % (rounds, W, kv.num_servers, SHAPES, value))

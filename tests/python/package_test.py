@@ -1,12 +1,14 @@
 """The pstrain package without a cluster: import, roles, the local store, errors.
 
-Run by tests/cluster/python_test.cc (label unit) with the build's module on
+Run by tests/unit/python_package_test.cc with the build's module on
 PYTHONPATH; exits non-zero (an exception) on any failure. NumPy; the PyTorch
 cases run when torch imports.
 """
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 
@@ -23,6 +25,66 @@ def run_python(code, **env):
     p = subprocess.run([sys.executable, "-c", code], env=full, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, timeout=60)
     return p.returncode, p.stdout.decode(errors="replace")
+
+
+class FakeCompletion:
+    """A request's end that the test controls (the C++ Completion's interface)."""
+
+    def __init__(self, error=None, done=True):
+        self.error = error
+        self.event = threading.Event()
+        if done:
+            self.event.set()
+
+    def done(self):
+        return self.event.is_set()
+
+    def done_at(self):
+        return time.perf_counter() if self.done() else float("nan")
+
+    def wait(self, ms):
+        if not self.event.wait(ms / 1000.0):
+            raise pstrain.Error("DeadlineExceeded: fake request not done")
+        if self.error is not None:
+            raise self.error
+
+
+def store_with_fake_requests():
+    """A local store whose handles come from FakeCompletions (as a dist store's would)."""
+    kv = pstrain.KVStore("local")
+    kv._timeout_ms = 5000
+    return kv
+
+
+def expect_error(fn, exc, *words):
+    try:
+        fn()
+    except exc as e:
+        for w in words:
+            assert w in str(e), (w, str(e))
+        return e
+    raise AssertionError("%s did not raise %s" % (fn, exc.__name__))
+
+
+def test_lost_errors():
+    """A request that failed while nobody waited for it (settled by the sweep of
+    answered requests) raises at the next waitall, barrier or close, once."""
+    for end in ("waitall", "barrier", "close"):
+        kv = store_with_fake_requests()
+        kv._issue(FakeCompletion(pstrain.Error("Unavailable: server 1 died")), [], [])
+        for _ in range(1100):  # past 1024 pending: the answered ones are swept
+            kv._issue(FakeCompletion(), [], [])
+        assert len(kv._pending) < 1024, len(kv._pending)
+        expect_error(getattr(kv, end), pstrain.Error, "server 1 died")
+        if end != "close":
+            getattr(kv, end)()  # raised once: the store goes on
+    # An error its own wait() raised is not raised again.
+    kv = store_with_fake_requests()
+    h = kv._issue(FakeCompletion(pstrain.Error("Unavailable: server 2 died")), [], [])
+    expect_error(h.wait, pstrain.Error, "server 2 died")
+    kv.waitall()
+    kv.close()
+    print("package: lost errors ok")
 
 
 def test_roles():
@@ -130,6 +192,7 @@ def main():
     test_roles()
     test_local_store()
     test_torch_zero_copy()
+    test_lost_errors()
     print("package: all ok")
 
 

@@ -20,6 +20,9 @@ TEST(PythonPackageTest, ImportRolesLocalStoreAndErrors) {
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("package: roles ok"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("package: local store ok"), std::string::npos) << run.output;
+  // A request that failed while nobody waited for it raises at the next
+  // waitall, barrier or close.
+  EXPECT_NE(run.output.find("package: lost errors ok"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("package: all ok"), std::string::npos) << run.output;
   if (testing::PythonHas("torch")) {
     EXPECT_NE(run.output.find("package: torch tensors ok"), std::string::npos) << run.output;
