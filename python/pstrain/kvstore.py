@@ -165,6 +165,8 @@ class KVStore:
     order); one store uses one kind. A call takes one key and one value, or a
     list of keys and a list of values; a value may itself be a list of arrays
     (one per device, as in MXNet): a push sends their sum, a pull fills each.
+    A key given more than once in one call is one key with all those values
+    (MXNet's grouping): a push sends their sum, a pull fills each output.
     """
 
     def __init__(self, kvtype="dist_sync"):
@@ -310,6 +312,16 @@ class KVStore:
             return list(zip(key, value))
         return [(key, value)]
 
+    def _grouped(self, key, value, what):
+        """[(name, int key, [values given it])] in the order of first appearance."""
+        groups = {}
+        for name, v in self._pairs(key, value, what):
+            ikey = self._key(name, create=False)
+            if ikey not in groups:
+                groups[ikey] = (name, ikey, [])
+            groups[ikey][2].append(v)
+        return list(groups.values())
+
     def _checked_size(self, name, ikey, n, what):
         size = self._sizes.get(ikey)
         if size is None:
@@ -318,9 +330,10 @@ class KVStore:
             raise ValueError("%s of key %r: %d elements, but it was initialized with %d"
                              % (what, name, n, size))
 
-    def _pushed(self, name, ikey, value, what):
-        """The float32 array a push of `value` (an array or a list of arrays) sends."""
-        vals = [_source(v, "%s of key %r" % (what, name)) for v in _as_list(value)]
+    def _pushed(self, name, ikey, values, what):
+        """The float32 array a push of `values` (each an array or a list of arrays) sends."""
+        vals = [_source(v, "%s of key %r" % (what, name)) for value in values
+                for v in _as_list(value)]
         for v in vals[1:]:
             if v.size != vals[0].size:
                 raise ValueError("%s of key %r: the arrays to sum differ in size (%d, %d)"
@@ -358,16 +371,15 @@ class KVStore:
     def push(self, key, value, priority=0):
         """Pushes values (gradients): returns a Handle. Higher priority leaves first."""
         handles = []
-        for name, v in self._pairs(key, value, "push"):
-            ikey = self._key(name, create=False)
-            arr = self._pushed(name, ikey, v, "push")
+        for name, ikey, vs in self._grouped(key, value, "push"):
+            arr = self._pushed(name, ikey, vs, "push")
             if self._client is None:
                 self._local_push(ikey, arr)
                 continue
             # The caller's objects too: a PyTorch gradient whose tensor is still
             # referenced is not taken over (and later changed) by autograd.
             handles.append(self._issue(self._client.push([ikey], [arr.size], arr, int(priority)),
-                                       [arr] + _as_list(v), []))
+                                       [arr] + vs, []))
         return self._combine(handles)
 
     def pull(self, key, out=None, priority=0):
@@ -378,9 +390,8 @@ class KVStore:
         if out is None:
             raise ValueError("pull: out= is required (the arrays to pull into)")
         handles = []
-        for name, o in self._pairs(key, out, "pull"):
-            ikey = self._key(name, create=False)
-            outs = _as_list(o)
+        for name, ikey, os_ in self._grouped(key, out, "pull"):
+            outs = [x for o in os_ for x in _as_list(o)]
             first, copy_back = _dest(outs[0], "pull output of key %r" % (name,))
             self._checked_size(name, ikey, first.size, "pull")
             after = [copy_back] if copy_back is not None else []
@@ -405,12 +416,10 @@ class KVStore:
         if out is None:
             out = value
         handles = []
-        pairs = self._pairs(key, value, "pushpull")
-        outs = [o for _, o in self._pairs(key, out, "pushpull")]
-        for (name, v), o in zip(pairs, outs):
-            ikey = self._key(name, create=False)
-            arr = self._pushed(name, ikey, v, "pushpull")
-            dests = _as_list(o)
+        outs = {ikey: os_ for _, ikey, os_ in self._grouped(key, out, "pushpull")}
+        for name, ikey, vs in self._grouped(key, value, "pushpull"):
+            arr = self._pushed(name, ikey, vs, "pushpull")
+            dests = [x for o in outs[ikey] for x in _as_list(o)]
             first, copy_back = _dest(dests[0], "pushpull output of key %r" % (name,))
             if first.size != arr.size:
                 raise ValueError("pushpull of key %r: output has %d elements, value %d"
@@ -428,7 +437,7 @@ class KVStore:
                 continue
             handles.append(self._issue(
                 self._client.pushpull([ikey], [arr.size], arr, first, int(priority)),
-                [arr, first] + _as_list(v) + dests, after))
+                [arr, first] + vs + dests, after))
         return self._combine(handles)
 
     def broadcast(self, key, value, out, priority=0):

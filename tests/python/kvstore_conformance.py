@@ -10,8 +10,9 @@ mismatch. NumPy only.
                 exactly 1 + 2 * W(W+1)/2 * i. Shapes (2,3) and (1200,1200)
                 (above the big-array bound: sharded over the servers), int
                 keys and (in a second store generation) pushpull; string keys,
-                lists of keys, per-device value lists, arrays that need a
-                conversion (float64, non-contiguous), and errors.
+                lists of keys, per-device value lists, a key repeated in one
+                call, arrays that need a conversion (float64, non-contiguous),
+                and errors.
   --mode async: every push applied exactly once (test optimizer, rate 1).
 """
 import argparse
@@ -79,6 +80,18 @@ def sync_checks(kv, rounds):
     kv.pull(9, out=devs).wait()
     for d in devs:
         check(d, 1 + rate * (W * (W + 1) / 2 + W), "per-device lists")
+
+    # A key repeated in one call (MXNet groups them): a push sends the sum (one
+    # push per worker in the round), a pull fills each output.
+    kv.init(11, np.ones(SHAPES[0], np.float32))
+    kv.push([11, 11], [np.full(SHAPES[0], r + 1, np.float32), np.ones(SHAPES[0], np.float32)]).wait()
+    twice = [np.zeros(SHAPES[0], np.float32), np.zeros(SHAPES[0], np.float32)]
+    kv.pull([11, 11], out=twice).wait()
+    for d in twice:
+        check(d, 1 + rate * (W * (W + 1) / 2 + W), "a key repeated in one push")
+    kv.pushpull([11, 11], [np.ones(SHAPES[0], np.float32)] * 2, out=twice).wait()
+    for d in twice:
+        check(d, 1 + rate * (W * (W + 1) / 2 + 3 * W), "a key repeated in one pushpull")
 
     # Non-blocking calls: worker 0's pull waits for worker 1's push (late by 1 s);
     # a wait with a timeout raises past it and leaves the request in flight.

@@ -87,6 +87,29 @@ def test_lost_errors():
     print("package: lost errors ok")
 
 
+def test_repeated_keys():
+    """MXNet sums the values one push gives a key more than once, and a pull
+    fills every output given for a key."""
+    kv = pstrain.KVStore("local")
+    kv.init([3, 4], [np.zeros(2, np.float32), np.zeros(2, np.float32)])
+    kv.push([3, 3, 4], [np.full(2, 1, np.float32), [np.full(2, 2, np.float32),
+                                                    np.full(2, 4, np.float32)],
+                        np.full(2, 5, np.float32)]).wait()
+    a, b, c = (np.zeros(2, np.float32) for _ in range(3))
+    kv.pull([3, 4, 3], out=[a, c, b]).wait()
+    assert a.tolist() == [7, 7] and b.tolist() == [7, 7] and c.tolist() == [5, 5], (a, b, c)
+    # With an optimizer the sum is one update (momentum tells one from two).
+    kv.set_optimizer(pstrain.optimizer.SGD(learning_rate=1.0, momentum=0.9))
+    g1, g2 = np.full(2, 1, np.float32), np.full(2, 2, np.float32)
+    kv.push([3, 3], [g1, g2]).wait()
+    kv.pull(3, out=a).wait()
+    assert a.tolist() == [4, 4], a
+    # pushpull: one update of the sum, every output gets the result.
+    kv.pushpull([4, 4], [g1, g2], out=[b, c]).wait()
+    assert b.tolist() == [2, 2] and c.tolist() == [2, 2], (b, c)
+    print("package: repeated keys ok")
+
+
 def test_roles():
     code, out = run_python("import pstrain; print('worker goes on')")
     assert code == 0 and "worker goes on" in out, out
@@ -193,6 +216,7 @@ def main():
     test_local_store()
     test_torch_zero_copy()
     test_lost_errors()
+    test_repeated_keys()
     print("package: all ok")
 
 
