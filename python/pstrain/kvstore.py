@@ -182,6 +182,10 @@ class KVStore:
         self._sizes = {}
         self._closed = False
         self._client = None
+        # The servers' optimizer: who installed it (None: none, the servers sum),
+        # and the pstrain.torch.DistributedOptimizers using this store.
+        self._optimizer_by = None
+        self._dist_optimizers = []
         if "dist" in kvtype:
             from . import run_role
             run_role()  # scheduler and servers never get past this line
@@ -234,8 +238,21 @@ class KVStore:
         """Has the servers (``local``: this store) apply ``optimizer`` to every push.
 
         Every worker calls it with the same optimizer; it passes a worker
-        barrier first, so it may follow ``init`` or come before it.
+        barrier first, so it may follow ``init`` or come before it. The servers
+        run one optimizer for every key: refused while a
+        ``pstrain.torch.DistributedOptimizer`` uses this store (it relies on the
+        servers' optimizer, or on servers that only sum).
         """
+        if self._dist_optimizers:
+            raise Error("FailedPrecondition: set_optimizer: %s uses this KVStore and relies on "
+                        "the servers' %s; the servers run one optimizer for every key (call "
+                        "its remove_hooks() first)"
+                        % (self._dist_optimizers[0]._describe(),
+                           "optimizer" if self._dist_optimizers[0]._server_side
+                           else "summing only"))
+        self._set_optimizer(optimizer, "set_optimizer")
+
+    def _set_optimizer(self, optimizer, by):
         if not isinstance(optimizer, Optimizer):
             raise TypeError("set_optimizer takes a pstrain.optimizer.Optimizer "
                             "(pstrain.optimizer.SGD, ...), got %r" % (optimizer,))
@@ -249,6 +266,7 @@ class KVStore:
         self.barrier()  # no worker may still be sending the previous configuration
         self._client.configure(self._sync, cfg, self._generation + 1, wd_mult)
         self._generation += 1
+        self._optimizer_by = by
 
     def close(self):
         """Waits for every request, then ends this worker's part in the job.

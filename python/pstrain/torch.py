@@ -21,6 +21,12 @@ Two ways to update, chosen by the optimizer given:
   summed gradient comes back into a buffer and ``step()`` hands it, rescaled,
   to the wrapped optimizer, which updates every worker's copy alike.
 
+The servers run one optimizer for every key, so a store serves one
+server-side ``DistributedOptimizer`` at a time (wrap every parameter in one),
+and local ones only while the servers run none: a second one that would
+change what the servers do for the first raises ``pstrain.Error``
+(FailedPrecondition) until the first's ``remove_hooks()``.
+
 Gradient rescale, as MXNet's: the servers' optimizer gets ``rescale_grad``
 times 1/(batch_size * num_workers) in dist_sync and 1/batch_size in
 dist_async (local mode: the summed gradient is multiplied by the same). With
@@ -42,6 +48,7 @@ import time
 
 import torch
 
+from ._pstrain import Error
 from .kvstore import _OPEN, KVStore
 from .optimizer import Optimizer as ServerOptimizer
 
@@ -123,6 +130,7 @@ class DistributedOptimizer:
         if not self._server_side and not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError("optimizer must be a pstrain.optimizer.Optimizer (server-side) or a "
                             "torch.optim.Optimizer (local), got %r" % (optimizer,))
+        self._check_servers_free(kv)
         if not self._server_side and not kv._sync:
             raise ValueError("%s: a local torch optimizer needs the servers to sum gradients "
                              "(dist_sync); dist_async needs a server-side optimizer such as "
@@ -144,7 +152,7 @@ class DistributedOptimizer:
             opt.rescale_grad = optimizer.rescale_grad * self._rescale
             opt.wd_mult = dict(optimizer.wd_mult)
             kv.broadcast(names, self._params, out=self._params).wait()
-            kv.set_optimizer(opt)
+            kv._set_optimizer(opt, "a DistributedOptimizer")
             self._outs = self._params  # the new weights land in the parameters
         else:
             broadcast_parameters(named, kvstore=kv)
@@ -159,6 +167,36 @@ class DistributedOptimizer:
                 own = [index[id(p)] for p in m.parameters(recurse=False) if id(p) in index]
                 if own:
                     self._hooks.append(m.register_forward_pre_hook(self._forward_hook(own)))
+
+        kv._dist_optimizers.append(self)
+
+    def _describe(self):
+        return "a DistributedOptimizer (%s, parameters %s)" % (
+            "server-side %r" % (self._optimizer,) if self._server_side
+            else "local %s" % type(self._optimizer).__name__,
+            ", ".join(self._names[:3]) + (", ..." if len(self._names) > 3 else ""))
+
+    def _check_servers_free(self, kv):
+        """Raises unless this optimizer can have the servers do what it needs."""
+        others = kv._dist_optimizers
+        if self._server_side and others:
+            raise Error("FailedPrecondition: %s already uses this KVStore; the servers run one "
+                        "optimizer for every key, so a second server-side DistributedOptimizer "
+                        "would replace what they do for its parameters: wrap every parameter "
+                        "in one DistributedOptimizer (or call remove_hooks() on the first)"
+                        % (others[0]._describe(),))
+        if not self._server_side:
+            server = [o for o in others if o._server_side]
+            if server:
+                raise Error("FailedPrecondition: %s already uses this KVStore and the servers "
+                            "apply its optimizer to every key; a local torch optimizer needs "
+                            "servers that only sum the gradients" % (server[0]._describe(),))
+            if kv._optimizer_by is not None:
+                raise Error("FailedPrecondition: the servers already run an optimizer (installed "
+                            "by %s) and apply it to every key; a local torch optimizer needs "
+                            "servers that only sum the gradients: create local "
+                            "DistributedOptimizers before any server-side optimizer"
+                            % (kv._optimizer_by,))
 
     # ---- hooks ----
     def _grad_hook(self, i):
@@ -266,11 +304,14 @@ class DistributedOptimizer:
             self._optimizer.load_state_dict(state)
 
     def remove_hooks(self):
-        """Detaches from the model (waits for what is in flight first)."""
+        """Detaches from the model (waits for what is in flight first); another
+        DistributedOptimizer may then take the servers' optimizer over."""
         self.synchronize()
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        if self in self._kv._dist_optimizers:
+            self._kv._dist_optimizers.remove(self)
 
     @property
     def kvstore(self):

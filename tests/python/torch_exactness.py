@@ -58,6 +58,40 @@ def max_diff(a, b):
     return max(float((x - y).abs().max()) for x, y in zip(a, b))
 
 
+def expect_refused(fn, what):
+    try:
+        fn()
+    except pstrain.Error as e:
+        assert "FailedPrecondition" in str(e), str(e)
+        print("exactness: %s refused: %s" % (what, e))
+        return
+    raise AssertionError("%s was not refused" % what)
+
+
+def servers_run_one_optimizer(kv, d2, data):
+    """While d2 (server-side) is attached, nothing may change the servers'
+    optimizer under it; after its remove_hooks() another one takes over."""
+    m4 = make_model(2)
+    named = [("m4." + n, p) for n, p in m4.named_parameters()]
+    expect_refused(lambda: pstrain.torch.DistributedOptimizer(
+        pstrain.optimizer.SGD(learning_rate=0.5), named), "a second server-side optimizer")
+    expect_refused(lambda: pstrain.torch.DistributedOptimizer(
+        torch.optim.SGD(m4.parameters(), lr=0.1), named), "a local optimizer beside it")
+    expect_refused(lambda: kv.set_optimizer(pstrain.optimizer.SGD(learning_rate=0.5)),
+                   "set_optimizer under it")
+    d2.remove_hooks()
+    before = [p.detach().clone() for p in m4.parameters()]
+    d4 = pstrain.torch.DistributedOptimizer(pstrain.optimizer.SGD(learning_rate=0.1), named)
+    after = train(m4, d4, data[:2])
+    assert max_diff(before, after) > 0, "the second server-side optimizer did not train"
+    d4.remove_hooks()
+    # The servers still run d4's optimizer: a local one would get updated weights, not sums.
+    expect_refused(lambda: pstrain.torch.DistributedOptimizer(
+        torch.optim.SGD(m4.parameters(), lr=0.1), [("m5." + n, p) for n, p in named]),
+        "a local optimizer after a server-side one")
+    print("exactness: one optimizer on the servers at a time ok")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
@@ -109,6 +143,7 @@ def main():
           "%d steps)" % (diff_ref, scale, args.steps))
     assert diff_mx == 0.0, "the servers' SGD must equal MXNet's rule bit for bit"
     assert diff_ref < 1e-5, "server-side SGD strays from torch.optim.SGD beyond float tolerance"
+    servers_run_one_optimizer(kv, d2, data)
     kv.close()
     print("exactness: ok")
     return 0
