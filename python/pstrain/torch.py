@@ -6,8 +6,15 @@ priority -i for parameter i, so the parameters the next forward needs first
 leave first) and waits for a parameter's new value only when it is needed:
 
 * with ``module=`` (or the model given instead of its named parameters),
-  just before the forward of the layer that owns it (a forward pre-hook), so
-  the last exchanges of a step hide behind the next step's first layers;
+  just before the forward of the module that owns it (a forward pre-hook).
+  A module's forward may read any parameter below it (a tied weight, a
+  child's weight used through ``F.linear``), so a module's hook waits for
+  every parameter of its subtree; only ``nn.Sequential`` (its own forward,
+  which calls each child in turn) is waited through, child by child. A
+  model that is an ``nn.Sequential`` of layers thus has the last exchanges
+  of a step hide behind the next step's first layers; any other model waits
+  for all its parameters when its forward starts. Parameters outside
+  ``module`` are waited for in ``step()``;
 * otherwise in ``step()``.
 
 Two ways to update, chosen by the optimizer given:
@@ -106,7 +113,7 @@ class DistributedOptimizer:
     named_parameters  model.named_parameters(), or the model itself (which also
                       sets ``module``)
     kvstore           a dist KVStore (default: the open one, else dist_sync)
-    module            the model: wait for a layer's weights just before its forward
+    module            the model: wait for a module's weights just before its forward
     batch_size        per-worker batch, for MXNet's rescale (1 for a mean loss)
     """
 
@@ -160,13 +167,23 @@ class DistributedOptimizer:
             kv.init(names, self._outs)
 
         self._hooks = [p.register_hook(self._grad_hook(i)) for i, p in enumerate(self._params)]
-        self._wait_in_forward = module is not None
+        # The parameters step() waits for (server-side; local mode waits for all).
+        self._step_waits = list(range(len(self._params)))
         if module is not None:
             index = {id(p): i for i, p in enumerate(self._params)}
+            covered = set()
             for m in module.modules():
-                own = [index[id(p)] for p in m.parameters(recurse=False) if id(p) in index]
-                if own:
-                    self._hooks.append(m.register_forward_pre_hook(self._forward_hook(own)))
+                # Every parameter m's forward may read: its own and, unless m is a
+                # plain nn.Sequential (whose forward only calls its children, each
+                # hooked here), its children's.
+                through = isinstance(m, torch.nn.Sequential) and \
+                    type(m).forward is torch.nn.Sequential.forward
+                reads = [index[id(p)] for p in m.parameters(recurse=not through)
+                         if id(p) in index]
+                if reads:
+                    self._hooks.append(m.register_forward_pre_hook(self._forward_hook(reads)))
+                    covered.update(reads)
+            self._step_waits = [i for i in range(len(self._params)) if i not in covered]
 
         kv._dist_optimizers.append(self)
 
@@ -263,7 +280,8 @@ class DistributedOptimizer:
     def step(self, closure=None):
         """Ends the step. Parameters autograd gave no gradient push zeros (a dist_sync
         round needs every worker's push). Local mode: waits for the summed gradients
-        and runs the wrapped optimizer; server-side: waits only without ``module``."""
+        and runs the wrapped optimizer; server-side: waits only for the parameters
+        no forward pre-hook waits for (all of them without ``module``)."""
         if closure is not None:
             raise ValueError("DistributedOptimizer.step: closures are not supported")
         for i, fired in enumerate(self._fired):
@@ -271,8 +289,8 @@ class DistributedOptimizer:
                 self._exchange(i, torch.zeros(self._params[i].shape, dtype=torch.float32))
         self._fired = [False] * len(self._params)
         if self._server_side:
-            if not self._wait_in_forward:
-                self.synchronize()
+            for i in self._step_waits:
+                self._wait(i)
             return None
         self.synchronize()
         for p, summed in zip(self._params, self._outs):

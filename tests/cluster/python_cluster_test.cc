@@ -114,6 +114,11 @@ TEST_F(PythonClusterTest, OneWorkerTrainsAsPyTorchAlone) {
   // A second DistributedOptimizer may not change the servers' optimizer under the first.
   EXPECT_NE(log.find("exactness: one optimizer on the servers at a time ok"), std::string::npos)
       << log;
+  // module=: a forward that reads a child's weights waits for them first.
+  EXPECT_NE(log.find("exactness: a parent's forward reading a child's weights: 0 reads before "
+                     "the wait, max |diff| 0"),
+            std::string::npos)
+      << log;
   EXPECT_NE(log.find("exactness: ok"), std::string::npos) << log;
 }
 

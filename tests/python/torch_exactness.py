@@ -58,6 +58,62 @@ def max_diff(a, b):
     return max(float((x - y).abs().max()) for x, y in zip(a, b))
 
 
+class ReadsChildWeight(nn.Module):
+    """Reads its child's weights in its own forward (the child's forward never
+    runs), counting the reads made while their exchange was not waited for."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(32, 10)
+        self.opt = None
+        self.unwaited_reads = 0
+
+    def forward(self, x):
+        if self.opt is not None:
+            ids = {id(self.proj.weight), id(self.proj.bias)}
+            self.unwaited_reads += sum(h is not None for h, p in zip(self.opt._handles,
+                                                                      self.opt._params)
+                                       if id(p) in ids)
+        return F.linear(x, self.proj.weight, self.proj.bias)
+
+
+def make_reading_model(seed):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), ReadsChildWeight())
+
+
+def mx_train(model, data, lr, mom, wd):
+    """MXNet's SGD rule in plain PyTorch ops, each rounded once, as the servers do."""
+    moms = [torch.zeros_like(p) for p in model.parameters()]
+
+    def mx_step():
+        with torch.no_grad():
+            for p, m in zip(model.parameters(), moms):
+                g = p.grad * 1.0  # rescale_grad 1: one worker, mean loss
+                upd = (g + p * wd) * lr
+                m.copy_(m * mom - upd)
+                p.copy_(p + m)
+    return train(model, None, data, step_fn=mx_step)
+
+
+def parent_forward_reads(data, lr, mom, wd):
+    """module=: a module whose forward reads a child's weights waits for them
+    first (the child's own hook never fires), and training stays exact."""
+    ref = mx_train(make_reading_model(3), data, lr, mom, wd)
+    m = make_reading_model(3)
+    d = pstrain.torch.DistributedOptimizer(
+        pstrain.optimizer.SGD(learning_rate=lr, momentum=mom, wd=wd),
+        [("reads." + n, p) for n, p in m.named_parameters()], module=m)
+    m[3].opt = d
+    got = train(m, d, data)
+    d.remove_hooks()
+    diff = max_diff(got, ref)
+    print("exactness: a parent's forward reading a child's weights: %d reads before the wait, "
+          "max |diff| %g vs MXNet's rule" % (m[3].unwaited_reads, diff))
+    assert m[3].unwaited_reads == 0, "a forward read weights whose exchange was not waited for"
+    assert diff == 0.0
+
+
 def expect_refused(fn, what):
     try:
         fn()
@@ -118,18 +174,7 @@ def main():
     print("exactness: DistributedOptimizer(torch SGD) vs torch SGD alone: max |diff| %g" % diff)
     assert diff == 0.0, "a local optimizer over server-summed gradients must be exact"
 
-    # MXNet's rule in plain PyTorch ops, each rounded once, as the servers do.
-    m3 = make_model(1)
-    moms = [torch.zeros_like(p) for p in m3.parameters()]
-
-    def mx_step():
-        with torch.no_grad():
-            for p, m in zip(m3.parameters(), moms):
-                g = p.grad * 1.0  # rescale_grad 1: one worker, mean loss
-                upd = (g + p * wd) * lr
-                m.copy_(m * mom - upd)
-                p.copy_(p + m)
-    mx = train(m3, None, data, step_fn=mx_step)
+    mx = mx_train(make_model(1), data, lr, mom, wd)
 
     m2 = make_model(1)
     d2 = pstrain.torch.DistributedOptimizer(
@@ -144,6 +189,7 @@ def main():
     assert diff_mx == 0.0, "the servers' SGD must equal MXNet's rule bit for bit"
     assert diff_ref < 1e-5, "server-side SGD strays from torch.optim.SGD beyond float tolerance"
     servers_run_one_optimizer(kv, d2, data)
+    parent_forward_reads(data[:10], lr, mom, wd)
     kv.close()
     print("exactness: ok")
     return 0
