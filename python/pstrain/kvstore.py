@@ -290,8 +290,10 @@ class KVStore:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc is None:
-            self.close()
+        if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
+            self.close()  # sys.exit(0) and sys.exit() are a normal end
+        elif isinstance(exc, SystemExit):
+            self._fail("the worker's script called sys.exit(%r)" % (exc.code,))
         else:
             self._fail("the worker's script raised %s: %s" % (exc_type.__name__, exc))
 

@@ -213,6 +213,19 @@ TEST_F(PythonClusterTest, AWorkerThatCallsSysExitFailsTheJobAtOnce) {
   EXPECT_EQ(run.output.find("no error within 120 s"), std::string::npos) << run.output;
 }
 
+// sys.exit(0) (or sys.exit()) inside `with kv:` is a normal end: the store
+// closes as a finished worker and the job succeeds (it once failed the job).
+TEST_F(PythonClusterTest, SysExitZeroInsideWithKvEndsTheJobCleanly) {
+  TempDir logs;
+  auto run = Launch(2, 1, logs.path(), {PythonScript("early_exit.py"), "--clean"}, 90000);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("all 4 processes exited 0"), std::string::npos) << run.output;
+  for (int w = 0; w < 2; ++w) {
+    const std::string log = ReadFile(logs.path() + "/worker-" + std::to_string(w) + ".log");
+    EXPECT_NE(log.find("leaving inside `with kv:`"), std::string::npos) << log;
+  }
+}
+
 // A server killed mid-training: every worker's pending request raises
 // pstrain.Error naming the server within the heartbeat timeout, the scripts
 // die of it (non-zero), and nothing is left running. The timeout is 4 s: at
