@@ -415,10 +415,11 @@ class KVStore:
             first, copy_back = _dest(outs[0], "pull output of key %r" % (name,))
             self._checked_size(name, ikey, first.size, "pull")
             after = [copy_back] if copy_back is not None else []
-            for extra in outs[1:]:
+            for n, extra in enumerate(outs[1:], 2):
                 arr, cb = _dest(extra, "pull output of key %r" % (name,))
                 if arr.size != first.size:
-                    raise ValueError("pull of key %r: outputs differ in size" % (name,))
+                    raise ValueError("pull of key %r: output %d has %d elements, the key %d"
+                                     % (name, n, arr.size, first.size))
                 after.append(lambda arr=arr, cb=cb, src=first: (
                     np.copyto(arr, src.reshape(arr.shape)), cb and cb()))
             if self._client is None:
@@ -445,8 +446,11 @@ class KVStore:
                 raise ValueError("pushpull of key %r: output has %d elements, value %d"
                                  % (name, first.size, arr.size))
             after = [copy_back] if copy_back is not None else []
-            for extra in dests[1:]:
+            for n, extra in enumerate(dests[1:], 2):
                 d, cb = _dest(extra, "pushpull output of key %r" % (name,))
+                if d.size != arr.size:
+                    raise ValueError("pushpull of key %r: output %d has %d elements, the value %d"
+                                     % (name, n, d.size, arr.size))
                 after.append(lambda d=d, cb=cb, src=first: (
                     np.copyto(d, src.reshape(d.shape)), cb and cb()))
             if self._client is None:

@@ -110,6 +110,20 @@ def test_repeated_keys():
     print("package: repeated keys ok")
 
 
+def test_output_sizes():
+    """Every output of a pull or pushpull is checked before anything is sent."""
+    kv = pstrain.KVStore("local")
+    kv.init("p", np.zeros(4, np.float32))
+    ok, short = np.zeros(4, np.float32), np.zeros(3, np.float32)
+    expect_error(lambda: kv.pushpull("p", np.ones(4, np.float32), out=[ok, short]), ValueError,
+                 "'p'", "output 2 has 3 elements, the value 4")
+    expect_error(lambda: kv.pull("p", out=[ok, short]), ValueError,
+                 "'p'", "output 2 has 3 elements, the key 4")
+    kv.pull("p", out=ok).wait()
+    assert ok.tolist() == [0, 0, 0, 0], ok  # the refused pushpull pushed nothing
+    print("package: output sizes ok")
+
+
 def test_roles():
     code, out = run_python("import pstrain; print('worker goes on')")
     assert code == 0 and "worker goes on" in out, out
@@ -217,6 +231,7 @@ def main():
     test_torch_zero_copy()
     test_lost_errors()
     test_repeated_keys()
+    test_output_sizes()
     print("package: all ok")
 
 

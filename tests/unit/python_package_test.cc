@@ -24,6 +24,7 @@ TEST(PythonPackageTest, ImportRolesLocalStoreAndErrors) {
   // waitall, barrier or close.
   EXPECT_NE(run.output.find("package: lost errors ok"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("package: repeated keys ok"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("package: output sizes ok"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("package: all ok"), std::string::npos) << run.output;
   if (testing::PythonHas("torch")) {
     EXPECT_NE(run.output.find("package: torch tensors ok"), std::string::npos) << run.output;
