@@ -97,9 +97,14 @@ def _as_list(v):
 
 
 class Handle:
-    """A request in flight. ``wait()`` returns once it is done, or raises pstrain.Error."""
+    """A request in flight. ``wait()`` returns once it is done, or raises pstrain.Error.
+
+    Thread-safe: any thread may wait for it (the copies into the caller's
+    arrays run once, and every waiter returns after them).
+    """
 
     def __init__(self, store, completions, keep, after):
+        self._lock = threading.Lock()  # held while settling (not while waiting)
         self._store = store
         self._completions = completions
         self._keep = keep  # the arrays the servers read or write until done
@@ -119,7 +124,8 @@ class Handle:
         return max(times) if times and not any(math.isnan(t) for t in times) else float("nan")
 
     def wait(self, timeout=None):
-        """Blocks until done; raises pstrain.Error if the request failed.
+        """Blocks until done; raises pstrain.Error if the request failed (or the
+        exception of a failed copy into the caller's array).
 
         ``timeout`` in seconds: past it pstrain.Error (DeadlineExceeded) is
         raised and the request stays in flight (wait again). None: the
@@ -137,23 +143,35 @@ class Handle:
         if self._finished or self._error is not None:
             return
         ms = self._store._timeout_ms if timeout is None else max(0, int(timeout * 1000))
+        failure = None
         try:
             for c in self._completions:
-                c.wait(ms)
+                c.wait(ms)  # thread-safe, without the lock: another waiter may time out
         except Error as e:
             if timeout is not None and not all(c.done() for c in self._completions):
                 raise  # the caller's own timeout: still in flight, wait again later
-            # The request may still be held by the transport: its buffers stay
-            # alive until the store is closed.
-            self._error = e
-            self._store._abandon(self)
-            return
-        for f in self._after:
-            f()
-        self._finished = True
-        self._keep = None
-        self._after = None
-        self._store._forget(self)
+            failure = e
+        with self._lock:
+            if self._finished or self._error is not None:
+                return  # another thread settled it meanwhile
+            if failure is not None:
+                # The request may still be held by the transport: its buffers
+                # stay alive until the store is closed.
+                self._error = failure
+                self._store._abandon(self)
+                return
+            try:
+                for f in self._after:
+                    f()
+            except Exception as e:  # a copy into the caller's array failed
+                self._keep = self._after = None
+                self._error = e
+                self._store._abandon(self)
+                return
+            self._keep = None
+            self._after = None
+            self._finished = True
+            self._store._forget(self)
 
 
 class KVStore:
@@ -552,9 +570,9 @@ class _Group(Handle):
     def _settle(self, timeout=None):
         for h in self._handles:
             h._settle(timeout)
-            if h._error is not None and self._error is None:
-                self._error = h._error
-        self._finished = self._error is None
+        with self._lock:
+            self._error = next((h._error for h in self._handles if h._error is not None), None)
+            self._finished = self._error is None
 
 
 # What the main thread last passed to sys.exit, and the store calls made by
@@ -598,9 +616,14 @@ def _close_at_exit():
             continue
         try:
             kv.close()
-        except Error as e:
+        except BaseException as e:  # an exit handler's exception would only be printed
+            # Not a pstrain.Error (a failed copy into an array, Ctrl-C): the
+            # store is not closed yet; end this worker's part as failed.
+            what = "%s" % (e,) if isinstance(e, Error) else \
+                "closing the KVStore at exit failed: %s: %s" % (type(e).__name__, e)
+            kv._fail(what)
             sys.stdout.flush()
-            print("pstrain: %s" % (e,), file=sys.stderr)
+            print("pstrain: %s" % (what,), file=sys.stderr)
             sys.stderr.flush()
             os._exit(1)
 

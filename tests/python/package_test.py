@@ -124,6 +124,64 @@ def test_output_sizes():
     print("package: output sizes ok")
 
 
+def test_settle():
+    """A copy into the caller's array that fails is the request's error (raised
+    by every wait, the copy run once); handles waited for from several threads
+    settle once; an error closing a store at exit ends the process with 1 and
+    a one-line message."""
+    kv = store_with_fake_requests()
+    calls = []
+
+    def failing_copy():
+        calls.append(1)
+        raise RuntimeError("copy into the caller's tensor failed")
+    h = kv._issue(FakeCompletion(), [], [failing_copy])
+    for _ in range(2):
+        expect_error(h.wait, RuntimeError, "copy into the caller's tensor failed")
+    assert len(calls) == 1 and not kv._pending, (calls, kv._pending)
+    kv.waitall()  # its wait raised it
+
+    # Four threads wait for one request (and a group holding it) as it ends.
+    for group in (False, True):
+        kv = store_with_fake_requests()
+        c = FakeCompletion(done=False)
+        copies, errors = [], []
+
+        def slow_copy():
+            copies.append(1)
+            time.sleep(0.05)
+        h = kv._issue(c, [], [slow_copy])
+        waited = kv._combine([h, kv._issue(FakeCompletion(), [], [])]) if group else h
+
+        def waiter():
+            try:
+                waited.wait()
+            except BaseException as e:
+                errors.append(e)
+        threads = [threading.Thread(target=waiter) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.05)
+        c.event.set()
+        for t in threads:
+            t.join(10)
+        assert not errors and len(copies) == 1 and waited.done() and not kv._pending, \
+            (group, errors, copies)
+
+    code, out = run_python(
+        "import pstrain, pstrain.kvstore\n"
+        "kv = pstrain.KVStore('local')\n"
+        "def close():\n"
+        "    raise ValueError('the copy into a freed tensor failed')\n"
+        "kv.close = close\n"
+        "pstrain.kvstore._OPEN.append(kv)\n"
+        "print('script done')\n")
+    assert code == 1 and "script done" in out and "Traceback" not in out \
+        and "pstrain: closing the KVStore at exit failed: ValueError: the copy into a freed " \
+        "tensor failed" in out, (code, out)
+    print("package: settling ok")
+
+
 def test_roles():
     code, out = run_python("import pstrain; print('worker goes on')")
     assert code == 0 and "worker goes on" in out, out
@@ -232,6 +290,7 @@ def main():
     test_lost_errors()
     test_repeated_keys()
     test_output_sizes()
+    test_settle()
     print("package: all ok")
 
 
