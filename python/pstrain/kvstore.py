@@ -96,6 +96,16 @@ def _as_list(v):
     return list(v) if isinstance(v, (list, tuple)) else [v]
 
 
+def _devices(v):
+    """A value as its arrays, one per device: a list or tuple of NumPy arrays or
+    tensors holds one per device (MXNet); anything else (an array, a list of
+    numbers) is one array."""
+    if isinstance(v, (list, tuple)) and v and all(
+            isinstance(x, np.ndarray) or _is_tensor(x) for x in v):
+        return list(v)
+    return [v]
+
+
 class Handle:
     """A request in flight. ``wait()`` returns once it is done, or raises pstrain.Error.
 
@@ -184,7 +194,8 @@ class KVStore:
     list of keys and a list of values; a value may itself be a list of arrays
     (one per device, as in MXNet): a push sends their sum, a pull fills each.
     A key given more than once in one call is one key with all those values
-    (MXNet's grouping): a push sends their sum, a pull fills each output.
+    (MXNet's grouping): a push sends their sum, a pull fills each output. A
+    list of numbers is one array, not one value per device.
     """
 
     def __init__(self, kvtype="dist_sync"):
@@ -371,7 +382,7 @@ class KVStore:
     def _pushed(self, name, ikey, values, what):
         """The float32 array a push of `values` (each an array or a list of arrays) sends."""
         vals = [_source(v, "%s of key %r" % (what, name)) for value in values
-                for v in _as_list(value)]
+                for v in _devices(value)]
         for v in vals[1:]:
             if v.size != vals[0].size:
                 raise ValueError("%s of key %r: the arrays to sum differ in size (%d, %d)"
@@ -390,12 +401,20 @@ class KVStore:
         pairs = self._pairs(key, value, "init")
         items = []
         for name, v in pairs:
+            arr = _source(_devices(v)[0], "init value of key %r" % (name,))
+            if arr.size == 0:
+                raise ValueError("init of key %r: the value is empty (shape %s); a key holds "
+                                 "at least one element" % (name, arr.shape))
+            items.append((name, arr))
+        seen = set()
+        for i, (name, arr) in enumerate(items):
             ikey = self._key(name, create=True)
-            if ikey in self._sizes:
+            if ikey in self._sizes or ikey in seen:
                 raise ValueError("init: duplicate init of key %r" % (name,))
-            arr = _source(_as_list(v)[0], "init value of key %r" % (name,))
+            seen.add(ikey)
+            items[i] = (ikey, arr)
+        for ikey, arr in items:
             self._sizes[ikey] = arr.size
-            items.append((ikey, arr))
         if self._client is None:
             for ikey, arr in items:
                 self._values[ikey] = arr.ravel().copy()

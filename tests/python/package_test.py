@@ -182,6 +182,26 @@ def test_settle():
     print("package: settling ok")
 
 
+def test_init_values():
+    """A list of numbers is one array (a list of arrays: one per device, the
+    first one counts, as in MXNet); an empty value is refused naming its key."""
+    kv = pstrain.KVStore("local")
+    kv.init(5, [1.0, 2.0, 3.0])
+    kv.init(6, ([1, 2], [3, 4]))
+    kv.init(7, [np.full(2, 7, np.float32), np.full(2, 8, np.float32)])
+    a, b, c = np.zeros(3, np.float32), np.zeros((2, 2), np.float32), np.zeros(2, np.float32)
+    kv.pull([5, 6, 7], out=[a, b, c]).wait()
+    assert a.tolist() == [1, 2, 3] and b.tolist() == [[1, 2], [3, 4]] and c.tolist() == [7, 7], \
+        (a, b, c)
+    kv.push(5, [0.5, 0.5, 0.5]).wait()
+    kv.pull(5, out=a).wait()
+    assert a.tolist() == [0.5, 0.5, 0.5], a
+    for empty in (np.zeros(0, np.float32), [], np.zeros((3, 0), np.float32)):
+        expect_error(lambda: kv.init(8, empty), ValueError, "key 8", "empty")
+    kv.init(8, np.ones(1, np.float32))  # the refused init left no trace
+    print("package: init values ok")
+
+
 def test_roles():
     code, out = run_python("import pstrain; print('worker goes on')")
     assert code == 0 and "worker goes on" in out, out
@@ -291,6 +311,7 @@ def main():
     test_repeated_keys()
     test_output_sizes()
     test_settle()
+    test_init_values()
     print("package: all ok")
 
 
