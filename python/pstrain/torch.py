@@ -34,6 +34,15 @@ and local ones only while the servers run none: a second one that would
 change what the servers do for the first raises ``pstrain.Error``
 (FailedPrecondition) until the first's ``remove_hooks()``.
 
+Parameters autograd gave no gradient in a step (unused, or ``p.grad`` None)
+still push zeros: a dist_sync round needs every worker's push. In local mode
+a parameter no worker gave a gradient keeps ``p.grad`` None, so the wrapped
+optimizer skips it as it would alone (no weight decay, no momentum step).
+The servers' optimizer updates every key pushed, as MXNet's does: it applies
+weight decay and momentum to such a parameter with a zero gradient. Keep a
+parameter out of training with ``requires_grad=False`` (before the
+constructor), which leaves it out of the exchange.
+
 Gradient rescale, as MXNet's: the servers' optimizer gets ``rescale_grad``
 times 1/(batch_size * num_workers) in dist_sync and 1/batch_size in
 dist_async (local mode: the summed gradient is multiplied by the same). With
@@ -52,6 +61,7 @@ sent: clip on the servers (``clip_gradient``) instead.
 """
 import copy
 import time
+import types
 
 import torch
 
@@ -164,7 +174,11 @@ class DistributedOptimizer:
         else:
             broadcast_parameters(named, kvstore=kv)
             self._outs = [torch.zeros(p.shape, dtype=torch.float32) for p in self._params]
-            kv.init(names, self._outs)
+            # How many workers gave each parameter a gradient (the servers sum).
+            kv._used_keys = getattr(kv, "_used_keys", 0) + 1
+            self._used_key = "__pstrain_used_%d__" % kv._used_keys
+            self._used = torch.zeros(len(self._params), dtype=torch.float32)
+            kv.init(names + [self._used_key], self._outs + [self._used])
 
         self._hooks = [p.register_hook(self._grad_hook(i)) for i, p in enumerate(self._params)]
         # The parameters step() waits for (server-side; local mode waits for all).
@@ -280,10 +294,17 @@ class DistributedOptimizer:
     def step(self, closure=None):
         """Ends the step. Parameters autograd gave no gradient push zeros (a dist_sync
         round needs every worker's push). Local mode: waits for the summed gradients
-        and runs the wrapped optimizer; server-side: waits only for the parameters
-        no forward pre-hook waits for (all of them without ``module``)."""
+        and runs the wrapped optimizer (a parameter no worker gave a gradient keeps
+        ``p.grad`` None); server-side: waits only for the parameters no forward
+        pre-hook waits for (all of them without ``module``)."""
         if closure is not None:
             raise ValueError("DistributedOptimizer.step: closures are not supported")
+        used = None
+        if not self._server_side:
+            mine = torch.tensor([1.0 if fired or p.grad is not None else 0.0
+                                 for fired, p in zip(self._fired, self._params)])
+            used = self._kv.pushpull(self._used_key, mine, out=self._used,
+                                     priority=-len(self._params))
         for i, fired in enumerate(self._fired):
             if not fired:
                 self._exchange(i, torch.zeros(self._params[i].shape, dtype=torch.float32))
@@ -293,7 +314,10 @@ class DistributedOptimizer:
                 self._wait(i)
             return None
         self.synchronize()
-        for p, summed in zip(self._params, self._outs):
+        used.wait()
+        for p, summed, users in zip(self._params, self._outs, self._used.tolist()):
+            if users == 0:
+                continue  # no worker's gradient: p.grad stays None, torch skips it
             g = summed.to(p.device, p.dtype) * self._rescale
             if p.grad is None:
                 p.grad = g
@@ -311,7 +335,18 @@ class DistributedOptimizer:
 
     @property
     def param_groups(self):
-        return [] if self._server_side else self._optimizer.param_groups
+        """The wrapped optimizer's groups. Server-side: one read-only group with
+        every parameter and the servers' settings (``lr``, ``momentum``,
+        ``weight_decay``); change them with a new optimizer (or a
+        ``pstrain.lr_scheduler``), not here."""
+        if not self._server_side:
+            return self._optimizer.param_groups
+        opt = self._optimizer
+        return [types.MappingProxyType({
+            "params": list(self._params), "lr": opt.learning_rate,
+            "momentum": getattr(opt, "momentum", 0.0), "weight_decay": opt.wd,
+            "rescale_grad": opt.rescale_grad, "clip_gradient": opt.clip_gradient,
+            "lr_scheduler": opt.lr_scheduler})]
 
     def state_dict(self):
         """The local optimizer's state; server-side state stays on the servers ({})."""

@@ -114,6 +114,38 @@ def parent_forward_reads(data, lr, mom, wd):
     assert diff == 0.0
 
 
+class WithSpare(nn.Module):
+    """make_model's MLP beside a layer its forward never uses."""
+
+    def __init__(self, seed):
+        super().__init__()
+        self.body = make_model(seed)
+        self.spare = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def unused_parameter(data, lr, mom, wd):
+    """Local mode: a parameter no worker gave a gradient is skipped by the
+    wrapped torch optimizer, as by torch alone (no weight decay, no momentum)."""
+    ref_model = WithSpare(4)
+    ref = train(ref_model, torch.optim.SGD(ref_model.parameters(), lr=lr, momentum=mom,
+                                           weight_decay=wd), data)
+    m = WithSpare(4)
+    spare = m.spare.weight.detach().clone()
+    d = pstrain.torch.DistributedOptimizer(
+        torch.optim.SGD(m.parameters(), lr=lr, momentum=mom, weight_decay=wd),
+        [("spare." + n, p) for n, p in m.named_parameters()], module=m)
+    got = train(m, d, data)
+    d.remove_hooks()
+    diff = max_diff(got, ref)
+    print("exactness: an unused parameter, local torch SGD: max |diff| %g vs torch alone, "
+          "spare weight moved %g" % (diff, float((m.spare.weight - spare).abs().max())))
+    assert torch.equal(m.spare.weight, spare) and m.spare.weight.grad is None
+    assert diff == 0.0
+
+
 def expect_refused(fn, what):
     try:
         fn()
@@ -173,12 +205,20 @@ def main():
     diff = max_diff(got, ref)
     print("exactness: DistributedOptimizer(torch SGD) vs torch SGD alone: max |diff| %g" % diff)
     assert diff == 0.0, "a local optimizer over server-summed gradients must be exact"
+    assert d1.param_groups is d1._optimizer.param_groups
+    unused_parameter(data[:10], lr, mom, wd)
 
     mx = mx_train(make_model(1), data, lr, mom, wd)
 
     m2 = make_model(1)
     d2 = pstrain.torch.DistributedOptimizer(
         pstrain.optimizer.SGD(learning_rate=lr, momentum=mom, wd=wd), m2)
+    groups = d2.param_groups
+    assert len(groups) == 1 and groups[0]["lr"] == lr and groups[0]["momentum"] == mom \
+        and groups[0]["weight_decay"] == wd and len(groups[0]["params"]) == 4 \
+        and all(a is b for a, b in zip(groups[0]["params"], m2.parameters())), groups
+    print("exactness: server-side param_groups ok: lr %g, %d parameters"
+          % (groups[0]["lr"], len(groups[0]["params"])))
     srv = train(m2, d2, data)
     diff_mx = max_diff(srv, mx)
     diff_ref = max_diff(srv, ref)
