@@ -267,7 +267,8 @@ class KVStore:
         """Has the servers (``local``: this store) apply ``optimizer`` to every push.
 
         Every worker calls it with the same optimizer; it passes a worker
-        barrier first, so it may follow ``init`` or come before it. The servers
+        barrier first, so it may follow ``init`` or come before it (its
+        ``wd_mult`` may name string keys initialized later). The servers
         run one optimizer for every key: refused while a
         ``pstrain.torch.DistributedOptimizer`` uses this store (it relies on the
         servers' optimizer, or on servers that only sum).
@@ -286,12 +287,14 @@ class KVStore:
             raise TypeError("set_optimizer takes a pstrain.optimizer.Optimizer "
                             "(pstrain.optimizer.SGD, ...), got %r" % (optimizer,))
         cfg = optimizer.to_dict()
-        wd_mult = {self._key(k, create=False): float(m) for k, m in optimizer.wd_mult.items()}
         if self._client is None:
-            if wd_mult:
+            if optimizer.wd_mult:
                 raise ValueError("wd_mult is applied by the servers only (dist stores)")
             self._updater = _pstrain.LocalUpdater(cfg)
             return
+        # A string key wd_mult names before its init is numbered here (in the
+        # optimizer's order, the same on every worker), as init would.
+        wd_mult = {self._key(k, create=True): float(m) for k, m in optimizer.wd_mult.items()}
         self.barrier()  # no worker may still be sending the previous configuration
         self._client.configure(self._sync, cfg, self._generation + 1, wd_mult)
         self._generation += 1

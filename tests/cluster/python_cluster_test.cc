@@ -94,6 +94,7 @@ TEST_F(PythonClusterTest, DistAsyncAppliesEveryPushOnce) {
     EXPECT_NE(log.find("conformance: dist_async ok: 5 pushes per worker applied exactly once"),
               std::string::npos)
         << log;
+    EXPECT_NE(log.find("conformance: dist_async wd_mult before init ok"), std::string::npos) << log;
   }
 }
 

@@ -156,6 +156,21 @@ def async_checks(kv, rounds):
     print("conformance: dist_async ok: %d pushes per worker applied exactly once, string keys, "
           "final value %g" % (rounds, outs[0][0, 0]))
 
+    # set_optimizer may come before init: its wd_mult names string keys not
+    # initialized yet. SGD, lr 1, wd 0.5: a zero gradient halves a weight per
+    # push, except where wd_mult is 0.
+    opt = pstrain.optimizer.SGD(learning_rate=1.0, wd=0.5)
+    opt.set_wd_mult({"c": 0.0})
+    kv.set_optimizer(opt)
+    kv.init(["d", "c"], [np.ones(4, np.float32), np.ones(4, np.float32)])
+    kv.push(["c", "d"], [np.zeros(4, np.float32), np.zeros(4, np.float32)]).wait()
+    kv.barrier()
+    c, d = np.zeros(4, np.float32), np.zeros(4, np.float32)
+    kv.pull(["c", "d"], out=[c, d]).wait()
+    check(c, 1.0, "wd_mult 0 named before init")
+    check(d, 0.5 ** W, "wd_mult 1 (default)")
+    print("conformance: dist_async wd_mult before init ok")
+
 
 def main():
     ap = argparse.ArgumentParser()

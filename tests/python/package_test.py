@@ -263,6 +263,11 @@ def test_local_store():
         raise AssertionError("a push of a key never initialized did not raise")
     except KeyError:
         pass
+    # wd_mult naming a key not initialized yet: the local store says it has none.
+    opt = pstrain.optimizer.SGD(learning_rate=0.1)
+    opt.set_wd_mult({"later": 0.0})
+    expect_error(lambda: pstrain.KVStore("local").set_optimizer(opt), ValueError,
+                 "wd_mult is applied by the servers only")
     try:
         pstrain.optimizer.create("adam")
         raise AssertionError("an unknown optimizer did not raise")
