@@ -67,5 +67,45 @@ TEST(PythonPackageTest, PipInstallsAWorkingPackage) {
       << run.output;
 }
 
+// Runs `script` with bash in the source folder (setup.py's setuptools work there).
+testing::ScriptRun InSourceDir(const std::string& script,
+                               std::map<std::string, std::string> extra = {}) {
+  return RunWithEnv({"bash", "-c", "cd '" + testing::SourceDir() + "' && " + script},
+                    PythonEnv(std::move(extra)), 300000);
+}
+
+// `setup.py sdist` ships the C++ tree setup.py builds from: the unpacked sdist
+// configures with CMake as setup.py configures it (it once held only the
+// Python files).
+TEST(PythonPackageTest, SdistConfiguresWithCMake) {
+  testing::TempDir dir;
+  const std::string d = "'" + dir.path() + "'";
+  auto run = InSourceDir("'" + PythonExecutable() + "' setup.py -q egg_info --egg-base " + d +
+                         " sdist --dist-dir " + d + " && tar xzf " + d + "/pstrain-*.tar.gz -C " +
+                         d + " && cmake -S " + d + "/pstrain-*/ -B " + d +
+                         "/b -DCMAKE_BUILD_TYPE=Release -DPSTRAIN_BUILD_TESTS=OFF "
+                         "-DPSTRAIN_PYTHON=ON '-DPython3_EXECUTABLE=" +
+                         PythonExecutable() + "'");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("Generating done"), std::string::npos) << run.output;
+}
+
+// PSTRAIN_BUILD_DIR naming a build configured without the Python package: setup.py
+// says so and how to fix it (the build failed on a missing target).
+TEST(PythonPackageTest, SetupRefusesABuildWithoutThePythonPackage) {
+  testing::TempDir dir;
+  const std::string build = dir.path() + "/build";
+  ASSERT_EQ(InSourceDir("mkdir -p '" + build + "' && echo PSTRAIN_PYTHON:BOOL=OFF > '" + build +
+                        "/CMakeCache.txt'")
+                .exit_code,
+            0);
+  auto run = InSourceDir("'" + PythonExecutable() + "' setup.py build_ext --build-temp '" +
+                             dir.path() + "/tmp' --build-lib '" + dir.path() + "/lib'",
+                         {{"PSTRAIN_BUILD_DIR", build}});
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("has PSTRAIN_PYTHON=OFF"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("-DPSTRAIN_PYTHON=ON"), std::string::npos) << run.output;
+}
+
 }  // namespace
 }  // namespace pstrain
