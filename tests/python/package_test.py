@@ -202,6 +202,43 @@ def test_init_values():
     print("package: init values ok")
 
 
+def test_mnist_example_finds_data():
+    """examples/torch_mnist.py looks for MNIST where `pstrain train` does."""
+    try:
+        import torch  # noqa: F401  (the example needs it)
+    except ImportError:
+        print("package: torch not installed: the MNIST example's search skipped")
+        return
+    import importlib.util
+    import tempfile
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location(
+        "torch_mnist", os.path.join(here, "..", "..", "examples", "torch_mnist.py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    cwd = os.getcwd()
+    with tempfile.TemporaryDirectory() as tmp:
+        def fake_mnist(folder):
+            os.makedirs(folder)
+            for f in example.MNIST_FILES:
+                open(os.path.join(folder, f + ".gz"), "wb").close()
+            return folder
+        by_var = fake_mnist(os.path.join(tmp, "by_var"))
+        by_root = fake_mnist(os.path.join(tmp, "root", "mnist"))
+        os.chdir(tmp)
+        try:
+            assert example.find_mnist("given", {}) == "given"
+            assert example.find_mnist(None, {"PSTRAIN_MNIST_DIR": by_var}) == by_var
+            expect_error(lambda: example.find_mnist(None, {"PSTRAIN_MNIST_DIR": tmp}),
+                         FileNotFoundError, "PSTRAIN_MNIST_DIR=" + tmp)
+            assert example.find_mnist(None, {"PSTRAIN_DATA": os.path.dirname(by_root)}) == by_root
+            local = fake_mnist(os.path.join(tmp, "datasets", "mnist"))
+            assert os.path.samefile(example.find_mnist(None, {}), local)
+        finally:
+            os.chdir(cwd)
+    print("package: mnist example finds its data ok")
+
+
 def test_roles():
     code, out = run_python("import pstrain; print('worker goes on')")
     assert code == 0 and "worker goes on" in out, out
@@ -317,6 +354,7 @@ def main():
     test_output_sizes()
     test_settle()
     test_init_values()
+    test_mnist_example_finds_data()
     print("package: all ok")
 
 

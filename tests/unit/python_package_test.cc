@@ -31,6 +31,8 @@ TEST(PythonPackageTest, ImportRolesLocalStoreAndErrors) {
   EXPECT_NE(run.output.find("package: all ok"), std::string::npos) << run.output;
   if (testing::PythonHas("torch")) {
     EXPECT_NE(run.output.find("package: torch tensors ok"), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find("package: mnist example finds its data ok"), std::string::npos)
+        << run.output;
   }
 }
 
