@@ -296,5 +296,32 @@ TEST_F(PythonClusterTest, DeadServerRaisesInEveryWorkerWithinTheDeadline) {
   }
 }
 
+// A store failed from one thread while another pushes: the pushing thread gets
+// pstrain.Error ("closed"), the process exits normally (the client and the
+// node are destroyed only once no call is in flight in them). Started by hand:
+// a launcher would stop the worker as soon as the job fails.
+TEST_F(PythonClusterTest, ClosingWhileAnotherThreadPushesRaisesThere) {
+  TempDir dir;
+  const int port = FreePort();
+  auto env = [&](const std::string& role) {
+    return PythonEnv({{"DMLC_ROLE", role},
+                      {"DMLC_PS_ROOT_URI", "127.0.0.1"},
+                      {"DMLC_PS_ROOT_PORT", std::to_string(port)},
+                      {"DMLC_NUM_SERVER", "1"},
+                      {"DMLC_NUM_WORKER", "1"}});
+  };
+  const std::string script = PythonScript("close_race.py");
+  std::vector<std::unique_ptr<testing::LoggedProcess>> job;
+  job.push_back(PyProc(script, env("scheduler"), dir.path() + "/scheduler.log"));
+  job.push_back(PyProc(script, env("server"), dir.path() + "/server.log"));
+  job.push_back(PyProc(script, env("worker"), dir.path() + "/worker.log"));
+  EXPECT_EQ(job[2]->Wait(60), 0) << job[2]->Log();
+  EXPECT_NE(job[2]->Log().find("close_race: the pushing thread ['raised pstrain.Error after some "
+                               "pushes: FailedPrecondition: the KVStore is closed']"),
+            std::string::npos)
+      << job[2]->Log();
+  for (int i : {0, 1}) EXPECT_NE(job[i]->Wait(20), -1) << job[i]->Log();
+}
+
 }  // namespace
 }  // namespace pstrain
