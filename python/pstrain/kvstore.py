@@ -228,7 +228,13 @@ class KVStore:
             self._timeout_ms = self._client.request_timeout_ms + 10000
             self._generation = 0
             # MXNet's workers send the sync mode at creation; the optimizer follows.
-            self._client.configure(self._sync, None, self._generation, {})
+            try:
+                self._client.configure(self._sync, None, self._generation, {})
+            except BaseException as e:
+                # Nobody holds this store: close it (as failed) so that it is
+                # not left open, keeping another from being made.
+                self._fail("configuring the servers failed: %s" % (e,))
+                raise
         elif kvtype in ("local", "device"):
             self._sync = True
             self._timeout_ms = 0
@@ -622,8 +628,18 @@ _noting_exit.__doc__ = _sys_exit.__doc__
 sys.exit = _noting_exit
 
 
+def _interactive():
+    """Whether an interactive prompt ran (python -i, the REPL, IPython): it
+    printed the errors it caught (sys.last_value) and the session went on."""
+    if hasattr(sys, "ps1") or sys.flags.interactive:
+        return True
+    ipython = sys.modules.get("IPython")
+    return ipython is not None and getattr(ipython, "get_ipython", lambda: None)() is not None
+
+
 def _close_at_exit():
-    failure = getattr(sys, "last_value", None)  # the script died of this exception
+    # The script died of this exception (at a prompt: an error it printed).
+    failure = None if _interactive() else getattr(sys, "last_value", None)
     status = None
     if _exit_status and _exit_status[1] == _store_calls[0]:
         status = _exit_status[0]

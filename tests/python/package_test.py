@@ -239,6 +239,44 @@ def test_mnist_example_finds_data():
     print("package: mnist example finds its data ok")
 
 
+def test_store_lifecycle():
+    """A dist store whose first configuration fails is closed as failed (not
+    left open, so a new store can be made); in an interactive session an
+    error the prompt printed does not make the exit a failure."""
+    code, out = run_python(
+        "import pstrain, pstrain.kvstore as k\n"
+        "class FakeClient:\n"
+        "    request_timeout_ms = 1000\n"
+        "    def configure(self, *args):\n"
+        "        raise pstrain.Error('Unavailable: server 0 did not answer')\n"
+        "    def close(self, why=''):\n"
+        "        print('client closed: %r' % why)\n"
+        "k._pstrain.Client = FakeClient\n"
+        "for attempt in range(2):\n"
+        "    try:\n"
+        "        pstrain.KVStore('dist_sync')\n"
+        "    except pstrain.Error as e:\n"
+        "        print('attempt %d raised: %s' % (attempt, e))\n"
+        "print('open stores:', [s for s in k._OPEN if not s._closed])\n")
+    assert code == 0 and out.count("raised: Unavailable: server 0 did not answer") == 2 \
+        and out.count("client closed: 'configuring the servers failed: Unavailable") == 2 \
+        and "open stores: []" in out, out
+    session = ("import pstrain, pstrain.kvstore as k\n"
+               "kv = pstrain.KVStore('local')\n"
+               "kv.close = lambda: print('closed as finished')\n"
+               "kv._fail = lambda why: print('failed: ' + why)\n"
+               "k._OPEN.append(kv)\n"
+               "1 / 0\n"
+               "print('the session goes on')\n")
+    full = dict(os.environ, DMLC_ROLE="")
+    p = subprocess.run([sys.executable, "-i", "-q"], input=session.encode(), env=full,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+    out = p.stdout.decode(errors="replace")
+    assert p.returncode == 0 and "ZeroDivisionError" in out and "the session goes on" in out \
+        and "closed as finished" in out and "failed:" not in out, out
+    print("package: store lifecycle ok")
+
+
 def test_roles():
     code, out = run_python("import pstrain; print('worker goes on')")
     assert code == 0 and "worker goes on" in out, out
@@ -355,6 +393,7 @@ def main():
     test_settle()
     test_init_values()
     test_mnist_example_finds_data()
+    test_store_lifecycle()
     print("package: all ok")
 
 

@@ -28,6 +28,8 @@ TEST(PythonPackageTest, ImportRolesLocalStoreAndErrors) {
   // A failed copy into the caller's array, several threads waiting, an error at exit.
   EXPECT_NE(run.output.find("package: settling ok"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("package: init values ok"), std::string::npos) << run.output;
+  // A failed first configuration, an error at an interactive prompt.
+  EXPECT_NE(run.output.find("package: store lifecycle ok"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("package: all ok"), std::string::npos) << run.output;
   if (testing::PythonHas("torch")) {
     EXPECT_NE(run.output.find("package: torch tensors ok"), std::string::npos) << run.output;
