@@ -9,9 +9,10 @@ the module beside it.
     PSTRAIN_BUILD_DIR=build pip install --no-build-isolation .   # reuse ./build
 
 PSTRAIN_BUILD_DIR: a CMake build folder to build in (an existing one is built,
-not reconfigured); unset: a fresh folder under setuptools' build_temp,
-configured with the tests off. PSTRAIN_JOBS: parallel compile jobs (default:
-all cores).
+not reconfigured, and must have PSTRAIN_PYTHON on); unset: a fresh folder
+under setuptools' build_temp, configured with the tests off. PSTRAIN_JOBS:
+parallel compile jobs (default: all cores). The sdist (MANIFEST.in) holds the
+C++ tree this builds from.
 """
 import os
 import shutil
@@ -41,6 +42,7 @@ class CMakeBuild(build_ext):
                 "cmake", "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
                 "-DPSTRAIN_BUILD_TESTS=OFF", "-DPSTRAIN_PYTHON=ON",
                 "-DPython3_EXECUTABLE=" + sys.executable])
+        self._check_python_on(build_dir)
         jobs = os.environ.get("PSTRAIN_JOBS") or str(os.cpu_count() or 1)
         subprocess.check_call(["cmake", "--build", build_dir, "-j", jobs, "--target",
                                "pstrain_python"])
@@ -53,6 +55,22 @@ class CMakeBuild(build_ext):
         dest = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         shutil.copyfile(built, dest)
+
+    @staticmethod
+    def _check_python_on(build_dir):
+        """Fails clearly unless the CMake build in build_dir has the Python package on."""
+        with open(os.path.join(build_dir, "CMakeCache.txt"), encoding="utf-8",
+                  errors="replace") as f:
+            on = any(line.strip().upper() in ("PSTRAIN_PYTHON:BOOL=ON", "PSTRAIN_PYTHON:BOOL=TRUE",
+                                              "PSTRAIN_PYTHON:BOOL=1")
+                     for line in f)
+        if not on:
+            raise RuntimeError(
+                "the CMake build in %s has PSTRAIN_PYTHON=OFF (its configure found no pybind11 or "
+                "Python 3 headers, or turned it off), so it has no target pstrain_python: "
+                "reconfigure it with cmake -S %s -B %s -DPSTRAIN_PYTHON=ON (Debian: python3-dev "
+                "pybind11-dev), or unset PSTRAIN_BUILD_DIR for a fresh build"
+                % (build_dir, ROOT, build_dir))
 
 
 setup(

@@ -1,9 +1,13 @@
 #!/usr/bin/python3
 """Trains a PyTorch LeNet (or MLP) on MNIST across pstrain's parameter servers.
 
-    build/pstrain launch -n 2 -s 1 --launcher local -- \\
-        python3 examples/torch_mnist.py --data-dir ../shared/data/mnist
+    build/pstrain launch -n 2 -s 1 --launcher local -- python3 examples/torch_mnist.py
     build/pstrain parse-log logs/<job-id>
+
+MNIST comes from --data-dir, else from the first folder that holds it, as
+for `pstrain train --dataset mnist`: $PSTRAIN_MNIST_DIR, $PSTRAIN_DATA/mnist,
+datasets/mnist, ../shared/data/mnist (from the current folder, then from
+this repository's root); `build/pstrain data get mnist` fetches it.
 
 Every process runs this script: `import pstrain` turns the scheduler and the
 servers into their roles; the workers train. Each worker reads part `rank` of
@@ -54,6 +58,42 @@ def read_idx(path):
     return np.frombuffer(data, np.uint8, need - offset, offset).reshape(shape)
 
 
+MNIST_FILES = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+               "t10k-labels-idx1-ubyte"]
+
+
+def holds_mnist(folder):
+    return all(os.path.exists(os.path.join(folder, f)) or
+               os.path.exists(os.path.join(folder, f + ".gz")) for f in MNIST_FILES)
+
+
+def find_mnist(data_dir=None, env=None):
+    """The folder to read MNIST from: data_dir, else the first that holds it."""
+    if data_dir:
+        return data_dir
+    env = os.environ if env is None else env
+    if env.get("PSTRAIN_MNIST_DIR"):
+        folder = env["PSTRAIN_MNIST_DIR"]
+        if not holds_mnist(folder):
+            raise FileNotFoundError("PSTRAIN_MNIST_DIR=%s does not hold MNIST (%s, or .gz)"
+                                    % (folder, ", ".join(MNIST_FILES)))
+        return folder
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    tried = []
+    for base in (".", root):
+        for folder in ([os.path.join(env["PSTRAIN_DATA"], "mnist")] if env.get("PSTRAIN_DATA")
+                       else []) + [os.path.join(base, "datasets", "mnist"),
+                                   os.path.join(base, "..", "shared", "data", "mnist")]:
+            folder = os.path.normpath(folder)
+            if folder not in tried:
+                if holds_mnist(folder):
+                    return folder
+                tried.append(folder)
+    raise FileNotFoundError("no folder holds MNIST (looked in %s): `build/pstrain data get "
+                            "mnist` fetches it into datasets/mnist, or pass --data-dir"
+                            % ", ".join(tried))
+
+
 def load(data_dir, prefix):
     x = read_idx(os.path.join(data_dir, prefix + "-images-idx3-ubyte"))
     y = read_idx(os.path.join(data_dir, prefix + "-labels-idx1-ubyte"))
@@ -90,8 +130,9 @@ def accuracy(model, x, y, batch=1000):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data-dir", default=os.path.join(os.path.dirname(__file__), "..", "..",
-                                                       "shared", "data", "mnist"))
+    ap.add_argument("--data-dir", help="MNIST's folder (default: the first that holds it, "
+                    "$PSTRAIN_MNIST_DIR, $PSTRAIN_DATA/mnist, datasets/mnist, "
+                    "../shared/data/mnist)")
     ap.add_argument("--network", choices=["lenet", "mlp"], default="lenet")
     ap.add_argument("--kv-store", default="dist_sync", help="dist_sync or dist_async")
     ap.add_argument("--num-epochs", type=int, default=2)
@@ -110,8 +151,9 @@ def main():
     if DISTRIBUTED:
         kv = pstrain.KVStore(args.kv_store)  # pstrain
         rank, workers = kv.rank, kv.num_workers  # pstrain
-    x, y = load(args.data_dir, "train")
-    vx, vy = load(args.data_dir, "t10k")
+    data_dir = find_mnist(args.data_dir)
+    x, y = load(data_dir, "train")
+    vx, vy = load(data_dir, "t10k")
     n = min(args.num_examples, len(x)) // workers
     x, y = x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]  # this worker's part
     model = LeNet() if args.network == "lenet" else mlp()

@@ -191,7 +191,9 @@ OptimizerConfig OptimizerFromDict(const py::dict& d) {
 }
 
 // A worker of a dist job: its ClusterNode and KVClient, from DMLC_*.
-// Thread-safe as KVClient is; Close() is idempotent.
+// Thread-safe: any thread may call any method. Close() is idempotent; a call
+// from another thread still in flight when it comes ends first (the node and
+// the client live until then), and calls after it raise "closed".
 class Client {
  public:
   // Reads the job's environment, registers with the scheduler and connects to
@@ -218,14 +220,19 @@ class Client {
       ThrowIfError(s);
     }
   }
+  // No call is in flight: pybind11 holds a reference to the object during one.
   ~Client() {
     py::gil_scoped_release release;
+    MutexLock l(&mu_);
     kv_.reset();
     node_.reset();
     Cancel();
   }
 
-  int rank() const { return kv_ ? kv_->rank() : 0; }
+  int rank() const {
+    MutexLock l(&mu_);
+    return kv_ ? kv_->rank() : 0;
+  }
   int num_workers() const { return env_.num_workers; }
   int num_servers() const { return env_.num_servers; }
   int request_timeout_ms() const { return env_.request_timeout_ms; }
@@ -240,11 +247,11 @@ class Client {
     cfg.set_generation(generation);
     if (!optimizer.is_none()) *cfg.mutable_optimizer() = OptimizerFromDict(optimizer);
     for (const auto& [key, mult] : wd_mult) (*cfg.mutable_wd_mult())[key] = mult;
-    KVClient* kv = Open();
+    Lease lease(this);
     Status s;
     {
       py::gil_scoped_release release;
-      s = kv->SetServerConfig(cfg, Deadline::InMillis(env_.request_timeout_ms));
+      s = lease.kv()->SetServerConfig(cfg, Deadline::InMillis(env_.request_timeout_ms));
     }
     ThrowIfError(s.WithContext("configuring the servers"));
   }
@@ -288,11 +295,11 @@ class Client {
   }
 
   void Barrier() {
-    KVClient* kv = Open();
+    Lease lease(this);
     Status s;
     {
       py::gil_scoped_release release;
-      s = kv->Barrier(Deadline::InMillis(env_.barrier_timeout_ms));
+      s = lease.kv()->Barrier(Deadline::InMillis(env_.barrier_timeout_ms));
     }
     ThrowIfError(s.WithContext("worker barrier"));
   }
@@ -300,32 +307,84 @@ class Client {
   // Ends this worker's part in the job. `error` empty: tells the scheduler it
   // is done and waits for the job's end (REQUIRES: every request completed);
   // otherwise reports the error, which stops the job. Then stops the node.
+  // A second Close() (another thread's) returns once the first is done.
   void Close(const std::string& error) {
-    if (!kv_) return;
     Status s;
     {
       py::gil_scoped_release release;
-      if (error.empty()) {
-        s = kv_->Finish(Deadline::InMillis(env_.barrier_timeout_ms));
-        if (!s.ok()) node_->Fail(s);
-      } else {
-        node_->Fail(Status::Internal(error));
+      KVClient* kv;
+      ClusterNode* node;
+      {
+        MutexLock l(&mu_);
+        if (closing_) {
+          // Bounded: the first Close() is bounded by the deadlines below.
+          idle_cv_.WaitUntil(Deadline::Never(), [&]() REQUIRES(mu_) { return kv_ == nullptr; });
+          return;
+        }
+        if (!kv_) return;
+        closing_ = true;
+        kv = kv_.get();
+        node = node_.get();
       }
-      kv_.reset();
-      node_.reset();
+      // No new call starts now; those in flight may still use kv and node.
+      if (error.empty()) {
+        s = kv->Finish(Deadline::InMillis(env_.barrier_timeout_ms));
+        if (!s.ok()) node->Fail(s);
+      } else {
+        node->Fail(Status::Internal(error));
+      }
+      MutexLock l(&mu_);
+      // A call in flight ends within its own deadline (the failed node ends
+      // barriers at once); past that the node and the client are left alive
+      // rather than destroyed under it.
+      const Deadline end =
+          Deadline::InMillis(std::max(env_.barrier_timeout_ms, env_.request_timeout_ms) + 10000);
+      if (idle_cv_.WaitUntil(end, [&]() REQUIRES(mu_) { return active_ == 0; })) {
+        kv_.reset();
+        node_.reset();
+      } else {
+        LOG(ERROR) << "closing the KVStore: " << active_
+                   << " call(s) on other threads did not end; the client is left running";
+        (void)kv_.release();
+        (void)node_.release();
+        if (s.ok()) s = Status::DeadlineExceeded("calls on other threads did not end");
+      }
+      Cancel();
+      idle_cv_.SignalAll();
     }
-    Cancel();
     ThrowIfError(s.WithContext("finishing the job"));
   }
-  bool closed() const { return !kv_; }
+  bool closed() const {
+    MutexLock l(&mu_);
+    return closing_ || !kv_;
+  }
 
  private:
-  KVClient* Open() {
-    if (!kv_) ThrowIfError(Status::FailedPrecondition("the KVStore is closed"));
-    return kv_.get();
-  }
+  // Keeps kv_ and node_ alive for one call (Close() waits for it); raises
+  // FailedPrecondition if the store is closed or closing.
+  class Lease {
+   public:
+    explicit Lease(Client* c) : c_(c) {
+      MutexLock l(&c->mu_);
+      if (c->closing_ || !c->kv_)
+        throw PyError(Status::FailedPrecondition("the KVStore is closed"));
+      ++c->active_;
+      kv_ = c->kv_.get();
+    }
+    ~Lease() {
+      MutexLock l(&c_->mu_);
+      if (--c_->active_ == 0) c_->idle_cv_.SignalAll();
+    }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    KVClient* kv() const { return kv_; }
+
+   private:
+    Client* const c_;
+    KVClient* kv_;
+  };
+
   void Check(const std::vector<uint64_t>& keys, const std::vector<int64_t>& lens) {
-    Open();
     if (keys.empty() || keys.size() != lens.size()) {
       throw py::value_error(StrCat("expected as many keys as lengths (and at least one), got ",
                                    keys.size(), " keys and ", lens.size(), " lengths"));
@@ -334,44 +393,52 @@ class Client {
   // Issues one request whose end marks a new Completion.
   template <typename Fn>
   std::shared_ptr<Completion> Issue(Fn issue) {
-    KVClient* kv = Open();
+    Lease lease(this);
     auto c = std::make_shared<Completion>();
-    if (issued_.size() >= 2 * pruned_size_ + 64) {
-      issued_.erase(std::remove_if(issued_.begin(), issued_.end(),
-                                   [](const std::weak_ptr<Completion>& w) {
-                                     auto p = w.lock();
-                                     return p == nullptr || p->done();
-                                   }),
-                    issued_.end());
-      pruned_size_ = issued_.size();
+    {
+      MutexLock l(&mu_);  // not held while issuing (the callback may run at once)
+      if (issued_.size() >= 2 * pruned_size_ + 64) {
+        issued_.erase(std::remove_if(issued_.begin(), issued_.end(),
+                                     [](const std::weak_ptr<Completion>& w) {
+                                       auto p = w.lock();
+                                       return p == nullptr || p->done();
+                                     }),
+                      issued_.end());
+        pruned_size_ = issued_.size();
+      }
+      issued_.push_back(c);
     }
-    issued_.push_back(c);
     {
       py::gil_scoped_release release;
-      issue(kv, [c](const Status& s) { c->Done(s); });
+      issue(lease.kv(), [c](const Status& s) { c->Done(s); });
     }
     return c;
   }
   void Abandon(const Status& s) {
     py::gil_scoped_release release;
+    MutexLock l(&mu_);
     node_->Fail(s);
     kv_.reset();
     node_.reset();
   }
   // Once the client is gone no callback runs: requests still open end here.
-  void Cancel() {
+  void Cancel() REQUIRES(mu_) {
     for (const auto& w : issued_) {
       if (auto c = w.lock()) c->Done(Status::Cancelled("the KVStore was closed"));
     }
     issued_.clear();
   }
 
-  JobEnv env_;
-  std::unique_ptr<ClusterNode> node_;
-  std::unique_ptr<KVClient> kv_;
-  // Requests issued (pruned of finished ones as it grows; touched with the GIL held).
-  std::vector<std::weak_ptr<Completion>> issued_;
-  size_t pruned_size_ = 0;
+  JobEnv env_;  // set by the constructor, then read-only
+  mutable Mutex mu_;
+  CondVar idle_cv_{&mu_};  // active_ fell to 0, or a Close() ended
+  std::unique_ptr<ClusterNode> node_ GUARDED_BY(mu_);
+  std::unique_ptr<KVClient> kv_ GUARDED_BY(mu_);
+  bool closing_ GUARDED_BY(mu_) = false;  // Close() began: no new call starts
+  int active_ GUARDED_BY(mu_) = 0;        // calls in flight using kv_ (Leases)
+  // Requests issued (pruned of finished ones as it grows).
+  std::vector<std::weak_ptr<Completion>> issued_ GUARDED_BY(mu_);
+  size_t pruned_size_ GUARDED_BY(mu_) = 0;
 };
 
 // The optimizer of a `local` store: nn/optimizer.h with one state per key.

@@ -18,7 +18,8 @@ arrays given must not be changed (a push's) or read (a pull's); the store
 keeps them alive. ``init``, ``broadcast``, ``set_optimizer`` and ``barrier``
 block. Every wait has a deadline (``PSTRAIN_REQUEST_TIMEOUT_MS``,
 ``PSTRAIN_BARRIER_TIMEOUT_MS``); a dead node fails every request within the
-heartbeat timeout.
+heartbeat timeout. A request that failed while nobody waited for it raises
+its error at the next ``waitall``, ``barrier`` or ``close`` (once).
 
 A worker's store ends the worker's part in the job when it is closed, or at
 exit: it tells the scheduler the worker finished, or, when the script died of
@@ -95,16 +96,32 @@ def _as_list(v):
     return list(v) if isinstance(v, (list, tuple)) else [v]
 
 
+def _devices(v):
+    """A value as its arrays, one per device: a list or tuple of NumPy arrays or
+    tensors holds one per device (MXNet); anything else (an array, a list of
+    numbers) is one array."""
+    if isinstance(v, (list, tuple)) and v and all(
+            isinstance(x, np.ndarray) or _is_tensor(x) for x in v):
+        return list(v)
+    return [v]
+
+
 class Handle:
-    """A request in flight. ``wait()`` returns once it is done, or raises pstrain.Error."""
+    """A request in flight. ``wait()`` returns once it is done, or raises pstrain.Error.
+
+    Thread-safe: any thread may wait for it (the copies into the caller's
+    arrays run once, and every waiter returns after them).
+    """
 
     def __init__(self, store, completions, keep, after):
+        self._lock = threading.Lock()  # held while settling (not while waiting)
         self._store = store
         self._completions = completions
         self._keep = keep  # the arrays the servers read or write until done
         self._after = after  # copies into the caller's arrays, run once done
         self._finished = False
         self._error = None
+        self._reported = False  # whether a wait() raised _error
 
     def done(self):
         """Whether the servers answered (or the request failed); never blocks."""
@@ -117,7 +134,8 @@ class Handle:
         return max(times) if times and not any(math.isnan(t) for t in times) else float("nan")
 
     def wait(self, timeout=None):
-        """Blocks until done; raises pstrain.Error if the request failed.
+        """Blocks until done; raises pstrain.Error if the request failed (or the
+        exception of a failed copy into the caller's array).
 
         ``timeout`` in seconds: past it pstrain.Error (DeadlineExceeded) is
         raised and the request stays in flight (wait again). None: the
@@ -125,29 +143,45 @@ class Handle:
         """
         self._settle(timeout)
         if self._error is not None:
+            self._mark_reported()
             raise self._error
+
+    def _mark_reported(self):
+        self._reported = True
 
     def _settle(self, timeout=None):
         if self._finished or self._error is not None:
             return
         ms = self._store._timeout_ms if timeout is None else max(0, int(timeout * 1000))
+        failure = None
         try:
             for c in self._completions:
-                c.wait(ms)
+                c.wait(ms)  # thread-safe, without the lock: another waiter may time out
         except Error as e:
             if timeout is not None and not all(c.done() for c in self._completions):
                 raise  # the caller's own timeout: still in flight, wait again later
-            # The request may still be held by the transport: its buffers stay
-            # alive until the store is closed.
-            self._error = e
-            self._store._abandon(self)
-            return
-        for f in self._after:
-            f()
-        self._finished = True
-        self._keep = None
-        self._after = None
-        self._store._forget(self)
+            failure = e
+        with self._lock:
+            if self._finished or self._error is not None:
+                return  # another thread settled it meanwhile
+            if failure is not None:
+                # The request may still be held by the transport: its buffers
+                # stay alive until the store is closed.
+                self._error = failure
+                self._store._abandon(self)
+                return
+            try:
+                for f in self._after:
+                    f()
+            except Exception as e:  # a copy into the caller's array failed
+                self._keep = self._after = None
+                self._error = e
+                self._store._abandon(self)
+                return
+            self._keep = None
+            self._after = None
+            self._finished = True
+            self._store._forget(self)
 
 
 class KVStore:
@@ -159,6 +193,9 @@ class KVStore:
     order); one store uses one kind. A call takes one key and one value, or a
     list of keys and a list of values; a value may itself be a list of arrays
     (one per device, as in MXNet): a push sends their sum, a pull fills each.
+    A key given more than once in one call is one key with all those values
+    (MXNet's grouping): a push sends their sum, a pull fills each output. A
+    list of numbers is one array, not one value per device.
     """
 
     def __init__(self, kvtype="dist_sync"):
@@ -166,12 +203,18 @@ class KVStore:
         self.type = kvtype
         self._lock = threading.Lock()
         self._pending = {}  # id -> Handle not yet settled
-        self._abandoned = []  # failed handles: their buffers live until close
+        # Failed handles: their buffers live until close; the first error no
+        # wait() raised is raised by the next waitall, barrier or close.
+        self._failed = []
         self._str_keys = {}
         self._key_kind = None
         self._sizes = {}
         self._closed = False
         self._client = None
+        # The servers' optimizer: who installed it (None: none, the servers sum),
+        # and the pstrain.torch.DistributedOptimizers using this store.
+        self._optimizer_by = None
+        self._dist_optimizers = []
         if "dist" in kvtype:
             from . import run_role
             run_role()  # scheduler and servers never get past this line
@@ -185,7 +228,13 @@ class KVStore:
             self._timeout_ms = self._client.request_timeout_ms + 10000
             self._generation = 0
             # MXNet's workers send the sync mode at creation; the optimizer follows.
-            self._client.configure(self._sync, None, self._generation, {})
+            try:
+                self._client.configure(self._sync, None, self._generation, {})
+            except BaseException as e:
+                # Nobody holds this store: close it (as failed) so that it is
+                # not left open, keeping another from being made.
+                self._fail("configuring the servers failed: %s" % (e,))
+                raise
         elif kvtype in ("local", "device"):
             self._sync = True
             self._timeout_ms = 0
@@ -210,7 +259,11 @@ class KVStore:
         return self._client.num_servers if self._client is not None else 0
 
     def barrier(self):
-        """Blocks until every worker reached the barrier (the barrier deadline bounds it)."""
+        """Blocks until every worker reached the barrier (the barrier deadline bounds it).
+
+        First raises the error of a request that failed unseen (see waitall).
+        """
+        self._raise_unreported()
         if self._client is not None:
             self._client.barrier()
 
@@ -220,21 +273,38 @@ class KVStore:
         """Has the servers (``local``: this store) apply ``optimizer`` to every push.
 
         Every worker calls it with the same optimizer; it passes a worker
-        barrier first, so it may follow ``init`` or come before it.
+        barrier first, so it may follow ``init`` or come before it (its
+        ``wd_mult`` may name string keys initialized later). The servers
+        run one optimizer for every key: refused while a
+        ``pstrain.torch.DistributedOptimizer`` uses this store (it relies on the
+        servers' optimizer, or on servers that only sum).
         """
+        if self._dist_optimizers:
+            raise Error("FailedPrecondition: set_optimizer: %s uses this KVStore and relies on "
+                        "the servers' %s; the servers run one optimizer for every key (call "
+                        "its remove_hooks() first)"
+                        % (self._dist_optimizers[0]._describe(),
+                           "optimizer" if self._dist_optimizers[0]._server_side
+                           else "summing only"))
+        self._set_optimizer(optimizer, "set_optimizer")
+
+    def _set_optimizer(self, optimizer, by):
         if not isinstance(optimizer, Optimizer):
             raise TypeError("set_optimizer takes a pstrain.optimizer.Optimizer "
                             "(pstrain.optimizer.SGD, ...), got %r" % (optimizer,))
         cfg = optimizer.to_dict()
-        wd_mult = {self._key(k, create=False): float(m) for k, m in optimizer.wd_mult.items()}
         if self._client is None:
-            if wd_mult:
+            if optimizer.wd_mult:
                 raise ValueError("wd_mult is applied by the servers only (dist stores)")
             self._updater = _pstrain.LocalUpdater(cfg)
             return
+        # A string key wd_mult names before its init is numbered here (in the
+        # optimizer's order, the same on every worker), as init would.
+        wd_mult = {self._key(k, create=True): float(m) for k, m in optimizer.wd_mult.items()}
         self.barrier()  # no worker may still be sending the previous configuration
         self._client.configure(self._sync, cfg, self._generation + 1, wd_mult)
         self._generation += 1
+        self._optimizer_by = by
 
     def close(self):
         """Waits for every request, then ends this worker's part in the job.
@@ -244,15 +314,13 @@ class KVStore:
         """
         if self._closed:
             return
-        error = None
-        for h in list(self._pending.values()):
+        for h in self._pending_handles():
             h._settle()
-            if h._error is not None and error is None:
-                error = h._error
+        error = self._unreported_error()
         self._closed = True
         if self._client is not None:
             self._client.close("" if error is None else "a request failed: %s" % error)
-            self._abandoned = []
+            self._failed = []
         if error is not None:
             raise error
 
@@ -260,8 +328,10 @@ class KVStore:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc is None:
-            self.close()
+        if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
+            self.close()  # sys.exit(0) and sys.exit() are a normal end
+        elif isinstance(exc, SystemExit):
+            self._fail("the worker's script called sys.exit(%r)" % (exc.code,))
         else:
             self._fail("the worker's script raised %s: %s" % (exc_type.__name__, exc))
 
@@ -300,6 +370,16 @@ class KVStore:
             return list(zip(key, value))
         return [(key, value)]
 
+    def _grouped(self, key, value, what):
+        """[(name, int key, [values given it])] in the order of first appearance."""
+        groups = {}
+        for name, v in self._pairs(key, value, what):
+            ikey = self._key(name, create=False)
+            if ikey not in groups:
+                groups[ikey] = (name, ikey, [])
+            groups[ikey][2].append(v)
+        return list(groups.values())
+
     def _checked_size(self, name, ikey, n, what):
         size = self._sizes.get(ikey)
         if size is None:
@@ -308,9 +388,10 @@ class KVStore:
             raise ValueError("%s of key %r: %d elements, but it was initialized with %d"
                              % (what, name, n, size))
 
-    def _pushed(self, name, ikey, value, what):
-        """The float32 array a push of `value` (an array or a list of arrays) sends."""
-        vals = [_source(v, "%s of key %r" % (what, name)) for v in _as_list(value)]
+    def _pushed(self, name, ikey, values, what):
+        """The float32 array a push of `values` (each an array or a list of arrays) sends."""
+        vals = [_source(v, "%s of key %r" % (what, name)) for value in values
+                for v in _devices(value)]
         for v in vals[1:]:
             if v.size != vals[0].size:
                 raise ValueError("%s of key %r: the arrays to sum differ in size (%d, %d)"
@@ -329,12 +410,20 @@ class KVStore:
         pairs = self._pairs(key, value, "init")
         items = []
         for name, v in pairs:
+            arr = _source(_devices(v)[0], "init value of key %r" % (name,))
+            if arr.size == 0:
+                raise ValueError("init of key %r: the value is empty (shape %s); a key holds "
+                                 "at least one element" % (name, arr.shape))
+            items.append((name, arr))
+        seen = set()
+        for i, (name, arr) in enumerate(items):
             ikey = self._key(name, create=True)
-            if ikey in self._sizes:
+            if ikey in self._sizes or ikey in seen:
                 raise ValueError("init: duplicate init of key %r" % (name,))
-            arr = _source(_as_list(v)[0], "init value of key %r" % (name,))
+            seen.add(ikey)
+            items[i] = (ikey, arr)
+        for ikey, arr in items:
             self._sizes[ikey] = arr.size
-            items.append((ikey, arr))
         if self._client is None:
             for ikey, arr in items:
                 self._values[ikey] = arr.ravel().copy()
@@ -348,16 +437,15 @@ class KVStore:
     def push(self, key, value, priority=0):
         """Pushes values (gradients): returns a Handle. Higher priority leaves first."""
         handles = []
-        for name, v in self._pairs(key, value, "push"):
-            ikey = self._key(name, create=False)
-            arr = self._pushed(name, ikey, v, "push")
+        for name, ikey, vs in self._grouped(key, value, "push"):
+            arr = self._pushed(name, ikey, vs, "push")
             if self._client is None:
                 self._local_push(ikey, arr)
                 continue
             # The caller's objects too: a PyTorch gradient whose tensor is still
             # referenced is not taken over (and later changed) by autograd.
             handles.append(self._issue(self._client.push([ikey], [arr.size], arr, int(priority)),
-                                       [arr] + _as_list(v), []))
+                                       [arr] + vs, []))
         return self._combine(handles)
 
     def pull(self, key, out=None, priority=0):
@@ -368,16 +456,16 @@ class KVStore:
         if out is None:
             raise ValueError("pull: out= is required (the arrays to pull into)")
         handles = []
-        for name, o in self._pairs(key, out, "pull"):
-            ikey = self._key(name, create=False)
-            outs = _as_list(o)
+        for name, ikey, os_ in self._grouped(key, out, "pull"):
+            outs = [x for o in os_ for x in _as_list(o)]
             first, copy_back = _dest(outs[0], "pull output of key %r" % (name,))
             self._checked_size(name, ikey, first.size, "pull")
             after = [copy_back] if copy_back is not None else []
-            for extra in outs[1:]:
+            for n, extra in enumerate(outs[1:], 2):
                 arr, cb = _dest(extra, "pull output of key %r" % (name,))
                 if arr.size != first.size:
-                    raise ValueError("pull of key %r: outputs differ in size" % (name,))
+                    raise ValueError("pull of key %r: output %d has %d elements, the key %d"
+                                     % (name, n, arr.size, first.size))
                 after.append(lambda arr=arr, cb=cb, src=first: (
                     np.copyto(arr, src.reshape(arr.shape)), cb and cb()))
             if self._client is None:
@@ -395,19 +483,20 @@ class KVStore:
         if out is None:
             out = value
         handles = []
-        pairs = self._pairs(key, value, "pushpull")
-        outs = [o for _, o in self._pairs(key, out, "pushpull")]
-        for (name, v), o in zip(pairs, outs):
-            ikey = self._key(name, create=False)
-            arr = self._pushed(name, ikey, v, "pushpull")
-            dests = _as_list(o)
+        outs = {ikey: os_ for _, ikey, os_ in self._grouped(key, out, "pushpull")}
+        for name, ikey, vs in self._grouped(key, value, "pushpull"):
+            arr = self._pushed(name, ikey, vs, "pushpull")
+            dests = [x for o in outs[ikey] for x in _as_list(o)]
             first, copy_back = _dest(dests[0], "pushpull output of key %r" % (name,))
             if first.size != arr.size:
                 raise ValueError("pushpull of key %r: output has %d elements, value %d"
                                  % (name, first.size, arr.size))
             after = [copy_back] if copy_back is not None else []
-            for extra in dests[1:]:
+            for n, extra in enumerate(dests[1:], 2):
                 d, cb = _dest(extra, "pushpull output of key %r" % (name,))
+                if d.size != arr.size:
+                    raise ValueError("pushpull of key %r: output %d has %d elements, the value %d"
+                                     % (name, n, d.size, arr.size))
                 after.append(lambda d=d, cb=cb, src=first: (
                     np.copyto(d, src.reshape(d.shape)), cb and cb()))
             if self._client is None:
@@ -418,7 +507,7 @@ class KVStore:
                 continue
             handles.append(self._issue(
                 self._client.pushpull([ikey], [arr.size], arr, first, int(priority)),
-                [arr, first] + _as_list(v) + dests, after))
+                [arr, first] + vs + dests, after))
         return self._combine(handles)
 
     def broadcast(self, key, value, out, priority=0):
@@ -427,14 +516,11 @@ class KVStore:
         return self.pull(key, out=out, priority=priority)
 
     def waitall(self):
-        """Waits for every request this store has in flight; raises the first error."""
-        error = None
-        for h in list(self._pending.values()):
+        """Waits for every request this store has in flight; raises the first error
+        of a failed request that no ``wait()`` raised (once: the next call does not)."""
+        for h in self._pending_handles():
             h._settle()
-            if h._error is not None and error is None:
-                error = h._error
-        if error is not None:
-            raise error
+        self._raise_unreported()
 
     # ---- internals ----
     def _local_push(self, ikey, arr):
@@ -450,11 +536,16 @@ class KVStore:
             self._pending[id(h)] = h
             sweep = len(self._pending) > 1024
         if sweep:
-            # Requests nobody waits for: settle those already answered.
-            for p in list(self._pending.values()):
+            # Requests nobody waits for: settle those already answered (a failed
+            # one's error waits in _failed for waitall, barrier or close).
+            for p in self._pending_handles():
                 if p.done():
                     p._settle()
         return h
+
+    def _pending_handles(self):
+        with self._lock:
+            return list(self._pending.values())
 
     def _combine(self, handles):
         if len(handles) == 1:
@@ -468,7 +559,21 @@ class KVStore:
     def _abandon(self, h):
         with self._lock:
             self._pending.pop(id(h), None)
-            self._abandoned.append(h._keep)
+            self._failed.append(h)
+
+    def _unreported_error(self):
+        """The first error of a failed request that no wait() raised; every
+        failed request counts as reported from then on."""
+        with self._lock:
+            error = next((h._error for h in self._failed if not h._reported), None)
+            for h in self._failed:
+                h._reported = True
+        return error
+
+    def _raise_unreported(self):
+        error = self._unreported_error()
+        if error is not None:
+            raise error
 
 
 class _Group(Handle):
@@ -485,12 +590,17 @@ class _Group(Handle):
         times = [h.done_at() for h in self._handles]
         return max(times) if times and not any(math.isnan(t) for t in times) else float("nan")
 
+    def _mark_reported(self):
+        self._reported = True
+        for h in self._handles:
+            h._reported = True
+
     def _settle(self, timeout=None):
         for h in self._handles:
             h._settle(timeout)
-            if h._error is not None and self._error is None:
-                self._error = h._error
-        self._finished = self._error is None
+        with self._lock:
+            self._error = next((h._error for h in self._handles if h._error is not None), None)
+            self._finished = self._error is None
 
 
 # What the main thread last passed to sys.exit, and the store calls made by
@@ -518,8 +628,18 @@ _noting_exit.__doc__ = _sys_exit.__doc__
 sys.exit = _noting_exit
 
 
+def _interactive():
+    """Whether an interactive prompt ran (python -i, the REPL, IPython): it
+    printed the errors it caught (sys.last_value) and the session went on."""
+    if hasattr(sys, "ps1") or sys.flags.interactive:
+        return True
+    ipython = sys.modules.get("IPython")
+    return ipython is not None and getattr(ipython, "get_ipython", lambda: None)() is not None
+
+
 def _close_at_exit():
-    failure = getattr(sys, "last_value", None)  # the script died of this exception
+    # The script died of this exception (at a prompt: an error it printed).
+    failure = None if _interactive() else getattr(sys, "last_value", None)
     status = None
     if _exit_status and _exit_status[1] == _store_calls[0]:
         status = _exit_status[0]
@@ -534,9 +654,14 @@ def _close_at_exit():
             continue
         try:
             kv.close()
-        except Error as e:
+        except BaseException as e:  # an exit handler's exception would only be printed
+            # Not a pstrain.Error (a failed copy into an array, Ctrl-C): the
+            # store is not closed yet; end this worker's part as failed.
+            what = "%s" % (e,) if isinstance(e, Error) else \
+                "closing the KVStore at exit failed: %s: %s" % (type(e).__name__, e)
+            kv._fail(what)
             sys.stdout.flush()
-            print("pstrain: %s" % (e,), file=sys.stderr)
+            print("pstrain: %s" % (what,), file=sys.stderr)
             sys.stderr.flush()
             os._exit(1)
 

@@ -6,8 +6,15 @@ priority -i for parameter i, so the parameters the next forward needs first
 leave first) and waits for a parameter's new value only when it is needed:
 
 * with ``module=`` (or the model given instead of its named parameters),
-  just before the forward of the layer that owns it (a forward pre-hook), so
-  the last exchanges of a step hide behind the next step's first layers;
+  just before the forward of the module that owns it (a forward pre-hook).
+  A module's forward may read any parameter below it (a tied weight, a
+  child's weight used through ``F.linear``), so a module's hook waits for
+  every parameter of its subtree; only ``nn.Sequential`` (its own forward,
+  which calls each child in turn) is waited through, child by child. A
+  model that is an ``nn.Sequential`` of layers thus has the last exchanges
+  of a step hide behind the next step's first layers; any other model waits
+  for all its parameters when its forward starts. Parameters outside
+  ``module`` are waited for in ``step()``;
 * otherwise in ``step()``.
 
 Two ways to update, chosen by the optimizer given:
@@ -20,6 +27,21 @@ Two ways to update, chosen by the optimizer given:
 * local (a ``torch.optim.Optimizer``): the servers only sum (dist_sync), the
   summed gradient comes back into a buffer and ``step()`` hands it, rescaled,
   to the wrapped optimizer, which updates every worker's copy alike.
+
+The servers run one optimizer for every key, so a store serves one
+server-side ``DistributedOptimizer`` at a time (wrap every parameter in one),
+and local ones only while the servers run none: a second one that would
+change what the servers do for the first raises ``pstrain.Error``
+(FailedPrecondition) until the first's ``remove_hooks()``.
+
+Parameters autograd gave no gradient in a step (unused, or ``p.grad`` None)
+still push zeros: a dist_sync round needs every worker's push. In local mode
+a parameter no worker gave a gradient keeps ``p.grad`` None, so the wrapped
+optimizer skips it as it would alone (no weight decay, no momentum step).
+The servers' optimizer updates every key pushed, as MXNet's does: it applies
+weight decay and momentum to such a parameter with a zero gradient. Keep a
+parameter out of training with ``requires_grad=False`` (before the
+constructor), which leaves it out of the exchange.
 
 Gradient rescale, as MXNet's: the servers' optimizer gets ``rescale_grad``
 times 1/(batch_size * num_workers) in dist_sync and 1/batch_size in
@@ -39,9 +61,11 @@ sent: clip on the servers (``clip_gradient``) instead.
 """
 import copy
 import time
+import types
 
 import torch
 
+from ._pstrain import Error
 from .kvstore import _OPEN, KVStore
 from .optimizer import Optimizer as ServerOptimizer
 
@@ -99,7 +123,7 @@ class DistributedOptimizer:
     named_parameters  model.named_parameters(), or the model itself (which also
                       sets ``module``)
     kvstore           a dist KVStore (default: the open one, else dist_sync)
-    module            the model: wait for a layer's weights just before its forward
+    module            the model: wait for a module's weights just before its forward
     batch_size        per-worker batch, for MXNet's rescale (1 for a mean loss)
     """
 
@@ -123,6 +147,7 @@ class DistributedOptimizer:
         if not self._server_side and not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError("optimizer must be a pstrain.optimizer.Optimizer (server-side) or a "
                             "torch.optim.Optimizer (local), got %r" % (optimizer,))
+        self._check_servers_free(kv)
         if not self._server_side and not kv._sync:
             raise ValueError("%s: a local torch optimizer needs the servers to sum gradients "
                              "(dist_sync); dist_async needs a server-side optimizer such as "
@@ -144,21 +169,65 @@ class DistributedOptimizer:
             opt.rescale_grad = optimizer.rescale_grad * self._rescale
             opt.wd_mult = dict(optimizer.wd_mult)
             kv.broadcast(names, self._params, out=self._params).wait()
-            kv.set_optimizer(opt)
+            kv._set_optimizer(opt, "a DistributedOptimizer")
             self._outs = self._params  # the new weights land in the parameters
         else:
             broadcast_parameters(named, kvstore=kv)
             self._outs = [torch.zeros(p.shape, dtype=torch.float32) for p in self._params]
-            kv.init(names, self._outs)
+            # How many workers gave each parameter a gradient (the servers sum).
+            kv._used_keys = getattr(kv, "_used_keys", 0) + 1
+            self._used_key = "__pstrain_used_%d__" % kv._used_keys
+            self._used = torch.zeros(len(self._params), dtype=torch.float32)
+            kv.init(names + [self._used_key], self._outs + [self._used])
 
         self._hooks = [p.register_hook(self._grad_hook(i)) for i, p in enumerate(self._params)]
-        self._wait_in_forward = module is not None
+        # The parameters step() waits for (server-side; local mode waits for all).
+        self._step_waits = list(range(len(self._params)))
         if module is not None:
             index = {id(p): i for i, p in enumerate(self._params)}
+            covered = set()
             for m in module.modules():
-                own = [index[id(p)] for p in m.parameters(recurse=False) if id(p) in index]
-                if own:
-                    self._hooks.append(m.register_forward_pre_hook(self._forward_hook(own)))
+                # Every parameter m's forward may read: its own and, unless m is a
+                # plain nn.Sequential (whose forward only calls its children, each
+                # hooked here), its children's.
+                through = isinstance(m, torch.nn.Sequential) and \
+                    type(m).forward is torch.nn.Sequential.forward
+                reads = [index[id(p)] for p in m.parameters(recurse=not through)
+                         if id(p) in index]
+                if reads:
+                    self._hooks.append(m.register_forward_pre_hook(self._forward_hook(reads)))
+                    covered.update(reads)
+            self._step_waits = [i for i in range(len(self._params)) if i not in covered]
+
+        kv._dist_optimizers.append(self)
+
+    def _describe(self):
+        return "a DistributedOptimizer (%s, parameters %s)" % (
+            "server-side %r" % (self._optimizer,) if self._server_side
+            else "local %s" % type(self._optimizer).__name__,
+            ", ".join(self._names[:3]) + (", ..." if len(self._names) > 3 else ""))
+
+    def _check_servers_free(self, kv):
+        """Raises unless this optimizer can have the servers do what it needs."""
+        others = kv._dist_optimizers
+        if self._server_side and others:
+            raise Error("FailedPrecondition: %s already uses this KVStore; the servers run one "
+                        "optimizer for every key, so a second server-side DistributedOptimizer "
+                        "would replace what they do for its parameters: wrap every parameter "
+                        "in one DistributedOptimizer (or call remove_hooks() on the first)"
+                        % (others[0]._describe(),))
+        if not self._server_side:
+            server = [o for o in others if o._server_side]
+            if server:
+                raise Error("FailedPrecondition: %s already uses this KVStore and the servers "
+                            "apply its optimizer to every key; a local torch optimizer needs "
+                            "servers that only sum the gradients" % (server[0]._describe(),))
+            if kv._optimizer_by is not None:
+                raise Error("FailedPrecondition: the servers already run an optimizer (installed "
+                            "by %s) and apply it to every key; a local torch optimizer needs "
+                            "servers that only sum the gradients: create local "
+                            "DistributedOptimizers before any server-side optimizer"
+                            % (kv._optimizer_by,))
 
     # ---- hooks ----
     def _grad_hook(self, i):
@@ -225,19 +294,30 @@ class DistributedOptimizer:
     def step(self, closure=None):
         """Ends the step. Parameters autograd gave no gradient push zeros (a dist_sync
         round needs every worker's push). Local mode: waits for the summed gradients
-        and runs the wrapped optimizer; server-side: waits only without ``module``."""
+        and runs the wrapped optimizer (a parameter no worker gave a gradient keeps
+        ``p.grad`` None); server-side: waits only for the parameters no forward
+        pre-hook waits for (all of them without ``module``)."""
         if closure is not None:
             raise ValueError("DistributedOptimizer.step: closures are not supported")
+        used = None
+        if not self._server_side:
+            mine = torch.tensor([1.0 if fired or p.grad is not None else 0.0
+                                 for fired, p in zip(self._fired, self._params)])
+            used = self._kv.pushpull(self._used_key, mine, out=self._used,
+                                     priority=-len(self._params))
         for i, fired in enumerate(self._fired):
             if not fired:
                 self._exchange(i, torch.zeros(self._params[i].shape, dtype=torch.float32))
         self._fired = [False] * len(self._params)
         if self._server_side:
-            if not self._wait_in_forward:
-                self.synchronize()
+            for i in self._step_waits:
+                self._wait(i)
             return None
         self.synchronize()
-        for p, summed in zip(self._params, self._outs):
+        used.wait()
+        for p, summed, users in zip(self._params, self._outs, self._used.tolist()):
+            if users == 0:
+                continue  # no worker's gradient: p.grad stays None, torch skips it
             g = summed.to(p.device, p.dtype) * self._rescale
             if p.grad is None:
                 p.grad = g
@@ -255,7 +335,18 @@ class DistributedOptimizer:
 
     @property
     def param_groups(self):
-        return [] if self._server_side else self._optimizer.param_groups
+        """The wrapped optimizer's groups. Server-side: one read-only group with
+        every parameter and the servers' settings (``lr``, ``momentum``,
+        ``weight_decay``); change them with a new optimizer (or a
+        ``pstrain.lr_scheduler``), not here."""
+        if not self._server_side:
+            return self._optimizer.param_groups
+        opt = self._optimizer
+        return [types.MappingProxyType({
+            "params": list(self._params), "lr": opt.learning_rate,
+            "momentum": getattr(opt, "momentum", 0.0), "weight_decay": opt.wd,
+            "rescale_grad": opt.rescale_grad, "clip_gradient": opt.clip_gradient,
+            "lr_scheduler": opt.lr_scheduler})]
 
     def state_dict(self):
         """The local optimizer's state; server-side state stays on the servers ({})."""
@@ -266,11 +357,14 @@ class DistributedOptimizer:
             self._optimizer.load_state_dict(state)
 
     def remove_hooks(self):
-        """Detaches from the model (waits for what is in flight first)."""
+        """Detaches from the model (waits for what is in flight first); another
+        DistributedOptimizer may then take the servers' optimizer over."""
         self.synchronize()
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        if self in self._kv._dist_optimizers:
+            self._kv._dist_optimizers.remove(self)
 
     @property
     def kvstore(self):

@@ -77,6 +77,9 @@ TEST_F(PythonClusterTest, ConformanceDistSync) {
         << log;
     // The servers' own message, raised in Python.
     EXPECT_NE(log.find("pull of a key no server holds raised Error"), std::string::npos) << log;
+    // ... and, for a request nobody waited for, at the next waitall.
+    EXPECT_NE(log.find("waitall after a pull that failed unseen raised Error"), std::string::npos)
+        << log;
   }
   EXPECT_NE(run.output.find("all 5 processes exited 0"), std::string::npos) << run.output;
 }
@@ -91,6 +94,7 @@ TEST_F(PythonClusterTest, DistAsyncAppliesEveryPushOnce) {
     EXPECT_NE(log.find("conformance: dist_async ok: 5 pushes per worker applied exactly once"),
               std::string::npos)
         << log;
+    EXPECT_NE(log.find("conformance: dist_async wd_mult before init ok"), std::string::npos) << log;
   }
 }
 
@@ -108,6 +112,20 @@ TEST_F(PythonClusterTest, OneWorkerTrainsAsPyTorchAlone) {
   EXPECT_NE(log.find("server-side SGD vs MXNet's rule in torch ops: max |diff| 0"),
             std::string::npos)
       << log;
+  // A second DistributedOptimizer may not change the servers' optimizer under the first.
+  EXPECT_NE(log.find("exactness: one optimizer on the servers at a time ok"), std::string::npos)
+      << log;
+  // module=: a forward that reads a child's weights waits for them first.
+  EXPECT_NE(log.find("exactness: a parent's forward reading a child's weights: 0 reads before "
+                     "the wait, max |diff| 0"),
+            std::string::npos)
+      << log;
+  // Local mode: a parameter no worker gave a gradient is skipped, as by torch alone.
+  EXPECT_NE(log.find("exactness: an unused parameter, local torch SGD: max |diff| 0 vs torch "
+                     "alone, spare weight moved 0"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("exactness: server-side param_groups ok"), std::string::npos) << log;
   EXPECT_NE(log.find("exactness: ok"), std::string::npos) << log;
 }
 
@@ -202,6 +220,19 @@ TEST_F(PythonClusterTest, AWorkerThatCallsSysExitFailsTheJobAtOnce) {
   EXPECT_EQ(run.output.find("no error within 120 s"), std::string::npos) << run.output;
 }
 
+// sys.exit(0) (or sys.exit()) inside `with kv:` is a normal end: the store
+// closes as a finished worker and the job succeeds (it once failed the job).
+TEST_F(PythonClusterTest, SysExitZeroInsideWithKvEndsTheJobCleanly) {
+  TempDir logs;
+  auto run = Launch(2, 1, logs.path(), {PythonScript("early_exit.py"), "--clean"}, 90000);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("all 4 processes exited 0"), std::string::npos) << run.output;
+  for (int w = 0; w < 2; ++w) {
+    const std::string log = ReadFile(logs.path() + "/worker-" + std::to_string(w) + ".log");
+    EXPECT_NE(log.find("leaving inside `with kv:`"), std::string::npos) << log;
+  }
+}
+
 // A server killed mid-training: every worker's pending request raises
 // pstrain.Error naming the server within the heartbeat timeout, the scripts
 // die of it (non-zero), and nothing is left running. The timeout is 4 s: at
@@ -263,6 +294,33 @@ TEST_F(PythonClusterTest, DeadServerRaisesInEveryWorkerWithinTheDeadline) {
     EXPECT_NE(log.find("server rank"), std::string::npos) << log;
     EXPECT_NE(log.find(":" + std::to_string(server1_port)), std::string::npos) << log;
   }
+}
+
+// A store failed from one thread while another pushes: the pushing thread gets
+// pstrain.Error ("closed"), the process exits normally (the client and the
+// node are destroyed only once no call is in flight in them). Started by hand:
+// a launcher would stop the worker as soon as the job fails.
+TEST_F(PythonClusterTest, ClosingWhileAnotherThreadPushesRaisesThere) {
+  TempDir dir;
+  const int port = FreePort();
+  auto env = [&](const std::string& role) {
+    return PythonEnv({{"DMLC_ROLE", role},
+                      {"DMLC_PS_ROOT_URI", "127.0.0.1"},
+                      {"DMLC_PS_ROOT_PORT", std::to_string(port)},
+                      {"DMLC_NUM_SERVER", "1"},
+                      {"DMLC_NUM_WORKER", "1"}});
+  };
+  const std::string script = PythonScript("close_race.py");
+  std::vector<std::unique_ptr<testing::LoggedProcess>> job;
+  job.push_back(PyProc(script, env("scheduler"), dir.path() + "/scheduler.log"));
+  job.push_back(PyProc(script, env("server"), dir.path() + "/server.log"));
+  job.push_back(PyProc(script, env("worker"), dir.path() + "/worker.log"));
+  EXPECT_EQ(job[2]->Wait(60), 0) << job[2]->Log();
+  EXPECT_NE(job[2]->Log().find("close_race: the pushing thread ['raised pstrain.Error after some "
+                               "pushes: FailedPrecondition: the KVStore is closed']"),
+            std::string::npos)
+      << job[2]->Log();
+  for (int i : {0, 1}) EXPECT_NE(job[i]->Wait(20), -1) << job[i]->Log();
 }
 
 }  // namespace

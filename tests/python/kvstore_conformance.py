@@ -10,8 +10,9 @@ mismatch. NumPy only.
                 exactly 1 + 2 * W(W+1)/2 * i. Shapes (2,3) and (1200,1200)
                 (above the big-array bound: sharded over the servers), int
                 keys and (in a second store generation) pushpull; string keys,
-                lists of keys, per-device value lists, arrays that need a
-                conversion (float64, non-contiguous), and errors.
+                lists of keys, per-device value lists, a key repeated in one
+                call, arrays that need a conversion (float64, non-contiguous),
+                and errors.
   --mode async: every push applied exactly once (test optimizer, rate 1).
 """
 import argparse
@@ -80,6 +81,18 @@ def sync_checks(kv, rounds):
     for d in devs:
         check(d, 1 + rate * (W * (W + 1) / 2 + W), "per-device lists")
 
+    # A key repeated in one call (MXNet groups them): a push sends the sum (one
+    # push per worker in the round), a pull fills each output.
+    kv.init(11, np.ones(SHAPES[0], np.float32))
+    kv.push([11, 11], [np.full(SHAPES[0], r + 1, np.float32), np.ones(SHAPES[0], np.float32)]).wait()
+    twice = [np.zeros(SHAPES[0], np.float32), np.zeros(SHAPES[0], np.float32)]
+    kv.pull([11, 11], out=twice).wait()
+    for d in twice:
+        check(d, 1 + rate * (W * (W + 1) / 2 + W), "a key repeated in one push")
+    kv.pushpull([11, 11], [np.ones(SHAPES[0], np.float32)] * 2, out=twice).wait()
+    for d in twice:
+        check(d, 1 + rate * (W * (W + 1) / 2 + 3 * W), "a key repeated in one pushpull")
+
     # Non-blocking calls: worker 0's pull waits for worker 1's push (late by 1 s);
     # a wait with a timeout raises past it and leaves the request in flight.
     kv.init(10, np.zeros(SHAPES[0], np.float32))
@@ -114,6 +127,16 @@ def sync_checks(kv, rounds):
     assert "424242" in str(e), str(e)
     expect_raises(pstrain.Error, lambda: kv.set_optimizer(
         pstrain.optimizer.SGD(learning_rate=0.1, momentum=1.5)), "momentum 1.5")
+    # A request that failed while nobody waited for it (the sweep of answered
+    # requests settled it) raises at the next waitall, once.
+    lost = np.zeros(6, np.float32)
+    kv._issue(kv._client.pull([424242], [6], lost, 0), [lost], [])
+    small = np.zeros(SHAPES[0], np.float32)
+    for _ in range(1100):
+        kv.pull(3, out=small)
+    e = expect_raises(pstrain.Error, kv.waitall, "waitall after a pull that failed unseen")
+    assert "424242" in str(e), str(e)
+    kv.waitall()
     kv.barrier()
     print("conformance: dist_sync ok: %d rounds, %d workers, %d servers, shapes %s, final value %g"
           % (rounds, W, kv.num_servers, SHAPES, value))
@@ -132,6 +155,21 @@ def async_checks(kv, rounds):
         check(o, 1 + rounds * W * (W + 1) / 2, "dist_async shape %s" % (s,))
     print("conformance: dist_async ok: %d pushes per worker applied exactly once, string keys, "
           "final value %g" % (rounds, outs[0][0, 0]))
+
+    # set_optimizer may come before init: its wd_mult names string keys not
+    # initialized yet. SGD, lr 1, wd 0.5: a zero gradient halves a weight per
+    # push, except where wd_mult is 0.
+    opt = pstrain.optimizer.SGD(learning_rate=1.0, wd=0.5)
+    opt.set_wd_mult({"c": 0.0})
+    kv.set_optimizer(opt)
+    kv.init(["d", "c"], [np.ones(4, np.float32), np.ones(4, np.float32)])
+    kv.push(["c", "d"], [np.zeros(4, np.float32), np.zeros(4, np.float32)]).wait()
+    kv.barrier()
+    c, d = np.zeros(4, np.float32), np.zeros(4, np.float32)
+    kv.pull(["c", "d"], out=[c, d]).wait()
+    check(c, 1.0, "wd_mult 0 named before init")
+    check(d, 0.5 ** W, "wd_mult 1 (default)")
+    print("conformance: dist_async wd_mult before init ok")
 
 
 def main():

@@ -1,12 +1,14 @@
 """The pstrain package without a cluster: import, roles, the local store, errors.
 
-Run by tests/cluster/python_test.cc (label unit) with the build's module on
+Run by tests/unit/python_package_test.cc with the build's module on
 PYTHONPATH; exits non-zero (an exception) on any failure. NumPy; the PyTorch
 cases run when torch imports.
 """
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 
@@ -23,6 +25,256 @@ def run_python(code, **env):
     p = subprocess.run([sys.executable, "-c", code], env=full, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, timeout=60)
     return p.returncode, p.stdout.decode(errors="replace")
+
+
+class FakeCompletion:
+    """A request's end that the test controls (the C++ Completion's interface)."""
+
+    def __init__(self, error=None, done=True):
+        self.error = error
+        self.event = threading.Event()
+        if done:
+            self.event.set()
+
+    def done(self):
+        return self.event.is_set()
+
+    def done_at(self):
+        return time.perf_counter() if self.done() else float("nan")
+
+    def wait(self, ms):
+        if not self.event.wait(ms / 1000.0):
+            raise pstrain.Error("DeadlineExceeded: fake request not done")
+        if self.error is not None:
+            raise self.error
+
+
+def store_with_fake_requests():
+    """A local store whose handles come from FakeCompletions (as a dist store's would)."""
+    kv = pstrain.KVStore("local")
+    kv._timeout_ms = 5000
+    return kv
+
+
+def expect_error(fn, exc, *words):
+    try:
+        fn()
+    except exc as e:
+        for w in words:
+            assert w in str(e), (w, str(e))
+        return e
+    raise AssertionError("%s did not raise %s" % (fn, exc.__name__))
+
+
+def test_lost_errors():
+    """A request that failed while nobody waited for it (settled by the sweep of
+    answered requests) raises at the next waitall, barrier or close, once."""
+    for end in ("waitall", "barrier", "close"):
+        kv = store_with_fake_requests()
+        kv._issue(FakeCompletion(pstrain.Error("Unavailable: server 1 died")), [], [])
+        for _ in range(1100):  # past 1024 pending: the answered ones are swept
+            kv._issue(FakeCompletion(), [], [])
+        assert len(kv._pending) < 1024, len(kv._pending)
+        expect_error(getattr(kv, end), pstrain.Error, "server 1 died")
+        if end != "close":
+            getattr(kv, end)()  # raised once: the store goes on
+    # An error its own wait() raised is not raised again.
+    kv = store_with_fake_requests()
+    h = kv._issue(FakeCompletion(pstrain.Error("Unavailable: server 2 died")), [], [])
+    expect_error(h.wait, pstrain.Error, "server 2 died")
+    kv.waitall()
+    kv.close()
+    print("package: lost errors ok")
+
+
+def test_repeated_keys():
+    """MXNet sums the values one push gives a key more than once, and a pull
+    fills every output given for a key."""
+    kv = pstrain.KVStore("local")
+    kv.init([3, 4], [np.zeros(2, np.float32), np.zeros(2, np.float32)])
+    kv.push([3, 3, 4], [np.full(2, 1, np.float32), [np.full(2, 2, np.float32),
+                                                    np.full(2, 4, np.float32)],
+                        np.full(2, 5, np.float32)]).wait()
+    a, b, c = (np.zeros(2, np.float32) for _ in range(3))
+    kv.pull([3, 4, 3], out=[a, c, b]).wait()
+    assert a.tolist() == [7, 7] and b.tolist() == [7, 7] and c.tolist() == [5, 5], (a, b, c)
+    # With an optimizer the sum is one update (momentum tells one from two).
+    kv.set_optimizer(pstrain.optimizer.SGD(learning_rate=1.0, momentum=0.9))
+    g1, g2 = np.full(2, 1, np.float32), np.full(2, 2, np.float32)
+    kv.push([3, 3], [g1, g2]).wait()
+    kv.pull(3, out=a).wait()
+    assert a.tolist() == [4, 4], a
+    # pushpull: one update of the sum, every output gets the result.
+    kv.pushpull([4, 4], [g1, g2], out=[b, c]).wait()
+    assert b.tolist() == [2, 2] and c.tolist() == [2, 2], (b, c)
+    print("package: repeated keys ok")
+
+
+def test_output_sizes():
+    """Every output of a pull or pushpull is checked before anything is sent."""
+    kv = pstrain.KVStore("local")
+    kv.init("p", np.zeros(4, np.float32))
+    ok, short = np.zeros(4, np.float32), np.zeros(3, np.float32)
+    expect_error(lambda: kv.pushpull("p", np.ones(4, np.float32), out=[ok, short]), ValueError,
+                 "'p'", "output 2 has 3 elements, the value 4")
+    expect_error(lambda: kv.pull("p", out=[ok, short]), ValueError,
+                 "'p'", "output 2 has 3 elements, the key 4")
+    kv.pull("p", out=ok).wait()
+    assert ok.tolist() == [0, 0, 0, 0], ok  # the refused pushpull pushed nothing
+    print("package: output sizes ok")
+
+
+def test_settle():
+    """A copy into the caller's array that fails is the request's error (raised
+    by every wait, the copy run once); handles waited for from several threads
+    settle once; an error closing a store at exit ends the process with 1 and
+    a one-line message."""
+    kv = store_with_fake_requests()
+    calls = []
+
+    def failing_copy():
+        calls.append(1)
+        raise RuntimeError("copy into the caller's tensor failed")
+    h = kv._issue(FakeCompletion(), [], [failing_copy])
+    for _ in range(2):
+        expect_error(h.wait, RuntimeError, "copy into the caller's tensor failed")
+    assert len(calls) == 1 and not kv._pending, (calls, kv._pending)
+    kv.waitall()  # its wait raised it
+
+    # Four threads wait for one request (and a group holding it) as it ends.
+    for group in (False, True):
+        kv = store_with_fake_requests()
+        c = FakeCompletion(done=False)
+        copies, errors = [], []
+
+        def slow_copy():
+            copies.append(1)
+            time.sleep(0.05)
+        h = kv._issue(c, [], [slow_copy])
+        waited = kv._combine([h, kv._issue(FakeCompletion(), [], [])]) if group else h
+
+        def waiter():
+            try:
+                waited.wait()
+            except BaseException as e:
+                errors.append(e)
+        threads = [threading.Thread(target=waiter) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.05)
+        c.event.set()
+        for t in threads:
+            t.join(10)
+        assert not errors and len(copies) == 1 and waited.done() and not kv._pending, \
+            (group, errors, copies)
+
+    code, out = run_python(
+        "import pstrain, pstrain.kvstore\n"
+        "kv = pstrain.KVStore('local')\n"
+        "def close():\n"
+        "    raise ValueError('the copy into a freed tensor failed')\n"
+        "kv.close = close\n"
+        "pstrain.kvstore._OPEN.append(kv)\n"
+        "print('script done')\n")
+    assert code == 1 and "script done" in out and "Traceback" not in out \
+        and "pstrain: closing the KVStore at exit failed: ValueError: the copy into a freed " \
+        "tensor failed" in out, (code, out)
+    print("package: settling ok")
+
+
+def test_init_values():
+    """A list of numbers is one array (a list of arrays: one per device, the
+    first one counts, as in MXNet); an empty value is refused naming its key."""
+    kv = pstrain.KVStore("local")
+    kv.init(5, [1.0, 2.0, 3.0])
+    kv.init(6, ([1, 2], [3, 4]))
+    kv.init(7, [np.full(2, 7, np.float32), np.full(2, 8, np.float32)])
+    a, b, c = np.zeros(3, np.float32), np.zeros((2, 2), np.float32), np.zeros(2, np.float32)
+    kv.pull([5, 6, 7], out=[a, b, c]).wait()
+    assert a.tolist() == [1, 2, 3] and b.tolist() == [[1, 2], [3, 4]] and c.tolist() == [7, 7], \
+        (a, b, c)
+    kv.push(5, [0.5, 0.5, 0.5]).wait()
+    kv.pull(5, out=a).wait()
+    assert a.tolist() == [0.5, 0.5, 0.5], a
+    for empty in (np.zeros(0, np.float32), [], np.zeros((3, 0), np.float32)):
+        expect_error(lambda: kv.init(8, empty), ValueError, "key 8", "empty")
+    kv.init(8, np.ones(1, np.float32))  # the refused init left no trace
+    print("package: init values ok")
+
+
+def test_mnist_example_finds_data():
+    """examples/torch_mnist.py looks for MNIST where `pstrain train` does."""
+    try:
+        import torch  # noqa: F401  (the example needs it)
+    except ImportError:
+        print("package: torch not installed: the MNIST example's search skipped")
+        return
+    import importlib.util
+    import tempfile
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location(
+        "torch_mnist", os.path.join(here, "..", "..", "examples", "torch_mnist.py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    cwd = os.getcwd()
+    with tempfile.TemporaryDirectory() as tmp:
+        def fake_mnist(folder):
+            os.makedirs(folder)
+            for f in example.MNIST_FILES:
+                open(os.path.join(folder, f + ".gz"), "wb").close()
+            return folder
+        by_var = fake_mnist(os.path.join(tmp, "by_var"))
+        by_root = fake_mnist(os.path.join(tmp, "root", "mnist"))
+        os.chdir(tmp)
+        try:
+            assert example.find_mnist("given", {}) == "given"
+            assert example.find_mnist(None, {"PSTRAIN_MNIST_DIR": by_var}) == by_var
+            expect_error(lambda: example.find_mnist(None, {"PSTRAIN_MNIST_DIR": tmp}),
+                         FileNotFoundError, "PSTRAIN_MNIST_DIR=" + tmp)
+            assert example.find_mnist(None, {"PSTRAIN_DATA": os.path.dirname(by_root)}) == by_root
+            local = fake_mnist(os.path.join(tmp, "datasets", "mnist"))
+            assert os.path.samefile(example.find_mnist(None, {}), local)
+        finally:
+            os.chdir(cwd)
+    print("package: mnist example finds its data ok")
+
+
+def test_store_lifecycle():
+    """A dist store whose first configuration fails is closed as failed (not
+    left open, so a new store can be made); in an interactive session an
+    error the prompt printed does not make the exit a failure."""
+    code, out = run_python(
+        "import pstrain, pstrain.kvstore as k\n"
+        "class FakeClient:\n"
+        "    request_timeout_ms = 1000\n"
+        "    def configure(self, *args):\n"
+        "        raise pstrain.Error('Unavailable: server 0 did not answer')\n"
+        "    def close(self, why=''):\n"
+        "        print('client closed: %r' % why)\n"
+        "k._pstrain.Client = FakeClient\n"
+        "for attempt in range(2):\n"
+        "    try:\n"
+        "        pstrain.KVStore('dist_sync')\n"
+        "    except pstrain.Error as e:\n"
+        "        print('attempt %d raised: %s' % (attempt, e))\n"
+        "print('open stores:', [s for s in k._OPEN if not s._closed])\n")
+    assert code == 0 and out.count("raised: Unavailable: server 0 did not answer") == 2 \
+        and out.count("client closed: 'configuring the servers failed: Unavailable") == 2 \
+        and "open stores: []" in out, out
+    session = ("import pstrain, pstrain.kvstore as k\n"
+               "kv = pstrain.KVStore('local')\n"
+               "kv.close = lambda: print('closed as finished')\n"
+               "kv._fail = lambda why: print('failed: ' + why)\n"
+               "k._OPEN.append(kv)\n"
+               "1 / 0\n"
+               "print('the session goes on')\n")
+    full = dict(os.environ, DMLC_ROLE="")
+    p = subprocess.run([sys.executable, "-i", "-q"], input=session.encode(), env=full,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+    out = p.stdout.decode(errors="replace")
+    assert p.returncode == 0 and "ZeroDivisionError" in out and "the session goes on" in out \
+        and "closed as finished" in out and "failed:" not in out, out
+    print("package: store lifecycle ok")
 
 
 def test_roles():
@@ -86,6 +338,11 @@ def test_local_store():
         raise AssertionError("a push of a key never initialized did not raise")
     except KeyError:
         pass
+    # wd_mult naming a key not initialized yet: the local store says it has none.
+    opt = pstrain.optimizer.SGD(learning_rate=0.1)
+    opt.set_wd_mult({"later": 0.0})
+    expect_error(lambda: pstrain.KVStore("local").set_optimizer(opt), ValueError,
+                 "wd_mult is applied by the servers only")
     try:
         pstrain.optimizer.create("adam")
         raise AssertionError("an unknown optimizer did not raise")
@@ -130,6 +387,13 @@ def main():
     test_roles()
     test_local_store()
     test_torch_zero_copy()
+    test_lost_errors()
+    test_repeated_keys()
+    test_output_sizes()
+    test_settle()
+    test_init_values()
+    test_mnist_example_finds_data()
+    test_store_lifecycle()
     print("package: all ok")
 
 

@@ -20,9 +20,21 @@ TEST(PythonPackageTest, ImportRolesLocalStoreAndErrors) {
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("package: roles ok"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("package: local store ok"), std::string::npos) << run.output;
+  // A request that failed while nobody waited for it raises at the next
+  // waitall, barrier or close.
+  EXPECT_NE(run.output.find("package: lost errors ok"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("package: repeated keys ok"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("package: output sizes ok"), std::string::npos) << run.output;
+  // A failed copy into the caller's array, several threads waiting, an error at exit.
+  EXPECT_NE(run.output.find("package: settling ok"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("package: init values ok"), std::string::npos) << run.output;
+  // A failed first configuration, an error at an interactive prompt.
+  EXPECT_NE(run.output.find("package: store lifecycle ok"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("package: all ok"), std::string::npos) << run.output;
   if (testing::PythonHas("torch")) {
     EXPECT_NE(run.output.find("package: torch tensors ok"), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find("package: mnist example finds its data ok"), std::string::npos)
+        << run.output;
   }
 }
 
@@ -57,6 +69,46 @@ TEST(PythonPackageTest, PipInstallsAWorkingPackage) {
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("installed package ok [0.5, 0.5, 0.5]"), std::string::npos)
       << run.output;
+}
+
+// Runs `script` with bash in the source folder (setup.py's setuptools work there).
+testing::ScriptRun InSourceDir(const std::string& script,
+                               std::map<std::string, std::string> extra = {}) {
+  return RunWithEnv({"bash", "-c", "cd '" + testing::SourceDir() + "' && " + script},
+                    PythonEnv(std::move(extra)), 300000);
+}
+
+// `setup.py sdist` ships the C++ tree setup.py builds from: the unpacked sdist
+// configures with CMake as setup.py configures it (it once held only the
+// Python files).
+TEST(PythonPackageTest, SdistConfiguresWithCMake) {
+  testing::TempDir dir;
+  const std::string d = "'" + dir.path() + "'";
+  auto run = InSourceDir("'" + PythonExecutable() + "' setup.py -q egg_info --egg-base " + d +
+                         " sdist --dist-dir " + d + " && tar xzf " + d + "/pstrain-*.tar.gz -C " +
+                         d + " && cmake -S " + d + "/pstrain-*/ -B " + d +
+                         "/b -DCMAKE_BUILD_TYPE=Release -DPSTRAIN_BUILD_TESTS=OFF "
+                         "-DPSTRAIN_PYTHON=ON '-DPython3_EXECUTABLE=" +
+                         PythonExecutable() + "'");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("Generating done"), std::string::npos) << run.output;
+}
+
+// PSTRAIN_BUILD_DIR naming a build configured without the Python package: setup.py
+// says so and how to fix it (the build failed on a missing target).
+TEST(PythonPackageTest, SetupRefusesABuildWithoutThePythonPackage) {
+  testing::TempDir dir;
+  const std::string build = dir.path() + "/build";
+  ASSERT_EQ(InSourceDir("mkdir -p '" + build + "' && echo PSTRAIN_PYTHON:BOOL=OFF > '" + build +
+                        "/CMakeCache.txt'")
+                .exit_code,
+            0);
+  auto run = InSourceDir("'" + PythonExecutable() + "' setup.py build_ext --build-temp '" +
+                             dir.path() + "/tmp' --build-lib '" + dir.path() + "/lib'",
+                         {{"PSTRAIN_BUILD_DIR", build}});
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("has PSTRAIN_PYTHON=OFF"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("-DPSTRAIN_PYTHON=ON"), std::string::npos) << run.output;
 }
 
 }  // namespace
