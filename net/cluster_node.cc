@@ -94,21 +94,28 @@ void ClusterNode::StopReceiving() {
 
 void ClusterNode::Stop() {
   StopReceiving();
-  van_.reset();
+  std::unique_ptr<Van> van;
+  {
+    std::unique_lock<std::shared_mutex> l(van_mu_);
+    van.swap(van_);
+  }
 }
 
 Status ClusterNode::Send(int id, const Message& msg) {
+  std::shared_lock<std::shared_mutex> l(van_mu_);
   if (van_ == nullptr) return Status::Cancelled("node stopped");
   return van_->Send(id, msg);
 }
 
 Status ClusterNode::SendBatch(int id, const std::vector<const Message*>& msgs, size_t* sent) {
   if (sent != nullptr) *sent = 0;
+  std::shared_lock<std::shared_mutex> l(van_mu_);
   if (van_ == nullptr) return Status::Cancelled("node stopped");
   return van_->SendBatch(id, msgs, sent);
 }
 
 int64_t ClusterNode::shm_messages() const {
+  std::shared_lock<std::shared_mutex> l(van_mu_);
   return van_ != nullptr ? van_->shm_sent() + van_->shm_queued() : 0;
 }
 
@@ -185,7 +192,12 @@ Status ClusterNode::Start() {
               << options_.root_port;
   }
   RETURN_IF_ERROR(Send(kSchedulerId, reg));
-  const Deadline deadline = Deadline::InMillis(options_.startup_timeout_ms);
+  // A replacement gets its table once every worker is ready for it, which
+  // the scheduler waits for up to restart_timeout_ms.
+  const int table_wait_ms = options_.restart > 0
+                                ? std::max(options_.startup_timeout_ms, options_.restart_timeout_ms)
+                                : options_.startup_timeout_ms;
+  const Deadline deadline = Deadline::InMillis(table_wait_ms);
   // Past this without the table, say what the connection to the scheduler
   // looks like (refused, unanswered, our key refused) and keep waiting.
   const Deadline warn = Deadline::InMillis(std::min(5000, options_.startup_timeout_ms / 2));
@@ -208,14 +220,16 @@ Status ClusterNode::Start() {
     const bool unreachable =
         report.kind == ConnectionReport::kRefused || report.kind == ConnectionReport::kNoAnswer;
     if (deadline.Expired()) {
-      return Status::DeadlineExceeded(StrCat(
-          RoleName(options_.role), " at ", host_, ":", port_,
-          ": no node table from the scheduler at ", options_.root_host, ":", options_.root_port,
-          " within ", options_.startup_timeout_ms, " ms (PSTRAIN_STARTUP_TIMEOUT_MS): ", link,
-          connected     ? StrCat("; did all ", options_.num_servers, " servers and ",
-                                 options_.num_workers, " workers start?")
-          : unreachable ? "; is the scheduler running there?"
-                        : ""));
+      return Status::DeadlineExceeded(
+          StrCat(RoleName(options_.role), " at ", host_, ":", port_,
+                 ": no node table from the scheduler at ", options_.root_host, ":",
+                 options_.root_port, " within ", table_wait_ms, " ms (",
+                 options_.restart > 0 ? "PSTRAIN_RESTART_TIMEOUT_MS" : "PSTRAIN_STARTUP_TIMEOUT_MS",
+                 "): ", link,
+                 connected     ? StrCat("; did all ", options_.num_servers, " servers and ",
+                                        options_.num_workers, " workers start?")
+                 : unreachable ? "; is the scheduler running there?"
+                               : ""));
     }
     if (!warned && !connected) {
       LOG(WARNING) << RoleName(options_.role) << " at " << host_ << ":" << port_

@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -131,13 +132,15 @@ class ClusterNode {
   void Fail(const Status& error, int blame = kBlameSelf);
   static constexpr int kBlameSelf = -1;
 
-  // Stops heartbeats and the receive thread: no handler or listener runs after
-  // it returns, and Send still works (an owner's own threads may still send
-  // while it stops them). Idempotent.
+  // Stops heartbeats and the receive thread: no message handler, tick or
+  // replacement listener runs after it returns (a failure listener still runs
+  // when a thread calls Fail), and Send still works (an owner's own threads
+  // may still send while it stops them). Idempotent.
   void StopReceiving();
-  // StopReceiving, then closes the sockets: Send fails from then on. Call it
-  // once no other thread sends. Idempotent. The KV server and client call it
-  // in their destructors.
+  // StopReceiving, then closes the sockets once the sends in progress on
+  // other threads are done (each is bounded by the send timeout): Send fails
+  // from then on. Idempotent. The KV server and client call it in their
+  // destructors.
   void Stop();
 
   Status Send(int id, const Message& msg);
@@ -154,7 +157,10 @@ class ClusterNode {
   }
   // Whether node `id` reads this node's arena (so an outgoing buffer is worth
   // taking from it).
-  bool SharesMemoryWith(int id) { return van_ != nullptr && van_->PeerMapsOurArena(id); }
+  bool SharesMemoryWith(int id) {
+    std::shared_lock<std::shared_mutex> l(van_mu_);
+    return van_ != nullptr && van_->PeerMapsOurArena(id);
+  }
   ShmArena::Stored AllocateOutgoing(uint64_t bytes) {
     return AllocateOrHeap(arena_.get(), bytes, /*outgoing=*/true);
   }
@@ -163,7 +169,10 @@ class ClusterNode {
   // whole message through a peer's queue; a message may count twice).
   int64_t shm_messages() const;
   // Messages this node sent inside batch frames over TCP (Van::SendBatch).
-  int64_t batched_messages() const { return van_ != nullptr ? van_->batched() : 0; }
+  int64_t batched_messages() const {
+    std::shared_lock<std::shared_mutex> l(van_mu_);
+    return van_ != nullptr ? van_->batched() : 0;
+  }
 
   Role role() const { return options_.role; }
   int id() const EXCLUDES(mu_);
@@ -200,7 +209,12 @@ class ClusterNode {
   PsHeader Header(PsCommand cmd) const;
 
   ClusterOptions options_;
-  std::unique_ptr<Van> van_;         // reset only by Stop(), after which Send fails
+  // Reset only by Stop(), after which Send fails. Senders hold van_mu_ shared
+  // while they use it, Stop exclusively while it resets it (the threads that
+  // set it up, Create's and Start's, and the heartbeat and receive threads,
+  // which Stop joins first, use it without).
+  mutable std::shared_mutex van_mu_;
+  std::unique_ptr<Van> van_;
   std::shared_ptr<ShmArena> arena_;  // the Van's (null: none); set by Create
   uint64_t nonce_ = 0;
   int port_ = 0;

@@ -19,8 +19,10 @@
 //     sender's arena, yet or at all) sends everything over ZeroMQ, in order:
 //     its numbers are passed (Pass) as they come, never held, so the numbering
 //     is in step once the queue is read;
-//   - no sender holds more than kMaxHeld waiting: past that it is refused (a
-//     peer that numbers with gaps must not fill this node's memory).
+//   - no sender holds more than kMaxHeld messages waiting: past that they are
+//     refused (a peer that numbers with gaps cannot make the wait grow
+//     without bound; the bytes each holds are bounded per frame only, by
+//     PSTRAIN_MAX_MESSAGE_BYTES).
 // Unnumbered messages (peers that share no memory) never come here.
 //
 // Threads: not thread-safe. The Van's receive thread alone uses it.
@@ -75,8 +77,9 @@ class Reorderer {
   Outcome Skip(int sender, uint64_t stream, uint64_t seq, const Handler& handler);
   // Number `seq` of a sender whose queue is not read (all it sends comes over
   // ZeroMQ, in order): `msg` (null: a dropped message) is handed on at once,
-  // after any of the sender's waiting messages numbered before it, and the
-  // sender's next expected number is seq + 1. kDuplicate for a number seen.
+  // after any of the sender's waiting messages numbered before it and before
+  // those that follow it without a gap; the sender's next expected number is
+  // past them all. kDuplicate for a number seen.
   Outcome Pass(int sender, uint64_t stream, uint64_t seq, Message* msg, const Handler& handler);
 
   // Whether kMaxStashed or more of `sender`'s messages wait for an earlier

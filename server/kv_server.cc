@@ -174,11 +174,10 @@ Status KVServer::OpenSnapshots() {
     // A new job: nothing to resume, not even the last job's configuration (a
     // replacement of this server that dies before it is configured would
     // take it up).
-    RETURN_IF_ERROR(snapshots_->Clear());
     std::error_code ec;
     std::filesystem::remove(path, ec);
     if (ec) return Status::IOError(StrCat("cannot remove ", path, ": ", ec.message()));
-    return Status::Ok();
+    return snapshots_->Clear();
   }
   // A replacement: the job's configuration and every key as last snapshotted.
   std::ifstream in(path, std::ios::binary);
@@ -890,10 +889,13 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
     for (const Op& d : ops) CompletePart(d, ks, s);
     if (!s.ok()) node_->Fail(Status(s.code(), StrCat(node_->Self(), ": ", s.message())), blame);
   };
+  // Read before lost_: HandleWorkerLost marks the worker lost before it
+  // lowers the count, so a count that went down comes with its mark seen.
+  const int live = live_workers_.load();
   if (lost_[op.worker()].load()) {
     // Lost after the receive thread took its push (HandleMessage refuses
-    // later ones): a round of one would apply it, and the job went on
-    // without it.
+    // later ones): neither an async update nor a round (of one, where it
+    // would be applied at once) takes it; the job went on without it.
     CompletePart(op, ks,
                  Status::FailedPrecondition(StrCat(NodeIdName(WorkerId(op.worker())),
                                                    " was declared lost; its push of ",
@@ -914,7 +916,6 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
     finish({op}, st);
     return;
   }
-  const int live = live_workers_.load();
   if (live == 1 && ks->merged == 0) {  // a round of one: apply straight out of the received frame
     Status st = apply({op});
     ++ks->rounds;

@@ -155,9 +155,8 @@ int RunTrain(int argc, char** argv) {
       // The requests the failure abandoned may still be read (ZeroMQ's
       // frames, sent as the sockets close) or written (replies) until the
       // node stops (kv_client.h): stop it while their buffers, the trainer's
-      // (pinned host memory on a GPU), still exist. The client first: its
-      // sender thread sends through the node until it is joined.
-      kv.reset();
+      // (pinned host memory on a GPU), still exist. The client stays: the
+      // trainer still waits through it for what the failure abandoned.
       node->Stop();
     }
     return Fail(what, s);

@@ -77,6 +77,15 @@ StatusOr<const std::vector<PartPlan>*> KVClient::Parts(Key key, int64_t len) {
   po.bigarray_bound = options_.bigarray_bound;
   po.chunk_elems = options_.chunk_elems;
   ASSIGN_OR_RETURN(auto parts, PlaceKey(key, static_cast<uint64_t>(len), po));
+  for (const PartPlan& p : parts) {
+    if (p.len > int64_t{UINT32_MAX}) {
+      // A message names each part's length in 32 bits.
+      return Status::InvalidArgument(StrCat("key ", key, " of length ", len, " has a part of ",
+                                            p.len, " floats on server rank ", p.server,
+                                            "; a part holds at most ", UINT32_MAX,
+                                            " (run more servers, or split the key)"));
+    }
+  }
   auto& slot = plans_[key];
   slot = {len, std::move(parts)};
   return &slot.second;
@@ -161,14 +170,6 @@ KVClient::Ticket KVClient::Queue(Kind kind, const std::vector<Key>& keys,
           break;
         }
         for (const PartPlan& p : **parts) {
-          if (p.len > int64_t{UINT32_MAX}) {
-            // A message names each part's length in 32 bits.
-            bad = Status::InvalidArgument(
-                StrCat("key ", keys[i], " of length ", lens[i], " has a part of ", p.len,
-                       " floats on server rank ", p.server, "; a part holds at most ", UINT32_MAX,
-                       " (run more servers, or split the key)"));
-            break;
-          }
           Build& b = builds[p.server];
           b.keys.push_back(WireKey(p.server, keys[i], p.part));
           b.lens.push_back(static_cast<uint32_t>(p.len));
@@ -485,7 +486,9 @@ void KVClient::Flush() {
   for (size_t s = 0; s < outbox_.size(); ++s) {
     if (flushing_[s] || paused_[s] || outbox_[s].empty()) continue;
     flushing_[s] = true;
-    while (!outbox_[s].empty()) {
+    // Once the client stops, what is left is dropped, not sent (each failed
+    // send refills the outbox and could block for the send timeout).
+    while (!outbox_[s].empty() && !sender_stop_) {
       std::deque<std::pair<uint64_t, Message>> out;
       out.swap(outbox_[s]);
       std::vector<std::pair<uint64_t, Status>> failed;  // request, why
