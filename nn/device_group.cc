@@ -253,7 +253,7 @@ void DeviceGroup::MergeLoop() {
       job = std::move(jobs_.front());
       jobs_.pop_front();
       stop = stop_;
-      failed = !error_.ok();
+      failed = failed_;
     }
     const int p = job.param;
     // The pinned gradients are complete once the fences are: each within
@@ -265,6 +265,7 @@ void DeviceGroup::MergeLoop() {
       if (waited.ok()) continue;
       failed = true;
       MutexLock l(&mu_);
+      failed_ = true;  // TakeError does not clear it: the device stays hung
       if (error_.ok()) {
         error_ = waited.WithContext(StrCat("device ", d, "'s download of the gradient of ",
                                            graph_.params()[p].name, " for the merge"));

@@ -210,7 +210,8 @@ class DeviceGroup : public ModelParams {
   std::vector<char> merging_ GUARDED_BY(mu_);  // per param: a job queued or running
   int in_flight_ GUARDED_BY(mu_) = 0;          // jobs queued or running
   bool stop_ GUARDED_BY(mu_) = false;
-  Status error_ GUARDED_BY(mu_);  // TakeError's
+  Status error_ GUARDED_BY(mu_);         // TakeError's
+  bool failed_ GUARDED_BY(mu_) = false;  // a fence wait failed: later jobs skip theirs (sticky)
   std::thread merger_;
   // Per param, the caller's thread only: devices whose gradient is complete,
   // and whether devices hold an older value.

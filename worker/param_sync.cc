@@ -111,12 +111,20 @@ void LocalParamSync::TakeDeviceCheck() {
   // whose output read waited for the device.)
   const int num_params = static_cast<int>(states_.size());
   auto known = [num_params](int p) { return p >= 0 && p < num_params; };
-  if (c.bad_grad) {
-    CHECK(known(c.grad_param)) << "a device update of parameter " << c.grad_param;
-    NoteNonFinite(c.grad_param, /*bad_grad=*/true);
-  } else if (c.bad_weight) {
-    CHECK(known(c.weight_param)) << "a device update of parameter " << c.weight_param;
-    NoteNonFinite(c.weight_param, /*bad_grad=*/false);
+  const bool bad = c.bad_grad || c.bad_weight;
+  const int p = c.bad_grad ? c.grad_param : c.weight_param;
+  if (bad && known(p)) {
+    NoteNonFinite(p, /*bad_grad=*/c.bad_grad);
+  } else if (bad) {
+    // The backend's check is shared by whatever updates on it; one that named
+    // no parameter of this model.
+    MutexLock l(&mu_);
+    if (error_.ok()) {
+      error_ = Status::FailedPrecondition(
+          StrCat("a device update (parameter number ", p, ") ",
+                 c.bad_grad ? "had a NaN or Inf gradient" : "made its weights NaN or Inf",
+                 ": training stops"));
+    }
   }
 }
 

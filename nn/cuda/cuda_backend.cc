@@ -163,6 +163,7 @@ void FreeStaging(Slot& s) {
 Status CudaBackend::AddStagingSlot() {
   Staging s;
   auto fail = [&s](Status error) {
+    (void)cudaGetLastError();  // not sticky: the next launch's check must not see it
     FreeStaging(s);
     return error;
   };
@@ -426,12 +427,13 @@ class CudaFence : public Fence {
 
   // Polled with a bounded back-off, since cudaEventSynchronize has no
   // timeout: a few queries first (most fences are done, or nearly, when
-  // waited for), then sleeps doubling from 10 us to 500 us, so a waiting
+  // waited for), then sleeps doubling from 10 us to 100 us, so a waiting
   // thread sleeps (the merge and push threads share the cores with OpenMP)
-  // and wakes at most 500 us late.
+  // and wakes at most 100 us late (a step of a small model waits for one
+  // fence per parameter).
   Status Wait(Deadline deadline) override {
     constexpr int kSpins = 32;
-    constexpr auto kMaxSleep = std::chrono::microseconds(500);
+    constexpr auto kMaxSleep = std::chrono::microseconds(100);
     auto sleep = std::chrono::microseconds(10);
     for (int poll = 0; !Done(); ++poll) {
       if (deadline.Expired()) {
