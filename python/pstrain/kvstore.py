@@ -106,6 +106,20 @@ def _devices(v):
     return [v]
 
 
+def _outputs_after(name, what, whose, first, copy_back, extras):
+    """What runs once `first` holds a key's value: its copy back (if any), then
+    a copy into each of `extras` (outputs 2, 3, ...), each checked to hold as
+    many elements as `first` (`whose` size, in the message)."""
+    after = [copy_back] if copy_back is not None else []
+    for n, extra in enumerate(extras, 2):
+        d, cb = _dest(extra, "%s output of key %r" % (what, name))
+        if d.size != first.size:
+            raise ValueError("%s of key %r: output %d has %d elements, %s %d"
+                             % (what, name, n, d.size, whose, first.size))
+        after.append(lambda d=d, cb=cb: (np.copyto(d, first.reshape(d.shape)), cb and cb()))
+    return after
+
+
 class Handle:
     """A request in flight. ``wait()`` returns once it is done, or raises pstrain.Error.
 
@@ -460,14 +474,7 @@ class KVStore:
             outs = [x for o in os_ for x in _as_list(o)]
             first, copy_back = _dest(outs[0], "pull output of key %r" % (name,))
             self._checked_size(name, ikey, first.size, "pull")
-            after = [copy_back] if copy_back is not None else []
-            for n, extra in enumerate(outs[1:], 2):
-                arr, cb = _dest(extra, "pull output of key %r" % (name,))
-                if arr.size != first.size:
-                    raise ValueError("pull of key %r: output %d has %d elements, the key %d"
-                                     % (name, n, arr.size, first.size))
-                after.append(lambda arr=arr, cb=cb, src=first: (
-                    np.copyto(arr, src.reshape(arr.shape)), cb and cb()))
+            after = _outputs_after(name, "pull", "the key", first, copy_back, outs[1:])
             if self._client is None:
                 np.copyto(first.reshape(-1), self._values[ikey])
                 for f in after:
@@ -491,14 +498,7 @@ class KVStore:
             if first.size != arr.size:
                 raise ValueError("pushpull of key %r: output has %d elements, value %d"
                                  % (name, first.size, arr.size))
-            after = [copy_back] if copy_back is not None else []
-            for n, extra in enumerate(dests[1:], 2):
-                d, cb = _dest(extra, "pushpull output of key %r" % (name,))
-                if d.size != arr.size:
-                    raise ValueError("pushpull of key %r: output %d has %d elements, the value %d"
-                                     % (name, n, d.size, arr.size))
-                after.append(lambda d=d, cb=cb, src=first: (
-                    np.copyto(d, src.reshape(d.shape)), cb and cb()))
+            after = _outputs_after(name, "pushpull", "the value", first, copy_back, dests[1:])
             if self._client is None:
                 self._local_push(ikey, arr)
                 np.copyto(first.reshape(-1), self._values[ikey])
