@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <thread>
 
 namespace pstrain {
 
@@ -39,6 +40,29 @@ class Deadline {
   explicit Deadline(SteadyClock::time_point at) : at_(at) {}
   SteadyClock::time_point at_;
 };
+
+// Polls done() until it returns true (then true) or `deadline` passes first
+// (then false; the caller says what it waited for). For waits with no
+// blocking call that takes a deadline (a CUDA event or stream): for `spin`
+// it polls back to back, yielding the core between polls (most such waits
+// end within it), then sleeps between polls, doubling from 10 us to 100 us,
+// so a long wait leaves the cores to others and wakes at most 100 us late.
+template <typename DoneFn>
+bool PollUntil(DoneFn&& done, Deadline deadline, std::chrono::microseconds spin) {
+  constexpr auto kMaxSleep = std::chrono::microseconds(100);
+  const Deadline spin_ends = Deadline::In(spin);
+  auto sleep = std::chrono::microseconds(10);
+  while (!done()) {
+    if (deadline.Expired()) return false;
+    if (!spin_ends.Expired()) {
+      std::this_thread::yield();
+      continue;
+    }
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, kMaxSleep);
+  }
+  return true;
+}
 
 }  // namespace pstrain
 

@@ -122,8 +122,9 @@ struct StepCheck {
   bool ok() const { return !bad_grad && !bad_weight; }
 };
 
-// How long a host thread waits for work queued on a device (a Fence) before
-// it calls the device hung: far past any step's work, short of forever.
+// How long a host thread waits for work queued on a device (a Fence, and the
+// waits inside Synchronize, CopyToHost and StopTiming) before it calls the
+// device hung: far past any step's work, short of forever.
 inline constexpr std::chrono::minutes kDeviceWaitTimeout{5};
 
 // The host's view of a point in one backend's queue: done once everything
@@ -306,6 +307,9 @@ class Backend {
   // (a device group's merge thread may apply the updates).
   virtual StepCheck TakeStepCheck() = 0;
   // Returns when everything asked for so far has finished on the device.
+  // A device that has not finished it within kDeviceWaitTimeout is hung: the
+  // process ends with a message naming it, as on a device error (so do
+  // CopyToHost and StopTiming, which wait too).
   virtual void Synchronize() = 0;
 
   // ---- timing (the executor's profile) ----

@@ -8,6 +8,7 @@
 #include <optional>
 #include <thread>
 
+#include "common/deadline.h"
 #include "common/env.h"
 #include "nn/cuda/cuda_check.h"
 #include "nn/cuda/cuda_factory.h"
@@ -88,6 +89,8 @@ Status CudaBackend::Init() {
   cudaDeviceProp prop;
   PSTRAIN_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, ordinal_), "cudaGetDeviceProperties");
   name_ = StrCat(prop.name, ", ", prop.totalGlobalMem >> 20, " MiB, sm_", prop.major, prop.minor);
+  // Before any stream: the waits on streams (AwaitStream) take their events here.
+  fence_events_ = std::make_shared<FenceEventPool>(ordinal_);
   PSTRAIN_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                                "creating the compute stream");
   PSTRAIN_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking),
@@ -127,7 +130,6 @@ Status CudaBackend::Init() {
         cudaSetDevice(ordinal);
         PSTRAIN_CUDA_CHECK(cudaFree(p));
       });
-  fence_events_ = std::make_shared<FenceEventPool>(ordinal_);
   for (int i = 0; i < kStagingSlots; ++i) RETURN_IF_ERROR(AddStagingSlot());
   void* download = nullptr;
   PSTRAIN_CUDA_RETURN_IF_ERROR(cudaMallocHost(&download, kStagingBytes), "pinned download buffer");
@@ -146,6 +148,27 @@ Status CudaBackend::Init() {
 }
 
 namespace {
+
+// How long a wait polls back to back before it sleeps between polls
+// (PollUntil): a fence's waiter (a merge or push thread, beside OpenMP's)
+// briefly; the thread that drives the device (Synchronize, a copy to the
+// host) longer, as cudaStreamSynchronize would spin, so that a wait of a few
+// milliseconds wakes at once.
+constexpr auto kFenceSpin = std::chrono::microseconds(50);
+constexpr auto kDriverSpin = std::chrono::milliseconds(5);
+
+// Whether the work before `event` has finished. The device must be current.
+bool EventDone(cudaEvent_t event) {
+  const cudaError_t e = cudaEventQuery(event);
+  if (e == cudaErrorNotReady) {
+    // Not an error, but it may be left as the thread's last error, which
+    // the next kernel launch's check would then report.
+    (void)cudaGetLastError();
+    return false;
+  }
+  PSTRAIN_CUDA_CHECK(e);
+  return true;
+}
 
 // Frees what a staging slot holds (any part may be missing).
 template <typename Slot>
@@ -193,12 +216,10 @@ Status CudaBackend::AddStagingSlot() {
 }
 
 CudaBackend::~CudaBackend() {
-  if (stream_ != nullptr) {
-    cudaSetDevice(ordinal_);
-    cudaStreamSynchronize(stream_);
+  // The work still queued reads and writes what is freed below.
+  for (cudaStream_t s : {stream_, copy_stream_, download_stream_}) {
+    if (s != nullptr) AwaitStream(s, "the work queued before the backend closed");
   }
-  if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
-  if (download_stream_ != nullptr) cudaStreamSynchronize(download_stream_);
   for (Staging& s : staging_) FreeStaging(s);
   if (download_ != nullptr) cudaFreeHost(download_);
   if (step_flags_ != nullptr) cudaFreeHost(step_flags_);
@@ -322,7 +343,7 @@ void CudaBackend::CopyFromHost(const float* src, const Tensor& dst) {
     if (s.used) {
       // The pinned buffer is free once its last upload finished; the device
       // buffer once the compute stream copied it out.
-      PSTRAIN_CUDA_CHECK(cudaEventSynchronize(s.uploaded));
+      AwaitEvent(s.uploaded, "an upload through a staging buffer");
       PSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, s.consumed, 0));
     }
     std::memcpy(s.host, from + done, n);
@@ -347,7 +368,7 @@ void CudaBackend::CopyToHost(const Tensor& src, float* dst) {
   for (size_t done = 0; done < bytes;) {
     const size_t n = std::min(kStagingBytes, bytes - done);
     PSTRAIN_CUDA_CHECK(cudaMemcpyAsync(download_, from + done, n, cudaMemcpyDeviceToHost, stream_));
-    PSTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    AwaitStream(stream_, "a copy to the host");
     std::memcpy(to + done, download_, n);
     done += n;
   }
@@ -414,42 +435,20 @@ class CudaFence : public Fence {
 
   bool Done() override {
     PSTRAIN_CUDA_CHECK(cudaSetDevice(ordinal_));
-    const cudaError_t e = cudaEventQuery(event_);
-    if (e == cudaErrorNotReady) {
-      // Not an error, but it may be left as the thread's last error, which
-      // the next kernel launch's check would then report.
-      (void)cudaGetLastError();
-      return false;
-    }
-    PSTRAIN_CUDA_CHECK(e);
-    return true;
+    return EventDone(event_);
   }
 
-  // Polled with a bounded back-off, since cudaEventSynchronize has no
-  // timeout: a few queries first (most fences are done, or nearly, when
-  // waited for), then sleeps doubling from 10 us to 100 us, so a waiting
-  // thread sleeps (the merge and push threads share the cores with OpenMP)
-  // and wakes at most 100 us late (a step of a small model waits for one
-  // fence per parameter).
+  // Polled (PollUntil), since cudaEventSynchronize has no timeout: briefly
+  // back to back (most fences are done, or nearly, when waited for), then
+  // sleeping, so a waiting thread leaves the cores to OpenMP (the merge and
+  // push threads share them) and wakes at most 100 us late (a step of a
+  // small model waits for one fence per parameter).
   Status Wait(Deadline deadline) override {
-    constexpr int kSpins = 32;
-    constexpr auto kMaxSleep = std::chrono::microseconds(100);
-    auto sleep = std::chrono::microseconds(10);
-    for (int poll = 0; !Done(); ++poll) {
-      if (deadline.Expired()) {
-        return Status::DeadlineExceeded(
-            StrCat("gpu(", ordinal_,
-                   "): the work queued before a fence did not finish in time "
-                   "(the device is hung or far slower than expected)"));
-      }
-      if (poll < kSpins) {
-        std::this_thread::yield();
-        continue;
-      }
-      std::this_thread::sleep_for(sleep);
-      sleep = std::min(sleep * 2, kMaxSleep);
-    }
-    return Status::Ok();
+    if (PollUntil([this] { return Done(); }, deadline, kFenceSpin)) return Status::Ok();
+    return Status::DeadlineExceeded(
+        StrCat("gpu(", ordinal_,
+               "): the work queued before a fence did not finish in time "
+               "(the device is hung or far slower than expected)"));
   }
 
  private:
@@ -599,7 +598,7 @@ void CudaBackend::StartTiming() {
 double CudaBackend::StopTiming() {
   SetDevice();
   PSTRAIN_CUDA_CHECK(cudaEventRecord(timing_stop_, stream_));
-  PSTRAIN_CUDA_CHECK(cudaEventSynchronize(timing_stop_));
+  AwaitEvent(timing_stop_, "the work timed");
   float ms = 0;
   PSTRAIN_CUDA_CHECK(cudaEventElapsedTime(&ms, timing_start_, timing_stop_));
   return ms / 1e3;
@@ -607,9 +606,29 @@ double CudaBackend::StopTiming() {
 
 void CudaBackend::Synchronize() {
   SetDevice();
-  PSTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  AwaitStream(stream_, "the work queued on the compute stream");
   // The downloads (the uploads are before the compute stream's work).
-  PSTRAIN_CUDA_CHECK(cudaStreamSynchronize(download_stream_));
+  AwaitStream(download_stream_, "the copies queued to the host");
+}
+
+void CudaBackend::AwaitEvent(cudaEvent_t event, const char* what) const {
+  SetDevice();
+  const bool done = PollUntil([event] { return EventDone(event); },
+                              Deadline::In(kDeviceWaitTimeout), kDriverSpin);
+  // As a device error does (PSTRAIN_CUDA_CHECK): the job cannot go on, and
+  // the tracker sees this worker end.
+  LOG_IF(FATAL, !done)
+      << device().ToString() << " (" << name_ << "): " << what << " did not finish in "
+      << std::chrono::duration_cast<std::chrono::seconds>(kDeviceWaitTimeout).count()
+      << " s: the device is hung or far slower than expected";
+}
+
+void CudaBackend::AwaitStream(cudaStream_t stream, const char* what) const {
+  SetDevice();
+  const cudaEvent_t e = fence_events_->Get();
+  PSTRAIN_CUDA_CHECK(cudaEventRecord(e, stream));
+  AwaitEvent(e, what);
+  fence_events_->Put(e);
 }
 
 }  // namespace pstrain::internal

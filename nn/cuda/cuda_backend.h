@@ -122,6 +122,12 @@ class CudaBackend : public Backend {
   explicit CudaBackend(const BackendOptions& options);
   Status Init();
   void SetDevice() const;
+  // Return once the work before `event`, or everything queued on `stream`
+  // so far, has finished. Polled with a deadline (kDeviceWaitTimeout), as
+  // the CUDA calls that block have none; a device that misses it is hung,
+  // and the process ends with a message naming the device and `what`.
+  void AwaitEvent(cudaEvent_t event, const char* what) const;
+  void AwaitStream(cudaStream_t stream, const char* what) const;
   // Lets this GPU and GPU `peer` read each other's memory where the pair
   // allows it (NVLink, PCIe peer-to-peer), the first time they copy:
   // without it cudaMemcpyPeerAsync stages every copy through host memory.

@@ -71,11 +71,11 @@ __global__ void SgdKernel(SgdArgs a, const float* __restrict__ grad, float* __re
     w[i] = wi;
     bad |= NonFinite(gi) | NonFinite(wi) << 1;
   }
-  // One write per warp that saw one (every lane gets here: blocks are whole
-  // warps, and no thread leaves the loop early).
-  const unsigned bad_grad = __ballot_sync(0xffffffffu, bad & 1u);
-  const unsigned bad_weight = __ballot_sync(0xffffffffu, bad & 2u);
-  if (a.flags != nullptr && (threadIdx.x & 31u) == 0) {
+  // One write over the bus per block that saw one (every thread of the
+  // block gets here: no thread leaves the loop early).
+  const int bad_grad = __syncthreads_or(bad & 1u);
+  const int bad_weight = __syncthreads_or(bad & 2u);
+  if (a.flags != nullptr && threadIdx.x == 0) {
     if (bad_grad != 0) ReportStep(&a.flags[0], a.param);
     if (bad_weight != 0) ReportStep(&a.flags[1], a.param);
   }

@@ -3,7 +3,7 @@
 // and element-wise steps, the optimizer step, whole models' training steps,
 // a LeNet run whose loss curve follows the CPU's, the caching allocator's
 // reuse in a step loop, and the same GPU listed two and three times training
-// like once (both merges). Without a GPU (or in a build without the
+// like once (both merges), fence waits that time out. Without a GPU (or in a build without the
 // CUDA backend) every test skips, saying why.
 #include <gtest/gtest.h>
 
@@ -946,6 +946,36 @@ TEST(GpuBackendTest, LargeHostCopiesGoThroughACappedStagingRing) {
   }
   const size_t ring_cap = size_t{32} << 22;
   EXPECT_LE(G.memory_stats().reserved - before, ring_cap) << "the staging ring grew past its cap";
+}
+
+// A fence whose work is still running when its deadline passes is
+// DeadlineExceeded naming the device (what a hung device looks like to the
+// merge and push threads), and waiting again with time to spare succeeds.
+// The device is kept busy for well over the deadline with queued additions
+// of a 1 GiB tensor (each reads and writes 3 GiB).
+TEST(GpuBackendTest, AFenceWaitThatOutlivesItsDeadlineIsDeadlineExceeded) {
+  SKIP_WITHOUT_GPU();
+  auto made = Backend::Create(Gpu());
+  ASSERT_OK(made.status());
+  Backend& G = **made;
+  const int64_t n = int64_t{1} << 28;
+  Tensor a = G.Empty({n}), b = G.Empty({n});
+  G.Fill(a, 1.0f);
+  G.Fill(b, 0.0f);
+  constexpr int kAdds = 100;
+  for (int i = 0; i < kAdds; ++i) G.Add(a, b);
+  std::unique_ptr<Fence> f = G.RecordFence();
+  const Status late = f->Wait(Deadline::In(std::chrono::milliseconds(1)));
+  EXPECT_EQ(late.code(), StatusCode::kDeadlineExceeded) << late;
+  EXPECT_NE(late.message().find("gpu(0)"), std::string::npos) << late;
+  ASSERT_OK(f->Wait(Deadline::In(kDeviceWaitTimeout)));
+  EXPECT_TRUE(f->Done());
+  // The polled waits (Synchronize, a copy to the host) see the whole queue.
+  for (int i = 0; i < kAdds; ++i) G.Add(a, b);
+  G.Synchronize();
+  float last = 0;
+  G.CopyToHost(b.Slice(n - 1, n), &last);
+  EXPECT_EQ(last, 2.0f * kAdds);
 }
 
 TEST(GpuBackendTest, AGpuThatIsNotThereIsAnErrorNamingIt) {
