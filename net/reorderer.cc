@@ -2,7 +2,12 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
+#include <string>
 #include <utility>
+#include <vector>
+
+#include "common/status.h"
 
 namespace pstrain {
 
@@ -42,18 +47,28 @@ Reorderer::Outcome Reorderer::Put(int sender, uint64_t stream, uint64_t seq, Mes
                                   bool hold, const Handler& handler) {
   InOrder& o = order_[sender];
   if (stream != o.stream) {
+    if (std::find(o.retired.begin(), o.retired.end(), stream) != o.retired.end()) {
+      LOG_EVERY_N(WARNING, 100) << name_ << ": dropped message " << seq << " from "
+                                << NodeIdName(sender)
+                                << ": it belongs to a numbering the sender replaced already";
+      return Outcome::kStale;
+    }
     // A new connection from that node (a replaced process): its numbers start
     // over, and what its predecessor left waiting is not coming.
     if (o.stream != 0 && verbose_ >= 1) {
       LOG(INFO) << name_ << ": " << NodeIdName(sender) << " numbers its messages anew ("
                 << o.stash.size() << " of the old numbering dropped)";
     }
+    std::vector<uint64_t> retired = std::move(o.retired);
+    if (o.stream != 0) retired.push_back(o.stream);
+    if (retired.size() > kMaxRetired) retired.erase(retired.begin());
     o = InOrder{};
     o.stream = stream;
+    o.retired = std::move(retired);
   }
   if (seq < o.expected || o.stash.count(seq) > 0) {
     LOG(WARNING) << name_ << ": dropped message " << seq << " from " << NodeIdName(sender)
-                 << ": that number was seen already";
+                 << ": that number was seen (or given up) already";
     return Outcome::kDuplicate;
   }
   if (!hold) {
@@ -79,17 +94,43 @@ Reorderer::Outcome Reorderer::Put(int sender, uint64_t stream, uint64_t seq, Mes
     }
     std::optional<Message> keep;
     if (msg != nullptr) keep = std::move(*msg);
+    if (o.stash.empty()) o.waiting_since = SteadyClock::now();
     o.stash.emplace(seq, std::move(keep));
     return Outcome::kStashed;
   }
   if (msg != nullptr) handler(std::move(*msg));
   ++o.expected;
+  HandOnFollowing(o, handler);
+  return Outcome::kHandedOn;
+}
+
+void Reorderer::HandOnFollowing(InOrder& o, const Handler& handler) {
   while (!o.stash.empty() && o.stash.begin()->first == o.expected) {
     auto node = o.stash.extract(o.stash.begin());
     if (node.mapped().has_value()) handler(std::move(*node.mapped()));
     ++o.expected;
   }
-  return Outcome::kHandedOn;
+  // What still waits, waits for a later number: its wait starts now.
+  if (!o.stash.empty()) o.waiting_since = SteadyClock::now();
+}
+
+size_t Reorderer::SkipOverdue(SteadyClock::time_point now, SteadyClock::duration timeout,
+                              const Handler& handler) {
+  size_t given_up = 0;
+  for (auto& [sender, o] : order_) {
+    if (o.stash.empty() || now - o.waiting_since < timeout) continue;
+    const uint64_t next = o.stash.begin()->first;
+    LOG(ERROR) << name_ << ": message" << (next - o.expected > 1 ? "s " : " ") << o.expected
+               << (next - o.expected > 1 ? StrCat("-", next - 1) : std::string()) << " from "
+               << NodeIdName(sender) << " never arrived in "
+               << std::chrono::duration_cast<std::chrono::seconds>(timeout).count()
+               << " s (lost); the " << o.stash.size()
+               << " later messages that waited go on without it";
+    given_up += next - o.expected;
+    o.expected = next;
+    HandOnFollowing(o, handler);
+  }
+  return given_up;
 }
 
 }  // namespace pstrain

@@ -14,7 +14,13 @@
 //   - a number seen before (handed on or waiting) is refused and logged;
 //   - a new numbering from a sender (its process replaced by a new one, or a
 //     new connection) starts over at the new numbering's first message, and
-//     whatever still waited under the old numbering is forgotten;
+//     whatever still waited under the old numbering is forgotten; a message
+//     of an old numbering that arrives after that is refused (kStale), so a
+//     straggler of the replaced process cannot restart the order;
+//   - a number missing for longer than the caller's timeout (a message lost
+//     without a header to say which, as a corrupt queue entry) is given up
+//     (SkipOverdue): the messages that waited for it go on, and the lost
+//     one's request fails by its own deadline;
 //   - a sender whose queue this node does not read (it has not mapped the
 //     sender's arena, yet or at all) sends everything over ZeroMQ, in order:
 //     its numbers are passed (Pass) as they come, never held, so the numbering
@@ -35,7 +41,9 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "common/deadline.h"
 #include "net/message.h"
 
 namespace pstrain {
@@ -51,7 +59,12 @@ class Reorderer {
     kStashed,    // an earlier number is missing: it waits
     kDuplicate,  // that number was handed on, skipped or is waiting already: ignored
     kRefused,    // kMaxHeld of the sender's wait already: ignored
+    kStale,      // a numbering the sender replaced already: ignored
   };
+  // Whether the message (or number) was ignored, not handed on or kept.
+  static bool Ignored(Outcome o) {
+    return o == Outcome::kDuplicate || o == Outcome::kRefused || o == Outcome::kStale;
+  }
   // Messages of one sender that may wait for an earlier number before the
   // sender's shared-memory queue stops being read (Paused): the missing one is
   // then on ZeroMQ, behind them.
@@ -60,6 +73,8 @@ class Reorderer {
   // protocol never comes near: its queue is not read past kMaxStashed, and
   // its ZeroMQ messages are drained between reads of the queue.
   static constexpr size_t kMaxHeld = 2 * kMaxStashed;
+  // Replaced numberings remembered per sender (to refuse their stragglers).
+  static constexpr size_t kMaxRetired = 8;
 
   // `name` and `verbose` (VanOptions') only shape log lines.
   Reorderer(std::string name, int verbose);
@@ -81,6 +96,13 @@ class Reorderer {
   // those that follow it without a gap; the sender's next expected number is
   // past them all. kDuplicate for a number seen.
   Outcome Pass(int sender, uint64_t stream, uint64_t seq, Message* msg, const Handler& handler);
+  // Gives up every number that the messages waiting behind it have waited
+  // for since `timeout` before `now` or longer (logged as an error, naming
+  // the sender and the number): they are handed on, up to the next gap,
+  // which starts its own wait. Returns how many numbers were given up. The
+  // Van calls it a few times a second.
+  size_t SkipOverdue(SteadyClock::time_point now, SteadyClock::duration timeout,
+                     const Handler& handler);
 
   // Whether kMaxStashed or more of `sender`'s messages wait for an earlier
   // number (the receive thread stops reading that sender's queue).
@@ -97,7 +119,12 @@ class Reorderer {
     uint64_t stream = 0;  // 0: none seen yet (a numbering is never 0)
     uint64_t expected = 0;
     std::map<uint64_t, std::optional<Message>> stash;
+    // (stash not empty) Since when the stash has waited for `expected`.
+    SteadyClock::time_point waiting_since;
+    std::vector<uint64_t> retired;  // replaced numberings, the newest last
   };
+  // Hands on the stash's messages that follow `o.expected` without a gap.
+  void HandOnFollowing(InOrder& o, const Handler& handler);
   // Deliver (msg) or Skip (null); `hold` false: Pass.
   Outcome Put(int sender, uint64_t stream, uint64_t seq, Message* msg, bool hold,
               const Handler& handler);

@@ -372,6 +372,8 @@ void Van::ReceiveLoop() {
   while (!stop_.load()) {
     if (const auto now = std::chrono::steady_clock::now(); now >= events_due) {
       DrainConnectionEvents();
+      dropped_ += static_cast<int64_t>(order_.SkipOverdue(
+          now, std::chrono::milliseconds(options_.order_gap_timeout_ms), handler_));
       events_due = now + kEventsEvery;
     }
     const ShmInbox::Entries& inbound = inbox_.Current();
@@ -437,7 +439,7 @@ void Van::Drop(const Message* msg, const std::string& why, int queue_owner) {
     const Reorderer::Outcome outcome =
         mapping != nullptr ? order_.Skip(slot->sender, slot->stream, slot->seq, handler_)
                            : order_.Pass(slot->sender, slot->stream, slot->seq, nullptr, handler_);
-    if (outcome == Reorderer::Outcome::kDuplicate || outcome == Reorderer::Outcome::kRefused) {
+    if (Reorderer::Ignored(outcome)) {
       ++dropped_;
     }
   }
@@ -542,7 +544,7 @@ void Van::Finish(Message&& msg) {
   const Reorderer::Outcome outcome =
       sender_arena != nullptr ? order_.Deliver(sender, stream, seq, std::move(msg), handler_)
                               : order_.Pass(sender, stream, seq, &msg, handler_);
-  if (outcome == Reorderer::Outcome::kDuplicate || outcome == Reorderer::Outcome::kRefused) {
+  if (Reorderer::Ignored(outcome)) {
     ++dropped_;
   }
 }

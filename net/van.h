@@ -82,6 +82,10 @@ struct VanOptions {
   // Milliseconds between ZeroMQ's attempts to reach a peer that cannot be
   // reached; 0: ZeroMQ's default (100). Tests make retries come fast.
   int reconnect_interval_ms = 0;
+  // How long the messages of a co-located sender wait for an earlier number
+  // that has not arrived before it is given up as lost (Reorderer::SkipOverdue).
+  // Both paths deliver on this host within far less.
+  int order_gap_timeout_ms = 30000;
 };
 
 class Doorbell;

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <deque>
 #include <random>
 #include <vector>
@@ -149,6 +150,91 @@ TEST(ReordererTest, ARestartedSenderNumbersAnewAndItsOldWaitingMessagesAreForgot
   EXPECT_EQ(r.Deliver(kSender, 2222, 1, Tagged(kSender, 51), h), Out::kHandedOn);
   EXPECT_EQ(sink.ids(), (std::vector<uint64_t>{0, 1, 50, 51, 52}));
   EXPECT_EQ(r.expected(kSender), 3u);
+}
+
+// A message of the replaced numbering that arrives after the new one began
+// (a straggler of the replaced process) is refused: before, it restarted the
+// order under the old numbering, and the new numbering's next message then
+// waited forever for numbers handed on already.
+TEST(ReordererTest, AStragglerOfAReplacedNumberingIsRefused) {
+  Reorderer r("test", 0);
+  Sink sink;
+  const auto h = sink.handler();
+  EXPECT_EQ(r.Deliver(kSender, 1111, 0, Tagged(kSender, 0), h), Out::kHandedOn);
+  EXPECT_EQ(r.Deliver(kSender, 2222, 0, Tagged(kSender, 50), h), Out::kHandedOn);
+  EXPECT_EQ(r.Deliver(kSender, 2222, 1, Tagged(kSender, 51), h), Out::kHandedOn);
+  EXPECT_EQ(r.Deliver(kSender, 1111, 1, Tagged(kSender, 1), h), Out::kStale);
+  EXPECT_EQ(r.Skip(kSender, 1111, 2, h), Out::kStale);
+  EXPECT_EQ(r.Pass(kSender, 1111, 3, nullptr, h), Out::kStale);
+  EXPECT_TRUE(Reorderer::Ignored(Out::kStale));
+  EXPECT_EQ(r.Deliver(kSender, 2222, 2, Tagged(kSender, 52), h), Out::kHandedOn);
+  EXPECT_EQ(sink.ids(), (std::vector<uint64_t>{0, 50, 51, 52}));
+  // A third numbering retires the second; the first stays refused.
+  EXPECT_EQ(r.Deliver(kSender, 3333, 0, Tagged(kSender, 70), h), Out::kHandedOn);
+  EXPECT_EQ(r.Deliver(kSender, 2222, 3, Tagged(kSender, 53), h), Out::kStale);
+  EXPECT_EQ(r.Deliver(kSender, 1111, 4, Tagged(kSender, 4), h), Out::kStale);
+  EXPECT_EQ(r.expected(kSender), 1u);
+}
+
+// Only the last kMaxRetired numberings are remembered (the memory stays
+// bounded however often a sender is replaced).
+TEST(ReordererTest, RetiredNumberingsAreBounded) {
+  Reorderer r("test", 0);
+  Sink sink;
+  const auto h = sink.handler();
+  const uint64_t first = 100;
+  const uint64_t last = first + Reorderer::kMaxRetired + 1;
+  for (uint64_t stream = first; stream <= last; ++stream) {
+    ASSERT_EQ(r.Deliver(kSender, stream, 0, Tagged(kSender, stream), h), Out::kHandedOn);
+  }
+  EXPECT_EQ(r.Deliver(kSender, last - 1, 1, Tagged(kSender, 1), h), Out::kStale);
+  EXPECT_EQ(r.Deliver(kSender, last - Reorderer::kMaxRetired, 1, Tagged(kSender, 1), h),
+            Out::kStale);
+  // The oldest is forgotten: it counts as a new numbering again.
+  EXPECT_EQ(r.Deliver(kSender, first, 0, Tagged(kSender, 999), h), Out::kHandedOn);
+}
+
+// A number that never arrives (its message lost with no header to say which)
+// is given up once the messages behind it waited past the timeout: they go
+// on, up to the next gap, whose wait starts then; the lost one, arriving
+// after all, is refused as seen.
+TEST(ReordererTest, ANumberMissingPastTheTimeoutIsGivenUp) {
+  Reorderer r("test", 0);
+  Sink sink;
+  const auto h = sink.handler();
+  const auto timeout = std::chrono::seconds(30);
+  EXPECT_EQ(r.Deliver(kSender, kStream, 0, Tagged(kSender, 0), h), Out::kHandedOn);
+  EXPECT_EQ(r.Deliver(kSender, kStream, 2, Tagged(kSender, 2), h), Out::kStashed);
+  EXPECT_EQ(r.Deliver(kSender, kStream, 3, Tagged(kSender, 3), h), Out::kStashed);
+  EXPECT_EQ(r.Deliver(kSender, kStream, 5, Tagged(kSender, 5), h), Out::kStashed);
+  EXPECT_EQ(r.Deliver(kOther, kStream, 0, Tagged(kOther, 100), h), Out::kHandedOn);
+  const auto start = SteadyClock::now();
+  EXPECT_EQ(r.SkipOverdue(start, timeout, h), 0u);
+  EXPECT_EQ(r.SkipOverdue(start + std::chrono::seconds(10), timeout, h), 0u);
+  EXPECT_EQ(sink.ids(), (std::vector<uint64_t>{0, 100}));
+  EXPECT_EQ(r.SkipOverdue(start + std::chrono::seconds(31), timeout, h), 1u);
+  EXPECT_EQ(sink.ids(), (std::vector<uint64_t>{0, 100, 2, 3}));
+  EXPECT_EQ(r.expected(kSender), 4u);
+  EXPECT_EQ(r.waiting(kSender), 1u);
+  EXPECT_EQ(r.Deliver(kSender, kStream, 1, Tagged(kSender, 1), h), Out::kDuplicate);
+  // Number 4's wait began when 2 and 3 went on: not overdue at once.
+  EXPECT_EQ(r.SkipOverdue(SteadyClock::now(), timeout, h), 0u);
+  EXPECT_EQ(r.Deliver(kSender, kStream, 4, Tagged(kSender, 4), h), Out::kHandedOn);
+  EXPECT_EQ(sink.ids(), (std::vector<uint64_t>{0, 100, 2, 3, 4, 5}));
+  EXPECT_EQ(r.waiting(kSender), 0u);
+  EXPECT_EQ(r.SkipOverdue(start + std::chrono::hours(1), timeout, h), 0u) << "nothing waits";
+}
+
+// Several numbers in a row missing are given up together.
+TEST(ReordererTest, AMissingRunIsGivenUpWhole) {
+  Reorderer r("test", 0);
+  Sink sink;
+  const auto h = sink.handler();
+  EXPECT_EQ(r.Deliver(kSender, kStream, 4, Tagged(kSender, 4), h), Out::kStashed);
+  EXPECT_EQ(
+      r.SkipOverdue(SteadyClock::now() + std::chrono::minutes(1), std::chrono::seconds(30), h), 4u);
+  EXPECT_EQ(sink.ids(), (std::vector<uint64_t>{4}));
+  EXPECT_EQ(r.expected(kSender), 5u);
 }
 
 TEST(ReordererTest, SendersAreOrderedIndependently) {
