@@ -7,6 +7,7 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/status.h"
 #include "tools/commands.h"
 
 namespace pstrain {
@@ -158,6 +160,55 @@ void NormalizeFlagNames(std::vector<std::string>* args) {
   }
 }
 
+// What gflags would refuse in `args` (after NormalizeFlagNames; args[0] is
+// the program), checked first so that a usage error exits 2 with our message:
+// gflags itself exits 1. Empty when the flags parse. Left to gflags whenever
+// --flagfile, --fromenv, --tryfromenv or --undefok is given (they read flags
+// from elsewhere, or allow unknown ones).
+std::string FlagError(const std::vector<std::string>& args) {
+  // As the help spells flags (NormalizeFlagNames made the dashes underscores).
+  auto dashed = [](std::string name) {
+    std::replace(name.begin(), name.end(), '_', '-');
+    return "--" + name;
+  };
+  for (const std::string& a : args) {
+    for (const char* special : {"flagfile", "fromenv", "tryfromenv", "undefok"}) {
+      if (a.find(special) != std::string::npos) return "";
+    }
+  }
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") break;
+    if (a.size() < 2 || a[0] != '-') continue;  // a positional argument
+    const size_t name_start = a[1] == '-' ? 2 : 1;
+    const size_t eq = a.find('=');
+    const std::string name = a.substr(name_start, eq == std::string::npos ? eq : eq - name_start);
+    gflags::CommandLineFlagInfo info;
+    if (!gflags::GetCommandLineFlagInfo(name.c_str(), &info)) {
+      if (name.rfind("no", 0) == 0 && eq == std::string::npos &&
+          gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info) && info.type == "bool") {
+        continue;
+      }
+      return StrCat("unknown command line flag '", dashed(name), "'");
+    }
+    std::string value;
+    if (eq != std::string::npos) {
+      value = a.substr(eq + 1);
+    } else if (info.type == "bool") {
+      continue;
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
+    } else {
+      return StrCat("flag '", dashed(name), "' is missing its value");
+    }
+    // Parsed as gflags parses it (and set, as the parse then sets it again).
+    if (gflags::SetCommandLineOption(name.c_str(), value.c_str()).empty()) {
+      return StrCat("illegal value '", value, "' for ", info.type, " flag '", dashed(name), "'");
+    }
+  }
+  return "";
+}
+
 }  // namespace
 }  // namespace pstrain
 
@@ -216,6 +267,11 @@ int main(int argc, char** argv) {
     args.push_back(a);
   }
   pstrain::NormalizeFlagNames(&args);
+  if (const std::string error = pstrain::FlagError(args); !error.empty()) {
+    std::fprintf(stderr, "pstrain %s: %s (see `pstrain %s --help`)\n", cmd->name, error.c_str(),
+                 cmd->name);
+    return 2;
+  }
 
   std::vector<char*> cargv;
   for (std::string& a : args) cargv.push_back(a.data());

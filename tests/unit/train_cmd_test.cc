@@ -64,11 +64,34 @@ TEST(CommandLineTest, NoPrefixTurnsABooleanFlagOffAsInMxnet) {
   EXPECT_NE(RunPstrain("im2rec --list --no-shuffle " + empty + "/p " + empty, &out), 0);
   EXPECT_EQ(out.find("unknown command line flag"), std::string::npos) << out;
   EXPECT_NE(out.find("no images"), std::string::npos) << out;
-  EXPECT_NE(RunPstrain("im2rec --list --no-such-thing " + empty + "/p " + empty, &out), 0);
-  EXPECT_NE(out.find("unknown command line flag 'no_such_thing'"), std::string::npos) << out;
+  EXPECT_EQ(RunPstrain("im2rec --list --no-such-thing " + empty + "/p " + empty, &out), 2);
+  EXPECT_NE(out.find("unknown command line flag '--no-such-thing'"), std::string::npos) << out;
   // Not a boolean: left as written, and refused.
-  EXPECT_NE(RunPstrain("train --no-network x", &out), 0);
-  EXPECT_NE(out.find("unknown command line flag 'no_network'"), std::string::npos) << out;
+  EXPECT_EQ(RunPstrain("train --no-network x", &out), 2);
+  EXPECT_NE(out.find("unknown command line flag '--no-network'"), std::string::npos) << out;
+}
+
+// A flag that does not exist, a value of the wrong type and a missing value
+// are usage errors: exit 2 (gflags itself exits 1) with the flag named as the
+// help spells it, before anything runs.
+TEST(CommandLineTest, BadFlagsAreUsageErrors) {
+  std::string out;
+  EXPECT_EQ(RunPstrain("summary --network lenet --no-such-flag", &out), 2) << out;
+  EXPECT_NE(out.find("pstrain summary: unknown command line flag '--no-such-flag' (see `pstrain "
+                     "summary --help`)"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(RunPstrain("train --network mlp --num-epochs abc", &out), 2) << out;
+  EXPECT_NE(out.find("illegal value 'abc' for int32 flag '--num-epochs'"), std::string::npos)
+      << out;
+  EXPECT_EQ(RunPstrain("train --network mlp --lr=fast", &out), 2) << out;
+  EXPECT_NE(out.find("illegal value 'fast' for double flag '--lr'"), std::string::npos) << out;
+  EXPECT_EQ(RunPstrain("summary --network", &out), 2) << out;
+  EXPECT_NE(out.find("flag '--network' is missing its value"), std::string::npos) << out;
+  // Well-formed flags in every spelling still parse.
+  EXPECT_EQ(RunPstrain("summary -network=lenet --image_shape 1,28,28 --num-classes=10", &out), 0)
+      << out;
+  EXPECT_NE(out.find("\ntotal parameters: 431080\n"), std::string::npos) << out;
 }
 
 // Image shapes are integers of a size an image can have: 28.9 or 1e10 are
@@ -251,14 +274,13 @@ TEST(TrainCmdTest, EmulatedComputeFlags) {
   for (const Bad& bad : {
            Bad{"--emulate-compute -1", 2, "--emulate-compute=-1 must be a number of seconds"},
            Bad{"--emulate-compute=0", 2, "--emulate-compute=0 must be a number of seconds"},
-           Bad{"--emulate-compute abc", 1,
-               "illegal value 'abc' specified for double flag "
-               "'emulate_compute'"},  // gflags' own parser
+           Bad{"--emulate-compute abc", 2,
+               "illegal value 'abc' for double flag '--emulate-compute'"},  // gflags' parser
            Bad{"--emulate-compute nan", 2, "--emulate-compute='nan' is not a number"},
            Bad{"--emulate-compute 0.1 --time-dilation 0.5", 2,
                "--time-dilation=0.5 must be a factor >= 1"},
-           Bad{"--emulate-compute 0.1 --time-dilation x2", 1,
-               "illegal value 'x2' specified for double flag 'time_dilation'"},
+           Bad{"--emulate-compute 0.1 --time-dilation x2", 2,
+               "illegal value 'x2' for double flag '--time-dilation'"},
            Bad{"--time-dilation 2", 2, "--time-dilation=2 needs --emulate-compute"},
        }) {
     std::string out;
