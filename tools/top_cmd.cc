@@ -10,10 +10,14 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "common/deadline.h"
 #include "common/env.h"
 #include "logtools/job_view.h"
 #include "logtools/live_display.h"
@@ -21,6 +25,9 @@
 
 DEFINE_bool(once, false, "print one frame of the view and exit (for scripts)");
 DEFINE_int32(interval_ms, 500, "how often the logs are read again while following the job");
+DEFINE_int32(timeout_s, 0,
+             "stop following after this many seconds: print the view and exit 124 (a job whose "
+             "launcher died on another host never writes its end); 0: until the job ends");
 
 namespace pstrain {
 namespace {
@@ -88,7 +95,8 @@ void PrintFrame(const std::vector<std::string>& lines) {
 
 int RunTop(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(stderr, "usage: pstrain top LOG_DIR [--once] [--interval-ms MS]\n");
+    std::fprintf(stderr,
+                 "usage: pstrain top LOG_DIR [--once] [--interval-ms MS] [--timeout-s S]\n");
     return 2;
   }
   if (FLAGS_interval_ms < 50 || FLAGS_interval_ms > 60000) {
@@ -96,6 +104,12 @@ int RunTop(int argc, char** argv) {
                  FLAGS_interval_ms);
     return 2;
   }
+  if (FLAGS_timeout_s < 0) {
+    std::fprintf(stderr, "pstrain top: --timeout-s %d is negative\n", FLAGS_timeout_s);
+    return 2;
+  }
+  const Deadline deadline =
+      FLAGS_timeout_s > 0 ? Deadline::In(std::chrono::seconds(FLAGS_timeout_s)) : Deadline::Never();
   const std::string dir = argv[1];
   logtools::JobLogFollower follower(dir);
   logtools::JobView view;
@@ -138,10 +152,18 @@ int RunTop(int argc, char** argv) {
   KeyReader keys;
   int exit_code = 0;
   if (tty) display.Draw(frame(true), true);
+  bool timed_out = false;
   while (!view.ended()) {
+    if (deadline.Expired()) {
+      timed_out = true;
+      exit_code = 124;  // as timeout(1)
+      break;
+    }
     pollfd fds[2] = {{g_top_stop_pipe[0], POLLIN, 0}, {0, POLLIN, 0}};
     const nfds_t count = keys.active() ? 2 : 1;
-    if (poll(fds, count, FLAGS_interval_ms) > 0) {
+    const int wait_ms =
+        static_cast<int>(std::min<int64_t>(FLAGS_interval_ms, deadline.RemainingMillis()));
+    if (poll(fds, count, wait_ms) > 0) {
       unsigned char sig = 0;
       if ((fds[0].revents & POLLIN) != 0 && read(g_top_stop_pipe[0], &sig, 1) == 1) {
         exit_code = 128 + sig;
@@ -165,6 +187,10 @@ int RunTop(int argc, char** argv) {
     display.Release();
   } else {
     PrintFrame(frame(false));
+  }
+  if (timed_out) {
+    std::fprintf(stderr, "pstrain top: the job had not ended after --timeout-s %d\n",
+                 FLAGS_timeout_s);
   }
   return exit_code;
 }

@@ -300,5 +300,36 @@ TEST(LiveViewTest, TopFollowsARunningJobUntilQ) {
   EXPECT_EQ(run.exit_code(), 128 + SIGTERM) << run.output;
 }
 
+// Without a terminal, top follows a running job to its end, or until
+// --timeout-s: then it prints the frame it has and exits 124 (a launcher that
+// died on another host never writes the end).
+TEST(LiveViewTest, TopWithoutATerminalStopsAtItsTimeout) {
+  TempDir dir;
+  const std::string logs = dir.Sub("logs");
+  Launch launch({"-n", "1", "-s", "1", "--launcher", "local", "--log-dir", logs, "--timeout", "90",
+                 "--no-keys", "--", "sh", "-c", "echo started; sleep 60"},
+                dir.path());
+  ASSERT_TRUE(launch.PumpUntil([&] { return fs::exists(logs + "/worker-0.log"); }, 30000));
+  int status = 0;
+  const auto start = SteadyClock::now();
+  const std::string out =
+      RunCommand({PstrainBinary(), "top", logs, "--timeout-s", "1"}, &status, 20000);
+  const auto took = SteadyClock::now() - start;
+  ASSERT_TRUE(WIFEXITED(status)) << out;
+  EXPECT_EQ(WEXITSTATUS(status), 124) << out;
+  EXPECT_NE(out.find("the job had not ended after --timeout-s 1"), std::string::npos) << out;
+  EXPECT_NE(out.find(": running"), std::string::npos) << out;
+  EXPECT_GE(took, std::chrono::seconds(1));
+  EXPECT_LT(took, std::chrono::seconds(15));
+  int bad = 0;
+  RunCommand({PstrainBinary(), "top", logs, "--timeout-s", "-1"}, &bad);
+  EXPECT_TRUE(WIFEXITED(bad) && WEXITSTATUS(bad) == 2);
+
+  ASSERT_GT(launch.pid(), 0);
+  kill(launch.pid(), SIGTERM);
+  LaunchRun run = launch.Wait(30000);
+  EXPECT_EQ(run.exit_code(), 128 + SIGTERM) << run.output;
+}
+
 }  // namespace
 }  // namespace pstrain::testing
