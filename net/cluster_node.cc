@@ -114,6 +114,12 @@ Status ClusterNode::SendBatch(int id, const std::vector<const Message*>& msgs, s
   return van_->SendBatch(id, msgs, sent);
 }
 
+ConnectionReport ClusterNode::DescribeConnection(int id) const {
+  std::shared_lock<std::shared_mutex> l(van_mu_);
+  if (van_ == nullptr) return {ConnectionReport::kNone, "the node stopped"};
+  return van_->DescribeConnection(id);
+}
+
 int64_t ClusterNode::shm_messages() const {
   std::shared_lock<std::shared_mutex> l(van_mu_);
   return van_ != nullptr ? van_->shm_sent() + van_->shm_queued() : 0;
@@ -429,6 +435,10 @@ void ClusterNode::Dispatch(Message&& msg) {
       LOG(WARNING) << Self() << ": " << NodeIdName(lost)
                    << " is lost; the job goes on without it (PSTRAIN_WORKER_LOSS=continue)";
       for (const auto& listener : lost_listeners_) listener(lost);
+      // A server lets the dead worker's connection go (ZeroMQ would try to
+      // reach it for the rest of the job) and with it the mapping of its
+      // arena, whose memory lives on while a process maps it.
+      van_->Disconnect(lost);
       return;
     }
     case CMD_WORKER_FINISHED: {

@@ -144,6 +144,9 @@ class ClusterNode {
   void Stop();
 
   Status Send(int id, const Message& msg);
+  // The state of the connection to node `id` (Van::DescribeConnection): kNone
+  // when there is none (never opened; let go, as a lost worker's; stopped).
+  ConnectionReport DescribeConnection(int id) const;
   // Van::SendBatch.
   Status SendBatch(int id, const std::vector<const Message*>& msgs, size_t* sent = nullptr);
   // Buffers for values this node sends, in its shared-memory arena when it has

@@ -58,6 +58,15 @@ void ShmInbox::Add(int peer, std::shared_ptr<ShmMapping> mapping) {
   ++version_;
 }
 
+void ShmInbox::Remove(int peer) {
+  MutexLock l(&mu_);
+  auto it =
+      std::find_if(added_.begin(), added_.end(), [peer](const auto& p) { return p.first == peer; });
+  if (it == added_.end()) return;
+  added_.erase(it);
+  ++version_;
+}
+
 const ShmInbox::Entries& ShmInbox::Current() {
   if (version_.load() != current_version_) {
     MutexLock l(&mu_);

@@ -63,6 +63,8 @@ class ShmInbox {
   // From now on `peer`'s queue is read in `mapping` (which replaces an earlier
   // mapping of that id: a replaced process).
   void Add(int peer, std::shared_ptr<ShmMapping> mapping) EXCLUDES(mu_);
+  // From now on `peer`'s queue is not read (a peer gone for good).
+  void Remove(int peer) EXCLUDES(mu_);
   // The peers to read, with every Add so far. Takes the lock only when Add was
   // called since the last call; the reference stays valid until the next call.
   const Entries& Current() EXCLUDES(mu_);

@@ -210,6 +210,9 @@ void Van::Disconnect(int id) {
   if (it == peers_.end()) return;
   old = std::move(it->second);
   peers_.erase(it);
+  // Its queue is no longer read; its arena is unmapped once the values read
+  // from it are gone.
+  if (old->theirs != nullptr) inbox_.Remove(id);
 }
 
 std::shared_ptr<Van::Peer> Van::FindPeer(int id) {

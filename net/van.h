@@ -142,6 +142,9 @@ class Van {
   // peer process replaced by a new one, before the new one maps our arena.
   Status Connect(int id, const std::string& host, int port, const ShmInfo* shm = nullptr)
       EXCLUDES(mu_);
+  // Closes the connection to `id` (sends to it fail from then on) and stops
+  // reading its shared-memory queue; its arena is unmapped once the values
+  // read from it are gone. Nothing when there is none.
   void Disconnect(int id) EXCLUDES(mu_);
   // What happened to the connection to node `id` so far, for error messages.
   ConnectionReport DescribeConnection(int id) EXCLUDES(mu_);

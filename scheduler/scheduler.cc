@@ -561,6 +561,7 @@ void Scheduler::LoseWorker(int id, const std::string& why) {
                << options_.num_workers << " workers (PSTRAIN_WORKER_LOSS=continue)";
   lost_.insert(id);
   Broadcast(notice, -1);
+  van_->Disconnect(id);  // nothing more goes to it (Broadcast skips it)
   for (auto& [group, b] : barriers_) MaybeReleaseBarrier(group);
   for (auto it = replacing_.begin(); it != replacing_.end();) {
     it->second.waiting.erase(id);

@@ -66,6 +66,9 @@ struct JobSpec {
   std::function<void(int port)> on_scheduler;
   // Called on a server's thread with its rank and port before it registers.
   std::function<void(int rank, int port)> on_server;
+  // Called on a server's thread with its rank and node before it registers,
+  // and with null once its node is gone.
+  std::function<void(int rank, ClusterNode* node)> on_server_node;
 };
 
 // Runs a job; `body(kv)` runs on every worker between Start and Finish.
@@ -96,6 +99,14 @@ inline JobResult RunJobWith(int S, int W, const Body& body, const JobSpec& spec)
         return;
       }
       if (spec.on_server) spec.on_server(s, (*node)->port());
+      if (spec.on_server_node) spec.on_server_node(s, node->get());
+      struct Gone {
+        const JobSpec& spec;
+        int s;
+        ~Gone() {
+          if (spec.on_server_node) spec.on_server_node(s, nullptr);
+        }
+      } gone{spec, s};
       KVServer server(node->get(), spec.server);
       if (spec.kill_now != nullptr && s == S - 1) {
         // This server "dies": it registers, then goes silent when told to.

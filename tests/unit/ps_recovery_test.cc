@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -318,6 +319,7 @@ TEST(ServerSnapshotTest, ANewJobForgetsTheLastJobsConfigurationAndKeys) {
 // PSTRAIN_WORKER_LOSS=continue: a worker that dies silently is dropped; its
 // open rounds close with the others' pushes and the gradients are rescaled
 // to the workers left, so each round still moves the weights by exactly 1.
+// The servers let the dead worker's connection (and its arena) go.
 TEST(LostWorkerTest, TheJobGoesOnWithTheWorkersLeftAndRescales) {
   const int kSteps = 8, kDiesAfter = 3;
   const std::vector<uint64_t> keys = {5, 9};
@@ -328,6 +330,23 @@ TEST(LostWorkerTest, TheJobGoesOnWithTheWorkersLeftAndRescales) {
   // Worker thread w is worker rank w.
   spec.tweak_worker = [](int w, ClusterOptions* o) { o->launch_rank = w; };
   spec.server.round_timeout_ms = 0;
+  spec.shm_bytes = 8 << 20;
+  std::mutex servers_mu;
+  std::vector<ClusterNode*> servers(2, nullptr);
+  spec.on_server_node = [&](int rank, ClusterNode* node) {
+    std::lock_guard<std::mutex> l(servers_mu);
+    servers[rank] = node;
+  };
+  // Whether every server still has a connection to worker `rank`.
+  auto connected = [&](int rank) {
+    std::lock_guard<std::mutex> l(servers_mu);
+    bool all = true;
+    for (ClusterNode* s : servers) {
+      all &= s != nullptr && s->DescribeConnection(WorkerId(rank)).kind != ConnectionReport::kNone;
+    }
+    return all;
+  };
+  std::atomic<bool> let_go{false};
   std::vector<std::vector<float>> finals(3);
   testing::JobResult r = testing::RunJobWith(
       2, 3,
@@ -350,6 +369,15 @@ TEST(LostWorkerTest, TheJobGoesOnWithTheWorkersLeftAndRescales) {
         }
         RETURN_IF_ERROR(kv.Barrier(Deadline::InMillis(10000)));  // barriers count the living
         finals[kv.rank()] = w;
+        if (kv.rank() == 0) {
+          const Deadline deadline = Deadline::InMillis(5000);
+          while (connected(2) && !deadline.Expired()) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          }
+          let_go = !connected(2) && connected(0) && connected(1);
+        }
+        // Both stay until the check is done (the servers end with the job).
+        RETURN_IF_ERROR(kv.Barrier(Deadline::InMillis(10000)));
         return Status::Ok();
       },
       spec);
@@ -358,6 +386,7 @@ TEST(LostWorkerTest, TheJobGoesOnWithTheWorkersLeftAndRescales) {
   EXPECT_TRUE(r.workers[0].ok()) << r.workers[0];
   EXPECT_TRUE(r.workers[1].ok()) << r.workers[1];
   EXPECT_FALSE(r.workers[2].ok());
+  EXPECT_TRUE(let_go) << "a server kept its connection to the lost worker, or lost a live one's";
   for (int w = 0; w < 2; ++w) {
     ASSERT_EQ(finals[w].size(), 300100u);
     size_t wrong = 0;
