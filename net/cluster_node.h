@@ -107,6 +107,10 @@ class ClusterNode {
   // Install before Start(): runs on the receive thread after each pass of
   // messages it handed on (Van::SetBurstEnd).
   void SetBurstEndHandler(std::function<void()> handler);
+  // Listeners are never removed: their owner must outlive the node's
+  // receiving, and every Fail on the node (the KV client and server stop
+  // receiving in their destructors; a failure listener runs on the thread
+  // that calls Fail, so nothing may call Fail once its owner is gone).
   void AddFailureListener(FailureListener listener);
   // Runs on the heartbeat thread about every heartbeat interval (at most 1 s).
   void AddTickListener(TickListener listener);
