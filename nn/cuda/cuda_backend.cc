@@ -89,7 +89,6 @@ Status CudaBackend::Init() {
   cudaDeviceProp prop;
   PSTRAIN_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, ordinal_), "cudaGetDeviceProperties");
   name_ = StrCat(prop.name, ", ", prop.totalGlobalMem >> 20, " MiB, sm_", prop.major, prop.minor);
-  // Before any stream: the waits on streams (AwaitStream) take their events here.
   fence_events_ = std::make_shared<FenceEventPool>(ordinal_);
   PSTRAIN_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                                "creating the compute stream");
@@ -157,18 +156,29 @@ namespace {
 constexpr auto kFenceSpin = std::chrono::microseconds(50);
 constexpr auto kDriverSpin = std::chrono::milliseconds(5);
 
-// Whether the work before `event` has finished. The device must be current.
-bool EventDone(cudaEvent_t event) {
-  const cudaError_t e = cudaEventQuery(event);
+// Whether a query (cudaEventQuery, cudaStreamQuery) says the work it asks
+// about has finished. Another error than not ready is fatal, as every CUDA
+// call's is, unless `closing` (the backend's destructor: it is logged, and
+// the wait ends).
+bool Finished(cudaError_t e, bool closing = false) {
   if (e == cudaErrorNotReady) {
     // Not an error, but it may be left as the thread's last error, which
     // the next kernel launch's check would then report.
     (void)cudaGetLastError();
     return false;
   }
+  if (closing) {
+    LOG_IF(ERROR, e != cudaSuccess)
+        << "closing a CUDA backend: " << cudaGetErrorName(e) << ": " << cudaGetErrorString(e);
+    (void)cudaGetLastError();
+    return true;
+  }
   PSTRAIN_CUDA_CHECK(e);
   return true;
 }
+
+// Whether the work before `event` has finished. The device must be current.
+bool EventDone(cudaEvent_t event) { return Finished(cudaEventQuery(event)); }
 
 // Frees what a staging slot holds (any part may be missing).
 template <typename Slot>
@@ -217,8 +227,11 @@ Status CudaBackend::AddStagingSlot() {
 
 CudaBackend::~CudaBackend() {
   // The work still queued reads and writes what is freed below.
+  if (stream_ != nullptr) cudaSetDevice(ordinal_);
   for (cudaStream_t s : {stream_, copy_stream_, download_stream_}) {
-    if (s != nullptr) AwaitStream(s, "the work queued before the backend closed");
+    if (s == nullptr) continue;
+    Await([s] { return Finished(cudaStreamQuery(s), /*closing=*/true); },
+          "the work queued before the backend closed");
   }
   for (Staging& s : staging_) FreeStaging(s);
   if (download_ != nullptr) cudaFreeHost(download_);
@@ -611,24 +624,24 @@ void CudaBackend::Synchronize() {
   AwaitStream(download_stream_, "the copies queued to the host");
 }
 
-void CudaBackend::AwaitEvent(cudaEvent_t event, const char* what) const {
-  SetDevice();
-  const bool done = PollUntil([event] { return EventDone(event); },
-                              Deadline::In(kDeviceWaitTimeout), kDriverSpin);
+void CudaBackend::Await(const std::function<bool()>& done, const char* what) const {
+  const bool finished = PollUntil(done, Deadline::In(kDeviceWaitTimeout), kDriverSpin);
   // As a device error does (PSTRAIN_CUDA_CHECK): the job cannot go on, and
   // the tracker sees this worker end.
-  LOG_IF(FATAL, !done)
+  LOG_IF(FATAL, !finished)
       << device().ToString() << " (" << name_ << "): " << what << " did not finish in "
       << std::chrono::duration_cast<std::chrono::seconds>(kDeviceWaitTimeout).count()
       << " s: the device is hung or far slower than expected";
 }
 
+void CudaBackend::AwaitEvent(cudaEvent_t event, const char* what) const {
+  SetDevice();
+  Await([event] { return EventDone(event); }, what);
+}
+
 void CudaBackend::AwaitStream(cudaStream_t stream, const char* what) const {
   SetDevice();
-  const cudaEvent_t e = fence_events_->Get();
-  PSTRAIN_CUDA_CHECK(cudaEventRecord(e, stream));
-  AwaitEvent(e, what);
-  fence_events_->Put(e);
+  Await([stream] { return Finished(cudaStreamQuery(stream)); }, what);
 }
 
 }  // namespace pstrain::internal

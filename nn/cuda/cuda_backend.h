@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -128,6 +129,8 @@ class CudaBackend : public Backend {
   // and the process ends with a message naming the device and `what`.
   void AwaitEvent(cudaEvent_t event, const char* what) const;
   void AwaitStream(cudaStream_t stream, const char* what) const;
+  // Polls done() until it says yes, with that deadline and that end.
+  void Await(const std::function<bool()>& done, const char* what) const;
   // Lets this GPU and GPU `peer` read each other's memory where the pair
   // allows it (NVLink, PCIe peer-to-peer), the first time they copy:
   // without it cudaMemcpyPeerAsync stages every copy through host memory.
