@@ -102,11 +102,33 @@ void Van::StartReceiving() {
 
 void Van::StopReceiving() {
   stop_ = true;
-  if (receiver_.joinable()) receiver_.join();
+  if (!receiver_.joinable()) return;
+  receiver_.join();
+  event_drainer_ = std::thread([this] { DrainEventsLoop(); });
+}
+
+void Van::DrainEventsLoop() {
+  // As often as the receive thread read them (ReceiveLoop).
+  constexpr auto kEventsEvery = std::chrono::milliseconds(250);
+  MutexLock l(&drainer_mu_);
+  while (!drainer_stop_) {
+    DrainConnectionEvents();
+    drainer_cv_.WaitUntil(Deadline::In(kEventsEvery),
+                          [this]() REQUIRES(drainer_mu_) { return drainer_stop_; });
+  }
 }
 
 Van::~Van() {
-  StopReceiving();
+  stop_ = true;  // (StopReceiving would start the drainer)
+  if (receiver_.joinable()) receiver_.join();
+  if (event_drainer_.joinable()) {
+    {
+      MutexLock l(&drainer_mu_);
+      drainer_stop_ = true;
+      drainer_cv_.SignalAll();
+    }
+    event_drainer_.join();
+  }
   {
     MutexLock l(&mu_);
     peers_.clear();

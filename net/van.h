@@ -114,7 +114,10 @@ class Van {
   int port() const { return port_; }
 
   // Stops and joins the receive thread: no handler runs after it returns.
-  // Sends still work. Idempotent; the destructor calls it.
+  // Sends still work: a thread takes over reading the connections' events
+  // (ConnectionEvents; unread, they would stop ZeroMQ's I/O thread and with
+  // it every send) until the Van goes. Idempotent.
+  // Not concurrently with itself.
   void StopReceiving();
 
   // This node's arena, for the node table; null when it has none.
@@ -241,6 +244,12 @@ class Van {
   // Receive thread only: each co-located sender's messages in its order.
   Reorderer order_;
   std::thread receiver_;
+  // After StopReceiving: reads the connections' events until the Van goes.
+  void DrainEventsLoop();
+  std::thread event_drainer_;
+  Mutex drainer_mu_;
+  CondVar drainer_cv_{&drainer_mu_};
+  bool drainer_stop_ GUARDED_BY(drainer_mu_) = false;
   Mutex mu_;
   std::map<int, std::shared_ptr<Peer>> peers_ GUARDED_BY(mu_);
   std::map<int, std::string> routes_ GUARDED_BY(mu_);

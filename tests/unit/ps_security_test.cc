@@ -460,8 +460,13 @@ TEST(ConnectionReportTest, RefusedUnansweredKeyRefusedAndConnectedAreToldApart) 
 // 2,000 retries to a peer that stays away (5 minutes at ZeroMQ's interval, a
 // worker lost under --worker-loss continue) filled the monitor and stopped
 // every socket of the node, and closing the dealer hung. Here the retries
-// come every millisecond.
-TEST(ConnectionReportTest, APeerThatStaysAwayDoesNotStopTheNodesOtherConnections) {
+// come every millisecond. The same holds after the Van stopped receiving (its
+// owner still sends while it stops its threads): another thread reads the
+// events then.
+class PeerAwayTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(PeerAwayTest, APeerThatStaysAwayDoesNotStopTheNodesOtherConnections) {
+  const bool stopped_receiving = GetParam();
   // Port 1 (tcpmux): privileged and unused, so no test running beside this
   // one can take it, as it could a port just given back.
   const int dead_port = 1;
@@ -481,6 +486,7 @@ TEST(ConnectionReportTest, APeerThatStaysAwayDoesNotStopTheNodesOtherConnections
   (*tx)->StartReceiving();
   ASSERT_OK((*tx)->Connect(1, "127.0.0.1", dead_port));
   ASSERT_OK((*tx)->Connect(8, "127.0.0.1", (*rx)->port()));
+  if (stopped_receiving) (*tx)->StopReceiving();
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < 70; ++i) {  // 7 s: thousands of retries
     Message m;
@@ -503,6 +509,11 @@ TEST(ConnectionReportTest, APeerThatStaysAwayDoesNotStopTheNodesOtherConnections
   EXPECT_EQ(r.kind, ConnectionReport::kRefused) << r.text;
   tx->reset();  // the dealer's monitor is stopped without hanging
 }
+
+INSTANTIATE_TEST_SUITE_P(Receiving, PeerAwayTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "AfterStopReceiving" : "WhileReceiving";
+                         });
 
 // A node whose scheduler is not there says so (not only that the table did
 // not come), within its start-up timeout.
