@@ -66,6 +66,12 @@ Reorderer::Outcome Reorderer::Put(int sender, uint64_t stream, uint64_t seq, Mes
     o.stream = stream;
     o.retired = std::move(retired);
   }
+  if (seq < o.expected && o.given_up.erase(seq) > 0) {
+    LOG(WARNING) << name_ << ": message " << seq << " from " << NodeIdName(sender)
+                 << " arrived after it was given up: handed on out of order";
+    if (msg != nullptr) handler(std::move(*msg));
+    return Outcome::kHandedOn;
+  }
   if (seq < o.expected || o.stash.count(seq) > 0) {
     LOG(WARNING) << name_ << ": dropped message " << seq << " from " << NodeIdName(sender)
                  << ": that number was seen (or given up) already";
@@ -124,9 +130,15 @@ size_t Reorderer::SkipOverdue(SteadyClock::time_point now, SteadyClock::duration
                << (next - o.expected > 1 ? StrCat("-", next - 1) : std::string()) << " from "
                << NodeIdName(sender) << " never arrived in "
                << std::chrono::duration_cast<std::chrono::seconds>(timeout).count()
-               << " s (lost); the " << o.stash.size()
-               << " later messages that waited go on without it";
+               << " s (lost); the messages that waited for it go on without it";
     given_up += next - o.expected;
+    // Remembered to hand on should they come after all: the last kMaxHeld
+    // only (a run may be as long as a peer's numbers are far apart).
+    for (uint64_t lost = next - std::min<uint64_t>(next - o.expected, kMaxHeld); lost < next;
+         ++lost) {
+      o.given_up.insert(lost);
+      if (o.given_up.size() > kMaxHeld) o.given_up.erase(o.given_up.begin());
+    }
     o.expected = next;
     HandOnFollowing(o, handler);
   }

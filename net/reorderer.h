@@ -20,7 +20,8 @@
 //   - a number missing for longer than the caller's timeout (a message lost
 //     without a header to say which, as a corrupt queue entry) is given up
 //     (SkipOverdue): the messages that waited for it go on, and the lost
-//     one's request fails by its own deadline;
+//     one's request fails by its own deadline; should it arrive after all
+//     (a sender frozen that long), it is handed on then, out of order;
 //   - a sender whose queue this node does not read (it has not mapped the
 //     sender's arena, yet or at all) sends everything over ZeroMQ, in order:
 //     its numbers are passed (Pass) as they come, never held, so the numbering
@@ -40,6 +41,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -55,9 +57,10 @@ class Reorderer {
   // What Deliver or Skip did with a number.
   enum class Outcome {
     kHandedOn,   // it was the sender's next: handed on (Deliver) or passed (Skip),
-                 // with every waiting one that followed it
+                 // with every waiting one that followed it; or a number given
+                 // up (SkipOverdue) that came after all: handed on alone
     kStashed,    // an earlier number is missing: it waits
-    kDuplicate,  // that number was handed on, skipped or is waiting already: ignored
+    kDuplicate,  // that number was handed on or skipped, or is waiting already: ignored
     kRefused,    // kMaxHeld of the sender's wait already: ignored
     kStale,      // a numbering the sender replaced already: ignored
   };
@@ -100,7 +103,8 @@ class Reorderer {
   // for since `timeout` before `now` or longer (logged as an error, naming
   // the sender and the number): they are handed on, up to the next gap,
   // which starts its own wait. Returns how many numbers were given up. The
-  // Van calls it a few times a second.
+  // Van calls it when a pass of its receive loop found nothing to read (a
+  // number missing then is not merely unread).
   size_t SkipOverdue(SteadyClock::time_point now, SteadyClock::duration timeout,
                      const Handler& handler);
 
@@ -122,6 +126,7 @@ class Reorderer {
     // (stash not empty) Since when the stash has waited for `expected`.
     SteadyClock::time_point waiting_since;
     std::vector<uint64_t> retired;  // replaced numberings, the newest last
+    std::set<uint64_t> given_up;    // by SkipOverdue, not arrived since (at most kMaxHeld)
   };
   // Hands on the stash's messages that follow `o.expected` without a gap.
   void HandOnFollowing(InOrder& o, const Handler& handler);

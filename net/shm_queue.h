@@ -54,7 +54,7 @@ enum class QueueRead {
 QueueRead ReadQueued(ShmMapping& peer_arena, int peer, int me, Decoded* out);
 
 // The peers whose arenas this node has mapped, whose queues its receive
-// thread drains. Threads: Add from any thread; Current from the receive
+// thread drains. Threads: Add and Remove from any thread; Current from the receive
 // thread only.
 class ShmInbox {
  public:

@@ -201,7 +201,8 @@ Status Van::Connect(int id, const std::string& host, int port, const ShmInfo* sh
 
 ConnectionReport Van::DescribeConnection(int id) {
   std::shared_ptr<Peer> peer = FindPeer(id);
-  if (peer == nullptr) return {ConnectionReport::kNone, "no connection was opened"};
+  if (peer == nullptr)
+    return {ConnectionReport::kNone, "no connection: none was opened, or it was closed"};
   // Not under peer->mu: a send blocked towards a gone peer holds it.
   return peer->events->Report();
 }
@@ -397,8 +398,6 @@ void Van::ReceiveLoop() {
   while (!stop_.load()) {
     if (const auto now = std::chrono::steady_clock::now(); now >= events_due) {
       DrainConnectionEvents();
-      dropped_ += static_cast<int64_t>(order_.SkipOverdue(
-          now, std::chrono::milliseconds(options_.order_gap_timeout_ms), handler_));
       events_due = now + kEventsEvery;
     }
     const ShmInbox::Entries& inbound = inbox_.Current();
@@ -410,6 +409,11 @@ void Van::ReceiveLoop() {
       if (!ReceiveOne()) break;
       busy = true;
     }
+    // Nothing came this pass, so a number still missing is not merely unread:
+    // those missing too long are given up, and what waited behind them goes on.
+    busy = busy || order_.SkipOverdue(std::chrono::steady_clock::now(),
+                                      std::chrono::milliseconds(options_.order_gap_timeout_ms),
+                                      handler_) > 0;
     if (busy && burst_end_) burst_end_();
     if (busy) continue;
     // Nothing waiting: say so (peers that enqueue now ring the doorbell), look

@@ -34,7 +34,7 @@ namespace pstrain {
 // refused (12 attempts): nothing listens there").
 struct ConnectionReport {
   enum Kind {
-    kNone,             // never opened
+    kNone,             // never opened, or closed (Van::Disconnect)
     kConnected,        // up, handshake done
     kRefused,          // every TCP connection refused
     kNoAnswer,         // no TCP connection, no refusal either (the host does not answer)

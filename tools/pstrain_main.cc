@@ -185,7 +185,8 @@ std::string FlagError(const std::vector<std::string>& args) {
     const std::string name = a.substr(name_start, eq == std::string::npos ? eq : eq - name_start);
     gflags::CommandLineFlagInfo info;
     if (!gflags::GetCommandLineFlagInfo(name.c_str(), &info)) {
-      if (name.rfind("no", 0) == 0 && eq == std::string::npos &&
+      // --nofoo (gflags ignores a value given to it).
+      if (name.rfind("no", 0) == 0 &&
           gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info) && info.type == "bool") {
         continue;
       }

@@ -197,7 +197,7 @@ TEST(ReordererTest, RetiredNumberingsAreBounded) {
 // A number that never arrives (its message lost with no header to say which)
 // is given up once the messages behind it waited past the timeout: they go
 // on, up to the next gap, whose wait starts then; the lost one, arriving
-// after all, is refused as seen.
+// after all (a sender frozen that long), is handed on then, once.
 TEST(ReordererTest, ANumberMissingPastTheTimeoutIsGivenUp) {
   Reorderer r("test", 0);
   Sink sink;
@@ -216,11 +216,13 @@ TEST(ReordererTest, ANumberMissingPastTheTimeoutIsGivenUp) {
   EXPECT_EQ(sink.ids(), (std::vector<uint64_t>{0, 100, 2, 3}));
   EXPECT_EQ(r.expected(kSender), 4u);
   EXPECT_EQ(r.waiting(kSender), 1u);
+  EXPECT_EQ(r.Deliver(kSender, kStream, 1, Tagged(kSender, 1), h), Out::kHandedOn);
+  EXPECT_EQ(sink.ids(), (std::vector<uint64_t>{0, 100, 2, 3, 1}));
   EXPECT_EQ(r.Deliver(kSender, kStream, 1, Tagged(kSender, 1), h), Out::kDuplicate);
   // Number 4's wait began when 2 and 3 went on: not overdue at once.
   EXPECT_EQ(r.SkipOverdue(SteadyClock::now(), timeout, h), 0u);
   EXPECT_EQ(r.Deliver(kSender, kStream, 4, Tagged(kSender, 4), h), Out::kHandedOn);
-  EXPECT_EQ(sink.ids(), (std::vector<uint64_t>{0, 100, 2, 3, 4, 5}));
+  EXPECT_EQ(sink.ids(), (std::vector<uint64_t>{0, 100, 2, 3, 1, 4, 5}));
   EXPECT_EQ(r.waiting(kSender), 0u);
   EXPECT_EQ(r.SkipOverdue(start + std::chrono::hours(1), timeout, h), 0u) << "nothing waits";
 }
@@ -235,6 +237,19 @@ TEST(ReordererTest, AMissingRunIsGivenUpWhole) {
       r.SkipOverdue(SteadyClock::now() + std::chrono::minutes(1), std::chrono::seconds(30), h), 4u);
   EXPECT_EQ(sink.ids(), (std::vector<uint64_t>{4}));
   EXPECT_EQ(r.expected(kSender), 5u);
+  EXPECT_EQ(r.Skip(kSender, kStream, 2, h), Out::kHandedOn) << "given up, then dropped after all";
+  EXPECT_EQ(r.Skip(kSender, kStream, 2, h), Out::kDuplicate);
+  // A number far past the rest (a peer may number as it likes) is given up
+  // at once, remembering a bounded run.
+  EXPECT_EQ(r.Deliver(kSender, kStream, uint64_t{1} << 60, Tagged(kSender, 9), h), Out::kStashed);
+  EXPECT_EQ(
+      r.SkipOverdue(SteadyClock::now() + std::chrono::minutes(1), std::chrono::seconds(30), h),
+      (uint64_t{1} << 60) - 5);
+  EXPECT_EQ(sink.ids(), (std::vector<uint64_t>{4, 9}));
+  EXPECT_EQ(r.Deliver(kSender, kStream, (uint64_t{1} << 60) - 1, Tagged(kSender, 10), h),
+            Out::kHandedOn);
+  EXPECT_EQ(r.Deliver(kSender, kStream, 5, Tagged(kSender, 11), h), Out::kDuplicate)
+      << "past the remembered run";
 }
 
 TEST(ReordererTest, SendersAreOrderedIndependently) {
