@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -124,87 +125,81 @@ void PrintCommandHelp(const Command& cmd) {
   std::printf("\nlogging: --v=N for verbose logs, --logtostderr=0 --log_dir=DIR for files.\n");
 }
 
-// "--num-epochs=3" -> "--num_epochs=3"; leaves values and positional args
-// alone: a word that does not start with a letter after its dashes ("-1,-2"),
-// and the word after a flag that takes one ("--rgb-mean -1,-2,-3").
-// MXNet's "--no-shuffle" for a boolean flag `shuffle` becomes gflags'
-// "--noshuffle" (unless a flag is itself named no_shuffle).
-void NormalizeFlagNames(std::vector<std::string>* args) {
-  bool value_next = false;
-  for (std::string& a : *args) {
-    if (a == "--") break;
-    if (value_next) {
-      value_next = false;
-      continue;
-    }
-    if (a.size() < 2 || a[0] != '-') continue;
-    size_t name_start = a[1] == '-' ? 2 : 1;
-    if (name_start >= a.size() || !std::isalpha(static_cast<unsigned char>(a[name_start]))) {
-      continue;
-    }
-    size_t name_end = a.find('=');
-    if (name_end == std::string::npos) name_end = a.size();
-    for (size_t i = name_start; i < name_end; ++i) {
-      if (a[i] == '-') a[i] = '_';
-    }
-    const std::string name = a.substr(name_start, name_end - name_start);
-    gflags::CommandLineFlagInfo info;
-    if (name.rfind("no_", 0) == 0 && name_end == a.size() &&
-        !gflags::GetCommandLineFlagInfo(name.c_str(), &info) &&
-        gflags::GetCommandLineFlagInfo(name.substr(3).c_str(), &info) && info.type == "bool") {
-      a = a.substr(0, name_start) + "no" + name.substr(3);
-      continue;
-    }
-    value_next = name_end == a.size() && gflags::GetCommandLineFlagInfo(name.c_str(), &info) &&
-                 info.type != "bool";
-  }
-}
-
-// What gflags would refuse in `args` (after NormalizeFlagNames; args[0] is
-// the program), checked first so that a usage error exits 2 with our message:
-// gflags itself exits 1. Empty when the flags parse. Left to gflags whenever
-// --flagfile, --fromenv, --tryfromenv or --undefok is given (they read flags
-// from elsewhere, or allow unknown ones).
-std::string FlagError(const std::vector<std::string>& args) {
-  // As the help spells flags (NormalizeFlagNames made the dashes underscores).
+// Makes `args` (args[0] is the program) what gflags parses, and returns what
+// it would refuse in them (empty: nothing), checked here so that a usage
+// error exits 2 with our message where gflags exits 1:
+//   - "--num-epochs=3" -> "--num_epochs=3"; values and positional args are
+//     left alone: the word after a flag that takes one ("--rgb-mean -1,-2,-3");
+//   - MXNet's "--no-shuffle" for a boolean flag `shuffle` becomes gflags'
+//     "--noshuffle" (unless a flag is itself named no_shuffle);
+//   - refused: an unknown flag, a value gflags cannot parse for the flag's
+//     type, a flag missing its value. Not checked when --flagfile, --fromenv,
+//     --tryfromenv or --undefok is given (flags from elsewhere, or unknown
+//     ones allowed): gflags then decides.
+std::string NormalizeFlags(std::vector<std::string>* args) {
+  // As the help spells flags.
   auto dashed = [](std::string name) {
     std::replace(name.begin(), name.end(), '_', '-');
     return "--" + name;
   };
-  for (const std::string& a : args) {
-    for (const char* special : {"flagfile", "fromenv", "tryfromenv", "undefok"}) {
-      if (a.find(special) != std::string::npos) return "";
-    }
-  }
-  for (size_t i = 1; i < args.size(); ++i) {
-    const std::string& a = args[i];
+  struct Given {
+    std::string name;
+    std::optional<std::string> value;  // none: a boolean's switch, or missing
+  };
+  std::vector<Given> given;
+  std::string unknown;  // the first
+  bool value_next = false;
+  for (size_t i = 1; i < args->size(); ++i) {
+    std::string& a = (*args)[i];
     if (a == "--") break;
+    if (value_next) {
+      value_next = false;
+      given.back().value = a;
+      continue;
+    }
     if (a.size() < 2 || a[0] != '-') continue;  // a positional argument
     const size_t name_start = a[1] == '-' ? 2 : 1;
-    const size_t eq = a.find('=');
-    const std::string name = a.substr(name_start, eq == std::string::npos ? eq : eq - name_start);
+    size_t name_end = a.find('=');
+    if (name_end == std::string::npos) name_end = a.size();
+    // (Not in a word such as "-1,-2": no flag; gflags refuses it as one.)
+    if (std::isalpha(static_cast<unsigned char>(a[name_start]))) {
+      std::replace(a.begin() + name_start, a.begin() + name_end, '-', '_');
+    }
+    std::string name = a.substr(name_start, name_end - name_start);
+    std::optional<std::string> value;
+    if (name_end < a.size()) value = a.substr(name_end + 1);
     gflags::CommandLineFlagInfo info;
     if (!gflags::GetCommandLineFlagInfo(name.c_str(), &info)) {
-      // --nofoo (gflags ignores a value given to it).
-      if (name.rfind("no", 0) == 0 &&
-          gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info) && info.type == "bool") {
+      const size_t no = name.rfind("no_", 0) == 0 ? 3 : name.rfind("no", 0) == 0 ? 2 : 0;
+      if (no > 0 && gflags::GetCommandLineFlagInfo(name.substr(no).c_str(), &info) &&
+          info.type == "bool") {
+        // --no-shuffle, --noshuffle (gflags ignores a value given to it).
+        if (no == 3) a = a.substr(0, name_start) + "no" + a.substr(name_start + 3);
         continue;
       }
-      return StrCat("unknown command line flag '", dashed(name), "'");
-    }
-    std::string value;
-    if (eq != std::string::npos) {
-      value = a.substr(eq + 1);
-    } else if (info.type == "bool") {
+      if (unknown.empty()) unknown = StrCat("unknown command line flag '", dashed(name), "'");
       continue;
-    } else if (i + 1 < args.size()) {
-      value = args[++i];
-    } else {
-      return StrCat("flag '", dashed(name), "' is missing its value");
+    }
+    given.push_back({name, value});
+    value_next = !value.has_value() && info.type != "bool";
+  }
+  for (const Given& g : given) {
+    for (const char* special : {"flagfile", "fromenv", "tryfromenv", "undefok"}) {
+      if (g.name == special) return "";
+    }
+  }
+  if (!unknown.empty()) return unknown;
+  for (const Given& g : given) {
+    gflags::CommandLineFlagInfo info;
+    gflags::GetCommandLineFlagInfo(g.name.c_str(), &info);
+    if (!g.value.has_value()) {
+      if (info.type == "bool") continue;
+      return StrCat("flag '", dashed(g.name), "' is missing its value");
     }
     // Parsed as gflags parses it (and set, as the parse then sets it again).
-    if (gflags::SetCommandLineOption(name.c_str(), value.c_str()).empty()) {
-      return StrCat("illegal value '", value, "' for ", info.type, " flag '", dashed(name), "'");
+    if (gflags::SetCommandLineOption(g.name.c_str(), g.value->c_str()).empty()) {
+      return StrCat("illegal value '", *g.value, "' for ", info.type, " flag '", dashed(g.name),
+                    "'");
     }
   }
   return "";
@@ -267,8 +262,7 @@ int main(int argc, char** argv) {
     }
     args.push_back(a);
   }
-  pstrain::NormalizeFlagNames(&args);
-  if (const std::string error = pstrain::FlagError(args); !error.empty()) {
+  if (const std::string error = pstrain::NormalizeFlags(&args); !error.empty()) {
     std::fprintf(stderr, "pstrain %s: %s (see `pstrain %s --help`)\n", cmd->name, error.c_str(),
                  cmd->name);
     return 2;

@@ -152,11 +152,10 @@ int RunTop(int argc, char** argv) {
   KeyReader keys;
   int exit_code = 0;
   if (tty) display.Draw(frame(true), true);
-  bool timed_out = false;
+  constexpr int kTimedOut = 124;  // as timeout(1)
   while (!view.ended()) {
     if (deadline.Expired()) {
-      timed_out = true;
-      exit_code = 124;  // as timeout(1)
+      exit_code = kTimedOut;
       break;
     }
     pollfd fds[2] = {{g_top_stop_pipe[0], POLLIN, 0}, {0, POLLIN, 0}};
@@ -188,7 +187,7 @@ int RunTop(int argc, char** argv) {
   } else {
     PrintFrame(frame(false));
   }
-  if (timed_out) {
+  if (exit_code == kTimedOut) {
     std::fprintf(stderr, "pstrain top: the job had not ended after --timeout-s %d\n",
                  FLAGS_timeout_s);
   }
