@@ -6,6 +6,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -16,7 +17,7 @@
 namespace pstrain {
 namespace {
 
-constexpr uint64_t kArenaMagic = 0x70737472616e6132ull;  // "pstrana2"
+constexpr uint64_t kArenaMagic = 0x70737472616e6133ull;  // "pstrana3"
 constexpr uint32_t kBlockMagic = 0x4b4c4250;             // "PBLK"
 constexpr uint32_t kPadMagic = 0x44415050;               // "PPAD": unused end of the ring
 
@@ -34,6 +35,8 @@ struct ArenaHeader {
 struct QueueEntry {
   uint64_t offset;
   uint64_t bytes;
+  uint64_t slot;    // the message block's ticket
+  uint64_t ticket;  // (its slot and value)
 };
 struct Queue {
   uint64_t head;  // entries written
@@ -48,6 +51,36 @@ static_assert(kShmRingBegin % kShmAlign == 0, "ring alignment");
 
 Queue* QueueAt(char* base, int id) {
   return reinterpret_cast<Queue*>(base + kShmArenaHeaderBytes + uint64_t(id) * kShmQueueBytes);
+}
+
+// A ticket's value: the block's header offset in units of kShmAlign (38
+// bits), the receiver's incarnation (8) and a generation (18), so a stale
+// release of a slot that was cleared and taken again for the same block does
+// not match.
+constexpr int kTicketGenerationBits = 18;
+constexpr int kTicketBlockShift = kTicketGenerationBits + 8;
+static_assert(kShmMaxArenaBytes / kShmAlign <= (uint64_t{1} << (64 - kTicketBlockShift)),
+              "a ticket holds any block offset");
+// Slots tried before Ticket gives up (the message then goes over TCP).
+constexpr int kTicketProbes = 256;
+
+uint64_t TicketValue(uint64_t header_offset, uint8_t incarnation, uint32_t generation) {
+  return (header_offset / kShmAlign) << kTicketBlockShift |
+         uint64_t{incarnation} << kTicketGenerationBits |
+         (generation & ((uint32_t{1} << kTicketGenerationBits) - 1));
+}
+uint64_t TicketHeaderOffset(uint64_t value) { return (value >> kTicketBlockShift) * kShmAlign; }
+uint8_t TicketIncarnation(uint64_t value) {
+  return static_cast<uint8_t>(value >> kTicketGenerationBits);
+}
+
+uint64_t* TicketsAt(char* base, int id) {
+  return reinterpret_cast<uint64_t*>(base + kShmTicketsBegin + uint64_t(id) * kShmTicketBytes);
+}
+
+// Clears `slot` if it still holds `value`: true for the one caller that did.
+bool ClearTicket(uint64_t* slot, uint64_t value) {
+  return __atomic_compare_exchange_n(slot, &value, 0, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
 }
 
 // Before every block's payload. `refs` is shared between processes and only
@@ -78,11 +111,16 @@ std::string ReadHostIdentity() {
   return StrCat(boot.empty() ? "?" : boot, "/net:", net);
 }
 
-// One received frame's hold on its block: destroying it hands the block back.
+// One received frame's hold on its block: destroying it hands the block back,
+// unless the owner took it back already (ShmArena::ReleaseReceiver).
 struct FrameHold {
   std::shared_ptr<ShmMapping> mapping;  // keeps the mapping alive while read
+  uint64_t* slot = nullptr;             // our ticket
+  uint64_t ticket = 0;
   int32_t* refs = nullptr;
-  ~FrameHold() { __atomic_fetch_sub(refs, 1, __ATOMIC_RELEASE); }
+  ~FrameHold() {
+    if (ClearTicket(slot, ticket)) __atomic_fetch_sub(refs, 1, __ATOMIC_RELEASE);
+  }
 };
 
 // The owner's hold on a store block.
@@ -103,7 +141,12 @@ StatusOr<std::shared_ptr<ShmArena>> ShmArena::Create(uint64_t ring_bytes, uint64
         StrCat("shared-memory ring of ", ring_bytes, " bytes is too small (at least 4096)"));
   }
   const uint64_t bytes = kShmRingBegin + ring_bytes + store_bytes;
+  if (bytes > kShmMaxArenaBytes) {
+    return Status::InvalidArgument(StrCat("shared-memory arena of ", bytes,
+                                          " bytes is too big (at most ", kShmMaxArenaBytes, ")"));
+  }
   std::shared_ptr<ShmArena> a(new ShmArena());
+  a->ticket_cursor_ = std::make_unique<std::atomic<uint64_t>[]>(kShmMaxQueues);
   a->fd_ = static_cast<int>(syscall(SYS_memfd_create, "pstrain-arena", MFD_CLOEXEC));
   if (a->fd_ < 0) return Status::IOError("memfd_create: " + Errno());
   if (ftruncate(a->fd_, static_cast<off_t>(bytes)) != 0) {
@@ -286,13 +329,72 @@ std::optional<uint64_t> ShmArena::Reference(const char* data, uint64_t size) {
   return offset;
 }
 
-bool ShmArena::Enqueue(int receiver, uint64_t offset, uint64_t bytes) {
+std::optional<ShmTicket> ShmArena::Ticket(int receiver, uint8_t incarnation, uint64_t offset) {
+  if (receiver < 0 || receiver >= kShmMaxQueues || offset < kShmRingBegin + kShmBlockHeaderBytes) {
+    return std::nullopt;
+  }
+  uint64_t* slots = TicketsAt(base_, receiver);
+  const uint64_t value = TicketValue(offset - kShmBlockHeaderBytes, incarnation,
+                                     ticket_generation_.fetch_add(1, std::memory_order_relaxed));
+  std::atomic<uint64_t>& cursor = ticket_cursor_[receiver];
+  // Receivers mostly let go in the order they were sent to, so the slots
+  // after the last one taken are mostly free.
+  for (int probe = 0; probe < kTicketProbes; ++probe) {
+    const auto slot =
+        static_cast<uint32_t>(cursor.fetch_add(1, std::memory_order_relaxed) % kShmTicketSlots);
+    uint64_t expected = 0;
+    if (__atomic_compare_exchange_n(&slots[slot], &expected, value, false, __ATOMIC_RELEASE,
+                                    __ATOMIC_RELAXED)) {
+      return ShmTicket{slot, value};
+    }
+  }
+  return std::nullopt;
+}
+
+bool ShmArena::ReleaseTicket(int receiver, const ShmTicket& ticket) {
+  if (receiver < 0 || receiver >= kShmMaxQueues || ticket.slot >= kShmTicketSlots ||
+      ticket.value == 0) {
+    return false;
+  }
+  if (!ClearTicket(&TicketsAt(base_, receiver)[ticket.slot], ticket.value)) return false;
+  DropTicketReference(ticket.value);
+  return true;
+}
+
+int ShmArena::ReleaseReceiver(int receiver, uint8_t incarnation) {
+  if (receiver < 0 || receiver >= kShmMaxQueues) return 0;
+  // Only slots a ticket was ever tried in: an untouched table stays untouched
+  // (reading a shared page allocates it).
+  const uint64_t tried =
+      std::min<uint64_t>(ticket_cursor_[receiver].load(std::memory_order_relaxed), kShmTicketSlots);
+  uint64_t* slots = TicketsAt(base_, receiver);
+  int released = 0;
+  for (uint64_t i = 0; i < tried; ++i) {
+    const uint64_t value = __atomic_load_n(&slots[i], __ATOMIC_ACQUIRE);
+    if (value == 0 || TicketIncarnation(value) != incarnation) continue;
+    if (ClearTicket(&slots[i], value)) {
+      DropTicketReference(value);
+      ++released;
+    }
+  }
+  return released;
+}
+
+void ShmArena::DropTicketReference(uint64_t ticket_value) {
+  const uint64_t header = TicketHeaderOffset(ticket_value);
+  if (header < kShmRingBegin || header > size_ - kShmBlockHeaderBytes) return;
+  auto* b = reinterpret_cast<BlockHeader*>(base_ + header);
+  if (__atomic_load_n(&b->magic, __ATOMIC_RELAXED) != kBlockMagic) return;
+  __atomic_fetch_sub(&b->refs, 1, __ATOMIC_RELEASE);
+}
+
+bool ShmArena::Enqueue(int receiver, uint64_t offset, uint64_t bytes, const ShmTicket& ticket) {
   if (receiver < 0 || receiver >= kShmMaxQueues) return false;
   MutexLock l(&queue_mu_);
   Queue* q = QueueAt(base_, receiver);
   const uint64_t head = __atomic_load_n(&q->head, __ATOMIC_RELAXED);
   if (head - __atomic_load_n(&q->tail, __ATOMIC_ACQUIRE) >= kShmQueueEntries) return false;
-  q->entries[head % kShmQueueEntries] = QueueEntry{offset, bytes};
+  q->entries[head % kShmQueueEntries] = QueueEntry{offset, bytes, ticket.slot, ticket.value};
   __atomic_store_n(&q->head, head + 1, __ATOMIC_RELEASE);
   // Pairs with the receiver's fence between setting `sleeping` and its rescan.
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
@@ -361,7 +463,7 @@ StatusOr<std::shared_ptr<ShmMapping>> ShmMapping::Open(const ShmInfo& info) {
   return m;
 }
 
-int ShmMapping::Dequeue(int me, uint64_t* offset, uint64_t* bytes) {
+int ShmMapping::Dequeue(int me, QueueItem* item) {
   if (me < 0 || me >= kShmMaxQueues) return 0;
   Queue* q = QueueAt(base_, me);
   const uint64_t tail = __atomic_load_n(&q->tail, __ATOMIC_RELAXED);
@@ -373,8 +475,11 @@ int ShmMapping::Dequeue(int me, uint64_t* offset, uint64_t* bytes) {
   }
   const QueueEntry e = q->entries[tail % kShmQueueEntries];
   __atomic_store_n(&q->tail, tail + 1, __ATOMIC_RELEASE);
-  *offset = e.offset;
-  *bytes = e.bytes;
+  item->offset = e.offset;
+  item->bytes = e.bytes;
+  // A slot past the table is refused by Resolve; only the low bits are kept.
+  item->ticket.slot = static_cast<uint32_t>(std::min<uint64_t>(e.slot, kShmTicketSlots));
+  item->ticket.value = e.ticket;
   return 1;
 }
 
@@ -393,7 +498,17 @@ ShmMapping::~ShmMapping() {
   if (base_ != nullptr) munmap(base_, size_);
 }
 
-StatusOr<Blob> ShmMapping::Resolve(uint64_t offset, uint64_t bytes) {
+uint64_t* ShmMapping::HeldTicket(int me, uint64_t offset, const ShmTicket& ticket) const {
+  if (me < 0 || me >= kShmMaxQueues || ticket.slot >= kShmTicketSlots || ticket.value == 0 ||
+      TicketHeaderOffset(ticket.value) + kShmBlockHeaderBytes != offset) {
+    return nullptr;
+  }
+  uint64_t* slot = &TicketsAt(base_, me)[ticket.slot];
+  return __atomic_load_n(slot, __ATOMIC_ACQUIRE) == ticket.value ? slot : nullptr;
+}
+
+StatusOr<Blob> ShmMapping::Resolve(int me, uint64_t offset, uint64_t bytes,
+                                   const ShmTicket& ticket) {
   if (offset > size_ || bytes > size_ - offset) {
     return Status::InvalidArgument(StrCat("shared-memory frame of ", bytes, " bytes at offset ",
                                           offset, " lies outside the ", size_, "-byte arena"));
@@ -402,6 +517,12 @@ StatusOr<Blob> ShmMapping::Resolve(uint64_t offset, uint64_t bytes) {
     return Status::InvalidArgument(StrCat("shared-memory offset ", offset,
                                           " cannot start a block's payload (misaligned or in the "
                                           "arena header)"));
+  }
+  uint64_t* slot = HeldTicket(me, offset, ticket);
+  if (slot == nullptr) {
+    return Status::InvalidArgument(StrCat("shared-memory frame of ", bytes, " bytes at offset ",
+                                          offset, ": ticket ", ticket.slot, " of ", NodeIdName(me),
+                                          " does not hold that block (released, or forged)"));
   }
   auto* b = reinterpret_cast<BlockHeader*>(base_ + offset - kShmBlockHeaderBytes);
   if (__atomic_load_n(&b->magic, __ATOMIC_RELAXED) != kBlockMagic ||
@@ -412,9 +533,21 @@ StatusOr<Blob> ShmMapping::Resolve(uint64_t offset, uint64_t bytes) {
   }
   auto hold = std::make_shared<FrameHold>();
   hold->mapping = shared_from_this();
+  hold->slot = slot;
+  hold->ticket = ticket.value;
   hold->refs = &b->refs;
   char* data = base_ + offset;
   return Blob(std::shared_ptr<const void>(hold, data), data, bytes);
+}
+
+void ShmMapping::Drop(int me, uint64_t offset, const ShmTicket& ticket) {
+  uint64_t* slot = HeldTicket(me, offset, ticket);
+  if (slot == nullptr || offset > size_ || offset % kShmAlign != 0 ||
+      offset < kShmRingBegin + kShmBlockHeaderBytes) {
+    return;
+  }
+  auto* b = reinterpret_cast<BlockHeader*>(base_ + offset - kShmBlockHeaderBytes);
+  if (ClearTicket(slot, ticket.value)) __atomic_fetch_sub(&b->refs, 1, __ATOMIC_RELEASE);
 }
 
 }  // namespace pstrain

@@ -17,18 +17,27 @@
 //          values).
 // Blocks handed out (store or ring) are sent by reference, with no copy.
 // A block's header holds a reference count in shared memory: the number of
-// messages in flight or being read that reference it. The receiver drops its
-// reference when the last Blob of that frame is destroyed (ShmMapping). The
-// owner reuses a ring block once it and every earlier ring block are free, and
-// writes or reuses a store block only while nobody reads it (readers()). When
-// the ring or store has no room the Van sends over TCP and the server keeps
-// values on its heap, so a slow or dead reader never blocks anyone; a peer that
-// dies holding a block stalls that part of the ring, which only means TCP.
+// messages in flight or being read that reference it. The owner reuses a ring
+// block once it and every earlier ring block are free, and writes or reuses a
+// store block only while nobody reads it (readers()). When the ring or store
+// has no room the Van sends over TCP and the server keeps values on its heap,
+// so a slow reader never blocks anyone.
+//
+// Every reference handed to a peer is also a ticket: a slot, in that
+// receiver's ticket table in this arena, holding the block and a tag. The
+// receiver drops its reference when the last Blob of that frame is destroyed
+// (ShmMapping) by clearing the slot, and only the one that clears it (a
+// compare-and-swap) decrements the count. So when a receiver dies or is
+// replaced, the owner takes back every reference it still held, unread queue
+// entries included (ReleaseReceiver), and the ring is not stalled behind a
+// dead reader; a late release by the old process finds its slot cleared and
+// does nothing.
 //
 // Threads: ShmArena and ShmMapping are thread-safe.
 #ifndef PSTRAIN_NET_SHM_ARENA_H_
 #define PSTRAIN_NET_SHM_ARENA_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -49,12 +58,27 @@ constexpr uint64_t kShmArenaHeaderBytes = 4096;  // ArenaHeader
 constexpr uint64_t kShmBlockHeaderBytes = 64;    // BlockHeader before each payload
 constexpr uint64_t kShmAlign = 64;               // every payload starts on this boundary
 // Message queues: one per receiving node id below kShmMaxQueues, each a
-// single-producer single-consumer ring of kShmQueueEntries (offset, bytes)
-// entries naming a block of this arena that holds one message.
+// single-producer single-consumer ring of kShmQueueEntries (offset, bytes,
+// ticket) entries naming a block of this arena that holds one message.
 constexpr int kShmMaxQueues = 2048;
 constexpr uint64_t kShmQueueEntries = 1024;
-constexpr uint64_t kShmQueueBytes = 128 + 16 * kShmQueueEntries;
-constexpr uint64_t kShmRingBegin = kShmArenaHeaderBytes + kShmMaxQueues * kShmQueueBytes;
+constexpr uint64_t kShmQueueBytes = 128 + 32 * kShmQueueEntries;
+// Ticket tables: one per receiving node id below kShmMaxQueues, each
+// kShmTicketSlots 8-byte slots (0: free), one per reference the receiver holds.
+constexpr uint32_t kShmTicketSlots = 8192;
+constexpr uint64_t kShmTicketBytes = 8 * uint64_t{kShmTicketSlots};
+constexpr uint64_t kShmTicketsBegin = kShmArenaHeaderBytes + kShmMaxQueues * kShmQueueBytes;
+constexpr uint64_t kShmRingBegin = kShmTicketsBegin + kShmMaxQueues * kShmTicketBytes;
+// Block offsets in a ticket have 38 bits (in units of kShmAlign).
+constexpr uint64_t kShmMaxArenaBytes = uint64_t{1} << 44;
+
+// One reference handed to a receiver: its slot in the receiver's ticket table
+// and the value written there (the block, the receiver's incarnation and a
+// generation, never 0). Travels with the (offset, bytes) that name the block.
+struct ShmTicket {
+  uint32_t slot = 0;
+  uint64_t value = 0;
+};
 
 inline uint64_t ShmRoundUp(uint64_t n) { return (n + kShmAlign - 1) / kShmAlign * kShmAlign; }
 
@@ -105,19 +129,40 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
   // out (AllocateStore, AllocateOutgoing), adds a reference for one message
   // and returns the payload's offset; else nullopt.
   std::optional<uint64_t> Reference(const char* data, uint64_t size);
-  // Drops a reference taken by AllocateRing or Reference whose message was not sent.
+  // Drops a reference taken by AllocateRing or Reference that was not made a
+  // ticket.
   void Release(uint64_t offset);
 
-  // Appends (offset, bytes) to the queue read by node `receiver`. False when it
-  // is full or the id has no queue. The caller keeps its own order per
-  // receiver (the Van numbers messages under the peer's lock).
-  bool Enqueue(int receiver, uint64_t offset, uint64_t bytes) EXCLUDES(queue_mu_);
+  // Hands the reference just taken on the block at payload `offset`
+  // (AllocateRing, Reference) to node `receiver`'s `incarnation` (a number
+  // the caller changes when a new process takes that node id): a ticket in
+  // the receiver's table, which the receiver's release (ShmMapping), a
+  // ReleaseTicket or a ReleaseReceiver clears. nullopt when the id has no
+  // table or no free slot was found soon; the reference is then still the
+  // caller's to Release.
+  std::optional<ShmTicket> Ticket(int receiver, uint8_t incarnation, uint64_t offset);
+  // Drops a ticket's reference (a message that was not sent). False when it
+  // was dropped already.
+  bool ReleaseTicket(int receiver, const ShmTicket& ticket);
+  // Drops every reference that `incarnation` of node `receiver` still holds:
+  // a receiver that died or was replaced (its values read or not, its queue
+  // entries unread). Returns how many. A late release by that process is
+  // then a no-op. Thread-safe with Ticket and releases; a ticket handed to
+  // that incarnation after this started may be missed (call it once nothing
+  // more is sent to it).
+  int ReleaseReceiver(int receiver, uint8_t incarnation);
+
+  // Appends (offset, bytes, ticket) to the queue read by node `receiver`.
+  // False when it is full or the id has no queue. The caller keeps its own
+  // order per receiver (the Van numbers messages under the peer's lock).
+  bool Enqueue(int receiver, uint64_t offset, uint64_t bytes, const ShmTicket& ticket)
+      EXCLUDES(queue_mu_);
   // Empties the queue read by node `receiver` (the producer moves the
-  // consumer's position): for a receiver that died and is replaced by a
-  // process that must not see what was queued for the old one. The blocks
-  // those entries name stay held (the ring then falls back to TCP while they
-  // block it). REQUIRES: nobody reads that queue now (the old reader is gone,
-  // the new one has not mapped the arena yet).
+  // consumer's position): for a receiver that is replaced by a process that
+  // must not see what was queued for the old one. The blocks those entries
+  // name are taken back by ReleaseReceiver for the old incarnation.
+  // REQUIRES: nobody reads that queue now (the old reader is gone, the new
+  // one has not mapped the arena yet).
   void ResetQueue(int receiver) EXCLUDES(queue_mu_);
   // This node's receive thread is (about to be) asleep: peers that enqueue
   // must ring its doorbell. Sequentially consistent, so an enqueue that misses
@@ -135,6 +180,9 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
   void ReclaimRing() REQUIRES(ring_mu_);
   void ReclaimStore() REQUIRES(store_mu_);
   void FreeStore(uint64_t block) EXCLUDES(store_mu_);
+  // Drops a reference on the block whose header a cleared ticket named, if
+  // that is a block of ours (the ticket slots are peer-writable memory).
+  void DropTicketReference(uint64_t ticket_value);
 
   char* base_ = nullptr;
   uint64_t size_ = 0;      // mapped bytes
@@ -149,6 +197,10 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
   std::deque<uint64_t> ring_sizes_ GUARDED_BY(ring_mu_);  // blocks from tail_ on, in order
 
   Mutex queue_mu_;  // one producer per queue, even if two threads send to one peer
+
+  // Where each receiver's next ticket is looked for, and the tickets' generation.
+  std::unique_ptr<std::atomic<uint64_t>[]> ticket_cursor_;
+  std::atomic<uint32_t> ticket_generation_{0};
 
   Mutex store_mu_;
   uint64_t store_next_ GUARDED_BY(store_mu_) = 0;  // bump pointer (set by Create)
@@ -181,22 +233,35 @@ class ShmMapping : public std::enable_shared_from_this<ShmMapping> {
   ShmMapping(const ShmMapping&) = delete;
   ShmMapping& operator=(const ShmMapping&) = delete;
 
-  // A received value frame: `bytes` at payload `offset` of a block. The Blob
-  // reads the arena in place; destroying its last copy drops the block's
+  // A received value frame for node `me`: `bytes` at payload `offset` of a
+  // block, held by `ticket` in me's table. The Blob reads the arena in place;
+  // destroying its last copy clears the ticket and drops the block's
   // reference. InvalidArgument (naming offset and size) when that is not a
-  // live block of the arena.
-  StatusOr<Blob> Resolve(uint64_t offset, uint64_t bytes);
+  // live block of the arena or the ticket is not held for it.
+  StatusOr<Blob> Resolve(int me, uint64_t offset, uint64_t bytes, const ShmTicket& ticket);
+  // Hands back, unread, what Resolve would have read: for a message that is
+  // dropped. Nothing when the ticket is not held for that block.
+  void Drop(int me, uint64_t offset, const ShmTicket& ticket);
 
+  // One entry of a queue: a block holding one message, and its ticket.
+  struct QueueItem {
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+    ShmTicket ticket;
+  };
   // Takes the next entry of the queue the peer fills for node `me`: 1 and the
   // entry, 0 when it is empty, -1 when its indices are corrupt (the queue is
   // then skipped to its end). Consumer side: one thread per queue.
-  int Dequeue(int me, uint64_t* offset, uint64_t* bytes);
+  int Dequeue(int me, QueueItem* item);
   bool QueueEmpty(int me) const;
   // Whether the peer's receive thread said it is asleep (see SetSleeping).
   bool PeerSleeping() const;
 
  private:
   ShmMapping() = default;
+  // me's ticket slot for `ticket` if it holds the block whose payload is at
+  // `offset`; else null.
+  uint64_t* HeldTicket(int me, uint64_t offset, const ShmTicket& ticket) const;
   char* base_ = nullptr;
   uint64_t size_ = 0;
 };

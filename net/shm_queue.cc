@@ -5,29 +5,34 @@
 
 namespace pstrain {
 
-bool EnqueueMessage(ShmArena* arena, int receiver, const std::string& header, const Message& msg,
-                    bool inline_values) {
+bool EnqueueMessage(ShmArena* arena, int receiver, uint8_t incarnation, const std::string& header,
+                    const Message& msg, bool inline_values) {
   const uint64_t total = EnvelopeBytes(header, msg, inline_values);
   std::optional<ShmArena::Block> block = arena->AllocateRing(total);
   if (!block.has_value()) return false;
-  WriteEnvelope(header, msg, inline_values, block->data);
-  if (!arena->Enqueue(receiver, block->offset, total)) {
+  std::optional<ShmTicket> ticket = arena->Ticket(receiver, incarnation, block->offset);
+  if (!ticket.has_value()) {
     arena->Release(block->offset);
+    return false;
+  }
+  WriteEnvelope(header, msg, inline_values, block->data);
+  if (!arena->Enqueue(receiver, block->offset, total, *ticket)) {
+    arena->ReleaseTicket(receiver, *ticket);
     return false;
   }
   return true;
 }
 
 QueueRead ReadQueued(ShmMapping& peer_arena, int peer, int me, Decoded* out) {
-  uint64_t offset = 0, bytes = 0;
-  const int rc = peer_arena.Dequeue(me, &offset, &bytes);
+  ShmMapping::QueueItem item;
+  const int rc = peer_arena.Dequeue(me, &item);
   if (rc == 0) return QueueRead::kEmpty;
   if (rc < 0) {
     out->header_ok = false;
     out->error = StrCat(NodeIdName(peer), ": its shared-memory queue is corrupt; skipped");
     return QueueRead::kBad;
   }
-  auto envelope = peer_arena.Resolve(offset, bytes);
+  auto envelope = peer_arena.Resolve(me, item.offset, item.bytes, item.ticket);
   if (!envelope.ok()) {
     out->header_ok = false;
     out->error = StrCat(NodeIdName(peer), ": queue entry: ", envelope.status().message());

@@ -5,7 +5,7 @@
 // ring, net/doorbell.h) skips ZeroMQ altogether: its envelope (the serialized
 // header, keys, lens, and the values not placed in the arena on their own; see
 // WriteEnvelope in net/message.h) goes into one ring block of our arena, and
-// (offset, bytes) onto the single-producer queue that the peer reads in our
+// (offset, bytes, ticket) onto the single-producer queue that the peer reads in our
 // arena (ShmArena::Enqueue). The peer's receive thread drains the queues of
 // every arena it has mapped (ShmInbox, ReadQueued) next to its ZeroMQ socket
 // and reads each envelope in place. When the ring or the queue is full the
@@ -30,12 +30,14 @@ namespace pstrain {
 
 // Writes the envelope of `msg` with the serialized header `header` (whose
 // num_value_frames is 1 when `inline_values`) into one ring block of `arena`
-// and queues it for node `receiver`. False, with nothing taken, when the ring
-// or that queue is full. The block is the receiver's until it drops the
-// message. REQUIRES: calls for one receiver are serialized by the caller (the
-// Van's per-peer lock), so the queue holds them in send order.
-bool EnqueueMessage(ShmArena* arena, int receiver, const std::string& header, const Message& msg,
-                    bool inline_values);
+// and queues it for node `receiver` (its `incarnation`, ShmArena::Ticket).
+// False, with nothing taken, when the ring, the receiver's ticket table or
+// that queue is full. The block is the receiver's until it drops the message
+// (or the owner takes it back, ShmArena::ReleaseReceiver). REQUIRES: calls for
+// one receiver are serialized by the caller (the Van's per-peer lock), so the
+// queue holds them in send order.
+bool EnqueueMessage(ShmArena* arena, int receiver, uint8_t incarnation, const std::string& header,
+                    const Message& msg, bool inline_values);
 
 // ---- receiver side ----
 

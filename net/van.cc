@@ -43,8 +43,21 @@ std::string ZmqError() { return zmq_strerror(zmq_errno()); }
 // go through shared memory in order.
 struct Van::Peer {
   Peer(std::unique_ptr<ZmqDealer> dealer, ConnectionEvents* events,
-       std::shared_ptr<ShmMapping> theirs, DoorbellAddress doorbell)
-      : dealer(std::move(dealer)), events(events), theirs(std::move(theirs)), doorbell(doorbell) {}
+       std::shared_ptr<ShmMapping> theirs, DoorbellAddress doorbell,
+       std::shared_ptr<ShmArena> arena, int id, uint8_t incarnation)
+      : dealer(std::move(dealer)),
+        events(events),
+        theirs(std::move(theirs)),
+        doorbell(doorbell),
+        arena(std::move(arena)),
+        id(id),
+        incarnation(incarnation) {}
+  // Once nothing sends to it any more (the connection closed or replaced, the
+  // Van gone): every block of our arena this process of the peer still holds
+  // is taken back, so a peer that died reading does not stall our ring.
+  ~Peer() {
+    if (arena != nullptr) arena->ReleaseReceiver(id, incarnation);
+  }
 
   Mutex mu;  // serializes sends to this peer: numbers are taken in send order
   const std::unique_ptr<ZmqDealer> dealer PT_GUARDED_BY(mu);
@@ -53,6 +66,12 @@ struct Van::Peer {
   std::atomic<bool> maps_mine{false};        // the peer said it mapped our arena
   ShmSequence sequence GUARDED_BY(mu);       // shm_seq of messages to it (with theirs)
   DoorbellAddress doorbell GUARDED_BY(mu);   // invalid: messages to it go over ZeroMQ
+  // Our arena (null: none), the node id our tickets for it are under (its id
+  // when connected; Rename does not move them) and this process's incarnation
+  // of that id (ShmArena::Ticket).
+  const std::shared_ptr<ShmArena> arena;
+  const int id;
+  const uint8_t incarnation;
 };
 
 Van::Van(const VanOptions& options, Handler handler)
@@ -190,12 +209,22 @@ Status Van::Connect(int id, const std::string& host, int port, const ShmInfo* sh
               << port << (theirs != nullptr ? " (its shared memory mapped)" : "");
   }
   ConnectionEvents* events = dealer->events();
-  auto peer = std::make_shared<Peer>(std::move(dealer), events, theirs, bell);
+  std::shared_ptr<Peer> old;  // a replaced peer's, let go after mu_
   MutexLock l(&mu_);
   if (theirs != nullptr) inbox_.Add(id, theirs);
-  // A replaced peer: what was queued for its old process is not for the new one.
-  if (arena_ != nullptr && peers_.count(id) > 0) arena_->ResetQueue(id);
-  peers_[id] = std::move(peer);
+  // A new process under an id we sent to before (a replaced or reconnected
+  // peer): what was queued for the old one is not for it. The old one's
+  // blocks come back when its Peer goes.
+  auto [incarnation, first] = incarnations_.try_emplace(id, 0);
+  if (!first) {
+    ++incarnation->second;
+    if (arena_ != nullptr) arena_->ResetQueue(id);
+  }
+  auto peer = std::make_shared<Peer>(std::move(dealer), events, theirs, bell, arena_, id,
+                                     incarnation->second);
+  std::shared_ptr<Peer>& slot = peers_[id];
+  old = std::move(slot);
+  slot = std::move(peer);
   return Status::Ok();
 }
 
@@ -318,8 +347,11 @@ Status Van::Send(int id, const Message& msg) {
   PsHeader extra;
   const bool ordered = peer->theirs != nullptr;
   if (ordered) extra.set_shm_mapped(true);
-  const bool mine_mapped = placement_ != nullptr && peer->maps_mine.load();
-  const bool in_shm = data && !msg.values.empty() && mine_mapped && placement_->Place(msg, &extra);
+  // A renamed peer (the scheduler's, before its node table) gets no shared
+  // memory: our tickets for it would be in the table of the id it had.
+  const bool mine_mapped = placement_ != nullptr && peer->maps_mine.load() && peer->id == id;
+  const bool in_shm = data && !msg.values.empty() && mine_mapped &&
+                      placement_->Place(msg, peer->id, peer->incarnation, &extra);
   if (options_.verbose >= 2) {
     LOG(INFO) << options_.name << " -> " << NodeIdName(id) << ": " << msg.header.ShortDebugString()
               << (in_shm ? " (values in shared memory)" : "");
@@ -364,7 +396,7 @@ Status Van::SendFailed(int id, Peer& peer, bool ordered, const PsHeader* placed)
   const std::string error = ZmqError();
   // Nothing left: the number goes to the next message (still under peer.mu).
   if (ordered) peer.sequence.Rollback();
-  if (placed != nullptr) placement_->Release(*placed);
+  if (placed != nullptr) placement_->Release(*placed, peer.id);
   return Status::Unavailable(StrCat(options_.name, ": send to ", NodeIdName(id), " at ",
                                     peer.dealer->address(), " failed: ", error));
 }
@@ -372,7 +404,9 @@ Status Van::SendFailed(int id, Peer& peer, bool ordered, const PsHeader* placed)
 bool Van::SendThroughQueue(int id, Peer& peer, const std::string& header, const Message& msg,
                            bool inline_values) {
   peer.mu.AssertHeld();
-  if (!EnqueueMessage(arena_.get(), id, header, msg, inline_values)) return false;
+  if (!EnqueueMessage(arena_.get(), peer.id, peer.incarnation, header, msg, inline_values)) {
+    return false;
+  }
   if (peer.theirs->PeerSleeping()) {
     ++doorbells_rung_;
     Status rung = doorbell_->Ring(peer.doorbell);
@@ -461,7 +495,7 @@ void Van::Drop(const Message* msg, const std::string& why, int queue_owner) {
   // Hand back the sender's shared-memory blocks that the message names but
   // that were never resolved, so its ring is not stalled behind them.
   if (HasUnresolvedShmValues(h, msg->values.size())) {
-    ReleaseUnresolvedShmValues(h, msg->values.size(), mapping.get());
+    ReleaseUnresolvedShmValues(h, msg->values.size(), mapping.get(), self_id_.load());
   }
   // A numbered message that is dropped must not hold up the ones after it.
   if (std::optional<SeqSlot> slot = DroppedSlot(h, queue_owner)) {
@@ -545,7 +579,7 @@ void Van::Finish(Message&& msg) {
     }
   }
   if (in_shm) {
-    Status s = ResolveShmValues(h, sender_arena.get(), &msg.values);
+    Status s = ResolveShmValues(h, sender_arena.get(), self_id_.load(), &msg.values);
     if (!s.ok()) {
       Drop(&msg, s.message());
       return;

@@ -252,6 +252,9 @@ class Van {
   bool drainer_stop_ GUARDED_BY(drainer_mu_) = false;
   Mutex mu_;
   std::map<int, std::shared_ptr<Peer>> peers_ GUARDED_BY(mu_);
+  // Per node id ever connected: the incarnation of its latest connection (the
+  // tag of the tickets our arena hands it, ShmArena::Ticket).
+  std::map<int, uint8_t> incarnations_ GUARDED_BY(mu_);
   std::map<int, std::string> routes_ GUARDED_BY(mu_);
 };
 

@@ -24,6 +24,14 @@ namespace pstrain {
 namespace {
 
 constexpr uint64_t kBlock = kShmBlockHeaderBytes;
+constexpr int kReader = 3;  // the node id of the peer that maps an arena
+
+// Hands the reference just taken on the block at `offset` to kReader.
+ShmTicket Hand(ShmArena& arena, uint64_t offset) {
+  std::optional<ShmTicket> t = arena.Ticket(kReader, 0, offset);
+  CHECK(t.has_value());
+  return *t;
+}
 
 std::shared_ptr<ShmArena> MakeArena(uint64_t ring, uint64_t store = 0) {
   auto a = ShmArena::Create(ring, store);
@@ -122,7 +130,7 @@ TEST(ShmArenaTest, PeerMapsTheArenaAndItsReadsReleaseRingBlocks) {
   ASSERT_TRUE(blk.has_value());
   std::memcpy(blk->data, "hello", 6);
   {
-    auto blob = (*mapping)->Resolve(blk->offset, 1000);
+    auto blob = (*mapping)->Resolve(kReader, blk->offset, 1000, Hand(*arena, blk->offset));
     ASSERT_OK(blob.status());
     EXPECT_STREQ(blob->data(), "hello");
     EXPECT_NE(blob->data(), blk->data) << "a second mapping of the same memory";
@@ -174,16 +182,24 @@ TEST(ShmArenaTest, ResolveRejectsOffsetsThatAreNotLiveBlocks) {
   auto blk = arena->AllocateRing(4096);
   ASSERT_TRUE(blk.has_value());
   ShmMapping& m = **mapping;
-  EXPECT_FALSE(m.Resolve(blk->offset + 8, 16).ok()) << "misaligned";
-  EXPECT_FALSE(m.Resolve(blk->offset + 64, 16).ok()) << "inside a block";
-  EXPECT_FALSE(m.Resolve(blk->offset, 8192).ok()) << "more than the block holds";
-  EXPECT_FALSE(m.Resolve(uint64_t{1} << 40, 16).ok()) << "past the arena";
-  EXPECT_FALSE(m.Resolve(0, 16).ok()) << "the arena header";
-  auto s = m.Resolve(~uint64_t{0} - 63, 128).status();
+  const ShmTicket t = Hand(*arena, blk->offset);
+  EXPECT_FALSE(m.Resolve(kReader, blk->offset + 8, 16, t).ok()) << "misaligned";
+  EXPECT_FALSE(m.Resolve(kReader, blk->offset + 64, 16, t).ok()) << "inside a block";
+  EXPECT_FALSE(m.Resolve(kReader, blk->offset, 8192, t).ok()) << "more than the block holds";
+  EXPECT_FALSE(m.Resolve(kReader, uint64_t{1} << 40, 16, t).ok()) << "past the arena";
+  EXPECT_FALSE(m.Resolve(kReader, 0, 16, t).ok()) << "the arena header";
+  auto s = m.Resolve(kReader, ~uint64_t{0} - 63, 128, t).status();
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  arena->Release(blk->offset);
-  EXPECT_FALSE(m.Resolve(blk->offset, 16).ok()) << "a released block";
+  EXPECT_TRUE(arena->ReleaseTicket(kReader, t));
+  EXPECT_FALSE(arena->ReleaseTicket(kReader, t)) << "once";
+  EXPECT_FALSE(m.Resolve(kReader, blk->offset, 16, t).ok()) << "a released block";
   EXPECT_EQ(arena->ring_used_bytes(), 0u) << "failed resolves take no reference";
+  // A block whose count a peer zeroed is refused even with its ticket.
+  auto other = arena->AllocateRing(64);
+  ASSERT_TRUE(other.has_value());
+  const ShmTicket live = Hand(*arena, other->offset);
+  arena->Release(other->offset);
+  EXPECT_FALSE(m.Resolve(kReader, other->offset, 64, live).ok()) << "no reference left";
 }
 
 TEST(ShmArenaTest, StoreBlocksAreReferencedWithoutCopyAndReusedOnlyWhenUnread) {
@@ -202,7 +218,7 @@ TEST(ShmArenaTest, StoreBlocksAreReferencedWithoutCopyAndReusedOnlyWhenUnread) {
   const char* data = stored->data;
   Blob read;
   {
-    auto blob = (*mapping)->Resolve(*offset, 4000);
+    auto blob = (*mapping)->Resolve(kReader, *offset, 4000, Hand(*arena, *offset));
     ASSERT_OK(blob.status());
     EXPECT_EQ(blob->data()[3999], 7);
     read = *blob;
@@ -237,7 +253,7 @@ TEST(ShmArenaTest, OutgoingBuffersLiveInTheRingUntilTheOwnerAndEveryReaderLetGo)
   std::memset(out->data, 3, 5000);
   auto offset = arena->Reference(out->data, 5000);  // the Van sends it by reference
   ASSERT_TRUE(offset.has_value());
-  auto blob = (*mapping)->Resolve(*offset, 5000);
+  auto blob = (*mapping)->Resolve(kReader, *offset, 5000, Hand(*arena, *offset));
   ASSERT_OK(blob.status());
   out.reset();  // the owner is done first
   EXPECT_GT(arena->ring_used_bytes(), 0u) << "the reader still holds it";
@@ -444,10 +460,14 @@ TEST(VanShmTest, ForgedSharedMemoryDescriptorsAreDroppedAndTheVanKeepsServing) {
   // sizes for one offset): b must hand the block back.
   auto real = p.a->arena()->AllocateRing(16);
   ASSERT_TRUE(real.has_value());
+  std::optional<ShmTicket> real_ticket = p.a->arena()->Ticket(ServerId(0), 0, real->offset);
+  ASSERT_TRUE(real_ticket.has_value());
   PsHeader named = proto.header;
   named.add_shm_frame_offset(real->offset);
   named.add_shm_frame_bytes(16);
   named.add_shm_frame_bytes(16);
+  named.add_shm_frame_slot(real_ticket->slot);
+  named.add_shm_frame_ticket(real_ticket->value);
   send(named);
   PsHeader stranger = proto.header;
   stranger.set_sender(WorkerId(7));  // nobody b has mapped
@@ -487,11 +507,18 @@ TEST(VanShmTest, AQueuedMessageWithAForgedSenderFreesNothingOfTheClaimedSender) 
   // a queues, in its own arena for b, a push that claims to be c's and names
   // c's block.
   Message forged = DataMessage(WorkerId(1), ServerId(0), Floats(4, 0.0f));
+  // With a real ticket of c's for b, so that only the arena it is looked up
+  // in decides.
+  std::optional<ShmTicket> victim_ticket = (*c)->arena()->Ticket(ServerId(0), 0, victim->offset);
+  ASSERT_TRUE(victim_ticket.has_value());
   forged.header.add_shm_frame_offset(victim->offset);
   forged.header.add_shm_frame_bytes(16);
+  forged.header.add_shm_frame_slot(victim_ticket->slot);
+  forged.header.add_shm_frame_ticket(victim_ticket->value);
   forged.values.clear();
-  ASSERT_TRUE(EnqueueMessage(p.a->arena().get(), ServerId(0), forged.header.SerializeAsString(),
-                             forged, /*inline_values=*/false));
+  ASSERT_TRUE(EnqueueMessage(p.a->arena().get(), ServerId(0), 0, forged.header.SerializeAsString(),
+                             forged,
+                             /*inline_values=*/false));
   for (int i = 0; i < 200 && p.b->dropped() < 1; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -501,6 +528,123 @@ TEST(VanShmTest, AQueuedMessageWithAForgedSenderFreesNothingOfTheClaimedSender) 
   ASSERT_OK(p.a->Send(ServerId(0), DataMessage(WorkerId(0), ServerId(0), Floats(2000, 6.0f))));
   Message ok = p.inbox_b.Next();
   EXPECT_EQ(reinterpret_cast<const float*>(ok.values[0].data())[1999], 6.0f);
+}
+
+// A Van of node `id` that keeps every message it gets (so it holds the
+// sender's shared-memory blocks, as a process that died reading would).
+struct Holder {
+  Inbox inbox;
+  std::unique_ptr<Van> van;
+  Holder(const std::string& name, int id) {
+    VanOptions vo;
+    vo.bind_host = "127.0.0.1";
+    vo.shm_bytes = 1 << 20;
+    vo.name = name;
+    auto made = Van::Create(vo, [this](Message&& m) {
+      MutexLock l(&inbox.mu);
+      inbox.got.push_back(std::move(m));
+      inbox.cv.SignalAll();
+    });
+    CHECK_OK(made.status());
+    van = std::move(made).value();
+    van->SetSelfId(id);
+    van->StartReceiving();
+  }
+  // Connects with worker 0 (p.a) both ways and says it mapped a's arena.
+  void JoinWorker0(VanPair& p, int id) {
+    CHECK_OK(p.a->Connect(id, "127.0.0.1", van->port(), van->shm_info()));
+    CHECK_OK(van->Connect(WorkerId(0), "127.0.0.1", p.a->port(), p.a->shm_info()));
+    CHECK_OK(van->Send(WorkerId(0), DataMessage(id, WorkerId(0), Floats(16, 1.0f))));
+    (void)p.inbox_a.Next();  // a now sends it values through shared memory
+  }
+  void WaitFor(size_t n) {
+    MutexLock l(&inbox.mu);
+    CHECK(inbox.cv.WaitUntil(Deadline::InMillis(5000),
+                             [&]() REQUIRES(inbox.mu) { return inbox.got.size() >= n; }));
+  }
+  void LetGo() {
+    MutexLock l(&inbox.mu);
+    inbox.got.clear();
+  }
+};
+
+// A co-located peer that dies holding values of ours (read, and queued
+// unread) used to stall our ring for the rest of the job, so every later
+// message of ours went over TCP. Closing the connection takes them back, and
+// the dead process's late releases touch nothing.
+TEST(VanShmTest, ClosingAPeerThatDiedHoldingOurBlocksTakesThemBack) {
+  VanPair p;
+  auto c = std::make_unique<Holder>("c", ServerId(1));
+  c->JoinWorker0(p, ServerId(1));
+  const int64_t sent_before = p.a->shm_sent();
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_OK(p.a->Send(ServerId(1), DataMessage(WorkerId(0), ServerId(1), Floats(2000, 2.0f))));
+  }
+  c->WaitFor(3);
+  c->van->StopReceiving();  // c "dies": what a sends now stays in c's queue
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_OK(p.a->Send(ServerId(1), DataMessage(WorkerId(0), ServerId(1), Floats(2000, 3.0f))));
+  }
+  EXPECT_EQ(p.a->shm_sent() - sent_before, 5);
+  EXPECT_GT(p.a->arena()->ring_used_bytes(), 5 * 8000u);
+
+  p.a->Disconnect(ServerId(1));  // a learns that c is gone
+  EXPECT_EQ(p.a->arena()->ring_used_bytes(), 0u) << "c's blocks came back";
+
+  // The ring starts over where c's first block was; c letting go late must
+  // not free what a put there since.
+  auto reused = p.a->arena()->AllocateRing(100);
+  ASSERT_TRUE(reused.has_value());
+  c->LetGo();
+  c.reset();
+  EXPECT_GT(p.a->arena()->ring_used_bytes(), 0u) << "a stale release freed a live block";
+  p.a->arena()->Release(reused->offset);
+  EXPECT_EQ(p.a->arena()->ring_used_bytes(), 0u);
+
+  // a's values to b still go through shared memory.
+  ASSERT_OK(p.b->Send(WorkerId(0), DataMessage(ServerId(0), WorkerId(0), Floats(16, 1.0f))));
+  (void)p.inbox_a.Next();
+  const int64_t sent = p.a->shm_sent();
+  ASSERT_OK(p.a->Send(ServerId(0), DataMessage(WorkerId(0), ServerId(0), Floats(2000, 4.0f))));
+  Message m = p.inbox_b.Next();
+  EXPECT_EQ(reinterpret_cast<const float*>(m.values[0].data())[1999], 4.0f);
+  EXPECT_EQ(p.a->shm_sent(), sent + 1);
+}
+
+// A peer replaced by a new process under its id (server recovery): the old
+// process's blocks come back, the new one's tickets are its own, and the old
+// one letting go late frees none of them.
+TEST(VanShmTest, AReplacedPeersBlocksComeBackAndItsSuccessorKeepsItsOwn) {
+  VanPair p;
+  auto old_c = std::make_unique<Holder>("c", ServerId(1));
+  old_c->JoinWorker0(p, ServerId(1));
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_OK(p.a->Send(ServerId(1), DataMessage(WorkerId(0), ServerId(1), Floats(2000, 2.0f))));
+  }
+  old_c->WaitFor(2);
+  old_c->van->StopReceiving();
+  EXPECT_GT(p.a->arena()->ring_used_bytes(), 0u);
+
+  Holder new_c("c2", ServerId(1));
+  new_c.JoinWorker0(p, ServerId(1));  // a's Connect replaces the connection
+  EXPECT_EQ(p.a->arena()->ring_used_bytes(), 0u) << "the old process's blocks came back";
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_OK(p.a->Send(ServerId(1), DataMessage(WorkerId(0), ServerId(1), Floats(2000, 5.0f))));
+  }
+  new_c.WaitFor(2);
+  const uint64_t held_by_new = p.a->arena()->ring_used_bytes();
+  EXPECT_GE(held_by_new, 2 * 8000u);
+  old_c->LetGo();
+  old_c.reset();
+  EXPECT_EQ(p.a->arena()->ring_used_bytes(), held_by_new) << "the old process freed a new block";
+  {
+    MutexLock l(&new_c.inbox.mu);
+    for (const Message& m : new_c.inbox.got) {
+      EXPECT_EQ(reinterpret_cast<const float*>(m.values[0].data())[1999], 5.0f);
+    }
+  }
+  new_c.LetGo();
+  EXPECT_EQ(p.a->arena()->ring_used_bytes(), 0u);
 }
 
 // a -> b: message i carries request id i and `floats` copies of float(i).
@@ -575,11 +719,13 @@ TEST(VanShmTest, GarbageInAPeersQueueIsDroppedAndLaterMessagesStillArrive) {
   (void)p.inbox_a.Next();
   ShmArena& arena = *p.a->arena();
   // An entry that names no block, and a block that holds no message.
-  ASSERT_TRUE(arena.Enqueue(ServerId(0), 1 << 30, 64));
+  ASSERT_TRUE(arena.Enqueue(ServerId(0), 1 << 30, 64, ShmTicket{}));
   auto junk = arena.AllocateRing(100);
   ASSERT_TRUE(junk.has_value());
   std::memset(junk->data, 0xab, 100);
-  ASSERT_TRUE(arena.Enqueue(ServerId(0), junk->offset, 100));
+  std::optional<ShmTicket> junk_ticket = arena.Ticket(ServerId(0), 0, junk->offset);
+  ASSERT_TRUE(junk_ticket.has_value());
+  ASSERT_TRUE(arena.Enqueue(ServerId(0), junk->offset, 100, *junk_ticket));
   ASSERT_OK(p.a->Send(ServerId(0), Numbered(0, 4)));
   Message m = p.inbox_b.Next();
   EXPECT_EQ(m.header.request_id(), 0u);

@@ -75,7 +75,7 @@ TEST(ShmQueueTest, QueuedMessagesAreReadBackWholeAndInOrder) {
   auto mapping = Map(*arena);       // the receiver's view of it
   for (uint64_t i = 0; i < 3; ++i) {
     const Message m = Push(kSender, kReceiver, i, 100 + i);
-    ASSERT_TRUE(EnqueueMessage(arena.get(), kReceiver, QueuedHeader(m), m, true));
+    ASSERT_TRUE(EnqueueMessage(arena.get(), kReceiver, 0, QueuedHeader(m), m, true));
   }
   Decoded d;
   EXPECT_EQ(ReadQueued(*mapping, kSender, ServerId(1), &d), QueueRead::kEmpty)
@@ -101,7 +101,7 @@ TEST(ShmQueueTest, QueuedMessagesAreReadBackWholeAndInOrder) {
 TEST(ShmQueueTest, AFullRingOrQueueTakesNothing) {
   auto small = MakeArena(4096);
   const Message big = Push(kSender, kReceiver, 0, 2048);  // 8 KB of values: no room
-  EXPECT_FALSE(EnqueueMessage(small.get(), kReceiver, QueuedHeader(big), big, true));
+  EXPECT_FALSE(EnqueueMessage(small.get(), kReceiver, 0, QueuedHeader(big), big, true));
   EXPECT_EQ(small->ring_used_bytes(), 0u);
   Decoded d;
   EXPECT_EQ(ReadQueued(*Map(*small), kSender, kReceiver, &d), QueueRead::kEmpty);
@@ -109,13 +109,13 @@ TEST(ShmQueueTest, AFullRingOrQueueTakesNothing) {
   auto arena = MakeArena(1 << 20);
   const Message m = Push(kSender, kReceiver, 0, 1);
   uint64_t queued = 0;
-  while (EnqueueMessage(arena.get(), kReceiver, QueuedHeader(m), m, true)) ++queued;
+  while (EnqueueMessage(arena.get(), kReceiver, 0, QueuedHeader(m), m, true)) ++queued;
   EXPECT_EQ(queued, kShmQueueEntries) << "the queue, not the ring, was full";
-  EXPECT_FALSE(EnqueueMessage(arena.get(), kReceiver, QueuedHeader(m), m, true));
+  EXPECT_FALSE(EnqueueMessage(arena.get(), kReceiver, 0, QueuedHeader(m), m, true));
   // One read makes room for one more.
   auto mapping = Map(*arena);
   ASSERT_EQ(ReadQueued(*mapping, kSender, kReceiver, &d), QueueRead::kMessage);
-  EXPECT_TRUE(EnqueueMessage(arena.get(), kReceiver, QueuedHeader(m), m, true));
+  EXPECT_TRUE(EnqueueMessage(arena.get(), kReceiver, 0, QueuedHeader(m), m, true));
   // Once every queued message is read and dropped the ring is empty: the
   // refused message's block was handed back (the ring reclaims in order).
   d = Decoded();
@@ -131,7 +131,7 @@ TEST(ShmQueueTest, BadEntriesAreReportedWithThePeersName) {
   auto arena = MakeArena(1 << 16);
   auto mapping = Map(*arena);
   // An entry that names no block.
-  ASSERT_TRUE(arena->Enqueue(kReceiver, 1 << 30, 64));
+  ASSERT_TRUE(arena->Enqueue(kReceiver, 1 << 30, 64, ShmTicket{}));
   Decoded d;
   ASSERT_EQ(ReadQueued(*mapping, kSender, kReceiver, &d), QueueRead::kBad);
   EXPECT_FALSE(d.header_ok);
@@ -140,7 +140,9 @@ TEST(ShmQueueTest, BadEntriesAreReportedWithThePeersName) {
   auto junk = arena->AllocateRing(100);
   ASSERT_TRUE(junk.has_value());
   std::memset(junk->data, 0xab, 100);
-  ASSERT_TRUE(arena->Enqueue(kReceiver, junk->offset, 100));
+  std::optional<ShmTicket> junk_ticket = arena->Ticket(kReceiver, 0, junk->offset);
+  ASSERT_TRUE(junk_ticket.has_value());
+  ASSERT_TRUE(arena->Enqueue(kReceiver, junk->offset, 100, *junk_ticket));
   d = Decoded();
   ASSERT_EQ(ReadQueued(*mapping, kSender, kReceiver, &d), QueueRead::kBad);
   EXPECT_FALSE(d.header_ok);
@@ -149,7 +151,7 @@ TEST(ShmQueueTest, BadEntriesAreReportedWithThePeersName) {
   // (its number is in kSender's order), but it is refused.
   Message forged = Push(WorkerId(5), kReceiver, 7, 4);
   forged.header.set_shm_seq(3);
-  ASSERT_TRUE(EnqueueMessage(arena.get(), kReceiver, QueuedHeader(forged), forged, true));
+  ASSERT_TRUE(EnqueueMessage(arena.get(), kReceiver, 0, QueuedHeader(forged), forged, true));
   d = Decoded();
   ASSERT_EQ(ReadQueued(*mapping, kSender, kReceiver, &d), QueueRead::kBad);
   EXPECT_TRUE(d.header_ok);
@@ -158,7 +160,7 @@ TEST(ShmQueueTest, BadEntriesAreReportedWithThePeersName) {
       << d.error;
   // And a good one after all that still comes through.
   const Message good = Push(kSender, kReceiver, 8, 4);
-  ASSERT_TRUE(EnqueueMessage(arena.get(), kReceiver, QueuedHeader(good), good, true));
+  ASSERT_TRUE(EnqueueMessage(arena.get(), kReceiver, 0, QueuedHeader(good), good, true));
   d = Decoded();
   ASSERT_EQ(ReadQueued(*mapping, kSender, kReceiver, &d), QueueRead::kMessage) << d.error;
   EXPECT_EQ(d.msg.header.request_id(), 8u);
