@@ -61,8 +61,6 @@ constexpr int kTicketGenerationBits = 18;
 constexpr int kTicketBlockShift = kTicketGenerationBits + 8;
 static_assert(kShmMaxArenaBytes / kShmAlign <= (uint64_t{1} << (64 - kTicketBlockShift)),
               "a ticket holds any block offset");
-// Slots tried before Ticket gives up (the message then goes over TCP).
-constexpr int kTicketProbes = 256;
 
 uint64_t TicketValue(uint64_t header_offset, uint8_t incarnation, uint32_t generation) {
   return (header_offset / kShmAlign) << kTicketBlockShift |
@@ -168,6 +166,9 @@ StatusOr<std::shared_ptr<ShmArena>> ShmArena::Create(uint64_t ring_bytes, uint64
   auto* h = reinterpret_cast<ArenaHeader*>(a->base_);
   h->magic = kArenaMagic;
   h->token = token;
+  // Tickets of two arenas differ even for the same slot and block (a message
+  // read from one and looked up in the other finds nothing).
+  a->ticket_generation_.store(static_cast<uint32_t>(token >> 32), std::memory_order_relaxed);
   h->bytes = bytes;
   a->info_.set_pid(getpid());
   a->info_.set_fd(a->fd_);
@@ -338,13 +339,18 @@ std::optional<ShmTicket> ShmArena::Ticket(int receiver, uint8_t incarnation, uin
                                      ticket_generation_.fetch_add(1, std::memory_order_relaxed));
   std::atomic<uint64_t>& cursor = ticket_cursor_[receiver];
   // Receivers mostly let go in the order they were sent to, so the slots
-  // after the last one taken are mostly free.
-  for (int probe = 0; probe < kTicketProbes; ++probe) {
-    const auto slot =
-        static_cast<uint32_t>(cursor.fetch_add(1, std::memory_order_relaxed) % kShmTicketSlots);
+  // after the last one taken are mostly free: look from there, over the whole
+  // table if need be, and move the cursor past a run of held slots so the
+  // next ticket does not walk it again. The cursor only grows: every slot
+  // below min(cursor, kShmTicketSlots) may have been used (ReleaseReceiver).
+  const uint64_t start = cursor.fetch_add(1, std::memory_order_relaxed);
+  for (uint64_t i = 0; i < kShmTicketSlots; ++i) {
+    const auto slot = static_cast<uint32_t>((start + i) % kShmTicketSlots);
+    if (__atomic_load_n(&slots[slot], __ATOMIC_RELAXED) != 0) continue;
     uint64_t expected = 0;
     if (__atomic_compare_exchange_n(&slots[slot], &expected, value, false, __ATOMIC_RELEASE,
                                     __ATOMIC_RELAXED)) {
+      if (i > 0) cursor.fetch_add(i, std::memory_order_relaxed);
       return ShmTicket{slot, value};
     }
   }

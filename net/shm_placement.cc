@@ -11,6 +11,11 @@ ShmPlacement::ShmPlacement(ShmArena* arena, uint64_t min_copy_bytes)
     : arena_(arena), min_copy_bytes_(min_copy_bytes) {}
 
 bool ShmPlacement::Place(const Message& msg, int receiver, uint8_t incarnation, PsHeader* extra) {
+  // A node id without a ticket table, or more frames than half of one: TCP,
+  // as for a peer that has not mapped our arena (not a fallback).
+  if (receiver < 0 || receiver >= kShmMaxQueues || msg.values.size() > kShmMaxPlacedFrames) {
+    return false;
+  }
   uint64_t bytes = 0;
   for (const Blob& v : msg.values) bytes += v.size();
   const bool copy_ok = bytes >= min_copy_bytes_;

@@ -26,6 +26,10 @@
 
 namespace pstrain {
 
+// At most this many value frames of one message are placed (half of a
+// receiver's ticket table); a message with more goes over TCP.
+constexpr size_t kShmMaxPlacedFrames = kShmTicketSlots / 2;
+
 // Sender side. Threads: thread-safe (the arena is).
 class ShmPlacement {
  public:
@@ -42,9 +46,10 @@ class ShmPlacement {
   // shm_frame_ticket, in frame order. All or nothing: false, with every block
   // this call took handed back and those fields of `extra` cleared, when one
   // value does not fit (counted in fallbacks() when the message was large
-  // enough to copy). On true the blocks are held for the message until the
-  // receiver drops its Blobs; if the message is then not sent, call
-  // Release(*extra, receiver).
+  // enough to copy), and at once, counting nothing, for a receiver id without
+  // a ticket table or more than kShmMaxPlacedFrames values. On true the
+  // blocks are held for the message until the receiver drops its Blobs; if
+  // the message is then not sent, call Release(*extra, receiver).
   bool Place(const Message& msg, int receiver, uint8_t incarnation, PsHeader* extra);
   // Hands back the blocks `placed` lists for `receiver` (a placed message that
   // was not sent).

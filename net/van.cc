@@ -66,6 +66,10 @@ struct Van::Peer {
   std::atomic<bool> maps_mine{false};        // the peer said it mapped our arena
   ShmSequence sequence GUARDED_BY(mu);       // shm_seq of messages to it (with theirs)
   DoorbellAddress doorbell GUARDED_BY(mu);   // invalid: messages to it go over ZeroMQ
+  // Replaced or closed: a send that finds it set under mu sends nothing (set
+  // under mu by Connect, so that nothing is queued for the old process once
+  // the queue is emptied for the new one).
+  std::atomic<bool> closed{false};
   // Our arena (null: none), the node id our tickets for it are under (its id
   // when connected; Rename does not move them) and this process's incarnation
   // of that id (ShmArena::Ticket).
@@ -209,7 +213,13 @@ Status Van::Connect(int id, const std::string& host, int port, const ShmInfo* sh
               << port << (theirs != nullptr ? " (its shared memory mapped)" : "");
   }
   ConnectionEvents* events = dealer->events();
-  std::shared_ptr<Peer> old;  // a replaced peer's, let go after mu_
+  // A replaced peer's: sends to it end (waiting for one under way) before its
+  // queue is emptied below, and it is let go after mu_.
+  std::shared_ptr<Peer> old = FindPeer(id);
+  if (old != nullptr) {
+    MutexLock sending(&old->mu);
+    old->closed = true;
+  }
   MutexLock l(&mu_);
   if (theirs != nullptr) inbox_.Add(id, theirs);
   // A new process under an id we sent to before (a replaced or reconnected
@@ -222,9 +232,7 @@ Status Van::Connect(int id, const std::string& host, int port, const ShmInfo* sh
   }
   auto peer = std::make_shared<Peer>(std::move(dealer), events, theirs, bell, arena_, id,
                                      incarnation->second);
-  std::shared_ptr<Peer>& slot = peers_[id];
-  old = std::move(slot);
-  slot = std::move(peer);
+  peers_[id].swap(peer);  // the old one (if any) goes after mu_, with `old`
   return Status::Ok();
 }
 
@@ -262,6 +270,9 @@ void Van::Disconnect(int id) {
   if (it == peers_.end()) return;
   old = std::move(it->second);
   peers_.erase(it);
+  // Not under old->mu (this may be the receive thread, and a send to a gone
+  // peer can block in it): a send under way may still queue one message.
+  old->closed = true;
   // Its queue is no longer read; its arena is unmapped once the values read
   // from it are gone.
   if (old->theirs != nullptr) inbox_.Remove(id);
@@ -357,6 +368,11 @@ Status Van::Send(int id, const Message& msg) {
               << (in_shm ? " (values in shared memory)" : "");
   }
   MutexLock l(&peer->mu);
+  if (peer->closed) {
+    if (in_shm) placement_->Release(extra, peer->id);
+    return Status::Unavailable(
+        StrCat(options_.name, ": the connection to ", NodeIdName(id), " was closed or replaced"));
+  }
   // Numbered under the peer's lock: the receiver restores this order whichever
   // way (queue or ZeroMQ) each message goes.
   if (ordered) peer->sequence.Stamp(&extra);

@@ -140,14 +140,21 @@ class Van {
   // Opens (or replaces) the connection to node `id` at host:port (a name or an
   // IP). With `shm` (the peer's arena from the node table) it also tries to map
   // the peer's arena; failing that is not an error (the peer is elsewhere).
-  // Replacing a connection starts a new numbering of the messages to `id` and
-  // empties the queue `id` reads in our arena (see ShmArena::ResetQueue): for a
-  // peer process replaced by a new one, before the new one maps our arena.
+  // Replacing a connection (or connecting again after Disconnect) is for a
+  // peer process replaced by a new one, before the new one maps our arena: it
+  // waits for a send to the old one under way (sends to it then fail), starts
+  // a new numbering of the messages to `id`, empties the queue `id` reads in
+  // our arena (ShmArena::ResetQueue), and once the old connection is let go
+  // takes back every block of our arena the old process still held
+  // (ShmArena::ReleaseReceiver). Do not re-Connect a live process: it would
+  // lose what it reads. Calls for one id must not overlap.
   Status Connect(int id, const std::string& host, int port, const ShmInfo* shm = nullptr)
       EXCLUDES(mu_);
   // Closes the connection to `id` (sends to it fail from then on) and stops
   // reading its shared-memory queue; its arena is unmapped once the values
-  // read from it are gone. Nothing when there is none.
+  // read from it are gone. Once no send to it is under way, every block of
+  // our arena the process still held is taken back: for a peer that is gone.
+  // Nothing when there is none.
   void Disconnect(int id) EXCLUDES(mu_);
   // What happened to the connection to node `id` so far, for error messages.
   ConnectionReport DescribeConnection(int id) EXCLUDES(mu_);

@@ -345,5 +345,22 @@ TEST(ShmPlacementTest, AFullTicketTableIsAFallbackAndTakesNothing) {
   EXPECT_TRUE(placement.Place(big, kMe, 0, &extra));
 }
 
+TEST(ShmPlacementTest, ReceiversWithoutATableAndHugeMessagesGoOverTcpUncounted) {
+  auto arena = MakeArena(1 << 20);
+  ShmPlacement placement(arena.get(), kMinCopy);
+  PsHeader extra;
+  EXPECT_FALSE(placement.Place(WithValues({Floats(2048, 1.0f)}), kShmMaxQueues, 0, &extra));
+  EXPECT_FALSE(placement.Place(WithValues({Floats(2048, 1.0f)}), -1, 0, &extra));
+  std::vector<Blob> many(kShmMaxPlacedFrames + 1, Floats(16, 1.0f));
+  EXPECT_FALSE(placement.Place(WithValues(many), kMe, 0, &extra));
+  EXPECT_EQ(extra.shm_frame_offset_size(), 0);
+  EXPECT_EQ(placement.fallbacks(), 0);
+  EXPECT_EQ(arena->ring_used_bytes(), 0u);
+  many.pop_back();  // exactly the cap: placed
+  EXPECT_TRUE(placement.Place(WithValues(many), kMe, 0, &extra));
+  placement.Release(extra, kMe);
+  EXPECT_EQ(arena->ring_used_bytes(), 0u);
+}
+
 }  // namespace
 }  // namespace pstrain
