@@ -160,9 +160,13 @@ void RecordFileSummary::Add(const ScannedRecord& r) {
   image_bytes_ += r.record.image.size();
   ++label_counts_[r.record.labels.size()];
   for (float l : r.record.labels) {
-    if (labelled_ == 0 || l < label_min_) label_min_ = l;
-    if (labelled_ == 0 || l > label_max_) label_max_ = l;
     ++labelled_;
+    if (std::isnan(l)) {  // no place in an ordered map, nor in [min, max]
+      ++nan_labels_;
+      continue;
+    }
+    if (labelled_ == nan_labels_ + 1 || l < label_min_) label_min_ = l;
+    if (labelled_ == nan_labels_ + 1 || l > label_max_) label_max_ = l;
     auto it = label_values_.find(l);
     if (it != label_values_.end()) {
       ++it->second;
@@ -209,7 +213,7 @@ std::string RecordFileSummary::ToString() const {
   out += "labels per record:";
   for (const auto& [count, n] : label_counts_) out += StrCat(" ", count, " (", n, ")");
   out += "\n";
-  if (labelled_ > 0) {
+  if (labelled_ > nan_labels_) {
     out += StrCat("label values: ", label_values_.size(), more_label_values_ ? "+" : "",
                   " distinct in [", FormatLabel(label_min_), ", ", FormatLabel(label_max_), "]:");
     size_t shown = 0;
@@ -222,6 +226,7 @@ std::string RecordFileSummary::ToString() const {
     }
     out += "\n";
   }
+  if (nan_labels_ > 0) out += StrCat("labels that are not a number (nan): ", nan_labels_, "\n");
   if (sized_ > 0) {
     // The most common sizes first.
     std::vector<std::pair<int64_t, std::tuple<int, int, int>>> by_count;

@@ -97,8 +97,10 @@ class RecordFileSummary {
   int64_t split_records() const { return split_records_; }
   // labels per record -> records
   const std::map<size_t, int64_t>& label_counts() const { return label_counts_; }
-  // label value -> records holding it (at most kMaxDistinct values)
+  // label value -> records holding it (at most kMaxDistinct values; NaN is
+  // counted in nan_labels() instead)
   const std::map<float, int64_t>& label_values() const { return label_values_; }
+  int64_t nan_labels() const { return nan_labels_; }
   // (width, height, channels) -> records (at most kMaxDistinct sizes)
   const std::map<std::tuple<int, int, int>, int64_t>& image_sizes() const { return image_sizes_; }
 
@@ -119,7 +121,8 @@ class RecordFileSummary {
   std::map<float, int64_t> label_values_;
   bool more_label_values_ = false;
   float label_min_ = 0, label_max_ = 0;
-  int64_t labelled_ = 0;
+  int64_t labelled_ = 0;    // labels seen
+  int64_t nan_labels_ = 0;  // of which NaN
   std::map<std::tuple<int, int, int>, int64_t> image_sizes_;
   bool more_image_sizes_ = false;
   int min_width_ = 0, max_width_ = 0, min_height_ = 0, max_height_ = 0;

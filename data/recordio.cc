@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -256,6 +257,20 @@ std::pair<uint64_t, uint64_t> RecordIOFile::PartitionRange(int part_index, int n
 
 // ---- .idx ----
 
+namespace {
+bool ParseUnsigned(const std::string& text, uint64_t* out) {
+  if (text.empty() || text.size() > 20 ||
+      !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return false;
+  }
+  errno = 0;
+  const unsigned long long v = std::strtoull(text.c_str(), nullptr, 10);
+  if (errno == ERANGE) return false;
+  *out = v;
+  return true;
+}
+}  // namespace
+
 StatusOr<std::vector<RecordIndexEntry>> ReadRecordIndex(const std::string& path) {
   std::ifstream in(path);
   if (!in) return Status::NotFound(StrCat("cannot open index file ", path));
@@ -266,11 +281,15 @@ StatusOr<std::vector<RecordIndexEntry>> ReadRecordIndex(const std::string& path)
     ++line_no;
     if (line.empty()) continue;
     std::istringstream fields(line);
+    std::string key, offset, rest;
     RecordIndexEntry e;
-    std::string rest;
-    if (!(fields >> e.key >> e.offset) || (fields >> rest)) {
-      return Status::InvalidArgument(
-          StrCat(path, ":", line_no, ": expected 'key<TAB>offset', got '", line, "'"));
+    // Whole unsigned numbers only (">> uint64_t" would take "-1" as 2^64 - 1).
+    if (!(fields >> key >> offset) || (fields >> rest) || !ParseUnsigned(key, &e.key) ||
+        !ParseUnsigned(offset, &e.offset)) {
+      return Status::InvalidArgument(StrCat(path, ":", line_no,
+                                            ": expected 'key<TAB>offset' (two unsigned "
+                                            "integers), got '",
+                                            line, "'"));
     }
     entries.push_back(e);
   }

@@ -4,6 +4,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -74,7 +75,12 @@ class GzReader {
 
 std::string Field(const char* p, size_t n) { return std::string(p, strnlen(p, n)); }
 
-// Octal (space or NUL terminated), or GNU base-256 when the top bit is set.
+// Sizes and numbers past this are refused: a member's size rounded up to
+// whole blocks must not overflow.
+constexpr uint64_t kMaxTarNumber = uint64_t{1} << 62;
+
+// Octal (space or NUL terminated), or GNU base-256 when the top bit is set;
+// false for a malformed one or one above kMaxTarNumber.
 bool ParseNumber(const unsigned char* p, size_t n, int64_t* out) {
   if (p[0] & 0x80) {
     if (p[0] & 0x40) return false;  // negative
@@ -83,6 +89,7 @@ bool ParseNumber(const unsigned char* p, size_t n, int64_t* out) {
       if (v >> 55) return false;
       v = v << 8 | p[i];
     }
+    if (v > kMaxTarNumber) return false;
     *out = static_cast<int64_t>(v);
     return true;
   }
@@ -98,6 +105,7 @@ bool ParseNumber(const unsigned char* p, size_t n, int64_t* out) {
   for (; i < n; ++i) {
     if (p[i] != ' ' && p[i] != '\0') return false;
   }
+  if (v > kMaxTarNumber) return false;
   *out = static_cast<int64_t>(v);
   return any;
 }
@@ -145,7 +153,19 @@ Status ParsePax(const std::string& data, const std::string& where, std::string* 
     if (eq != std::string::npos) {
       const std::string key = rec.substr(0, eq), value = rec.substr(eq + 1);
       if (key == "path") *path = value;
-      if (key == "size") *size = std::atoll(value.c_str());
+      if (key == "size" && value.empty()) {
+        *size = -1;  // POSIX: an empty value deletes the keyword (the header's size holds)
+      } else if (key == "size") {
+        char* end = nullptr;
+        errno = 0;
+        const unsigned long long v = std::strtoull(value.c_str(), &end, 10);
+        if (!std::isdigit(static_cast<unsigned char>(value[0])) ||
+            end != value.c_str() + value.size() || errno == ERANGE || v > kMaxTarNumber) {
+          return Status::Corruption(StrCat(where, ": pax size '", value,
+                                           "' is not a size (at most ", kMaxTarNumber, ")"));
+        }
+        *size = static_cast<int64_t>(v);
+      }
     }
     at += len;
   }

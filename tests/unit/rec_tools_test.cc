@@ -21,6 +21,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <map>
 #include <sstream>
 
 #include "data/im2rec.h"
@@ -785,6 +787,31 @@ TEST_F(RecCommandTest, CheckNamesEveryDamagedRecordByIndexAndOffset) {
   EXPECT_EQ(RunPstrain("rec unpack " + Path("bad.rec") + " " + Path("out"), &out), 1);
   EXPECT_THAT(
       out, HasSubstr("9 images and " + Path("out/bad.lst") + " written, 2 bad record(s) skipped"));
+}
+
+// Found by a review: a NaN label (a damaged record's) broke the ordered map
+// of label values (every later label matched it) and pinned min and max.
+TEST_F(RecToolsTest, NanLabelsAreCountedApartFromTheValues) {
+  RecordFileSummary summary(1000);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (float l : {nan, 1.0f, 2.0f, 3.0f, 1.0f, 2.0f, nan}) {
+    ScannedRecord r;
+    r.record.labels = {l};
+    summary.Add(r);
+  }
+  EXPECT_EQ(summary.nan_labels(), 2);
+  const std::map<float, int64_t> want = {{1.0f, 2}, {2.0f, 2}, {3.0f, 1}};
+  EXPECT_EQ(summary.label_values(), want);
+  const std::string text = summary.ToString();
+  EXPECT_THAT(text, HasSubstr("label values: 3 distinct in [1, 3]: 1 (2) 2 (2) 3 (1)\n"));
+  EXPECT_THAT(text, HasSubstr("labels that are not a number (nan): 2\n"));
+
+  RecordFileSummary only_nan(1000);
+  ScannedRecord r;
+  r.record.labels = {nan};
+  only_nan.Add(r);
+  EXPECT_THAT(only_nan.ToString(), Not(HasSubstr("label values")));
+  EXPECT_THAT(only_nan.ToString(), HasSubstr("(nan): 1"));
 }
 
 }  // namespace

@@ -179,6 +179,20 @@ TEST_F(RecordIOTest, IndexRoundTripAndErrors) {
   auto bad = ReadRecordIndex(path);
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("x.idx:2"));
+  // Found by a review: ">> uint64_t" took "-1" as 2^64 - 1.
+  for (const char* line : {"-1\t0", "1\t-64", "1\t+64", "1\t18446744073709551616", "1\t64x"}) {
+    WriteAll(path, StrCat("0\t0\n", line, "\n"));
+    bad = ReadRecordIndex(path);
+    ASSERT_FALSE(bad.ok()) << line;
+    EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(bad.status().message(), HasSubstr(StrCat("x.idx:2: expected 'key<TAB>offset' "
+                                                         "(two unsigned integers), got '",
+                                                         line, "'")));
+  }
+  WriteAll(path, "18446744073709551615 7\n");  // the largest key, space-separated
+  read = ReadRecordIndex(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ((*read)[0].key, ~uint64_t{0});
 }
 
 TEST_F(RecordIOTest, BadMagicNamesFileAndOffset) {

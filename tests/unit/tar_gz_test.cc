@@ -56,6 +56,23 @@ std::string TarHeader(const std::string& name, size_t size, char type) {
   return h;
 }
 
+// Writes the checksum of header block `h` again (after a field changed).
+void Rechecksum(std::string* h) {
+  std::memset(&(*h)[148], ' ', 8);
+  unsigned sum = 0;
+  for (unsigned char c : *h) sum += c;
+  std::snprintf(&(*h)[148], 8, "%06o", sum);
+  (*h)[155] = ' ';
+}
+
+void GzipTo(const std::string& path, const std::string& tar) {
+  gzFile gz = gzopen(path.c_str(), "wb");
+  ASSERT_NE(gz, nullptr);
+  ASSERT_EQ(gzwrite(gz, tar.data(), static_cast<unsigned>(tar.size())),
+            static_cast<int>(tar.size()));
+  gzclose(gz);
+}
+
 // A gzipped tar of (name, bytes, type) members, written by hand.
 void WriteTarGz(const std::string& path,
                 const std::vector<std::tuple<std::string, std::string, char>>& members) {
@@ -174,6 +191,39 @@ TEST_F(TarGzTest, ABrokenGzipStreamIsCorruption) {
   Status s = UnpackTarGz(dir_ + "/bad.tar.gz", dir_ + "/out", UnpackOptions(), nullptr);
   EXPECT_EQ(s.code(), StatusCode::kCorruption) << s;
   EXPECT_FALSE(fs::exists(dir_ + "/out/x.bin"));
+}
+
+// Found by a review: a size near 2^63 (GNU base-256, or a pax record)
+// overflowed when rounded up to whole blocks (undefined behaviour), and a
+// 0-byte file was left under the member's name.
+TEST_F(TarGzTest, AnAbsurdMemberSizeIsCorruptionAndLeavesNoFile) {
+  std::string h = TarHeader("victim.bin", 0, '0');
+  // 0x80, then 2^63 - 1 in the last 8 bytes.
+  h[124] = static_cast<char>(0x80);
+  for (int i = 125; i < 128; ++i) h[i] = 0;
+  h[128] = 0x7f;
+  for (int i = 129; i < 136; ++i) h[i] = static_cast<char>(0xff);
+  Rechecksum(&h);
+  GzipTo(dir_ + "/b256.tar.gz", h + std::string(2048, '\0'));
+  Status s = UnpackTarGz(dir_ + "/b256.tar.gz", dir_ + "/out", UnpackOptions(), nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s;
+  EXPECT_NE(s.message().find("header at byte offset 0): bad size field"), std::string::npos) << s;
+  EXPECT_FALSE(fs::exists(dir_ + "/out/victim.bin"));
+
+  for (const std::string size : {"9223372036854775807", "-5", "12abc", " 7"}) {
+    const std::string record = "size=" + size + "\n";
+    const std::string line = std::to_string(record.size() + 3) + " " + record;
+    ASSERT_EQ(line.size(), record.size() + 3) << "a two-digit length";
+    std::string tar = TarHeader("pax", line.size(), 'x') + line;
+    tar.append((512 - line.size() % 512) % 512, '\0');
+    tar += TarHeader("victim.bin", 3, '0') + "abc" + std::string(509, '\0');
+    tar.append(1024, '\0');
+    GzipTo(dir_ + "/pax.tar.gz", tar);
+    s = UnpackTarGz(dir_ + "/pax.tar.gz", dir_ + "/out", UnpackOptions(), nullptr);
+    EXPECT_EQ(s.code(), StatusCode::kCorruption) << size << ": " << s;
+    EXPECT_NE(s.message().find("pax size '" + size + "' is not a size"), std::string::npos) << s;
+    EXPECT_FALSE(fs::exists(dir_ + "/out/victim.bin")) << size;
+  }
 }
 
 }  // namespace
