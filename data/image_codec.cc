@@ -5,6 +5,7 @@
 #include <csetjmp>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 // jpeglib.h needs FILE and size_t declared before it; jerror.h comes after it.
 // clang-format off
@@ -76,24 +77,144 @@ Status CheckSize(int64_t height, int64_t width, std::string_view where) {
   return Status::Ok();
 }
 
-Status DecodePng(std::string_view bytes, std::string_view where, int channels, Image* out) {
-  png_image img;
-  std::memset(&img, 0, sizeof(img));
-  img.version = PNG_IMAGE_VERSION;
-  if (!png_image_begin_read_from_memory(&img, bytes.data(), bytes.size())) {
-    return Status::Corruption(StrCat(where, ": PNG header: ", img.message));
+// A PNG in memory, read with libpng's low-level API. Errors longjmp back to
+// the last setjmp on png_jmpbuf after copying libpng's message here.
+struct PngRead {
+  png_structp png = nullptr;
+  png_infop info = nullptr;
+  const unsigned char* data = nullptr;
+  size_t size = 0;
+  size_t at = 0;
+  char message[256] = "";
+  ~PngRead() {
+    if (png != nullptr) png_destroy_read_struct(&png, info != nullptr ? &info : nullptr, nullptr);
   }
-  Status size_ok = CheckSize(img.height, img.width, where);
-  if (!size_ok.ok()) {
-    png_image_free(&img);
-    return size_ok;
+};
+
+void PngError(png_structp png, png_const_charp msg) {
+  auto* r = static_cast<PngRead*>(png_get_error_ptr(png));
+  std::snprintf(r->message, sizeof(r->message), "%s", msg);
+  png_longjmp(png, 1);
+}
+
+void PngWarning(png_structp, png_const_charp) {}  // as OpenCV: not fatal, not shown
+
+void PngReadBytes(png_structp png, png_bytep out, png_size_t n) {
+  auto* r = static_cast<PngRead*>(png_get_io_ptr(png));
+  if (n > r->size - r->at) png_error(png, "the data ends early (truncated)");
+  std::memcpy(out, r->data + r->at, n);
+  r->at += n;
+}
+
+// Deflate packs at most about 1032 bytes into one: pixel data (with PNG's
+// filter bytes) larger than this many times the whole file is a corrupt or
+// forged header, refused before anything is allocated for it.
+constexpr uint64_t kMaxPngRatio = 1100;
+
+// The steps of a PNG decode that call libpng, each under its own setjmp with
+// no object with a destructor in its frame (a longjmp would skip it). False
+// on a libpng error (r->message says which).
+bool PngReadHeader(PngRead* r) {
+  if (setjmp(png_jmpbuf(r->png))) return false;
+  png_read_info(r->png, r->info);
+  return true;
+}
+
+// MXNet's cv::imdecode (OpenCV's PNG decoder): 16-bit samples cut to their
+// high byte, alpha (and a palette's transparency) dropped, palettes and
+// 1/2/4-bit gray expanded, no gamma correction, gray to RGB by copying, RGB
+// to gray by libpng's 0.299/0.587/0.114 weights. Returns the passes to read.
+bool PngSetTransforms(PngRead* r, int channels, int* passes) {
+  if (setjmp(png_jmpbuf(r->png))) return false;
+  const int bit_depth = png_get_bit_depth(r->png, r->info);
+  const int color_type = png_get_color_type(r->png, r->info);
+  if (bit_depth == 16) png_set_strip_16(r->png);
+  png_set_strip_alpha(r->png);
+  if (color_type == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(r->png);
+  if ((color_type & PNG_COLOR_MASK_COLOR) == 0 && bit_depth < 8) {
+    png_set_expand_gray_1_2_4_to_8(r->png);
   }
-  img.format = channels == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB;
-  out->Resize(static_cast<int>(img.height), static_cast<int>(img.width), channels);
-  if (!png_image_finish_read(&img, nullptr, out->pixels.data(), 0, nullptr)) {
-    std::string msg = img.message;
-    png_image_free(&img);
-    return Status::Corruption(StrCat(where, ": PNG decode: ", msg));
+  if (channels == 3) {
+    if ((color_type & PNG_COLOR_MASK_COLOR) == 0) png_set_gray_to_rgb(r->png);
+  } else {
+    png_set_rgb_to_gray(r->png, 1, 0.299, 0.587);
+  }
+  *passes = png_set_interlace_handling(r->png);
+  png_read_update_info(r->png, r->info);
+  return true;
+}
+
+// Reads every row and keeps `want` of them in *out. `rows` is empty (rows
+// are read one at a time into `row`) or points at every row of the image (an
+// interlaced one).
+bool PngReadRows(PngRead* r, png_uint_32 height, const Rect& want, size_t skip, size_t keep,
+                 png_bytep row, png_bytep* rows, Image* out) {
+  if (setjmp(png_jmpbuf(r->png))) return false;
+  if (rows != nullptr) {
+    png_read_image(r->png, rows);
+    for (int y = 0; y < want.height; ++y) std::memcpy(out->row(y), rows[want.y + y] + skip, keep);
+  } else {
+    for (png_uint_32 y = 0; y < height; ++y) {
+      png_read_row(r->png, row, nullptr);
+      const int64_t at = int64_t{y} - want.y;
+      if (at >= 0 && at < want.height)
+        std::memcpy(out->row(static_cast<int>(at)), row + skip, keep);
+    }
+  }
+  png_read_end(r->png, nullptr);
+  return true;
+}
+
+// Decodes the rows and columns of `region` (the whole image when null) of a
+// PNG as MXNet does (PngSetTransforms). Rows are decoded one at a time, so a
+// region costs its own size (an interlaced image needs all rows at once).
+Status DecodePng(std::string_view bytes, std::string_view where, int channels, const Rect* region,
+                 Image* out) {
+  PngRead r;
+  r.data = reinterpret_cast<const unsigned char*>(bytes.data());
+  r.size = bytes.size();
+  r.png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &r, PngError, PngWarning);
+  if (r.png != nullptr) r.info = png_create_info_struct(r.png);
+  if (r.png == nullptr || r.info == nullptr) {
+    return Status::ResourceExhausted(StrCat(where, ": cannot allocate libpng's state"));
+  }
+  png_set_read_fn(r.png, &r, PngReadBytes);
+  if (!PngReadHeader(&r)) return Status::Corruption(StrCat(where, ": PNG header: ", r.message));
+  const png_uint_32 width = png_get_image_width(r.png, r.info);
+  const png_uint_32 height = png_get_image_height(r.png, r.info);
+  RETURN_IF_ERROR(CheckSize(height, width, where));
+  const uint64_t filtered = uint64_t{height} * (png_get_rowbytes(r.png, r.info) + 1);
+  if (filtered > kMaxPngRatio * bytes.size()) {
+    return Status::Corruption(StrCat(where, ": PNG header says ", width, "x", height, " (",
+                                     filtered, " bytes of pixel data), more than its ",
+                                     bytes.size(), " bytes can hold"));
+  }
+  int passes = 1;
+  if (!PngSetTransforms(&r, channels, &passes)) {
+    return Status::Corruption(StrCat(where, ": PNG header: ", r.message));
+  }
+  const size_t row_bytes = size_t{width} * channels;
+  if (png_get_rowbytes(r.png, r.info) != row_bytes) {
+    return Status::Corruption(StrCat(where, ": PNG rows decode to ",
+                                     png_get_rowbytes(r.png, r.info), " bytes, expected ",
+                                     row_bytes, " (", width, " pixels of ", channels, ")"));
+  }
+  const Rect want =
+      region != nullptr ? *region : Rect{0, 0, static_cast<int>(width), static_cast<int>(height)};
+  if (want.x < 0 || want.y < 0 || want.width <= 0 || want.height <= 0 ||
+      int64_t{want.x} + want.width > width || int64_t{want.y} + want.height > height) {
+    return Status::InvalidArgument(StrCat(where, ": region ", want.width, "x", want.height, "+",
+                                          want.x, "+", want.y, " outside the ", width, "x", height,
+                                          " image"));
+  }
+  out->Resize(want.height, want.width, channels);
+  std::vector<uint8_t> pixels(passes > 1 ? row_bytes * height : row_bytes);
+  std::vector<png_bytep> rows(passes > 1 ? height : 0);
+  for (size_t y = 0; y < rows.size(); ++y) rows[y] = pixels.data() + y * row_bytes;
+  if (!PngReadRows(&r, height, want, static_cast<size_t>(want.x) * channels,
+                   static_cast<size_t>(want.width) * channels, pixels.data(),
+                   rows.empty() ? nullptr : rows.data(), out)) {
+    return Status::Corruption(StrCat(where, ": PNG decode: ", r.message));
   }
   return Status::Ok();
 }
@@ -191,21 +312,7 @@ Status ImageDecoder::DecodeRegion(std::string_view bytes, std::string_view where
   RETURN_IF_ERROR(CheckChannels(channels, where));
   *scale = 1.0;
   ImageFormat fmt = DetectImageFormat(bytes);
-  if (fmt == ImageFormat::kPng) {
-    Image full;
-    RETURN_IF_ERROR(DecodePng(bytes, where, channels, &full));
-    if (region.x < 0 || region.y < 0 || region.width <= 0 || region.height <= 0 ||
-        region.x + region.width > full.width || region.y + region.height > full.height) {
-      return Status::InvalidArgument(
-          StrCat(where, ": region outside the ", full.width, "x", full.height, " image"));
-    }
-    out->Resize(region.height, region.width, channels);
-    for (int y = 0; y < region.height; ++y) {
-      std::memcpy(out->row(y), full.row(region.y + y) + region.x * channels,
-                  static_cast<size_t>(region.width) * channels);
-    }
-    return Status::Ok();
-  }
+  if (fmt == ImageFormat::kPng) return DecodePng(bytes, where, channels, &region, out);
   if (fmt != ImageFormat::kJpeg) {
     return Status::Corruption(
         StrCat(where, ": not a JPEG or PNG image (first bytes ", FirstBytesHex(bytes), ")"));

@@ -71,7 +71,12 @@ class ImageDecoder {
   // Reads only the header: format, size and native channels (see ImageInfo).
   Status ReadInfo(std::string_view bytes, std::string_view where, ImageInfo* info);
 
-  // Decodes the whole image into *out with `channels` (3: RGB, 1: gray).
+  // Decodes the whole image into *out with `channels` (3: RGB, 1: gray), as
+  // MXNet's cv::imdecode: a PNG's 16-bit samples keep their high byte, its
+  // alpha is dropped (not composed), no gamma is applied, and colour becomes
+  // gray by libpng's 0.299/0.587/0.114 weights. A PNG whose header claims
+  // more pixels than its bytes can hold (deflate packs at most ~1032:1) is
+  // Corruption before anything is allocated.
   Status Decode(std::string_view bytes, std::string_view where, int channels, Image* out);
 
   // Decodes only `region` (full-resolution coordinates, inside the image) into
@@ -79,6 +84,8 @@ class ImageDecoder {
   // are cropped inside libjpeg-turbo, and the DCT is scaled by the smallest
   // s/8 (s = 1..8) that keeps the region at least min_width x min_height, so
   // *out may be smaller than the region (by the factor *scale, 1 when unscaled).
+  // A PNG is decoded a row at a time, keeping the region's (an interlaced one
+  // needs the whole image).
   Status DecodeRegion(std::string_view bytes, std::string_view where, int channels, Rect region,
                       int min_height, int min_width, Image* out, double* scale);
 

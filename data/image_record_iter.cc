@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <numeric>
 
 #include "data/image_recordio.h"
@@ -203,7 +204,14 @@ void ImageRecordIter::WorkerLoop(int worker) {
       pass = pass_;
       order = order_;
     }
-    Status status = FillBatch(seq, pass, *order, &scratch, &slot->batch);
+    // A record too big to allocate for must fail its batch, not the process.
+    Status status;
+    try {
+      status = FillBatch(seq, pass, *order, &scratch, &slot->batch);
+    } catch (const std::bad_alloc&) {
+      status = Status::ResourceExhausted(StrCat(config_.path_imgrec, ": batch ", seq, " (pass ",
+                                                pass, "): out of memory decoding it"));
+    }
     {
       MutexLock lock(&mu_);
       if (pass == pass_) {

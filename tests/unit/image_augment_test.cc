@@ -6,11 +6,14 @@
 #include <jpeglib.h>
 // clang-format on
 #include <png.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "data/augment.h"
 #include "data/image_codec.h"
@@ -101,6 +104,123 @@ TEST(ImageCodecTest, PngDecodesExactly) {
   ASSERT_OK(dec.DecodeRegion(png, "mem", 3, Rect{2, 3, 5, 4}, 4, 5, &out, &scale));
   ASSERT_EQ(out.width, 5);
   EXPECT_EQ(out.row(1)[0], src.row(4)[6]);
+}
+
+// A PNG written with libpng's low-level API: `samples` holds height rows of
+// width pixels of the colour type's samples, each `bit_depth` (8 or 16, big
+// endian) bits; a palette (color type 3) comes with `palette` and `alpha`.
+std::string WritePng(int width, int height, int bit_depth, int color_type, bool interlaced,
+                     const std::vector<uint8_t>& samples,
+                     const std::vector<png_color>& palette = {},
+                     const std::vector<png_byte>& alpha = {}) {
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
+  png_infop info = png_create_info_struct(png);
+  std::string out;
+  if (setjmp(png_jmpbuf(png))) {
+    png_destroy_write_struct(&png, &info);
+    ADD_FAILURE() << "libpng could not write the test image";
+    return "";
+  }
+  png_set_write_fn(
+      png, &out,
+      [](png_structp p, png_bytep data, png_size_t n) {
+        static_cast<std::string*>(png_get_io_ptr(p))->append(reinterpret_cast<char*>(data), n);
+      },
+      nullptr);
+  png_set_IHDR(png, info, width, height, bit_depth, color_type,
+               interlaced ? PNG_INTERLACE_ADAM7 : PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
+               PNG_FILTER_TYPE_DEFAULT);
+  if (!palette.empty()) png_set_PLTE(png, info, palette.data(), static_cast<int>(palette.size()));
+  if (!alpha.empty()) {
+    png_set_tRNS(png, info, alpha.data(), static_cast<int>(alpha.size()), nullptr);
+  }
+  png_write_info(png, info);
+  const size_t row_bytes = samples.size() / height;
+  std::vector<png_bytep> rows(height);
+  for (int y = 0; y < height; ++y) rows[y] = const_cast<uint8_t*>(samples.data()) + y * row_bytes;
+  png_write_image(png, rows.data());
+  png_write_end(png, nullptr);
+  png_destroy_write_struct(&png, &info);
+  return out;
+}
+
+// Found by a review: PNGs went through libpng's simplified API, which
+// composes alpha over black, converts colour to gray in linear light and
+// treats 16-bit samples as linear: not what MXNet's cv::imdecode gives.
+TEST(ImageCodecTest, PngDecodesAsOpenCvDoes) {
+  ImageDecoder dec;
+  Image out;
+  // RGBA, transparent and half transparent: the alpha is dropped.
+  const std::string rgba =
+      WritePng(2, 1, 8, PNG_COLOR_TYPE_RGBA, false, {200, 100, 50, 0, 200, 100, 50, 128});
+  ASSERT_OK(dec.Decode(rgba, "rgba.png", 3, &out));
+  EXPECT_EQ(out.pixels, (std::vector<uint8_t>{200, 100, 50, 200, 100, 50}));
+  // Colour to gray by 0.299/0.587/0.114 on the stored values (libpng's 15-bit
+  // fixed-point weights, truncated: pure green is 149, not 150).
+  const std::string rgb =
+      WritePng(4, 1, 8, PNG_COLOR_TYPE_RGB, false, {255, 0, 0, 0, 255, 0, 0, 0, 255, 90, 90, 90});
+  ASSERT_OK(dec.Decode(rgb, "rgb.png", 1, &out));
+  EXPECT_EQ(out.pixels, (std::vector<uint8_t>{76, 149, 29, 90}));
+  // 16 bits: the high byte, no gamma.
+  const std::string gray16 =
+      WritePng(2, 1, 16, PNG_COLOR_TYPE_GRAY, false, {0x40, 0x00, 0xff, 0xff});
+  ASSERT_OK(dec.Decode(gray16, "gray16.png", 1, &out));
+  EXPECT_EQ(out.pixels, (std::vector<uint8_t>{64, 255}));
+  ASSERT_OK(dec.Decode(gray16, "gray16.png", 3, &out));
+  EXPECT_EQ(out.pixels, (std::vector<uint8_t>{64, 64, 64, 255, 255, 255}));
+  // A palette with a transparent entry: its colour, alpha dropped.
+  const std::string pal =
+      WritePng(2, 1, 8, PNG_COLOR_TYPE_PALETTE, false, {0, 1}, {{10, 20, 30}, {40, 50, 60}}, {0});
+  ASSERT_OK(dec.Decode(pal, "pal.png", 3, &out));
+  EXPECT_EQ(out.pixels, (std::vector<uint8_t>{10, 20, 30, 40, 50, 60}));
+}
+
+TEST(ImageCodecTest, PngRegionsOfInterlacedAndPlainImagesMatchTheWholeImage) {
+  const Image src = Ramp(13, 17);
+  ImageDecoder dec;
+  for (bool interlaced : {false, true}) {
+    const std::string png = WritePng(17, 13, 8, PNG_COLOR_TYPE_RGB, interlaced, src.pixels);
+    Image whole, part;
+    ASSERT_OK(dec.Decode(png, "mem", 3, &whole));
+    EXPECT_EQ(whole.pixels, src.pixels) << interlaced;
+    const Rect r{3, 5, 9, 6};
+    double scale = 0;
+    ASSERT_OK(dec.DecodeRegion(png, "mem", 3, r, r.height, r.width, &part, &scale));
+    ASSERT_EQ(part.height, r.height);
+    ASSERT_EQ(part.width, r.width);
+    for (int y = 0; y < r.height; ++y) {
+      EXPECT_EQ(0, std::memcmp(part.row(y), src.row(r.y + y) + r.x * 3, r.width * 3)) << y;
+    }
+    Status s = dec.DecodeRegion(png, "x.rec:7", 3, Rect{10, 0, 8, 2}, 2, 8, &part, &scale);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr("x.rec:7: region 8x2+10+0 outside the 17x13 image"));
+  }
+}
+
+// Found by a review: a PNG of a few dozen bytes whose header claims 16384 x
+// 16384 had its 805 MB allocated (twice for a region) before the data ran out.
+TEST(ImageCodecTest, APngHeaderClaimingMoreThanItsBytesCanHoldIsRefused) {
+  std::string png = WritePng(4, 4, 8, PNG_COLOR_TYPE_RGB, false, std::vector<uint8_t>(48, 7));
+  // IHDR: its data at byte 16 (width, height), its CRC over type and data.
+  auto be32 = [&](size_t at, uint32_t v) {
+    for (int i = 0; i < 4; ++i) png[at + i] = static_cast<char>(v >> (24 - 8 * i));
+  };
+  be32(16, 16384);
+  be32(20, 16384);
+  be32(29, static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(png.data() + 12), 17)));
+  ImageDecoder dec;
+  Image out;
+  Status s = dec.Decode(png, "big.rec:64", 3, &out);
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s;
+  EXPECT_THAT(s.message(), HasSubstr("big.rec:64: PNG header says 16384x16384"));
+  EXPECT_THAT(s.message(), HasSubstr(StrCat("more than its ", png.size(), " bytes can hold")));
+  EXPECT_TRUE(out.pixels.empty());
+  // Cut short: an error naming the place, not a crash.
+  const std::string good =
+      WritePng(4, 4, 8, PNG_COLOR_TYPE_RGB, false, std::vector<uint8_t>(48, 7));
+  s = dec.Decode(good.substr(0, good.size() - 20), "cut.png", 3, &out);
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s;
+  EXPECT_THAT(s.message(), HasSubstr("cut.png: PNG"));
 }
 
 TEST(ImageCodecTest, RegionDecodeMatchesFullDecode) {
