@@ -124,7 +124,8 @@ KVServer::KVServer(ClusterNode* node, const KVServerOptions& options)
   const size_t workers = static_cast<size_t>(std::max(0, node->num_workers()));
   lost_ = std::make_unique<std::atomic<bool>[]>(workers);
   finished_ = std::make_unique<std::atomic<bool>[]>(workers);
-  for (size_t w = 0; w < workers; ++w) lost_[w] = finished_[w] = false;
+  lost_unanswered_ = std::make_unique<std::atomic<bool>[]>(workers);
+  for (size_t w = 0; w < workers; ++w) lost_[w] = finished_[w] = lost_unanswered_[w] = false;
   node_->AddLostListener([this](int id) { HandleWorkerLost(id); });
   node_->AddFinishedListener([this](int id) { HandleWorkerFinished(id); });
   node_->SetMessageHandler([this](Message&& m) { HandleMessage(std::move(m)); });
@@ -338,7 +339,7 @@ std::shared_ptr<Optimizer> KVServer::optimizer() const {
 }
 
 void KVServer::ReplyError(const PsHeader& request, const Status& error) {
-  LOG(WARNING) << node_->Self() << ": " << error;
+  if (ShouldWarnAbout(request.sender())) LOG(WARNING) << node_->Self() << ": " << error;
   if (!IsWorkerId(request.sender())) return;  // nobody to tell
   Message reply;
   PsHeader& h = reply.header;
@@ -362,7 +363,20 @@ void KVServer::Answer(int worker, Message&& reply) {
     return;
   }
   Status s = node_->Send(worker, reply);
-  if (!s.ok()) LOG(WARNING) << node_->Self() << ": " << s;
+  if (!s.ok() && ShouldWarnAbout(worker)) LOG(WARNING) << node_->Self() << ": " << s;
+}
+
+bool KVServer::ShouldWarnAbout(int worker) {
+  // A worker declared lost is refused and has no connection any more: say so
+  // once, not for every request it may still send (a falsely lost one keeps
+  // sending).
+  const int w = IsWorkerId(worker) ? RankOfId(worker) : -1;
+  if (w < 0 || w >= node_->num_workers() || !lost_[w].load()) return true;
+  if (lost_unanswered_[w].exchange(true)) return false;
+  LOG(WARNING) << node_->Self() << ": " << NodeIdName(worker)
+               << " was declared lost but still sends: its requests are refused and go "
+                  "unanswered (logged once)";
+  return true;
 }
 
 void KVServer::SendHeldReplies() {
@@ -382,7 +396,7 @@ void KVServer::SendHeldReplies() {
       done[j] = true;
     }
     Status s = node_->SendBatch(worker, batch);
-    if (!s.ok()) LOG(WARNING) << node_->Self() << ": " << s;
+    if (!s.ok() && ShouldWarnAbout(worker)) LOG(WARNING) << node_->Self() << ": " << s;
   }
 }
 

@@ -129,6 +129,9 @@ class KVServer {
   // (SendHeldReplies sends what each worker is owed in one batch).
   void Answer(int worker, Message&& reply);
   void SendHeldReplies();
+  // Whether a line about a request of `worker` (refused, or its reply not
+  // sent) is logged: always, but for a worker declared lost only the first.
+  bool ShouldWarnAbout(int worker);
   std::shared_ptr<const ServerConfig> config() const;
   std::shared_ptr<Optimizer> optimizer() const;
 
@@ -149,6 +152,8 @@ class KVServer {
   // Workers still in the job, and which ranks are lost (set once, never cleared).
   std::atomic<int> live_workers_{0};
   std::unique_ptr<std::atomic<bool>[]> lost_;
+  // Lost ranks whose unanswered request was logged (once each).
+  std::unique_ptr<std::atomic<bool>[]> lost_unanswered_;
   // Workers that finished while others went on (set once, never cleared).
   std::atomic<int> finished_workers_{0};
   std::unique_ptr<std::atomic<bool>[]> finished_;

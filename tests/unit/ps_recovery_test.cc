@@ -3,6 +3,7 @@
 // process's would), a new one with the same rank takes its place from its
 // snapshots, the workers re-send what it lacks, and the job ends with exactly
 // the weights of a run nobody disturbed.
+#include <glog/logging.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -413,6 +415,79 @@ TEST(LostWorkerTest, ByDefaultADeadWorkerEndsTheJob) {
   EXPECT_NE(r.scheduler.message().find("worker rank 1"), std::string::npos) << r.scheduler;
   EXPECT_NE(r.scheduler.message().find("declared dead"), std::string::npos) << r.scheduler;
   EXPECT_FALSE(r.workers[0].ok());
+}
+
+// Counts the log lines (any severity) that contain `needle`.
+class LineCounter : public google::LogSink {
+ public:
+  explicit LineCounter(std::string needle) : needle_(std::move(needle)) {
+    google::AddLogSink(this);
+  }
+  ~LineCounter() override { google::RemoveLogSink(this); }
+  void send(google::LogSeverity, const char*, const char*, int, const struct ::tm*,
+            const char* message, size_t length) override {
+    if (std::string_view(message, length).find(needle_) != std::string_view::npos) ++count_;
+  }
+  int count() const { return count_.load(); }
+
+ private:
+  const std::string needle_;
+  std::atomic<int> count_{0};
+};
+
+// PSTRAIN_WORKER_LOSS=continue with a worker that is declared lost (it sent
+// no heartbeats) but goes on sending: each of its requests used to log two
+// lines at the server (the refusal, and its reply that could not be sent).
+TEST(LostWorkerTest, AWorkerDeclaredLostThatStillSendsIsLoggedOnce) {
+  const std::vector<uint64_t> keys = {5};
+  const std::vector<int64_t> lens = {100};
+  testing::JobSpec spec;
+  spec.tweak_all = [](ClusterOptions* o) {
+    o->continue_without_lost_workers = true;
+    o->heartbeat_timeout_ms = 3000;
+  };
+  spec.tweak_worker = [](int w, ClusterOptions* o) {
+    o->launch_rank = w;
+    if (w == 1) o->heartbeat_interval_ms = 0;  // looks dead to the scheduler
+  };
+  LineCounter refused(StrCat(NodeIdName(WorkerId(1)), " was declared lost"));
+  LineCounter unsent(StrCat("no connection to ", NodeIdName(WorkerId(1))));
+  std::atomic<int> sent_after_loss{0};
+  testing::JobResult r = testing::RunJobWith(
+      1, 2,
+      [&](KVClient& kv) -> Status {
+        std::vector<float> w(100, 0.0f);
+        if (kv.rank() == 0) {
+          RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, w.data()), Deadline::InMillis(5000)));
+        }
+        RETURN_IF_ERROR(kv.Barrier(Deadline::InMillis(2500)));
+        if (kv.rank() == 0) {
+          // Stays until worker 1 has sent its requests after the loss.
+          const Deadline deadline = Deadline::InMillis(20000);
+          while (sent_after_loss.load() < 8 && !deadline.Expired()) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          }
+          return Status::Ok();
+        }
+        // Worker 1: pulls until its pulls go unanswered (it was declared
+        // lost), then 8 more.
+        const Deadline give_up = Deadline::InMillis(15000);
+        bool lost = false;
+        while (sent_after_loss.load() < 8 && !give_up.Expired()) {
+          Status s = kv.Wait(kv.Pull(keys, lens, w.data()), Deadline::InMillis(300));
+          if (!s.ok() && s.code() != StatusCode::kDeadlineExceeded) return s;
+          lost = lost || !s.ok();
+          if (lost) ++sent_after_loss;
+        }
+        return Status::Cancelled("worker 1 was declared lost");
+      },
+      spec);
+  EXPECT_TRUE(r.workers[0].ok()) << r.workers[0];
+  EXPECT_EQ(sent_after_loss.load(), 8);
+  // The notice, and the first refusal: not two lines per request.
+  EXPECT_GE(refused.count(), 1);
+  EXPECT_LE(refused.count(), 2);
+  EXPECT_LE(unsent.count(), 1);
 }
 
 }  // namespace
