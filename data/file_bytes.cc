@@ -22,7 +22,7 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-StatusOr<std::vector<uint8_t>> ReadGzip(const std::string& path) {
+StatusOr<std::vector<uint8_t>> ReadGzip(const std::string& path, uint64_t max_bytes) {
   gzFile f = gzopen(path.c_str(), "rb");
   if (f == nullptr) {
     return Status::IOError(StrCat(path, ": cannot open: ", std::strerror(errno)));
@@ -40,6 +40,11 @@ StatusOr<std::vector<uint8_t>> ReadGzip(const std::string& path) {
                                        out.size(), ": ", msg));
     }
     if (n == 0) break;
+    if (out.size() + static_cast<uint64_t>(n) > max_bytes) {
+      gzclose(f);
+      return Status::ResourceExhausted(StrCat(path, ": decompresses to more than ", max_bytes,
+                                              " bytes; not a data file read whole?"));
+    }
     out.insert(out.end(), chunk.begin(), chunk.begin() + n);
   }
   int err = 0;
@@ -56,9 +61,9 @@ StatusOr<std::vector<uint8_t>> ReadGzip(const std::string& path) {
 
 }  // namespace
 
-StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path) {
+StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path, uint64_t max_gunzip_bytes) {
   if (!FileExists(path)) return Status::NotFound(StrCat(path, ": no such file"));
-  if (EndsWith(path, ".gz")) return ReadGzip(path);
+  if (EndsWith(path, ".gz")) return ReadGzip(path, max_gunzip_bytes);
   FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) return Status::IOError(StrCat(path, ": cannot open: ", std::strerror(errno)));
   // Read straight into a buffer of the file's size (one allocation, no

@@ -10,11 +10,17 @@
 
 namespace pstrain {
 
+// What a ".gz" may decompress to by default (the data sets read whole are
+// far smaller; a gzip bomb stops here).
+constexpr uint64_t kMaxGunzipBytes = uint64_t{1} << 32;
+
 // The bytes of `path`; a name ending in ".gz" is decompressed (zlib), so byte
 // offsets in later errors are offsets in the uncompressed stream. NotFound if
 // the file does not exist, IOError if it cannot be read, Corruption for a
-// damaged or truncated gzip stream (naming the uncompressed offset reached).
-StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path);
+// damaged or truncated gzip stream (naming the uncompressed offset reached),
+// ResourceExhausted for one that decompresses to more than `max_gunzip_bytes`.
+StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path,
+                                             uint64_t max_gunzip_bytes = kMaxGunzipBytes);
 
 bool FileExists(const std::string& path);
 

@@ -338,5 +338,19 @@ TEST(RealDataTest, CifarPartialFromSharedData) {
   EXPECT_EQ((*train)->num_examples(), 4000 + 4 * 1017);
 }
 
+// Found by a review: a gzip bomb named like a data file grew without bound.
+TEST_F(ReaderTest, AGzipThatDecompressesPastTheCapIsRefused) {
+  WriteGz("bomb.gz", std::vector<uint8_t>(3 << 20, 0));
+  auto r = ReadFileBytes(Path("bomb.gz"), 1 << 20);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status();
+  EXPECT_NE(r.status().message().find(Path("bomb.gz") + ": decompresses to more than 1048576"),
+            std::string::npos)
+      << r.status();
+  auto whole = ReadFileBytes(Path("bomb.gz"), 3 << 20);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->size(), 3u << 20);
+}
+
 }  // namespace
 }  // namespace pstrain
