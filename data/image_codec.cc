@@ -120,10 +120,12 @@ bool PngReadHeader(PngRead* r) {
   return true;
 }
 
-// MXNet's cv::imdecode (OpenCV's PNG decoder): 16-bit samples cut to their
-// high byte, alpha (and a palette's transparency) dropped, palettes and
-// 1/2/4-bit gray expanded, no gamma correction, gray to RGB by copying, RGB
-// to gray by libpng's 0.299/0.587/0.114 weights. Returns the passes to read.
+// MXNet's cv::imdecode (OpenCV's PNG decoder, the same libpng calls): 16-bit
+// samples cut to their high byte, alpha (and a palette's transparency)
+// dropped, palettes and 1/2/4-bit gray expanded, no gamma correction of the
+// samples, gray to RGB by copying, RGB to gray by libpng's 0.299/0.587/0.114
+// weights (which libpng applies in linear light when the file has a gAMA or
+// sRGB chunk, as it does for OpenCV). Returns the passes to read.
 bool PngSetTransforms(PngRead* r, int channels, int* passes) {
   if (setjmp(png_jmpbuf(r->png))) return false;
   const int bit_depth = png_get_bit_depth(r->png, r->info);
@@ -285,6 +287,9 @@ Status ImageDecoder::ReadInfo(std::string_view bytes, std::string_view where, Im
         StrCat(where, ": not a JPEG or PNG image (first bytes ", FirstBytesHex(bytes), ")"));
   }
   jpeg_decompress_struct* cinfo = &jpeg_->cinfo;
+  // A decode left midway (an allocation that threw) must not leave libjpeg in
+  // a state that refuses every later image: start from idle (legal in any).
+  jpeg_abort_decompress(cinfo);
   if (setjmp(jpeg_->err.jump)) {
     jpeg_abort_decompress(cinfo);
     return Status::Corruption(StrCat(where, ": JPEG header: ", jpeg_->err.message));
@@ -319,6 +324,7 @@ Status ImageDecoder::DecodeRegion(std::string_view bytes, std::string_view where
   }
 
   jpeg_decompress_struct* cinfo = &jpeg_->cinfo;
+  jpeg_abort_decompress(cinfo);  // as in ReadInfo
   jpeg_->err.truncated = false;
   if (setjmp(jpeg_->err.jump)) {
     jpeg_abort_decompress(cinfo);

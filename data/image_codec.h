@@ -73,8 +73,9 @@ class ImageDecoder {
 
   // Decodes the whole image into *out with `channels` (3: RGB, 1: gray), as
   // MXNet's cv::imdecode: a PNG's 16-bit samples keep their high byte, its
-  // alpha is dropped (not composed), no gamma is applied, and colour becomes
-  // gray by libpng's 0.299/0.587/0.114 weights. A PNG whose header claims
+  // alpha is dropped (not composed), no gamma is applied to the samples, and
+  // colour becomes gray by libpng's 0.299/0.587/0.114 weights (in linear light
+  // for a file with a gAMA or sRGB chunk, as in OpenCV). A PNG whose header claims
   // more pixels than its bytes can hold (deflate packs at most ~1032:1) is
   // Corruption before anything is allocated.
   Status Decode(std::string_view bytes, std::string_view where, int channels, Image* out);

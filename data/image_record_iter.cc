@@ -209,8 +209,9 @@ void ImageRecordIter::WorkerLoop(int worker) {
     try {
       status = FillBatch(seq, pass, *order, &scratch, &slot->batch);
     } catch (const std::bad_alloc&) {
-      status = Status::ResourceExhausted(StrCat(config_.path_imgrec, ": batch ", seq, " (pass ",
-                                                pass, "): out of memory decoding it"));
+      status = Status::ResourceExhausted(
+          StrCat(config_.path_imgrec.empty() ? config_.path_imglist : config_.path_imgrec,
+                 ": batch ", seq, " (pass ", pass, "): out of memory decoding its images"));
     }
     {
       MutexLock lock(&mu_);

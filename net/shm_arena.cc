@@ -145,6 +145,10 @@ StatusOr<std::shared_ptr<ShmArena>> ShmArena::Create(uint64_t ring_bytes, uint64
   }
   std::shared_ptr<ShmArena> a(new ShmArena());
   a->ticket_cursor_ = std::make_unique<std::atomic<uint64_t>[]>(kShmMaxQueues);
+  {
+    MutexLock l(&a->queue_mu_);
+    a->queue_incarnation_ = std::make_unique<uint8_t[]>(kShmMaxQueues);  // zeroed
+  }
   a->fd_ = static_cast<int>(syscall(SYS_memfd_create, "pstrain-arena", MFD_CLOEXEC));
   if (a->fd_ < 0) return Status::IOError("memfd_create: " + Errno());
   if (ftruncate(a->fd_, static_cast<off_t>(bytes)) != 0) {
@@ -394,9 +398,11 @@ void ShmArena::DropTicketReference(uint64_t ticket_value) {
   __atomic_fetch_sub(&b->refs, 1, __ATOMIC_RELEASE);
 }
 
-bool ShmArena::Enqueue(int receiver, uint64_t offset, uint64_t bytes, const ShmTicket& ticket) {
+bool ShmArena::Enqueue(int receiver, uint8_t incarnation, uint64_t offset, uint64_t bytes,
+                       const ShmTicket& ticket) {
   if (receiver < 0 || receiver >= kShmMaxQueues) return false;
   MutexLock l(&queue_mu_);
+  if (queue_incarnation_[receiver] != incarnation) return false;
   Queue* q = QueueAt(base_, receiver);
   const uint64_t head = __atomic_load_n(&q->head, __ATOMIC_RELAXED);
   if (head - __atomic_load_n(&q->tail, __ATOMIC_ACQUIRE) >= kShmQueueEntries) return false;
@@ -407,9 +413,10 @@ bool ShmArena::Enqueue(int receiver, uint64_t offset, uint64_t bytes, const ShmT
   return true;
 }
 
-void ShmArena::ResetQueue(int receiver) {
+void ShmArena::ResetQueue(int receiver, uint8_t incarnation) {
   if (receiver < 0 || receiver >= kShmMaxQueues) return;
   MutexLock l(&queue_mu_);
+  queue_incarnation_[receiver] = incarnation;
   Queue* q = QueueAt(base_, receiver);
   __atomic_store_n(&q->tail, __atomic_load_n(&q->head, __ATOMIC_RELAXED), __ATOMIC_RELEASE);
 }

@@ -152,18 +152,21 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
   // more is sent to it).
   int ReleaseReceiver(int receiver, uint8_t incarnation);
 
-  // Appends (offset, bytes, ticket) to the queue read by node `receiver`.
-  // False when it is full or the id has no queue. The caller keeps its own
-  // order per receiver (the Van numbers messages under the peer's lock).
-  bool Enqueue(int receiver, uint64_t offset, uint64_t bytes, const ShmTicket& ticket)
-      EXCLUDES(queue_mu_);
+  // Appends (offset, bytes, ticket) to the queue read by node `receiver`, for
+  // its `incarnation`. False when it is full, the id has no queue, or the
+  // queue was reset for another incarnation (a send to a replaced process
+  // still under way). The caller keeps its own order per receiver (the Van
+  // numbers messages under the peer's lock).
+  bool Enqueue(int receiver, uint8_t incarnation, uint64_t offset, uint64_t bytes,
+               const ShmTicket& ticket) EXCLUDES(queue_mu_);
   // Empties the queue read by node `receiver` (the producer moves the
-  // consumer's position): for a receiver that is replaced by a process that
-  // must not see what was queued for the old one. The blocks those entries
-  // name are taken back by ReleaseReceiver for the old incarnation.
-  // REQUIRES: nobody reads that queue now (the old reader is gone, the new
-  // one has not mapped the arena yet).
-  void ResetQueue(int receiver) EXCLUDES(queue_mu_);
+  // consumer's position) and gives it to `incarnation` (0 until then): for a
+  // receiver replaced by a process that must not see what was queued for the
+  // old one, nor what a send to the old one under way would queue. The
+  // blocks those entries name are taken back by ReleaseReceiver for the old
+  // incarnation. REQUIRES: nobody reads that queue now (the old reader is
+  // gone, the new one has not mapped the arena yet).
+  void ResetQueue(int receiver, uint8_t incarnation) EXCLUDES(queue_mu_);
   // This node's receive thread is (about to be) asleep: peers that enqueue
   // must ring its doorbell. Sequentially consistent, so an enqueue that misses
   // the flag is seen by the rescan that follows setting it.
@@ -197,6 +200,8 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
   std::deque<uint64_t> ring_sizes_ GUARDED_BY(ring_mu_);  // blocks from tail_ on, in order
 
   Mutex queue_mu_;  // one producer per queue, even if two threads send to one peer
+  // The incarnation each queue is for (ResetQueue).
+  std::unique_ptr<uint8_t[]> queue_incarnation_ GUARDED_BY(queue_mu_);
 
   // Where each receiver's next ticket is looked for, and the tickets' generation.
   std::unique_ptr<std::atomic<uint64_t>[]> ticket_cursor_;

@@ -16,7 +16,7 @@ bool EnqueueMessage(ShmArena* arena, int receiver, uint8_t incarnation, const st
     return false;
   }
   WriteEnvelope(header, msg, inline_values, block->data);
-  if (!arena->Enqueue(receiver, block->offset, total, *ticket)) {
+  if (!arena->Enqueue(receiver, incarnation, block->offset, total, *ticket)) {
     arena->ReleaseTicket(receiver, *ticket);
     return false;
   }

@@ -32,9 +32,9 @@ namespace pstrain {
 // num_value_frames is 1 when `inline_values`) into one ring block of `arena`
 // and queues it for node `receiver` (its `incarnation`, ShmArena::Ticket).
 // False, with nothing taken, when the ring, the receiver's ticket table or
-// that queue is full. The block is the receiver's until it drops the message
-// (or the owner takes it back, ShmArena::ReleaseReceiver). REQUIRES: calls for
-// one receiver are serialized by the caller (the Van's per-peer lock), so the
+// that queue is full, or the queue is another incarnation's (ResetQueue). The block is the
+// receiver's until it drops the message (or the owner takes it back, ShmArena::ReleaseReceiver).
+// REQUIRES: calls for one receiver are serialized by the caller (the Van's per-peer lock), so the
 // queue holds them in send order.
 bool EnqueueMessage(ShmArena* arena, int receiver, uint8_t incarnation, const std::string& header,
                     const Message& msg, bool inline_values);

@@ -66,10 +66,6 @@ struct Van::Peer {
   std::atomic<bool> maps_mine{false};        // the peer said it mapped our arena
   ShmSequence sequence GUARDED_BY(mu);       // shm_seq of messages to it (with theirs)
   DoorbellAddress doorbell GUARDED_BY(mu);   // invalid: messages to it go over ZeroMQ
-  // Replaced or closed: a send that finds it set under mu sends nothing (set
-  // under mu by Connect, so that nothing is queued for the old process once
-  // the queue is emptied for the new one).
-  std::atomic<bool> closed{false};
   // Our arena (null: none), the node id our tickets for it are under (its id
   // when connected; Rename does not move them) and this process's incarnation
   // of that id (ShmArena::Ticket).
@@ -213,13 +209,7 @@ Status Van::Connect(int id, const std::string& host, int port, const ShmInfo* sh
               << port << (theirs != nullptr ? " (its shared memory mapped)" : "");
   }
   ConnectionEvents* events = dealer->events();
-  // A replaced peer's: sends to it end (waiting for one under way) before its
-  // queue is emptied below, and it is let go after mu_.
-  std::shared_ptr<Peer> old = FindPeer(id);
-  if (old != nullptr) {
-    MutexLock sending(&old->mu);
-    old->closed = true;
-  }
+  std::shared_ptr<Peer> old;  // a replaced peer's, let go after mu_
   MutexLock l(&mu_);
   if (theirs != nullptr) inbox_.Add(id, theirs);
   // A new process under an id we sent to before (a replaced or reconnected
@@ -227,12 +217,15 @@ Status Van::Connect(int id, const std::string& host, int port, const ShmInfo* sh
   // blocks come back when its Peer goes.
   auto [incarnation, first] = incarnations_.try_emplace(id, 0);
   if (!first) {
+    // A send to the old process under way can no longer queue anything.
     ++incarnation->second;
-    if (arena_ != nullptr) arena_->ResetQueue(id);
+    if (arena_ != nullptr) arena_->ResetQueue(id, incarnation->second);
   }
   auto peer = std::make_shared<Peer>(std::move(dealer), events, theirs, bell, arena_, id,
                                      incarnation->second);
-  peers_[id].swap(peer);  // the old one (if any) goes after mu_, with `old`
+  std::shared_ptr<Peer>& slot = peers_[id];
+  old = std::move(slot);
+  slot = std::move(peer);
   return Status::Ok();
 }
 
@@ -270,9 +263,6 @@ void Van::Disconnect(int id) {
   if (it == peers_.end()) return;
   old = std::move(it->second);
   peers_.erase(it);
-  // Not under old->mu (this may be the receive thread, and a send to a gone
-  // peer can block in it): a send under way may still queue one message.
-  old->closed = true;
   // Its queue is no longer read; its arena is unmapped once the values read
   // from it are gone.
   if (old->theirs != nullptr) inbox_.Remove(id);
@@ -368,11 +358,6 @@ Status Van::Send(int id, const Message& msg) {
               << (in_shm ? " (values in shared memory)" : "");
   }
   MutexLock l(&peer->mu);
-  if (peer->closed) {
-    if (in_shm) placement_->Release(extra, peer->id);
-    return Status::Unavailable(
-        StrCat(options_.name, ": the connection to ", NodeIdName(id), " was closed or replaced"));
-  }
   // Numbered under the peer's lock: the receiver restores this order whichever
   // way (queue or ZeroMQ) each message goes.
   if (ordered) peer->sequence.Stamp(&extra);

@@ -142,12 +142,12 @@ class Van {
   // the peer's arena; failing that is not an error (the peer is elsewhere).
   // Replacing a connection (or connecting again after Disconnect) is for a
   // peer process replaced by a new one, before the new one maps our arena: it
-  // waits for a send to the old one under way (sends to it then fail), starts
-  // a new numbering of the messages to `id`, empties the queue `id` reads in
-  // our arena (ShmArena::ResetQueue), and once the old connection is let go
-  // takes back every block of our arena the old process still held
-  // (ShmArena::ReleaseReceiver). Do not re-Connect a live process: it would
-  // lose what it reads. Calls for one id must not overlap.
+  // starts a new numbering of the messages to `id`, empties the queue `id`
+  // reads in our arena for the new process (ShmArena::ResetQueue: a send to
+  // the old one under way can queue nothing more), and once the old
+  // connection is let go takes back every block of our arena the old process
+  // still held (ShmArena::ReleaseReceiver). Do not re-Connect a live process:
+  // it would lose what it reads. Calls for one id must not overlap.
   Status Connect(int id, const std::string& host, int port, const ShmInfo* shm = nullptr)
       EXCLUDES(mu_);
   // Closes the connection to `id` (sends to it fail from then on) and stops

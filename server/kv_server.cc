@@ -374,8 +374,8 @@ bool KVServer::ShouldWarnAbout(int worker) {
   if (w < 0 || w >= node_->num_workers() || !lost_[w].load()) return true;
   if (lost_unanswered_[w].exchange(true)) return false;
   LOG(WARNING) << node_->Self() << ": " << NodeIdName(worker)
-               << " was declared lost but still sends: its requests are refused and go "
-                  "unanswered (logged once)";
+               << " was declared lost: requests from it are refused and replies to it dropped "
+                  "(said once, not for each)";
   return true;
 }
 

@@ -740,13 +740,13 @@ TEST(VanShmTest, GarbageInAPeersQueueIsDroppedAndLaterMessagesStillArrive) {
   (void)p.inbox_a.Next();
   ShmArena& arena = *p.a->arena();
   // An entry that names no block, and a block that holds no message.
-  ASSERT_TRUE(arena.Enqueue(ServerId(0), 1 << 30, 64, ShmTicket{}));
+  ASSERT_TRUE(arena.Enqueue(ServerId(0), 0, 1 << 30, 64, ShmTicket{}));
   auto junk = arena.AllocateRing(100);
   ASSERT_TRUE(junk.has_value());
   std::memset(junk->data, 0xab, 100);
   std::optional<ShmTicket> junk_ticket = arena.Ticket(ServerId(0), 0, junk->offset);
   ASSERT_TRUE(junk_ticket.has_value());
-  ASSERT_TRUE(arena.Enqueue(ServerId(0), junk->offset, 100, *junk_ticket));
+  ASSERT_TRUE(arena.Enqueue(ServerId(0), 0, junk->offset, 100, *junk_ticket));
   ASSERT_OK(p.a->Send(ServerId(0), Numbered(0, 4)));
   Message m = p.inbox_b.Next();
   EXPECT_EQ(m.header.request_id(), 0u);

@@ -362,5 +362,50 @@ TEST(ShmPlacementTest, ReceiversWithoutATableAndHugeMessagesGoOverTcpUncounted) 
   EXPECT_EQ(arena->ring_used_bytes(), 0u);
 }
 
+// Receivers hold slots for long stretches (a server, a round's pushes): a
+// ticket is looked for past any run of held slots, not a few tries.
+TEST(ShmPlacementTest, ATicketIsFoundPastALongRunOfHeldSlots) {
+  auto arena = MakeArena(1 << 16, 1 << 16);
+  ShmArena::Stored stored = AllocateOrHeap(arena.get(), 64, /*outgoing=*/false);
+  std::vector<ShmTicket> held;
+  for (uint32_t i = 0; i < kShmTicketSlots; ++i) {
+    auto offset = arena->Reference(stored.data, 64);
+    ASSERT_TRUE(offset.has_value());
+    auto t = arena->Ticket(kMe, 0, *offset);
+    ASSERT_TRUE(t.has_value()) << i;
+    held.push_back(*t);
+  }
+  // The table is full; the one free slot is 5000 slots past where the next
+  // search starts.
+  ASSERT_TRUE(arena->ReleaseTicket(kMe, held[5000]));
+  auto offset = arena->Reference(stored.data, 64);
+  ASSERT_TRUE(offset.has_value());
+  auto t = arena->Ticket(kMe, 0, *offset);
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->slot, held[5000].slot);
+  EXPECT_EQ(arena->ReleaseReceiver(kMe, 0), static_cast<int>(kShmTicketSlots));
+  EXPECT_EQ(ShmArena::Readers(stored.readers), 0);
+}
+
+// Tickets of two arenas differ even for the same slot and block, so a
+// message read from one arena and looked up in another finds nothing.
+TEST(ShmPlacementTest, TwoArenasHandOutDifferentTickets) {
+  auto a = MakeArena(1 << 16);
+  auto b = MakeArena(1 << 16);
+  int same = 0;
+  for (int i = 0; i < 4; ++i) {
+    auto ba = a->AllocateRing(64);
+    auto bb = b->AllocateRing(64);
+    ASSERT_TRUE(ba.has_value() && bb.has_value());
+    ASSERT_EQ(ba->offset, bb->offset);
+    auto ta = a->Ticket(kMe, 0, ba->offset);
+    auto tb = b->Ticket(kMe, 0, bb->offset);
+    ASSERT_TRUE(ta.has_value() && tb.has_value());
+    EXPECT_EQ(ta->slot, tb->slot);
+    same += ta->value == tb->value;
+  }
+  EXPECT_EQ(same, 0) << "the generations start from each arena's random token";
+}
+
 }  // namespace
 }  // namespace pstrain

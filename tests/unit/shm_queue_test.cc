@@ -131,7 +131,7 @@ TEST(ShmQueueTest, BadEntriesAreReportedWithThePeersName) {
   auto arena = MakeArena(1 << 16);
   auto mapping = Map(*arena);
   // An entry that names no block.
-  ASSERT_TRUE(arena->Enqueue(kReceiver, 1 << 30, 64, ShmTicket{}));
+  ASSERT_TRUE(arena->Enqueue(kReceiver, 0, 1 << 30, 64, ShmTicket{}));
   Decoded d;
   ASSERT_EQ(ReadQueued(*mapping, kSender, kReceiver, &d), QueueRead::kBad);
   EXPECT_FALSE(d.header_ok);
@@ -142,7 +142,7 @@ TEST(ShmQueueTest, BadEntriesAreReportedWithThePeersName) {
   std::memset(junk->data, 0xab, 100);
   std::optional<ShmTicket> junk_ticket = arena->Ticket(kReceiver, 0, junk->offset);
   ASSERT_TRUE(junk_ticket.has_value());
-  ASSERT_TRUE(arena->Enqueue(kReceiver, junk->offset, 100, *junk_ticket));
+  ASSERT_TRUE(arena->Enqueue(kReceiver, 0, junk->offset, 100, *junk_ticket));
   d = Decoded();
   ASSERT_EQ(ReadQueued(*mapping, kSender, kReceiver, &d), QueueRead::kBad);
   EXPECT_FALSE(d.header_ok);
@@ -293,6 +293,27 @@ TEST(ShmQueueTest, AnUnreachableDoorbellIsGivenUpAndNothingIsLostOrReordered) {
   ExpectInOrder(p.at_b, 0, next);
   EXPECT_EQ(p.a->shm_queued(), queued) << "after the failed ring, nothing more was queued";
   EXPECT_EQ(p.a->doorbells_rung(), 1);
+}
+
+// A send to a replaced process that was under way while the queue was reset
+// for its successor must not queue anything the successor would read.
+TEST(ShmQueueTest, AQueueResetForANewIncarnationTakesNothingForTheOldOne) {
+  auto arena = MakeArena(1 << 20);
+  auto mapping = Map(*arena);
+  const Message old_msg = Push(kSender, kReceiver, 1, 4);
+  ASSERT_TRUE(EnqueueMessage(arena.get(), kReceiver, 0, QueuedHeader(old_msg), old_msg, true));
+  arena->ResetQueue(kReceiver, 1);
+  EXPECT_FALSE(EnqueueMessage(arena.get(), kReceiver, 0, QueuedHeader(old_msg), old_msg, true))
+      << "the old incarnation queued after the reset";
+  EXPECT_EQ(arena->ReleaseReceiver(kReceiver, 0), 1) << "the entry emptied by the reset";
+  EXPECT_EQ(arena->ring_used_bytes(), 0u) << "the refused message took nothing";
+  const Message new_msg = Push(kSender, kReceiver, 2, 4);
+  ASSERT_TRUE(EnqueueMessage(arena.get(), kReceiver, 1, QueuedHeader(new_msg), new_msg, true));
+  Decoded d;
+  ASSERT_EQ(ReadQueued(*mapping, kSender, kReceiver, &d), QueueRead::kMessage) << d.error;
+  EXPECT_EQ(d.msg.header.request_id(), 2u);
+  d = Decoded();
+  EXPECT_EQ(ReadQueued(*mapping, kSender, kReceiver, &d), QueueRead::kEmpty);
 }
 
 }  // namespace

@@ -226,5 +226,20 @@ TEST_F(TarGzTest, AnAbsurdMemberSizeIsCorruptionAndLeavesNoFile) {
   }
 }
 
+// POSIX: an empty pax value deletes the keyword, so the ustar header's size
+// holds.
+TEST_F(TarGzTest, AnEmptyPaxSizeKeepsTheHeadersSize) {
+  const std::string record = "size=\n";
+  const std::string line = std::to_string(record.size() + 2) + " " + record;  // "8 size=\n"
+  ASSERT_EQ(line.size(), record.size() + 2);
+  std::string tar = TarHeader("pax", line.size(), 'x') + line;
+  tar.append((512 - line.size() % 512) % 512, '\0');
+  tar += TarHeader("kept.bin", 3, '0') + "abc" + std::string(509, '\0');
+  tar.append(1024, '\0');
+  GzipTo(dir_ + "/empty.tar.gz", tar);
+  ASSERT_OK(UnpackTarGz(dir_ + "/empty.tar.gz", dir_ + "/out", UnpackOptions(), nullptr));
+  EXPECT_EQ(ReadAll(dir_ + "/out/kept.bin"), "abc");
+}
+
 }  // namespace
 }  // namespace pstrain
