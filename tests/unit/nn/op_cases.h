@@ -63,6 +63,12 @@ inline std::vector<OpCase> AllOpCases() {
                        {PoolType::kAvg, 3, 3, 1, 1, 1, 1, false, PoolConvention::kValid}));
   cases.push_back(pool("avgpool_3x3_s2_full", {2, 8, 6},
                        {PoolType::kAvg, 3, 3, 2, 2, 0, 0, false, PoolConvention::kFull}));
+  // "full" with padding that adds a window, partly clipped (none wholly in the
+  // padding: their lowest() output would swamp a finite difference).
+  cases.push_back(pool("maxpool_3x3_s2_pad1_full", {2, 6, 6},
+                       {PoolType::kMax, 3, 3, 2, 2, 1, 1, false, PoolConvention::kFull}));
+  cases.push_back(pool("avgpool_3x3_s2_pad1_full", {2, 6, 8},
+                       {PoolType::kAvg, 3, 3, 2, 2, 1, 1, false, PoolConvention::kFull}));
   cases.push_back(pool("maxpool_3x3_s2_pad1", {2, 7, 7},
                        {PoolType::kMax, 3, 3, 2, 2, 1, 1, false, PoolConvention::kValid}));
   cases.push_back(pool("avgpool_global", {3, 4, 5},
