@@ -298,6 +298,63 @@ TEST(GpuBackendTest, CopiesFillAddAndTheOptimizerStepMatchTheCpu) {
   }
 }
 
+// The optimizer step's other rules on the device: plain SGD, momentum
+// without clipping, weight decay alone, and the TEST rule (w += rescale * g).
+TEST(GpuBackendTest, EveryOptimizerRuleMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = Backend::Create(Gpu());
+  ASSERT_OK(gpu.status());
+  auto cpu = Backend::Create(BackendOptions());
+  ASSERT_OK(cpu.status());
+  Backend& G = **gpu;
+  Backend& C = **cpu;
+  std::vector<Optimizer::Step> rules(4);
+  rules[0].lr = 0.1f;   // plain SGD
+  rules[1].lr = 0.05f;  // momentum, no clipping
+  rules[1].mom = 0.9f;
+  rules[1].rescale = 0.25f;
+  rules[2].lr = 0.1f;  // weight decay alone
+  rules[2].wd = 0.01f;
+  rules[3].test = true;  // TEST: w += rescale * g
+  rules[3].rescale = 2.0f;
+  for (size_t k = 0; k < rules.size(); ++k) {
+    for (int64_t n : {int64_t{7}, (int64_t{5} << 20) + 3}) {
+      SCOPED_TRACE(StrCat("rule ", k, ", ", n, " elements"));
+      std::mt19937_64 rng(n + k);
+      std::uniform_real_distribution<float> u(-1, 1);
+      std::vector<float> grad(n), w(n), mom(n);
+      for (int64_t i = 0; i < n; ++i) {
+        grad[i] = u(rng);
+        w[i] = u(rng);
+        mom[i] = u(rng);
+      }
+      Tensor gg = G.Empty({n}), gw = G.Empty({n}), gm = G.Empty({n});
+      Tensor cg = C.Empty({n}), cw = C.Empty({n}), cm = C.Empty({n});
+      G.CopyFromHost(grad.data(), gg);
+      G.CopyFromHost(w.data(), gw);
+      G.CopyFromHost(mom.data(), gm);
+      C.CopyFromHost(grad.data(), cg);
+      C.CopyFromHost(w.data(), cw);
+      C.CopyFromHost(mom.data(), cm);
+      for (int repeat = 0; repeat < 2; ++repeat) {  // momentum carries over
+        G.ApplyOptimizerStep(rules[k], gg, gw, gm);
+        C.ApplyOptimizerStep(rules[k], cg, cw, cm);
+      }
+      std::vector<float> back(n);
+      G.CopyToHost(gw, back.data());
+      for (int64_t i = 0; i < n; i += std::max<int64_t>(1, n / 1000)) {
+        ASSERT_NEAR(back[i], cw.at(i), 1e-6) << i;
+      }
+      if (rules[k].uses_momentum()) {
+        G.CopyToHost(gm, back.data());
+        for (int64_t i = 0; i < n; i += std::max<int64_t>(1, n / 1000)) {
+          ASSERT_NEAR(back[i], cm.at(i), 1e-6) << i;
+        }
+      }
+    }
+  }
+}
+
 // NaN and Inf through the optimizer step: clipping keeps a NaN gradient NaN
 // (as std::clamp on the CPU; fminf/fmaxf would make it -clip), the weights
 // match the CPU's element for element (NaN where it is NaN), and the
