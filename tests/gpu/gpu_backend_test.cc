@@ -57,6 +57,35 @@ BackendOptions Gpu() {
   return o;
 }
 
+// A GPU backend and the CPU one, side by side.
+struct GpuAndCpu {
+  std::unique_ptr<Backend> gpu, cpu;
+};
+::testing::AssertionResult MakeGpuAndCpu(GpuAndCpu* b) {
+  auto gpu = Backend::Create(Gpu());
+  if (!gpu.ok()) return ::testing::AssertionFailure() << gpu.status();
+  auto cpu = Backend::Create(BackendOptions());
+  if (!cpu.ok()) return ::testing::AssertionFailure() << cpu.status();
+  b->gpu = std::move(gpu).value();
+  b->cpu = std::move(cpu).value();
+  return ::testing::AssertionSuccess();
+}
+
+// Every (n / 1000)-th element of device tensor `on_gpu` within 1e-6 of the
+// host tensor `on_cpu` (n elements each).
+::testing::AssertionResult SampledNear(Backend& G, const Tensor& on_gpu, const Tensor& on_cpu,
+                                       int64_t n) {
+  std::vector<float> back(n);
+  G.CopyToHost(on_gpu, back.data());
+  for (int64_t i = 0; i < n; i += std::max<int64_t>(1, n / 1000)) {
+    if (std::fabs(back[i] - on_cpu.at(i)) > 1e-6) {
+      return ::testing::AssertionFailure()
+             << "element " << i << ": device " << back[i] << ", host " << on_cpu.at(i);
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
 constexpr double kTol = 1e-4;
 
 class GpuOpTest : public ::testing::TestWithParam<int> {};
@@ -241,12 +270,10 @@ TEST(GpuOpTest, DropoutKeepsAboutOneMinusP) {
 
 TEST(GpuBackendTest, CopiesFillAddAndTheOptimizerStepMatchTheCpu) {
   SKIP_WITHOUT_GPU();
-  auto gpu = Backend::Create(Gpu());
-  ASSERT_OK(gpu.status());
-  auto cpu = Backend::Create(BackendOptions());
-  ASSERT_OK(cpu.status());
-  Backend& G = **gpu;
-  Backend& C = **cpu;
+  GpuAndCpu b;
+  ASSERT_TRUE(MakeGpuAndCpu(&b));
+  Backend& G = *b.gpu;
+  Backend& C = *b.cpu;
   EXPECT_FALSE(G.host_accessible());
   // Sizes around the staging buffers' 4 MiB and past the first ring's 16 MiB, so the
   // chunked copies and the ring's growth run.
@@ -282,14 +309,8 @@ TEST(GpuBackendTest, CopiesFillAddAndTheOptimizerStepMatchTheCpu) {
     step.do_clip = true;
     G.ApplyOptimizerStep(step, ga, gb, gm);
     C.ApplyOptimizerStep(step, ca, cb, cm);
-    G.CopyToHost(gb, back.data());
-    for (int64_t i = 0; i < n; i += std::max<int64_t>(1, n / 1000)) {
-      ASSERT_NEAR(back[i], cb.at(i), 1e-6) << i;
-    }
-    G.CopyToHost(gm, back.data());
-    for (int64_t i = 0; i < n; i += std::max<int64_t>(1, n / 1000)) {
-      ASSERT_NEAR(back[i], cm.at(i), 1e-6) << i;
-    }
+    ASSERT_TRUE(SampledNear(G, gb, cb, n));
+    ASSERT_TRUE(SampledNear(G, gm, cm, n));
     G.Fill(ga, 2.5f);
     Tensor gc = G.Empty({n});
     G.Copy(ga, gc);
@@ -302,12 +323,10 @@ TEST(GpuBackendTest, CopiesFillAddAndTheOptimizerStepMatchTheCpu) {
 // without clipping, weight decay alone, and the TEST rule (w += rescale * g).
 TEST(GpuBackendTest, EveryOptimizerRuleMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
-  auto gpu = Backend::Create(Gpu());
-  ASSERT_OK(gpu.status());
-  auto cpu = Backend::Create(BackendOptions());
-  ASSERT_OK(cpu.status());
-  Backend& G = **gpu;
-  Backend& C = **cpu;
+  GpuAndCpu b;
+  ASSERT_TRUE(MakeGpuAndCpu(&b));
+  Backend& G = *b.gpu;
+  Backend& C = *b.cpu;
   std::vector<Optimizer::Step> rules(4);
   rules[0].lr = 0.1f;   // plain SGD
   rules[1].lr = 0.05f;  // momentum, no clipping
@@ -340,16 +359,9 @@ TEST(GpuBackendTest, EveryOptimizerRuleMatchesTheCpu) {
         G.ApplyOptimizerStep(rules[k], gg, gw, gm);
         C.ApplyOptimizerStep(rules[k], cg, cw, cm);
       }
-      std::vector<float> back(n);
-      G.CopyToHost(gw, back.data());
-      for (int64_t i = 0; i < n; i += std::max<int64_t>(1, n / 1000)) {
-        ASSERT_NEAR(back[i], cw.at(i), 1e-6) << i;
-      }
+      ASSERT_TRUE(SampledNear(G, gw, cw, n));
       if (rules[k].uses_momentum()) {
-        G.CopyToHost(gm, back.data());
-        for (int64_t i = 0; i < n; i += std::max<int64_t>(1, n / 1000)) {
-          ASSERT_NEAR(back[i], cm.at(i), 1e-6) << i;
-        }
+        ASSERT_TRUE(SampledNear(G, gm, cm, n));
       }
     }
   }
@@ -361,12 +373,10 @@ TEST(GpuBackendTest, EveryOptimizerRuleMatchesTheCpu) {
 // backend's check names the same parameters as the CPU backend's.
 TEST(GpuBackendTest, TheOptimizerStepReportsNonFiniteValuesAsTheCpu) {
   SKIP_WITHOUT_GPU();
-  auto gpu = Backend::Create(Gpu());
-  ASSERT_OK(gpu.status());
-  auto cpu = Backend::Create(BackendOptions());
-  ASSERT_OK(cpu.status());
-  Backend& G = **gpu;
-  Backend& C = **cpu;
+  GpuAndCpu b;
+  ASSERT_TRUE(MakeGpuAndCpu(&b));
+  Backend& G = *b.gpu;
+  Backend& C = *b.cpu;
   const int64_t n = 100003;  // several blocks, a partial last warp
   for (float mom : {0.0f, 0.9f}) {
     SCOPED_TRACE(StrCat("momentum ", mom));
