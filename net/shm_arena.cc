@@ -144,11 +144,6 @@ StatusOr<std::shared_ptr<ShmArena>> ShmArena::Create(uint64_t ring_bytes, uint64
                                           " bytes is too big (at most ", kShmMaxArenaBytes, ")"));
   }
   std::shared_ptr<ShmArena> a(new ShmArena());
-  a->ticket_cursor_ = std::make_unique<std::atomic<uint64_t>[]>(kShmMaxQueues);
-  {
-    MutexLock l(&a->queue_mu_);
-    a->queue_incarnation_ = std::make_unique<uint8_t[]>(kShmMaxQueues);  // zeroed
-  }
   a->fd_ = static_cast<int>(syscall(SYS_memfd_create, "pstrain-arena", MFD_CLOEXEC));
   if (a->fd_ < 0) return Status::IOError("memfd_create: " + Errno());
   if (ftruncate(a->fd_, static_cast<off_t>(bytes)) != 0) {
@@ -335,7 +330,9 @@ std::optional<uint64_t> ShmArena::Reference(const char* data, uint64_t size) {
 }
 
 std::optional<ShmTicket> ShmArena::Ticket(int receiver, uint8_t incarnation, uint64_t offset) {
-  if (receiver < 0 || receiver >= kShmMaxQueues || offset < kShmRingBegin + kShmBlockHeaderBytes) {
+  if (offset < kShmRingBegin + kShmBlockHeaderBytes) return std::nullopt;  // no block: no reference
+  if (receiver < 0 || receiver >= kShmMaxQueues) {
+    Release(offset);
     return std::nullopt;
   }
   uint64_t* slots = TicketsAt(base_, receiver);
@@ -358,6 +355,7 @@ std::optional<ShmTicket> ShmArena::Ticket(int receiver, uint8_t incarnation, uin
       return ShmTicket{slot, value};
     }
   }
+  Release(offset);
   return std::nullopt;
 }
 

@@ -37,6 +37,7 @@
 #ifndef PSTRAIN_NET_SHM_ARENA_H_
 #define PSTRAIN_NET_SHM_ARENA_H_
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -137,9 +138,8 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
   // (AllocateRing, Reference) to node `receiver`'s `incarnation` (a number
   // the caller changes when a new process takes that node id): a ticket in
   // the receiver's table, which the receiver's release (ShmMapping), a
-  // ReleaseTicket or a ReleaseReceiver clears. nullopt when the id has no
-  // table or no free slot was found soon; the reference is then still the
-  // caller's to Release.
+  // ReleaseTicket or a ReleaseReceiver clears. nullopt, with the reference
+  // dropped, when the id has no table or the table has no free slot.
   std::optional<ShmTicket> Ticket(int receiver, uint8_t incarnation, uint64_t offset);
   // Drops a ticket's reference (a message that was not sent). False when it
   // was dropped already.
@@ -201,10 +201,10 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
 
   Mutex queue_mu_;  // one producer per queue, even if two threads send to one peer
   // The incarnation each queue is for (ResetQueue).
-  std::unique_ptr<uint8_t[]> queue_incarnation_ GUARDED_BY(queue_mu_);
+  std::array<uint8_t, kShmMaxQueues> queue_incarnation_ GUARDED_BY(queue_mu_){};
 
   // Where each receiver's next ticket is looked for, and the tickets' generation.
-  std::unique_ptr<std::atomic<uint64_t>[]> ticket_cursor_;
+  std::array<std::atomic<uint64_t>, kShmMaxQueues> ticket_cursor_{};
   std::atomic<uint32_t> ticket_generation_{0};
 
   Mutex store_mu_;

@@ -29,10 +29,7 @@ bool ShmPlacement::Place(const Message& msg, int receiver, uint8_t incarnation, 
       }
     }
     std::optional<ShmTicket> ticket;
-    if (offset.has_value()) {
-      ticket = arena_->Ticket(receiver, incarnation, *offset);
-      if (!ticket.has_value()) arena_->Release(*offset);
-    }
+    if (offset.has_value()) ticket = arena_->Ticket(receiver, incarnation, *offset);
     if (!ticket.has_value()) {
       // All or nothing: hand back what this message took and use TCP.
       Release(*extra, receiver);

@@ -11,10 +11,7 @@ bool EnqueueMessage(ShmArena* arena, int receiver, uint8_t incarnation, const st
   std::optional<ShmArena::Block> block = arena->AllocateRing(total);
   if (!block.has_value()) return false;
   std::optional<ShmTicket> ticket = arena->Ticket(receiver, incarnation, block->offset);
-  if (!ticket.has_value()) {
-    arena->Release(block->offset);
-    return false;
-  }
+  if (!ticket.has_value()) return false;
   WriteEnvelope(header, msg, inline_values, block->data);
   if (!arena->Enqueue(receiver, incarnation, block->offset, total, *ticket)) {
     arena->ReleaseTicket(receiver, *ticket);

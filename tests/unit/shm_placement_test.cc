@@ -375,8 +375,12 @@ TEST(ShmPlacementTest, ATicketIsFoundPastALongRunOfHeldSlots) {
     ASSERT_TRUE(t.has_value()) << i;
     held.push_back(*t);
   }
-  // The table is full; the one free slot is 5000 slots past where the next
-  // search starts.
+  // The table is full: no ticket, and the reference is dropped with it.
+  auto extra_ref = arena->Reference(stored.data, 64);
+  ASSERT_TRUE(extra_ref.has_value());
+  EXPECT_FALSE(arena->Ticket(kMe, 0, *extra_ref).has_value());
+  EXPECT_EQ(ShmArena::Readers(stored.readers), static_cast<int32_t>(kShmTicketSlots));
+  // The one free slot is 5000 slots past where the next search starts.
   ASSERT_TRUE(arena->ReleaseTicket(kMe, held[5000]));
   auto offset = arena->Reference(stored.data, 64);
   ASSERT_TRUE(offset.has_value());
