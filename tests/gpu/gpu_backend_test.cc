@@ -255,6 +255,17 @@ TEST(GpuOpTest, LargerConvolutionsAndPoolingMatchTheReference) {
   }
 }
 
+// A label outside [0, K) reaches the loss and gradient kernels as on the
+// CPU: that row gets no target and adds no loss (and nothing out of bounds).
+TEST(GpuOpTest, SoftmaxRowsWithALabelOutsideTheClassesGetNoTarget) {
+  SKIP_WITHOUT_GPU();
+  Graph g;
+  const NodeId id = g.SoftmaxOutput("softmax", g.Input("data", {5}), 0.5f);
+  ASSERT_TRUE(g.status().ok()) << g.status();
+  OpHarness gpu(g, id, Gpu(), /*batch=*/6, /*seed=*/3);
+  ExpectLabelsOutsideTheClassesGetNoTarget(&gpu, 0.5f);
+}
+
 TEST(GpuOpTest, DropoutKeepsAboutOneMinusP) {
   SKIP_WITHOUT_GPU();
   Graph g;

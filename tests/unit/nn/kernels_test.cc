@@ -47,6 +47,19 @@ TEST_P(KernelsTest, OneDnnMatchesReference) {
   }
 }
 
+// Labels are checked by the trainer; an operator handed one outside [0, K)
+// anyway must neither read nor write out of bounds: the row gets no target.
+TEST(SoftmaxOutputTest, RowsWithALabelOutsideTheClassesGetNoTargetAndNoLoss) {
+  Graph g;
+  const NodeId id = g.SoftmaxOutput("softmax", g.Input("data", {5}), 0.5f);
+  ASSERT_TRUE(g.status().ok()) << g.status();
+  for (CpuKernels kernels : {CpuKernels::kReference, CpuKernels::kOneDnn}) {
+    SCOPED_TRACE(kernels == CpuKernels::kReference ? "reference" : "oneDNN");
+    OpHarness h(g, id, kernels, /*batch=*/6, /*seed=*/3);
+    ExpectLabelsOutsideTheClassesGetNoTarget(&h, 0.5f);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllOps, KernelsTest,
                          ::testing::Range(0, static_cast<int>(AllOpCases().size())),
                          [](const ::testing::TestParamInfo<int>& info) {

@@ -160,8 +160,9 @@ class OpHarness {
     if (node_->op == OpType::kSoftmaxOutput) {
       const int64_t n = host_.out.shape()[0], k = host_.out.shape()[1];
       for (int64_t i = 0; i < n; ++i) {
-        obj -=
-            std::log(static_cast<double>(y[i * k + static_cast<int64_t>(host_.in[1].data()[i])]));
+        const float label = host_.in[1].data()[i];
+        if (!(label >= 0.0f && label < static_cast<float>(k))) continue;  // no target, no loss
+        obj -= std::log(static_cast<double>(y[i * k + static_cast<int64_t>(label)]));
       }
       return obj * node_->softmax_grad_scale;
     }
@@ -220,6 +221,35 @@ class OpHarness {
   std::vector<Tensor> prefill_;
   OpTensors t_;  // what the operator is bound to (host_ itself on the CPU)
 };
+
+// A SoftmaxOutput bound by `h` (batch 6) with labels outside [0, K) among
+// valid ones (-1, K, NaN, 1e9): those rows get no target and add no loss,
+// and the valid rows are as usual. The loss is the mean over the whole batch
+// (rows without a target count as 0), as on every backend.
+inline void ExpectLabelsOutsideTheClassesGetNoTarget(OpHarness* h, float grad_scale) {
+  OpTensors& t = h->tensors();
+  const int64_t n = t.out.shape()[0], k = t.out.shape()[1];
+  ASSERT_EQ(n, 6) << "the case needs a batch of 6";
+  const float labels[6] = {1.0f, -1.0f, static_cast<float>(k), std::nanf(""), 0.0f, 1e9f};
+  std::copy(labels, labels + 6, t.in[1].data());
+  h->Objective(/*is_train=*/true);
+  h->Backward();
+  double loss = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool valid = i == 0 || i == 4;
+    const int64_t l = valid ? static_cast<int64_t>(labels[i]) : -1;
+    double sum = 0;
+    for (int64_t c = 0; c < k; ++c) sum += t.out.at(i * k + c);
+    EXPECT_NEAR(sum, 1.0, 1e-5) << "row " << i << " is not a distribution";
+    for (int64_t c = 0; c < k; ++c) {
+      const float y = t.out.at(i * k + c);
+      EXPECT_NEAR(t.in_grads[0].at(i * k + c), grad_scale * (y - (c == l ? 1.0f : 0.0f)), 1e-6)
+          << "row " << i << " (label " << labels[i] << "), class " << c;
+    }
+    if (valid) loss -= std::log(static_cast<double>(t.out.at(i * k + l)));
+  }
+  EXPECT_NEAR(h->op()->Loss(), loss / static_cast<double>(n), 1e-5);
+}
 
 }  // namespace pstrain::testing
 
