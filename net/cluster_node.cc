@@ -88,6 +88,7 @@ void ClusterNode::StopReceiving() {
     cv_.SignalAll();
   }
   if (heartbeat_.joinable()) heartbeat_.join();
+  if (replacer_.joinable()) replacer_.join();
   // Handlers may still send while the receive thread winds down.
   if (van_ != nullptr) van_->StopReceiving();
 }
@@ -255,6 +256,7 @@ Status ClusterNode::Start() {
   if (options_.heartbeat_interval_ms > 0) {
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   }
+  if (options_.role == Role::kWorker) replacer_ = std::thread([this] { ReplacementLoop(); });
   if (options_.verbose >= 1) LOG(INFO) << "started as " << Self();
   return Status::Ok();
 }
@@ -414,7 +416,7 @@ void ClusterNode::Dispatch(Message&& msg) {
     case CMD_HEARTBEAT:
       return;
     case CMD_NODE_REPLACED: {
-      // Connecting may block: the heartbeat thread does it.
+      // Connecting and the listeners may block: the replacement thread does it.
       if (options_.role != Role::kWorker || h.sender() != kSchedulerId ||
           !IsServerId(h.node().id()) || RankOfId(h.node().id()) >= options_.num_servers) {
         LOG(WARNING) << Self() << ": ignoring a replacement notice from " << NodeIdName(h.sender());
@@ -595,19 +597,10 @@ void ClusterNode::HeartbeatLoop() {
   const auto interval = std::chrono::milliseconds(std::min(options_.heartbeat_interval_ms, 1000));
   auto last_beat = SteadyClock::now();
   for (;;) {
-    std::vector<NodeInfo> replaced;
-    bool early = false;
     {
       MutexLock l(&mu_);
-      cv_.WaitUntil(Deadline::In(interval),
-                    [this]() REQUIRES(mu_) { return stopping_ || !replaced_.empty(); });
+      cv_.WaitUntil(Deadline::In(interval), [this]() REQUIRES(mu_) { return stopping_; });
       if (stopping_) return;
-      replaced.swap(replaced_);
-      early = !replaced.empty() && SteadyClock::now() - last_beat < interval;
-    }
-    if (early) {  // woken for a replacement, not for a heartbeat
-      for (const NodeInfo& info : replaced) AdoptReplacement(info);
-      continue;
     }
     // Woken far too late: this process was not running (SIGSTOP, a frozen
     // host), so the scheduler's silence meanwhile says nothing about it;
@@ -624,7 +617,6 @@ void ClusterNode::HeartbeatLoop() {
       LOG(WARNING) << Self() << ": this process did not run for " << late_ms
                    << " ms (stopped or starved); the scheduler gets a fresh heartbeat timeout";
     }
-    for (const NodeInfo& info : replaced) AdoptReplacement(info);
     Message hb;
     hb.header = Header(CMD_HEARTBEAT);
     (void)Send(kSchedulerId, hb);
@@ -645,6 +637,21 @@ void ClusterNode::HeartbeatLoop() {
            kSchedulerId);
     }
     for (const auto& t : tick_listeners_) t();
+  }
+}
+
+void ClusterNode::ReplacementLoop() {
+  for (;;) {
+    std::vector<NodeInfo> replaced;
+    {
+      MutexLock l(&mu_);
+      // The deadline only bounds the wait: a notice or Stop wakes it sooner.
+      cv_.WaitUntil(Deadline::InMillis(1000),
+                    [this]() REQUIRES(mu_) { return stopping_ || !replaced_.empty(); });
+      if (stopping_) return;
+      replaced.swap(replaced_);
+    }
+    for (const NodeInfo& info : replaced) AdoptReplacement(info);
   }
 }
 

@@ -11,8 +11,9 @@
 // timeout, a local error reported with Fail), health() turns into that error
 // for good, every waiter wakes with it and the failure listeners run once.
 // Threads: all methods are thread-safe. Handlers and listeners run on the
-// receive or heartbeat thread and must not block; nothing that can block
-// (name lookups, connecting, mapping arenas) runs on the receive thread.
+// receive or heartbeat thread and must not block (replaced listeners run on a
+// worker's replacement thread of their own); nothing that can block (name
+// lookups, connecting, mapping arenas) runs on the receive thread.
 #ifndef PSTRAIN_NET_CLUSTER_NODE_H_
 #define PSTRAIN_NET_CLUSTER_NODE_H_
 
@@ -83,7 +84,8 @@ class ClusterNode {
   using FailureListener = std::function<void(const Status&)>;
   using TickListener = std::function<void()>;
   // A worker's server `id` is replaced by a restarted process (same rank and
-  // id). Each listener runs twice on the heartbeat thread: with `connected`
+  // id). Each listener runs twice on the replacement thread (which may wait:
+  // heartbeats go on meanwhile): with `connected`
   // false before the connection is replaced (stop sending to it), then true
   // (send it what it has not answered). The scheduler hears that this worker
   // is ready for the replacement once every listener returned.
@@ -210,7 +212,11 @@ class ClusterNode {
   // Fail(), telling the scheduler or not (not when the news came from it).
   void Failed(const Status& error, bool tell_scheduler, int blame) EXCLUDES(mu_);
   void HeartbeatLoop();
-  // Heartbeat thread: connects to the replacement of a server (CMD_NODE_REPLACED),
+  // A worker's replacement thread: adopts the replacements CMD_NODE_REPLACED
+  // announces, off the heartbeat thread (a listener may wait for a send to
+  // the dead server, and the scheduler must go on hearing from this worker).
+  void ReplacementLoop();
+  // Replacement thread: connects to the replacement of a server,
   // runs the listeners and tells the scheduler this worker is ready for it.
   void AdoptReplacement(const NodeInfo& info) EXCLUDES(mu_);
   PsHeader Header(PsCommand cmd) const;
@@ -218,8 +224,8 @@ class ClusterNode {
   ClusterOptions options_;
   // Reset only by Stop(), after which Send fails. Senders hold van_mu_ shared
   // while they use it, Stop exclusively while it resets it (the threads that
-  // set it up, Create's and Start's, and the heartbeat and receive threads,
-  // which Stop joins first, use it without).
+  // set it up, Create's and Start's, and the heartbeat, replacement and
+  // receive threads, which Stop joins first, use it without).
   mutable std::shared_mutex van_mu_;
   std::unique_ptr<Van> van_;
   std::shared_ptr<ShmArena> arena_;  // the Van's (null: none); set by Create
@@ -246,7 +252,7 @@ class ClusterNode {
   // empty), never cleared: once true, data messages skip the lock.
   std::atomic<bool> have_table_{false};
   std::vector<Message> early_ GUARDED_BY(mu_);      // what arrived before the table
-  std::vector<NodeInfo> replaced_ GUARDED_BY(mu_);  // replacements the heartbeat thread adopts
+  std::vector<NodeInfo> replaced_ GUARDED_BY(mu_);  // replacements the replacer_ adopts
   bool shutdown_ GUARDED_BY(mu_) = false;
   bool stopping_ GUARDED_BY(mu_) = false;
   Status health_ GUARDED_BY(mu_);
@@ -255,6 +261,7 @@ class ClusterNode {
   std::map<int, uint64_t> barrier_done_ GUARDED_BY(mu_);
   SteadyClock::time_point last_scheduler_contact_ GUARDED_BY(mu_);
   std::thread heartbeat_;
+  std::thread replacer_;  // a worker's ReplacementLoop
 };
 
 }  // namespace pstrain

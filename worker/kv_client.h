@@ -31,8 +31,8 @@
 // pushes it may have lost (those after its last snapshot), then every request
 // it has not answered, in their order; the server skips rounds it holds.
 //
-// Threads: every method is thread-safe. Callbacks run on the node's receive or
-// heartbeat thread, on the client's sender thread, or on the calling thread
+// Threads: every method is thread-safe. Callbacks run on the node's receive,
+// heartbeat or replacement thread, on the client's sender thread, or on the calling thread
 // (requests that complete at once), and must not block; they may issue new
 // requests. No lock is held while a message is sent: requests are handed to
 // a per-server outbox under the lock and sent, in order, after it is released

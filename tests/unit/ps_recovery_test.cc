@@ -39,6 +39,9 @@ struct RecoverySpec {
   int snapshot_every = 1;
   int64_t shm_bytes = 0;
   int restart_timeout_ms = 3000;
+  // Worker rank 0's first replaced listener holds the news of the dead server
+  // this long (as the KV client's does while a send to it is under way).
+  int slow_replaced_listener_ms = 0;
 };
 
 struct RecoveryResult {
@@ -135,6 +138,12 @@ RecoveryResult RunRecoveryJob(const RecoverySpec& spec, const std::string& snaps
       if (!node.ok()) {
         r.workers[w] = node.status();
         return;
+      }
+      if (w == 0 && spec.slow_replaced_listener_ms > 0) {
+        (*node)->AddReplacedListener([&spec](int, bool connected) {
+          if (connected) return;
+          std::this_thread::sleep_for(std::chrono::milliseconds(spec.slow_replaced_listener_ms));
+        });
       }
       KVClientOptions ko;
       ko.bigarray_bound = 100000;
@@ -247,6 +256,23 @@ TEST_P(ServerRecoveryTest, AKilledServerIsReplacedAndTheRunEndsBitIdentical) {
   RecoverySpec spec;
   spec.shm_bytes = GetParam();
   spec.kill_after_step = 9;
+  const std::vector<float> expect = Undisturbed(spec, dir_);
+  RecoveryResult r = RunRecoveryJob(spec, dir_ + "/killed");
+  EXPECT_EQ(r.replacement_started, 1);
+  ASSERT_TRUE(r.scheduler.ok()) << r.scheduler;
+  for (const Status& s : r.workers) ASSERT_TRUE(s.ok()) << s;
+  ExpectBitIdentical(r.weights, expect);
+}
+
+// A replaced listener that waits past the heartbeat timeout (the KV client's
+// waits for a send to the dead server to end) must not cost the worker its
+// heartbeats: the scheduler would declare it lost and end the job.
+TEST_P(ServerRecoveryTest, AWorkerWaitingOnTheDeadServerKeepsItsHeartbeats) {
+  RecoverySpec spec;
+  spec.shm_bytes = GetParam();
+  spec.kill_after_step = 9;
+  spec.slow_replaced_listener_ms = 2 * BaseOptions(spec).heartbeat_timeout_ms;
+  spec.restart_timeout_ms = 3 * spec.slow_replaced_listener_ms;
   const std::vector<float> expect = Undisturbed(spec, dir_);
   RecoveryResult r = RunRecoveryJob(spec, dir_ + "/killed");
   EXPECT_EQ(r.replacement_started, 1);
