@@ -131,6 +131,10 @@ Status ValidateDataRequest(const Message& msg, int server_rank) {
       return bad("key ", WireKeyUser(w), " part ", WireKeyPart(w), " has length 0");
     }
   }
+  // A key twice in one request would count its sender twice in a round.
+  if (const auto w = FirstRepeatedKey(h.num_keys(), [&msg](size_t i) { return msg.key(i); })) {
+    return bad("key ", WireKeyUser(*w), " part ", WireKeyPart(*w), " appears more than once");
+  }
   if (compressed) {
     // As ValidateFrames does for float32, with each part's compressed size.
     uint64_t need = 0;

@@ -11,10 +11,12 @@
 #ifndef PSTRAIN_NET_MESSAGE_H_
 #define PSTRAIN_NET_MESSAGE_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -167,13 +169,30 @@ inline uint64_t PartValueBytes(DataType dtype, uint64_t elems) {
 Status ValidateFrames(const Message& msg);
 
 // For data requests to server `server_rank`: the version and dtype are right,
-// every key belongs to this server, every length is > 0, and values are present
+// every key belongs to this server, no key part appears twice, every length
+// is > 0, and values are present
 // exactly when the request pushes or initializes. DTYPE_2BIT is for pushes
 // only (not init), and its parts must fill the value frames exactly
 // (PartValueBytes each, none straddling two frames): else the error names the
 // first key part that does not fit, the bytes its length needs and the bytes
 // there are.
 Status ValidateDataRequest(const Message& msg, int server_rank);
+
+// The smallest key that keys(0..n-1) holds more than once, or none. Linear
+// for keys in increasing order (as the KV client sends them), else a sort of
+// a copy.
+template <typename KeyAt>
+std::optional<uint64_t> FirstRepeatedKey(size_t n, const KeyAt& key) {
+  bool increasing = true;
+  for (size_t i = 1; i < n && increasing; ++i) increasing = key(i - 1) < key(i);
+  if (increasing) return std::nullopt;
+  std::vector<uint64_t> sorted(n);
+  for (size_t i = 0; i < n; ++i) sorted[i] = key(i);
+  std::sort(sorted.begin(), sorted.end());
+  const auto it = std::adjacent_find(sorted.begin(), sorted.end());
+  if (it == sorted.end()) return std::nullopt;
+  return *it;
+}
 
 // "worker rank 2 (id 13)" style name of a node id for error messages.
 std::string NodeIdName(int id);

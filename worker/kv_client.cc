@@ -141,6 +141,12 @@ KVClient::Ticket KVClient::Queue(Kind kind, const std::vector<Key>& keys,
       bad = Status::InvalidArgument(
           StrCat(keys.size(), " keys but ", lens.size(), " lengths in one request"));
     }
+    if (bad.ok()) {
+      if (const auto k = FirstRepeatedKey(keys.size(), [&keys](size_t i) { return keys[i]; })) {
+        bad = Status::InvalidArgument(
+            StrCat("key ", *k, " appears more than once in one request (sum its values first)"));
+      }
+    }
     const bool has_vals = kind != kPull;
     const bool has_out = kind == kPull || kind == kPushPull;
     if (bad.ok() && ((has_vals && vals == nullptr) || (has_out && out == nullptr))) {

@@ -117,6 +117,8 @@ class KVClient {
   // config.gradient_compression says (see "Gradient compression" above).
   Status SetServerConfig(const ServerConfig& config, Deadline deadline) EXCLUDES(gc_mu_);
 
+  // Each request names a key at most once (InvalidArgument otherwise; MXNet
+  // sums repeated keys, pstrain.kvstore does too before it calls these).
   // Initial values: only worker rank 0 sends them (others complete at once).
   // MXNet's protocol: Wait for it, then Barrier() on every worker.
   Ticket Init(const std::vector<Key>& keys, const std::vector<int64_t>& lens, const float* vals,

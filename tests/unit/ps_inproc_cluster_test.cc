@@ -401,6 +401,30 @@ TEST(InProcClusterTest, BadRequestsGetErrorsNamingTheKey) {
     }
     s = kv.Wait(kv.Push({1, 2}, {4}, v.data()), Soon());
     if (s.ok()) return Status::Internal("keys/lens mismatch accepted");
+    // A key twice in one call: refused by the client, and by the server when
+    // a request names a part twice (it would count this worker twice).
+    s = kv.Wait(kv.PushPull({42, 42}, {8, 8}, v.data(), v.data()), Soon());
+    if (s.code() != StatusCode::kInvalidArgument ||
+        s.message().find("key 42 appears more than once") == std::string::npos) {
+      return Status::Internal(StrCat("a repeated key: ", s.ToString()));
+    }
+    Message twice;
+    twice.header.set_push(true);
+    twice.header.set_dtype(DTYPE_FLOAT32);
+    twice.header.set_num_keys(2);
+    const uint64_t wire[2] = {WireKey(0, 42, 0), WireKey(0, 42, 0)};
+    const uint32_t lens[2] = {8, 8};
+    twice.keys = Blob::Copy(wire, sizeof(wire));
+    twice.lens = Blob::Copy(lens, sizeof(lens));
+    std::vector<float> both(16, 1.0f);
+    twice.values.push_back(Blob::Copy(both.data(), both.size() * sizeof(float)));
+    twice.header.set_num_value_frames(1);
+    twice.header.set_value_bytes(both.size() * sizeof(float));
+    s = kv.Wait(kv.TEST_SendRaw(0, std::move(twice)), Soon());
+    if (s.code() != StatusCode::kInvalidArgument ||
+        s.message().find("key 42 part 0 appears more than once") == std::string::npos) {
+      return Status::Internal(StrCat("a request naming a part twice: ", s.ToString()));
+    }
     // A part longer than a message can name (32 bits) is refused before
     // anything is read or sent; it used to go out with its length cut.
     s = kv.Wait(kv.Push({43}, {int64_t{5} << 30}, v.data()), Soon());

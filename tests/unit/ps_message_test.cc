@@ -93,6 +93,23 @@ TEST(MessageTest, PartStraddlingTwoFramesIsRejected) {
   EXPECT_FALSE(ValidateFrames(m).ok());
 }
 
+// In dist_sync the second copy would be taken as the sender's push of the
+// next round, shifting every later push of that worker by one.
+TEST(MessageTest, AKeyPartTwiceInOneRequestIsRejected) {
+  Message m = MakePush(0, {3, 4, 5});
+  std::vector<uint64_t> keys = {WireKey(0, 12, 1), WireKey(0, 11, 0), WireKey(0, 12, 1)};
+  m.keys = Blob::Copy(keys.data(), keys.size() * 8);
+  ASSERT_TRUE(ValidateFrames(m).ok());
+  Status s = ValidateDataRequest(m, 0);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("key 12 part 1 appears more than once"), std::string::npos) << s;
+  keys = {WireKey(0, 12, 1), WireKey(0, 11, 0), WireKey(0, 12, 0)};  // out of order, no repeat
+  m.keys = Blob::Copy(keys.data(), keys.size() * 8);
+  EXPECT_TRUE(ValidateDataRequest(m, 0).ok());
+  EXPECT_EQ(FirstRepeatedKey(4, [](size_t i) { return uint64_t{7} - i % 3; }), uint64_t{7});
+  EXPECT_EQ(FirstRepeatedKey(3, [](size_t i) { return uint64_t{i}; }), std::nullopt);
+}
+
 TEST(MessageTest, RequestForAnotherServerIsRejected) {
   Message m = MakePush(1, {3});
   Status s = ValidateDataRequest(m, 0);
