@@ -65,10 +65,13 @@ float LrSchedule::LrAt(int64_t num_update) const {
 }
 
 StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConfig& cfg) {
-  if (cfg.momentum() < 0 || cfg.momentum() >= 1) {
+  // Written so that NaN fails too (it comes from a peer's config).
+  if (!(cfg.momentum() >= 0 && cfg.momentum() < 1)) {
     return Status::InvalidArgument(StrCat("momentum ", cfg.momentum(), " must be in [0, 1)"));
   }
-  if (cfg.wd() < 0) return Status::InvalidArgument(StrCat("wd ", cfg.wd(), " must be >= 0"));
+  if (!(cfg.wd() >= 0) || !std::isfinite(cfg.wd())) {
+    return Status::InvalidArgument(StrCat("wd ", cfg.wd(), " must be finite and >= 0"));
+  }
   if (!std::isfinite(cfg.rescale_grad())) {
     return Status::InvalidArgument("rescale_grad must be finite");
   }
@@ -78,12 +81,16 @@ StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConfig& cf
 }
 
 int64_t Optimizer::NoteUpdate(ParamState* state) {
-  int64_t count = ++state->num_updates;
+  const int64_t count = ++state->num_updates;
+  ContinueFrom(count);
+  return std::max(count, num_update());
+}
+
+void Optimizer::ContinueFrom(int64_t num_update) {
   int64_t global = num_update_.load(std::memory_order_relaxed);
-  while (count > global &&
-         !num_update_.compare_exchange_weak(global, count, std::memory_order_relaxed)) {
+  while (num_update > global &&
+         !num_update_.compare_exchange_weak(global, num_update, std::memory_order_relaxed)) {
   }
-  return std::max(count, global);
 }
 
 float Optimizer::CurrentLr() const { return schedule_.LrAt(num_update() + 1); }

@@ -110,6 +110,11 @@ class Optimizer {
   // The rate the next update with the current global count would use.
   float CurrentLr() const;
   int64_t num_update() const { return num_update_.load(std::memory_order_relaxed); }
+  // Raises the global count to at least `num_update`: an optimizer built
+  // again for a running job (fewer workers, a restarted server) goes on from
+  // where the one it replaces was, so a key updated less often than others
+  // keeps getting the schedule's current rate.
+  void ContinueFrom(int64_t num_update);
   // Whether its updates keep a momentum per parameter (Step::uses_momentum
   // of every step).
   bool uses_momentum() const {

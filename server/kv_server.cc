@@ -210,6 +210,8 @@ Status KVServer::OpenSnapshots() {
     ks.in_round.assign(num_workers, 0);
     ks.initialized = true;
     floats += n;
+    MutexLock l(&config_mu_);
+    if (optimizer_ != nullptr) optimizer_->ContinueFrom(ks.state.num_updates);
   }
   LOG(WARNING) << "server (restart " << options_.restart << "): resumed " << keys.size()
                << " keys (" << floats << " floats) from " << options_.snapshot_dir
@@ -253,7 +255,10 @@ void KVServer::HandleWorkerLost(int id) {
     MutexLock l(&config_mu_);
     if (config_ != nullptr && config_->has_optimizer()) {
       auto opt = MakeOptimizer(*config_);
-      if (opt.ok()) optimizer_ = *std::move(opt);
+      if (opt.ok()) {
+        if (optimizer_ != nullptr) (*opt)->ContinueFrom(optimizer_->num_update());
+        optimizer_ = *std::move(opt);
+      }
     }
   }
   LOG(WARNING) << node_->Self() << ": worker rank " << w << " is lost: rounds close with the "
@@ -708,9 +713,9 @@ void KVServer::CheckRounds(Shard* shard) {
       if (first_missing < 0) first_missing = static_cast<int>(w);
     }
     const std::string what =
-        StrCat("the dist_sync round ", ks.state.num_updates + 1, " of ", PartName(wire),
-               " has waited ", open_ms, " ms for the push of worker rank(s) ", missing, " (",
-               ks.merged, " of ", ks.in_round.size(), " pushed)");
+        StrCat("the dist_sync round ", ks.rounds + 1, " of ", PartName(wire), " has waited ",
+               open_ms, " ms for the push of worker rank(s) ", missing, " (", ks.merged, " of the ",
+               live_workers_.load(), " live workers pushed)");
     if (open_ms < timeout) {
       if (!ks.warned) LOG(WARNING) << node_->Self() << ": " << what;
       ks.warned = true;
@@ -851,7 +856,9 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
     std::vector<const float*> g;
     g.reserve(ops.size());
     std::vector<int> from;  // the worker of each gradient in g
-    const int64_t round = ks->state.num_updates + 1;
+    // The round being closed (async: the update), whether or not an
+    // optimizer counts updates.
+    const uint64_t round = ks->rounds + 1;
     for (const Op& o : ops) {
       const float* v = o.req->part_values[o.part];
       if (options_.skip_nonfinite && !AllFinite(v, n)) {

@@ -215,12 +215,34 @@ TEST(OptimizerTest, ScheduleCountsTheMaximumOverKeys) {
   float wb = 0;
   opt->Update(&g, &wb, 1, &b);  // b's count is 1, global stays 3: lr 0.5
   EXPECT_FLOAT_EQ(wb, -0.5f);
+  // Built again for the same job (a worker lost, a server restarted), it
+  // goes on from the count of the one it replaces.
+  auto again = std::move(Optimizer::Create(cfg)).value();
+  again->ContinueFrom(opt->num_update());
+  again->ContinueFrom(1);  // never lowers it
+  EXPECT_EQ(again->num_update(), 3);
+  ParamState c;
+  float wc = 0;
+  again->Update(&g, &wc, 1, &c);
+  EXPECT_FLOAT_EQ(wc, -0.5f);
 }
 
 TEST(OptimizerTest, RejectsBadConfig) {
   OptimizerConfig cfg;
   cfg.set_momentum(1.5f);
   EXPECT_FALSE(Optimizer::Create(cfg).ok());
+  // A peer's config may hold NaN, which fails no plain comparison.
+  for (float bad : {std::nanf(""), -0.1f}) {
+    OptimizerConfig m;
+    m.set_momentum(bad);
+    EXPECT_FALSE(Optimizer::Create(m).ok()) << "momentum " << bad;
+    OptimizerConfig wd;
+    wd.set_wd(bad);
+    EXPECT_FALSE(Optimizer::Create(wd).ok()) << "wd " << bad;
+  }
+  OptimizerConfig inf_wd;
+  inf_wd.set_wd(INFINITY);
+  EXPECT_FALSE(Optimizer::Create(inf_wd).ok());
   LrSchedulerConfig sc;
   sc.set_type(LrSchedulerConfig::MULTI_FACTOR);
   sc.set_factor(0.1f);

@@ -610,11 +610,15 @@ TEST(InProcClusterTest, ANodeOfAnotherJobEndsItNamingTheNode) {
 // seconds and every node names the worker, key and round (it used to train
 // on to a useless model); with skip_nonfinite the round updates from the
 // other workers' pushes and the job ends well.
-Status NanPushes(KVClient& kv, int bad_round, std::vector<float>* final_value) {
+// Without `optimizer` the servers only sum (the round is still named).
+Status NanPushes(KVClient& kv, int bad_round, std::vector<float>* final_value,
+                 bool optimizer = true) {
   const std::vector<KVClient::Key> keys = {3};
   const std::vector<int64_t> lens = {1000};
   std::vector<float> ones(1000, 1.0f), got(1000);
-  RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));
+  ServerConfig config = Config(true, 1.0f);
+  if (!optimizer) config.clear_optimizer();
+  RETURN_IF_ERROR(kv.SetServerConfig(config, Soon()));
   RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, ones.data()), Soon()));
   RETURN_IF_ERROR(kv.Barrier(Soon()));
   for (int round = 1; round <= 3; ++round) {
@@ -627,14 +631,19 @@ Status NanPushes(KVClient& kv, int bad_round, std::vector<float>* final_value) {
 }
 
 TEST(InProcClusterTest, ANanPushStopsTheJobNamingWorkerKeyAndRound) {
-  std::vector<float> final_value;
-  const auto start = std::chrono::steady_clock::now();
-  JobResult r = RunJob(1, 2, [&](KVClient& kv) { return NanPushes(kv, 2, &final_value); });
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
-  const std::string want = "worker rank 1 pushed NaN or Inf in key 3 part 0 (round 2 of that key)";
-  EXPECT_NE(r.scheduler.message().find(want), std::string::npos) << r.scheduler;
-  for (const Status& s : r.workers) EXPECT_NE(s.message().find(want), std::string::npos) << s;
-  for (const Status& s : r.servers) EXPECT_NE(s.message().find(want), std::string::npos) << s;
+  for (bool optimizer : {true, false}) {
+    SCOPED_TRACE(optimizer ? "with an optimizer" : "summing only");
+    std::vector<float> final_value;
+    const auto start = std::chrono::steady_clock::now();
+    JobResult r =
+        RunJob(1, 2, [&](KVClient& kv) { return NanPushes(kv, 2, &final_value, optimizer); });
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
+    const std::string want =
+        "worker rank 1 pushed NaN or Inf in key 3 part 0 (round 2 of that key)";
+    EXPECT_NE(r.scheduler.message().find(want), std::string::npos) << r.scheduler;
+    for (const Status& s : r.workers) EXPECT_NE(s.message().find(want), std::string::npos) << s;
+    for (const Status& s : r.servers) EXPECT_NE(s.message().find(want), std::string::npos) << s;
+  }
 }
 
 TEST(InProcClusterTest, ANanPushIsLeftOutWhenTheServersSkipThem) {
@@ -690,7 +699,9 @@ TEST(InProcClusterTest, ARoundThatCannotCloseEndsTheJobNamingTheMissingWorker) {
   // The round's 0.8 s deadline, not a worker's 15 s patience, ended it.
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 12.0);
   const std::string want = "has waited";
-  const std::string who = "for the push of worker rank(s) 1 (1 of 2 pushed)";
+  const std::string who = "for the push of worker rank(s) 1 (1 of the 2 live workers pushed)";
+  EXPECT_NE(r.scheduler.message().find("round 1 of key 3 part 0"), std::string::npos)
+      << r.scheduler;
   EXPECT_NE(r.scheduler.message().find(who), std::string::npos) << r.scheduler;
   EXPECT_NE(r.scheduler.message().find("key 3 part 0"), std::string::npos) << r.scheduler;
   for (const Status& s : r.workers) EXPECT_NE(s.message().find(who), std::string::npos) << s;
