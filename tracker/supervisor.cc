@@ -16,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 #include <string_view>
 
 #include "common/fd_io.h"
@@ -42,24 +43,59 @@ Status MakeDirs(const std::string& path) {
   return Status::Ok();
 }
 
-// Log files, opened on first use, one per <role>-<rank>.
+// "<scheduler|server|worker>-<digits>", the name of a process's log.
+bool IsProcessLogName(std::string_view name) {
+  for (std::string_view role : {"scheduler-", "server-", "worker-"}) {
+    if (name.substr(0, role.size()) != role || name.size() == role.size()) continue;
+    const std::string_view digits = name.substr(role.size());
+    return digits.find_first_not_of("0123456789") == std::string_view::npos;
+  }
+  return false;
+}
+
+// Log files, one per <role>-<rank>, written from the job's start.
 class LogSink {
  public:
   explicit LogSink(std::string dir) : dir_(std::move(dir)) {}
   ~LogSink() {
     for (auto& [name, fd] : files_) close(fd);
   }
+  // Before the job: every log of `names` starts empty (a process that never
+  // writes leaves no earlier job's lines under its name), and a process log
+  // of an earlier job that this one has no process for is removed (parse-log
+  // and top read every worker-*.log of the folder). Returns the removed names.
+  std::vector<std::string> Prepare(const std::set<std::string>& names) {
+    std::vector<std::string> removed;
+    if (DIR* d = opendir(dir_.c_str())) {
+      while (dirent* ent = readdir(d)) {
+        const std::string file = ent->d_name;
+        if (file.size() <= 4 || file.compare(file.size() - 4, 4, ".log") != 0) continue;
+        const std::string name = file.substr(0, file.size() - 4);
+        if (!IsProcessLogName(name) || names.count(name) > 0) continue;
+        if (unlink((dir_ + "/" + file).c_str()) == 0) removed.push_back(file);
+      }
+      closedir(d);
+    }
+    std::sort(removed.begin(), removed.end());
+    for (const std::string& name : names) Open(name);
+    return removed;
+  }
   void Write(const std::string& name, const std::string& text) {
     auto it = files_.find(name);
-    if (it == files_.end()) {
-      std::string path = dir_ + "/" + name + ".log";
-      int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      if (fd < 0) {
-        WriteAll(2, StrCat("pstrain launch: cannot write '", path, "': ", strerror(errno), "\n"));
-      }
-      it = files_.emplace(name, fd).first;
-    }
+    if (it == files_.end()) it = Open(name);
     if (it->second >= 0) WriteAll(it->second, text);
+  }
+
+ private:
+  std::map<std::string, int>::iterator Open(const std::string& name) {
+    auto it = files_.find(name);
+    if (it != files_.end()) return it;
+    std::string path = dir_ + "/" + name + ".log";
+    int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      WriteAll(2, StrCat("pstrain launch: cannot write '", path, "': ", strerror(errno), "\n"));
+    }
+    return files_.emplace(name, fd).first;
   }
 
  private:
@@ -92,6 +128,24 @@ class Job {
   Job(const SupervisorOptions& options) : options_(options), logs_(options.log_dir) {}
 
   StatusOr<JobResult> Run(std::vector<Task> tasks) {
+    std::set<std::string> names;
+    for (const Task& t : tasks) {
+      if (t.tags == OutputTags::kNone) {
+        names.insert(Name(t, t.rank));
+      } else {
+        names.insert(t.rank_names.begin(), t.rank_names.end());
+        names.insert(t.role);  // the group's own lines
+      }
+    }
+    const std::vector<std::string> removed = logs_.Prepare(names);
+    if (!removed.empty()) {
+      std::string list;
+      for (const std::string& f : removed) list += StrCat(list.empty() ? "" : ", ", f);
+      Notice(
+          StrCat("pstrain launch: removed the logs of an earlier job's processes that this job "
+                 "does not have from ",
+                 options_.log_dir, ": ", list, "\n"));
+    }
     result_.restarted_pids.reserve(tasks.size());
     for (Task& t : tasks) {
       auto proc = Subprocess::Start(t.spec);

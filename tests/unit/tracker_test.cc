@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -574,6 +575,33 @@ TEST_F(SupervisorTest, LinesArePrefixedOnTheTerminalAndRawInTheLogs) {
   EXPECT_NE(terminal.find("[worker-0] one\n"), std::string::npos) << terminal;
   EXPECT_NE(terminal.find("[worker-0] two\n"), std::string::npos) << terminal;
   EXPECT_NE(terminal.find("[worker-0] err\n"), std::string::npos) << terminal;
+}
+
+// A log folder used again (found by review): the earlier job's logs of
+// processes this one lacks are removed, and a process that writes nothing
+// leaves an empty log, not the earlier job's lines; other files stay.
+TEST_F(SupervisorTest, AReusedLogFolderHoldsOnlyThisJobsProcessLogs) {
+  ASSERT_EQ(mkdir(dir_.c_str(), 0755), 0);
+  for (const char* old : {"worker-0.log", "worker-1.log", "worker-2.log", "server-0.log",
+                          "worker-x.log", "notes.log", "launch.log"}) {
+    std::ofstream(dir_ + "/" + old) << "Epoch[0] Train-accuracy=0.1\n";
+  }
+  std::vector<Task> tasks;
+  tasks.push_back(ShellTask("worker", 0, "exit 0"));
+  tasks.push_back(ShellTask("server", 0, "echo serving"));
+  auto result = RunJob(std::move(tasks), options_);
+  ASSERT_OK(result.status());
+  EXPECT_TRUE(result->success) << result->reason;
+  EXPECT_EQ(Read(dir_ + "/worker-0.log"), "");
+  EXPECT_EQ(Read(dir_ + "/server-0.log"), "serving\n");
+  for (const char* gone : {"worker-1.log", "worker-2.log"}) {
+    EXPECT_FALSE(std::filesystem::exists(dir_ + "/" + gone)) << gone;
+  }
+  for (const char* kept : {"worker-x.log", "notes.log"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir_ + "/" + kept)) << kept;
+  }
+  const std::string terminal = Read(terminal_);
+  EXPECT_NE(terminal.find("worker-1.log, worker-2.log"), std::string::npos) << terminal;
 }
 
 // A task that leaves a process behind in its group and exits 0: the job
