@@ -285,8 +285,9 @@ StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args) {
       RETURN_IF_ERROR(take(&o.host_ip));
     } else if (name == "--env") {
       RETURN_IF_ERROR(take(&v));
-      size_t sep = v.find('=');
-      if (sep == std::string::npos) sep = v.find(':');
+      // NAME=VALUE or NAME:VALUE (dmlc-core's form), split at whichever comes
+      // first: the value may hold the other ("OPTS:--a=b").
+      const size_t sep = v.find_first_of("=:");
       std::string key = v.substr(0, sep);
       if (!ValidEnvName(key)) {
         return Status::InvalidArgument(
@@ -383,9 +384,16 @@ StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args) {
   return o;
 }
 
+std::string RemoteShellPath(const std::string& dir) {
+  if (dir == "~") return dir;
+  if (dir.rfind("~/", 0) == 0) return "~/" + ShellQuote(dir.substr(2));
+  return ShellQuote(dir);
+}
+
 std::string RemoteCommand(const std::string& dir, const std::map<std::string, std::string>& vars,
                           const std::vector<std::string>& command) {
-  // $1 is the directory; the rest is "K=V ... COMMAND ARGS" for env(1). The job
+  // $1 is the directory (a leading "~/" is the remote home, as rsync takes
+  // it); the rest is "K=V ... COMMAND ARGS" for env(1). The job
   // leads its own process group; the watcher kills that group when the ssh
   // session's stdin ends (launcher stopped or gone): SIGTERM, then SIGKILL
   // after 5 s. The wrapper kills whatever the job left in its group when the
@@ -395,7 +403,8 @@ std::string RemoteCommand(const std::string& dir, const std::map<std::string, st
   // the gone channel (the shell's report of the killed job) before the key
   // file is removed.
   static const char kScript[] =
-      "d=$1; shift; cd \"$d\" || exit 127; "
+      "d=$1; shift; case $d in \"~\") d=$HOME ;; \"~/\"*) d=$HOME/${d#\"~/\"} ;; esac; "
+      "cd \"$d\" || exit 127; "
       "k=$(mktemp) || exit 127; n=0; "
       "while IFS= read -r l && [ \"$l\" != pstrain-keys-end ]; do printf '%s\\n' \"$l\"; "
       "n=$((n+1)); done >\"$k\"; "
@@ -580,6 +589,12 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
       user_vars.count("PSTRAIN_SNAPSHOT_DIR") == 0) {
     user_vars["PSTRAIN_SNAPSHOT_DIR"] = AbsolutePath(plan.log_dir) + "/snapshots";
   }
+  // What processes started here inherit: the launcher's environment, less
+  // PORT (the port a node binds: many shells and platforms set it, and one
+  // value for every process of a host makes all but the first fail to bind),
+  // unless --env names it.
+  std::map<std::string, std::string> inherited = local_env;
+  if (user_vars.count("PORT") == 0) inherited.erase("PORT");
   const char* cluster = LauncherName(plan.launcher);
   auto job_vars = [&](const std::string& role) {
     std::map<std::string, std::string> v = user_vars;
@@ -615,7 +630,7 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
   sched_vars["DMLC_NODE_HOST"] = plan.root_uri;
   sched_vars["PSTRAIN_LAUNCH_RANK"] = "0";
   sched.spec.argv = o.command;
-  sched.spec.env = merged(local_env, sched_vars);
+  sched.spec.env = merged(inherited, sched_vars);
   plan.tasks.push_back(std::move(sched));
 
   const int total = o.num_servers + o.num_workers;
@@ -644,7 +659,7 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
       vars["DMLC_TASK_ID"] = std::to_string(task_id);
       vars["PSTRAIN_LAUNCH_RANK"] = std::to_string(rank);
       t.spec.argv = o.command;
-      t.spec.env = merged(local_env, vars);
+      t.spec.env = merged(inherited, vars);
       if (server) t.max_restarts = o.restart_servers;
       t.may_be_lost = !server && o.continue_without_lost_workers;
       plan.tasks.push_back(std::move(t));
@@ -698,7 +713,11 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
             h.address().find(':') != std::string::npos
                 ? h.name.substr(0, h.name.size() - h.address().size()) + "[" + h.address() + "]"
                 : h.name;
-        plan.sync_commands.push_back({o.rsync, "-az", "--mkpath", "-e", rsh, CurrentDir() + "/",
+        // The folder is made by the remote shell, not with --mkpath (rsync
+        // 3.2.3 and later on both ends; Ubuntu 20.04 and RHEL 8 have older).
+        plan.sync_commands.push_back({o.rsync, "-az", "--rsync-path",
+                                      "mkdir -p " + RemoteShellPath(o.sync_dst_dir) + " && rsync",
+                                      "-e", rsh, CurrentDir() + "/",
                                       target + ":" + o.sync_dst_dir + "/"});
       }
     }
@@ -753,7 +772,7 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
       t.rank = 0;
       t.host = "Slurm job " + slurm_job.id;
       t.spec.argv = SrunCommand(o, slurm_job, step, count, server ? 0 : o.num_servers, o.command);
-      t.spec.env = merged(local_env, job_vars(role));
+      t.spec.env = merged(inherited, job_vars(role));
       t.tags = OutputTags::kSlurm;
       for (int r = 0; r < count; ++r) t.rank_names.push_back(StrCat(role, "-", r));
       plan.slurm_steps.push_back(step);

@@ -130,8 +130,13 @@ std::string NewJobId();
 StatusOr<JobResult> ExecutePlan(LaunchPlan plan, const LaunchOptions& options,
                                 const SupervisorOptions& supervisor);
 
+// `dir` as a word for the remote shell: quoted, a leading "~/" left for it
+// to expand to the remote home.
+std::string RemoteShellPath(const std::string& dir);
+
 // The remote command the ssh launcher runs: a constant /bin/sh script that
-// starts `command` with `vars` in `dir` as its own process group, and kills
+// starts `command` with `vars` in `dir` (a leading "~/": in the remote home)
+// as its own process group, and kills
 // that group when its stdin (the ssh session) closes. Every word is quoted.
 // It first reads the job's key file from stdin, up to a line
 // kRemoteKeysEnd, into a private temporary file that it names in

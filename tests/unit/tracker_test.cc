@@ -125,6 +125,20 @@ TEST(RemoteCommandTest, RunsInDirWithVariablesAndArguments) {
   EXPECT_EQ(RunWithOpenStdin(cmd), kTricky + "|worker|" + kTricky + "|/tmp");
 }
 
+// --sync-dst-dir '~/job' is copied to the remote home (rsync's reading of
+// the path) and the job must run there: the quoted cd once took '~' as a
+// folder name (found by review).
+TEST(RemoteCommandTest, AFolderUnderTildeIsInTheRemoteHome) {
+  testing::TempDir home("remote-home");
+  ASSERT_EQ(mkdir(home.Sub("my job").c_str(), 0755), 0);
+  const std::string cmd = RemoteCommand("~/my job", {}, {"/bin/sh", "-c", "printf %s \"$PWD\""});
+  EXPECT_EQ(RunWithOpenStdin("export HOME=" + ShellQuote(home.path()) + "; " + cmd),
+            home.Sub("my job"));
+  EXPECT_EQ(RemoteShellPath("~/my job"), "~/'my job'");
+  EXPECT_EQ(RemoteShellPath("/abs/it's"), "'/abs/it'\\''s'");
+  EXPECT_EQ(RemoteShellPath("~"), "~");
+}
+
 // The job's keys arrive on stdin (never on a command line): the job sees them
 // in a private file named by PSTRAIN_KEY_FILE, which is gone when it ends.
 TEST(RemoteCommandTest, KeysFromStdinGoToAPrivateFileForTheJob) {
@@ -485,6 +499,37 @@ TEST(PlanTest, RestartServersSsh) {
     EXPECT_NE(remote.find("'PSTRAIN_SNAPSHOT_DIR=/shared/snaps'"), std::string::npos) << remote;
     EXPECT_EQ(remote.find("/abs/logs/snapshots"), std::string::npos) << remote;
   }
+}
+
+// PORT is the port a node binds: one inherited value for every process of
+// a host made all but the first fail (found by review). --env still sets it.
+TEST(PlanTest, TheLaunchersPortIsNotInheritedUnlessAsked) {
+  auto o = ParseLaunchArgs(
+      {"-n", "2", "--launcher", "local", "--host-ip", "127.0.0.1", "--no-keys", "prog"});
+  ASSERT_OK(o.status());
+  auto plan = PlanLaunch(*o, Environment::Isolated({{"PORT", "8080"}, {"HOME", "/h"}}));
+  ASSERT_OK(plan.status());
+  for (const Task& t : plan->tasks) {
+    EXPECT_EQ(t.spec.env.count("PORT"), 0u) << t.role << "-" << t.rank;
+    EXPECT_EQ(t.spec.env.at("HOME"), "/h");
+  }
+  auto asked = ParseLaunchArgs({"-n", "1", "--launcher", "local", "--host-ip", "127.0.0.1", "--env",
+                                "PORT", "--no-keys", "prog"});
+  ASSERT_OK(asked.status());
+  plan = PlanLaunch(*asked, Environment::Isolated({{"PORT", "8080"}}));
+  ASSERT_OK(plan.status());
+  EXPECT_EQ(plan->tasks.back().spec.env.at("PORT"), "8080");
+}
+
+// dmlc-core's NAME:VALUE form with '=' in the value, and the other way round.
+TEST(PlanTest, AnEnvValueMayHoldTheOtherSeparator) {
+  auto o = ParseLaunchArgs({"-n", "1", "--env", "OPTS:--a=b", "--env", "URL=http://x:80", "prog"});
+  ASSERT_OK(o.status());
+  ASSERT_EQ(o->env.size(), 2u);
+  EXPECT_EQ(o->env[0].first, "OPTS");
+  EXPECT_EQ(o->env[0].second.value_or("unset"), "--a=b");
+  EXPECT_EQ(o->env[1].first, "URL");
+  EXPECT_EQ(o->env[1].second.value_or("unset"), "http://x:80");
 }
 
 TEST(PlanTest, MissingForwardedVariableIsAnError) {
