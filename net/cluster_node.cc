@@ -539,6 +539,10 @@ Status ClusterNode::Barrier(int group, Deadline deadline) {
     return barrier_done_[group] >= gen || !health_.ok() || stopping_;
   });
   if (!health_.ok()) return health_;
+  if (barrier_done_[group] < gen && stopping_) {
+    return Status::Cancelled(StrCat(RoleName(options_.role), " rank ", rank_, ": barrier of group ",
+                                    group, " generation ", gen, " cut short: the node stopped"));
+  }
   if (barrier_done_[group] < gen) {
     return Status::DeadlineExceeded(StrCat(
         RoleName(options_.role), " rank ", rank_, ": barrier of group ", group, " generation ", gen,

@@ -574,10 +574,8 @@ KVClient::Callback KVClient::FinishSub(Ticket ticket, const Status& s) {
   if (!s.ok() && t.status.ok()) t.status = s;
   if (--t.remaining > 0) return nullptr;
   t.done = true;
-  if (!t.cb) {
-    cv_.SignalAll();  // a Wait for it
-    return nullptr;
-  }
+  cv_.SignalAll();  // a Wait for it (one for a ticket with a callback ends too)
+  if (!t.cb) return nullptr;
   // A ticket with a callback is reported through it and forgotten.
   Callback cb = std::move(t.cb);
   Status st = t.status;

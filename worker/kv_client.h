@@ -141,8 +141,9 @@ class KVClient {
   Ticket TEST_SendRaw(int server, Message msg, Callback cb = nullptr);
 
   // Waits for `ticket`: its error, DeadlineExceeded naming the servers still
-  // owing a reply, or the job's failure. A ticket whose callback already ran
-  // (or that was already waited for) returns OK, or the job's failure.
+  // owing a reply, or the job's failure. A ticket with a callback returns OK
+  // (or the job's failure) once its result is handed to the callback, which
+  // may still be running; so does one that was already waited for.
   Status Wait(Ticket ticket, Deadline deadline);
 
   // Worker-group barrier.

@@ -239,7 +239,8 @@ Status Trainer::RunTestIo() {
     if (!more) break;
     samples += batch.batch_size();
     if ((i + 1) % cfg_.disp_batches() == 0) {
-      const double speed = cfg_.disp_batches() * cfg_.batch_size() / SecondsSince(tic);
+      const double speed =
+          static_cast<double>(cfg_.disp_batches()) * cfg_.batch_size() / SecondsSince(tic);
       env_.log->Info(FormatTestIoLine(i, speed));
       tic = SteadyClock::now();
     }
@@ -320,7 +321,8 @@ Status Trainer::TrainEpoch(int epoch) {
     if (nbatch == 0) {
       speed_tic = SteadyClock::now();
     } else if (nbatch % cfg_.disp_batches() == 0) {
-      const double speed = cfg_.disp_batches() * cfg_.batch_size() / SecondsSince(speed_tic);
+      const double speed =
+          static_cast<double>(cfg_.disp_batches()) * cfg_.batch_size() / SecondsSince(speed_tic);
       env_.log->Info(FormatSpeedLine(epoch, nbatch, speed, metrics.Get()));
       metrics.Reset();
       speed_tic = SteadyClock::now();
@@ -374,8 +376,8 @@ Status Trainer::TrainEpochEmulated(int epoch) {
     if (nbatch == 0) {
       speed_tic = SteadyClock::now();
     } else if (nbatch % cfg_.disp_batches() == 0) {
-      const double speed =
-          cfg_.disp_batches() * cfg_.batch_size() / (SecondsSince(speed_tic) / dilation);
+      const double speed = static_cast<double>(cfg_.disp_batches()) * cfg_.batch_size() /
+                           (SecondsSince(speed_tic) / dilation);
       env_.log->Info(FormatSpeedLine(epoch, nbatch, speed, {}));
       speed_tic = SteadyClock::now();
     }

@@ -519,6 +519,51 @@ TEST(InProcClusterTest, BarrierTimeoutNamesTheWorkerThatNeverArrived) {
   EXPECT_FALSE(r.workers[1].ok());
 }
 
+// A barrier cut short because the node stops (its owner closing it from
+// another thread) says so; it used to claim a timeout and a missing node.
+TEST(InProcClusterTest, ABarrierCutShortByAStopSaysSo) {
+  Status cut;
+  JobResult r = RunJob(1, 2, [&cut](KVClient& kv) -> Status {
+    if (kv.rank() == 1) {
+      for (int i = 0; i < 100 && kv.node()->health().ok(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      return Status::Ok();
+    }
+    std::thread stopper([&kv] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      kv.node()->StopReceiving();
+    });
+    cut = kv.Barrier(Deadline::InMillis(20000));
+    stopper.join();
+    return Status::Ok();
+  });
+  EXPECT_EQ(cut.code(), StatusCode::kCancelled) << cut;
+  EXPECT_NE(cut.message().find("the node stopped"), std::string::npos) << cut;
+}
+
+// Waiting on a ticket that has a callback ends when the reply is in, not at
+// the deadline (nothing signalled such a Wait).
+TEST(InProcClusterTest, WaitingOnATicketWithACallbackEndsWithTheReply) {
+  ExpectAllOk(RunJob(1, 1, [](KVClient& kv) -> Status {
+    RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));
+    std::vector<float> v(8, 1.0f);
+    RETURN_IF_ERROR(kv.Wait(kv.Init({5}, {8}, v.data()), Soon()));
+    std::atomic<bool> called{false};
+    const auto start = std::chrono::steady_clock::now();
+    const KVClient::Ticket t =
+        kv.Push({5}, {8}, v.data(), 0, [&called](const Status&) { called = true; });
+    RETURN_IF_ERROR(kv.Wait(t, Deadline::InMillis(20000)));
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    for (int i = 0; i < 200 && !called; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (!called) return Status::Internal("the callback never ran");
+    return secs < 5.0 ? Status::Ok() : Status::Internal(StrCat("Wait took ", secs, " s"));
+  }));
+}
+
 TEST(InProcClusterTest, MissingWorkerFailsStartupWithinTheDeadline) {
   const auto start = std::chrono::steady_clock::now();
   JobResult r = RunJob(
