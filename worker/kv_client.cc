@@ -606,6 +606,16 @@ void KVClient::HandleReply(Message&& msg) {
     }
     sub = std::move(it->second);
     inflight_.erase(it);
+    // Answered, in the same step as it leaves inflight_: a replacement of the
+    // server (ServerReplaced) in between would re-send it neither as kept nor
+    // as unanswered. (A reply found malformed below fails its request.)
+    const PsHeader& sent = sub->msg.header;
+    if (h.error_code() == 0 && options_.snapshot_every > 1 && sent.push_rounds_size() > 0) {
+      for (int i = 0; i < sent.push_rounds_size(); ++i) {
+        uint64_t& a = answered_[sub->msg.key(static_cast<size_t>(i))];
+        a = std::max<uint64_t>(a, sent.push_rounds(i));
+      }
+    }
   }
   Status st;
   if (h.error_code() != 0) {
@@ -634,13 +644,6 @@ void KVClient::HandleReply(Message&& msg) {
   }
   {
     MutexLock l(&mu_);
-    const PsHeader& sent = sub->msg.header;
-    if (st.ok() && options_.snapshot_every > 1 && sent.push_rounds_size() > 0) {
-      for (int i = 0; i < sent.push_rounds_size(); ++i) {
-        uint64_t& a = answered_[sub->msg.key(static_cast<size_t>(i))];
-        a = std::max<uint64_t>(a, sent.push_rounds(i));
-      }
-    }
     --inflight_count_[sub->server];
     if (Callback c = FinishSub(sub->ticket, st)) to_run_.emplace_back(std::move(c), st);
     Pump(sub->server);
