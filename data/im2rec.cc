@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -106,7 +107,11 @@ StatusOr<std::vector<ImageListEntry>> ReadImageList(const std::string& path) {
     size_t start = 0;
     while (true) {
       size_t tab = line.find('\t', start);
-      fields.push_back(line.substr(start, tab == std::string::npos ? tab : tab - start));
+      std::string f = line.substr(start, tab == std::string::npos ? tab : tab - start);
+      // Surrounding blanks are not part of a field (im2rec.py strips them).
+      const size_t first = f.find_first_not_of(" \t\r\n\v\f");
+      const size_t last = f.find_last_not_of(" \t\r\n\v\f");
+      fields.push_back(first == std::string::npos ? "" : f.substr(first, last - first + 1));
       if (tab == std::string::npos) break;
       start = tab + 1;
     }
@@ -116,9 +121,12 @@ StatusOr<std::vector<ImageListEntry>> ReadImageList(const std::string& path) {
     if (fields.size() < 3) return bad("expected index<TAB>label[<TAB>label...]<TAB>path");
     ImageListEntry e;
     char* end = nullptr;
+    errno = 0;
     e.index = std::strtoll(fields[0].c_str(), &end, 10);
-    if (fields[0].empty() || *end != '\0')
-      return bad("index '" + fields[0] + "' is not an integer");
+    if (fields[0].empty() || *end != '\0' || errno == ERANGE || e.index < 0) {
+      return bad("index '" + fields[0] + "' is not an integer in 0.." +
+                 std::to_string(std::numeric_limits<int64_t>::max()));
+    }
     for (size_t i = 1; i + 1 < fields.size(); ++i) {
       float v = std::strtof(fields[i].c_str(), &end);
       if (fields[i].empty() || *end != '\0')

@@ -45,6 +45,7 @@ void LogAccumulator::AddLine(std::string_view line) {
     case LogLine::Kind::kTrainMetric:
     case LogLine::Kind::kValidationMetric: {
       const auto& [metric, value] = parsed.metrics.front();
+      log_.metrics_seen.insert(metric);
       auto it = std::find(log_.metrics.begin(), log_.metrics.end(), metric);
       if (it == log_.metrics.end()) return;
       size_t m = static_cast<size_t>(it - log_.metrics.begin());
@@ -108,12 +109,20 @@ StatusOr<ParsedLog> ReadLog(const std::string& path, const std::vector<std::stri
     if (failed) return Status::IOError(StrCat("error reading '", f, "' at byte ", text.size()));
     acc.AddText(text);
   }
+  std::string names;
+  for (const std::string& m : metrics) names += (names.empty() ? "" : ",") + m;
   if (acc.log().lines_matched == 0) {
-    std::string names;
-    for (const std::string& m : metrics) names += (names.empty() ? "" : ",") + m;
     return Status::InvalidArgument(StrCat("'", path,
                                           "' has no epoch results (Epoch[N] Train-/Validation-{",
                                           names, "}= or Time cost=)"));
+  }
+  const std::set<std::string>& seen = acc.log().metrics_seen;
+  for (const std::string& m : metrics) {
+    if (seen.empty() || seen.count(m) > 0) continue;
+    std::string have;
+    for (const std::string& s : seen) have += (have.empty() ? "" : ", ") + s;
+    return Status::InvalidArgument(StrCat("'", path, "' has no epoch results of metric '", m,
+                                          "' (--metric-names ", names, "); its metrics: ", have));
   }
   return acc.Release();
 }

@@ -17,6 +17,7 @@
 
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,6 +38,7 @@ struct ParsedLog {
   std::vector<std::string> metrics;   // the metric names looked for
   std::map<int, EpochValues> epochs;  // key: epoch as logged (0-based)
   int lines_matched = 0;
+  std::set<std::string> metrics_seen;  // every Train-/Validation- metric name read
 };
 
 // Collects epoch results line by line.
@@ -57,7 +59,9 @@ class LogAccumulator {
 
 // Reads a file or a job directory. NotFound if it does not exist or the
 // directory has no log files; InvalidArgument if nothing in it is an epoch
-// result for `metrics`.
+// result for `metrics`, or if the log has epoch results of other metrics but
+// none of one of `metrics` (a misspelt --metric-names; the error lists the
+// names it has).
 StatusOr<ParsedLog> ReadLog(const std::string& path, const std::vector<std::string>& metrics);
 
 enum class Op { kAvg, kMax };

@@ -44,6 +44,11 @@ StatusOr<std::vector<Host>> ParseHostList(const std::string& text, const std::st
       }
     } else {
       size_t colon = word.find(':');
+      if (colon != std::string::npos && word.find(':', colon + 1) != std::string::npos) {
+        return Status::InvalidArgument(StrCat(where, ": '", word,
+                                              "' looks like an IPv6 address: write it in "
+                                              "brackets, [addr] or [addr]:port"));
+      }
       h.name = word.substr(0, colon);
       if (colon != std::string::npos) port = word.substr(colon + 1);
     }

@@ -91,6 +91,22 @@ TEST_F(Im2recTest, ListFilesRoundTripAndRejectMalformedLines) {
   EXPECT_THAT(bad.status().message(), HasSubstr("bad.lst:2"));
   WriteFile("short.lst", "0\ta.jpg\n");
   EXPECT_EQ(ReadImageList(Path("short.lst")).status().code(), StatusCode::kInvalidArgument);
+  // A negative index became 2^64-5 in the record header, and one past
+  // int64 was clamped, both silently (found by review).
+  for (const char* index : {"-5", "99999999999999999999"}) {
+    WriteFile("index.lst", std::string("0\t1\ta.jpg\n") + index + "\t1\tb.jpg\n");
+    auto refused = ReadImageList(Path("index.lst"));
+    ASSERT_FALSE(refused.ok()) << index;
+    EXPECT_THAT(refused.status().message(), HasSubstr("index.lst:2: index '"));
+  }
+  // Blanks around fields are dropped, as im2rec.py's strip() does.
+  WriteFile("blanks.lst", " 3 \t 1.5\tdir/a b.jpg \r\n");
+  auto blanks = ReadImageList(Path("blanks.lst"));
+  ASSERT_TRUE(blanks.ok()) << blanks.status();
+  ASSERT_EQ(blanks->size(), 1u);
+  EXPECT_EQ((*blanks)[0].index, 3);
+  EXPECT_EQ((*blanks)[0].labels, (std::vector<float>{1.5f}));
+  EXPECT_EQ((*blanks)[0].path, "dir/a b.jpg");
 }
 
 TEST_F(Im2recTest, SplitsAreDisjointAndCoverTheList) {

@@ -192,6 +192,25 @@ TEST(LogTableTest, ErrorsNameThePath) {
   auto none = ReadLog(path, {"accuracy"});
   EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(none.status().message().find(path), std::string::npos);
+  // A misspelt metric name: Time cost lines matched, so the table was all
+  // dashes and parse-log exited 0 (found by review). Now it names the
+  // metrics the log has.
+  const std::string timed = ::testing::TempDir() + "/timed.log";
+  f = std::fopen(timed.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs(
+      "INFO:root:Epoch[0] Train-accuracy=0.5\nINFO:root:Epoch[0] Time cost=10.0\n"
+      "INFO:root:Epoch[0] Validation-top_k_accuracy_5=0.9\n",
+      f);
+  std::fclose(f);
+  auto typo = ReadLog(timed, {"accuracy", "acc"});
+  EXPECT_EQ(typo.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(typo.status().message().find("no epoch results of metric 'acc'"), std::string::npos)
+      << typo.status();
+  EXPECT_NE(typo.status().message().find("its metrics: accuracy, top_k_accuracy_5"),
+            std::string::npos)
+      << typo.status();
+  EXPECT_OK(ReadLog(timed, {"accuracy", "top_k_accuracy_5"}).status());
   EXPECT_FALSE(ParseOp("median").ok());
   EXPECT_FALSE(ParseTableFormat("html").ok());
 }

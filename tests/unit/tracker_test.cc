@@ -76,6 +76,12 @@ TEST(HostFileTest, HostsPortsCommentsAndErrors) {
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("my_hosts:2"), std::string::npos) << bad.status();
   EXPECT_FALSE(ParseHostList("# nothing\n\n", "empty").ok());
+  // A bare IPv6 address was read as host '2001' with port 'db8::1'.
+  auto v6 = ParseHostList("node1\n2001:db8::1\n", "v6_hosts");
+  EXPECT_EQ(v6.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(v6.status().message().find("v6_hosts:2: '2001:db8::1' looks like an IPv6 address"),
+            std::string::npos)
+      << v6.status();
   EXPECT_FALSE(ParseHostList("-oProxyCommand=x\n", "evil").ok());
   EXPECT_EQ(ReadHostFile("/nonexistent/hosts").status().code(), StatusCode::kNotFound);
   EXPECT_TRUE(IsLoopbackHost("localhost"));
