@@ -50,8 +50,17 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Create(const ClusterOptions&
   node->nonce_ = (uint64_t{rd()} << 32) ^ rd() ^
                  static_cast<uint64_t>(SteadyClock::now().time_since_epoch().count());
   VanOptions vo;
-  // Listen where peers are told to connect, not on every interface.
-  vo.bind_host = options.bind_host.empty() ? node->host_ : options.bind_host;
+  // Listen where peers are told to connect, not on every interface (unless
+  // that is a loopback address here while the job spans hosts).
+  vo.bind_host = options.bind_host;
+  if (vo.bind_host.empty()) {
+    vo.bind_host = DefaultBindHost(node->host_, options.root_host);
+    if (vo.bind_host != node->host_) {
+      LOG(WARNING) << RoleName(options.role) << ": DMLC_NODE_HOST '" << node->host_
+                   << "' is a loopback address on this host, which the others cannot reach; "
+                      "listening on every interface (PSTRAIN_BIND_HOST chooses one)";
+    }
+  }
   vo.port = options.port;
   vo.max_message_bytes = options.max_message_bytes;
   vo.shm_bytes = static_cast<uint64_t>(std::max<int64_t>(0, options.shm_bytes));

@@ -59,4 +59,12 @@ StatusOr<std::string> AdvertisedHost(const std::string& node_host, const std::st
   return found;
 }
 
+std::string DefaultBindHost(const std::string& advertised, const std::string& root_host) {
+  auto loopback = [](const std::string& host) {
+    StatusOr<std::string> ip = ResolveHost(host);
+    return ip.ok() && ip->rfind("127.", 0) == 0;
+  };
+  return loopback(advertised) && !loopback(root_host) ? "0.0.0.0" : advertised;
+}
+
 }  // namespace pstrain

@@ -515,6 +515,13 @@ StatusOr<int> FindFreePort(const std::string& ip) {
     last_errno = errno;
     close(fd);
     if (ok) return port;
+    if (last_errno == EADDRNOTAVAIL) {
+      return Status::InvalidArgument(
+          StrCat("scheduler address ", ip,
+                 " is not an address of this host (--host-ip): give one of its own, or behind NAT, "
+                 "where the others reach it at an address it does not have, set "
+                 "PSTRAIN_BIND_HOST=0.0.0.0"));
+    }
   }
   return Status::IOError(StrCat("no free port in ", kFirst, "..", kFirst + kCount - 1, " on ", ip,
                                 ": ", strerror(last_errno)));
@@ -547,7 +554,10 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
   } else {
     ASSIGN_OR_RETURN(plan.root_uri, DetectHostIp(plan.hosts));
   }
-  ASSIGN_OR_RETURN(plan.root_port, FindFreePort(plan.root_uri));
+  // The port is probed where the scheduler will bind: PSTRAIN_BIND_HOST
+  // (0.0.0.0 behind NAT, where --host-ip is not this host's) or the address.
+  const std::optional<std::string> bind_host = env.Get("PSTRAIN_BIND_HOST");
+  ASSIGN_OR_RETURN(plan.root_port, FindFreePort(bind_host.value_or(plan.root_uri)));
 
   const std::map<std::string, std::string> local_env = env.All();
   if (!o.no_keys) {
@@ -687,6 +697,10 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
     for (const auto& [k, v] : local_env) {
       if (Forwarded(k)) forwarded[k] = v;
     }
+    // An address of this host is none of theirs (--env still sends it).
+    if (forwarded.count("PSTRAIN_BIND_HOST") > 0 && forwarded["PSTRAIN_BIND_HOST"] != "0.0.0.0") {
+      forwarded.erase("PSTRAIN_BIND_HOST");
+    }
     const std::string dir = o.sync_dst_dir.empty() ? CurrentDir() : o.sync_dst_dir;
     if (!o.sync_dst_dir.empty()) {
       std::set<std::pair<std::string, int>> seen;
@@ -730,7 +744,12 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
       t.rank = server ? i : i - o.num_servers;
       t.host = h.name + (h.port != 22 ? ":" + std::to_string(h.port) : "");
       auto vars = merged(forwarded, job_vars(t.role));
-      vars["DMLC_NODE_HOST"] = h.address();
+      // A loopback name ("localhost") in a job that spans hosts is this
+      // host: the others reach it at the scheduler's address, not at their
+      // own loopback.
+      vars["DMLC_NODE_HOST"] = IsLoopbackHost(h.address()) && !IsLoopbackHost(plan.root_uri)
+                                   ? plan.root_uri
+                                   : h.address();
       vars["DMLC_TASK_ID"] = std::to_string(i);
       vars["PSTRAIN_LAUNCH_RANK"] = std::to_string(t.rank);
       t.spec.argv = ssh_base;

@@ -35,6 +35,18 @@ TEST(AddressTest, AdvertisedHostPrefersNodeHostThenInterface) {
   EXPECT_NE(bad.status().message().find("DMLC_INTERFACE=nosuchif9"), std::string::npos);
 }
 
+// A node name that resolves to loopback here (Debian's 127.0.1.1 line for
+// the host's own name) in a job across hosts: listening there, no other host
+// could connect (found by review), so the node listens on every interface.
+TEST(AddressTest, ALoopbackNameInAJobAcrossHostsListensEverywhere) {
+  EXPECT_EQ(DefaultBindHost("localhost", "10.0.0.1"), "0.0.0.0");
+  EXPECT_EQ(DefaultBindHost("127.0.1.1", "10.0.0.1"), "0.0.0.0");
+  EXPECT_EQ(DefaultBindHost("localhost", "127.0.0.1"), "localhost");
+  EXPECT_EQ(DefaultBindHost("127.0.0.1", "localhost"), "127.0.0.1");
+  EXPECT_EQ(DefaultBindHost("10.1.2.3", "10.0.0.1"), "10.1.2.3");
+  EXPECT_EQ(DefaultBindHost("no-such-host.invalid", "10.0.0.1"), "no-such-host.invalid");
+}
+
 TEST(AddressTest, BindFailureNamesTheAddress) {
   VanOptions vo;
   vo.bind_host = "127.0.0.1";

@@ -538,6 +538,36 @@ TEST(PlanTest, AnEnvValueMayHoldTheOtherSeparator) {
   EXPECT_EQ(o->env[1].second.value_or("unset"), "http://x:80");
 }
 
+// A host file naming this host "localhost" beside other hosts: the others
+// must reach its processes at the scheduler's address, not at their own
+// loopback (found by review). A --host-ip that is no address of this host
+// (NAT) needs PSTRAIN_BIND_HOST=0.0.0.0, and says so; a specific bind
+// address of this host is not sent to the others.
+TEST(PlanTest, ALoopbackHostInAJobAcrossHostsIsTheLaunchersAddress) {
+  std::string hosts = ::testing::TempDir() + "/loopback_hosts";
+  std::FILE* f = std::fopen(hosts.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("localhost\nnode2\n", f);
+  std::fclose(f);
+  auto o = ParseLaunchArgs({"-n", "1", "-H", hosts, "--host-ip", "192.0.2.7", "prog"});
+  ASSERT_OK(o.status());
+  auto refused = PlanLaunch(*o, Environment::Isolated({}));
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("PSTRAIN_BIND_HOST=0.0.0.0"), std::string::npos)
+      << refused.status();
+  auto plan = PlanLaunch(*o, Environment::Isolated({{"PSTRAIN_BIND_HOST", "0.0.0.0"}}));
+  ASSERT_OK(plan.status());
+  ASSERT_EQ(plan->tasks.size(), 3u);
+  const std::string& on_localhost = plan->tasks[1].spec.argv.back();  // server 0
+  const std::string& on_node2 = plan->tasks[2].spec.argv.back();      // worker 0
+  EXPECT_NE(on_localhost.find("'DMLC_NODE_HOST=192.0.2.7'"), std::string::npos) << on_localhost;
+  EXPECT_NE(on_node2.find("'DMLC_NODE_HOST=node2'"), std::string::npos) << on_node2;
+  EXPECT_NE(on_node2.find("'PSTRAIN_BIND_HOST=0.0.0.0'"), std::string::npos) << on_node2;
+  auto specific = PlanLaunch(*o, Environment::Isolated({{"PSTRAIN_BIND_HOST", "127.0.0.1"}}));
+  ASSERT_OK(specific.status());
+  EXPECT_EQ(specific->tasks[2].spec.argv.back().find("PSTRAIN_BIND_HOST"), std::string::npos);
+}
+
 TEST(PlanTest, MissingForwardedVariableIsAnError) {
   auto o = ParseLaunchArgs({"-n", "1", "--env", "NOT_SET_ANYWHERE", "prog"});
   ASSERT_OK(o.status());
