@@ -622,7 +622,12 @@ void KVServer::HandleMessage(Message&& msg) {
     per_shard[ShardOf(req->msg.key(i), shards_.size())].push_back(
         Op{req, static_cast<uint32_t>(i)});
   }
-  const bool small = elems * sizeof(float) < kInlineBytes;
+  // Small requests may run here, on the receive thread, while their shard
+  // is idle; not a push or init that may write a snapshot (file I/O, with
+  // PSTRAIN_SNAPSHOT_SYNC a flush to the device, would hold every message).
+  const PsHeader& h = req->msg.header;
+  const bool may_snapshot = snapshots_ != nullptr && (h.push() || h.init());
+  const bool small = !may_snapshot && elems * sizeof(float) < kInlineBytes;
   for (size_t s = 0; s < shards_.size(); ++s) {
     if (per_shard[s].empty()) continue;
     Shard* shard = shards_[s].get();
