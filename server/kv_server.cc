@@ -68,13 +68,14 @@ struct KVServer::KeyState {
     std::atomic_thread_fence(std::memory_order_acquire);
     return readers != nullptr && ShmArena::Readers(readers) > 0;
   }
-  uint64_t rounds = 0;             // dist_sync rounds closed (async: updates applied)
-  int merged = 0;                  // pushes in the open round
-  SteadyClock::time_point opened;  // when the open round's first push arrived
-  bool warned = false;             // the open round was reported as slow
-  std::vector<char> in_round;      // per worker rank: pushed in the open round
-  std::vector<Op> waiting;         // pushes of the open round, answered when it closes
-  std::deque<Op> deferred;         // ops that must wait for the open round to close
+  uint64_t rounds = 0;                     // dist_sync rounds closed (async: updates applied)
+  int merged = 0;                          // pushes in the open round
+  SteadyClock::time_point opened;          // when the open round's first push arrived
+  bool warned = false;                     // the open round was reported as slow
+  std::vector<char> in_round;              // per worker rank: pushed in the open round
+  std::vector<Op> waiting;                 // pushes of the open round, answered when it closes
+  std::deque<Op> deferred;                 // ops that must wait for the open round to close
+  SteadyClock::time_point deferred_since;  // when the oldest of them began to wait
   ParamState state;
 };
 
@@ -700,11 +701,39 @@ void KVServer::RequestRoundCheck() {
   }
 }
 
+bool KVServer::FailHeldPushOfALostRound(uint64_t wire, const KeyState& ks,
+                                        SteadyClock::time_point now) {
+  const int64_t held_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now - ks.deferred_since).count();
+  if (held_ms < options_.round_timeout_ms) return false;
+  // No round is open, so what waits is a push of a later round than the next
+  // one: the rounds between never came (a snapshot older than what the
+  // workers kept, or a worker's copies lost).
+  for (const Op& op : ks.deferred) {
+    const PsHeader& h = op.header();
+    if (!h.push() || h.push_rounds_size() <= static_cast<int>(op.part)) continue;
+    const uint64_t round = h.push_rounds(static_cast<int>(op.part));
+    if (round <= ks.rounds + 1) continue;
+    node_->Fail(Status::FailedPrecondition(StrCat(
+                    node_->Self(), ": worker rank ", op.worker(), " pushed round ", round, " of ",
+                    PartName(wire), ", which has waited ", held_ms, " ms for round ", ks.rounds + 1,
+                    " that nobody pushed: the rounds between were lost (the snapshot is older "
+                    "than what the workers kept; every worker must run with the same "
+                    "PSTRAIN_SNAPSHOT_EVERY)")),
+                WorkerId(op.worker()));
+    return true;
+  }
+  return false;
+}
+
 void KVServer::CheckRounds(Shard* shard) {
   const auto now = SteadyClock::now();
   const int64_t timeout = options_.round_timeout_ms;
   for (auto& [wire, ks] : shard->keys) {
-    if (ks.merged == 0) continue;
+    if (ks.merged == 0) {
+      if (timeout > 0 && !ks.deferred.empty() && FailHeldPushOfALostRound(wire, ks, now)) return;
+      continue;
+    }
     if (FailRoundOfFinished(wire, ks)) return;
     if (timeout <= 0) continue;
     const int64_t open_ms =
@@ -743,6 +772,7 @@ void KVServer::Submit(Shard* shard, const Op& op) {
     Execute(shard, &ks, op);
     if (ks.deferred.empty()) return;
   } else {
+    if (ks.deferred.empty()) ks.deferred_since = SteadyClock::now();
     ks.deferred.push_back(op);
   }
   Drain(shard, &ks);
@@ -771,6 +801,7 @@ void KVServer::Drain(Shard* shard, KeyState* ks) {
     }
     // Execute never defers, so ks->deferred is still empty here.
     ks->deferred.swap(keep);
+    if (progress) ks->deferred_since = SteadyClock::now();  // the rest waits on a new round
   }
 }
 

@@ -107,6 +107,10 @@ class KVServer {
   // Shard (busy): a worker that finished, whose push `ks`'s open round waits
   // for, ends the job (that round can never close): true when it did.
   bool FailRoundOfFinished(uint64_t wire, const KeyState& ks);
+  // Shard (busy), `ks` with no open round: a push of a later round than the
+  // next one, held past PSTRAIN_ROUND_TIMEOUT_MS for rounds nobody pushed,
+  // ends the job naming its worker: true when it did.
+  bool FailHeldPushOfALostRound(uint64_t wire, const KeyState& ks, SteadyClock::time_point now);
   // The optimizer of `cfg` for the workers left (rescaled when some are lost).
   StatusOr<std::shared_ptr<Optimizer>> MakeOptimizer(const ServerConfig& cfg) const;
   void HandleConfig(const Message& msg);

@@ -752,6 +752,46 @@ TEST(InProcClusterTest, ARoundThatCannotCloseEndsTheJobNamingTheMissingWorker) {
   for (const Status& s : r.workers) EXPECT_NE(s.message().find(who), std::string::npos) << s;
 }
 
+// A tagged push (recovery on) of a round past the next one, when nobody
+// pushes the rounds between (a snapshot older than what the workers kept):
+// it used to wait for them with no deadline, until the worker's 10-minute
+// request timeout blamed the server. Now the round timeout ends the job
+// naming the worker and the lost rounds.
+TEST(InProcClusterTest, APushOfALaterRoundWithTheRoundsBetweenLostEndsTheJob) {
+  testing::JobSpec spec;
+  spec.server.round_timeout_ms = 800;
+  spec.tweak_all = [](ClusterOptions* o) { o->heartbeat_timeout_ms = 20000; };
+  const auto start = std::chrono::steady_clock::now();
+  JobResult r = testing::RunJobWith(
+      1, 1,
+      [](KVClient& kv) -> Status {
+        RETURN_IF_ERROR(StartKey3(kv));
+        Message ahead;
+        ahead.header.set_push(true);
+        ahead.header.set_dtype(DTYPE_FLOAT32);
+        ahead.header.set_num_keys(1);
+        ahead.header.add_push_rounds(3);  // rounds 1 and 2 never come
+        const uint64_t wire = WireKey(0, 3, 0);
+        const uint32_t len = 10;
+        ahead.keys = Blob::Copy(&wire, sizeof(wire));
+        ahead.lens = Blob::Copy(&len, sizeof(len));
+        std::vector<float> g(10, 1.0f);
+        ahead.values.push_back(Blob::Copy(g.data(), g.size() * sizeof(float)));
+        ahead.header.set_num_value_frames(1);
+        ahead.header.set_value_bytes(g.size() * sizeof(float));
+        return kv.Wait(kv.TEST_SendRaw(0, std::move(ahead)), Deadline::InMillis(30000));
+      },
+      spec);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 12.0);
+  const std::string want = "worker rank 0 pushed round 3 of key 3 part 0";
+  EXPECT_NE(r.scheduler.message().find(want), std::string::npos) << r.scheduler;
+  EXPECT_NE(r.scheduler.message().find("for round 1 that nobody pushed: the rounds between were "
+                                       "lost"),
+            std::string::npos)
+      << r.scheduler;
+  EXPECT_FALSE(r.workers[0].ok());
+}
+
 // Uneven data in dist_sync: worker 1 pushes 3 rounds and finishes, worker 0
 // pushes a 4th. That round can never close, and the server says so as soon as
 // it hears that worker 1 finished, not after the round timeout (here 60 s).
