@@ -614,6 +614,10 @@ void ClusterNode::HeartbeatLoop() {
       MutexLock l(&mu_);
       cv_.WaitUntil(Deadline::In(interval), [this]() REQUIRES(mu_) { return stopping_; });
       if (stopping_) return;
+      if (const int64_t stall = test_stall_ms_.exchange(0); stall > 0) {
+        cv_.WaitUntil(Deadline::InMillis(stall), [this]() REQUIRES(mu_) { return stopping_; });
+        if (stopping_) return;
+      }
     }
     // Woken far too late: this process was not running (SIGSTOP, a frozen
     // host), so the scheduler's silence meanwhile says nothing about it;

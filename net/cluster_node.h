@@ -136,6 +136,10 @@ class ClusterNode {
   // wakes every waiter. The first error wins. `blame`: the node whose fault it
   // is, when it is not this one (the launcher's summary names it).
   void Fail(const Status& error, int blame = kBlameSelf);
+
+  // Tests only: the heartbeat thread stops for `ms` once, as in a process
+  // that did not run for that long (no heartbeats, no tick listeners).
+  void TEST_StallHeartbeats(int64_t ms) { test_stall_ms_ = ms; }
   static constexpr int kBlameSelf = -1;
 
   // Stops heartbeats and the receive thread: no message handler, tick or
@@ -260,6 +264,7 @@ class ClusterNode {
   std::map<int, uint64_t> barrier_sent_ GUARDED_BY(mu_);
   std::map<int, uint64_t> barrier_done_ GUARDED_BY(mu_);
   SteadyClock::time_point last_scheduler_contact_ GUARDED_BY(mu_);
+  std::atomic<int64_t> test_stall_ms_{0};
   std::thread heartbeat_;
   std::thread replacer_;  // a worker's ReplacementLoop
 };

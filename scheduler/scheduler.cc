@@ -113,6 +113,15 @@ void Scheduler::Handle(Message&& msg) {
   }
   auto it = nodes_.find(h.sender());
   if (it != nodes_.end()) it->second.last_seen = SteadyClock::now();
+  if (auto d = dead_.find(h.sender()); d != dead_.end() && replacing_.count(h.sender()) == 0) {
+    // Declared dead for its silence, yet it speaks (a stalled host, a pause
+    // longer than the heartbeat timeout): no replacement is under way, so the
+    // job goes on with it instead of aborting when none comes.
+    LOG(WARNING) << "scheduler: " << Describe(h.sender()) << " is heard from again after "
+                 << MillisSince(d->second.since)
+                 << " ms declared dead; no longer waiting for its replacement";
+    dead_.erase(d);
+  }
   switch (h.cmd()) {
     case CMD_REGISTER:
       Register(msg);

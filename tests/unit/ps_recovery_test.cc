@@ -42,6 +42,10 @@ struct RecoverySpec {
   // Worker rank 0's first replaced listener holds the news of the dead server
   // this long (as the KV client's does while a send to it is under way).
   int slow_replaced_listener_ms = 0;
+  // After worker rank 0's step kill_after_step, server rank 1's heartbeat
+  // thread stops this long instead of the server dying (a stalled process).
+  int stall_victim_heartbeats_ms = 0;
+  int step_sleep_ms = 0;  // each worker sleeps this long after every step
 };
 
 struct RecoveryResult {
@@ -98,6 +102,18 @@ RecoveryResult RunRecoveryJob(const RecoverySpec& spec, const std::string& snaps
     ko.restart = restart;
     auto server = std::make_unique<KVServer>(node->get(), ko);
     const bool victim = restart == 0 && rank == spec.num_servers - 1 && spec.kill_after_step >= 0;
+    if (victim && spec.stall_victim_heartbeats_ms > 0) {
+      std::thread staller([&] {
+        while (!kill.load() && !job_over.load()) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        if (!job_over.load()) (*node)->TEST_StallHeartbeats(spec.stall_victim_heartbeats_ms);
+      });
+      Status s = server->Run();
+      if (!s.ok()) LOG(WARNING) << "server " << rank << " (restart " << restart << "): " << s;
+      staller.join();
+      return;
+    }
     if (!victim) {
       Status s = server->Run();
       if (!s.ok()) LOG(WARNING) << "server " << rank << " (restart " << restart << "): " << s;
@@ -182,6 +198,9 @@ RecoveryResult RunRecoveryJob(const RecoverySpec& spec, const std::string& snaps
                                     Deadline::InMillis(20000)));
           }
           if (kv.rank() == 0 && step == spec.kill_after_step) kill = true;
+          if (spec.step_sleep_ms > 0) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(spec.step_sleep_ms));
+          }
         }
         if (kv.rank() == 0) r.weights = weights;
         return kv.Finish(Deadline::InMillis(20000));
@@ -276,6 +295,27 @@ TEST_P(ServerRecoveryTest, AWorkerWaitingOnTheDeadServerKeepsItsHeartbeats) {
   const std::vector<float> expect = Undisturbed(spec, dir_);
   RecoveryResult r = RunRecoveryJob(spec, dir_ + "/killed");
   EXPECT_EQ(r.replacement_started, 1);
+  ASSERT_TRUE(r.scheduler.ok()) << r.scheduler;
+  for (const Status& s : r.workers) ASSERT_TRUE(s.ok()) << s;
+  ExpectBitIdentical(r.weights, expect);
+}
+
+// A server silent past the heartbeat timeout but alive (its heartbeats
+// stalled, its requests still answered) and not restarted: once it speaks
+// again the scheduler stops waiting for a replacement. It used to keep it
+// dead and abort the job when none registered (found by review).
+TEST_P(ServerRecoveryTest, AServerHeardFromAgainIsNoLongerWaitedOnAsDead) {
+  RecoverySpec spec;
+  spec.shm_bytes = GetParam();
+  spec.kill_after_step = 3;
+  spec.replace = false;
+  spec.stall_victim_heartbeats_ms = 2 * BaseOptions(spec).heartbeat_timeout_ms;  // 3 s
+  spec.restart_timeout_ms = 2500;  // ends before the stall, past it without the fix
+  spec.step_sleep_ms = 300;        // the job goes on for about 6 s after the stall began
+  RecoverySpec quick = spec;
+  quick.step_sleep_ms = 0;
+  const std::vector<float> expect = Undisturbed(quick, dir_);
+  RecoveryResult r = RunRecoveryJob(spec, dir_ + "/stalled");
   ASSERT_TRUE(r.scheduler.ok()) << r.scheduler;
   for (const Status& s : r.workers) ASSERT_TRUE(s.ok()) << s;
   ExpectBitIdentical(r.weights, expect);
