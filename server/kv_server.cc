@@ -169,7 +169,16 @@ std::string ConfigPath(const std::string& dir) { return dir + "/config.pb"; }
 }  // namespace
 
 Status KVServer::OpenSnapshots() {
-  if (options_.snapshot_dir.empty()) return Status::Ok();
+  if (options_.snapshot_dir.empty()) {
+    // A replacement with nothing to resume from would register, and every
+    // re-sent request would then fail as a push before init.
+    if (options_.restart > 0) {
+      return Status::FailedPrecondition(
+          StrCat("server restart ", options_.restart,
+                 " (PSTRAIN_RESTART) has no PSTRAIN_SNAPSHOT_DIR to resume from"));
+    }
+    return Status::Ok();
+  }
   ASSIGN_OR_RETURN(snapshots_, SnapshotStore::Open(options_.snapshot_dir, options_.snapshot_sync));
   const std::string path = ConfigPath(options_.snapshot_dir);
   if (options_.restart <= 0) {

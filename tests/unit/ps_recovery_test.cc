@@ -384,6 +384,27 @@ TEST(ServerSnapshotTest, ANewJobForgetsTheLastJobsConfigurationAndKeys) {
   std::filesystem::remove_all(dir);
 }
 
+// A restart without a snapshot folder (started by hand: the launcher always
+// gives one) has nothing to resume; it used to register anyway, and every
+// request re-sent to it failed as a push before init (found by review).
+TEST(ServerSnapshotTest, ARestartWithoutASnapshotFolderRefusesToStart) {
+  RecoverySpec spec;
+  spec.num_servers = 1;
+  spec.num_workers = 1;
+  ClusterOptions o = BaseOptions(spec);
+  o.role = Role::kServer;
+  o.root_port = 1;  // never reached: the check comes first
+  o.restart = 1;
+  auto node = ClusterNode::Create(o);
+  ASSERT_OK(node.status());
+  KVServerOptions ko;
+  ko.restart = 1;
+  KVServer server(node->get(), ko);
+  const Status run = server.Run();
+  EXPECT_EQ(run.code(), StatusCode::kFailedPrecondition) << run;
+  EXPECT_NE(run.message().find("no PSTRAIN_SNAPSHOT_DIR"), std::string::npos) << run;
+}
+
 // PSTRAIN_WORKER_LOSS=continue: a worker that dies silently is dropped; its
 // open rounds close with the others' pushes and the gradients are rescaled
 // to the workers left, so each round still moves the weights by exactly 1.
