@@ -13,7 +13,10 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 #include <set>
+#include <sstream>
 
 #include "net/job_keys.h"
 #include "tracker/process.h"
@@ -527,6 +530,76 @@ StatusOr<int> FindFreePort(const std::string& ip) {
                                 ": ", strerror(last_errno)));
 }
 
+namespace {
+
+// The first word of each line of a host or machine file ('#' starts a
+// comment): mpirun's formats differ past it (slots=, max_slots=, :N).
+std::string FirstWords(const std::string& text) {
+  std::string out;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    line = line.substr(0, line.find('#'));
+    std::istringstream words(line);
+    std::string word;
+    if (words >> word) out += word.substr(0, word.find(':')) + "\n";
+  }
+  return out;
+}
+
+// mpirun without -H: the hosts its ranks may run on, as far as the launcher
+// can tell, for the scheduler's address (127.0.0.1 is right only when every
+// rank runs here): the --host lists and host files among the --mpi-option
+// words, else the resource manager's allocation (Slurm over one node, PBS).
+// Empty: this host only.
+StatusOr<std::vector<Host>> MpiHosts(const LaunchOptions& o, const Environment& env) {
+  std::string names;
+  const std::vector<std::string>& w = o.mpi_options;
+  for (size_t i = 0; i < w.size(); ++i) {
+    std::string name = w[i], value;
+    bool has_value = false;
+    if (const size_t eq = name.find('='); eq != std::string::npos && name.rfind("--", 0) == 0) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    }
+    const bool list = name == "--host" || name == "-host" || name == "-H" || name == "-hosts";
+    const bool file = name == "--hostfile" || name == "-hostfile" || name == "--machinefile" ||
+                      name == "-machinefile" || name == "--default-hostfile" || name == "-f";
+    if (!list && !file) continue;
+    if (!has_value) {
+      if (i + 1 >= w.size()) break;
+      value = w[++i];
+    }
+    if (list) {
+      std::string one_per_line = value;
+      std::replace(one_per_line.begin(), one_per_line.end(), ',', '\n');
+      names += FirstWords(one_per_line);
+      continue;
+    }
+    std::ifstream in(value);
+    if (!in) return Status::NotFound(StrCat("--mpi-option ", name, " ", value, ": cannot read it"));
+    std::stringstream text;
+    text << in.rdbuf();
+    names += FirstWords(text.str());
+  }
+  if (names.empty()) {
+    if (StatusOr<SlurmJob> job = SlurmJobFromEnvironment(env); job.ok() && job->num_nodes > 1) {
+      return SlurmNodeAddresses(job->nodelist, env.All());
+    }
+    if (std::optional<std::string> pbs = env.Get("PBS_NODEFILE")) {
+      std::ifstream in(*pbs);
+      std::stringstream text;
+      text << in.rdbuf();
+      names = FirstWords(text.str());
+    }
+  }
+  if (names.empty()) return std::vector<Host>{};
+  return ParseHostList(names, "mpirun's hosts");
+}
+
+}  // namespace
+
 StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) {
   RETURN_IF_ERROR(CheckRestarts(o));
   LaunchPlan plan;
@@ -539,6 +612,8 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
     // mpirun reads the file itself; read it here for the scheduler address only.
     ASSIGN_OR_RETURN(std::vector<Host> hosts, ReadHostFile(o.hostfile));
     for (const Host& h : hosts) plan.hosts.push_back(h);
+  } else if (plan.launcher == LauncherKind::kMpi && o.host_ip.empty()) {
+    ASSIGN_OR_RETURN(plan.hosts, MpiHosts(o, env));
   }
   SlurmJob slurm_job;
   if (plan.launcher == LauncherKind::kSlurm) {

@@ -368,6 +368,49 @@ TEST(LaunchArgsTest, RestartServers) {
             StatusCode::kInvalidArgument);
 }
 
+// mpirun without -H may still run ranks on other hosts (its --host or
+// --hostfile options, a Slurm or PBS allocation): the scheduler was put on
+// 127.0.0.1 regardless, and remote ranks connected to themselves (found by
+// review). Where every host named is this one, loopback is kept.
+TEST(PlanTest, MpiWithoutAHostFileTakesItsHostsFromItsOptionsOrTheAllocation) {
+  const Environment env = Environment::Isolated(
+      {{"PATH", Environment().Get("PATH").value_or("/usr/local/bin:/usr/bin:/bin")}});
+  auto local = ParseLaunchArgs({"-n", "1", "--launcher", "mpi", "--mpi-option", "--host",
+                                "--mpi-option", "localhost,127.0.0.1:2", "prog"});
+  ASSERT_OK(local.status());
+  auto plan = PlanLaunch(*local, env);
+  if (!plan.ok() && plan.status().message().find("mpirun") != std::string::npos) {
+    GTEST_SKIP() << "no usable mpirun: " << plan.status();
+  }
+  ASSERT_OK(plan.status());
+  EXPECT_EQ(plan->root_uri, "127.0.0.1");
+  testing::TempDir dir("mpi-hosts");
+  std::ofstream(dir.Sub("machines")) << "# ours\nnode-a slots=4 max_slots=8\nnode-b:2\n";
+  std::ofstream(dir.Sub("pbs")) << "node-a\nnode-a\nnode-b\n";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--mpi-option", "--host=node-a,node-b"}, ""},
+      {{"--mpi-option", "--hostfile", "--mpi-option", dir.Sub("machines")}, ""},
+      {{}, dir.Sub("pbs")},
+  };
+  for (const auto& [extra, pbs] : cases) {
+    std::vector<std::string> args = {"-n", "1", "--launcher", "mpi"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.push_back("prog");
+    auto o = ParseLaunchArgs(args);
+    ASSERT_OK(o.status());
+    Environment e = env;
+    if (!pbs.empty())
+      e = Environment::Isolated({{"PATH", *env.Get("PATH")}, {"PBS_NODEFILE", pbs}});
+    auto p = PlanLaunch(*o, e);
+    SCOPED_TRACE(extra.empty() ? "PBS_NODEFILE" : extra.back());
+    if (p.ok()) {
+      EXPECT_NE(p->root_uri, "127.0.0.1");  // an address the other hosts can reach
+    } else {
+      EXPECT_NE(p.status().message().find("--host-ip"), std::string::npos) << p.status();
+    }
+  }
+}
+
 TEST(LaunchArgsTest, WorkerLoss) {
   EXPECT_FALSE(ParseLaunchArgs({"-n", "2", "prog"})->continue_without_lost_workers)
       << "fail by default";
