@@ -230,6 +230,24 @@ void Scheduler::Register(const Message& msg) {
     Abort(StrCat(why, "; every node of a job must agree"), -1);
     return;
   }
+  // A server restarted before the job started (the launcher restarts one
+  // that died at once): it takes the place of its launch rank's registration.
+  if (role == Role::kServer && n.restart() > 0 && n.launch_rank() >= 0) {
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      if (pending_[i].role() != n.role() || pending_[i].launch_rank() != n.launch_rank()) continue;
+      Status s = van_->Connect(kPendingIdBase + static_cast<int>(i), n.host(), n.port());
+      if (!s.ok()) {
+        LOG(WARNING) << "scheduler: " << s;
+        return;
+      }
+      LOG(WARNING) << "scheduler: server launch rank " << n.launch_rank() << " at " << n.host()
+                   << ":" << n.port() << " (restart " << n.restart()
+                   << ") replaces its registration from " << pending_[i].host() << ":"
+                   << pending_[i].port() << ", which died before the job started";
+      pending_[i] = n;
+      return;
+    }
+  }
   int have = 0;
   for (const NodeInfo& p : pending_) have += p.role() == n.role();
   const int want = role == Role::kServer ? options_.num_servers : options_.num_workers;

@@ -384,6 +384,80 @@ TEST(ServerSnapshotTest, ANewJobForgetsTheLastJobsConfigurationAndKeys) {
   std::filesystem::remove_all(dir);
 }
 
+// A server that dies after it registered but before the job started is
+// restarted by the launcher at once: the restart takes its place. It used to
+// be refused ("already have 1 servers") and the job started with the dead
+// registration (found by review).
+TEST_F(RecoveryDirTest, AServerRestartedBeforeTheJobStartedTakesItsPlace) {
+  RecoverySpec spec;
+  spec.num_servers = 1;
+  spec.num_workers = 1;
+  ClusterOptions o = BaseOptions(spec);
+  o.request_timeout_ms = 5000;
+  auto sched = Scheduler::Create(o);
+  ASSERT_OK(sched.status());
+  o.root_port = (*sched)->port();
+  Status scheduler;
+  std::thread st([&] { scheduler = (*sched)->Run(); });
+  {
+    // Registers, gives up waiting for the table (the worker is not there
+    // yet) and closes its sockets, as a process that died would.
+    ClusterOptions first = o;
+    first.role = Role::kServer;
+    first.launch_rank = 0;
+    first.startup_timeout_ms = 300;
+    auto node = ClusterNode::Create(first);
+    ASSERT_OK(node.status());
+    EXPECT_EQ((*node)->Start().code(), StatusCode::kDeadlineExceeded);
+    (*node)->Stop();
+  }
+  std::thread server([&] {
+    ClusterOptions so = o;
+    so.role = Role::kServer;
+    so.launch_rank = 0;
+    so.restart = 1;
+    auto node = ClusterNode::Create(so);
+    if (!node.ok()) return;
+    KVServerOptions ko;
+    ko.snapshot_dir = dir_ + "/server-0";
+    ko.snapshot_rank = 0;
+    ko.restart = 1;
+    KVServer kv(node->get(), ko);
+    Status s = kv.Run();
+    if (!s.ok()) LOG(WARNING) << "restarted server: " << s;
+  });
+  // The worker comes once the restart registered (were it first, the job
+  // would start with the dead registration and recover by replacing it).
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ClusterOptions wo = o;
+  wo.role = Role::kWorker;
+  wo.launch_rank = 0;
+  auto node = ClusterNode::Create(wo);
+  ASSERT_OK(node.status());
+  Status worker;
+  {
+    KVClientOptions ko;
+    ko.recover = true;
+    KVClient kv(node->get(), ko);
+    worker = [&]() -> Status {
+      RETURN_IF_ERROR(kv.Start());
+      RETURN_IF_ERROR(kv.SetServerConfig(testing::Config(true, 1.0f), Deadline::InMillis(5000)));
+      std::vector<float> v(10, 1.0f), got(10);
+      RETURN_IF_ERROR(kv.Wait(kv.Init({3}, {10}, v.data()), Deadline::InMillis(5000)));
+      RETURN_IF_ERROR(kv.Barrier(Deadline::InMillis(5000)));
+      RETURN_IF_ERROR(
+          kv.Wait(kv.PushPull({3}, {10}, v.data(), got.data()), Deadline::InMillis(5000)));
+      if (got[0] != 2.0f) return Status::Internal(StrCat("pulled ", got[0], ", expected 2"));
+      return kv.Finish(Deadline::InMillis(5000));
+    }();
+    if (!worker.ok()) (*node)->Fail(worker);
+  }
+  server.join();
+  st.join();
+  EXPECT_OK(worker);
+  EXPECT_OK(scheduler);
+}
+
 // A restart without a snapshot folder (started by hand: the launcher always
 // gives one) has nothing to resume; it used to register anyway, and every
 // request re-sent to it failed as a push before init (found by review).
