@@ -121,6 +121,15 @@ void Scheduler::Handle(Message&& msg) {
                  << MillisSince(d->second.since)
                  << " ms declared dead; no longer waiting for its replacement";
     dead_.erase(d);
+    // What it was not told while dead (WorkerFinished skips dead servers).
+    for (int w : finished_) {
+      if (lost_.count(w) > 0 || nodes_.count(w) == 0) continue;
+      Message notice;
+      notice.header = Header(CMD_WORKER_FINISHED);
+      *notice.header.mutable_node() = nodes_.at(w).info;
+      Status sent = van_->Send(h.sender(), notice);
+      if (!sent.ok()) LOG(WARNING) << "scheduler: " << sent;
+    }
   }
   switch (h.cmd()) {
     case CMD_REGISTER:

@@ -789,6 +789,7 @@ void KVServer::Submit(Shard* shard, const Op& op) {
 
 // Runs the deferred ops that may run now, keeping each worker's order.
 void KVServer::Drain(Shard* shard, KeyState* ks) {
+  const uint64_t rounds_before = ks->rounds;
   bool progress = true;
   while (progress && !ks->deferred.empty()) {
     progress = false;
@@ -810,8 +811,10 @@ void KVServer::Drain(Shard* shard, KeyState* ks) {
     }
     // Execute never defers, so ks->deferred is still empty here.
     ks->deferred.swap(keep);
-    if (progress) ks->deferred_since = SteadyClock::now();  // the rest waits on a new round
   }
+  // What is left waits on a round from now on, if one closed meanwhile (a
+  // pull run in between does not put the deadline off).
+  if (ks->rounds != rounds_before) ks->deferred_since = SteadyClock::now();
 }
 
 void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {

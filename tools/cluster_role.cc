@@ -65,9 +65,11 @@ int RunServerRole(const JobEnv& env) {
     }
     so.snapshot_dir = StrCat(env.snapshot_dir, "/server-", env.launch_rank);
     so.snapshot_rank = env.launch_rank;
-    so.restart = env.restart;
     so.snapshot_sync = env.snapshot_sync;
   }
+  // Also without a snapshot folder: a restart then refuses to start
+  // (KVServer::Run), instead of registering with nothing to resume.
+  so.restart = env.restart;
   // Said before the server stops: closing the sockets may wait (up to the
   // linger time) for messages a dead peer never takes.
   KVServer server(node->get(), so);

@@ -118,6 +118,18 @@ KVClient::Ticket KVClient::Issue(Kind kind, const std::vector<Key>& keys,
   return ticket;
 }
 
+namespace {
+
+Status CheckNoRepeatedKey(const std::vector<KVClient::Key>& keys) {
+  if (const auto k = FirstRepeatedKey(keys.size(), [&keys](size_t i) { return keys[i]; })) {
+    return Status::InvalidArgument(
+        StrCat("key ", *k, " appears more than once in one request (sum its values first)"));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 KVClient::Ticket KVClient::Queue(Kind kind, const std::vector<Key>& keys,
                                  const std::vector<int64_t>& lens, const float* vals, float* out,
                                  int priority, Callback cb, const CompressedValues* compressed,
@@ -141,12 +153,7 @@ KVClient::Ticket KVClient::Queue(Kind kind, const std::vector<Key>& keys,
       bad = Status::InvalidArgument(
           StrCat(keys.size(), " keys but ", lens.size(), " lengths in one request"));
     }
-    if (bad.ok()) {
-      if (const auto k = FirstRepeatedKey(keys.size(), [&keys](size_t i) { return keys[i]; })) {
-        bad = Status::InvalidArgument(
-            StrCat("key ", *k, " appears more than once in one request (sum its values first)"));
-      }
-    }
+    if (bad.ok()) bad = CheckNoRepeatedKey(keys);
     const bool has_vals = kind != kPull;
     const bool has_out = kind == kPull || kind == kPushPull;
     if (bad.ok() && ((has_vals && vals == nullptr) || (has_out && out == nullptr))) {
@@ -347,6 +354,8 @@ Status KVClient::Compress(const std::vector<Key>& keys, const std::vector<int64_
     return Status::InvalidArgument(StrCat("push of ", keys.size(), " keys with ", lens.size(),
                                           " lengths", vals == nullptr ? " and no values" : ""));
   }
+  // Before any residual moves: a refused push must leave them as they were.
+  RETURN_IF_ERROR(CheckNoRepeatedKey(keys));
   // Pass 1: each key's parts (copies of the plans Issue lays the message out
   // by) and the bytes each server's frame takes.
   std::vector<std::vector<PartPlan>> plans(keys.size());

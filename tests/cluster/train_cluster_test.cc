@@ -122,6 +122,23 @@ void TrainMlpDistributed(const std::string& kv_store, int servers, const std::st
 // timeout joins first and fetches then (as MXNet's fit.py creates the kvstore
 // before the data), so the job trains; it once fetched first and the job
 // failed with "startup timed out ... 0/1 workers".
+// `pstrain server` as a restart (PSTRAIN_RESTART) without a snapshot folder
+// has nothing to resume: it refuses to start. It used to register empty, as
+// the option only reached the server with a folder (found by review).
+TEST(TrainClusterTest, AServerRestartWithoutASnapshotFolderRefusesToStart) {
+  const CmdRun run = RunPstrain({"server"}, 30000,
+                                {{"DMLC_ROLE", "server"},
+                                 {"DMLC_PS_ROOT_URI", "127.0.0.1"},
+                                 {"DMLC_PS_ROOT_PORT", "9"},
+                                 {"DMLC_NUM_SERVER", "1"},
+                                 {"DMLC_NUM_WORKER", "1"},
+                                 {"PSTRAIN_LAUNCH_RANK", "0"},
+                                 {"PSTRAIN_RESTART", "1"}});
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.output.find("has no PSTRAIN_SNAPSHOT_DIR to resume from"), std::string::npos)
+      << run.output;
+}
+
 TEST(TrainClusterTest, AWorkerFetchesItsDataAfterJoiningTheJob) {
   testing::TestHttpServer server;
   const std::string mnist = SharedDataDir() + "/mnist/";

@@ -310,8 +310,10 @@ TEST_P(ServerRecoveryTest, AServerHeardFromAgainIsNoLongerWaitedOnAsDead) {
   spec.kill_after_step = 3;
   spec.replace = false;
   spec.stall_victim_heartbeats_ms = 2 * BaseOptions(spec).heartbeat_timeout_ms;  // 3 s
-  spec.restart_timeout_ms = 2500;  // ends before the stall, past it without the fix
-  spec.step_sleep_ms = 300;        // the job goes on for about 6 s after the stall began
+  // Declared dead at about 1.5 s into the stall, heard from at 3 s: without
+  // the fix the job is aborted at about 1.5 + 2.5 = 4 s.
+  spec.restart_timeout_ms = 2500;
+  spec.step_sleep_ms = 300;  // the job goes on for about 6 s after the stall began
   RecoverySpec quick = spec;
   quick.step_sleep_ms = 0;
   const std::vector<float> expect = Undisturbed(quick, dir_);
