@@ -521,7 +521,7 @@ StatusOr<int> FindFreePort(const std::string& ip) {
     if (last_errno == EADDRNOTAVAIL) {
       return Status::InvalidArgument(
           StrCat("scheduler address ", ip,
-                 " is not an address of this host (--host-ip): give one of its own, or behind NAT, "
+                 " is not an address of this host: give one of its own, or behind NAT, "
                  "where the others reach it at an address it does not have, set "
                  "PSTRAIN_BIND_HOST=0.0.0.0"));
     }
@@ -631,8 +631,26 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
   }
   // The port is probed where the scheduler will bind: PSTRAIN_BIND_HOST
   // (0.0.0.0 behind NAT, where --host-ip is not this host's) or the address.
-  const std::optional<std::string> bind_host = env.Get("PSTRAIN_BIND_HOST");
-  ASSIGN_OR_RETURN(plan.root_port, FindFreePort(bind_host.value_or(plan.root_uri)));
+  std::string probe = plan.root_uri;
+  const char* probe_source = o.host_ip.empty() ? "address" : "--host-ip";
+  if (std::optional<std::string> bind = env.Get("PSTRAIN_BIND_HOST"); bind && !bind->empty()) {
+    probe_source = "PSTRAIN_BIND_HOST";
+    probe = *bind == "*" ? "0.0.0.0" : *bind;
+    addrinfo hints{};
+    hints.ai_family = AF_INET;
+    addrinfo* res = nullptr;
+    if (getaddrinfo(probe.c_str(), nullptr, &hints, &res) == 0 && res != nullptr) {
+      char buf[INET_ADDRSTRLEN];
+      if (inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, buf,
+                    sizeof(buf))) {
+        probe = buf;
+      }
+      freeaddrinfo(res);
+    }
+  }
+  StatusOr<int> port = FindFreePort(probe);
+  if (!port.ok()) return port.status().WithContext(StrCat("the scheduler's ", probe_source));
+  plan.root_port = *port;
 
   const std::map<std::string, std::string> local_env = env.All();
   if (!o.no_keys) {
@@ -773,8 +791,9 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
       if (Forwarded(k)) forwarded[k] = v;
     }
     // An address of this host is none of theirs (--env still sends it).
-    if (forwarded.count("PSTRAIN_BIND_HOST") > 0 && forwarded["PSTRAIN_BIND_HOST"] != "0.0.0.0") {
-      forwarded.erase("PSTRAIN_BIND_HOST");
+    if (auto b = forwarded.find("PSTRAIN_BIND_HOST");
+        b != forwarded.end() && b->second != "0.0.0.0" && b->second != "*") {
+      forwarded.erase(b);
     }
     const std::string dir = o.sync_dst_dir.empty() ? CurrentDir() : o.sync_dst_dir;
     if (!o.sync_dst_dir.empty()) {
@@ -922,7 +941,7 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
       {"/bin/sh", "-c", kRoleScript + (flavour == MpiFlavour::kOpenMpi ? kOpenMpiRun : kMpichRun),
        "pstrain-mpi", std::to_string(o.num_servers)});
   for (const std::string& c : o.command) t.spec.argv.push_back(c);
-  t.spec.env = local_env;
+  t.spec.env = inherited;  // mpirun's environment reaches the ranks
   // MPICH's mpiexec forwards its stdin to rank 0's proxy. From /dev/null the
   // EOF goes out at once, and when a quick job's proxy has already exited
   // that write fails (SIGPIPE, or exit 255 with "error writing to control

@@ -115,7 +115,8 @@ struct LaunchPlan {
 
 // Builds the plan: reads the host file, picks the scheduler address and a free
 // port, detects the MPI flavour, quotes the remote commands. `env` is the
-// launcher's environment (copied to local processes, forwarded in part).
+// launcher's environment (copied to local processes and mpirun less PORT,
+// forwarded in part to ssh hosts).
 // slurm: `env` must name the allocation (SLURM_JOB_ID; SlurmAllocation
 // gives these variables for one the launcher asked for); without --host-ip,
 // the scheduler address comes from the allocated nodes' addresses (sinfo).

@@ -384,6 +384,11 @@ TEST(PlanTest, MpiWithoutAHostFileTakesItsHostsFromItsOptionsOrTheAllocation) {
   }
   ASSERT_OK(plan.status());
   EXPECT_EQ(plan->root_uri, "127.0.0.1");
+  // mpirun's environment reaches its ranks: not the launcher's PORT either.
+  Environment with_port = Environment::Isolated({{"PATH", *env.Get("PATH")}, {"PORT", "8080"}});
+  auto ported = PlanLaunch(*local, with_port);
+  ASSERT_OK(ported.status());
+  for (const Task& t : ported->tasks) EXPECT_EQ(t.spec.env.count("PORT"), 0u) << t.role;
   testing::TempDir dir("mpi-hosts");
   std::ofstream(dir.Sub("machines")) << "# ours\nnode-a slots=4 max_slots=8\nnode-b:2\n";
   std::ofstream(dir.Sub("pbs")) << "node-a\nnode-a\nnode-b\n";
@@ -609,6 +614,14 @@ TEST(PlanTest, ALoopbackHostInAJobAcrossHostsIsTheLaunchersAddress) {
   auto specific = PlanLaunch(*o, Environment::Isolated({{"PSTRAIN_BIND_HOST", "127.0.0.1"}}));
   ASSERT_OK(specific.status());
   EXPECT_EQ(specific->tasks[2].spec.argv.back().find("PSTRAIN_BIND_HOST"), std::string::npos);
+  // What nodes take for it works here too: '*', a name, and empty (unset).
+  auto star = PlanLaunch(*o, Environment::Isolated({{"PSTRAIN_BIND_HOST", "*"}}));
+  ASSERT_OK(star.status());
+  EXPECT_NE(star->tasks[2].spec.argv.back().find("'PSTRAIN_BIND_HOST=*'"), std::string::npos);
+  EXPECT_OK(PlanLaunch(*o, Environment::Isolated({{"PSTRAIN_BIND_HOST", "localhost"}})).status());
+  auto empty = PlanLaunch(*o, Environment::Isolated({{"PSTRAIN_BIND_HOST", ""}}));
+  EXPECT_NE(empty.status().message().find("the scheduler's --host-ip"), std::string::npos)
+      << empty.status();
 }
 
 TEST(PlanTest, MissingForwardedVariableIsAnError) {
