@@ -385,6 +385,24 @@ TEST(InProcClusterTest, PullSeesOwnEarlierPushInSyncModeAndSgdRuns) {
   });
 }
 
+// A float32 push of ones built by hand (for requests the client would not
+// make): the wire keys and part lengths as given, one value frame.
+Message RawPush(const std::vector<uint64_t>& wire, const std::vector<uint32_t>& lens) {
+  Message m;
+  m.header.set_push(true);
+  m.header.set_dtype(DTYPE_FLOAT32);
+  m.header.set_num_keys(wire.size());
+  m.keys = Blob::Copy(wire.data(), wire.size() * sizeof(uint64_t));
+  m.lens = Blob::Copy(lens.data(), lens.size() * sizeof(uint32_t));
+  uint64_t n = 0;
+  for (uint32_t l : lens) n += l;
+  const std::vector<float> ones(n, 1.0f);
+  m.values.push_back(Blob::Copy(ones.data(), n * sizeof(float)));
+  m.header.set_num_value_frames(1);
+  m.header.set_value_bytes(n * sizeof(float));
+  return m;
+}
+
 TEST(InProcClusterTest, BadRequestsGetErrorsNamingTheKey) {
   ExpectAllOk(RunJob(1, 1, [](KVClient& kv) -> Status {
     RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));
@@ -408,18 +426,7 @@ TEST(InProcClusterTest, BadRequestsGetErrorsNamingTheKey) {
         s.message().find("key 42 appears more than once") == std::string::npos) {
       return Status::Internal(StrCat("a repeated key: ", s.ToString()));
     }
-    Message twice;
-    twice.header.set_push(true);
-    twice.header.set_dtype(DTYPE_FLOAT32);
-    twice.header.set_num_keys(2);
-    const uint64_t wire[2] = {WireKey(0, 42, 0), WireKey(0, 42, 0)};
-    const uint32_t lens[2] = {8, 8};
-    twice.keys = Blob::Copy(wire, sizeof(wire));
-    twice.lens = Blob::Copy(lens, sizeof(lens));
-    std::vector<float> both(16, 1.0f);
-    twice.values.push_back(Blob::Copy(both.data(), both.size() * sizeof(float)));
-    twice.header.set_num_value_frames(1);
-    twice.header.set_value_bytes(both.size() * sizeof(float));
+    Message twice = RawPush({WireKey(0, 42, 0), WireKey(0, 42, 0)}, {8, 8});
     s = kv.Wait(kv.TEST_SendRaw(0, std::move(twice)), Soon());
     if (s.code() != StatusCode::kInvalidArgument ||
         s.message().find("key 42 part 0 appears more than once") == std::string::npos) {
@@ -766,19 +773,8 @@ TEST(InProcClusterTest, APushOfALaterRoundWithTheRoundsBetweenLostEndsTheJob) {
       1, 1,
       [](KVClient& kv) -> Status {
         RETURN_IF_ERROR(StartKey3(kv));
-        Message ahead;
-        ahead.header.set_push(true);
-        ahead.header.set_dtype(DTYPE_FLOAT32);
-        ahead.header.set_num_keys(1);
+        Message ahead = RawPush({WireKey(0, 3, 0)}, {10});
         ahead.header.add_push_rounds(3);  // rounds 1 and 2 never come
-        const uint64_t wire = WireKey(0, 3, 0);
-        const uint32_t len = 10;
-        ahead.keys = Blob::Copy(&wire, sizeof(wire));
-        ahead.lens = Blob::Copy(&len, sizeof(len));
-        std::vector<float> g(10, 1.0f);
-        ahead.values.push_back(Blob::Copy(g.data(), g.size() * sizeof(float)));
-        ahead.header.set_num_value_frames(1);
-        ahead.header.set_value_bytes(g.size() * sizeof(float));
         return kv.Wait(kv.TEST_SendRaw(0, std::move(ahead)), Deadline::InMillis(30000));
       },
       spec);

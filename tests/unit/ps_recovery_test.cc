@@ -271,16 +271,26 @@ void ExpectBitIdentical(const std::vector<float>& a, const std::vector<float>& b
                         << b[first];
 }
 
+// Runs `spec` undisturbed (no kill, no pauses), then as given into
+// dir/disturbed: the job must end well, with `replacements` replacement
+// servers started, and with the undisturbed run's weights bit for bit.
+void ExpectTheUndisturbedWeights(const RecoverySpec& spec, const std::string& dir,
+                                 int replacements) {
+  RecoverySpec quick = spec;
+  quick.step_sleep_ms = 0;
+  const std::vector<float> expect = Undisturbed(quick, dir);
+  RecoveryResult r = RunRecoveryJob(spec, dir + "/disturbed");
+  EXPECT_EQ(r.replacement_started, replacements);
+  ASSERT_TRUE(r.scheduler.ok()) << r.scheduler;
+  for (const Status& s : r.workers) ASSERT_TRUE(s.ok()) << s;
+  ExpectBitIdentical(r.weights, expect);
+}
+
 TEST_P(ServerRecoveryTest, AKilledServerIsReplacedAndTheRunEndsBitIdentical) {
   RecoverySpec spec;
   spec.shm_bytes = GetParam();
   spec.kill_after_step = 9;
-  const std::vector<float> expect = Undisturbed(spec, dir_);
-  RecoveryResult r = RunRecoveryJob(spec, dir_ + "/killed");
-  EXPECT_EQ(r.replacement_started, 1);
-  ASSERT_TRUE(r.scheduler.ok()) << r.scheduler;
-  for (const Status& s : r.workers) ASSERT_TRUE(s.ok()) << s;
-  ExpectBitIdentical(r.weights, expect);
+  ExpectTheUndisturbedWeights(spec, dir_, /*replacements=*/1);
 }
 
 // A replaced listener that waits past the heartbeat timeout (the KV client's
@@ -292,12 +302,7 @@ TEST_P(ServerRecoveryTest, AWorkerWaitingOnTheDeadServerKeepsItsHeartbeats) {
   spec.kill_after_step = 9;
   spec.slow_replaced_listener_ms = 2 * BaseOptions(spec).heartbeat_timeout_ms;
   spec.restart_timeout_ms = 3 * spec.slow_replaced_listener_ms;
-  const std::vector<float> expect = Undisturbed(spec, dir_);
-  RecoveryResult r = RunRecoveryJob(spec, dir_ + "/killed");
-  EXPECT_EQ(r.replacement_started, 1);
-  ASSERT_TRUE(r.scheduler.ok()) << r.scheduler;
-  for (const Status& s : r.workers) ASSERT_TRUE(s.ok()) << s;
-  ExpectBitIdentical(r.weights, expect);
+  ExpectTheUndisturbedWeights(spec, dir_, /*replacements=*/1);
 }
 
 // A server silent past the heartbeat timeout but alive (its heartbeats
@@ -314,13 +319,7 @@ TEST_P(ServerRecoveryTest, AServerHeardFromAgainIsNoLongerWaitedOnAsDead) {
   // the fix the job is aborted at about 1.5 + 2.5 = 4 s.
   spec.restart_timeout_ms = 2500;
   spec.step_sleep_ms = 300;  // the job goes on for about 6 s after the stall began
-  RecoverySpec quick = spec;
-  quick.step_sleep_ms = 0;
-  const std::vector<float> expect = Undisturbed(quick, dir_);
-  RecoveryResult r = RunRecoveryJob(spec, dir_ + "/stalled");
-  ASSERT_TRUE(r.scheduler.ok()) << r.scheduler;
-  for (const Status& s : r.workers) ASSERT_TRUE(s.ok()) << s;
-  ExpectBitIdentical(r.weights, expect);
+  ExpectTheUndisturbedWeights(spec, dir_, /*replacements=*/0);
 }
 
 TEST_P(ServerRecoveryTest, SnapshotsEveryFewRoundsAreCompletedFromTheWorkersCopies) {
@@ -328,11 +327,7 @@ TEST_P(ServerRecoveryTest, SnapshotsEveryFewRoundsAreCompletedFromTheWorkersCopi
   spec.shm_bytes = GetParam();
   spec.kill_after_step = 10;
   spec.snapshot_every = 4;  // the last snapshot is 2 rounds old when it dies
-  const std::vector<float> expect = Undisturbed(spec, dir_);
-  RecoveryResult r = RunRecoveryJob(spec, dir_ + "/killed");
-  ASSERT_TRUE(r.scheduler.ok()) << r.scheduler;
-  for (const Status& s : r.workers) ASSERT_TRUE(s.ok()) << s;
-  ExpectBitIdentical(r.weights, expect);
+  ExpectTheUndisturbedWeights(spec, dir_, /*replacements=*/1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ServerRecoveryTest, ::testing::Values(0, 32 << 20),

@@ -103,6 +103,15 @@ TEST(LayoutPlanTest, TheGraphOutputIsPlain) {
   EXPECT_EQ(plan[conv], 0);          // the batch norm keeps its input's layout
 }
 
+// 16 filters of 3x3, padded to keep the image's size.
+ConvParam Conv3x3Of16() {
+  ConvParam c;
+  c.num_filter = 16;
+  c.kernel_h = c.kernel_w = 3;
+  c.pad_h = c.pad_w = 1;
+  return c;
+}
+
 // data -> conv(16) -> bn -> tanh -> {conv_a, avgpool} -> concat(32) -> bn2
 //      -> sigmoid -> conv_b(16) -> add(conv_b, conv_c(data)) -> global avgpool
 //      -> fc -> softmax
@@ -112,10 +121,7 @@ TEST(LayoutPlanTest, TheGraphOutputIsPlain) {
 Graph BlockedDag() {
   Graph g;
   NodeId x = g.Input("data", {3, 5, 5});
-  ConvParam c3;
-  c3.num_filter = 16;
-  c3.kernel_h = c3.kernel_w = 3;
-  c3.pad_h = c3.pad_w = 1;
+  const ConvParam c3 = Conv3x3Of16();
   NodeId conv = g.Convolution("conv", x, c3);
   NodeId t = g.Activation("tanh", g.BatchNorm("bn", conv, {1e-5f, 0.9f, false}), ActType::kTanh);
   NodeId a = g.Convolution("conv_a", t, c3);
@@ -202,10 +208,7 @@ TEST(LayoutExecutorTest, BlockedDagGradientsMatchFiniteDifferences) {
 Graph ReluPoolDag() {
   Graph g;
   NodeId x = g.Input("data", {3, 6, 6});
-  ConvParam c3;
-  c3.num_filter = 16;
-  c3.kernel_h = c3.kernel_w = 3;
-  c3.pad_h = c3.pad_w = 1;
+  ConvParam c3 = Conv3x3Of16();
   c3.no_bias = true;  // a bias before a batch norm has no gradient
   NodeId r1 =
       g.Activation("relu", g.BatchNorm("bn", g.Convolution("conv", x, c3), {1e-5f, 0.9f, false}),
