@@ -331,6 +331,7 @@ void KVServer::RemoveLost(Shard* shard) {
   for (auto& [wire, ks] : shard->keys) {
     if (ks.in_round.empty()) continue;
     DropLostPushes(&ks);
+    const uint64_t rounds_before = ks.rounds;
     if (ks.merged > 0 && ks.merged >= live_workers_.load()) {
       // Complete now: the last push runs again and closes the round.
       Op last = ks.waiting.back();
@@ -339,7 +340,7 @@ void KVServer::RemoveLost(Shard* shard) {
       ks.in_round[last.worker()] = 0;
       Execute(shard, &ks, last);
     }
-    Drain(shard, &ks);
+    Drain(shard, &ks, rounds_before);
   }
 }
 
@@ -776,6 +777,7 @@ void KVServer::CheckRounds(Shard* shard) {
 
 void KVServer::Submit(Shard* shard, const Op& op) {
   KeyState& ks = shard->keys[op.req->msg.key(op.part)];
+  const uint64_t rounds_before = ks.rounds;
   const bool blocked = !ks.deferred.empty() || MustWait(ks, op);
   if (!blocked) {
     Execute(shard, &ks, op);
@@ -784,12 +786,11 @@ void KVServer::Submit(Shard* shard, const Op& op) {
     if (ks.deferred.empty()) ks.deferred_since = SteadyClock::now();
     ks.deferred.push_back(op);
   }
-  Drain(shard, &ks);
+  Drain(shard, &ks, rounds_before);
 }
 
 // Runs the deferred ops that may run now, keeping each worker's order.
-void KVServer::Drain(Shard* shard, KeyState* ks) {
-  const uint64_t rounds_before = ks->rounds;
+void KVServer::Drain(Shard* shard, KeyState* ks, uint64_t rounds_before) {
   bool progress = true;
   while (progress && !ks->deferred.empty()) {
     progress = false;
@@ -812,8 +813,9 @@ void KVServer::Drain(Shard* shard, KeyState* ks) {
     // Execute never defers, so ks->deferred is still empty here.
     ks->deferred.swap(keep);
   }
-  // What is left waits on a round from now on, if one closed meanwhile (a
-  // pull run in between does not put the deadline off).
+  // What is left waits on a round from now on, if one closed since the
+  // caller's `rounds_before` (a pull run in between does not put the
+  // deadline off).
   if (ks->rounds != rounds_before) ks->deferred_since = SteadyClock::now();
 }
 

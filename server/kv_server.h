@@ -117,7 +117,10 @@ class KVServer {
   void ReplyError(const PsHeader& request, const Status& error);
   void ShardLoop(Shard* shard);
   void Submit(Shard* shard, const Op& op);
-  void Drain(Shard* shard, KeyState* ks);
+  // Runs the deferred ops of `ks` that may run now; `rounds_before`: its
+  // closed rounds when the caller began (the held ops' clock restarts if
+  // that moved).
+  void Drain(Shard* shard, KeyState* ks, uint64_t rounds_before);
   void Execute(Shard* shard, KeyState* ks, const Op& op);
   // Heartbeat thread: asks every shard to look at its open rounds.
   void RequestRoundCheck();
