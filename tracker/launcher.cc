@@ -533,10 +533,10 @@ StatusOr<int> FindFreePort(const std::string& ip) {
 namespace {
 
 // The first word of each line of a host or machine file ('#' starts a
-// comment): mpirun's formats differ past it (slots=, max_slots=, :N).
-std::string FirstWords(const std::string& text) {
+// comment), less any ":N": mpirun's formats differ past it (slots=,
+// max_slots=, :N).
+std::string FirstWords(std::istream& lines) {
   std::string out;
-  std::istringstream lines(text);
   std::string line;
   while (std::getline(lines, line)) {
     line = line.substr(0, line.find('#'));
@@ -572,16 +572,14 @@ StatusOr<std::vector<Host>> MpiHosts(const LaunchOptions& o, const Environment& 
       value = w[++i];
     }
     if (list) {
-      std::string one_per_line = value;
-      std::replace(one_per_line.begin(), one_per_line.end(), ',', '\n');
+      std::replace(value.begin(), value.end(), ',', '\n');
+      std::istringstream one_per_line(value);
       names += FirstWords(one_per_line);
       continue;
     }
     std::ifstream in(value);
     if (!in) return Status::NotFound(StrCat("--mpi-option ", name, " ", value, ": cannot read it"));
-    std::stringstream text;
-    text << in.rdbuf();
-    names += FirstWords(text.str());
+    names += FirstWords(in);
   }
   if (names.empty()) {
     if (StatusOr<SlurmJob> job = SlurmJobFromEnvironment(env); job.ok() && job->num_nodes > 1) {
@@ -589,9 +587,7 @@ StatusOr<std::vector<Host>> MpiHosts(const LaunchOptions& o, const Environment& 
     }
     if (std::optional<std::string> pbs = env.Get("PBS_NODEFILE")) {
       std::ifstream in(*pbs);
-      std::stringstream text;
-      text << in.rdbuf();
-      names = FirstWords(text.str());
+      names = FirstWords(in);
     }
   }
   if (names.empty()) return std::vector<Host>{};
@@ -629,24 +625,14 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
   } else {
     ASSIGN_OR_RETURN(plan.root_uri, DetectHostIp(plan.hosts));
   }
-  // The port is probed where the scheduler will bind: PSTRAIN_BIND_HOST
-  // (0.0.0.0 behind NAT, where --host-ip is not this host's) or the address.
+  // The port is probed where the scheduler will bind: its address, or with
+  // PSTRAIN_BIND_HOST set (0.0.0.0 or '*' behind NAT, where --host-ip is not
+  // this host's; a name) on every interface, which holds for any of them.
   std::string probe = plan.root_uri;
   const char* probe_source = o.host_ip.empty() ? "address" : "--host-ip";
   if (std::optional<std::string> bind = env.Get("PSTRAIN_BIND_HOST"); bind && !bind->empty()) {
+    probe = "0.0.0.0";
     probe_source = "PSTRAIN_BIND_HOST";
-    probe = *bind == "*" ? "0.0.0.0" : *bind;
-    addrinfo hints{};
-    hints.ai_family = AF_INET;
-    addrinfo* res = nullptr;
-    if (getaddrinfo(probe.c_str(), nullptr, &hints, &res) == 0 && res != nullptr) {
-      char buf[INET_ADDRSTRLEN];
-      if (inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, buf,
-                    sizeof(buf))) {
-        probe = buf;
-      }
-      freeaddrinfo(res);
-    }
   }
   StatusOr<int> port = FindFreePort(probe);
   if (!port.ok()) return port.status().WithContext(StrCat("the scheduler's ", probe_source));

@@ -723,12 +723,18 @@ Status StartKey3(KVClient& kv) {
 // dist_sync round: the server ends the job after the round timeout, naming
 // the worker and the key, instead of everyone waiting for the 600 s request
 // deadline.
-TEST(InProcClusterTest, ARoundThatCannotCloseEndsTheJobNamingTheMissingWorker) {
+// A job whose servers end a round after 0.8 s, with heartbeats that a loaded
+// machine cannot delay into a false death: the round's deadline must be what
+// ends it.
+testing::JobSpec RoundTimeoutSpec() {
   testing::JobSpec spec;
   spec.server.round_timeout_ms = 800;
-  // Heartbeats that a loaded machine cannot delay into a false death: the
-  // round's deadline must be what ends the job.
   spec.tweak_all = [](ClusterOptions* o) { o->heartbeat_timeout_ms = 20000; };
+  return spec;
+}
+
+TEST(InProcClusterTest, ARoundThatCannotCloseEndsTheJobNamingTheMissingWorker) {
+  const testing::JobSpec spec = RoundTimeoutSpec();
   const auto start = std::chrono::steady_clock::now();
   JobResult r = testing::RunJobWith(
       1, 2,
@@ -750,8 +756,8 @@ TEST(InProcClusterTest, ARoundThatCannotCloseEndsTheJobNamingTheMissingWorker) {
       spec);
   // The round's 0.8 s deadline, not a worker's 15 s patience, ended it.
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 12.0);
-  const std::string want = "has waited";
   const std::string who = "for the push of worker rank(s) 1 (1 of the 2 live workers pushed)";
+  EXPECT_NE(r.scheduler.message().find("has waited"), std::string::npos) << r.scheduler;
   EXPECT_NE(r.scheduler.message().find("round 1 of key 3 part 0"), std::string::npos)
       << r.scheduler;
   EXPECT_NE(r.scheduler.message().find(who), std::string::npos) << r.scheduler;
@@ -765,9 +771,7 @@ TEST(InProcClusterTest, ARoundThatCannotCloseEndsTheJobNamingTheMissingWorker) {
 // request timeout blamed the server. Now the round timeout ends the job
 // naming the worker and the lost rounds.
 TEST(InProcClusterTest, APushOfALaterRoundWithTheRoundsBetweenLostEndsTheJob) {
-  testing::JobSpec spec;
-  spec.server.round_timeout_ms = 800;
-  spec.tweak_all = [](ClusterOptions* o) { o->heartbeat_timeout_ms = 20000; };
+  const testing::JobSpec spec = RoundTimeoutSpec();
   const auto start = std::chrono::steady_clock::now();
   JobResult r = testing::RunJobWith(
       1, 1,
