@@ -26,6 +26,9 @@
 namespace pstrain::tracker {
 namespace {
 
+// How many hosts --sync-dst-dir copies to at once.
+constexpr int kParallelCopies = 16;
+
 // Variables the ssh launcher forwards from the launcher's environment, as
 // dmlc-core's ssh tracker does, plus our own and MXNet's knobs.
 bool Forwarded(const std::string& name) {
@@ -166,6 +169,8 @@ host.
   -H, --hostfile FILE     hosts, one per line, optional :port (ssh, mpi)
   --sync-dst-dir DIR      ssh: rsync the working directory to DIR on every host
                           first and run there (default: the same path as here)
+  --sync-timeout SECONDS  ssh: how long one host's copy may take (default 600);
+                          up to 16 hosts are copied to at once
   --log-dir DIR           where the logs go (default: logs/<job-id>)
   --job-id ID             name of the job (default: UTC time and launcher pid)
   --env K=V | K:V | K     set K for every process (K alone: its value here);
@@ -334,6 +339,9 @@ StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args) {
       RETURN_IF_ERROR(take(&v));
       ASSIGN_OR_RETURN(o.alloc_timeout_s, ParseCount(name, v, 1));
       slurm_only = name;
+    } else if (name == "--sync-timeout") {
+      RETURN_IF_ERROR(take(&v));
+      ASSIGN_OR_RETURN(o.sync_timeout_s, ParseCount(name, v, 1));
     } else if (name == "--timeout") {
       RETURN_IF_ERROR(take(&v));
       ASSIGN_OR_RETURN(o.timeout_s, ParseCount(name, v, 0));
@@ -953,12 +961,14 @@ StatusOr<JobResult> ExecutePlan(LaunchPlan plan, const LaunchOptions& options,
     std::filesystem::remove(plan.key_file, ec);
     RETURN_IF_ERROR(WriteJobKeys(plan.keys, plan.key_file).WithContext("the job's key file"));
   }
-  for (const auto& cmd : plan.sync_commands) {
-    std::string out;
-    int status = 0;
+  if (!plan.sync_commands.empty()) {
+    // One copy per host, several hosts at once (ssh and rsync wait on the
+    // network, not on this host's cores).
+    std::vector<CapturedRun> copies;
     int stop_signal = 0;
-    Status s = RunAndCapture(cmd, plan.tasks.front().spec.env, options.sync_timeout_s * 1000, &out,
-                             &status, supervisor.stop_fd, &stop_signal);
+    Status s = RunAllAndCapture(plan.sync_commands, plan.tasks.front().spec.env,
+                                options.sync_timeout_s * 1000, kParallelCopies, &copies,
+                                supervisor.stop_fd, &stop_signal);
     if (s.code() == StatusCode::kCancelled) {
       // Ctrl-C while copying: the job is not started (as a stop during it).
       JobResult stopped;
@@ -968,10 +978,28 @@ StatusOr<JobResult> ExecutePlan(LaunchPlan plan, const LaunchOptions& options,
                               " during --sync-dst-dir, before the job started");
       return stopped;
     }
-    if (!s.ok()) return s.WithContext("--sync-dst-dir");
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    RETURN_IF_ERROR(s.WithContext("--sync-dst-dir"));
+    std::string failed;
+    int failures = 0;
+    for (size_t i = 0; i < copies.size(); ++i) {
+      const CapturedRun& copy = copies[i];
+      const std::string what = ShellJoin(plan.sync_commands[i]);
+      std::string why;
+      if (!copy.status.ok()) {
+        why = StrCat(what, ": ", copy.status.message());
+      } else if (!WIFEXITED(copy.wait_status) || WEXITSTATUS(copy.wait_status) != 0) {
+        std::string said = copy.output;
+        while (!said.empty() && std::isspace(static_cast<unsigned char>(said.back()))) {
+          said.pop_back();
+        }
+        why = StrCat(what, " failed (status ", copy.wait_status, "): ", said);
+      }
+      if (why.empty()) continue;
+      failed += StrCat(failures++ == 0 ? "" : "; ", why);
+    }
+    if (failures > 0) {
       return Status::Unavailable(
-          StrCat("--sync-dst-dir: '", ShellJoin(cmd), "' failed (status ", status, "): ", out));
+          StrCat("--sync-dst-dir: ", failures, " of ", copies.size(), " copies failed: ", failed));
     }
   }
   SupervisorOptions sup = supervisor;

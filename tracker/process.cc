@@ -208,52 +208,98 @@ void Subprocess::SignalGroup(int sig) {
 Status RunAndCapture(const std::vector<std::string>& argv,
                      const std::map<std::string, std::string>& env, int timeout_ms,
                      std::string* output, int* wait_status, int stop_fd, int* stop_signal) {
-  ProcessSpec spec;
-  spec.argv = argv;
-  spec.env = env;
-  ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> p, Subprocess::Start(spec));
-  Deadline deadline = Deadline::InMillis(timeout_ms);
-  output->clear();
+  std::vector<CapturedRun> results;
+  RETURN_IF_ERROR(RunAllAndCapture({argv}, env, timeout_ms, 1, &results, stop_fd, stop_signal));
+  *output = std::move(results[0].output);
+  *wait_status = results[0].wait_status;
+  return results[0].status;
+}
+
+Status RunAllAndCapture(const std::vector<std::vector<std::string>>& argvs,
+                        const std::map<std::string, std::string>& env, int timeout_ms,
+                        int max_parallel, std::vector<CapturedRun>* results, int stop_fd,
+                        int* stop_signal) {
+  results->assign(argvs.size(), CapturedRun());
+  struct Running {
+    size_t index;
+    std::unique_ptr<Subprocess> process;
+    Deadline deadline;
+  };
+  std::vector<Running> running;  // what is left running when this returns is killed
+  size_t next = 0;
   char buf[4096];
-  while (p->stdout_fd() >= 0 || p->stderr_fd() >= 0 || !p->Poll()) {
-    if (deadline.Expired()) {
-      return Status::DeadlineExceeded(
-          StrCat("'", argv[0], "' did not finish within ", timeout_ms, " ms"));
+  while (next < argvs.size() || !running.empty()) {
+    while (next < argvs.size() && static_cast<int>(running.size()) < std::max(1, max_parallel)) {
+      ProcessSpec spec;
+      spec.argv = argvs[next];
+      spec.env = env;
+      auto started = Subprocess::Start(spec);
+      if (started.ok()) {
+        running.push_back({next, std::move(*started), Deadline::InMillis(timeout_ms)});
+      } else {
+        (*results)[next].status = started.status();
+      }
+      ++next;
     }
-    pollfd fds[3];
-    int nfds = 0;
-    for (int fd : {p->stdout_fd(), p->stderr_fd()}) {
-      if (fd >= 0) fds[nfds++] = {fd, POLLIN, 0};
+    // Ended (both pipes closed and exited) or out of time.
+    bool awaiting_exit = false;
+    int64_t wait_ms = 100;
+    for (auto it = running.begin(); it != running.end();) {
+      Subprocess& p = *it->process;
+      CapturedRun& result = (*results)[it->index];
+      const bool pipes_closed = p.stdout_fd() < 0 && p.stderr_fd() < 0;
+      if (pipes_closed && p.Poll()) {
+        result.wait_status = p.wait_status();
+        it = running.erase(it);
+      } else if (it->deadline.Expired()) {
+        result.status = Status::DeadlineExceeded(
+            StrCat("'", argvs[it->index][0], "' did not finish within ", timeout_ms, " ms"));
+        it = running.erase(it);  // kills its process group
+      } else {
+        awaiting_exit = awaiting_exit || pipes_closed;
+        wait_ms = std::min(wait_ms, it->deadline.RemainingMillis());
+        ++it;
+      }
     }
-    const int outputs = nfds;
-    if (stop_fd >= 0) fds[nfds++] = {stop_fd, POLLIN, 0};
-    // With both pipes closed only the exit is awaited: poll briefly.
-    const int64_t wait_ms = outputs == 0 ? 10 : 100;
-    poll(fds, static_cast<nfds_t>(nfds),
-         static_cast<int>(std::min<int64_t>(deadline.RemainingMillis(), wait_ms)));
-    if (stop_fd >= 0 && fds[nfds - 1].revents != 0) {
+    if (running.empty()) continue;
+    // With a child's pipes closed only its exit is awaited: poll briefly.
+    if (awaiting_exit) wait_ms = std::min<int64_t>(wait_ms, 10);
+    std::vector<pollfd> fds;
+    std::vector<size_t> owner;  // index into `running` of each output fd
+    for (size_t i = 0; i < running.size(); ++i) {
+      for (int fd : {running[i].process->stdout_fd(), running[i].process->stderr_fd()}) {
+        if (fd < 0) continue;
+        fds.push_back({fd, POLLIN, 0});
+        owner.push_back(i);
+      }
+    }
+    const size_t outputs = fds.size();
+    if (stop_fd >= 0) fds.push_back({stop_fd, POLLIN, 0});
+    poll(fds.data(), static_cast<nfds_t>(fds.size()),
+         static_cast<int>(std::max<int64_t>(0, wait_ms)));
+    if (stop_fd >= 0 && fds.back().revents != 0) {
       unsigned char sig = 0;
       if (read(stop_fd, &sig, 1) == 1) {
         if (stop_signal != nullptr) *stop_signal = sig;
-        return Status::Cancelled(StrCat("'", argv[0], "' was stopped (",
+        return Status::Cancelled(StrCat("'", argvs[running.front().index][0], "' was stopped (",
                                         sig != 0 ? SignalName(sig) : "stop requested", ")"));
       }
     }
-    for (int i = 0; i < outputs; ++i) {
+    for (size_t i = 0; i < outputs; ++i) {
       if (fds[i].revents == 0) continue;
+      Subprocess& p = *running[owner[i]].process;
       ssize_t n = read(fds[i].fd, buf, sizeof(buf));
       if (n > 0) {
-        output->append(buf, static_cast<size_t>(n));
+        (*results)[running[owner[i]].index].output.append(buf, static_cast<size_t>(n));
       } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-        if (fds[i].fd == p->stdout_fd()) {
-          p->CloseStdout();
+        if (fds[i].fd == p.stdout_fd()) {
+          p.CloseStdout();
         } else {
-          p->CloseStderr();
+          p.CloseStderr();
         }
       }
     }
   }
-  *wait_status = p->wait_status();
   return Status::Ok();
 }
 

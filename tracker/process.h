@@ -93,6 +93,25 @@ Status RunAndCapture(const std::vector<std::string>& argv,
                      std::string* output, int* wait_status, int stop_fd = -1,
                      int* stop_signal = nullptr);
 
+// What one command of RunAllAndCapture did.
+struct CapturedRun {
+  // Ok when it ran to its end (whatever its exit code); NotFound/IOError when it
+  // could not start; DeadlineExceeded when it was killed past the timeout.
+  Status status;
+  std::string output;   // its stdout and stderr together
+  int wait_status = 0;  // the raw waitpid status, when `status` is ok
+};
+
+// Runs every command of `argvs` (stdin /dev/null), at most `max_parallel` at
+// once, each killed past `timeout_ms` from its own start; one result per
+// command in *results, in order. A command that fails, cannot start or times
+// out does not stop the others. With a `stop_fd` (as RunAndCapture): once it
+// is readable, every running command is killed and Cancelled returned.
+Status RunAllAndCapture(const std::vector<std::vector<std::string>>& argvs,
+                        const std::map<std::string, std::string>& env, int timeout_ms,
+                        int max_parallel, std::vector<CapturedRun>* results, int stop_fd = -1,
+                        int* stop_signal = nullptr);
+
 // "SIGINT" for 2; "signal 99" for a number without a name.
 std::string SignalName(int sig);
 

@@ -283,6 +283,9 @@ TEST(LaunchArgsTest, LaunchPyStyle) {
   EXPECT_FALSE(ParseLaunchArgs({"-n", "2", "--launcher", "ssh", "cmd"}).ok()) << "needs -H";
   EXPECT_FALSE(ParseLaunchArgs({"-n", "2", "--launcher", "yarn", "cmd"}).ok());
   EXPECT_FALSE(ParseLaunchArgs({"-n", "2", "--sync-dst-dir", "/x", "cmd"}).ok());
+  EXPECT_EQ(ParseLaunchArgs({"-n", "2", "cmd"})->sync_timeout_s, 600);
+  EXPECT_EQ(ParseLaunchArgs({"-n", "2", "--sync-timeout", "45", "cmd"})->sync_timeout_s, 45);
+  EXPECT_FALSE(ParseLaunchArgs({"-n", "2", "--sync-timeout", "0", "cmd"}).ok());
   EXPECT_FALSE(ParseLaunchArgs({"-n", "2", "--env", "1BAD=x", "cmd"}).ok());
   auto unknown = ParseLaunchArgs({"-n", "2", "--bogus", "cmd"});
   EXPECT_NE(unknown.status().message().find("--bogus"), std::string::npos);
@@ -785,6 +788,62 @@ TEST_F(SupervisorTest, AStopDuringTheSyncStopsItAndStartsNothing) {
   EXPECT_EQ(result->reason, "interrupted by SIGINT during --sync-dst-dir, before the job started");
   EXPECT_LT(SteadyClock::now() - start, std::chrono::seconds(5));
   EXPECT_FALSE(std::filesystem::exists(marker)) << "the job started after the stop";
+}
+
+// --sync-dst-dir copied to one host after another, each up to a fixed 600 s.
+// Now several hosts are copied to at once, each within --sync-timeout, and a
+// failure names every host that failed, not the first only.
+TEST_F(SupervisorTest, TheSyncCopiesToHostsAtOnceAndNamesEveryFailure) {
+  LaunchPlan plan;
+  plan.log_dir = dir_;
+  plan.sync_commands = {{"/bin/sh", "-c", "sleep 1"},
+                        {"/bin/sh", "-c", "sleep 1; echo no space on host-b >&2; exit 12"},
+                        {"/bin/sh", "-c", "sleep 1"},
+                        {"/bin/sh", "-c", "exec sleep 30"}};
+  const std::string marker = temp_.Sub("started");
+  plan.tasks.push_back(ShellTask("scheduler", 0, "touch '" + marker + "'"));
+  LaunchOptions launch;
+  launch.sync_timeout_s = 2;
+  auto start = SteadyClock::now();
+  auto result = ExecutePlan(std::move(plan), launch, options_);
+  const auto took = SteadyClock::now() - start;
+  ASSERT_FALSE(result.ok());
+  const std::string& message = result.status().message();
+  EXPECT_NE(message.find("--sync-dst-dir: 2 of 4 copies failed"), std::string::npos) << message;
+  EXPECT_NE(message.find("exit 12' failed (status 3072): no space on host-b; "), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("'exec sleep 30': '/bin/sh' did not finish within 2000 ms"),
+            std::string::npos)
+      << message;
+  EXPECT_LT(took, std::chrono::milliseconds(3500)) << "copied one host after another";
+  EXPECT_FALSE(std::filesystem::exists(marker)) << "the job started after a failed copy";
+}
+
+TEST(RunAllAndCaptureTest, RunsAtMostMaxParallelAtOnceAndReportsEachInOrder) {
+  const std::vector<std::vector<std::string>> commands = {
+      {"/bin/sh", "-c", "sleep 0.5; echo first"},
+      {"/bin/sh", "-c", "sleep 0.5; echo second >&2; exit 4"},
+      {"/nonexistent/binary"},
+      {"/bin/sh", "-c", "sleep 0.5; echo fourth"}};
+  std::vector<CapturedRun> runs;
+  auto start = SteadyClock::now();
+  ASSERT_OK(RunAllAndCapture(commands, Environment().All(), 10000, 2, &runs));
+  const auto took = SteadyClock::now() - start;
+  ASSERT_EQ(runs.size(), 4u);
+  ASSERT_OK(runs[0].status);
+  EXPECT_EQ(runs[0].output, "first\n");
+  EXPECT_EQ(runs[0].wait_status, 0);
+  ASSERT_OK(runs[1].status);
+  EXPECT_EQ(runs[1].output, "second\n");
+  EXPECT_TRUE(WIFEXITED(runs[1].wait_status) && WEXITSTATUS(runs[1].wait_status) == 4);
+  EXPECT_FALSE(runs[2].status.ok());
+  EXPECT_NE(runs[2].status.message().find("/nonexistent/binary"), std::string::npos)
+      << runs[2].status;
+  ASSERT_OK(runs[3].status);
+  EXPECT_EQ(runs[3].output, "fourth\n");
+  // Two at a time: the first pair, then the fourth (the third never started).
+  EXPECT_GE(took, std::chrono::milliseconds(950));
+  EXPECT_LT(took, std::chrono::milliseconds(1450));
 }
 
 // While the job stops, a wrapper script that dies of the SIGTERM at once does
