@@ -271,7 +271,14 @@ Decoded DecodeFrames(const std::vector<Blob>& frames) {
   msg.route.assign(frames[0].data(), frames[0].size());
   const bool data = msg.header.cmd() == CMD_DATA;
   const bool in_shm = data && msg.header.shm_frame_offset_size() > 0;
-  const uint64_t expect = data ? 4 + (in_shm ? 0 : msg.header.num_value_frames()) : 2;
+  // (A peer's count is bounded before it is added to: near 2^64 the sum wraps.)
+  const uint64_t value_frames = in_shm ? 0 : msg.header.num_value_frames();
+  if (value_frames > kMaxValueFrames) {
+    d.error = StrCat(NodeIdName(msg.header.sender()), " sent a header claiming ", value_frames,
+                     " value frames (at most ", kMaxValueFrames, ")");
+    return d;
+  }
+  const uint64_t expect = data ? 4 + value_frames : 2;
   if (frames.size() != expect) {
     d.error =
         StrCat(NodeIdName(msg.header.sender()), " sent ", frames.size() - 1, " frames for command ",

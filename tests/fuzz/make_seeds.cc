@@ -105,6 +105,16 @@ void WireSeeds(const fs::path& dir) {
     batched += Part(NodeRoute(0x0123456789abcdef)) + Part(batch);
     seed(batched);
   }
+  // A header whose value frame count wraps the frame count it implies
+  // (2^64 - 2 + 4 frames is 2): the header frame alone, and with one more.
+  for (const uint64_t claimed : {~uint64_t{0} - 1, ~uint64_t{0}}) {
+    PsHeader h = DataHeader(2, true);
+    h.set_num_value_frames(claimed);
+    std::string frames(1, '\0');
+    frames += Part(NodeRoute(0x0123456789abcdef)) + Part(h.SerializeAsString());
+    if (claimed == ~uint64_t{0}) frames += Part(Bytes(std::vector<uint64_t>{WireKey(0, 3, 0)}));
+    seed(frames);
+  }
   // A 2-bit compressed push+pull of parts of 3 and 40 elements (4 and 12
   // bytes of codes), as ZeroMQ frames and as a queue entry.
   {

@@ -309,6 +309,25 @@ TEST(MessageTest, ABatchOfOneCarriesTheSameMessage) {
   EXPECT_EQ(b.msg.header.cmd(), CMD_HEARTBEAT);
 }
 
+// Found by review: the frame count a header implies was 4 + num_value_frames
+// in 64 bits, so a peer claiming 2^64 - 2 value frames matched a message of
+// the header frame alone, and the keys and lengths were read from frames
+// that were not there (the receive thread, and so any node, crashed).
+TEST(MessageTest, AValueFrameCountThatWrapsTheFrameCountIsRejected) {
+  const Blob route = Blob::Copy("n0123", 5);
+  for (const uint64_t claimed : {~uint64_t{0} - 1, ~uint64_t{0}, uint64_t{kMaxValueFrames} + 1}) {
+    Message m = MakePush(1, {3});
+    m.header.set_num_value_frames(claimed);
+    const std::string header = m.header.SerializeAsString();
+    std::vector<Blob> frames = {route, Blob::Copy(header.data(), header.size())};
+    if (claimed == ~uint64_t{0}) frames.push_back(m.keys);  // 4 + 2^64 - 1 wraps to 3 frames
+    const Decoded d = DecodeFrames(frames);
+    EXPECT_NE(d.error.find(StrCat("claiming ", claimed, " value frames (at most 65536)")),
+              std::string::npos)
+        << claimed << ": " << d.error;
+  }
+}
+
 TEST(MessageTest, MalformedBatchesOfOneAreRejected) {
   const Blob route = Blob::Copy("n0123", 5);
   const Blob good = Batch({MakePush(1, {3, 5})});
