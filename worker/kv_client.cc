@@ -77,6 +77,7 @@ StatusOr<const std::vector<PartPlan>*> KVClient::Parts(Key key, int64_t len) {
   po.bigarray_bound = options_.bigarray_bound;
   po.chunk_elems = options_.chunk_elems;
   ASSIGN_OR_RETURN(auto parts, PlaceKey(key, static_cast<uint64_t>(len), po));
+  const int64_t max_frame = node_->options().max_message_bytes;
   for (const PartPlan& p : parts) {
     if (p.len > int64_t{UINT32_MAX}) {
       // A message names each part's length in 32 bits.
@@ -84,6 +85,15 @@ StatusOr<const std::vector<PartPlan>*> KVClient::Parts(Key key, int64_t len) {
                                             p.len, " floats on server rank ", p.server,
                                             "; a part holds at most ", UINT32_MAX,
                                             " (run more servers, or split the key)"));
+    }
+    if (p.len * int64_t{sizeof(float)} > max_frame) {
+      // Sent (and pulled back) as one frame, which the receiving node's
+      // ZeroMQ would drop with the connection, silently.
+      return Status::InvalidArgument(StrCat("key ", key, " of length ", len, " has a part of ",
+                                            p.len, " floats (", p.len * int64_t{sizeof(float)},
+                                            " bytes) on server rank ", p.server,
+                                            ", over PSTRAIN_MAX_MESSAGE_BYTES=", max_frame,
+                                            " (raise it on every node, or run more servers)"));
     }
   }
   auto& slot = plans_[key];
@@ -171,6 +181,8 @@ KVClient::Ticket KVClient::Queue(Kind kind, const std::vector<Key>& keys,
         bool last_big = false;
       };
       std::vector<Build> builds(node_->num_servers());
+      // A run is sent as one frame: within what the server's ZeroMQ takes.
+      const uint64_t max_frame_bytes = static_cast<uint64_t>(node_->options().max_message_bytes);
       uint64_t offset = 0;
       for (size_t i = 0; i < keys.size() && bad.ok(); ++i) {
         if (lens[i] <= 0 || lens[i] > int64_t{1} << 40) {
@@ -193,7 +205,8 @@ KVClient::Ticket KVClient::Queue(Kind kind, const std::vector<Key>& keys,
             const float* start = vals + offset + p.offset;
             const bool big = p.len * sizeof(float) >= kOwnFrameBytes;
             if (!big && !b.runs.empty() && !b.last_big &&
-                b.runs.back().first + b.runs.back().second == start) {
+                b.runs.back().first + b.runs.back().second == start &&
+                (b.runs.back().second + p.len) * sizeof(float) <= max_frame_bytes) {
               b.runs.back().second += p.len;
             } else {
               b.runs.emplace_back(start, p.len);
@@ -434,11 +447,17 @@ void KVClient::AddValueFrames(int server,
                               const std::vector<std::pair<const float*, uint64_t>>& runs,
                               std::vector<Blob>* frames) {
   const auto small = [](uint64_t floats) { return floats * sizeof(float) < kOwnFrameBytes; };
+  // A gathered frame stays within the frame size the server's ZeroMQ takes.
+  const uint64_t max_floats =
+      static_cast<uint64_t>(node_->options().max_message_bytes) / sizeof(float);
   for (size_t i = 0; i < runs.size();) {
     size_t end = i + 1;
     uint64_t floats = runs[i].second;
     if (small(runs[i].second)) {
-      while (end < runs.size() && small(runs[end].second)) floats += runs[end++].second;
+      while (end < runs.size() && small(runs[end].second) &&
+             floats + runs[end].second <= max_floats) {
+        floats += runs[end++].second;
+      }
     }
     if (end == i + 1) {  // one run: referenced where it lies
       frames->emplace_back(nullptr, runs[i].first, runs[i].second * sizeof(float));

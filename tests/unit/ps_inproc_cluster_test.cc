@@ -446,6 +446,54 @@ TEST(InProcClusterTest, BadRequestsGetErrorsNamingTheKey) {
   }));
 }
 
+// Found by review: a frame over PSTRAIN_MAX_MESSAGE_BYTES is dropped by the
+// receiving node's ZeroMQ with the connection, silently, and the request
+// waited out its timeout. A key part over it (sent, and pulled back, as one
+// frame) is now refused at once naming the key, and small parts gathered
+// into one frame stay within it.
+TEST(InProcClusterTest, AKeyPartOverTheFrameLimitIsRefusedAndSmallPartsFitIt) {
+  testing::JobSpec spec;
+  spec.tweak_all = [](ClusterOptions* o) { o->max_message_bytes = 65536; };
+  JobResult r = testing::RunJobWith(
+      1, 1,
+      [](KVClient& kv) -> Status {
+        RETURN_IF_ERROR(kv.SetServerConfig(Config(false, 1.0f), Soon()));
+        std::vector<float> big(16385, 1.0f);
+        const auto start = std::chrono::steady_clock::now();
+        Status s = kv.Wait(kv.Init({3}, {16385}, big.data()), Soon());
+        if (s.code() != StatusCode::kInvalidArgument ||
+            s.message().find("key 3 of length 16385 has a part of 16385 floats (65540 bytes) on "
+                             "server rank 0, over PSTRAIN_MAX_MESSAGE_BYTES=65536") ==
+                std::string::npos) {
+          return Status::Internal(StrCat("a part over the frame limit: ", s.ToString()));
+        }
+        if (std::chrono::steady_clock::now() - start > std::chrono::seconds(1)) {
+          return Status::Internal("the refusal waited");
+        }
+        // 40 keys of 1000 floats: 160000 bytes of small parts in one push.
+        std::vector<uint64_t> keys;
+        std::vector<int64_t> lens;
+        std::vector<float> values;
+        for (int k = 0; k < 40; ++k) {
+          keys.push_back(100 + k);
+          lens.push_back(1000);
+          values.insert(values.end(), 1000, static_cast<float>(k));
+        }
+        RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, values.data()), Soon()));
+        RETURN_IF_ERROR(kv.Wait(kv.Push(keys, lens, values.data()), Soon()));
+        for (int k = 0; k < 40; ++k) {
+          std::vector<float> got(1000);
+          RETURN_IF_ERROR(kv.Wait(kv.Pull({keys[k]}, {1000}, got.data()), Soon()));
+          if (got[0] != 2.0f * k || got[999] != 2.0f * k) {
+            return Status::Internal(StrCat("key ", keys[k], " holds ", got[0]));
+          }
+        }
+        return Status::Ok();
+      },
+      spec);
+  ExpectAllOk(r);
+}
+
 TEST(InProcClusterTest, HigherPriorityLeavesFirstButNeverOvertakesSameKey) {
   KVClientOptions ko;
   ko.max_inflight_per_server = 1;
