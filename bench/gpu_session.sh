@@ -48,6 +48,8 @@ tar -C "$unpacked" -xaf "$bundle" || exit 1
 . "$unpacked/pstrain-bundle/env.sh"
 bin=$unpacked/pstrain-bundle/bin
 export PSTRAIN_BINARY=$bin/pstrain PSTRAIN_CUDA_MODULE=$bin/libpstrain_cuda.so
+# A GPU test that cannot use the GPU here fails rather than skips.
+export PSTRAIN_REQUIRE_GPU=1
 pstrain version | tee "$out/version.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$out/version.txt"
 
