@@ -286,7 +286,8 @@ class Backend {
   virtual void Copy(const Tensor& src, const Tensor& dst) = 0;
   // dst (here) = src, a tensor of `from`, another backend of the same kind
   // (another GPU, or the same GPU listed twice; another CPU backend). After
-  // the work asked of `from` so far, before the work asked here later.
+  // the work asked of `from` so far, before the work asked here later and
+  // before the work asked of `from` later (which may write `src` again).
   // REQUIRES: same num_elements; from.device().type == device().type.
   virtual void CopyPeer(Backend& from, const Tensor& src, const Tensor& dst) = 0;
   virtual void Fill(const Tensor& t, float value) = 0;

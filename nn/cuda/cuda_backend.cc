@@ -96,6 +96,8 @@ Status CudaBackend::Init() {
                                "creating the copy stream");
   PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&peer_event_, cudaEventDisableTiming),
                                "cudaEventCreate");
+  PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&copied_event_, cudaEventDisableTiming),
+                               "cudaEventCreate");
   PSTRAIN_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&download_stream_, cudaStreamNonBlocking),
                                "creating the download stream");
   PSTRAIN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming),
@@ -221,6 +223,13 @@ Status CudaBackend::AddStagingSlot() {
       e != cudaSuccess) {
     return fail(CudaError(e, "cudaEventCreate"));
   }
+  // The device buffer may be a cached block that was freed while work queued
+  // on the compute stream still reads it (the allocator reuses blocks in that
+  // stream's order): the first upload into it, on the copy stream, waits for
+  // what the compute stream has queued so far.
+  if (const cudaError_t e = cudaEventRecord(s.consumed, stream_); e != cudaSuccess) {
+    return fail(CudaError(e, "cudaEventRecord"));
+  }
   staging_.push_back(std::move(s));
   return Status::Ok();
 }
@@ -237,6 +246,7 @@ CudaBackend::~CudaBackend() {
   if (download_ != nullptr) cudaFreeHost(download_);
   if (step_flags_ != nullptr) cudaFreeHost(step_flags_);
   if (peer_event_ != nullptr) cudaEventDestroy(peer_event_);
+  if (copied_event_ != nullptr) cudaEventDestroy(copied_event_);
   if (compute_done_ != nullptr) cudaEventDestroy(compute_done_);
   if (upload_done_ != nullptr) cudaEventDestroy(upload_done_);
   if (timing_start_ != nullptr) cudaEventDestroy(timing_start_);
@@ -353,12 +363,11 @@ void CudaBackend::CopyFromHost(const float* src, const Tensor& dst) {
     Staging& s = staging_[next_slot_];
     next_slot_ = (next_slot_ + 1) % static_cast<int>(staging_.size());
     const size_t n = std::min(kStagingBytes, bytes - done);
-    if (s.used) {
-      // The pinned buffer is free once its last upload finished; the device
-      // buffer once the compute stream copied it out.
-      AwaitEvent(s.uploaded, "an upload through a staging buffer");
-      PSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, s.consumed, 0));
-    }
+    // The pinned buffer is free once its last upload finished; the device
+    // buffer once the compute stream copied it out (or, new, once the compute
+    // work queued before it was made: AddStagingSlot).
+    if (s.used) AwaitEvent(s.uploaded, "an upload through a staging buffer");
+    PSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, s.consumed, 0));
     std::memcpy(s.host, from + done, n);
     PSTRAIN_CUDA_CHECK(
         cudaMemcpyAsync(s.device->data(), s.host, n, cudaMemcpyHostToDevice, copy_stream_));
@@ -520,6 +529,9 @@ void CudaBackend::CopyPeer(Backend& from, const Tensor& src, const Tensor& dst) 
   PSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(stream_, peer.peer_event_, 0));
   PSTRAIN_CUDA_CHECK(
       cudaMemcpyPeerAsync(dst.data(), ordinal_, src.data(), peer.ordinal_, dst.bytes(), stream_));
+  // And the peer's later work (which may write the source) waits for the copy.
+  PSTRAIN_CUDA_CHECK(cudaEventRecord(copied_event_, stream_));
+  PSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(peer.stream_, copied_event_, 0));
 }
 
 void CudaBackend::EnablePeerAccess(int peer) {

@@ -169,6 +169,7 @@ class CudaBackend : public Backend {
   cudaStream_t stream_ = nullptr;
   cudaStream_t copy_stream_ = nullptr;
   cudaEvent_t peer_event_ = nullptr;        // recorded on this stream for a peer's CopyPeer
+  cudaEvent_t copied_event_ = nullptr;      // recorded here after a CopyPeer, for the peer
   cudaStream_t download_stream_ = nullptr;  // CopyToHostAsync, fences
   // Recorded and waited for at once (reusing one event is safe then): the
   // download stream waits for the compute stream, and the compute stream

@@ -24,7 +24,8 @@ __global__ void FillKernel(float* p, int64_t n, float v) {
   PSTRAIN_GRID_STRIDE_LOOP(i, n) { p[i] = v; }
 }
 
-__global__ void AddKernel(const float* __restrict__ src, float* __restrict__ dst, int64_t n) {
+// (No __restrict__: Backend::Add allows src == dst, doubling it.)
+__global__ void AddKernel(const float* src, float* dst, int64_t n) {
   PSTRAIN_GRID_STRIDE_LOOP(i, n) { dst[i] += src[i]; }
 }
 

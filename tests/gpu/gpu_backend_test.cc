@@ -497,6 +497,66 @@ TEST(GpuBackendTest, AsyncCopiesThroughPinnedMemoryFollowTheQueue) {
   }
 }
 
+// Found by review: a staging slot added while the ring grows takes its
+// device buffer from the caching allocator, which reuses blocks in the compute
+// stream's order; its first upload ran on the copy stream without waiting for
+// the compute stream, so it could overwrite a freed block that queued kernels
+// still read. Now a new slot's first upload waits for the work queued before it.
+TEST(GpuBackendTest, ANewStagingSlotWaitsForTheKernelsReadingItsBlock) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = Backend::Create(Gpu());
+  ASSERT_OK(gpu.status());
+  Backend& G = **gpu;
+  constexpr int64_t kFloats = int64_t{1} << 20;  // one staging slot's 4 MiB
+  Tensor a = G.Empty({kFloats});
+  Tensor b = G.Zeros({kFloats});
+  G.Fill(a, 1.0f);
+  for (int i = 0; i < 500; ++i) G.Add(a, b);  // queued: reads `a` 500 times
+  a = Tensor();  // its block goes back to the cache with the adds still queued
+  // 30 slots' worth grows the ring to its most: new slots take cached blocks.
+  std::vector<float> host(30 * kFloats, -7.0f);
+  Tensor big = G.Empty({30 * kFloats});
+  G.CopyFromHost(host.data(), big);
+  std::vector<float> sums(kFloats), copied(30 * kFloats);
+  G.CopyToHost(b, sums.data());
+  G.CopyToHost(big, copied.data());
+  for (int64_t i = 0; i < kFloats; i += 997) ASSERT_EQ(sums[i], 500.0f) << i;
+  for (int64_t i = 0; i < 30 * kFloats; i += 9973) ASSERT_EQ(copied[i], -7.0f) << i;
+}
+
+// CopyPeer between two backends of the same GPU (as --gpus 0,0 makes them):
+// the copy follows the source's earlier work, and the source's later work
+// (here a fill that overwrites it at once) waits for the copy, which the
+// destination's queue holds back behind 300 additions. Found by review: the
+// second order was not kept.
+TEST(GpuBackendTest, CopyPeerFollowsTheSourcesEarlierWorkAndPrecedesItsLater) {
+  SKIP_WITHOUT_GPU();
+  auto first = Backend::Create(Gpu());
+  auto second = Backend::Create(Gpu());
+  ASSERT_OK(first.status());
+  ASSERT_OK(second.status());
+  Backend& A = **first;
+  Backend& B = **second;
+  constexpr int64_t kFloats = int64_t{4} << 20;
+  Tensor busy = B.Zeros({kFloats}), ones = B.Empty({kFloats});
+  B.Fill(ones, 1.0f);
+  for (int i = 0; i < 300; ++i) B.Add(ones, busy);  // B's stream is busy a while
+  Tensor src = A.Empty({kFloats});
+  A.Fill(src, 2.0f);
+  Tensor dst = B.Empty({kFloats});
+  B.CopyPeer(A, src, dst);
+  A.Fill(src, 5.0f);  // must not reach the copy
+  std::vector<float> got(kFloats), sums(kFloats), left(kFloats);
+  B.CopyToHost(dst, got.data());
+  B.CopyToHost(busy, sums.data());
+  A.CopyToHost(src, left.data());
+  for (int64_t i = 0; i < kFloats; i += 4093) {
+    ASSERT_EQ(got[i], 2.0f) << i;
+    ASSERT_EQ(sums[i], 300.0f) << i;
+    ASSERT_EQ(left[i], 5.0f) << i;
+  }
+}
+
 ModelOptions SmallModel(const std::string& name) {
   ModelOptions mo;
   mo.name = name;
