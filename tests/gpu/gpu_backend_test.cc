@@ -153,6 +153,44 @@ TEST_P(GpuOpTest, MatchesTheCpuReference) {
   }
 }
 
+// Each training forward draws a new dropout mask, and backward goes through
+// the mask of the forward before it (found by review: the op test reseeded
+// before every forward, so a mask that never changed, or a backward reading
+// an earlier one, passed).
+void ExpectEachForwardDrawsANewMask(const BackendOptions& backend) {
+  Graph g;
+  const NodeId id = g.Dropout("drop", g.Input("data", {64, 64}), {0.5f});
+  ASSERT_TRUE(g.status().ok()) << g.status();
+  OpHarness h(g, id, backend, /*batch=*/64, /*seed=*/7);
+  OpTensors& d = h.tensors();
+  const float scale = 2.0f;
+  std::vector<bool> first(d.out.num_elements());
+  h.Objective(/*is_train=*/true, /*same_dropout_seed=*/false);
+  for (int64_t i = 0; i < d.out.num_elements(); ++i) first[i] = d.out.at(i) != 0.0f;
+  h.Objective(/*is_train=*/true, /*same_dropout_seed=*/false);
+  h.Backward();
+  int64_t changed = 0;
+  for (int64_t i = 0; i < d.out.num_elements(); ++i) {
+    const bool kept = d.out.at(i) != 0.0f;
+    changed += kept != first[i];
+    ASSERT_NEAR(d.in_grads[0].at(i), kept ? d.out_grad.at(i) * scale : 0.0f, 1e-6) << i;
+  }
+  // Two independent masks of p = 0.5 differ at about half the places.
+  EXPECT_GT(changed, d.out.num_elements() / 4) << "the second forward kept the first mask";
+}
+
+TEST(GpuDropoutTest, EachForwardDrawsANewMaskAndBackwardUsesTheLast) {
+  SKIP_WITHOUT_GPU();
+  ExpectEachForwardDrawsANewMask(Gpu());
+}
+
+// The same check of the CPU's dropout (and of the check itself, where no GPU is).
+TEST(GpuDropoutTest, TheCpuDrawsANewMaskEachForwardToo) {
+  BackendOptions cpu;
+  cpu.cpu_kernels = CpuKernels::kReference;
+  ExpectEachForwardDrawsANewMask(cpu);
+}
+
 // Input gradients added to what they held (a tensor with several readers):
 // the GPU adds what the reference adds, from the same starting values.
 TEST_P(GpuOpTest, AddsToInputGradientsAsTheReferenceDoes) {

@@ -137,11 +137,12 @@ class OpHarness {
     CHECK(s.ok()) << s;
   }
 
-  // Runs Forward (same dropout seed every time) and returns the scalar whose
-  // gradient Backward computes: sum(out * out_grad), or for SoftmaxOutput
-  // grad_scale * sum of cross-entropies.
-  double Objective(bool is_train = true) {
-    dropout_rng_.seed(77);
+  // Runs Forward (same dropout seed every time, unless `same_dropout_seed`
+  // is false: the generator goes on as in training) and returns the scalar
+  // whose gradient Backward computes: sum(out * out_grad), or for
+  // SoftmaxOutput grad_scale * sum of cross-entropies.
+  double Objective(bool is_train = true, bool same_dropout_seed = true) {
+    if (same_dropout_seed) dropout_rng_.seed(77);
     ctx_.is_train = is_train;
     if (!backend_->host_accessible()) {
       for (size_t i = 0; i < t_.in.size(); ++i)
