@@ -60,7 +60,8 @@ const Command kCommands[] = {
     // training (nn/, models/, worker/):
     {"summary", "print a model's layers, output shapes and parameter counts", RunSummary,
      "fit_flags.cc"},
-    {"train", "train a network (MXNet fit.py flags; --config FILE)", RunTrain, "fit_flags.cc"},
+    {"train", "train a network (MXNet fit.py flags; --config FILE)", RunTrain,
+     "fit_flags.cc,image_flags.cc"},
 
     // model export (onnx/):
     {"export", "write a trained model as an ONNX file (--params, --out)", RunExport,
@@ -103,6 +104,26 @@ bool FlagBelongsTo(const gflags::CommandLineFlagInfo& f, const char* files) {
   return false;
 }
 
+// Whether `cmd` reads flag `f`: one its files define, or (the job config's
+// RecordIO paths, image_flags.cc's) --data-train and --data-val where
+// fit_flags.cc reads the config.
+bool CommandTakes(const Command& cmd, const gflags::CommandLineFlagInfo& f) {
+  if (FlagBelongsTo(f, cmd.flag_files)) return true;
+  return (f.name == "data_train" || f.name == "data_val") && FlagBelongsTo(f, "image_flags.cc") &&
+         std::string(cmd.flag_files).find("fit_flags.cc") != std::string::npos;
+}
+
+// The commands that take `f`, comma-separated; empty for a flag of no
+// command (glog's, gflags' own).
+std::string CommandsTaking(const gflags::CommandLineFlagInfo& f) {
+  std::string names;
+  for (const Command& c : kCommands) {
+    if (c.raw_args || !CommandTakes(c, f)) continue;
+    names += StrCat(names.empty() ? "" : ", ", c.name);
+  }
+  return names;
+}
+
 void PrintCommandHelp(const Command& cmd) {
   std::printf("pstrain %s: %s\n\nflags:\n", cmd.name, cmd.summary);
   std::vector<gflags::CommandLineFlagInfo> flags;
@@ -132,11 +153,12 @@ void PrintCommandHelp(const Command& cmd) {
 //     left alone: the word after a flag that takes one ("--rgb-mean -1,-2,-3");
 //   - MXNet's "--no-shuffle" for a boolean flag `shuffle` becomes gflags'
 //     "--noshuffle" (unless a flag is itself named no_shuffle);
-//   - refused: an unknown flag, a value gflags cannot parse for the flag's
-//     type, a flag missing its value. Not checked when --flagfile, --fromenv,
-//     --tryfromenv or --undefok is given (flags from elsewhere, or unknown
-//     ones allowed): gflags then decides.
-std::string NormalizeFlags(std::vector<std::string>* args) {
+//   - refused: an unknown flag, another command's flag (the binary holds
+//     every command's flags, but `cmd` would ignore it), a value gflags
+//     cannot parse for the flag's type, a flag missing its value. Not checked
+//     when --flagfile, --fromenv, --tryfromenv or --undefok is given (flags
+//     from elsewhere, or unknown ones allowed): gflags then decides.
+std::string NormalizeFlags(const Command& cmd, std::vector<std::string>* args) {
   // As the help spells flags.
   auto dashed = [](std::string name) {
     std::replace(name.begin(), name.end(), '_', '-');
@@ -179,6 +201,11 @@ std::string NormalizeFlags(std::vector<std::string>* args) {
       }
       if (unknown.empty()) unknown = StrCat("unknown command line flag '", dashed(name), "'");
       continue;
+    }
+    if (const std::string takers = CommandsTaking(info);
+        !takers.empty() && !CommandTakes(cmd, info) && unknown.empty()) {
+      unknown = StrCat("flag '", dashed(name), "' belongs to pstrain ", takers, ", not to pstrain ",
+                       cmd.name);
     }
     given.push_back({name, value});
     value_next = !value.has_value() && info.type != "bool";
@@ -262,7 +289,7 @@ int main(int argc, char** argv) {
     }
     args.push_back(a);
   }
-  if (const std::string error = pstrain::NormalizeFlags(&args); !error.empty()) {
+  if (const std::string error = pstrain::NormalizeFlags(*cmd, &args); !error.empty()) {
     std::fprintf(stderr, "pstrain %s: %s (see `pstrain %s --help`)\n", cmd->name, error.c_str(),
                  cmd->name);
     return 2;

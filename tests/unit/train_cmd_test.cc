@@ -88,6 +88,21 @@ TEST(CommandLineTest, BadFlagsAreUsageErrors) {
   EXPECT_NE(out.find("illegal value 'fast' for double flag '--lr'"), std::string::npos) << out;
   EXPECT_EQ(RunPstrain("summary --network", &out), 2) << out;
   EXPECT_NE(out.find("flag '--network' is missing its value"), std::string::npos) << out;
+  // Another command's flag (the binary holds them all): refused, not ignored.
+  EXPECT_EQ(RunPstrain("imageio --data-train /none.rec --batch-size 64", &out), 2) << out;
+  EXPECT_NE(out.find("pstrain imageio: flag '--batch-size' belongs to pstrain summary, train, "
+                     "export, not to pstrain imageio"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(RunPstrain("parse-log --out table.md /none.log", &out), 2) << out;
+  EXPECT_NE(out.find("flag '--out' belongs to pstrain export, not to pstrain parse-log"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(RunPstrain("version --network mlp", &out), 2) << out;
+  // glog's flags are every command's; train takes the image pipeline's.
+  EXPECT_EQ(RunPstrain("summary --network lenet --v=0", &out), 0) << out;
+  EXPECT_EQ(RunPstrain("train --network mlp --rgb-mean 1,2,3 --num-epochs x", &out), 2) << out;
+  EXPECT_NE(out.find("illegal value 'x'"), std::string::npos) << out;
   // Well-formed flags in every spelling still parse.
   EXPECT_EQ(RunPstrain("summary -network=lenet --image_shape 1,28,28 --num-classes=10", &out), 0)
       << out;
