@@ -25,6 +25,20 @@ StatusOr<JobEnv> ReadClusterEnv() {
   return job;
 }
 
+StatusOr<JobEnv> ReadClusterEnvAs(Role role) {
+  if (!FLAGS_role.empty()) {
+    ASSIGN_OR_RETURN(const Role asked, ParseRole(FLAGS_role));
+    if (asked != role) {
+      return Status::InvalidArgument(StrCat("--role ", FLAGS_role, " given to pstrain ",
+                                            RoleName(role), ", which runs the ", RoleName(role),
+                                            " (pstrain train or kvbench take any role)"));
+    }
+  }
+  ASSIGN_OR_RETURN(JobEnv job, ReadClusterEnv());
+  job.role = role;
+  return job;
+}
+
 int RunSchedulerRole(const JobEnv& env) {
   TuneMallocForMessages();
   ClusterOptions o = ClusterOptionsFromJobEnv(env);

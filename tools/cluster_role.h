@@ -23,6 +23,9 @@ void TuneMallocForMessages();
 
 // The job environment with --role applied over DMLC_ROLE.
 StatusOr<JobEnv> ReadClusterEnv();
+// ReadClusterEnv for `pstrain scheduler` or `pstrain server`, which run
+// `role`: a --role naming another is refused (InvalidArgument), not ignored.
+StatusOr<JobEnv> ReadClusterEnvAs(Role role);
 
 // Runs the scheduler or a server to the job's end: 0 on a clean shutdown, 1
 // (with the reason logged) otherwise.

@@ -61,7 +61,7 @@ const Command kCommands[] = {
     {"summary", "print a model's layers, output shapes and parameter counts", RunSummary,
      "fit_flags.cc"},
     {"train", "train a network (MXNet fit.py flags; --config FILE)", RunTrain,
-     "fit_flags.cc,image_flags.cc"},
+     "fit_flags.cc,image_flags.cc,cluster_role.cc"},
 
     // model export (onnx/):
     {"export", "write a trained model as an ONNX file (--params, --out)", RunExport,

@@ -5,7 +5,7 @@
 namespace pstrain {
 
 int RunSchedulerCmd(int /*argc*/, char** /*argv*/) {
-  auto env = ReadClusterEnv();
+  auto env = ReadClusterEnvAs(Role::kScheduler);
   if (!env.ok()) {
     LOG(ERROR) << env.status();
     return 2;

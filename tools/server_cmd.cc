@@ -5,7 +5,7 @@
 namespace pstrain {
 
 int RunServerCmd(int /*argc*/, char** /*argv*/) {
-  auto env = ReadClusterEnv();
+  auto env = ReadClusterEnvAs(Role::kServer);
   if (!env.ok()) {
     LOG(ERROR) << env.status();
     return 2;

@@ -109,6 +109,25 @@ TEST(CommandLineTest, BadFlagsAreUsageErrors) {
   EXPECT_NE(out.find("\ntotal parameters: 431080\n"), std::string::npos) << out;
 }
 
+// Found by review: `pstrain server --role scheduler` listed --role in its
+// help and then started a server. A role the command does not run is refused.
+TEST(CommandLineTest, SchedulerAndServerRefuseAnotherRole) {
+  const std::string env =
+      "DMLC_PS_ROOT_URI=127.0.0.1 DMLC_PS_ROOT_PORT=9 DMLC_NUM_SERVER=1 DMLC_NUM_WORKER=1";
+  std::string out;
+  EXPECT_EQ(RunPstrain("server --role scheduler", &out, env), 2) << out;
+  EXPECT_NE(out.find("--role scheduler given to pstrain server, which runs the server"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(RunPstrain("scheduler --role worker", &out, env), 2) << out;
+  EXPECT_NE(out.find("--role worker given to pstrain scheduler"), std::string::npos) << out;
+  EXPECT_EQ(RunPstrain("scheduler --role bogus", &out, env), 2) << out;
+  EXPECT_NE(out.find("role 'bogus' is not one of"), std::string::npos) << out;
+  // train runs any role: --role is its flag too.
+  EXPECT_EQ(RunPstrain("train --role bogus --network mlp", &out), 2) << out;
+  EXPECT_NE(out.find("role 'bogus' is not one of"), std::string::npos) << out;
+}
+
 // Image shapes are integers of a size an image can have: 28.9 or 1e10 are
 // not truncated or cast (a 2^32 + 28 side used to become 28).
 TEST(CommandLineTest, ImageShapesAreWholeNumbersInRange) {
