@@ -19,6 +19,9 @@ struct Command {
   // When true the command parses its own arguments: argv holds everything after
   // the subcommand, untouched (no gflags, no dash mapping, `--help` included).
   bool raw_args = false;
+  // False: the command takes flags only; a positional argument (a word it
+  // would ignore, as "false" in `--verify false`) is a usage error.
+  bool operands = true;
 };
 
 int RunVersion(int argc, char** argv);

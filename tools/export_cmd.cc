@@ -35,11 +35,7 @@ std::string WithBatch(const Shape& per_sample) {
 
 }  // namespace
 
-int RunExport(int argc, char** argv) {
-  if (argc > 1) {
-    std::fprintf(stderr, "pstrain export: unexpected argument '%s'\n", argv[1]);
-    return 2;
-  }
+int RunExport(int /*argc*/, char** /*argv*/) {
   auto cfg = MergedConfigFromFlags();
   if (!cfg.ok()) {
     std::fprintf(stderr, "pstrain export: %s\n", cfg.status().ToString().c_str());

@@ -36,11 +36,11 @@ const Command kCommands[] = {
     {"keygen", "write new keys for a job started by hand (PSTRAIN_KEY_FILE)", RunKeygen, "",
      /*raw_args=*/true},
     {"kvbench", "push/pull throughput of the parameter server (--verify: conformance check)",
-     RunKvbench, "kvbench_cmd.cc,cluster_role.cc"},
+     RunKvbench, "kvbench_cmd.cc,cluster_role.cc", /*raw_args=*/false, /*operands=*/false},
     {"scheduler", "run the scheduler of a job (DMLC_* variables)", RunSchedulerCmd,
-     "cluster_role.cc"},
+     "cluster_role.cc", /*raw_args=*/false, /*operands=*/false},
     {"server", "run one parameter server of a job (DMLC_* variables)", RunServerCmd,
-     "cluster_role.cc"},
+     "cluster_role.cc", /*raw_args=*/false, /*operands=*/false},
 
     // data sets (data/dataset_get.h):
     {"data", "fetch data sets (mnist, cifar10): checked, resumed; find the folder holding one",
@@ -50,7 +50,7 @@ const Command kCommands[] = {
     {"im2rec", "make .lst files from image folders; pack them into RecordIO .rec + .idx", RunIm2rec,
      "im2rec_cmd.cc"},
     {"imageio", "read a .rec through the image pipeline and report images/s", RunImageIo,
-     "imageio_cmd.cc,image_flags.cc"},
+     "imageio_cmd.cc,image_flags.cc", /*raw_args=*/false, /*operands=*/false},
     {"rec",
      "RecordIO files: ls, unpack (images + .lst), index (rebuild .idx), check, cifar10 (pack "
      "binary batches)",
@@ -59,15 +59,16 @@ const Command kCommands[] = {
 
     // training (nn/, models/, worker/):
     {"summary", "print a model's layers, output shapes and parameter counts", RunSummary,
-     "fit_flags.cc"},
+     "fit_flags.cc", /*raw_args=*/false, /*operands=*/false},
     {"train", "train a network (MXNet fit.py flags; --config FILE)", RunTrain,
-     "fit_flags.cc,image_flags.cc,cluster_role.cc"},
+     "fit_flags.cc,image_flags.cc,cluster_role.cc", /*raw_args=*/false, /*operands=*/false},
 
     // model export (onnx/):
     {"export", "write a trained model as an ONNX file (--params, --out)", RunExport,
-     "export_cmd.cc,fit_flags.cc"},
+     "export_cmd.cc,fit_flags.cc", /*raw_args=*/false, /*operands=*/false},
 
-    {"version", "print the version and build configuration", RunVersion, ""},
+    {"version", "print the version and build configuration", RunVersion, "", /*raw_args=*/false,
+     /*operands=*/false},
 };
 
 const Command* FindCommand(const std::string& name) {
@@ -304,6 +305,16 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   gflags::SetUsageMessage(std::string("see `pstrain ") + cmd->name + " --help`");
   gflags::ParseCommandLineFlags(&cargc, &cargv_ptr, /*remove_flags=*/true);
+  if (!cmd->operands && cargc > 1) {
+    const std::string word = cargv_ptr[1];
+    const bool boolean_word = word == "true" || word == "false";
+    std::fprintf(
+        stderr,
+        "pstrain %s: unexpected argument '%s' (it takes flags only%s; see `pstrain %s --help`)\n",
+        cmd->name, word.c_str(),
+        boolean_word ? ": a boolean flag takes its value as --flag=false" : "", cmd->name);
+    return 2;
+  }
   google::InitGoogleLogging(cargv_ptr[0]);
   return cmd->run(cargc, cargv_ptr);
 }

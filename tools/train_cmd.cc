@@ -93,12 +93,8 @@ int Fail(const char* what, const Status& s) {
 
 }  // namespace
 
-int RunTrain(int argc, char** argv) {
+int RunTrain(int /*argc*/, char** /*argv*/) {
   if (std::optional<int> code = RunClusterRole()) return *code;
-  if (argc > 1) {
-    std::fprintf(stderr, "pstrain train: unexpected argument '%s'\n", argv[1]);
-    return 2;
-  }
   auto cfg = TrainConfigFromFlags();
   if (!cfg.ok()) {
     std::fprintf(stderr, "pstrain train: %s\n", cfg.status().ToString().c_str());

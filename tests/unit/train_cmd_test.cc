@@ -103,6 +103,17 @@ TEST(CommandLineTest, BadFlagsAreUsageErrors) {
   EXPECT_EQ(RunPstrain("summary --network lenet --v=0", &out), 0) << out;
   EXPECT_EQ(RunPstrain("train --network mlp --rgb-mean 1,2,3 --num-epochs x", &out), 2) << out;
   EXPECT_NE(out.find("illegal value 'x'"), std::string::npos) << out;
+  // A word a command that takes flags only would ignore.
+  EXPECT_EQ(RunPstrain("summary --network lenet extra", &out), 2) << out;
+  EXPECT_EQ(RunPstrain("version extra", &out), 2) << out;
+  EXPECT_NE(out.find("pstrain version: unexpected argument 'extra' (it takes flags only; see"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(RunPstrain("kvbench --verify false", &out), 2) << out;
+  EXPECT_NE(out.find("unexpected argument 'false' (it takes flags only: a boolean flag takes its "
+                     "value as --flag=false"),
+            std::string::npos)
+      << out;
   // Well-formed flags in every spelling still parse.
   EXPECT_EQ(RunPstrain("summary -network=lenet --image_shape 1,28,28 --num-classes=10", &out), 0)
       << out;
