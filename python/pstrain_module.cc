@@ -337,8 +337,9 @@ class Client {
       // A call in flight ends within its own deadline (the failed node ends
       // barriers at once); past that the node and the client are left alive
       // rather than destroyed under it.
-      const Deadline end =
-          Deadline::InMillis(std::max(env_.barrier_timeout_ms, env_.request_timeout_ms) + 10000);
+      // (In 64 bits: a timeout of INT32_MAX, a natural "never", overflowed.)
+      const Deadline end = Deadline::InMillis(
+          int64_t{std::max(env_.barrier_timeout_ms, env_.request_timeout_ms)} + 10000);
       if (idle_cv_.WaitUntil(end, [&]() REQUIRES(mu_) { return active_ == 0; })) {
         kv_.reset();
         node_.reset();

@@ -358,6 +358,11 @@ class KVStore:
             self._client.close(why)
 
     # ---- keys ----
+    def _initialized(self, name):
+        """Whether string key ``name`` was initialized on this store."""
+        return self._key_kind == "str" and name in self._str_keys and \
+            self._str_keys[name] in self._sizes
+
     def _key(self, k, create):
         _store_calls[0] += 1
         kind = "str" if isinstance(k, str) else "int"

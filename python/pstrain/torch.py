@@ -142,6 +142,17 @@ class DistributedOptimizer:
         if kv._client is None:
             raise ValueError("DistributedOptimizer needs a dist KVStore, not %r" % (kv.type,))
         self._names = names
+        # The servers' keys: the parameter names, unless a store key of that
+        # name was initialized already (an earlier DistributedOptimizer of the
+        # same model, detached with remove_hooks(), or of another model with
+        # the same names): then names under a prefix of this optimizer's own.
+        # Every worker makes the same calls, so every worker picks the same.
+        if any(kv._initialized(n) for n in names):
+            kv._dist_optimizer_keys = getattr(kv, "_dist_optimizer_keys", 0) + 1
+            prefix = "__dist_optimizer_%d__/" % kv._dist_optimizer_keys
+            self._keys = [prefix + n for n in names]
+        else:
+            self._keys = list(names)
         self._params = [p for _, p in named]
         self._server_side = isinstance(optimizer, ServerOptimizer)
         if not self._server_side and not isinstance(optimizer, torch.optim.Optimizer):
@@ -168,7 +179,7 @@ class DistributedOptimizer:
             opt = copy.copy(optimizer)
             opt.rescale_grad = optimizer.rescale_grad * self._rescale
             opt.wd_mult = dict(optimizer.wd_mult)
-            kv.broadcast(names, self._params, out=self._params).wait()
+            kv.broadcast(self._keys, self._params, out=self._params).wait()
             kv._set_optimizer(opt, "a DistributedOptimizer")
             self._outs = self._params  # the new weights land in the parameters
         else:
@@ -178,7 +189,7 @@ class DistributedOptimizer:
             kv._used_keys = getattr(kv, "_used_keys", 0) + 1
             self._used_key = "__pstrain_used_%d__" % kv._used_keys
             self._used = torch.zeros(len(self._params), dtype=torch.float32)
-            kv.init(names + [self._used_key], self._outs + [self._used])
+            kv.init(self._keys + [self._used_key], self._outs + [self._used])
 
         self._hooks = [p.register_hook(self._grad_hook(i)) for i, p in enumerate(self._params)]
         # The parameters step() waits for (server-side; local mode waits for all).
@@ -248,7 +259,7 @@ class DistributedOptimizer:
             self._wait(i)
         self._fired[i] = True
         self._issued[i] = time.perf_counter()
-        self._handles[i] = self._kv.pushpull(self._names[i], grad, out=self._outs[i],
+        self._handles[i] = self._kv.pushpull(self._keys[i], grad, out=self._outs[i],
                                              priority=-i)
 
     def _wait(self, i):

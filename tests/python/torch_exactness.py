@@ -173,6 +173,14 @@ def servers_run_one_optimizer(kv, d2, data):
     after = train(m4, d4, data[:2])
     assert max_diff(before, after) > 0, "the second server-side optimizer did not train"
     d4.remove_hooks()
+    # The same names once more (a new learning rate, say): found by review, its
+    # init of keys d4 had initialized failed ("duplicate init"); it now keeps
+    # them under keys of its own.
+    d6 = pstrain.torch.DistributedOptimizer(pstrain.optimizer.SGD(learning_rate=0.05), named)
+    before = [p.detach().clone() for p in m4.parameters()]
+    after = train(m4, d6, data[2:4])
+    assert max_diff(before, after) > 0, "an optimizer over names used before did not train"
+    d6.remove_hooks()
     # The servers still run d4's optimizer: a local one would get updated weights, not sums.
     expect_refused(lambda: pstrain.torch.DistributedOptimizer(
         torch.optim.SGD(m4.parameters(), lr=0.1), [("m5." + n, p) for n, p in named]),
