@@ -266,7 +266,12 @@ Status ImageRecordIter::FillBatch(int64_t seq, int64_t pass, const std::vector<i
       rec.image = file_bytes;
       batch->index[i] = entry.index;
     }
-    if (static_cast<int>(rec.labels.size()) < lw) {
+    // A record's label list is exactly the label width, as MXNet checks (the
+    // extra labels were dropped silently); one label in the header is too few
+    // for a wider one.
+    const bool listed = file_ != nullptr && rec.header.flag > 0;
+    if (static_cast<int>(rec.labels.size()) < lw ||
+        (listed && static_cast<int>(rec.labels.size()) != lw)) {
       return Status::Corruption(
           StrCat(where, ": has ", rec.labels.size(), " labels, the label width is ", lw));
     }

@@ -56,7 +56,9 @@ class ImageRecordIterTest : public ::testing::Test {
 
   // Writes n records; `bad` (if >= 0) holds bytes that are not an image.
   // Returns the record offsets.
-  std::vector<uint64_t> WriteRec(const std::string& name, int n, int bad = -1) {
+  // n records of id i holding image i (bad: not an image) and label i, or
+  // with `labels` 3 the list {i, i + 0.5, i + 0.25}.
+  std::vector<uint64_t> WriteRec(const std::string& name, int n, int bad = -1, int labels = 1) {
     auto writer = RecordIOWriter::Create(Path(name + ".rec"));
     CHECK(writer.ok());
     std::vector<RecordIndexEntry> idx;
@@ -66,7 +68,10 @@ class ImageRecordIterTest : public ::testing::Test {
       if (i == bad) jpeg = "this is not an image";
       offsets.push_back((*writer)->Tell());
       idx.push_back({static_cast<uint64_t>(i), (*writer)->Tell()});
-      CHECK_OK((*writer)->Write(PackImageRecord(i, {i + 0.0f, i + 0.5f, i + 0.25f}, jpeg)));
+      const std::vector<float> label = labels == 3
+                                           ? std::vector<float>{i + 0.0f, i + 0.5f, i + 0.25f}
+                                           : std::vector<float>{i + 0.0f};
+      CHECK_OK((*writer)->Write(PackImageRecord(i, label, jpeg)));
     }
     CHECK_OK((*writer)->Close());
     CHECK_OK(WriteRecordIndex(Path(name + ".idx"), idx));
@@ -237,7 +242,7 @@ TEST_F(ImageRecordIterTest, PartsSplitTheExamplesExactlyOnce) {
 }
 
 TEST_F(ImageRecordIterTest, MultiLabelRecords) {
-  WriteRec("m", 20);
+  WriteRec("m", 20, /*bad=*/-1, /*labels=*/3);
   ImageRecordIterConfig cfg = Config("m", 5);
   cfg.label_width = 3;
   auto it = ImageRecordIter::Create(cfg);
@@ -258,6 +263,15 @@ TEST_F(ImageRecordIterTest, MultiLabelRecords) {
   more = (*too_wide)->Next(&b);
   ASSERT_FALSE(more.ok());
   EXPECT_THAT(more.status().message(), HasSubstr("3 labels"));
+  // Narrower than the records' label lists: refused as MXNet does (the extra
+  // labels were dropped silently), naming the record.
+  cfg.label_width = 1;
+  auto too_narrow = ImageRecordIter::Create(cfg);
+  ASSERT_TRUE(too_narrow.ok());
+  more = (*too_narrow)->Next(&b);
+  ASSERT_FALSE(more.ok());
+  EXPECT_THAT(more.status().message(), HasSubstr("m.rec:"));
+  EXPECT_THAT(more.status().message(), HasSubstr("has 3 labels, the label width is 1"));
 }
 
 TEST_F(ImageRecordIterTest, RecordThatIsNotAnImageFailsItsBatchWithFileAndOffset) {
