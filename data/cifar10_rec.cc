@@ -50,11 +50,7 @@ StatusOr<int64_t> WritePair(const std::vector<std::string>& files, const std::st
   }
   RETURN_IF_ERROR(writer->Close());
   RETURN_IF_ERROR(WriteRecordIndex(idx_part, index));
-  if (std::rename(rec_part.c_str(), rec.c_str()) != 0 ||
-      std::rename(idx_part.c_str(), idx.c_str()) != 0) {
-    return Status::IOError(StrCat("cannot rename ", rec_part, " and ", idx_part,
-                                  " to their names: ", std::strerror(errno)));
-  }
+  RETURN_IF_ERROR(CommitRecordFiles(rec, idx));
   return static_cast<int64_t>(id);
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -230,7 +231,18 @@ Status PackImageList(const std::string& lst_path, const std::string& root,
                                           options.quality, " in [1, 100]"));
   }
   ASSIGN_OR_RETURN(std::vector<ImageListEntry> entries, ReadImageList(lst_path));
-  ASSIGN_OR_RETURN(std::unique_ptr<RecordIOWriter> writer, RecordIOWriter::Create(rec_path));
+  // Written beside, then put in place (CommitRecordFiles): a failed or
+  // interrupted pack leaves the old pair as it was, not a new .rec beside the
+  // old .idx, and a job reading the old .rec is not cut short. What a failed
+  // pack wrote beside is removed (after the writer closed: declared first).
+  struct PartFiles {
+    std::string rec, idx;
+    ~PartFiles() {
+      std::remove(rec.c_str());
+      std::remove(idx.c_str());
+    }
+  } parts{rec_path + ".part", idx_path + ".part"};
+  ASSIGN_OR_RETURN(std::unique_ptr<RecordIOWriter> writer, RecordIOWriter::Create(parts.rec));
   std::vector<RecordIndexEntry> index;
   *stats = PackStats();
   // Blocks of images are encoded in parallel, then written in list order.
@@ -262,7 +274,8 @@ Status PackImageList(const std::string& lst_path, const std::string& root,
     }
   }
   RETURN_IF_ERROR(writer->Close());
-  return WriteRecordIndex(idx_path, index);
+  RETURN_IF_ERROR(WriteRecordIndex(parts.idx, index));
+  return CommitRecordFiles(rec_path, idx_path);
 }
 
 }  // namespace pstrain

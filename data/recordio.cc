@@ -7,10 +7,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 namespace pstrain {
 namespace {
@@ -305,8 +307,23 @@ Status WriteRecordIndex(const std::string& path, const std::vector<RecordIndexEn
     std::fprintf(f, "%llu\t%llu\n", static_cast<unsigned long long>(e.key),
                  static_cast<unsigned long long>(e.offset));
   }
-  if (std::fclose(f) != 0) {
+  const bool failed = std::ferror(f) != 0;
+  if (std::fclose(f) != 0 || failed) {
     return Status::IOError(StrCat("writing ", path, " failed: ", std::strerror(errno)));
+  }
+  return Status::Ok();
+}
+
+Status CommitRecordFiles(const std::string& rec, const std::string& idx) {
+  const std::string rec_part = rec + ".part", idx_part = idx + ".part";
+  if (std::remove(idx.c_str()) != 0 && errno != ENOENT) {
+    return Status::IOError(StrCat("cannot remove the old ", idx, ": ", std::strerror(errno)));
+  }
+  for (const auto& [from, to] : {std::pair(rec_part, rec), std::pair(idx_part, idx)}) {
+    if (std::rename(from.c_str(), to.c_str()) != 0) {
+      return Status::IOError(
+          StrCat("cannot rename ", from, " to ", to, ": ", std::strerror(errno)));
+    }
   }
   return Status::Ok();
 }

@@ -136,6 +136,13 @@ StatusOr<std::vector<RecordIndexEntry>> ReadRecordIndex(const std::string& path)
 // Writes a .idx file ("key\toffset\n" per entry).
 Status WriteRecordIndex(const std::string& path, const std::vector<RecordIndexEntry>& entries);
 
+// A .rec/.idx pair is written as `rec`.part and `idx`.part, then put in place
+// here: the old .idx goes first, then each part file takes its name. An
+// interruption at any point never leaves a .rec beside an .idx of other
+// records (a .rec alone is scanned), and a reader that has the old .rec
+// mapped keeps reading it (it is replaced, not truncated).
+Status CommitRecordFiles(const std::string& rec, const std::string& idx);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_DATA_RECORDIO_H_

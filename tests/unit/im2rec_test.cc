@@ -170,6 +170,33 @@ TEST_F(Im2recTest, PackResizesSkipsBadImagesAndIndexesByListIndex) {
     EXPECT_EQ(h, expect_h[r]);
     EXPECT_EQ(w, expect_w[r]);
   }
+  // Found by review: packing again truncated the .rec in place (a job with it
+  // mapped died of SIGBUS) and wrote the .idx last, so a pack that failed
+  // between left a new .rec beside the old .idx. A pack that fails now leaves
+  // the old pair as it was and nothing beside it; one that succeeds replaces
+  // both, and the old mapping still reads the old records.
+  const uint64_t old_size = std::filesystem::file_size(Path("p.rec"));
+  ASSERT_OK(WriteImageList(Path("one.lst"), {entries[2]}));
+  EXPECT_FALSE(PackImageList(Path("one.lst"), Path("root"), Path("p.rec"), Path("no/dir/p.idx"),
+                             opts, &stats)
+                   .ok());
+  EXPECT_EQ(std::filesystem::file_size(Path("p.rec")), old_size);
+  EXPECT_FALSE(std::filesystem::exists(Path("p.rec.part")));
+  ASSERT_OK(
+      PackImageList(Path("one.lst"), Path("root"), Path("p.rec"), Path("p.idx"), opts, &stats));
+  EXPECT_FALSE(std::filesystem::exists(Path("p.rec.part")));
+  EXPECT_FALSE(std::filesystem::exists(Path("p.idx.part")));
+  auto replaced = ReadRecordIndex(Path("p.idx"));
+  ASSERT_TRUE(replaced.ok());
+  ASSERT_EQ(replaced->size(), 1u);
+  EXPECT_EQ((*replaced)[0].key, 12u);
+  EXPECT_LT(std::filesystem::file_size(Path("p.rec")), old_size);
+  std::string_view payload;
+  std::string scratch;
+  ASSERT_OK((*file)->ReadAt((*idx)[1].offset, &payload, &scratch, nullptr));
+  ImageRecordView view;
+  ASSERT_OK(ParseImageRecord(payload, "old p.rec", &view));
+  EXPECT_EQ(view.header.id, 12u);
 }
 
 // Found by review: a 1,000,000 x 1 PNG (a kilobyte) resized to a shorter side
