@@ -18,6 +18,13 @@ Status AugmentConfig::Validate() const {
     return Status::InvalidArgument(
         StrCat("resize (", resize, ") and pad size (", pad, ") must not be negative"));
   }
+  // An image side is at most 65535: so is what is added to one (2 * pad
+  // overflowed an int past 2^30).
+  if (pad > 32767) {
+    return Status::InvalidArgument(StrCat("pad size ", pad,
+                                          " is over 32767 (a padded side "
+                                          "would exceed 65535)"));
+  }
   if (fill_value < 0 || fill_value > 255) {
     return Status::InvalidArgument(StrCat("fill value must be in [0, 255], got ", fill_value));
   }

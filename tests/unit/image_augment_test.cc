@@ -613,6 +613,15 @@ TEST(AugmentTest, ValidateRejectsBadRanges) {
   cfg = Config(8, 8);
   cfg.std_rgb[1] = 0;
   EXPECT_EQ(cfg.Validate().code(), StatusCode::kInvalidArgument);
+  // A pad that no image side can take (2 * pad overflowed an int at 2^30).
+  cfg = Config(8, 8);
+  cfg.pad = 32767;
+  EXPECT_OK(cfg.Validate());
+  for (int pad : {32768, 1 << 30}) {
+    cfg.pad = pad;
+    const Status s = cfg.Validate();
+    EXPECT_NE(s.message().find(StrCat("pad size ", pad, " is over 32767")), std::string::npos) << s;
+  }
 }
 
 }  // namespace
