@@ -35,12 +35,17 @@ void JpegErrorExit(j_common_ptr cinfo) {
 }
 
 // Warnings about stray bytes are not fatal (as in OpenCV and PIL); data that
-// ends before the image does is remembered and reported as corruption.
+// ends before the image does is corruption, reported at once (libjpeg would
+// go on decoding every row left from made-up data).
 void JpegEmitMessage(j_common_ptr cinfo, int level) {
   auto* err = reinterpret_cast<JpegError*>(cinfo->err);
   if (level < 0) {
     ++err->pub.num_warnings;
-    if (err->pub.msg_code == JWRN_JPEG_EOF) err->truncated = true;
+    if (err->pub.msg_code == JWRN_JPEG_EOF) {
+      err->truncated = true;
+      (*cinfo->err->format_message)(cinfo, err->message);
+      std::longjmp(err->jump, 1);
+    }
   }
 }
 
@@ -328,6 +333,10 @@ Status ImageDecoder::DecodeRegion(std::string_view bytes, std::string_view where
   jpeg_->err.truncated = false;
   if (setjmp(jpeg_->err.jump)) {
     jpeg_abort_decompress(cinfo);
+    if (jpeg_->err.truncated) {
+      return Status::Corruption(
+          StrCat(where, ": truncated JPEG (", bytes.size(), " bytes end inside the image data)"));
+    }
     return Status::Corruption(StrCat(where, ": JPEG decode: ", jpeg_->err.message));
   }
   jpeg_mem_src(cinfo, reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size());
@@ -337,6 +346,18 @@ Status ImageDecoder::DecodeRegion(std::string_view bytes, std::string_view where
   if (int64_t{full_w} * full_h > kMaxPixels) {
     jpeg_abort_decompress(cinfo);
     return CheckSize(full_h, full_w, where);
+  }
+  // Huffman-coded data spends at least a bit on every block of the first
+  // scan, and no component is sampled below 1/4 of the full size: a file of
+  // a few hundred bytes claiming 16384x16384 (768 MiB to allocate and fill
+  // from made-up data) cannot be a whole image. (Arithmetic coding has no
+  // such floor.)
+  const int64_t min_blocks = ((int64_t{full_w} + 31) / 32) * ((int64_t{full_h} + 31) / 32);
+  if (!cinfo->arith_code && static_cast<int64_t>(bytes.size()) * 8 < min_blocks) {
+    jpeg_abort_decompress(cinfo);
+    return Status::Corruption(StrCat(where, ": a JPEG of ", bytes.size(), " bytes cannot hold a ",
+                                     full_w, "x", full_h, " image (it needs at least ",
+                                     (min_blocks + 7) / 8, " bytes): truncated or forged"));
   }
   if (region.x < 0 || region.y < 0 || region.width <= 0 || region.height <= 0 ||
       region.x + region.width > full_w || region.y + region.height > full_h) {
@@ -402,10 +423,6 @@ Status ImageDecoder::DecodeRegion(std::string_view bytes, std::string_view where
     }
   }
   jpeg_abort_decompress(cinfo);  // the rows below the region are never decoded
-  if (jpeg_->err.truncated) {
-    return Status::Corruption(
-        StrCat(where, ": truncated JPEG (", bytes.size(), " bytes end inside the image data)"));
-  }
   *scale = s / 8.0;
   return Status::Ok();
 }

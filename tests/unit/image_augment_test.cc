@@ -1,6 +1,8 @@
 // JPEG/PNG codec, crop planning and the augmenter's output properties.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <chrono>
 // clang-format off
 #include <cstdio>
 #include <jpeglib.h>
@@ -358,6 +360,39 @@ TEST(ImageCodecTest, TruncatedAndGarbledJpegsAreCorruption) {
   // The decoder is still usable afterwards.
   ASSERT_OK(dec.Decode(jpeg, "t.rec:32", 3, &out));
   EXPECT_EQ(out.width, 64);
+}
+
+// Found by review: a JPEG of a few hundred bytes whose frame header claims
+// 16384x16384 made the decoder allocate 768 MiB and decode every row from
+// made-up data before reporting the truncation. It is refused from its
+// header, and a truncated one stops where its data ends.
+TEST(ImageCodecTest, AJpegTooSmallForTheSizeItClaimsIsRefusedFromItsHeader) {
+  std::string forged = Jpeg(Pattern(64, 64));
+  const size_t sof = forged.find("\xff\xc0");
+  ASSERT_NE(sof, std::string::npos);
+  for (size_t at : {sof + 5, sof + 7}) {  // height, width: 0x4000 = 16384
+    forged[at] = 0x40;
+    forged[at + 1] = 0;
+  }
+  ImageDecoder dec;
+  Image out;
+  const auto start = std::chrono::steady_clock::now();
+  Status s = dec.Decode(forged, "f.rec:0", 3, &out);
+  EXPECT_EQ(s.code(), StatusCode::kCorruption);
+  EXPECT_THAT(s.message(), HasSubstr("cannot hold a 16384x16384 image (it needs at least 32768"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(200));
+  EXPECT_LT(out.pixels.size(), size_t{1} << 20) << "allocated for the claimed size";
+  // A truncated JPEG is said to be one.
+  const std::string jpeg = Jpeg(Pattern(64, 64));
+  s = dec.Decode(jpeg.substr(0, jpeg.size() / 2), "t.rec:8", 3, &out);
+  EXPECT_THAT(s.message(), HasSubstr("t.rec:8: truncated JPEG"));
+  // A plain image compresses far below any real image and still decodes.
+  Image flat;
+  flat.Resize(1024, 1024, 3);
+  std::fill(flat.pixels.begin(), flat.pixels.end(), 200);
+  const std::string small = Jpeg(flat, 75);
+  ASSERT_OK(dec.Decode(small, "flat", 3, &out));
+  EXPECT_EQ(out.width, 1024);
 }
 
 TEST(AugmentTest, CenterCropTakesTheMiddle) {
