@@ -5,6 +5,9 @@
 
 namespace pstrain {
 
+// Keys, lengths and values go on the wire in this host's byte order.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire format is little-endian");
+
 namespace {
 std::string Route(char kind, uint64_t nonce) {
   char buf[18];

@@ -3,6 +3,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <string>
@@ -81,6 +82,15 @@ StatusOr<std::unique_ptr<Van>> Van::Create(const VanOptions& options, Handler ha
   std::unique_ptr<Van> van(new Van(options, std::move(handler)));
   van->context_ = zmq_ctx_new();
   if (van->context_ == nullptr) return Status::IOError("zmq_ctx_new: " + ZmqError());
+  // Three sockets per peer (its DEALER, libzmq's monitor of it, our end of
+  // that monitor) past ZeroMQ's default of 1023 per context: a scheduler of
+  // a job of more than about 340 nodes could not connect to every node.
+  const int socket_limit = zmq_ctx_get(van->context_, ZMQ_SOCKET_LIMIT);
+  if (zmq_ctx_set(van->context_, ZMQ_MAX_SOCKETS, std::min(std::max(socket_limit, 1023), 65535)) !=
+      0) {
+    LOG(WARNING) << options.name << ": ZeroMQ keeps its default of 1023 sockets (" << ZmqError()
+                 << "): a job of over about 340 nodes cannot start";
+  }
   RouterOptions ro;
   ro.bind_host = options.bind_host;
   ro.port = options.port;
@@ -485,7 +495,9 @@ bool Van::DrainQueue(int peer, ShmMapping& mapping, int me) {
 
 void Van::Drop(const Message* msg, const std::string& why, int queue_owner) {
   ++dropped_;
-  LOG(WARNING) << options_.name << ": dropped a malformed message: " << why;
+  LOG(WARNING) << options_.name << ": dropped a malformed message"
+               << (msg != nullptr ? " said to come from " + NodeIdName(msg->header.sender()) : "")
+               << ": " << why;
   if (msg == nullptr) return;
   // A forged sender must not skip another node's numbers (holding up or
   // refusing its real messages) nor free the blocks of its arena.

@@ -61,6 +61,10 @@ void BuildBatchFrame(const std::vector<BatchEntry>& items, zmq_msg_t* m) {
 StatusOr<std::unique_ptr<ZmqDealer>> ZmqDealer::Open(void* context, const DealerOptions& options) {
   std::unique_ptr<ZmqDealer> d(new ZmqDealer());
   d->socket_ = zmq_socket(context, ZMQ_DEALER);
+  if (d->socket_ == nullptr) {
+    return Status::ResourceExhausted(
+        StrCat(options.name, ": cannot open a ZeroMQ socket: ", zmq_strerror(zmq_errno())));
+  }
   int linger = 2000;  // lets a final SHUTDOWN or error reply leave before the process exits
   zmq_setsockopt(d->socket_, ZMQ_LINGER, &linger, sizeof(linger));
   zmq_setsockopt(d->socket_, ZMQ_SNDTIMEO, &options.send_timeout_ms,

@@ -1,6 +1,7 @@
 // A whole job inside one process on loopback: the scheduler, S servers and W
 // workers as objects on their own threads (no globals below tools/).
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <zmq.h>
 
 #include <atomic>
@@ -1045,6 +1046,32 @@ TEST(VanTest, ABatchArrivesAsItsMessagesInOrder) {
     EXPECT_EQ(std::memcmp(got[i].values[0].data(), msgs[i].values[0].data(), lens[i] * 4), 0);
   }
   EXPECT_EQ((*receiver)->dropped(), 0);
+}
+
+// Found by review: each peer costs three ZeroMQ sockets of the node's
+// context (the DEALER, libzmq's monitor of it and our end of that), and
+// ZeroMQ's default of 1023 per context stopped a scheduler connecting to more
+// than about 340 nodes ("Socket operation on non-socket").
+TEST(VanTest, ConnectsToMoreThanAThousandSocketsWorthOfPeers) {
+  // About six file descriptors per peer here (both ends are in this process).
+  rlimit files{};
+  getrlimit(RLIMIT_NOFILE, &files);
+  if (files.rlim_cur < 4096 && files.rlim_max >= 4096) {
+    files.rlim_cur = 4096;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
+  if (files.rlim_cur < 4096)
+    GTEST_SKIP() << "needs 4096 open files, the limit is " << files.rlim_cur;
+  VanOptions vo;
+  vo.bind_host = "127.0.0.1";
+  auto target = Van::Create(vo, [](Message&&) {});
+  ASSERT_OK(target.status());
+  auto van = Van::Create(vo, [](Message&&) {});
+  ASSERT_OK(van.status());
+  for (int id = 0; id < 400; ++id) {
+    const Status s = (*van)->Connect(WorkerId(id), "127.0.0.1", (*target)->port());
+    ASSERT_TRUE(s.ok()) << "peer " << id << ": " << s;
+  }
 }
 
 TEST(VanTest, MalformedMessagesAreDroppedAndGoodOnesStillArrive) {
