@@ -388,7 +388,53 @@ Status Verify(KVClient* kv, int rounds, uint32_t* generation) {
   return kv->Barrier(BarrierDeadline(o));
 }
 
-int RunWorker(const JobEnv& env) {
+// What the flags ask for, checked before the job starts: a typo fails every
+// process at once, not after all have registered.
+struct BenchPlan {
+  std::vector<int64_t> bytes, counts;  // --tensor-bytes, --tensors
+  std::vector<std::string> modes;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> models;  // --shapes-of
+};
+
+StatusOr<BenchPlan> PlanFromFlags() {
+  BenchPlan plan;
+  ASSIGN_OR_RETURN(plan.bytes, ParseList("tensor-bytes", FLAGS_tensor_bytes));
+  ASSIGN_OR_RETURN(plan.counts, ParseList("tensors", FLAGS_tensors));
+  if (plan.bytes.size() != plan.counts.size()) {
+    return Status::InvalidArgument(StrCat("--tensor-bytes has ", plan.bytes.size(),
+                                          " entries and --tensors ", plan.counts.size(),
+                                          ": they need as many"));
+  }
+  for (int64_t b : plan.bytes) {
+    if (b % 4 != 0) {  // float32 tensors: the table would show bytes never sent
+      return Status::InvalidArgument(
+          StrCat("--tensor-bytes: ", b, " is not a whole number of float32 values"));
+    }
+  }
+  std::stringstream ss(FLAGS_mode);
+  std::string m;
+  while (std::getline(ss, m, ',')) {
+    if (m != "sync" && m != "async" && m != "pushpull") {
+      return Status::InvalidArgument(StrCat("--mode: '", m, "' is not sync, async or pushpull"));
+    }
+    plan.modes.push_back(m);
+  }
+  if (FLAGS_calls != "step" && FLAGS_calls != "tensor" && FLAGS_calls != "auto") {
+    return Status::InvalidArgument(
+        StrCat("--calls: '", FLAGS_calls, "' is not step, tensor or auto"));
+  }
+  if (!FLAGS_shapes_of.empty()) {
+    std::stringstream ms(FLAGS_shapes_of);
+    std::string name;
+    while (std::getline(ms, name, ',')) {
+      ASSIGN_OR_RETURN(std::vector<int64_t> sizes, ModelArraySizes(name));
+      plan.models.emplace_back(name, std::move(sizes));
+    }
+  }
+  return plan;
+}
+
+int RunWorker(const JobEnv& env, const BenchPlan& plan) {
   auto node = ClusterNode::Create(ClusterOptionsFromJobEnv(env));
   if (!node.ok()) {
     LOG(ERROR) << "worker: " << node.status();
@@ -407,41 +453,10 @@ int RunWorker(const JobEnv& env) {
     s = Verify(&kv, FLAGS_verify_rounds, &generation);
     if (!s.ok()) return fail(s);
   } else {
-    auto bytes = ParseList("tensor-bytes", FLAGS_tensor_bytes);
-    auto counts = ParseList("tensors", FLAGS_tensors);
-    if (!bytes.ok()) return fail(bytes.status());
-    if (!counts.ok()) return fail(counts.status());
-    if (bytes->size() != counts->size()) {
-      return fail(Status::InvalidArgument("--tensor-bytes and --tensors need as many entries"));
-    }
-    for (int64_t b : *bytes) {
-      if (b % 4 != 0) {  // float32 tensors: the table would show bytes never sent
-        return fail(Status::InvalidArgument(
-            StrCat("--tensor-bytes: ", b, " is not a whole number of float32 values")));
-      }
-    }
-    std::vector<std::string> modes;
-    std::stringstream ss(FLAGS_mode);
-    std::string m;
-    while (std::getline(ss, m, ',')) {
-      if (m != "sync" && m != "async" && m != "pushpull") {
-        return fail(
-            Status::InvalidArgument(StrCat("--mode: '", m, "' is not sync, async or pushpull")));
-      }
-      modes.push_back(m);
-    }
+    const std::vector<std::string>& modes = plan.modes;
+    const auto& models = plan.models;
     std::vector<Result> results;
     uint64_t key_base = 0;
-    std::vector<std::pair<std::string, std::vector<int64_t>>> models;
-    if (!FLAGS_shapes_of.empty()) {
-      std::stringstream ms(FLAGS_shapes_of);
-      std::string name;
-      while (std::getline(ms, name, ',')) {
-        auto sizes = ModelArraySizes(name);
-        if (!sizes.ok()) return fail(sizes.status());
-        models.emplace_back(name, *std::move(sizes));
-      }
-    }
     for (const auto& [name, sizes] : models) {
       int64_t total = 0;
       for (int64_t n : sizes) total += n;
@@ -459,17 +474,14 @@ int RunWorker(const JobEnv& env) {
         key_base += 100000;
       }
     }
-    for (size_t c = 0; c < bytes->size() && models.empty(); ++c) {
+    for (size_t c = 0; c < plan.bytes.size() && models.empty(); ++c) {
       for (const std::string& mode : modes) {
         Config cfg;
-        cfg.tensor_bytes = (*bytes)[c];
-        cfg.tensors = (*counts)[c];
+        cfg.tensor_bytes = plan.bytes[c];
+        cfg.tensors = plan.counts[c];
         cfg.mode = mode;
         if (FLAGS_calls == "tensor" || (FLAGS_calls == "auto" && cfg.tensor_bytes >= 64 * 1024)) {
           cfg.calls = cfg.tensors;
-        } else if (FLAGS_calls != "step" && FLAGS_calls != "auto") {
-          return fail(Status::InvalidArgument(
-              StrCat("--calls: '", FLAGS_calls, "' is not step, tensor or auto")));
         }
         auto r = RunConfig(&kv, cfg, key_base, std::max(1, FLAGS_iters), &generation);
         if (!r.ok()) return fail(r.status());
@@ -512,13 +524,18 @@ int RunWorker(const JobEnv& env) {
 }  // namespace
 
 int RunKvbench(int /*argc*/, char** /*argv*/) {
+  auto plan = PlanFromFlags();
+  if (!plan.ok()) {
+    LOG(ERROR) << "kvbench: " << plan.status();
+    return 2;
+  }
   if (auto code = RunClusterRole()) return *code;
   auto env = ReadClusterEnv();
   if (!env.ok()) {
     LOG(ERROR) << env.status();
     return 2;
   }
-  return RunWorker(*env);
+  return RunWorker(*env, *plan);
 }
 
 }  // namespace pstrain

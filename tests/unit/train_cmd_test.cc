@@ -120,6 +120,20 @@ TEST(CommandLineTest, BadFlagsAreUsageErrors) {
   EXPECT_NE(out.find("\ntotal parameters: 431080\n"), std::string::npos) << out;
 }
 
+// Found by review: kvbench checked --mode, --tensor-bytes and --tensors only
+// once the whole job had registered, and --calls only in some runs. They are
+// checked first, in every process (here outside any job, which would need
+// DMLC_* variables after the check).
+TEST(CommandLineTest, KvbenchChecksItsFlagsBeforeTheJobStarts) {
+  std::string out;
+  EXPECT_EQ(RunPstrain("kvbench --mode synk", &out), 2) << out;
+  EXPECT_NE(out.find("--mode: 'synk' is not sync, async or pushpull"), std::string::npos) << out;
+  EXPECT_EQ(RunPstrain("kvbench --shapes-of mlp --calls bogus", &out), 2) << out;
+  EXPECT_NE(out.find("--calls: 'bogus' is not step, tensor or auto"), std::string::npos) << out;
+  EXPECT_EQ(RunPstrain("kvbench --tensor-bytes 4,8 --tensors 1", &out), 2) << out;
+  EXPECT_NE(out.find("--tensor-bytes has 2 entries and --tensors 1"), std::string::npos) << out;
+}
+
 // Found by review: `pstrain server --role scheduler` listed --role in its
 // help and then started a server. A role the command does not run is refused.
 TEST(CommandLineTest, SchedulerAndServerRefuseAnotherRole) {
