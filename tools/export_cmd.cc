@@ -50,8 +50,13 @@ int RunExport(int /*argc*/, char** /*argv*/) {
   std::string params = FLAGS_params;
   if (params.empty()) {
     if (cfg->model_prefix().empty() || cfg->load_epoch() < 1) {
+      const std::string given =
+          cfg->model_prefix().empty()
+              ? std::string(" (no --model-prefix given)")
+              : StrCat(" (--load-epoch ", cfg->load_epoch(), ": the checkpoints count from 1)");
       std::fprintf(stderr,
-                   "pstrain export: give --params FILE, or --model-prefix and --load-epoch\n");
+                   "pstrain export: give --params FILE, or --model-prefix and --load-epoch%s\n",
+                   given.c_str());
       return 2;
     }
     params = CheckpointParamsPath(cfg->model_prefix(), cfg->load_epoch());

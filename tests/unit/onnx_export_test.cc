@@ -434,6 +434,12 @@ TEST_F(OnnxExportTest, ExportCommandWritesTheModelOrSaysWhatIsWrong) {
                        &out),
             1);
   EXPECT_NE(out.find("lenet-0003.params"), std::string::npos) << out;
+  // An epoch no checkpoint has is named.
+  EXPECT_EQ(RunPstrain("export --network lenet --model-prefix " + dir_ +
+                           "/lenet --load-epoch -3 --out " + dir_ + "/neg.onnx",
+                       &out),
+            2);
+  EXPECT_NE(out.find("(--load-epoch -3: the checkpoints count from 1)"), std::string::npos) << out;
 
   // Another network's parameters: the array, both shapes and the flags to check.
   EXPECT_EQ(RunPstrain("export --network lenet --num-classes 100 --params " + params + " --out " +
