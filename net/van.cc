@@ -299,12 +299,18 @@ Status Van::SendBatch(int id, const std::vector<const Message*>& msgs, size_t* s
   // One by one where shared memory is in play (numbered messages, values in
   // the arena, the peer's queue): cheaper than a copy into a frame.
   const bool one_by_one = peer->theirs != nullptr || (arena_ != nullptr && peer->maps_mine);
+  // A batch is one frame: within what the peer's ZeroMQ takes, envelopes
+  // (length, header, padding) counted.
+  const uint64_t cap =
+      std::min<uint64_t>(kMaxBatchBytes, static_cast<uint64_t>(options_.max_message_bytes));
   for (size_t i = 0; i < msgs.size();) {
     size_t end = i;
-    uint64_t bytes = 0;
-    while (!one_by_one && end < msgs.size() && end - i < kMaxBatch && bytes < kMaxBatchBytes &&
-           IsBatchable(*msgs[end])) {
-      bytes += PayloadBytes(*msgs[end++], true);
+    uint64_t bytes = 16;  // the batch frame's magic and count
+    while (!one_by_one && end < msgs.size() && end - i < kMaxBatch && IsBatchable(*msgs[end])) {
+      const uint64_t more = PayloadBytes(*msgs[end], true) + msgs[end]->header.ByteSizeLong() + 32;
+      if (bytes + more > cap) break;
+      bytes += more;
+      ++end;
     }
     if (end - i < 2) {
       RETURN_IF_ERROR(Send(id, *msgs[i]));

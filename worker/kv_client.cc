@@ -86,7 +86,7 @@ StatusOr<const std::vector<PartPlan>*> KVClient::Parts(Key key, int64_t len) {
                                             "; a part holds at most ", UINT32_MAX,
                                             " (run more servers, or split the key)"));
     }
-    if (p.len * int64_t{sizeof(float)} > max_frame) {
+    if (p.len * sizeof(float) > static_cast<uint64_t>(max_frame)) {
       // Sent (and pulled back) as one frame, which the receiving node's
       // ZeroMQ would drop with the connection, silently.
       return Status::InvalidArgument(StrCat("key ", key, " of length ", len, " has a part of ",
@@ -382,6 +382,17 @@ Status KVClient::Compress(const std::vector<Key>& keys, const std::vector<int64_
       ASSIGN_OR_RETURN(const std::vector<PartPlan>* parts, Parts(keys[i], lens[i]));
       plans[i] = *parts;
       for (const PartPlan& p : plans[i]) bytes[p.server] += TwoBitBytes(p.len);
+    }
+  }
+  // Each server's codes travel as one frame: within what its ZeroMQ takes
+  // (checked before any residual moves, as above).
+  const uint64_t max_frame = static_cast<uint64_t>(node_->options().max_message_bytes);
+  for (int s = 0; s < node_->num_servers(); ++s) {
+    if (bytes[s] > max_frame) {
+      return Status::InvalidArgument(StrCat(
+          "a 2-bit push of ", keys.size(), " keys (key ", keys.front(), " first) has ", bytes[s],
+          " bytes of codes for server rank ", s, ", over PSTRAIN_MAX_MESSAGE_BYTES=", max_frame,
+          " (push fewer keys per call, or raise it on every node)"));
     }
   }
   out->threshold = gc_.threshold;

@@ -324,5 +324,42 @@ TEST(CompressionClusterTest, ANanGradientFailsTheCompressedPushNamingTheKey) {
   }));
 }
 
+// Found by review: a 2-bit push sends all of a call's codes for a server as
+// one frame, so a call of many keys could pass a frame over
+// PSTRAIN_MAX_MESSAGE_BYTES (dropped with the connection, silently) though
+// every part was within it. Refused before any residual moves; a smaller
+// call still goes through.
+TEST(CompressionClusterTest, A2BitPushOverTheFrameLimitIsRefusedBeforeItsResidualsMove) {
+  testing::JobSpec spec;
+  spec.tweak_all = [](ClusterOptions* o) { o->max_message_bytes = 65536; };
+  JobResult r = testing::RunJobWith(
+      1, 1,
+      [](KVClient& kv) -> Status {
+        RETURN_IF_ERROR(kv.SetServerConfig(CompressedConfig(true), Soon()));
+        std::vector<uint64_t> keys;
+        std::vector<int64_t> lens;
+        for (int k = 0; k < 20; ++k) {  // 20 x 16000 floats: 20 x 4000 bytes of codes
+          keys.push_back(100 + k);
+          lens.push_back(16000);
+        }
+        std::vector<float> zeros(20 * 16000, 0.0f), grad(20 * 16000, 0.3f), got(20 * 16000);
+        RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, zeros.data()), Soon()));
+        Status s = kv.Wait(kv.Push(keys, lens, grad.data()), Soon());
+        if (s.code() != StatusCode::kInvalidArgument ||
+            s.message().find("has 80000 bytes of codes for server rank 0, over "
+                             "PSTRAIN_MAX_MESSAGE_BYTES=65536") == std::string::npos) {
+          return Status::Internal(StrCat("an oversized 2-bit push: ", s.ToString()));
+        }
+        // 0.3 is under the threshold: had the refused push moved the
+        // residuals, this one (0.3 + 0.3) would send +t.
+        std::vector<uint64_t> one = {keys[0]};
+        RETURN_IF_ERROR(kv.Wait(kv.PushPull(one, {16000}, grad.data(), got.data()), Soon()));
+        return ExpectValues(std::vector<float>(got.begin(), got.begin() + 16000),
+                            std::vector<float>(16000, 0.0f), "after one push of 0.3");
+      },
+      spec);
+  ExpectAllOk(r);
+}
+
 }  // namespace
 }  // namespace pstrain
