@@ -22,8 +22,8 @@ Status AugmentConfig::Validate() const {
   // overflowed an int past 2^30).
   if (pad > 32767) {
     return Status::InvalidArgument(StrCat("pad size ", pad,
-                                          " is over 32767 (a padded side "
-                                          "would exceed 65535)"));
+                                          " is over 32767 (twice it must fit an image "
+                                          "side of at most 65535)"));
   }
   if (fill_value < 0 || fill_value > 255) {
     return Status::InvalidArgument(StrCat("fill value must be in [0, 255], got ", fill_value));

@@ -7,7 +7,9 @@
 #include "scheduler/scheduler.h"
 #include "server/kv_server.h"
 
-DEFINE_string(role, "", "scheduler, server or worker; overrides DMLC_ROLE (default worker)");
+DEFINE_string(role, "",
+              "scheduler, server or worker; overrides DMLC_ROLE (default worker). pstrain "
+              "scheduler and server run their own role and take only that one");
 
 namespace pstrain {
 

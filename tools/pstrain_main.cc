@@ -6,6 +6,7 @@
 // ends the flags; everything after it reaches the command untouched.
 #include <gflags/gflags.h>
 #include <glog/logging.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cctype>
@@ -192,22 +193,27 @@ std::string NormalizeFlags(const Command& cmd, std::vector<std::string>* args) {
     std::optional<std::string> value;
     if (name_end < a.size()) value = a.substr(name_end + 1);
     gflags::CommandLineFlagInfo info;
+    // Another command's flag (the binary holds them all): refused, not ignored.
+    auto check_owner = [&](const std::string& written) {
+      if (const std::string takers = CommandsTaking(info);
+          !takers.empty() && !CommandTakes(cmd, info) && unknown.empty()) {
+        unknown = StrCat("flag '", dashed(written), "' belongs to pstrain ", takers,
+                         ", not to pstrain ", cmd.name);
+      }
+    };
     if (!gflags::GetCommandLineFlagInfo(name.c_str(), &info)) {
       const size_t no = name.rfind("no_", 0) == 0 ? 3 : name.rfind("no", 0) == 0 ? 2 : 0;
       if (no > 0 && gflags::GetCommandLineFlagInfo(name.substr(no).c_str(), &info) &&
           info.type == "bool") {
         // --no-shuffle, --noshuffle (gflags ignores a value given to it).
+        check_owner(name);
         if (no == 3) a = a.substr(0, name_start) + "no" + a.substr(name_start + 3);
         continue;
       }
       if (unknown.empty()) unknown = StrCat("unknown command line flag '", dashed(name), "'");
       continue;
     }
-    if (const std::string takers = CommandsTaking(info);
-        !takers.empty() && !CommandTakes(cmd, info) && unknown.empty()) {
-      unknown = StrCat("flag '", dashed(name), "' belongs to pstrain ", takers, ", not to pstrain ",
-                       cmd.name);
-    }
+    check_owner(name);
     given.push_back({name, value});
     value_next = !value.has_value() && info.type != "bool";
   }
@@ -238,6 +244,13 @@ std::string NormalizeFlags(const Command& cmd, std::vector<std::string>* args) {
 
 int main(int argc, char** argv) {
   using pstrain::Command;
+  // A node holds a few descriptors per peer (its socket, ZeroMQ's wake-ups,
+  // the peer's connection to it): a large job's scheduler needs more than the
+  // usual soft limit of 1024, up to what the hard limit allows.
+  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = std::min<rlim_t>(files.rlim_max, 1 << 20);
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
   if (argc < 2 || std::strcmp(argv[1], "help") == 0 || std::strcmp(argv[1], "--help") == 0 ||
       std::strcmp(argv[1], "-h") == 0) {
     const bool named = argc >= 3 && std::strcmp(argv[2], "--help") != 0 &&

@@ -227,6 +227,7 @@ Status RunAllAndCapture(const std::vector<std::vector<std::string>>& argvs,
   };
   std::vector<Running> running;  // what is left running when this returns is killed
   size_t next = 0;
+  bool watch_stop = stop_fd >= 0;
   char buf[4096];
   while (next < argvs.size() || !running.empty()) {
     while (next < argvs.size() && static_cast<int>(running.size()) < std::max(1, max_parallel)) {
@@ -274,16 +275,26 @@ Status RunAllAndCapture(const std::vector<std::vector<std::string>>& argvs,
       }
     }
     const size_t outputs = fds.size();
-    if (stop_fd >= 0) fds.push_back({stop_fd, POLLIN, 0});
+    if (watch_stop) fds.push_back({stop_fd, POLLIN, 0});
     poll(fds.data(), static_cast<nfds_t>(fds.size()),
          static_cast<int>(std::max<int64_t>(0, wait_ms)));
-    if (stop_fd >= 0 && fds.back().revents != 0) {
+    if (watch_stop && fds.back().revents != 0) {
       unsigned char sig = 0;
-      if (read(stop_fd, &sig, 1) == 1) {
+      const ssize_t n = read(stop_fd, &sig, 1);
+      if (n == 1) {
         if (stop_signal != nullptr) *stop_signal = sig;
-        return Status::Cancelled(StrCat("'", argvs[running.front().index][0], "' was stopped (",
-                                        sig != 0 ? SignalName(sig) : "stop requested", ")"));
+        const Status stopped =
+            Status::Cancelled(StrCat("'", argvs[running.front().index][0], "' was stopped (",
+                                     sig != 0 ? SignalName(sig) : "stop requested", ")"));
+        // What was running is killed (`running` goes), what never started
+        // did not run: neither reads as a success.
+        for (const Running& r : running) (*results)[r.index].status = stopped;
+        for (size_t i = next; i < argvs.size(); ++i) (*results)[i].status = stopped;
+        return stopped;
       }
+      // The stop pipe's writer is gone (end of file): nothing can ask any
+      // more, and a closed pipe would wake every poll.
+      if (n == 0) watch_stop = false;
     }
     for (size_t i = 0; i < outputs; ++i) {
       if (fds[i].revents == 0) continue;

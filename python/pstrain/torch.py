@@ -178,7 +178,10 @@ class DistributedOptimizer:
         if self._server_side:
             opt = copy.copy(optimizer)
             opt.rescale_grad = optimizer.rescale_grad * self._rescale
-            opt.wd_mult = dict(optimizer.wd_mult)
+            # Multipliers named by parameter name go to that parameter's key
+            # (which may be prefixed, above).
+            key_of = dict(zip(names, self._keys))
+            opt.wd_mult = {key_of.get(k, k): m for k, m in optimizer.wd_mult.items()}
             kv.broadcast(self._keys, self._params, out=self._params).wait()
             kv._set_optimizer(opt, "a DistributedOptimizer")
             self._outs = self._params  # the new weights land in the parameters

@@ -176,10 +176,15 @@ def servers_run_one_optimizer(kv, d2, data):
     # The same names once more (a new learning rate, say): found by review, its
     # init of keys d4 had initialized failed ("duplicate init"); it now keeps
     # them under keys of its own.
-    d6 = pstrain.torch.DistributedOptimizer(pstrain.optimizer.SGD(learning_rate=0.05), named)
+    # Its wd_mult names parameters (mapped to their prefixed keys).
+    sgd = pstrain.optimizer.SGD(learning_rate=0.05, wd=0.1)
+    bias = named[-1][0]
+    sgd.wd_mult = {bias: 0.0}
+    d6 = pstrain.torch.DistributedOptimizer(sgd, named)
     before = [p.detach().clone() for p in m4.parameters()]
     after = train(m4, d6, data[2:4])
     assert max_diff(before, after) > 0, "an optimizer over names used before did not train"
+    assert d6._keys[-1] != bias and d6._keys[-1].endswith("/" + bias), d6._keys[-1]
     d6.remove_hooks()
     # The servers still run d4's optimizer: a local one would get updated weights, not sums.
     expect_refused(lambda: pstrain.torch.DistributedOptimizer(

@@ -2,7 +2,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <chrono>
 // clang-format off
 #include <cstdio>
 #include <jpeglib.h>
@@ -376,11 +375,9 @@ TEST(ImageCodecTest, AJpegTooSmallForTheSizeItClaimsIsRefusedFromItsHeader) {
   }
   ImageDecoder dec;
   Image out;
-  const auto start = std::chrono::steady_clock::now();
   Status s = dec.Decode(forged, "f.rec:0", 3, &out);
   EXPECT_EQ(s.code(), StatusCode::kCorruption);
   EXPECT_THAT(s.message(), HasSubstr("cannot hold a 16384x16384 image (it needs at least 32768"));
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(200));
   EXPECT_LT(out.pixels.size(), size_t{1} << 20) << "allocated for the claimed size";
   // A truncated JPEG is said to be one.
   const std::string jpeg = Jpeg(Pattern(64, 64));

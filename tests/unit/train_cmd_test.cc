@@ -99,6 +99,11 @@ TEST(CommandLineTest, BadFlagsAreUsageErrors) {
             std::string::npos)
       << out;
   EXPECT_EQ(RunPstrain("version --network mlp", &out), 2) << out;
+  // Also written as a boolean's negation.
+  EXPECT_EQ(RunPstrain("train --network mlp --no-recursive", &out), 2) << out;
+  EXPECT_NE(out.find("flag '--no-recursive' belongs to pstrain im2rec, not to pstrain train"),
+            std::string::npos)
+      << out;
   // glog's flags are every command's; train takes the image pipeline's.
   EXPECT_EQ(RunPstrain("summary --network lenet --v=0", &out), 0) << out;
   EXPECT_EQ(RunPstrain("train --network mlp --rgb-mean 1,2,3 --num-epochs x", &out), 2) << out;
