@@ -36,6 +36,16 @@ uint64_t PayloadBytes(const Message& msg, bool values) {
   return bytes;
 }
 
+// At least what a batchable message (CMD_DATA) adds to its payload in a
+// batch frame (length, header length, header, padding), without serializing
+// its header twice: the header's numeric fields take under 128 bytes, an
+// error reply's message its length (and a few), the push rounds at most 12
+// bytes per key, 1.5x the keys frame's 8. Shared-memory fields are not there
+// (such messages go one by one).
+uint64_t EnvelopeBound(const Message& msg) {
+  return 160 + msg.header.error_message().size() + msg.keys.size() * 3 / 2;
+}
+
 std::string ZmqError() { return zmq_strerror(zmq_errno()); }
 
 }  // namespace
@@ -307,7 +317,7 @@ Status Van::SendBatch(int id, const std::vector<const Message*>& msgs, size_t* s
     size_t end = i;
     uint64_t bytes = 16;  // the batch frame's magic and count
     while (!one_by_one && end < msgs.size() && end - i < kMaxBatch && IsBatchable(*msgs[end])) {
-      const uint64_t more = PayloadBytes(*msgs[end], true) + msgs[end]->header.ByteSizeLong() + 32;
+      const uint64_t more = PayloadBytes(*msgs[end], true) + EnvelopeBound(*msgs[end]);
       if (bytes + more > cap) break;
       bytes += more;
       ++end;

@@ -68,17 +68,13 @@ DEFINE_string(gc_type, "none",
 DEFINE_double(gc_threshold, 0.5, "threshold t of 2bit compression: pushes send +-t or 0");
 
 namespace pstrain {
-namespace {
 
-bool DefinedHere(const gflags::CommandLineFlagInfo& f) {
+bool IsFitFlag(const std::string& name, const std::string& file) {
   const std::string me = "fit_flags.cc";
   // The RecordIO paths are fields of the job config too (image_flags.cc defines the flags).
-  if (f.name == "data_train" || f.name == "data_val") return true;
-  return f.filename.size() >= me.size() &&
-         f.filename.compare(f.filename.size() - me.size(), me.size(), me) == 0;
+  if (name == "data_train" || name == "data_val") return true;
+  return file.size() >= me.size() && file.compare(file.size() - me.size(), me.size(), me) == 0;
 }
-
-}  // namespace
 
 StatusOr<TrainConfig> MergedConfigFromFlags() {
   TrainConfig cfg;
@@ -89,7 +85,7 @@ StatusOr<TrainConfig> MergedConfigFromFlags() {
   std::vector<gflags::CommandLineFlagInfo> flags;
   gflags::GetAllFlags(&flags);
   for (const auto& f : flags) {
-    if (!DefinedHere(f) || f.name == "config" || f.is_default) continue;
+    if (!IsFitFlag(f.name, f.filename) || f.name == "config" || f.is_default) continue;
     given.emplace_back(f.name, f.current_value);
   }
   RETURN_IF_ERROR(ApplyConfigOverrides(given, &cfg));

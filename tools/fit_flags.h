@@ -5,11 +5,19 @@
 #ifndef PSTRAIN_TOOLS_FIT_FLAGS_H_
 #define PSTRAIN_TOOLS_FIT_FLAGS_H_
 
+#include <string>
+
 #include "common/status.h"
 #include "nn/graph.h"
 #include "proto/train_config.pb.h"
 
 namespace pstrain {
+
+// Whether flag `name` is one MergedConfigFromFlags reads into the config:
+// those of fit_flags.cc (`file` is where gflags says the flag is defined),
+// and image_flags.cc's --data-train and --data-val (the config's RecordIO
+// paths). `pstrain` takes these for every command that reads the config.
+bool IsFitFlag(const std::string& name, const std::string& file);
 
 // The --config text file when given, then every fit flag set explicitly on
 // the command line (flags win), not validated as a training run: what

@@ -19,6 +19,7 @@
 
 #include "common/status.h"
 #include "tools/commands.h"
+#include "tools/fit_flags.h"
 
 namespace pstrain {
 namespace {
@@ -111,8 +112,8 @@ bool FlagBelongsTo(const gflags::CommandLineFlagInfo& f, const char* files) {
 // fit_flags.cc reads the config.
 bool CommandTakes(const Command& cmd, const gflags::CommandLineFlagInfo& f) {
   if (FlagBelongsTo(f, cmd.flag_files)) return true;
-  return (f.name == "data_train" || f.name == "data_val") && FlagBelongsTo(f, "image_flags.cc") &&
-         std::string(cmd.flag_files).find("fit_flags.cc") != std::string::npos;
+  return std::string(cmd.flag_files).find("fit_flags.cc") != std::string::npos &&
+         IsFitFlag(f.name, f.filename);
 }
 
 // The commands that take `f`, comma-separated; empty for a flag of no

@@ -36,7 +36,9 @@ KVClientOptions KVClientOptionsFromJobEnv(const JobEnv& env) {
 }
 
 KVClient::KVClient(ClusterNode* node, const KVClientOptions& options)
-    : node_(node), options_(options) {
+    : node_(node),
+      options_(options),
+      max_frame_bytes_(static_cast<uint64_t>(node->options().max_message_bytes)) {
   CHECK(node->role() == Role::kWorker);
   {
     MutexLock l(&mu_);
@@ -77,7 +79,6 @@ StatusOr<const std::vector<PartPlan>*> KVClient::Parts(Key key, int64_t len) {
   po.bigarray_bound = options_.bigarray_bound;
   po.chunk_elems = options_.chunk_elems;
   ASSIGN_OR_RETURN(auto parts, PlaceKey(key, static_cast<uint64_t>(len), po));
-  const int64_t max_frame = node_->options().max_message_bytes;
   for (const PartPlan& p : parts) {
     if (p.len > int64_t{UINT32_MAX}) {
       // A message names each part's length in 32 bits.
@@ -86,13 +87,13 @@ StatusOr<const std::vector<PartPlan>*> KVClient::Parts(Key key, int64_t len) {
                                             "; a part holds at most ", UINT32_MAX,
                                             " (run more servers, or split the key)"));
     }
-    if (p.len * sizeof(float) > static_cast<uint64_t>(max_frame)) {
+    if (p.len * sizeof(float) > max_frame_bytes_) {
       // Sent (and pulled back) as one frame, which the receiving node's
       // ZeroMQ would drop with the connection, silently.
       return Status::InvalidArgument(StrCat("key ", key, " of length ", len, " has a part of ",
                                             p.len, " floats (", p.len * int64_t{sizeof(float)},
                                             " bytes) on server rank ", p.server,
-                                            ", over PSTRAIN_MAX_MESSAGE_BYTES=", max_frame,
+                                            ", over PSTRAIN_MAX_MESSAGE_BYTES=", max_frame_bytes_,
                                             " (raise it on every node, or run more servers)"));
     }
   }
@@ -181,8 +182,6 @@ KVClient::Ticket KVClient::Queue(Kind kind, const std::vector<Key>& keys,
         bool last_big = false;
       };
       std::vector<Build> builds(node_->num_servers());
-      // A run is sent as one frame: within what the server's ZeroMQ takes.
-      const uint64_t max_frame_bytes = static_cast<uint64_t>(node_->options().max_message_bytes);
       uint64_t offset = 0;
       for (size_t i = 0; i < keys.size() && bad.ok(); ++i) {
         if (lens[i] <= 0 || lens[i] > int64_t{1} << 40) {
@@ -206,7 +205,7 @@ KVClient::Ticket KVClient::Queue(Kind kind, const std::vector<Key>& keys,
             const bool big = p.len * sizeof(float) >= kOwnFrameBytes;
             if (!big && !b.runs.empty() && !b.last_big &&
                 b.runs.back().first + b.runs.back().second == start &&
-                (b.runs.back().second + p.len) * sizeof(float) <= max_frame_bytes) {
+                (b.runs.back().second + p.len) * sizeof(float) <= max_frame_bytes_) {
               b.runs.back().second += p.len;
             } else {
               b.runs.emplace_back(start, p.len);
@@ -386,13 +385,12 @@ Status KVClient::Compress(const std::vector<Key>& keys, const std::vector<int64_
   }
   // Each server's codes travel as one frame: within what its ZeroMQ takes
   // (checked before any residual moves, as above).
-  const uint64_t max_frame = static_cast<uint64_t>(node_->options().max_message_bytes);
   for (int s = 0; s < node_->num_servers(); ++s) {
-    if (bytes[s] > max_frame) {
+    if (bytes[s] > max_frame_bytes_) {
       return Status::InvalidArgument(StrCat(
           "a 2-bit push of ", keys.size(), " keys (key ", keys.front(), " first) has ", bytes[s],
-          " bytes of codes for server rank ", s, ", over PSTRAIN_MAX_MESSAGE_BYTES=", max_frame,
-          " (push fewer keys per call, or raise it on every node)"));
+          " bytes of codes for server rank ", s, ", over PSTRAIN_MAX_MESSAGE_BYTES=",
+          max_frame_bytes_, " (push fewer keys per call, or raise it on every node)"));
     }
   }
   out->threshold = gc_.threshold;
@@ -459,8 +457,7 @@ void KVClient::AddValueFrames(int server,
                               std::vector<Blob>* frames) {
   const auto small = [](uint64_t floats) { return floats * sizeof(float) < kOwnFrameBytes; };
   // A gathered frame stays within the frame size the server's ZeroMQ takes.
-  const uint64_t max_floats =
-      static_cast<uint64_t>(node_->options().max_message_bytes) / sizeof(float);
+  const uint64_t max_floats = max_frame_bytes_ / sizeof(float);
   for (size_t i = 0; i < runs.size();) {
     size_t end = i + 1;
     uint64_t floats = runs[i].second;

@@ -231,6 +231,9 @@ class KVClient {
 
   ClusterNode* node_;
   KVClientOptions options_;
+  // The job's PSTRAIN_MAX_MESSAGE_BYTES: every frame a request sends, or a
+  // reply brings back whole (a part), stays within it.
+  const uint64_t max_frame_bytes_;
 
   // Gradient compression: the setting and each key's residual. Taken before
   // mu_ (a compressed push holds it while it is issued).

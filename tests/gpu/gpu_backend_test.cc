@@ -50,19 +50,6 @@ GraphSearches CountGraphSearches(const std::string& described) {
   return n;
 }
 
-// The largest |got - want| over the largest |want|, the latter at least
-// `floor` (so that a tensor of small values is still compared, not passed
-// under an absolute tolerance: found by review with a floor of 1).
-double MaxRelativeDiff(const std::vector<float>& got, const std::vector<float>& want,
-                       double floor = 1e-3) {
-  double diff = 0, mag = floor;
-  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
-    diff = std::max(diff, double(std::fabs(got[i] - want[i])));
-    mag = std::max(mag, double(std::fabs(want[i])));
-  }
-  return diff / mag;
-}
-
 BackendOptions Gpu() {
   BackendOptions o;
   o.device = Device::Gpu(0);
@@ -650,7 +637,7 @@ TEST_P(GpuModelTest, OneTrainingStepMatchesTheCpu) {
   std::vector<std::vector<float>> out(2), grad(2);
   auto close = [](const std::vector<float>& a, const std::vector<float>& b, const std::string& w) {
     ASSERT_EQ(a.size(), b.size()) << w;
-    EXPECT_LT(MaxRelativeDiff(a, b), 1e-3) << w;
+    EXPECT_LT(RelMaxDiff(a, b, 1e-3), 1e-3) << w;
   };
   // Dropout draws its masks from each backend's own generator, so a training
   // step of a model with dropout cannot agree element by element (the op test
@@ -732,7 +719,7 @@ void ExpectStepsAgree(const Graph& graph, Executor* a, Executor* b, double loss_
       grad[k].resize(static_cast<size_t>(ex[k]->param(p).num_elements()));
       ASSERT_OK(ex[k]->ReadGrad(p, grad[k].data(), grad[k].size()));
     }
-    EXPECT_LT(MaxRelativeDiff(grad[0], grad[1]), grad_tol) << graph.params()[p].name;
+    EXPECT_LT(RelMaxDiff(grad[0], grad[1], 1e-3), grad_tol) << graph.params()[p].name;
   }
 }
 
@@ -984,7 +971,7 @@ TEST(GpuTrainingTest, ConvolutionWorkspacesShareTheArena) {
       grad[k].resize(static_cast<size_t>(e[k]->param(p).num_elements()));
       ASSERT_OK(e[k]->ReadGrad(p, grad[k].data(), grad[k].size()));
     }
-    EXPECT_LT(MaxRelativeDiff(grad[0], grad[1]), 1e-3) << g->params()[p].name;
+    EXPECT_LT(RelMaxDiff(grad[0], grad[1], 1e-3), 1e-3) << g->params()[p].name;
   }
   // What the planned executor's device holds: the arena, parameters and
   // their gradients, aux states, the batch, the label, the backend's staging
@@ -1059,7 +1046,7 @@ TEST_P(GpuGroupTest, TheSameGpuTwiceTrainsLikeOnce) {
       for (int d = 0; d < groups[k]->num_devices(); ++d) {
         std::vector<float> got(want.size());
         ASSERT_OK(groups[k]->executor(d).ReadParam(p, got.data(), got.size()));
-        EXPECT_LT(MaxRelativeDiff(got, want), 1e-4)
+        EXPECT_LT(RelMaxDiff(got, want, 1e-3), 1e-4)
             << k + 1 << " listings, device " << d << ", " << g->params()[p].name;
       }
     }

@@ -20,15 +20,28 @@
 
 namespace pstrain::testing {
 
+// max |a - b| over n values, relative to max(floor, max |b|).
+inline double RelMaxDiff(const float* a, const float* b, int64_t n, double floor = 1) {
+  double diff = 0, mag = floor;
+  for (int64_t i = 0; i < n; ++i) {
+    diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
+    mag = std::max(mag, static_cast<double>(std::fabs(b[i])));
+  }
+  return diff / mag;
+}
+
 // max |a - b| relative to max(1, max |b|).
 inline double RelMaxDiff(const Tensor& a, const Tensor& b) {
   EXPECT_EQ(a.shape(), b.shape());
-  double diff = 0, mag = 1;
-  for (int64_t i = 0; i < a.num_elements(); ++i) {
-    diff = std::max(diff, static_cast<double>(std::fabs(a.at(i) - b.at(i))));
-    mag = std::max(mag, static_cast<double>(std::fabs(b.at(i))));
-  }
-  return diff / mag;
+  return RelMaxDiff(a.data(), b.data(), std::min(a.num_elements(), b.num_elements()));
+}
+
+// The same of two vectors, relative to at least `floor`: with a floor below 1
+// a tensor of small values (gradients) is compared, not passed under an
+// absolute tolerance.
+inline double RelMaxDiff(const std::vector<float>& a, const std::vector<float>& b, double floor) {
+  EXPECT_EQ(a.size(), b.size());
+  return RelMaxDiff(a.data(), b.data(), static_cast<int64_t>(std::min(a.size(), b.size())), floor);
 }
 
 inline void FillUniform(const Tensor& t, std::mt19937_64* rng, float lo, float hi) {
