@@ -14,6 +14,7 @@
 #include "net/shm_placement.h"
 #include "net/shm_sequence.h"
 #include "net/zmq_router.h"
+#include "net/zmq_util.h"
 
 namespace pstrain {
 namespace {
@@ -45,8 +46,6 @@ uint64_t PayloadBytes(const Message& msg, bool values) {
 uint64_t EnvelopeBound(const Message& msg) {
   return 160 + msg.header.error_message().size() + msg.keys.size() * 3 / 2;
 }
-
-std::string ZmqError() { return zmq_strerror(zmq_errno()); }
 
 }  // namespace
 

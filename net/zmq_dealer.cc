@@ -5,13 +5,13 @@
 #include <atomic>
 #include <cstring>
 
+#include "net/zmq_util.h"
+
 namespace pstrain {
 namespace {
 
 // Frames smaller than this are copied into ZeroMQ (cheaper than a reference).
 constexpr size_t kCopyBelowBytes = 512;
-
-std::string ZmqError() { return zmq_strerror(zmq_errno()); }
 
 void ReleaseOwner(void* /*data*/, void* hint) {
   delete static_cast<std::shared_ptr<const void>*>(hint);
@@ -71,6 +71,7 @@ StatusOr<std::unique_ptr<ZmqDealer>> ZmqDealer::Open(void* context, const Dealer
                  sizeof(options.send_timeout_ms));
   int hwm = 100000;
   zmq_setsockopt(d->socket_, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+  SetTcpKeepalive(d->socket_);
   if (options.reconnect_interval_ms > 0) {
     zmq_setsockopt(d->socket_, ZMQ_RECONNECT_IVL, &options.reconnect_interval_ms,
                    sizeof(options.reconnect_interval_ms));

@@ -7,11 +7,10 @@
 #include <utility>
 
 #include "net/host_address.h"
+#include "net/zmq_util.h"
 
 namespace pstrain {
 namespace {
-
-std::string ZmqError() { return zmq_strerror(zmq_errno()); }
 
 // A received frame; a Blob made from it shares its ownership.
 struct ZmqFrame {
@@ -50,6 +49,13 @@ StatusOr<std::unique_ptr<ZmqRouter>> ZmqRouter::Bind(void* context, const Router
   zmq_setsockopt(r->socket_, ZMQ_LINGER, &linger, sizeof(linger));
   int hwm = 0;  // never drop inbound messages; senders are bounded by their own HWM
   zmq_setsockopt(r->socket_, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+  // A peer reconnecting under its routing id takes it over from its old
+  // connection: that one may be dead without this receive-only socket knowing
+  // (no FIN came), and by default the ROUTER keeps the old one and drops the
+  // new one's messages for as long as the old one lives.
+  int handover = 1;
+  zmq_setsockopt(r->socket_, ZMQ_ROUTER_HANDOVER, &handover, sizeof(handover));
+  SetTcpKeepalive(r->socket_);
   if (options.keys != nullptr) {
     // Failed handshakes (a peer without CURVE, or with other keys) are
     // reported on a monitor socket the authentication thread reads.

@@ -114,6 +114,43 @@ TEST(ZmqSocketsTest, ADataMessageTravelsAsHeaderKeysLensAndValueFrames) {
   router->reset();
 }
 
+// A node whose connection broke without the ROUTER's side noticing (a cable
+// pulled, a host that froze: no FIN arrives, and a receive-only socket never
+// writes) reconnects with the same routing id. The new connection takes the id
+// over; without that the ROUTER kept the dead one and dropped everything the
+// node sent from then on. Here the old connection is simply still open.
+TEST(ZmqSocketsTest, AReconnectionWithTheSameRoutingIdTakesItOver) {
+  Context c;
+  auto router = ZmqRouter::Bind(c.ctx, Local());
+  ASSERT_OK(router.status());
+  DealerOptions o;
+  o.routing_id = "n-same";
+  auto old_connection = DealerTo(c.ctx, (*router)->port(), o);
+  Message ctl;
+  ctl.header.set_cmd(CMD_HEARTBEAT);
+  ctl.header.set_request_id(1);
+  ASSERT_TRUE(old_connection->SendFrames(ctl.header.SerializeAsString(), nullptr, false));
+  ASSERT_EQ(ReceiveWithin(**router, 5000).size(), 2u);
+
+  auto new_connection = DealerTo(c.ctx, (*router)->port(), o);
+  ctl.header.set_request_id(2);
+  ASSERT_TRUE(new_connection->SendFrames(ctl.header.SerializeAsString(), nullptr, false));
+  std::vector<Blob> frames = ReceiveWithin(**router, 5000);
+  ASSERT_EQ(frames.size(), 2u) << "the new connection's message was dropped";
+  EXPECT_EQ(Str(frames[0]), "n-same");
+  Decoded d = DecodeFrames(frames);
+  ASSERT_TRUE(d.error.empty()) << d.error;
+  EXPECT_EQ(d.msg.header.request_id(), 2u);
+  // And a dead connection is found and released: TCP keepalive is on.
+  int keepalive = 0;
+  size_t size = sizeof(keepalive);
+  ASSERT_EQ(zmq_getsockopt((*router)->socket(), ZMQ_TCP_KEEPALIVE, &keepalive, &size), 0);
+  EXPECT_EQ(keepalive, 1);
+  new_connection.reset();
+  old_connection.reset();
+  router->reset();
+}
+
 TEST(ZmqSocketsTest, ABatchFrameCarriesSeveralMessagesInOrder) {
   Context c;
   auto router = ZmqRouter::Bind(c.ctx, Local());
