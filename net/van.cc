@@ -230,7 +230,13 @@ Status Van::Connect(int id, const std::string& host, int port, const ShmInfo* sh
   ConnectionEvents* events = dealer->events();
   std::shared_ptr<Peer> old;  // a replaced peer's, let go after mu_
   MutexLock l(&mu_);
-  if (theirs != nullptr) inbox_.Add(id, theirs);
+  // The queue read for `id` is the new process's, or none (an old process's
+  // arena is neither read nor kept mapped once it is replaced).
+  if (theirs != nullptr) {
+    inbox_.Add(id, theirs);
+  } else {
+    inbox_.Remove(id);
+  }
   // A new process under an id we sent to before (a replaced or reconnected
   // peer): what was queued for the old one is not for it. The old one's
   // blocks come back when its Peer goes.

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <thread>
 #include <vector>
 
@@ -545,10 +546,10 @@ bool RingEmpties(ShmArena& arena) {
 struct Holder {
   Inbox inbox;
   std::unique_ptr<Van> van;
-  Holder(const std::string& name, int id) {
+  Holder(const std::string& name, int id, uint64_t shm_bytes = 1 << 20) {
     VanOptions vo;
     vo.bind_host = "127.0.0.1";
-    vo.shm_bytes = 1 << 20;
+    vo.shm_bytes = shm_bytes;
     vo.name = name;
     auto made = Van::Create(vo, [this](Message&& m) {
       MutexLock l(&inbox.mu);
@@ -560,7 +561,8 @@ struct Holder {
     van->SetSelfId(id);
     van->StartReceiving();
   }
-  // Connects with worker 0 (p.a) both ways and says it mapped a's arena.
+  // Connects with worker 0 (p.a) both ways and says it mapped a's arena (if
+  // it has shared memory).
   void JoinWorker0(VanPair& p, int id) {
     CHECK_OK(p.a->Connect(id, "127.0.0.1", van->port(), van->shm_info()));
     CHECK_OK(van->Connect(WorkerId(0), "127.0.0.1", p.a->port(), p.a->shm_info()));
@@ -666,6 +668,38 @@ TEST(VanShmTest, AReplacedPeersBlocksComeBackAndItsSuccessorKeepsItsOwn) {
   }
   new_c.LetGo();
   EXPECT_EQ(p.a->arena()->ring_used_bytes(), 0u);
+}
+
+// Shared-memory arenas mapped in this process (every Van of the test is here).
+int MappedArenas() {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);)
+    n += line.find("pstrain-arena") != std::string::npos;
+  return n;
+}
+
+// A peer replaced by a process without shared memory (it could not map ours,
+// or runs without): the old process's arena is no longer read nor kept mapped.
+TEST(VanShmTest, APeerReplacedByOneOverTcpOnlyLetsTheOldArenaGo) {
+  VanPair p;
+  auto old_c = std::make_unique<Holder>("c", ServerId(1));
+  old_c->JoinWorker0(p, ServerId(1));
+  const int with_old = MappedArenas();
+  Holder new_c("c2", ServerId(1), /*shm_bytes=*/0);
+  ASSERT_EQ(new_c.van->shm_info(), nullptr);
+  new_c.JoinWorker0(p, ServerId(1));  // a's Connect replaces the connection
+  old_c->van->StopReceiving();
+  old_c.reset();  // its own arena and its mapping of a's go
+  // a's receive thread lets its copy of the old mapping go on its next pass.
+  int now = MappedArenas();
+  for (int i = 0; i < 500 && now != with_old - 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    now = MappedArenas();
+  }
+  EXPECT_EQ(now, with_old - 3) << "a still maps the replaced process's arena";
+  ASSERT_OK(p.a->Send(ServerId(1), DataMessage(WorkerId(0), ServerId(1), Floats(2000, 5.0f))));
+  new_c.WaitFor(1);
 }
 
 // a -> b: message i carries request id i and `floats` copies of float(i).
