@@ -110,6 +110,12 @@ std::string PartName(uint64_t w) {
   return StrCat("key ", WireKeyUser(w), " part ", WireKeyPart(w));
 }
 
+// The answer to a push or pull of a key never initialized.
+Status NeverInitialized(uint64_t wire, const PsHeader& h) {
+  return Status::NotFound(StrCat(PartName(wire), " was never initialized (",
+                                 h.push() ? "push" : "pull", " before init)"));
+}
+
 }  // namespace
 
 KVServer::KVServer(ClusterNode* node, const KVServerOptions& options)
@@ -200,7 +206,7 @@ Status KVServer::OpenSnapshots() {
     }
     std::shared_ptr<Optimizer> opt;
     if (cfg->has_optimizer()) {
-      ASSIGN_OR_RETURN(opt, MakeOptimizer(*cfg));
+      ASSIGN_OR_RETURN(opt, MakeOptimizer(*cfg, live_workers_.load()));
     }
     MutexLock l(&config_mu_);
     config_ = std::move(cfg);
@@ -211,6 +217,7 @@ Status KVServer::OpenSnapshots() {
   uint64_t floats = 0;
   for (KeySnapshot& k : keys) {
     KeyState& ks = shards_[ShardOf(k.wire_key, shards_.size())]->keys[k.wire_key];
+    ++keys_held_;
     const size_t n = k.value.size();
     ShmArena::Stored stored = node_->AllocateStored(n * sizeof(float));
     std::memcpy(stored.data, k.value.data(), n * sizeof(float));
@@ -245,10 +252,10 @@ bool KVServer::MustWait(const KeyState& ks, const Op& op) {
          h.push_rounds(static_cast<int>(op.part)) > ks.rounds + 1;
 }
 
-StatusOr<std::shared_ptr<Optimizer>> KVServer::MakeOptimizer(const ServerConfig& cfg) const {
+StatusOr<std::shared_ptr<Optimizer>> KVServer::MakeOptimizer(const ServerConfig& cfg,
+                                                             int live) const {
   OptimizerConfig oc = cfg.optimizer();
-  const int live = live_workers_.load();
-  if (live > 0 && live < node_->num_workers()) {
+  if (cfg.sync_mode() && live > 0 && live < node_->num_workers()) {
     // rescale_grad is 1/(batch * W): the sum of fewer gradients needs more.
     oc.set_rescale_grad(oc.rescale_grad() * static_cast<float>(node_->num_workers()) /
                         static_cast<float>(live));
@@ -260,20 +267,28 @@ StatusOr<std::shared_ptr<Optimizer>> KVServer::MakeOptimizer(const ServerConfig&
 void KVServer::HandleWorkerLost(int id) {
   const int w = RankOfId(id);
   if (w < 0 || w >= node_->num_workers() || lost_[w].exchange(true)) return;
-  const int live = --live_workers_;
+  int live;
+  bool sync;
   {
     MutexLock l(&config_mu_);
-    if (config_ != nullptr && config_->has_optimizer()) {
-      auto opt = MakeOptimizer(*config_);
+    live = --live_workers_;
+    sync = config_ != nullptr && config_->sync_mode();
+    if (sync && config_->has_optimizer()) {
+      auto opt = MakeOptimizer(*config_, live);
       if (opt.ok()) {
         if (optimizer_ != nullptr) (*opt)->ContinueFrom(optimizer_->num_update());
         optimizer_ = *std::move(opt);
       }
     }
   }
-  LOG(WARNING) << node_->Self() << ": worker rank " << w << " is lost: rounds close with the "
-               << live << " workers left, gradients rescaled by " << node_->num_workers() << "/"
-               << live;
+  if (sync) {
+    LOG(WARNING) << node_->Self() << ": worker rank " << w << " is lost: rounds close with the "
+                 << live << " workers left, gradients rescaled by " << node_->num_workers() << "/"
+                 << live;
+  } else {
+    LOG(WARNING) << node_->Self() << ": worker rank " << w << " is lost: " << live
+                 << " workers left";
+  }
   for (auto& shard : shards_) {
     MutexLock l(&shard->mu);
     shard->remove_lost = true;
@@ -349,9 +364,9 @@ std::shared_ptr<const ServerConfig> KVServer::config() const {
   return config_;
 }
 
-std::shared_ptr<Optimizer> KVServer::optimizer() const {
+KVServer::UpdateRule KVServer::rule() const {
   MutexLock l(&config_mu_);
-  return optimizer_;
+  return {config_, optimizer_, live_workers_.load()};
 }
 
 void KVServer::ReplyError(const PsHeader& request, const Status& error) {
@@ -442,7 +457,8 @@ void KVServer::HandleConfig(const Message& msg) {
   }
   std::shared_ptr<Optimizer> opt;
   if (cfg.has_optimizer()) {
-    auto created = MakeOptimizer(cfg);
+    // (A loss changes live_workers_ on this thread only: the count read here holds.)
+    auto created = MakeOptimizer(cfg, live_workers_.load());
     if (!created.ok()) {
       ReplyError(msg.header, created.status());
       return;
@@ -776,7 +792,19 @@ void KVServer::CheckRounds(Shard* shard) {
 }
 
 void KVServer::Submit(Shard* shard, const Op& op) {
-  KeyState& ks = shard->keys[op.req->msg.key(op.part)];
+  const uint64_t wire = op.req->msg.key(op.part);
+  auto it = shard->keys.find(wire);
+  if (it == shard->keys.end()) {
+    // Only an init makes a key: a push or pull of one never initialized
+    // leaves nothing behind (a request may name any key of its server).
+    if (!op.header().init()) {
+      CompletePart(op, nullptr, NeverInitialized(wire, op.header()));
+      return;
+    }
+    it = shard->keys.try_emplace(wire).first;
+    ++keys_held_;
+  }
+  KeyState& ks = it->second;
   const uint64_t rounds_before = ks.rounds;
   const bool blocked = !ks.deferred.empty() || MustWait(ks, op);
   if (!blocked) {
@@ -847,9 +875,7 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
     return;
   }
   if (!ks->initialized) {
-    CompletePart(op, ks,
-                 Status::NotFound(StrCat(PartName(wire), " was never initialized (",
-                                         h.push() ? "push" : "pull", " before init)")));
+    CompletePart(op, ks, NeverInitialized(wire, h));
     return;
   }
   if (ks->size != n) {
@@ -862,7 +888,11 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
     CompletePart(op, ks, Status::Ok());
     return;
   }
-  auto cfg = config();
+  // Read before lost_: HandleWorkerLost marks the worker lost before it
+  // lowers the count, so a count that went down comes with its mark seen.
+  const UpdateRule rule = this->rule();
+  const std::shared_ptr<const ServerConfig>& cfg = rule.config;
+  const int live = rule.live;
   if (!op.req->part_codes.empty()) {
     // A 2-bit push becomes the float push it stands for, on this key's shard.
     if (cfg == nullptr ||
@@ -929,8 +959,8 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
     if (ks->Shared()) fresh = node_->AllocateStored(n * sizeof(float));
     float* out = fresh.has_value() ? reinterpret_cast<float*>(fresh->data) : ks->data;
     UpdateCheck check;
-    if (auto opt = optimizer()) {
-      check = opt->Update(g.data(), g.size(), ks->data, out, n, &ks->state);
+    if (rule.optimizer != nullptr) {
+      check = rule.optimizer->Update(g.data(), g.size(), ks->data, out, n, &ks->state);
     } else {
       SumInto(g.data(), g.size(), out, n);
       for (size_t k = 0; k < g.size() && check.bad_grad < 0; ++k) {
@@ -960,9 +990,6 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
     for (const Op& d : ops) CompletePart(d, ks, s);
     if (!s.ok()) node_->Fail(Status(s.code(), StrCat(node_->Self(), ": ", s.message())), blame);
   };
-  // Read before lost_: HandleWorkerLost marks the worker lost before it
-  // lowers the count, so a count that went down comes with its mark seen.
-  const int live = live_workers_.load();
   if (lost_[op.worker()].load()) {
     // Lost after the receive thread took its push (HandleMessage refuses
     // later ones): neither an async update nor a round (of one, where it
@@ -974,7 +1001,7 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
     return;
   }
   if (cfg == nullptr || !cfg->sync_mode()) {
-    if (optimizer() == nullptr) {
+    if (rule.optimizer == nullptr) {
       CompletePart(op, ks,
                    Status::FailedPrecondition(
                        StrCat("async push of ", PartName(wire),

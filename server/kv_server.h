@@ -74,6 +74,8 @@ class KVServer {
 
   // Requests answered so far (for tests and logs).
   int64_t requests_served() const { return served_.load(); }
+  // Key parts held (initialized), for tests and logs.
+  int64_t keys_held() const { return keys_held_.load(); }
 
  private:
   struct Request;
@@ -111,8 +113,10 @@ class KVServer {
   // next one, held past PSTRAIN_ROUND_TIMEOUT_MS for rounds nobody pushed,
   // ends the job naming its worker: true when it did.
   bool FailHeldPushOfALostRound(uint64_t wire, const KeyState& ks, SteadyClock::time_point now);
-  // The optimizer of `cfg` for the workers left (rescaled when some are lost).
-  StatusOr<std::shared_ptr<Optimizer>> MakeOptimizer(const ServerConfig& cfg) const;
+  // The optimizer of `cfg` for `live` workers: in dist_sync a round sums
+  // `live` gradients, so fewer than all rescale it; a dist_async push is one
+  // worker's own and is never rescaled.
+  StatusOr<std::shared_ptr<Optimizer>> MakeOptimizer(const ServerConfig& cfg, int live) const;
   void HandleConfig(const Message& msg);
   void ReplyError(const PsHeader& request, const Status& error);
   void ShardLoop(Shard* shard);
@@ -140,7 +144,16 @@ class KVServer {
   // sent) is logged: always, but for a worker declared lost only the first.
   bool ShouldWarnAbout(int worker);
   std::shared_ptr<const ServerConfig> config() const;
-  std::shared_ptr<Optimizer> optimizer() const;
+  // What a push is applied with, read at once: the configuration, its
+  // optimizer, and the live workers that optimizer was made for (a loss
+  // changes the last two together, so a round never sums one count of
+  // gradients with the rescale of another).
+  struct UpdateRule {
+    std::shared_ptr<const ServerConfig> config;
+    std::shared_ptr<Optimizer> optimizer;
+    int live = 0;
+  };
+  UpdateRule rule() const;
 
   ClusterNode* node_;
   KVServerOptions options_;
@@ -151,12 +164,14 @@ class KVServer {
   std::vector<std::pair<int, Message>> held_replies_;
   std::vector<std::thread> threads_;
   std::atomic<int64_t> served_{0};
+  std::atomic<int64_t> keys_held_{0};
 
   mutable Mutex config_mu_;
   std::shared_ptr<const ServerConfig> config_ GUARDED_BY(config_mu_);
   std::shared_ptr<Optimizer> optimizer_ GUARDED_BY(config_mu_);
   std::unique_ptr<SnapshotStore> snapshots_;  // null: no snapshots; set before Start
-  // Workers still in the job, and which ranks are lost (set once, never cleared).
+  // Workers still in the job (lowered under config_mu_, with optimizer_), and
+  // which ranks are lost (set once, never cleared).
   std::atomic<int> live_workers_{0};
   std::unique_ptr<std::atomic<bool>[]> lost_;
   // Lost ranks whose unanswered request was logged (once each).

@@ -69,6 +69,9 @@ struct JobSpec {
   // Called on a server's thread with its rank and node before it registers,
   // and with null once its node is gone.
   std::function<void(int rank, ClusterNode* node)> on_server_node;
+  // Called on a server's thread with its KVServer before it runs, and with
+  // null once it returned.
+  std::function<void(int rank, KVServer* server)> on_kv_server;
 };
 
 // Runs a job; `body(kv)` runs on every worker between Start and Finish.
@@ -118,7 +121,9 @@ inline JobResult RunJobWith(int S, int W, const Body& body, const JobSpec& spec)
         r.servers[s] = st.ok() ? Status::Cancelled("killed by the test") : st;
         return;
       }
+      if (spec.on_kv_server) spec.on_kv_server(s, &server);
       r.servers[s] = server.Run();
+      if (spec.on_kv_server) spec.on_kv_server(s, nullptr);
     });
   }
   const int starting = spec.num_registering_workers < 0 ? W : spec.num_registering_workers;

@@ -404,6 +404,47 @@ Message RawPush(const std::vector<uint64_t>& wire, const std::vector<uint32_t>& 
   return m;
 }
 
+// Only an init makes a key on a server: pushes and pulls of keys never
+// initialized are answered NotFound and leave nothing behind (they used to
+// leave an entry per key asked about, for the rest of the job).
+TEST(InProcClusterTest, RequestsForKeysNeverInitializedLeaveNothingOnTheServer) {
+  std::mutex mu;
+  KVServer* server = nullptr;
+  testing::JobSpec spec;
+  spec.on_kv_server = [&](int, KVServer* s) {
+    std::lock_guard<std::mutex> l(mu);
+    server = s;
+  };
+  auto held = [&] {
+    std::lock_guard<std::mutex> l(mu);
+    return server != nullptr ? server->keys_held() : -1;
+  };
+  int64_t held_after_init = -1, held_after_misses = -1;
+  testing::JobResult r = testing::RunJobWith(
+      1, 1,
+      [&](KVClient& kv) -> Status {
+        RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));
+        std::vector<float> v(4, 1.0f);
+        RETURN_IF_ERROR(kv.Wait(kv.Init({7}, {4}, v.data()), Soon()));
+        held_after_init = held();
+        for (uint64_t key = 1000; key < 3000; ++key) {
+          Status s = kv.Wait(
+              key % 2 == 0 ? kv.Pull({key}, {4}, v.data()) : kv.Push({key}, {4}, v.data()), Soon());
+          if (s.code() != StatusCode::kNotFound) {
+            return Status::Internal(StrCat("key ", key, ": ", s.ToString()));
+          }
+        }
+        held_after_misses = held();
+        return Status::Ok();
+      },
+      spec);
+  EXPECT_TRUE(r.scheduler.ok()) << r.scheduler;
+  for (const Status& s : r.servers) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(r.workers[0].ok()) << r.workers[0];
+  EXPECT_EQ(held_after_init, 1);
+  EXPECT_EQ(held_after_misses, 1);
+}
+
 TEST(InProcClusterTest, BadRequestsGetErrorsNamingTheKey) {
   ExpectAllOk(RunJob(1, 1, [](KVClient& kv) -> Status {
     RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));

@@ -648,5 +648,51 @@ TEST(LostWorkerTest, AWorkerDeclaredLostThatStillSendsIsLoggedOnce) {
   EXPECT_LE(unsent.count(), 1);
 }
 
+// dist_async: each push is one worker's own gradient (rescale_grad has no
+// factor of W), so a lost worker changes nothing about the others' updates.
+// The rescale of dist_sync was applied here too: after a loss of one of two
+// workers every update moved the weights twice as far.
+TEST(LostWorkerTest, AnAsyncJobKeepsItsScaleWhenAWorkerIsLost) {
+  const std::vector<uint64_t> keys = {5};
+  const std::vector<int64_t> lens = {100};
+  testing::JobSpec spec;
+  spec.tweak_all = [](ClusterOptions* o) { o->continue_without_lost_workers = true; };
+  spec.tweak_worker = [](int w, ClusterOptions* o) { o->launch_rank = w; };
+  spec.server.round_timeout_ms = 0;
+  LineCounter server_saw_loss("worker rank 1 is lost");
+  float moved = 0.0f;
+  testing::JobResult r = testing::RunJobWith(
+      1, 2,
+      [&](KVClient& kv) -> Status {
+        ServerConfig c;
+        c.set_sync_mode(false);
+        c.mutable_optimizer()->set_type(OptimizerConfig::TEST);
+        c.mutable_optimizer()->set_rescale_grad(1.0f);
+        RETURN_IF_ERROR(kv.SetServerConfig(c, Deadline::InMillis(5000)));
+        std::vector<float> before(100, 0.0f), after(100, 0.0f), ones(100, 1.0f);
+        RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, before.data()), Deadline::InMillis(5000)));
+        RETURN_IF_ERROR(kv.Barrier(Deadline::InMillis(5000)));
+        if (kv.rank() == 1) {
+          kv.node()->Stop();  // dies without a word
+          return Status::Cancelled("worker 1 died");
+        }
+        RETURN_IF_ERROR(kv.Barrier(Deadline::InMillis(10000)));  // released once 1 is lost
+        const Deadline deadline = Deadline::InMillis(10000);
+        while (server_saw_loss.count() == 0 && !deadline.Expired()) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        if (server_saw_loss.count() == 0) return Status::DeadlineExceeded("no loss at the server");
+        RETURN_IF_ERROR(kv.Wait(kv.Pull(keys, lens, before.data()), Deadline::InMillis(5000)));
+        RETURN_IF_ERROR(kv.Wait(kv.Push(keys, lens, ones.data()), Deadline::InMillis(5000)));
+        RETURN_IF_ERROR(kv.Wait(kv.Pull(keys, lens, after.data()), Deadline::InMillis(5000)));
+        moved = after[0] - before[0];
+        return Status::Ok();
+      },
+      spec);
+  EXPECT_TRUE(r.workers[0].ok()) << r.workers[0];
+  EXPECT_FALSE(r.workers[1].ok());
+  EXPECT_EQ(moved, 1.0f) << "a push of ones with rescale_grad 1 moves each weight by 1";
+}
+
 }  // namespace
 }  // namespace pstrain
