@@ -477,6 +477,7 @@ void ClusterNode::Dispatch(Message&& msg) {
       return;
     }
     case CMD_ABORT:
+      if (test_ignore_aborts_.load()) return;
       // The scheduler knows already: nothing to send back (from the receive thread).
       Failed(Status::Unavailable(h.error_message()), /*tell_scheduler=*/false, kBlameSelf);
       return;

@@ -140,6 +140,8 @@ class ClusterNode {
   // Tests only: the heartbeat thread stops for `ms` once, as in a process
   // that did not run for that long (no heartbeats, no tick listeners).
   void TEST_StallHeartbeats(int64_t ms) { test_stall_ms_ = ms; }
+  // Tests only: an abort from the scheduler is ignored (a node it cannot reach).
+  void TEST_IgnoreAborts() { test_ignore_aborts_ = true; }
   static constexpr int kBlameSelf = -1;
 
   // Stops heartbeats and the receive thread: no message handler, tick or
@@ -265,6 +267,7 @@ class ClusterNode {
   std::map<int, uint64_t> barrier_done_ GUARDED_BY(mu_);
   SteadyClock::time_point last_scheduler_contact_ GUARDED_BY(mu_);
   std::atomic<int64_t> test_stall_ms_{0};
+  std::atomic<bool> test_ignore_aborts_{false};
   std::thread heartbeat_;
   std::thread replacer_;  // a worker's ReplacementLoop
 };

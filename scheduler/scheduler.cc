@@ -429,6 +429,17 @@ void Scheduler::Replace(const Message& msg) {
 void Scheduler::SendReplacementTable(int id, const Message& table) {
   Status sent = van_->Send(id, table);
   if (!sent.ok()) LOG(WARNING) << "scheduler: " << sent;
+  // The workers lost before it came (the others heard as it happened): its
+  // rounds close without them. After the table, on the same connection, so
+  // it adopts the table first.
+  for (int w : lost_) {
+    if (finished_.count(w) > 0 || nodes_.count(w) == 0) continue;
+    Message notice;
+    notice.header = Header(CMD_WORKER_LOST);
+    *notice.header.mutable_node() = nodes_.at(w).info;
+    sent = van_->Send(id, notice);
+    if (!sent.ok()) LOG(WARNING) << "scheduler: " << sent;
+  }
   LOG(INFO) << "scheduler: every worker is ready for " << Describe(id)
             << "; it gets the node table";
   nodes_.at(id).last_seen = SteadyClock::now();
@@ -597,6 +608,14 @@ void Scheduler::LoseWorker(int id, const std::string& why) {
                << options_.num_workers << " workers (PSTRAIN_WORKER_LOSS=continue)";
   lost_.insert(id);
   Broadcast(notice, -1);
+  // The worker itself, if alive (a stall longer than the heartbeat timeout),
+  // learns why nobody answers it any more; else it would fail later saying
+  // the scheduler went silent.
+  Message abort;
+  abort.header = Header(CMD_ABORT);
+  abort.header.set_error_message(
+      StrCat("the job went on without this worker: ", why, " (PSTRAIN_WORKER_LOSS=continue)"));
+  (void)van_->Send(id, abort);
   van_->Disconnect(id);  // nothing more goes to it (Broadcast skips it)
   for (auto& [group, b] : barriers_) MaybeReleaseBarrier(group);
   for (auto it = replacing_.begin(); it != replacing_.end();) {

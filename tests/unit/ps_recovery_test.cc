@@ -46,6 +46,9 @@ struct RecoverySpec {
   // thread stops this long instead of the server dying (a stalled process).
   int stall_victim_heartbeats_ms = 0;
   int step_sleep_ms = 0;  // each worker sleeps this long after every step
+  // The last worker rank dies without a word after this step (-1: never);
+  // the job goes on without it (PSTRAIN_WORKER_LOSS=continue).
+  int lose_worker_after_step = -1;
 };
 
 struct RecoveryResult {
@@ -72,6 +75,7 @@ ClusterOptions BaseOptions(const RecoverySpec& spec) {
   o.shm_bytes = spec.shm_bytes;
   o.server_restarts = spec.restarts;
   o.restart_timeout_ms = spec.restart_timeout_ms;
+  o.continue_without_lost_workers = spec.lose_worker_after_step >= 0;
   return o;
 }
 
@@ -198,6 +202,10 @@ RecoveryResult RunRecoveryJob(const RecoverySpec& spec, const std::string& snaps
                                     Deadline::InMillis(20000)));
           }
           if (kv.rank() == 0 && step == spec.kill_after_step) kill = true;
+          if (kv.rank() == spec.num_workers - 1 && step == spec.lose_worker_after_step) {
+            kv.node()->Stop();
+            return Status::Cancelled("this worker died");
+          }
           if (spec.step_sleep_ms > 0) {
             std::this_thread::sleep_for(std::chrono::milliseconds(spec.step_sleep_ms));
           }
@@ -458,6 +466,23 @@ TEST_F(RecoveryDirTest, AServerRestartedBeforeTheJobStartedTakesItsPlace) {
 // A restart without a snapshot folder (started by hand: the launcher always
 // gives one) has nothing to resume; it used to register anyway, and every
 // request re-sent to it failed as a push before init (found by review).
+// A worker lost, then a server dies: its replacement learns of the lost
+// worker (the other servers heard of it when it happened), so its rounds close
+// with the workers left instead of waiting for a push that never comes.
+TEST_F(RecoveryDirTest, AReplacementServerKnowsOfTheWorkersLostBeforeIt) {
+  RecoverySpec spec;
+  spec.num_workers = 3;
+  spec.steps = 8;
+  spec.lose_worker_after_step = 2;
+  spec.kill_after_step = 4;
+  RecoveryResult r = RunRecoveryJob(spec, dir_);
+  EXPECT_EQ(r.replacement_started, 1);
+  EXPECT_TRUE(r.scheduler.ok()) << r.scheduler;
+  EXPECT_TRUE(r.workers[0].ok()) << r.workers[0];
+  EXPECT_TRUE(r.workers[1].ok()) << r.workers[1];
+  EXPECT_EQ(r.workers[2].code(), StatusCode::kCancelled) << r.workers[2];
+}
+
 TEST(ServerSnapshotTest, ARestartWithoutASnapshotFolderRefusesToStart) {
   RecoverySpec spec;
   spec.num_servers = 1;
@@ -628,7 +653,9 @@ TEST(LostWorkerTest, AWorkerDeclaredLostThatStillSendsIsLoggedOnce) {
           return Status::Ok();
         }
         // Worker 1: pulls until its pulls go unanswered (it was declared
-        // lost), then 8 more.
+        // lost), then 8 more. It cannot hear the scheduler (which tells a
+        // lost worker to stop; see the next test).
+        kv.node()->TEST_IgnoreAborts();
         const Deadline give_up = Deadline::InMillis(15000);
         bool lost = false;
         while (sent_after_loss.load() < 8 && !give_up.Expired()) {
@@ -646,6 +673,42 @@ TEST(LostWorkerTest, AWorkerDeclaredLostThatStillSendsIsLoggedOnce) {
   EXPECT_GE(refused.count(), 1);
   EXPECT_LE(refused.count(), 2);
   EXPECT_LE(unsent.count(), 1);
+}
+
+// A worker declared lost while alive (stalled past the heartbeat timeout)
+// is told that the job went on without it; it used to go unanswered until it
+// failed saying the scheduler had gone silent, which the launcher then blamed.
+TEST(LostWorkerTest, AWorkerDeclaredLostIsToldWhy) {
+  testing::JobSpec spec;
+  spec.tweak_all = [](ClusterOptions* o) {
+    o->continue_without_lost_workers = true;
+    o->heartbeat_timeout_ms = 2000;
+  };
+  spec.tweak_worker = [](int w, ClusterOptions* o) {
+    o->launch_rank = w;
+    if (w == 1) o->heartbeat_interval_ms = 0;  // looks dead to the scheduler
+  };
+  std::atomic<bool> one_done{false};
+  testing::JobResult r = testing::RunJobWith(
+      1, 2,
+      [&](KVClient& kv) -> Status {
+        if (kv.rank() == 0) {
+          // Stays until worker 1 heard (the job ends with the last worker).
+          const Deadline deadline = Deadline::InMillis(20000);
+          while (!one_done.load() && !deadline.Expired()) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          }
+          return Status::Ok();
+        }
+        Status s = kv.node()->WaitShutdown(Deadline::InMillis(15000));
+        one_done = true;
+        return s;
+      },
+      spec);
+  EXPECT_TRUE(r.workers[0].ok()) << r.workers[0];
+  EXPECT_NE(r.workers[1].message().find("the job went on without this worker"), std::string::npos)
+      << r.workers[1];
+  EXPECT_EQ(r.workers[1].message().find("silent"), std::string::npos) << r.workers[1];
 }
 
 // dist_async: each push is one worker's own gradient (rescale_grad has no
