@@ -689,9 +689,12 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
   // What processes started here inherit: the launcher's environment, less
   // PORT (the port a node binds: many shells and platforms set it, and one
   // value for every process of a host makes all but the first fail to bind),
-  // unless --env names it.
+  // unless --env names it, and less a key file with --no-keys.
   std::map<std::string, std::string> inherited = local_env;
   if (user_vars.count("PORT") == 0) inherited.erase("PORT");
+  // --no-keys: nobody runs with a key file left in the environment (ssh hosts
+  // would get none while the scheduler required it).
+  if (o.no_keys) inherited.erase("PSTRAIN_KEY_FILE");
   const char* cluster = LauncherName(plan.launcher);
   auto job_vars = [&](const std::string& role) {
     std::map<std::string, std::string> v = user_vars;
@@ -817,10 +820,32 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
                 : h.name;
         // The folder is made by the remote shell, not with --mkpath (rsync
         // 3.2.3 and later on both ends; Ubuntu 20.04 and RHEL 8 have older).
-        plan.sync_commands.push_back({o.rsync, "-az", "--rsync-path",
-                                      "mkdir -p " + RemoteShellPath(o.sync_dst_dir) + " && rsync",
-                                      "-e", rsh, CurrentDir() + "/",
-                                      target + ":" + o.sync_dst_dir + "/"});
+        // -s: the destination reaches the remote rsync as it is, not split
+        // on spaces or expanded by its shell (rsync before 3.2.4 did); so
+        // a leading "~/" is given as relative to the home the remote rsync
+        // starts in. No key file travels: the job's (and every earlier
+        // job's, in the log folders) are named job.key, and a given one may
+        // lie in this folder too; ssh hosts get theirs on stdin.
+        std::vector<std::string> copy = {
+            o.rsync,
+            "-azs",
+            "--rsync-path",
+            "mkdir -p " + RemoteShellPath(o.sync_dst_dir) + " && rsync",
+            "-e",
+            rsh,
+            "--exclude=job.key"};
+        if (!plan.key_file.empty()) {
+          const std::string here = CurrentDir() + "/";
+          if (plan.key_file.rfind(here, 0) == 0) {
+            copy.push_back("--exclude=/" + plan.key_file.substr(here.size()));
+          }
+        }
+        std::string dst = o.sync_dst_dir;
+        if (dst == "~") dst = ".";
+        if (dst.rfind("~/", 0) == 0) dst = dst.size() > 2 ? dst.substr(2) : ".";
+        copy.push_back(CurrentDir() + "/");
+        copy.push_back(target + ":" + dst + "/");
+        plan.sync_commands.push_back(std::move(copy));
       }
     }
     // MXNet placement: task i < S is server i, else worker i - S; host i mod H.

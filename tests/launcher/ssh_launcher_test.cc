@@ -8,6 +8,7 @@
 
 #include <filesystem>
 
+#include "net/job_keys.h"
 #include "tests/launcher/launch_test_util.h"
 #include "tracker/launcher.h"
 
@@ -191,12 +192,23 @@ TEST_F(SshLauncherTest, KvbenchVerifyOverSsh) {
   EXPECT_NE(run.output.find("verify dist_async ok"), std::string::npos) << run.output;
 }
 
+// No key file travels with the copy: an earlier job's left in its log
+// folder (job.key) or the job's own given one lying in the folder copied.
 TEST_F(SshLauncherTest, SyncDstDirCopiesTheWorkingDirectoryFirst) {
   WriteFile(dir_.Sub("work") + "/marker file.txt", "synced");
-  LaunchRun run = RunLaunch(Args({"--sync-dst-dir", dir_.Sub("remote dir")}, {}), dir_.Sub("work"),
-                            60000, env_);
+  std::filesystem::create_directories(dir_.Sub("work") + "/logs/old-job");
+  WriteFile(dir_.Sub("work") + "/logs/old-job/job.key", "an earlier job's keys");
+  const std::string given = dir_.Sub("work") + "/my-keys";
+  auto keys = GenerateJobKeys();
+  ASSERT_OK(keys.status());
+  ASSERT_OK(WriteJobKeys(*keys, given));
+  LaunchRun run =
+      RunLaunch(Args({"--sync-dst-dir", dir_.Sub("remote dir"), "--key-file", given}, {}),
+                dir_.Sub("work"), 60000, env_);
   ASSERT_EQ(run.exit_code(), 0) << run.output;
   EXPECT_EQ(ReadFile(dir_.Sub("remote dir") + "/marker file.txt"), "synced");
+  EXPECT_FALSE(std::filesystem::exists(dir_.Sub("remote dir") + "/logs/old-job/job.key"));
+  EXPECT_FALSE(std::filesystem::exists(dir_.Sub("remote dir") + "/my-keys"));
   Reports reports = ReadReports(dir_.Sub("reports"));
   ASSERT_EQ(reports.size(), 5u);
   EXPECT_EQ(reports["worker-0"]["cwd"], dir_.Sub("remote dir"));

@@ -578,6 +578,39 @@ TEST(PlanTest, TheLaunchersPortIsNotInheritedUnlessAsked) {
   EXPECT_EQ(plan->tasks.back().spec.env.at("PORT"), "8080");
 }
 
+// --no-keys with PSTRAIN_KEY_FILE exported (as the README suggests for given
+// keys): no process may inherit it. The scheduler and local processes ran
+// with the key while ssh hosts got none, so every remote node was refused.
+TEST(PlanTest, NoKeysDropsAnExportedKeyFile) {
+  for (const char* launcher : {"local", "ssh"}) {
+    std::vector<std::string> args = {"-n",        "2",         "--launcher", launcher,
+                                     "--host-ip", "127.0.0.1", "--no-keys",  "prog"};
+    if (std::string(launcher) == "ssh") {
+      const std::string hosts = ::testing::TempDir() + "/no_keys_hosts";
+      std::FILE* f = std::fopen(hosts.c_str(), "w");
+      ASSERT_NE(f, nullptr);
+      std::fputs("127.0.0.1\n", f);
+      std::fclose(f);
+      args.insert(args.begin(), {"-H", hosts});
+    }
+    auto o = ParseLaunchArgs(args);
+    ASSERT_OK(o.status());
+    auto plan = PlanLaunch(*o, Environment::Isolated({{"PSTRAIN_KEY_FILE", "/k"}}));
+    ASSERT_OK(plan.status());
+    for (const Task& t : plan->tasks) {
+      // An ssh session's job runs with what its remote command sets.
+      const bool remote = std::string(launcher) == "ssh" && t.role != "scheduler";
+      if (remote) {
+        EXPECT_EQ(t.spec.argv.back().find("PSTRAIN_KEY_FILE=/k"), std::string::npos)
+            << t.role << "-" << t.rank;
+      } else {
+        EXPECT_EQ(t.spec.env.count("PSTRAIN_KEY_FILE"), 0u)
+            << launcher << " " << t.role << "-" << t.rank;
+      }
+    }
+  }
+}
+
 // dmlc-core's NAME:VALUE form with '=' in the value, and the other way round.
 TEST(PlanTest, AnEnvValueMayHoldTheOtherSeparator) {
   auto o = ParseLaunchArgs({"-n", "1", "--env", "OPTS:--a=b", "--env", "URL=http://x:80", "prog"});
