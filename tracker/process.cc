@@ -44,11 +44,27 @@ StatusOr<std::unique_ptr<Subprocess>> Subprocess::Start(const ProcessSpec& spec)
   for (std::string& s : env_strings) envp.push_back(s.data());
   envp.push_back(nullptr);
 
-  int in_pipe[2] = {-1, -1}, out_pipe[2], err_pipe[2], exec_pipe[2];
-  if (pipe2(out_pipe, O_CLOEXEC) != 0) return Status::IOError(StrCat("pipe: ", strerror(errno)));
-  if (pipe2(err_pipe, O_CLOEXEC) != 0 || pipe2(exec_pipe, O_CLOEXEC) != 0 ||
-      (spec.pipe_stdin && pipe2(in_pipe, O_CLOEXEC) != 0)) {
-    return Status::IOError(StrCat("pipe: ", strerror(errno)));
+  int in_pipe[2] = {-1, -1}, out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1},
+      exec_pipe[2] = {-1, -1};
+  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0 ||
+      pipe2(exec_pipe, O_CLOEXEC) != 0 || (spec.pipe_stdin && pipe2(in_pipe, O_CLOEXEC) != 0)) {
+    const Status error = Status::IOError(StrCat("pipe: ", strerror(errno)));
+    for (int* fds : {in_pipe, out_pipe, err_pipe, exec_pipe}) {
+      for (int i = 0; i < 2; ++i) CloseFd(&fds[i]);
+    }
+    return error;
+  }
+  // With SIGCHLD ignored (inherited: `trap '' CHLD`, some daemons) or
+  // SA_NOCLDWAIT, the kernel reaps children unasked and no exit status can
+  // be read; children are waited for here, so that is undone (for the whole
+  // process, and for what the child runs: an ignored signal survives exec).
+  struct sigaction chld = {};
+  if (sigaction(SIGCHLD, nullptr, &chld) == 0 &&
+      ((chld.sa_flags & SA_SIGINFO) == 0 && chld.sa_handler == SIG_IGN)) {
+    signal(SIGCHLD, SIG_DFL);
+  } else if ((chld.sa_flags & SA_NOCLDWAIT) != 0) {
+    chld.sa_flags &= ~SA_NOCLDWAIT;
+    sigaction(SIGCHLD, &chld, nullptr);
   }
   pid_t parent = getpid();
   pid_t pid = fork();
@@ -90,8 +106,6 @@ StatusOr<std::unique_ptr<Subprocess>> Subprocess::Start(const ProcessSpec& spec)
   if (spec.pipe_stdin) {
     close(in_pipe[0]);
     p->in_fd_ = in_pipe[1];
-    if (!spec.stdin_data.empty())
-      WriteAll(p->in_fd_, spec.stdin_data.data(), spec.stdin_data.size());
   }
   p->out_fd_ = out_pipe[0];
   p->err_fd_ = err_pipe[0];
@@ -120,6 +134,9 @@ StatusOr<std::unique_ptr<Subprocess>> Subprocess::Start(const ProcessSpec& spec)
     }
     return Status::NotFound(StrCat("cannot execute '", spec.argv[0], "': ", strerror(err)));
   }
+  // Once it runs (a child that could not start would get it in vain), and
+  // safe from SIGPIPE if it ends without reading.
+  if (spec.pipe_stdin && !spec.stdin_data.empty()) (void)p->WriteStdin(spec.stdin_data);
   return p;
 }
 

@@ -24,8 +24,8 @@ struct ProcessSpec {
   // True: the caller holds a pipe to the child's stdin (CloseStdin() sends EOF).
   // False: stdin is /dev/null.
   bool pipe_stdin = false;
-  // With pipe_stdin: written to the child's stdin right after it starts (a
-  // few KB at most: it must fit the pipe). Secrets go here, never in argv.
+  // With pipe_stdin: written to the child's stdin once it runs (a few KB at
+  // most: it must fit the pipe). Secrets go here, never in argv.
   std::string stdin_data;
 };
 
@@ -34,6 +34,8 @@ class Subprocess {
   // Forks and execs `spec`. The child leads a new process group (so the whole
   // tree it starts can be signalled) and gets SIGTERM if the caller dies.
   // Returns NotFound/IOError naming argv[0] when it cannot be executed.
+  // A caller that ignores SIGCHLD (so that no exit status could be read) has
+  // it set back to the default.
   static StatusOr<std::unique_ptr<Subprocess>> Start(const ProcessSpec& spec);
 
   // Kills the process group with SIGKILL and reaps the child if it still runs.

@@ -98,6 +98,25 @@ TEST(ShellTest, QuotedWordsSurviveARealShell) {
   EXPECT_EQ(out, "[" + kTricky + "][it's][][plain][--flag=$x]");
 }
 
+// A launcher started with SIGCHLD ignored (`trap '' CHLD` in a shell, some
+// daemons): the kernel reaps its children unasked and every exit status was
+// read as 255, so a job that succeeded failed. The job's own children are
+// waited for too (its shell's $?).
+TEST(ProcessTest, AnIgnoredSigchldLosesNoExitStatus) {
+  struct sigaction before = {};
+  sigaction(SIGCHLD, nullptr, &before);
+  signal(SIGCHLD, SIG_IGN);
+  std::string out;
+  int status = 0;
+  Status s = RunAndCapture({"/bin/sh", "-c", "/bin/sh -c 'exit 4'; echo inner=$?; exit 3"},
+                           Environment().All(), 10000, &out, &status);
+  sigaction(SIGCHLD, &before, nullptr);
+  ASSERT_OK(s);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 3);
+  EXPECT_EQ(out, "inner=4\n");
+}
+
 // Runs `command_line` with /bin/sh -c, holding its stdin open like an ssh
 // session after writing `stdin_data` (the launcher's keys, or just the marker).
 std::string RunWithOpenStdin(const std::string& command_line,
