@@ -141,8 +141,8 @@ StatusOr<JobEnv> ReadJobEnv(const Environment& env, bool cluster_required) {
     ASSIGN_OR_RETURN(job.root_uri, env.Require("DMLC_PS_ROOT_URI"));
     ASSIGN_OR_RETURN(int64_t port, env.RequireInt("DMLC_PS_ROOT_PORT", 1, 65535));
     job.root_port = static_cast<int>(port);
-    ASSIGN_OR_RETURN(int64_t ns, env.RequireInt("DMLC_NUM_SERVER", 1, 4096));
-    ASSIGN_OR_RETURN(int64_t nw, env.RequireInt("DMLC_NUM_WORKER", 1, 4096));
+    ASSIGN_OR_RETURN(int64_t ns, env.RequireInt("DMLC_NUM_SERVER", 1, kMaxNodesPerRole));
+    ASSIGN_OR_RETURN(int64_t nw, env.RequireInt("DMLC_NUM_WORKER", 1, kMaxNodesPerRole));
     job.num_servers = static_cast<int>(ns);
     job.num_workers = static_cast<int>(nw);
   }

@@ -17,6 +17,10 @@
 
 namespace pstrain {
 
+// Most servers, and most workers, one job may have (DMLC_NUM_SERVER and
+// DMLC_NUM_WORKER; the launcher's -s and -n).
+constexpr int kMaxNodesPerRole = 4096;
+
 class Environment {
  public:
   // Reads the process environment; `overrides` take precedence over it.

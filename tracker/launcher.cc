@@ -18,6 +18,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/env.h"
 #include "net/job_keys.h"
 #include "tracker/process.h"
 #include "tracker/shell.h"
@@ -50,12 +51,14 @@ bool ValidEnvName(const std::string& name) {
   return true;
 }
 
-StatusOr<int> ParseCount(const std::string& flag, const std::string& value, int min) {
+StatusOr<int> ParseCount(const std::string& flag, const std::string& value, int min,
+                         int max = 100000) {
   char* end = nullptr;
   errno = 0;
   long v = std::strtol(value.c_str(), &end, 10);
-  if (value.empty() || *end != '\0' || errno != 0 || v < min || v > 100000) {
-    return Status::InvalidArgument(StrCat(flag, " '", value, "' is not an integer >= ", min));
+  if (value.empty() || *end != '\0' || errno != 0 || v < min || v > max) {
+    return Status::InvalidArgument(
+        StrCat(flag, " '", value, "' is not an integer from ", min, " to ", max));
   }
   return static_cast<int>(v);
 }
@@ -172,7 +175,8 @@ host.
   --sync-timeout SECONDS  ssh: how long one host's copy may take (default 600);
                           up to 16 hosts are copied to at once
   --log-dir DIR           where the logs go (default: logs/<job-id>)
-  --job-id ID             name of the job (default: UTC time and launcher pid)
+  --job-id ID             name of the job: letters, digits, '.', '_', '-' (default: UTC
+                          time and launcher pid)
   --env K=V | K:V | K     set K for every process (K alone: its value here);
                           repeatable
   --host-ip IP            scheduler address the others connect to
@@ -260,10 +264,10 @@ StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args) {
       o.help = true;
     } else if (name == "-n" || name == "--num-workers") {
       RETURN_IF_ERROR(take(&v));
-      ASSIGN_OR_RETURN(o.num_workers, ParseCount(name, v, 1));
+      ASSIGN_OR_RETURN(o.num_workers, ParseCount(name, v, 1, kMaxNodesPerRole));
     } else if (name == "-s" || name == "--num-servers") {
       RETURN_IF_ERROR(take(&v));
-      ASSIGN_OR_RETURN(o.num_servers, ParseCount(name, v, 1));
+      ASSIGN_OR_RETURN(o.num_servers, ParseCount(name, v, 1, kMaxNodesPerRole));
     } else if (name == "-H" || name == "--hostfile" || name == "--host-file") {
       RETURN_IF_ERROR(take(&o.hostfile));
     } else if (name == "--launcher" || name == "--cluster") {
@@ -286,8 +290,16 @@ StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args) {
       RETURN_IF_ERROR(take(&o.log_dir));
     } else if (name == "--job-id") {
       RETURN_IF_ERROR(take(&o.job_id));
-      if (o.job_id.empty() || o.job_id.find('/') != std::string::npos) {
-        return Status::InvalidArgument(StrCat("--job-id '", o.job_id, "' must be a plain name"));
+      // A folder name, part of Slurm step names (read back split on spaces)
+      // and of log lines: letters, digits, '.', '_' and '-'.
+      const bool plain =
+          !o.job_id.empty() && o.job_id != "." && o.job_id != ".." &&
+          std::all_of(o.job_id.begin(), o.job_id.end(), [](char c) {
+            return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+          });
+      if (!plain) {
+        return Status::InvalidArgument(StrCat(
+            "--job-id '", o.job_id, "' must be a plain name (letters, digits, '.', '_', '-')"));
       }
     } else if (name == "--host-ip") {
       RETURN_IF_ERROR(take(&o.host_ip));

@@ -360,6 +360,24 @@ TEST(PlanTest, SshPlacementFollowsMxnet) {
   EXPECT_NE(std::find(argv.begin(), argv.end(), "StrictHostKeyChecking=no"), argv.end());
 }
 
+// Counts every node would refuse (DMLC_NUM_WORKER over 4096) are refused
+// before anything starts; a job id is a plain name (it was also a Slurm step
+// name read back split on spaces, so "a b" left steps uncancelled).
+TEST(LaunchArgsTest, CountsAndJobIdsNodesCanTake) {
+  EXPECT_OK(ParseLaunchArgs({"-n", "4096", "-s", "4096", "prog"}).status());
+  auto many = ParseLaunchArgs({"-n", "5000", "prog"});
+  EXPECT_EQ(many.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(many.status().message().find("-n '5000' is not an integer from 1 to 4096"),
+            std::string::npos)
+      << many.status();
+  EXPECT_FALSE(ParseLaunchArgs({"-n", "1", "-s", "4097", "prog"}).ok());
+  EXPECT_OK(ParseLaunchArgs({"-n", "1", "--job-id", "run-7_b.2", "prog"}).status());
+  for (const char* bad : {"a b", "a/b", "..", "", "a;b", "x\ny"}) {
+    auto o = ParseLaunchArgs({"-n", "1", "--job-id", bad, "prog"});
+    EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument) << "'" << bad << "'";
+  }
+}
+
 TEST(LaunchArgsTest, RestartServers) {
   auto o = ParseLaunchArgs({"-n", "2", "--restart-servers", "3", "prog"});
   ASSERT_OK(o.status());
@@ -368,7 +386,7 @@ TEST(LaunchArgsTest, RestartServers) {
   EXPECT_EQ(ParseLaunchArgs({"-n", "2", "--restart-servers=0", "prog"})->restart_servers, 0);
   auto negative = ParseLaunchArgs({"-n", "2", "--restart-servers", "-1", "prog"});
   EXPECT_EQ(negative.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(negative.status().message().find("--restart-servers '-1' is not an integer >= 0"),
+  EXPECT_NE(negative.status().message().find("--restart-servers '-1' is not an integer from 0 to"),
             std::string::npos)
       << negative.status();
   EXPECT_FALSE(ParseLaunchArgs({"-n", "2", "--restart-servers", "x", "prog"}).ok());
