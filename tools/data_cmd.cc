@@ -79,6 +79,13 @@ StatusOr<double> ParseSeconds(const std::string& flag, const std::string& value)
   return v;
 }
 
+// A switch: on alone, or --name=true/false (1/0).
+StatusOr<bool> Switch(const std::string& name, bool has_value, const std::string& value) {
+  if (!has_value || value == "true" || value == "1") return true;
+  if (value == "false" || value == "0") return false;
+  return Status::InvalidArgument(StrCat(name, "='", value, "': a switch is true or false"));
+}
+
 StatusOr<Args> ParseArgs(int argc, char** argv) {
   Args a;
   std::vector<std::string> positional;
@@ -109,11 +116,11 @@ StatusOr<Args> ParseArgs(int argc, char** argv) {
       }
       a.mirrors.push_back(m);
     } else if (arg == "--rec") {
-      a.rec = true;
+      ASSIGN_OR_RETURN(a.rec, Switch(arg, has_eq, value));
     } else if (arg == "--force-rec") {
-      a.rec = a.force_rec = true;
+      ASSIGN_OR_RETURN(a.force_rec, Switch(arg, has_eq, value));
     } else if (arg == "--no-download") {
-      a.no_download = true;
+      ASSIGN_OR_RETURN(a.no_download, Switch(arg, has_eq, value));
     } else if (arg == "--connect-timeout") {
       ASSIGN_OR_RETURN(std::string v, take());
       ASSIGN_OR_RETURN(a.connect_timeout, ParseSeconds(arg, v));
@@ -133,6 +140,7 @@ StatusOr<Args> ParseArgs(int argc, char** argv) {
     }
   }
   if (a.help) return a;
+  a.rec = a.rec || a.force_rec;
   if (positional.empty()) return Status::InvalidArgument("an action is required");
   a.action = positional[0];
   if (positional.size() > 2) {

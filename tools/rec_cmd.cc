@@ -3,8 +3,10 @@
 // and pack CIFAR-10 binary batches that are already on disk. The command
 // parses its own arguments because each subcommand has its own options.
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -243,8 +245,17 @@ int RunIndex(const std::vector<std::string>& argv) {
   (*file)->AdviseSequential();
   auto entries = BuildRecordIndex(**file, key == "id" ? IndexKey::kId : IndexKey::kPosition);
   if (!entries.ok()) return Fail("index", entries.status());
-  Status s = WriteRecordIndex(idx, *entries);
-  if (!s.ok()) return Fail("index", s);
+  // Written beside it and put in place: an interrupted run never leaves a
+  // short index (readers would silently see fewer records).
+  const std::string part = idx + ".part";
+  Status s = WriteRecordIndex(part, *entries);
+  if (s.ok() && std::rename(part.c_str(), idx.c_str()) != 0) {
+    s = Status::IOError(StrCat("cannot rename ", part, " to ", idx, ": ", std::strerror(errno)));
+  }
+  if (!s.ok()) {
+    std::remove(part.c_str());
+    return Fail("index", s);
+  }
   std::printf("rec index: %zu entries (key: %s) written to %s\n", entries->size(), key.c_str(),
               idx.c_str());
   return 0;

@@ -148,6 +148,9 @@ TEST_F(DataCmdTest, ListAndManifest) {
             std::string::npos)
       << out;
   EXPECT_NE(out.find("size: 170052171"), std::string::npos) << out;
+  // A switch given a value: --rec=false was read as --rec.
+  EXPECT_EQ(RunPstrain(cwd_, "data locate mnist --no-download=maybe", &out), 2) << out;
+  EXPECT_NE(out.find("--no-download='maybe': a switch is true or false"), std::string::npos) << out;
 }
 
 // `train --dataset mnist` in a folder without data: fetched into

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -654,7 +655,14 @@ TEST_F(RecCommandTest, IndexRebuildsTheWritersIdx) {
 
   EXPECT_EQ(RunPstrain("rec index " + Path("lost.rec"), &out), 1);
   EXPECT_THAT(out, HasSubstr(Path("lost.idx") + " exists; pass --force"));
+  // --force replaces the index, never rewrites it in place (an interruption
+  // left a short one): a reader that opened the old one still reads it whole.
+  const std::string old_index = ReadAll(Path("lost.idx"));
+  std::ifstream reader(Path("lost.idx"), std::ios::binary);
+  ASSERT_TRUE(reader.good());
   ASSERT_EQ(RunPstrain("rec index --force --key position " + Path("lost.rec"), &out), 0) << out;
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(reader), {}), old_index);
+  EXPECT_FALSE(fs::exists(Path("lost.idx.part")));
   std::string by_position;
   for (const Expected& e : expected_) by_position += StrCat(e.index, "\t", e.offset, "\n");
   EXPECT_EQ(ReadAll(Path("lost.idx")), by_position);
