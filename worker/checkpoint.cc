@@ -1,10 +1,13 @@
 #include "worker/checkpoint.h"
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "data/file_bytes.h"
 
@@ -90,10 +93,18 @@ Status SaveArrays(const std::string& path, const std::vector<NamedArray>& arrays
     return Status::IOError(StrCat("cannot write checkpoint ", tmp, ": ", std::strerror(errno)));
   }
   bool ok = std::fwrite(out.data(), 1, out.size(), f) == out.size();
+  ok = ok && std::fflush(f) == 0 && fsync(fileno(f)) == 0;
   ok = (std::fclose(f) == 0) && ok;
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
     return Status::IOError(StrCat("cannot write checkpoint ", path, ": ", std::strerror(errno)));
+  }
+  // The rename itself survives a power loss once the folder is synced.
+  const std::string folder = std::filesystem::path(path).parent_path().string();
+  const int dir = open(folder.empty() ? "." : folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    (void)fsync(dir);
+    close(dir);
   }
   return Status::Ok();
 }

@@ -1,6 +1,8 @@
-// Checkpoint files: `prefix-%04d.params` (parameters and aux states after
-// epoch N, N 1-based as MXNet numbers them) and `prefix-%04d.states` (the local
-// optimizer's momentum). Both use one binary format, little-endian:
+// Checkpoint files: `prefix-%04d.params`, the parameters, aux states and the
+// local optimizer's momentum after epoch N (N 1-based as MXNet numbers
+// them), in one file so that one rename commits them all. Checkpoints written
+// before that kept the momentum in `prefix-%04d.states`, which a resumed run
+// still reads when the .params holds none. The binary format, little-endian:
 //
 //   "PSTRCKPT"                      8-byte magic
 //   uint32 version                  1
@@ -12,8 +14,9 @@
 //     float32 data[prod(dims)]
 //   uint32 crc32                    zlib CRC-32 of every byte before it
 //
-// Writes go to "<path>.tmp" and are renamed into place, so a crash never
-// leaves a half-written checkpoint under the final name.
+// Writes go to "<path>.tmp", which is synced to disk and renamed into place
+// (the folder synced too), so neither a crash nor a power loss leaves a
+// half-written checkpoint under the final name.
 #ifndef PSTRAIN_WORKER_CHECKPOINT_H_
 #define PSTRAIN_WORKER_CHECKPOINT_H_
 

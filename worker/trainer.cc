@@ -1,9 +1,11 @@
 #include "worker/trainer.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <utility>
@@ -107,19 +109,14 @@ Status Trainer::Init() {
     return Status::FailedPrecondition(StrCat("--kv-store ", cfg_.kv_store(),
                                              " needs a cluster (start it with `pstrain launch`)"));
   }
+  std::vector<NamedArray> states;
   if (cfg_.load_epoch() > 0) {
-    RETURN_IF_ERROR(LoadCheckpoint(cfg_.load_epoch()));
+    RETURN_IF_ERROR(LoadCheckpoint(cfg_.load_epoch(), &states));
   }
   RETURN_IF_ERROR(sync_->Init(params_));
-  if (cfg_.load_epoch() > 0) {
-    const std::string states =
-        CheckpointStatesPath(LoadPrefix(cfg_.load_epoch()), cfg_.load_epoch());
-    auto arrays = LoadArrays(states);
-    if (arrays.ok()) {
-      RETURN_IF_ERROR(sync_->LoadState(*arrays).WithContext(states));
-    } else if (arrays.status().code() != StatusCode::kNotFound) {
-      return arrays.status();
-    }
+  if (!states.empty()) {
+    RETURN_IF_ERROR(sync_->LoadState(states).WithContext(
+        StrCat("the optimizer state of epoch ", cfg_.load_epoch())));
   }
   if (exec_ != nullptr) {
     ParamSync* sync = sync_.get();
@@ -455,19 +452,36 @@ Status Trainer::SaveCheckpoint(int epoch_done) {
     RETURN_IF_ERROR(exec_->ReadAux(i, a.data.data(), a.data.size()));
     arrays.push_back(std::move(a));
   }
+  // The optimizer's state in the same file: one rename commits it all.
+  for (NamedArray& a : sync_->SaveState()) arrays.push_back(std::move(a));
   const std::string path = CheckpointParamsPath(prefix, epoch_done);
   RETURN_IF_ERROR(SaveArrays(path, arrays));
-  std::vector<NamedArray> states = sync_->SaveState();
-  if (!states.empty()) {
-    RETURN_IF_ERROR(SaveArrays(CheckpointStatesPath(prefix, epoch_done), states));
+  // A .states file of an older run under this prefix would be read with it.
+  const std::string stale = CheckpointStatesPath(prefix, epoch_done);
+  if (std::remove(stale.c_str()) != 0 && errno != ENOENT) {
+    return Status::IOError(StrCat("cannot remove the stale ", stale, ": ", std::strerror(errno)));
   }
   env_.log->Info(FormatSavedCheckpointLine(path));
   return Status::Ok();
 }
 
-Status Trainer::LoadCheckpoint(int epoch) {
+Status Trainer::LoadCheckpoint(int epoch, std::vector<NamedArray>* states) {
   const std::string path = CheckpointParamsPath(LoadPrefix(epoch), epoch);
   ASSIGN_OR_RETURN(std::vector<NamedArray> arrays, LoadArrays(path));
+  states->clear();
+  for (const NamedArray& a : arrays) {
+    if (a.kind == NamedArray::Kind::kOptimizerState) states->push_back(a);
+  }
+  if (states->empty()) {
+    // A checkpoint from before the state moved into the .params.
+    const std::string old = CheckpointStatesPath(LoadPrefix(epoch), epoch);
+    auto from_file = LoadArrays(old);
+    if (from_file.ok()) {
+      *states = *std::move(from_file);
+    } else if (from_file.status().code() != StatusCode::kNotFound) {
+      return from_file.status();
+    }
+  }
   std::map<std::string, const NamedArray*> by_name;
   for (const NamedArray& a : arrays) by_name[a.name] = &a;
   auto restore = [&](const ParamInfo& info, bool aux, int i) -> Status {

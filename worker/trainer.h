@@ -113,7 +113,10 @@ class Trainer {
   Status TrainEpochEmulated(int epoch);
   Status Validate(int epoch, EpochResult* result);
   Status SaveCheckpoint(int epoch_done);
-  Status LoadCheckpoint(int epoch);
+  // Loads the parameters and aux states of epoch `epoch`; its optimizer
+  // state arrays go to *states (from the .params, or an older checkpoint's
+  // .states file; none: empty).
+  Status LoadCheckpoint(int epoch, std::vector<NamedArray>* states);
   // The prefix a resumed run loads epoch `epoch` from: rank r > 0 its own
   // prefix-<r> when that checkpoint exists (fit.py's _load_model), else the prefix.
   std::string LoadPrefix(int epoch) const;

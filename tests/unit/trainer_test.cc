@@ -345,30 +345,57 @@ TEST_F(TrainerTest, EmulatedComputeTakesOnlyTheShapesOfTheData) {
 TEST_F(TrainerTest, ResumeContinuesTheSameCurve) {
   TrainConfig straight = cfg_;
   straight.set_model_prefix((dir_ / "a").string());
+  // An older run's optimizer state under the same prefix (a .states file, as
+  // checkpoints kept it before): it must not be taken for this run's.
+  NamedArray stale;
+  stale.kind = NamedArray::Kind::kOptimizerState;
+  stale.name = "fc1_weight_momentum";
+  stale.shape = {1};
+  stale.data = {1e3f};
+  ASSERT_OK(SaveArrays((dir_ / "a-0001.states").string(), {stale}));
   auto a = Make(straight);
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_OK((*a)->Run());
   ASSERT_TRUE(fs::exists(dir_ / "a-0001.params"));
   ASSERT_TRUE(fs::exists(dir_ / "a-0002.params"));
-  ASSERT_TRUE(fs::exists(dir_ / "a-0001.states"));
+  // The momentum is in the .params (one rename commits it with the weights).
+  EXPECT_FALSE(fs::exists(dir_ / "a-0001.states"));
+  auto saved = LoadArrays((dir_ / "a-0001.params").string());
+  ASSERT_OK(saved.status());
+  EXPECT_TRUE(std::any_of(saved->begin(), saved->end(), [](const NamedArray& x) {
+    return x.kind == NamedArray::Kind::kOptimizerState;
+  }));
   EXPECT_EQ(Matching(R"(INFO:root:Saved checkpoint to ".*a-0002\.params")").size(), 1u);
 
   TrainConfig resumed = straight;
   resumed.set_load_epoch(1);
-  auto b = Make(resumed);
-  ASSERT_TRUE(b.ok()) << b.status();
-  ASSERT_OK((*b)->Run());
-  ASSERT_EQ((*b)->history().size(), 1u);
-  EXPECT_EQ((*b)->history()[0].epoch, 1);
-  EXPECT_DOUBLE_EQ((*b)->history()[0].val[0].second, (*a)->history()[1].val[0].second);
-  EXPECT_DOUBLE_EQ((*b)->history()[0].train[0].second, (*a)->history()[1].train[0].second);
-  for (int i = 0; i < (*a)->devices().num_params(); ++i) {
-    const Tensor& pa = (*a)->devices().param(i);
-    const Tensor& pb = (*b)->devices().param(i);
-    for (int64_t k = 0; k < pa.num_elements(); ++k) {
-      ASSERT_EQ(pa.at(k), pb.at(k)) << "param " << i << " element " << k;
+  auto expect_the_unbroken_curve = [&] {
+    auto b = Make(resumed);
+    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_OK((*b)->Run());
+    ASSERT_EQ((*b)->history().size(), 1u);
+    EXPECT_EQ((*b)->history()[0].epoch, 1);
+    EXPECT_DOUBLE_EQ((*b)->history()[0].val[0].second, (*a)->history()[1].val[0].second);
+    EXPECT_DOUBLE_EQ((*b)->history()[0].train[0].second, (*a)->history()[1].train[0].second);
+    for (int i = 0; i < (*a)->devices().num_params(); ++i) {
+      const Tensor& pa = (*a)->devices().param(i);
+      const Tensor& pb = (*b)->devices().param(i);
+      for (int64_t k = 0; k < pa.num_elements(); ++k) {
+        ASSERT_EQ(pa.at(k), pb.at(k)) << "param " << i << " element " << k;
+      }
     }
+  };
+  expect_the_unbroken_curve();
+
+  // A checkpoint of the older layout (the momentum in a .states file beside
+  // the .params) resumes the same way.
+  std::vector<NamedArray> params, states;
+  for (NamedArray& x : *saved) {
+    (x.kind == NamedArray::Kind::kOptimizerState ? states : params).push_back(std::move(x));
   }
+  ASSERT_OK(SaveArrays((dir_ / "a-0001.params").string(), params));
+  ASSERT_OK(SaveArrays((dir_ / "a-0001.states").string(), states));
+  expect_the_unbroken_curve();
 }
 
 // A part shorter than an epoch (here 2400 examples, 19 batches, for an epoch
