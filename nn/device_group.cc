@@ -52,6 +52,10 @@ StatusOr<std::vector<int>> SplitBatch(int batch_size, int num_devices,
 DeviceGroup::DeviceGroup(const Graph& graph, const DeviceGroupOptions& options)
     : graph_(graph), options_(options) {}
 
+void DeviceGroup::Reseed(uint64_t seed) {
+  for (size_t d = 0; d < execs_.size(); ++d) execs_[d]->Reseed(seed + d);
+}
+
 DeviceGroup::~DeviceGroup() {
   // The merge thread finishes the jobs it holds without summing or calling
   // back (the callbacks' owner may be gone): their downloads end first.

@@ -116,6 +116,9 @@ class DeviceGroup : public ModelParams {
   void SetParamNeededCallback(std::function<void(int param_index)> fn) {
     on_param_needed_ = std::move(fn);
   }
+  // Dropout masks from now on: device d draws from seed + d (as
+  // options.seed at first). Between steps only.
+  void Reseed(uint64_t seed);
 
   void Forward(bool is_train);
   void Backward();

@@ -500,6 +500,7 @@ void Executor::SetGradReadyCallback(std::function<void(int)> fn) { on_grad_ready
 void Executor::SetParamNeededCallback(std::function<void(int)> fn) {
   on_param_needed_ = std::move(fn);
 }
+void Executor::Reseed(uint64_t seed) { impl_->rng.seed(seed); }
 
 void Executor::Forward(bool is_train) {
   for (NodeId i = 0; i < num_nodes(); ++i) ForwardNode(i, is_train);

@@ -116,6 +116,9 @@ class Executor : public ModelParams {
   // `param_index` runs (first layer first): the worker waits here for that
   // parameter's pull. May be empty.
   void SetParamNeededCallback(std::function<void(int param_index)> fn);
+  // Dropout masks from now on come from `seed` (options.seed at first).
+  // Between steps only.
+  void Reseed(uint64_t seed);
 
   void Forward(bool is_train);
   // REQUIRES: options.for_training and a Forward(true) since the last Backward.

@@ -285,6 +285,10 @@ const float* Trainer::Output() {
 Status Trainer::TrainEpoch(int epoch) {
   env_.log->Info(FormatEpochStartLine(epoch, epoch_size_, cfg_.batch_size(), cfg_.num_epochs()));
   if (emulator_ != nullptr) return TrainEpochEmulated(epoch);
+  // Each epoch's dropout masks follow from the seed and the epoch alone, so a
+  // resumed run draws the unbroken run's (epoch 0: the executors' own seed).
+  exec_->Reseed(static_cast<uint64_t>(cfg_.seed()) + 1 +
+                static_cast<uint64_t>(epoch) * 0x9E3779B97F4A7C15ull);
   const auto epoch_start = SteadyClock::now();
   data_.train->Reset();
   ClassificationMetrics metrics(cfg_.top_k());

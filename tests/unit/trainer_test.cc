@@ -29,7 +29,7 @@ namespace fs = std::filesystem;
 
 // A small MLP (784-64-10) built here so the loop is tested on its own; with
 // `batch_norm`, a batch norm after its hidden layer (aux states to average).
-StatusOr<Graph> SmallMlpOf(const ModelOptions& mo, bool batch_norm) {
+StatusOr<Graph> SmallMlpOf(const ModelOptions& mo, bool batch_norm, bool dropout = false) {
   Graph g;
   NodeId x = g.Input("data", mo.image_shape);
   x = g.Flatten("flatten", x);
@@ -38,6 +38,7 @@ StatusOr<Graph> SmallMlpOf(const ModelOptions& mo, bool batch_norm) {
   x = g.FullyConnected("fc1", x, fc1);
   if (batch_norm) x = g.BatchNorm("bn1", x, BatchNormParam());
   x = g.Activation("relu1", x, ActType::kRelu);
+  if (dropout) x = g.Dropout("drop1", x, {0.5f});
   FcParam fc2;
   fc2.num_hidden = mo.num_classes;
   x = g.FullyConnected("fc2", x, fc2);
@@ -64,10 +65,11 @@ class TrainerTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  StatusOr<std::unique_ptr<Trainer>> Make(const TrainConfig& cfg) {
+  StatusOr<std::unique_ptr<Trainer>> Make(const TrainConfig& cfg,
+                                          decltype(TrainerEnv::build_model) build = SmallMlp) {
     TrainerEnv env;
     env.log = &log_;
-    env.build_model = SmallMlp;
+    env.build_model = std::move(build);
     return Trainer::Create(cfg, env);
   }
   std::vector<std::string> Matching(const std::string& pattern) const {
@@ -396,6 +398,29 @@ TEST_F(TrainerTest, ResumeContinuesTheSameCurve) {
   ASSERT_OK(SaveArrays((dir_ / "a-0001.params").string(), params));
   ASSERT_OK(SaveArrays((dir_ / "a-0001.states").string(), states));
   expect_the_unbroken_curve();
+}
+
+// Dropout masks follow from the seed and the epoch: a resumed run draws the
+// unbroken run's (it drew the first epoch's again, and ended elsewhere).
+TEST_F(TrainerTest, ResumeWithDropoutDrawsTheUnbrokenRunsMasks) {
+  auto build = [](const ModelOptions& mo) { return SmallMlpOf(mo, false, /*dropout=*/true); };
+  TrainConfig straight = cfg_;
+  straight.set_model_prefix((dir_ / "d").string());
+  auto a = Make(straight, build);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_OK((*a)->Run());
+  TrainConfig resumed = straight;
+  resumed.set_load_epoch(1);
+  auto b = Make(resumed, build);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_OK((*b)->Run());
+  for (int i = 0; i < (*a)->devices().num_params(); ++i) {
+    const Tensor& pa = (*a)->devices().param(i);
+    const Tensor& pb = (*b)->devices().param(i);
+    for (int64_t k = 0; k < pa.num_elements(); ++k) {
+      ASSERT_EQ(pa.at(k), pb.at(k)) << "param " << i << " element " << k;
+    }
+  }
 }
 
 // A part shorter than an epoch (here 2400 examples, 19 batches, for an epoch
