@@ -335,12 +335,17 @@ StatusOr<onnx::ModelProto> ExportOnnx(const Graph& graph, const std::vector<Name
                               options.source, &params));
   RETURN_IF_ERROR(MatchArrays(graph, graph.aux_states(), NamedArray::Kind::kAux, by_name,
                               options.source, &aux));
-  if (params.size() + aux.size() != arrays.size()) {
+  // A checkpoint's optimizer state (the momentum) has no place in the model.
+  const size_t states =
+      static_cast<size_t>(std::count_if(arrays.begin(), arrays.end(), [](const NamedArray& a) {
+        return a.kind == NamedArray::Kind::kOptimizerState;
+      }));
+  if (params.size() + aux.size() + states != arrays.size()) {
     std::set<std::string> wanted;
     for (const ParamInfo& p : graph.params()) wanted.insert(p.name);
     for (const ParamInfo& p : graph.aux_states()) wanted.insert(p.name);
     for (const NamedArray& a : arrays) {
-      if (wanted.count(a.name) == 0) {
+      if (a.kind != NamedArray::Kind::kOptimizerState && wanted.count(a.name) == 0) {
         return Status::InvalidArgument(StrCat(options.source, " holds '", a.name,
                                               "', which the network ", options.graph_name,
                                               " does not have (another network's parameters?)"));

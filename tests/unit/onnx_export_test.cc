@@ -362,6 +362,13 @@ TEST_F(OnnxExportTest, ParameterErrorsNameTheArrayTheLayerAndTheShapes) {
   EXPECT_NE(r.status().message().find("holds 'conv9_weight', which the network"), std::string::npos)
       << r.status();
 
+  // A local run's checkpoint holds the momentum too: it is not the model's.
+  std::vector<NamedArray> with_momentum = arrays;
+  with_momentum.push_back(arrays[0]);
+  with_momentum.back().kind = NamedArray::Kind::kOptimizerState;
+  with_momentum.back().name = "conv1_weight_momentum";
+  EXPECT_OK(ExportOnnx(g, with_momentum, o).status());
+
   std::vector<NamedArray> kind = arrays;
   kind[0].kind = NamedArray::Kind::kAux;
   r = ExportOnnx(g, kind, o);
