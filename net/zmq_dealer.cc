@@ -63,7 +63,7 @@ StatusOr<std::unique_ptr<ZmqDealer>> ZmqDealer::Open(void* context, const Dealer
   d->socket_ = zmq_socket(context, ZMQ_DEALER);
   if (d->socket_ == nullptr) {
     return Status::ResourceExhausted(
-        StrCat(options.name, ": cannot open a ZeroMQ socket: ", zmq_strerror(zmq_errno())));
+        StrCat(options.name, ": cannot open a ZeroMQ socket: ", ZmqError()));
   }
   int linger = 2000;  // lets a final SHUTDOWN or error reply leave before the process exits
   zmq_setsockopt(d->socket_, ZMQ_LINGER, &linger, sizeof(linger));

@@ -50,9 +50,12 @@ StatusOr<std::unique_ptr<ZmqRouter>> ZmqRouter::Bind(void* context, const Router
   int hwm = 0;  // never drop inbound messages; senders are bounded by their own HWM
   zmq_setsockopt(r->socket_, ZMQ_RCVHWM, &hwm, sizeof(hwm));
   // A peer reconnecting under its routing id takes it over from its old
-  // connection: that one may be dead without this receive-only socket knowing
-  // (no FIN came), and by default the ROUTER keeps the old one and drops the
-  // new one's messages for as long as the old one lives.
+  // connection, which may be dead without this receive-only socket knowing
+  // (no FIN came). Without this the ROUTER keeps the id with the old one and
+  // takes the new one's first frame for its id: nothing from the node would
+  // be served again. The price: what the old connection delivered and is
+  // still unread when the new one comes is relabelled, and the Van drops it
+  // as forged (only a receive thread far behind has any).
   int handover = 1;
   zmq_setsockopt(r->socket_, ZMQ_ROUTER_HANDOVER, &handover, sizeof(handover));
   SetTcpKeepalive(r->socket_);

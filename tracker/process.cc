@@ -68,7 +68,14 @@ StatusOr<std::unique_ptr<Subprocess>> Subprocess::Start(const ProcessSpec& spec)
   }
   pid_t parent = getpid();
   pid_t pid = fork();
-  if (pid < 0) return Status::IOError(StrCat("fork for '", spec.argv[0], "': ", strerror(errno)));
+  if (pid < 0) {
+    const Status error =
+        Status::IOError(StrCat("fork for '", spec.argv[0], "': ", strerror(errno)));
+    for (int* fds : {in_pipe, out_pipe, err_pipe, exec_pipe}) {
+      for (int i = 0; i < 2; ++i) CloseFd(&fds[i]);
+    }
+    return error;
+  }
   if (pid == 0) {
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGTERM);

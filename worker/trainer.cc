@@ -456,15 +456,16 @@ Status Trainer::SaveCheckpoint(int epoch_done) {
     RETURN_IF_ERROR(exec_->ReadAux(i, a.data.data(), a.data.size()));
     arrays.push_back(std::move(a));
   }
-  // The optimizer's state in the same file: one rename commits it all.
+  // The optimizer's state in the same file: one rename commits it all. A
+  // .states file of an older run under this prefix would be read with it: it
+  // goes first (a crash between leaves no state rather than a wrong one).
   for (NamedArray& a : sync_->SaveState()) arrays.push_back(std::move(a));
-  const std::string path = CheckpointParamsPath(prefix, epoch_done);
-  RETURN_IF_ERROR(SaveArrays(path, arrays));
-  // A .states file of an older run under this prefix would be read with it.
   const std::string stale = CheckpointStatesPath(prefix, epoch_done);
   if (std::remove(stale.c_str()) != 0 && errno != ENOENT) {
     return Status::IOError(StrCat("cannot remove the stale ", stale, ": ", std::strerror(errno)));
   }
+  const std::string path = CheckpointParamsPath(prefix, epoch_done);
+  RETURN_IF_ERROR(SaveArrays(path, arrays));
   env_.log->Info(FormatSavedCheckpointLine(path));
   return Status::Ok();
 }

@@ -463,9 +463,6 @@ TEST_F(RecoveryDirTest, AServerRestartedBeforeTheJobStartedTakesItsPlace) {
   EXPECT_OK(scheduler);
 }
 
-// A restart without a snapshot folder (started by hand: the launcher always
-// gives one) has nothing to resume; it used to register anyway, and every
-// request re-sent to it failed as a push before init (found by review).
 // A worker lost, then a server dies: its replacement learns of the lost
 // worker (the other servers heard of it when it happened), so its rounds close
 // with the workers left instead of waiting for a push that never comes.
@@ -483,6 +480,9 @@ TEST_F(RecoveryDirTest, AReplacementServerKnowsOfTheWorkersLostBeforeIt) {
   EXPECT_EQ(r.workers[2].code(), StatusCode::kCancelled) << r.workers[2];
 }
 
+// A restart without a snapshot folder (started by hand: the launcher always
+// gives one) has nothing to resume; it used to register anyway, and every
+// request re-sent to it failed as a push before init (found by review).
 TEST(ServerSnapshotTest, ARestartWithoutASnapshotFolderRefusesToStart) {
   RecoverySpec spec;
   spec.num_servers = 1;
@@ -639,6 +639,9 @@ TEST(LostWorkerTest, AWorkerDeclaredLostThatStillSendsIsLoggedOnce) {
   testing::JobResult r = testing::RunJobWith(
       1, 2,
       [&](KVClient& kv) -> Status {
+        // Worker 1 cannot hear the scheduler (which tells a lost worker to
+        // stop; see the next test).
+        if (kv.rank() == 1) kv.node()->TEST_IgnoreAborts();
         std::vector<float> w(100, 0.0f);
         if (kv.rank() == 0) {
           RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, w.data()), Deadline::InMillis(5000)));
@@ -653,9 +656,7 @@ TEST(LostWorkerTest, AWorkerDeclaredLostThatStillSendsIsLoggedOnce) {
           return Status::Ok();
         }
         // Worker 1: pulls until its pulls go unanswered (it was declared
-        // lost), then 8 more. It cannot hear the scheduler (which tells a
-        // lost worker to stop; see the next test).
-        kv.node()->TEST_IgnoreAborts();
+        // lost), then 8 more.
         const Deadline give_up = Deadline::InMillis(15000);
         bool lost = false;
         while (sent_after_loss.load() < 8 && !give_up.Expired()) {
