@@ -425,8 +425,8 @@ class CudnnConvolution : public CudaOp {
     for (int i = 0; i < graph.num_plans(); ++i) {
       // The pack made once, so that only the plan's own work is timed.
       StatusOr<BackendDescriptor> pack = graph.Bind(i, x, w, y, ws);
-      StatusOr<float> ms = pack.status();
-      if (pack.ok()) ms = TimeMs([&] { return graph.Execute(i, *pack); });
+      StatusOr<float> ms = pack.ok() ? TimeMs([&] { return graph.Execute(i, *pack); })
+                                     : StatusOr<float>(pack.status());
       if (!ms.ok()) {
         VLOG(1) << Where() << ": " << ms.status();
         continue;

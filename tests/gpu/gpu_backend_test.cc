@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <random>
 #include <regex>
 #include <string>
@@ -669,12 +670,25 @@ TEST_P(GpuModelTest, OneTrainingStepMatchesTheCpu) {
     return;
   }
   EXPECT_NEAR(e[0]->Loss(), e[1]->Loss(), 1e-3);
-  for (int p = 0; p < e[0]->num_params(); ++p) {
-    for (int k = 0; k < 2; ++k) {
-      grad[k].resize(static_cast<size_t>(e[k]->param(p).num_elements()));
-      ASSERT_OK(e[k]->ReadGrad(p, grad[k].data(), grad[k].size()));
+  // Each gradient is compared relative to the largest gradient element of its
+  // layer (at least 1e-3): a bias whose layer feeds a batch norm (neon's fc1)
+  // has a gradient that is zero but for rounding, the sum of its layer's
+  // output gradients cancelling, and both backends' rounding is of the size
+  // of those terms, which the layer's weight gradient shows.
+  const int num_params = e[0]->num_params();
+  std::vector<std::vector<float>> grads[2];
+  std::map<NodeId, double> layer_scale;
+  for (int k = 0; k < 2; ++k) {
+    for (int p = 0; p < num_params; ++p) {
+      std::vector<float>& gr = grads[k].emplace_back(e[k]->param(p).num_elements());
+      ASSERT_OK(e[k]->ReadGrad(p, gr.data(), gr.size()));
+      double& scale = layer_scale[g->params()[p].node];
+      for (float x : gr) scale = std::max(scale, double{std::fabs(x)});
     }
-    close(grad[0], grad[1], g->params()[p].name);
+  }
+  for (int p = 0; p < num_params; ++p) {
+    const double floor = std::max(1e-3, layer_scale[g->params()[p].node]);
+    EXPECT_LT(RelMaxDiff(grads[0][p], grads[1][p], floor), 1e-3) << g->params()[p].name;
   }
   for (int a = 0; a < e[0]->num_aux(); ++a) {
     for (int k = 0; k < 2; ++k) {
