@@ -5,15 +5,16 @@
 //   nn_step_bench [--network lenet] [--batch 128] [--steps 50] [--warmup 5]
 //                 [--kernels onednn|reference] [--threads 0] [--gpus N] [--profile]
 //                 [--image-shape C,H,W] [--num-classes K] [--num-layers L]
-//                 [--plain-layouts] [--no-fusion] [--conv-graph]
+//                 [--plain-layouts] [--no-fusion] [--no-conv-graph]
 //   nn_step_bench --limits [--threads N]   this machine's oneDNN and memory limits
 //   nn_step_bench --plan-only [--gpus N] ...  the memory plan alone, made without
 //                 the device (a GPU's on a host without one; its workspaces left out)
 // (--plain-layouts and --no-fusion turn off the CPU backend's blocked
 // activation layouts and its batch norm + ReLU fusion, to measure them;
-// --conv-graph times cuDNN's graph-API engines beside the legacy algorithms
-// for every convolution direction and runs the faster, BackendOptions::
-// gpu_conv_graph.)
+// --no-conv-graph runs the legacy algorithms alone, without timing cuDNN's
+// graph-API engines beside them for every convolution direction:
+// BackendOptions::gpu_conv_graph, on by default; --conv-graph, the old
+// switch, is still taken.)
 // (defaults: the network's MNIST shape; resnet: 20 layers on 3,28,28, 10 classes)
 #include <omp.h>
 
@@ -159,7 +160,7 @@ int Run(int argc, char** argv) {
   int batch = 128, steps = 50, warmup = 5, threads = 0, gpu = -1, num_classes = 0, layers = 0;
   std::vector<int64_t> image_shape;
   bool profile = false, plain_layouts = false, no_fusion = false, plan_only = false;
-  bool conv_graph = false;
+  bool conv_graph = true;
   for (int i = 1; i < argc; ++i) {
     auto value = [&](const char* flag) -> const char* {
       if (std::strcmp(argv[i], flag) != 0) return nullptr;
@@ -212,6 +213,8 @@ int Run(int argc, char** argv) {
       plain_layouts = true;
     } else if (std::strcmp(argv[i], "--conv-graph") == 0) {
       conv_graph = true;
+    } else if (std::strcmp(argv[i], "--no-conv-graph") == 0) {
+      conv_graph = false;
     } else if (std::strcmp(argv[i], "--no-fusion") == 0) {
       no_fusion = true;
     } else {

@@ -52,9 +52,9 @@ DEFINE_string(gpus, "", "GPUs to use, e.g. 0,1 (the same GPU may be listed twice
 DEFINE_string(gpu_weights, "", "relative work of each --gpus entry, e.g. 3,1; empty: equal");
 DEFINE_int32(gpu_tf32, 1,
              "1: cuDNN convolutions may use TF32 tensor cores (as PyTorch's); 0: full float");
-DEFINE_int32(gpu_conv_graph, 0,
+DEFINE_int32(gpu_conv_graph, 1,
              "1: time cuDNN's graph-API engines beside its legacy algorithms for each "
-             "convolution and run the faster");
+             "convolution and run the faster; 0: the legacy algorithms alone");
 DEFINE_int32(num_threads, 0, "CPU threads of the kernels; 0: all cores");
 DEFINE_double(emulate_compute, 0,
               "seconds of emulated compute per batch (> 0): no data is read and nothing is "

@@ -50,8 +50,8 @@ bool EmulationNeedsNoData(const TrainConfig& cfg);
 struct TrainingDevices {
   std::vector<int> gpus;
   std::vector<double> weights;
-  bool tf32 = true;         // --gpu-tf32
-  bool conv_graph = false;  // --gpu-conv-graph
+  bool tf32 = true;        // --gpu-tf32
+  bool conv_graph = true;  // --gpu-conv-graph
 };
 StatusOr<TrainingDevices> ParseTrainingDevices(const TrainConfig& cfg);
 
