@@ -13,16 +13,17 @@
 #   profile  nn_step_bench --profile (device time per layer) and
 #            torch_step_bench.py --profile (device time per operator and kernel)
 #            of ResNet-50 at batch 32 and inception-bn-28-small at batch 256, the
-#            two rows slower than PyTorch, and those two rows with --conv-graph
-#            (cuDNN's graph engines) against without
+#            two rows nearest PyTorch's, and those two rows with cuDNN's graph
+#            engines raced (the default) against the legacy algorithms alone
 #   merge    bench/gpu_merge_bench.sh (lenet and resnet)
 #   seed001 [RUNS] [EPOCHS] [SECONDS]   bench/gpu_seed001.sh (needs the CIFAR-10
 #            JPEG set: DATA); by default incept_6, 40 epochs, at most 500 s:
 #            one run of 10 workers fits a call (about 8 s an epoch on an H100);
-#            the runs owed: incept_6 incept_7 incept_4 async; incept_3_fixed
-#            (incept_3 in the file's order, 40 epochs in about 200 s alone) and
-#            torch_3 (incept_3 in PyTorch on the same files): both in one call
-#            with PARALLEL=1 (gpu_seed001.sh runs them at once on the GPU)
+#            the runs owed: incept_6 incept_7 incept_4 async; single-GPU runs
+#            go two to a call with PARALLEL=1 (gpu_seed001.sh runs them at once
+#            on the GPU): incept_3_fixed (incept_3 in the file's order) and
+#            torch_3 (incept_3 in PyTorch on the same files) took 430 s so
+#            (docs/reproductions.md)
 # DATA: the data folder (../shared/data by default; mnist/, cifar10_jpeg/, and
 # for torch_3's exact test images cifar10_partial/'s classes.txt, test_batch.*
 # and one data_batch_N.* that `pstrain rec cifar10` needs).
@@ -120,15 +121,15 @@ case $phase in
       --profile 5 >"$out/torch_profile_resnet50.md" 2>&1
     "${PYTHON:-python3}" bench/torch_step_bench.py --device cuda "${incept[@]}" --steps 20 \
       --profile 5 >"$out/torch_profile_incept256.md" 2>&1
-    # cuDNN's graph-API engines racing the legacy algorithms (--conv-graph),
-    # beside the legacy search alone, interleaved.
+    # cuDNN's graph-API engines racing the legacy algorithms (the default),
+    # beside the legacy search alone (--no-conv-graph), interleaved.
     # (a second round only where the call's 10 minutes leave room for it)
     for r in 1 2; do
       ((r == 1 || SECONDS < 330)) || break
       for rows in resnet incept; do
         declare -n row=$rows
-        for flag in "" --conv-graph; do
-          echo "round $r: $rows ${flag:-legacy}"
+        for flag in --no-conv-graph ""; do
+          echo "round $r: $rows ${flag:-graph engines raced}"
           # shellcheck disable=SC2086
           "$bin/nn_step_bench" --gpus 0 "${row[@]}" --steps 30 $flag 2>&1 |
             grep -E '^\| [a-z]|^on cuda'

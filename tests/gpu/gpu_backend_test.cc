@@ -55,6 +55,8 @@ BackendOptions Gpu() {
   BackendOptions o;
   o.device = Device::Gpu(0);
   o.gpu_tf32 = false;  // full float, to compare with the reference
+  // The legacy algorithms alone: the graph engines' own tests turn them on.
+  o.gpu_conv_graph = false;
   return o;
 }
 
@@ -604,6 +606,10 @@ ModelOptions SmallModel(const std::string& name) {
     mo.image_shape = Shape{3, 12, 12};
   }
   if (name == "inception-bn-28-small") mo.image_shape = Shape{3, 16, 16};
+  // The ImageNet networks at the least input their pools take.
+  if (name == "inception-bn") mo.image_shape = Shape{3, 64, 64};
+  if (name == "inception-v3") mo.image_shape = Shape{3, 75, 75};
+  if (name == "inception-bn" || name == "inception-v3") mo.num_classes = 10;
   return mo;
 }
 
@@ -701,7 +707,8 @@ TEST_P(GpuModelTest, OneTrainingStepMatchesTheCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuModelTest,
                          ::testing::Values("mlp", "lenet", "keras-mnist-cnn", "neon-cifar10-conv",
-                                           "resnet", "inception-bn-28-small"),
+                                           "resnet", "inception-bn-28-small", "inception-bn",
+                                           "inception-v3"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            std::string s = info.param;
                            std::replace(s.begin(), s.end(), '-', '_');
