@@ -110,7 +110,7 @@ case $phase in
     ;;
   profile)
     # Device time per layer (pstrain) and per operator and kernel (PyTorch's
-    # profiler) of the two slow rows, side by side.
+    # profiler) of the two rows nearest PyTorch's, side by side.
     resnet=(--network resnet --num-layers 50 --image-shape "3,224,224" --num-classes 1000 --batch 32)
     incept=(--network inception-bn-28-small --image-shape "3,28,28" --num-classes 10 --batch 256)
     "$bin/nn_step_bench" --gpus 0 "${resnet[@]}" --steps 10 --profile \

@@ -75,9 +75,10 @@ struct BackendOptions {
   // Time the execution plans of cuDNN's graph API (its heuristics' engines,
   // as PyTorch's convolutions use them) beside the legacy algorithms, and run
   // each convolution direction with the faster (nn/cuda/cudnn_graph.h). On
-  // by default: on an H100 it made every row of bench/gpu_vs_pytorch.sh
-  // faster (ResNet-50 at batch 32 by a third; bench/RESULTS.md); false leaves
-  // the legacy search alone to decide (a shorter search at the start).
+  // by default: on an H100 it made six rows of bench/gpu_vs_pytorch.sh's
+  // seven 1.13 to 1.27 times faster (ResNet-50 at batch 32: 1.25), the
+  // seventh within its noise (bench/RESULTS.md); false leaves the legacy
+  // search alone to decide (a shorter search at the start).
   bool gpu_conv_graph = true;
   // With gpu_conv_graph, for tests of the graph plans' numbers: a graph plan
   // wherever one runs (the fastest of them), even where the legacy algorithm

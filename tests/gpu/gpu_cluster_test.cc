@@ -123,7 +123,7 @@ TEST(GpuClusterTest, TwoGpuWorkersLearnMnistInDistSync) {
   }
 }
 
-// `--gpu-tf32 0 --gpu-conv-graph 1` reach the backend: the worker's log
+// `--gpu-tf32 0 --gpu-conv-graph 1` (the second the default) reach the backend: the worker's log
 // names full-float convolutions and the graph engines' race over LeNet's five
 // convolution directions (two forwards, two filter gradients, one data
 // gradient: the first convolution's input is the data), every one built;
@@ -146,6 +146,25 @@ TEST(GpuClusterTest, TrainTakesTheConvolutionSwitches) {
       << output;
   EXPECT_EQ(m[2].str(), "5") << output;
   EXPECT_EQ(m[3].str(), "0") << output;
+  const std::vector<double> acc = Accuracies(output);
+  ASSERT_EQ(acc.size(), 1u) << output;
+  EXPECT_GT(acc[0], 0.9) << output;
+}
+
+// The graph engines' race is on by default; `--gpu-conv-graph 0` turns it
+// off: the log's backend names no race (and TF32 convolutions, the default).
+TEST(GpuClusterTest, TrainTurnsTheGraphEnginesOff) {
+  SKIP_WITHOUT_GPU();
+  TempDir dir;
+  std::vector<std::string> argv = {PstrainBinary(), "train"};
+  for (const std::string& a : LenetJob(dir.path(), "12800", "1", "local")) argv.push_back(a);
+  argv.insert(argv.end(), {"--gpus", "0", "--gpu-conv-graph", "0"});
+  std::string output;
+  int wait_status = 0;
+  ASSERT_OK(tracker::RunAndCapture(argv, Environment().All(), 240000, &output, &wait_status));
+  ASSERT_TRUE(WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) << output;
+  EXPECT_NE(output.find("; TF32 convolutions)"), std::string::npos) << output;
+  EXPECT_EQ(output.find("graph engines"), std::string::npos) << output;
   const std::vector<double> acc = Accuracies(output);
   ASSERT_EQ(acc.size(), 1u) << output;
   EXPECT_GT(acc[0], 0.9) << output;
