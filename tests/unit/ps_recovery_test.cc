@@ -618,6 +618,20 @@ class LineCounter : public google::LogSink {
   std::atomic<int> count_{0};
 };
 
+// PSTRAIN_WORKER_LOSS=continue, a heartbeat timeout of `timeout_ms`, and
+// worker 1 sending no heartbeats: the scheduler declares it lost while it
+// goes on.
+void ApplyWorkerOneLooksDead(int timeout_ms, testing::JobSpec* spec) {
+  spec->tweak_all = [timeout_ms](ClusterOptions* o) {
+    o->continue_without_lost_workers = true;
+    o->heartbeat_timeout_ms = timeout_ms;
+  };
+  spec->tweak_worker = [](int w, ClusterOptions* o) {
+    o->launch_rank = w;
+    if (w == 1) o->heartbeat_interval_ms = 0;  // looks dead to the scheduler
+  };
+}
+
 // PSTRAIN_WORKER_LOSS=continue with a worker that is declared lost (it sent
 // no heartbeats) but goes on sending: each of its requests used to log two
 // lines at the server (the refusal, and its reply that could not be sent).
@@ -625,14 +639,7 @@ TEST(LostWorkerTest, AWorkerDeclaredLostThatStillSendsIsLoggedOnce) {
   const std::vector<uint64_t> keys = {5};
   const std::vector<int64_t> lens = {100};
   testing::JobSpec spec;
-  spec.tweak_all = [](ClusterOptions* o) {
-    o->continue_without_lost_workers = true;
-    o->heartbeat_timeout_ms = 3000;
-  };
-  spec.tweak_worker = [](int w, ClusterOptions* o) {
-    o->launch_rank = w;
-    if (w == 1) o->heartbeat_interval_ms = 0;  // looks dead to the scheduler
-  };
+  ApplyWorkerOneLooksDead(3000, &spec);
   LineCounter refused(StrCat(NodeIdName(WorkerId(1)), " was declared lost"));
   LineCounter unsent(StrCat("no connection to ", NodeIdName(WorkerId(1))));
   std::atomic<int> sent_after_loss{0};
@@ -681,14 +688,7 @@ TEST(LostWorkerTest, AWorkerDeclaredLostThatStillSendsIsLoggedOnce) {
 // failed saying the scheduler had gone silent, which the launcher then blamed.
 TEST(LostWorkerTest, AWorkerDeclaredLostIsToldWhy) {
   testing::JobSpec spec;
-  spec.tweak_all = [](ClusterOptions* o) {
-    o->continue_without_lost_workers = true;
-    o->heartbeat_timeout_ms = 2000;
-  };
-  spec.tweak_worker = [](int w, ClusterOptions* o) {
-    o->launch_rank = w;
-    if (w == 1) o->heartbeat_interval_ms = 0;  // looks dead to the scheduler
-  };
+  ApplyWorkerOneLooksDead(2000, &spec);
   std::atomic<bool> one_done{false};
   testing::JobResult r = testing::RunJobWith(
       1, 2,

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "models/models.h"
+#include "nn/device_group.h"
 #include "nn/executor.h"
 #include "nn/host_params.h"
 #include "tests/test_util.h"
@@ -48,6 +49,19 @@ StatusOr<Graph> SmallMlpOf(const ModelOptions& mo, bool batch_norm, bool dropout
 }
 StatusOr<Graph> SmallMlp(const ModelOptions& mo) { return SmallMlpOf(mo, false); }
 StatusOr<Graph> SmallBnMlp(const ModelOptions& mo) { return SmallMlpOf(mo, true); }
+
+// Every parameter of `a` and `b` equal, element by element.
+void ExpectSameParams(const DeviceGroup& a, const DeviceGroup& b) {
+  ASSERT_EQ(a.num_params(), b.num_params());
+  for (int i = 0; i < a.num_params(); ++i) {
+    const Tensor& pa = a.param(i);
+    const Tensor& pb = b.param(i);
+    ASSERT_EQ(pa.num_elements(), pb.num_elements()) << "param " << i;
+    for (int64_t k = 0; k < pa.num_elements(); ++k) {
+      ASSERT_EQ(pa.at(k), pb.at(k)) << "param " << i << " element " << k;
+    }
+  }
+}
 
 class TrainerTest : public ::testing::Test {
  protected:
@@ -379,13 +393,7 @@ TEST_F(TrainerTest, ResumeContinuesTheSameCurve) {
     EXPECT_EQ((*b)->history()[0].epoch, 1);
     EXPECT_DOUBLE_EQ((*b)->history()[0].val[0].second, (*a)->history()[1].val[0].second);
     EXPECT_DOUBLE_EQ((*b)->history()[0].train[0].second, (*a)->history()[1].train[0].second);
-    for (int i = 0; i < (*a)->devices().num_params(); ++i) {
-      const Tensor& pa = (*a)->devices().param(i);
-      const Tensor& pb = (*b)->devices().param(i);
-      for (int64_t k = 0; k < pa.num_elements(); ++k) {
-        ASSERT_EQ(pa.at(k), pb.at(k)) << "param " << i << " element " << k;
-      }
-    }
+    ExpectSameParams((*a)->devices(), (*b)->devices());
   };
   expect_the_unbroken_curve();
 
@@ -414,13 +422,7 @@ TEST_F(TrainerTest, ResumeWithDropoutDrawsTheUnbrokenRunsMasks) {
   auto b = Make(resumed, build);
   ASSERT_TRUE(b.ok()) << b.status();
   ASSERT_OK((*b)->Run());
-  for (int i = 0; i < (*a)->devices().num_params(); ++i) {
-    const Tensor& pa = (*a)->devices().param(i);
-    const Tensor& pb = (*b)->devices().param(i);
-    for (int64_t k = 0; k < pa.num_elements(); ++k) {
-      ASSERT_EQ(pa.at(k), pb.at(k)) << "param " << i << " element " << k;
-    }
-  }
+  ExpectSameParams((*a)->devices(), (*b)->devices());
 }
 
 // A part shorter than an epoch (here 2400 examples, 19 batches, for an epoch
@@ -452,13 +454,7 @@ TEST_F(TrainerTest, ResumeContinuesTheSameCurveWhenEpochsGoRoundTheirPart) {
   ASSERT_EQ((*b)->history().size(), 1u);
   EXPECT_EQ((*b)->history()[0].train[0].second, (*a)->history()[2].train[0].second);
   EXPECT_EQ((*b)->history()[0].val[0].second, (*a)->history()[2].val[0].second);
-  for (int i = 0; i < (*a)->devices().num_params(); ++i) {
-    const Tensor& pa = (*a)->devices().param(i);
-    const Tensor& pb = (*b)->devices().param(i);
-    for (int64_t k = 0; k < pa.num_elements(); ++k) {
-      ASSERT_EQ(pa.at(k), pb.at(k)) << "param " << i << " element " << k;
-    }
-  }
+  ExpectSameParams((*a)->devices(), (*b)->devices());
 }
 
 // The last batch is one the Speedometer reports (and then resets the metrics
