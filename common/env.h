@@ -79,7 +79,8 @@ struct JobEnv {
   int request_timeout_ms = 600000;   // PSTRAIN_REQUEST_TIMEOUT_MS: one push/pull
   // Parameter server (net/, server/, worker/ KV client):
   // PSTRAIN_BIND_HOST: address to bind; empty: the advertised one (the
-  // scheduler: DMLC_PS_ROOT_URI); 0.0.0.0: every interface.
+  // scheduler: DMLC_PS_ROOT_URI); 0.0.0.0: every interface (IPv4), "::":
+  // every interface (IPv6 and IPv4).
   std::string bind_host;
   int64_t max_message_bytes = int64_t{1} << 31;  // PSTRAIN_MAX_MESSAGE_BYTES: per frame
   int server_threads = 2;             // PSTRAIN_SERVER_THREADS: request shards per server

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "common/job_cause.h"
+#include "net/host_address.h"
 
 namespace pstrain {
 
@@ -82,9 +83,10 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Create(const ClusterOptions&
     if (raw->burst_end_) raw->burst_end_();
   });
   node->van_->StartReceiving();
-  RETURN_IF_ERROR(node->van_->Connect(kSchedulerId, options.root_host, options.root_port)
-                      .WithContext(StrCat(RoleName(options.role), " ", node->host_, ":",
-                                          node->port_, ": scheduler DMLC_PS_ROOT_URI")));
+  RETURN_IF_ERROR(
+      node->van_->Connect(kSchedulerId, options.root_host, options.root_port)
+          .WithContext(StrCat(RoleName(options.role), " ", JoinHostPort(node->host_, node->port_),
+                              ": scheduler DMLC_PS_ROOT_URI")));
   return node;
 }
 
@@ -167,15 +169,16 @@ Status ClusterNode::health() const {
 std::string ClusterNode::Describe(int id) const {
   MutexLock l(&mu_);
   if (id == kSchedulerId) {
-    return StrCat("scheduler at ", options_.root_host, ":", options_.root_port);
+    return StrCat("scheduler at ", JoinHostPort(options_.root_host, options_.root_port));
   }
   auto it = table_.find(id);
   if (it == table_.end()) {
-    if (id == id_ || id < 0) return StrCat(RoleName(options_.role), " at ", host_, ":", port_);
+    if (id == id_ || id < 0)
+      return StrCat(RoleName(options_.role), " at ", JoinHostPort(host_, port_));
     return NodeIdName(id);
   }
   return StrCat(RoleName(static_cast<Role>(it->second.role())), " rank ", it->second.rank(), " at ",
-                it->second.host(), ":", it->second.port());
+                JoinHostPort(it->second.host(), it->second.port()));
 }
 
 PsHeader ClusterNode::Header(PsCommand cmd) const {
@@ -203,9 +206,9 @@ Status ClusterNode::Start() {
   if (options_.restart > 0) me->set_restart(options_.restart);
   if (const ShmInfo* shm = van_->shm_info()) *me->mutable_shm() = *shm;
   if (options_.verbose >= 1) {
-    LOG(INFO) << RoleName(options_.role) << " at " << host_ << ":" << port_
-              << " registering with the scheduler at " << options_.root_host << ":"
-              << options_.root_port;
+    LOG(INFO) << RoleName(options_.role) << " at " << JoinHostPort(host_, port_)
+              << " registering with the scheduler at "
+              << JoinHostPort(options_.root_host, options_.root_port);
   }
   RETURN_IF_ERROR(Send(kSchedulerId, reg));
   // A replacement gets its table once every worker is ready for it, which
@@ -236,22 +239,22 @@ Status ClusterNode::Start() {
     const bool unreachable =
         report.kind == ConnectionReport::kRefused || report.kind == ConnectionReport::kNoAnswer;
     if (deadline.Expired()) {
-      return Status::DeadlineExceeded(
-          StrCat(RoleName(options_.role), " at ", host_, ":", port_,
-                 ": no node table from the scheduler at ", options_.root_host, ":",
-                 options_.root_port, " within ", table_wait_ms, " ms (",
-                 options_.restart > 0 ? "PSTRAIN_RESTART_TIMEOUT_MS" : "PSTRAIN_STARTUP_TIMEOUT_MS",
-                 "): ", link,
-                 connected     ? StrCat("; did all ", options_.num_servers, " servers and ",
-                                        options_.num_workers, " workers start?")
-                 : unreachable ? "; is the scheduler running there?"
-                               : ""));
+      return Status::DeadlineExceeded(StrCat(
+          RoleName(options_.role), " at ", JoinHostPort(host_, port_),
+          ": no node table from the scheduler at ",
+          JoinHostPort(options_.root_host, options_.root_port), " within ", table_wait_ms, " ms (",
+          options_.restart > 0 ? "PSTRAIN_RESTART_TIMEOUT_MS" : "PSTRAIN_STARTUP_TIMEOUT_MS",
+          "): ", link,
+          connected     ? StrCat("; did all ", options_.num_servers, " servers and ",
+                                 options_.num_workers, " workers start?")
+          : unreachable ? "; is the scheduler running there?"
+                        : ""));
     }
     if (!warned && !connected) {
-      LOG(WARNING) << RoleName(options_.role) << " at " << host_ << ":" << port_
-                   << ": no answer from the scheduler at " << options_.root_host << ":"
-                   << options_.root_port << " yet: " << link << "; still trying for "
-                   << deadline.RemainingMillis() << " ms";
+      LOG(WARNING) << RoleName(options_.role) << " at " << JoinHostPort(host_, port_)
+                   << ": no answer from the scheduler at "
+                   << JoinHostPort(options_.root_host, options_.root_port) << " yet: " << link
+                   << "; still trying for " << deadline.RemainingMillis() << " ms";
     }
     warned = true;
   }
@@ -648,10 +651,10 @@ void ClusterNode::HeartbeatLoop() {
       done = shutdown_ || !health_.ok();
     }
     if (!done && silent_ms > options_.heartbeat_timeout_ms) {
-      Fail(Status::Unavailable(StrCat(
-               "scheduler at ", options_.root_host, ":", options_.root_port, " silent for ",
-               silent_ms, " ms (PSTRAIN_HEARTBEAT_TIMEOUT_MS=", options_.heartbeat_timeout_ms,
-               "); declared dead")),
+      Fail(Status::Unavailable(
+               StrCat("scheduler at ", JoinHostPort(options_.root_host, options_.root_port),
+                      " silent for ", silent_ms, " ms (PSTRAIN_HEARTBEAT_TIMEOUT_MS=",
+                      options_.heartbeat_timeout_ms, "); declared dead")),
            kSchedulerId);
     }
     for (const auto& t : tick_listeners_) t();

@@ -195,6 +195,7 @@ class ClusterNode {
   int num_servers() const { return options_.num_servers; }
   int num_workers() const { return options_.num_workers; }
   int port() const { return port_; }
+  const std::string& host() const { return host_; }  // the address it advertises
   const ClusterOptions& options() const { return options_; }
   // "server rank 1 at 127.0.0.1:40001".
   std::string Describe(int id) const EXCLUDES(mu_);

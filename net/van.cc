@@ -206,7 +206,7 @@ Status Van::Connect(int id, const std::string& host, int port, const ShmInfo* sh
       if (doorbell_ != nullptr && doorbell_->can_ring())
         bell = DoorbellAddress::Of(shm->doorbell());
     } else if (options_.verbose >= 1) {
-      LOG(INFO) << options_.name << ": " << NodeIdName(id) << " at " << host << ":" << port
+      LOG(INFO) << options_.name << ": " << NodeIdName(id) << " at " << JoinHostPort(host, port)
                 << " over TCP only: " << mapped.status();
     }
   }
@@ -218,14 +218,15 @@ Status Van::Connect(int id, const std::string& host, int port, const ShmInfo* sh
   dopt.name = options_.name;
   dopt.reconnect_interval_ms = options_.reconnect_interval_ms;
   ASSIGN_OR_RETURN(std::unique_ptr<ZmqDealer> dealer, ZmqDealer::Open(context_, dopt));
-  Status connected = dealer->Connect(StrCat("tcp://", ip, ":", port));
+  Status connected = dealer->Connect(StrCat("tcp://", JoinHostPort(ip, port)));
   if (!connected.ok()) {
     return Status::IOError(StrCat(options_.name, ": cannot connect to ", NodeIdName(id), " at ",
-                                  host, ":", port, ": ", connected.message()));
+                                  JoinHostPort(host, port), ": ", connected.message()));
   }
   if (options_.verbose >= 1) {
-    LOG(INFO) << options_.name << ": connected to " << NodeIdName(id) << " at " << host << ":"
-              << port << (theirs != nullptr ? " (its shared memory mapped)" : "");
+    LOG(INFO) << options_.name << ": connected to " << NodeIdName(id) << " at "
+              << JoinHostPort(host, port)
+              << (theirs != nullptr ? " (its shared memory mapped)" : "");
   }
   ConnectionEvents* events = dealer->events();
   std::shared_ptr<Peer> old;  // a replaced peer's, let go after mu_

@@ -57,7 +57,7 @@
 namespace pstrain {
 
 struct VanOptions {
-  std::string bind_host = "0.0.0.0";             // IP, host name or "*"
+  std::string bind_host = "0.0.0.0";             // IP, host name, "*" or "::"
   int port = 0;                                  // 0: any free port
   int64_t max_message_bytes = int64_t{1} << 31;  // larger frames drop the connection
   int send_timeout_ms = 30000;                   // a send blocked this long (peer gone) fails

@@ -117,6 +117,11 @@ ZmqDealer::~ZmqDealer() {
 Status ZmqDealer::Connect(const std::string& address) {
   address_ = address;
   events_->SetAddress(address);
+  // "tcp://[v6addr]:port": ZeroMQ reaches IPv6 addresses only when told to.
+  if (address.find('[') != std::string::npos) {
+    const int on = 1;
+    zmq_setsockopt(socket_, ZMQ_IPV6, &on, sizeof(on));
+  }
   if (zmq_connect(socket_, address_.c_str()) != 0) return Status::IOError(ZmqError());
   return Status::Ok();
 }

@@ -87,12 +87,21 @@ StatusOr<std::unique_ptr<ZmqRouter>> ZmqRouter::Bind(void* context, const Router
     }
   }
 
+  // Every interface: "0.0.0.0" or "*" (IPv4), "::" or "[::]" (IPv6 and IPv4).
+  const std::string& bind = options.bind_host;
   std::string ip = "*";
-  if (!options.bind_host.empty() && options.bind_host != "*" && options.bind_host != "0.0.0.0") {
-    ASSIGN_OR_RETURN(ip, ResolveHost(options.bind_host));
+  bool v6 = bind == "::" || bind == "[::]";
+  if (!bind.empty() && bind != "*" && bind != "0.0.0.0" && !v6) {
+    ASSIGN_OR_RETURN(ip, ResolveHost(bind));
+    v6 = ip.find(':') != std::string::npos;
   }
-  std::string endpoint = StrCat(
-      "tcp://", ip, ":", options.port == 0 ? std::string("*") : std::to_string(options.port));
+  if (v6) {
+    const int on = 1;
+    zmq_setsockopt(r->socket_, ZMQ_IPV6, &on, sizeof(on));
+  }
+  const std::string endpoint =
+      StrCat("tcp://",
+             JoinHostPort(ip, options.port == 0 ? std::string("*") : std::to_string(options.port)));
   if (zmq_bind(r->socket_, endpoint.c_str()) != 0) {
     return Status::IOError(StrCat(options.name, ": cannot bind ", endpoint, " (bind host '",
                                   options.bind_host, "'): ", ZmqError()));

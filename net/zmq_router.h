@@ -34,8 +34,8 @@
 namespace pstrain {
 
 struct RouterOptions {
-  std::string bind_host = "0.0.0.0";             // IP, host name, "*" or "0.0.0.0" (all)
-  int port = 0;                                  // 0: any free port
+  std::string bind_host = "0.0.0.0";  // IP, host name; "*" or "0.0.0.0": all (IPv4), "::" all
+  int port = 0;                       // 0: any free port
   int64_t max_message_bytes = int64_t{1} << 31;  // larger frames drop the connection
   std::shared_ptr<const JobKeys> keys;           // null: no security
   bool encrypt = true;                           // with keys: CURVE (true) or PLAIN

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "common/job_cause.h"
+#include "net/host_address.h"
 
 namespace pstrain {
 namespace {
@@ -63,8 +64,8 @@ std::string Scheduler::Describe(int id) const {
   auto it = nodes_.find(id);
   if (it == nodes_.end()) return NodeIdName(id);
   const NodeInfo& n = it->second.info;
-  return StrCat(RoleName(static_cast<Role>(n.role())), " rank ", n.rank(), " at ", n.host(), ":",
-                n.port());
+  return StrCat(RoleName(static_cast<Role>(n.role())), " rank ", n.rank(), " at ",
+                JoinHostPort(n.host(), n.port()));
 }
 
 void Scheduler::Broadcast(const Message& msg, int except) {
@@ -194,8 +195,8 @@ std::string Scheduler::JobMismatch(const PsHeader& h) const {
 
 void Scheduler::Refuse(const NodeInfo& n, const std::string& why) {
   LOG(WARNING) << "scheduler: refusing the registration of "
-               << RoleName(static_cast<Role>(n.role())) << " at " << n.host() << ":" << n.port()
-               << ": " << why;
+               << RoleName(static_cast<Role>(n.role())) << " at "
+               << JoinHostPort(n.host(), n.port()) << ": " << why;
   if (van_->Connect(kPendingIdBase - 1, n.host(), n.port()).ok()) {
     Message m;
     m.header = Header(CMD_ABORT);
@@ -234,7 +235,8 @@ void Scheduler::Register(const Message& msg) {
   // part, and the job cannot run without it, so it ends here, naming it.
   const std::string mismatch = JobMismatch(msg.header);
   if (!mismatch.empty()) {
-    const std::string why = StrCat(RoleName(role), " at ", n.host(), ":", n.port(), " ", mismatch);
+    const std::string why =
+        StrCat(RoleName(role), " at ", JoinHostPort(n.host(), n.port()), " ", mismatch);
     Refuse(n, why);
     Abort(StrCat(why, "; every node of a job must agree"), -1);
     return;
@@ -249,10 +251,11 @@ void Scheduler::Register(const Message& msg) {
         LOG(WARNING) << "scheduler: " << s;
         return;
       }
-      LOG(WARNING) << "scheduler: server launch rank " << n.launch_rank() << " at " << n.host()
-                   << ":" << n.port() << " (restart " << n.restart()
-                   << ") replaces its registration from " << pending_[i].host() << ":"
-                   << pending_[i].port() << ", which died before the job started";
+      LOG(WARNING) << "scheduler: server launch rank " << n.launch_rank() << " at "
+                   << JoinHostPort(n.host(), n.port()) << " (restart " << n.restart()
+                   << ") replaces its registration from "
+                   << JoinHostPort(pending_[i].host(), pending_[i].port())
+                   << ", which died before the job started";
       pending_[i] = n;
       return;
     }
@@ -272,9 +275,9 @@ void Scheduler::Register(const Message& msg) {
   }
   pending_.push_back(n);
   if (options_.verbose >= 1) {
-    LOG(INFO) << "scheduler: registered " << RoleName(role) << " at " << n.host() << ":" << n.port()
-              << " (" << pending_.size() << "/" << options_.num_servers + options_.num_workers
-              << ")";
+    LOG(INFO) << "scheduler: registered " << RoleName(role) << " at "
+              << JoinHostPort(n.host(), n.port()) << " (" << pending_.size() << "/"
+              << options_.num_servers + options_.num_workers << ")";
   }
   if (static_cast<int>(pending_.size()) < options_.num_servers + options_.num_workers) return;
 
@@ -655,7 +658,8 @@ Status Scheduler::Run() {
       std::string who;
       for (const NodeInfo& p : pending_) {
         (static_cast<Role>(p.role()) == Role::kServer ? servers : workers)++;
-        who += StrCat(" ", RoleName(static_cast<Role>(p.role())), "@", p.host(), ":", p.port());
+        who += StrCat(" ", RoleName(static_cast<Role>(p.role())), "@",
+                      JoinHostPort(p.host(), p.port()));
       }
       Abort(StrCat("startup timed out after ", MillisSince(start),
                    " ms (PSTRAIN_STARTUP_TIMEOUT_MS): registered ", servers, "/",

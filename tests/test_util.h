@@ -11,9 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -116,6 +118,20 @@ inline int FreePort() {
   }
   ADD_FAILURE() << "no free port in 20000..32767";
   return 0;
+}
+
+// Why this machine cannot listen on the IPv6 loopback address ::1 (IPv6
+// turned off in the kernel or the network namespace); empty when it can.
+inline std::string Ipv6LoopbackMissing() {
+  const int fd = socket(AF_INET6, SOCK_STREAM, 0);
+  if (fd < 0) return std::string("no IPv6 sockets here: ") + std::strerror(errno);
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  const int err = errno;
+  close(fd);
+  return ok ? "" : std::string("cannot bind [::1]: ") + std::strerror(err);
 }
 
 // A child process running `argv` (argv[0] a path) with exactly `env`, its

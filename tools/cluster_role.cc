@@ -4,6 +4,7 @@
 #include <malloc.h>
 
 #include "net/cluster_node.h"
+#include "net/host_address.h"
 #include "scheduler/scheduler.h"
 #include "server/kv_server.h"
 
@@ -91,8 +92,8 @@ int RunServerRole(const JobEnv& env) {
   KVServer server(node->get(), so);
   // A first line: the live view of the job (pstrain launch, top) shows the
   // server running rather than starting.
-  LOG(INFO) << "server: joining the job of the scheduler at " << env.root_uri << ":"
-            << env.root_port;
+  LOG(INFO) << "server: joining the job of the scheduler at "
+            << JoinHostPort(env.root_uri, env.root_port);
   const Status s = server.Run();
   if (!s.ok()) {
     LOG(ERROR) << (*node)->Self() << ": " << s;

@@ -21,6 +21,7 @@
 #include "common/fd_io.h"
 #include "logtools/job_view.h"
 #include "logtools/live_display.h"
+#include "net/host_address.h"
 #include "tools/commands.h"
 #include "tracker/launcher.h"
 #include "tracker/shell.h"
@@ -222,11 +223,11 @@ int RunLaunch(int argc, char** argv) {
     restarts += StrCat(", Slurm job ", plan->slurm_job_id);
   }
   std::fprintf(stderr,
-               "pstrain launch: job %s: 1 scheduler at %s:%d, %d servers, %d workers (%s%s); "
+               "pstrain launch: job %s: 1 scheduler at %s, %d servers, %d workers (%s%s); "
                "logs in %s\n",
-               job_id.c_str(), plan->root_uri.c_str(), plan->root_port, options.num_servers,
-               options.num_workers, tracker::LauncherName(plan->launcher), restarts.c_str(),
-               log_dir.c_str());
+               job_id.c_str(), JoinHostPort(plan->root_uri, plan->root_port).c_str(),
+               options.num_servers, options.num_workers, tracker::LauncherName(plan->launcher),
+               restarts.c_str(), log_dir.c_str());
 
   const bool live =
       options.live.value_or(!options.quiet && logtools::LiveDisplay::IsTerminal(1, Environment()));

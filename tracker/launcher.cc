@@ -445,32 +445,59 @@ std::string RemoteCommand(const std::string& dir, const std::map<std::string, st
   return "exec " + ShellJoin(words);
 }
 
+namespace {
+
+// The numeric form of a socket address ("10.0.0.1", "fd00::11"); empty if
+// none, or if it is a loopback or (IPv6) link-local one, which other hosts
+// cannot use.
+std::string ReachableAddress(const sockaddr* a, socklen_t len) {
+  if (a->sa_family == AF_INET6 &&
+      IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr)) {
+    return "";
+  }
+  char buf[NI_MAXHOST] = {0};
+  if (getnameinfo(a, len, buf, sizeof(buf), nullptr, 0, NI_NUMERICHOST) != 0) return "";
+  return IsLoopbackHost(buf) ? "" : buf;
+}
+
+// The address of this host that routing picks towards `dst` (a UDP
+// connect: no packet is sent); empty if none.
+std::string SourceAddressTowards(const sockaddr* dst, socklen_t len) {
+  const int fd = socket(dst->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "";
+  sockaddr_storage self{};
+  socklen_t self_len = sizeof(self);
+  std::string found;
+  if (connect(fd, dst, len) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&self), &self_len) == 0) {
+    found = ReachableAddress(reinterpret_cast<sockaddr*>(&self), self_len);
+  }
+  close(fd);
+  return found;
+}
+
+}  // namespace
+
 StatusOr<std::string> DetectHostIp(const std::vector<Host>& hosts) {
   bool all_loopback = true;
   for (const Host& h : hosts) all_loopback = all_loopback && IsLoopbackHost(h.address());
   if (all_loopback) return std::string("127.0.0.1");
-  // The address this host's routing picks towards the job's hosts (no packet
-  // is sent): the one they can reach us at, also where the host name
-  // resolves to another network (a network namespace, a second interface).
+  // The address this host's routing picks towards the job's hosts: the one
+  // they can reach us at, also where the host name resolves to another
+  // network (a network namespace, a second interface). A host of IPv6
+  // addresses only (or an IPv6 literal) gets an IPv6 one.
   for (const Host& h : hosts) {
     if (IsLoopbackHost(h.address())) continue;
     addrinfo hints{};
-    hints.ai_family = AF_INET;
+    hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_DGRAM;
     addrinfo* res = nullptr;
     if (getaddrinfo(h.address().c_str(), "1", &hints, &res) != 0) continue;
     std::string found;
-    const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd >= 0) {
-      sockaddr_in self{};
-      socklen_t len = sizeof(self);
-      char buf[INET_ADDRSTRLEN];
-      if (connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
-          getsockname(fd, reinterpret_cast<sockaddr*>(&self), &len) == 0 &&
-          inet_ntop(AF_INET, &self.sin_addr, buf, sizeof(buf)) && !IsLoopbackHost(buf)) {
-        found = buf;
+    for (int family : {AF_INET, AF_INET6}) {
+      for (addrinfo* a = res; a != nullptr && found.empty(); a = a->ai_next) {
+        if (a->ai_family == family) found = SourceAddressTowards(a->ai_addr, a->ai_addrlen);
       }
-      close(fd);
     }
     freeaddrinfo(res);
     if (!found.empty()) return found;
@@ -478,15 +505,14 @@ StatusOr<std::string> DetectHostIp(const std::vector<Host>& hosts) {
   char name[256] = {0};
   if (gethostname(name, sizeof(name) - 1) == 0) {
     addrinfo hints{};
-    hints.ai_family = AF_INET;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_DGRAM;
     addrinfo* res = nullptr;
     if (getaddrinfo(name, nullptr, &hints, &res) == 0) {
       std::string found;
-      for (addrinfo* a = res; a != nullptr && found.empty(); a = a->ai_next) {
-        char buf[INET_ADDRSTRLEN];
-        auto* sin = reinterpret_cast<sockaddr_in*>(a->ai_addr);
-        if (inet_ntop(AF_INET, &sin->sin_addr, buf, sizeof(buf)) && !IsLoopbackHost(buf)) {
-          found = buf;
+      for (int family : {AF_INET, AF_INET6}) {
+        for (addrinfo* a = res; a != nullptr && found.empty(); a = a->ai_next) {
+          if (a->ai_family == family) found = ReachableAddress(a->ai_addr, a->ai_addrlen);
         }
       }
       freeaddrinfo(res);
@@ -494,31 +520,33 @@ StatusOr<std::string> DetectHostIp(const std::vector<Host>& hosts) {
     }
   }
   // The address routing would use towards the outside (no packet is sent).
-  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd >= 0) {
-    sockaddr_in dst{};
-    dst.sin_family = AF_INET;
-    dst.sin_port = htons(1);
-    inet_pton(AF_INET, "10.255.255.255", &dst.sin_addr);
-    sockaddr_in self{};
-    socklen_t len = sizeof(self);
-    bool ok = connect(fd, reinterpret_cast<sockaddr*>(&dst), sizeof(dst)) == 0 &&
-              getsockname(fd, reinterpret_cast<sockaddr*>(&self), &len) == 0;
-    close(fd);
-    char buf[INET_ADDRSTRLEN];
-    if (ok && inet_ntop(AF_INET, &self.sin_addr, buf, sizeof(buf)) && !IsLoopbackHost(buf)) {
-      return std::string(buf);
-    }
-  }
+  sockaddr_in dst{};
+  dst.sin_family = AF_INET;
+  dst.sin_port = htons(1);
+  inet_pton(AF_INET, "10.255.255.255", &dst.sin_addr);
+  std::string found = SourceAddressTowards(reinterpret_cast<sockaddr*>(&dst), sizeof(dst));
+  if (!found.empty()) return found;
   return Status::NotFound(
       "cannot find an address of this host that other hosts can reach; pass --host-ip");
 }
 
-StatusOr<int> FindFreePort(const std::string& ip) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  if (inet_pton(AF_INET, ip.c_str(), &addr.sin_addr) != 1) {
-    return Status::InvalidArgument(StrCat("scheduler address '", ip, "' is not an IPv4 address"));
+StatusOr<int> FindFreePort(const std::string& given) {
+  // "[v6]" as well as "v6"; "::" (every interface, IPv6) as well as "0.0.0.0".
+  std::string ip = given;
+  if (ip.size() >= 2 && ip.front() == '[' && ip.back() == ']') ip = ip.substr(1, ip.size() - 2);
+  sockaddr_storage addr{};
+  socklen_t addr_len = 0;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&addr);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&addr);
+  if (inet_pton(AF_INET, ip.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    addr_len = sizeof(sockaddr_in);
+  } else if (inet_pton(AF_INET6, ip.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    addr_len = sizeof(sockaddr_in6);
+  } else {
+    return Status::InvalidArgument(
+        StrCat("scheduler address '", given, "' is not an IPv4 or IPv6 address"));
   }
   // dmlc-core's range, 9091..9998: outside the kernel's ephemeral range, so no
   // outgoing connection of this host can take the port between this check and
@@ -531,23 +559,27 @@ StatusOr<int> FindFreePort(const std::string& ip) {
   int last_errno = 0;
   for (int i = 0; i < kCount; ++i) {
     const int port = kFirst + (start + i) % kCount;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return Status::IOError(StrCat("socket: ", strerror(errno)));
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    if (addr.ss_family == AF_INET) {
+      v4->sin_port = htons(static_cast<uint16_t>(port));
+    } else {
+      v6->sin6_port = htons(static_cast<uint16_t>(port));
+    }
+    const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), addr_len) == 0;
     last_errno = errno;
     close(fd);
     if (ok) return port;
     if (last_errno == EADDRNOTAVAIL) {
       return Status::InvalidArgument(
-          StrCat("scheduler address ", ip,
+          StrCat("scheduler address ", given,
                  " is not an address of this host: give one of its own, or behind NAT, "
                  "where the others reach it at an address it does not have, set "
                  "PSTRAIN_BIND_HOST=0.0.0.0"));
     }
   }
-  return Status::IOError(StrCat("no free port in ", kFirst, "..", kFirst + kCount - 1, " on ", ip,
-                                ": ", strerror(last_errno)));
+  return Status::IOError(StrCat("no free port in ", kFirst, "..", kFirst + kCount - 1, " on ",
+                                given, ": ", strerror(last_errno)));
 }
 
 namespace {
@@ -562,7 +594,13 @@ std::string FirstWords(std::istream& lines) {
     line = line.substr(0, line.find('#'));
     std::istringstream words(line);
     std::string word;
-    if (words >> word) out += word.substr(0, word.find(':')) + "\n";
+    if (!(words >> word)) continue;
+    // "[v6addr]:N" or "[v6addr]": the address with its brackets.
+    if (word[0] == '[' && word.find(']') != std::string::npos) {
+      out += word.substr(0, word.find(']') + 1) + "\n";
+    } else {
+      out += word.substr(0, word.find(':')) + "\n";
+    }
   }
   return out;
 }
@@ -642,16 +680,21 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
   }
   if (!o.host_ip.empty()) {
     plan.root_uri = o.host_ip;
+    // "[v6addr]" as the host files write it: the address itself.
+    if (plan.root_uri.size() > 2 && plan.root_uri.front() == '[' && plan.root_uri.back() == ']') {
+      plan.root_uri = plan.root_uri.substr(1, plan.root_uri.size() - 2);
+    }
   } else {
     ASSIGN_OR_RETURN(plan.root_uri, DetectHostIp(plan.hosts));
   }
   // The port is probed where the scheduler will bind: its address, or with
-  // PSTRAIN_BIND_HOST set (0.0.0.0 or '*' behind NAT, where --host-ip is not
-  // this host's; a name) on every interface, which holds for any of them.
+  // PSTRAIN_BIND_HOST set (0.0.0.0, '*' or '::' behind NAT, where --host-ip
+  // is not this host's; a name) on every interface, which holds for any of
+  // them.
   std::string probe = plan.root_uri;
   const char* probe_source = o.host_ip.empty() ? "address" : "--host-ip";
   if (std::optional<std::string> bind = env.Get("PSTRAIN_BIND_HOST"); bind && !bind->empty()) {
-    probe = "0.0.0.0";
+    probe = *bind == "::" || *bind == "[::]" ? "::" : "0.0.0.0";
     probe_source = "PSTRAIN_BIND_HOST";
   }
   StatusOr<int> port = FindFreePort(probe);
@@ -800,8 +843,9 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
       if (Forwarded(k)) forwarded[k] = v;
     }
     // An address of this host is none of theirs (--env still sends it).
-    if (auto b = forwarded.find("PSTRAIN_BIND_HOST");
-        b != forwarded.end() && b->second != "0.0.0.0" && b->second != "*") {
+    if (auto b = forwarded.find("PSTRAIN_BIND_HOST"); b != forwarded.end() &&
+                                                      b->second != "0.0.0.0" && b->second != "*" &&
+                                                      b->second != "::" && b->second != "[::]") {
       forwarded.erase(b);
     }
     const std::string dir = o.sync_dst_dir.empty() ? CurrentDir() : o.sync_dst_dir;

@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
 # Emulated hosts on one machine: N network namespaces joined by veth links to
 # a bridge (in a switch namespace of its own), each host with its own address
-# in a private range, its own sshd and host key, and a shaped link.
+# in a private range (an IPv4 one and, where the kernel has IPv6, an IPv6 one),
+# its own sshd and host key, and a shaped link.
 #
 #   cluster.sh up N [--rate 1gbit] [--queue 50ms] [--delay 50us] [--jitter 0] [--name pst] [--subnet 10.77.0]
 #   cluster.sh down [--name pst]
 #   cluster.sh status [--name pst]
 #   cluster.sh exec HOST CMD...             run CMD on host HOST (1..N)
 #   cluster.sh launch [pstrain launch args] pstrain launch --launcher ssh from host 1
-#                                           (--launcher mpi: Open MPI's mpirun over ssh)
+#                                           (--ipv6: over the hosts' IPv6 addresses;
+#                                           --launcher mpi: Open MPI's mpirun over ssh)
 #   cluster.sh ssh-options                  the --ssh-option flags for the hosts
 #   cluster.sh link HOST up|down            take a host's link down (a fault) or back up
 #   cluster.sh kill HOST                    kill -9 every process on HOST but its sshd (a fault)
 #   cluster.sh shape [--rate R] [--queue Q] [--delay D] [--jitter J]   reshape every link
 #
 # Every address lives inside the namespaces only: nothing is added to this
-# machine's own network. The state (hosts file, keys, sshd logs) is under
+# machine's own network. Host i is SUBNET.(10+i) and fd0a:X:Y:1::(10+i) for
+# --subnet 10.X.Y (hosts files: hosts, and hosts6 where IPv6 is up). The
+# state (hosts files, keys, sshd logs) is under
 # /run/pstrain-cluster/NAME; `down` removes it with the namespaces, the links
 # and every process in them, also after `up` failed half way.
 #
@@ -94,6 +98,11 @@ in_ns() {
 }
 switch_ns() { echo "$NAME-sw"; }
 host_addr() { echo "$SUBNET.$((10 + $1))"; }
+# The IPv6 twin of host_addr (written as inet_ntop writes it: no "::" for one zero).
+host_addr6() {
+  local rest=${SUBNET#10.}
+  echo "fd0a:${rest%%.*}:${rest#*.}:1::$((10 + $1))"
+}
 
 # The hosts of a running cluster, from its state.
 num_hosts() {
@@ -189,16 +198,23 @@ cmd_up() {
   : >"$STATE/hosts"
   mkdir -p /run/sshd # sshd's privilege-separation directory
 
-  local i ns addr
+  local i ns addr addr6 v6=yes
   for i in $(seq 1 "$n"); do
     ns=$(host_ns "$i")
     addr=$(host_addr "$i")
+    addr6=$(host_addr6 "$i")
     ip netns add "$ns"
     in_ns "$ns" ip link set lo up
     # Made inside the host, its peer moved to the switch: nothing in this
     # machine's own namespace, even for a moment.
     in_ns "$ns" ip link add eth0 type veth peer name "h$i" netns "$sw"
     in_ns "$ns" ip addr add "$addr/24" dev eth0
+    # IPv6 where the kernel has it (nodad: usable at once, no duplicate
+    # address detection on a link that is ours alone).
+    if [ "$v6" = yes ] && ! in_ns "$ns" ip -6 addr add "$addr6/64" dev eth0 nodad 2>/dev/null; then
+      v6=no
+      echo "cluster.sh: no IPv6 here (ip -6 addr add failed): the hosts get IPv4 addresses only" >&2
+    fi
     in_ns "$ns" ip link set eth0 up
     in_ns "$sw" ip link set "h$i" master br0
     in_ns "$sw" ip link set "h$i" up
@@ -207,6 +223,7 @@ cmd_up() {
     ssh-keygen -q -t ed25519 -N "" -C "$ns" -f "$STATE/h$i.hostkey"
     cat >"$STATE/h$i.sshd_config" <<EOF
 ListenAddress $addr:22
+$([ "$v6" = yes ] && echo "ListenAddress [$addr6]:22")
 HostKey $STATE/h$i.hostkey
 PidFile $STATE/h$i.sshd.pid
 AuthorizedKeysFile $STATE/authorized_keys
@@ -225,25 +242,30 @@ EOF
     # Its own host name too (a UTS namespace): what its processes report.
     in_ns "$ns" unshare --uts sh -c \
       "hostname $ns && exec /usr/sbin/sshd -f '$STATE/h$i.sshd_config' -E '$STATE/h$i.sshd.log'"
-    echo "$addr $(cut -d' ' -f1,2 "$STATE/h$i.hostkey.pub")" >>"$STATE/known_hosts"
+    echo "$addr,$addr6 $(cut -d' ' -f1,2 "$STATE/h$i.hostkey.pub")" >>"$STATE/known_hosts"
     echo "$addr" >>"$STATE/hosts"
+    echo "[$addr6]" >>"$STATE/hosts6"
   done
+  echo "$v6" >"$STATE/ipv6"
+  [ "$v6" = yes ] || rm -f "$STATE/hosts6"
 
   # Ready when every host answers a real ssh login from host 1.
   for i in $(seq 1 "$n"); do
     local ok=
     for _ in $(seq 1 100); do
-      if in_ns "$(host_ns 1)" ssh -T $(ssh_opts_plain) "$(host_addr "$i")" true 2>/dev/null; then
+      # shellcheck disable=SC2046  # ssh_opts_plain is words
+      if in_ns "$(host_ns 1)" ssh -T $(ssh_opts_plain) "$(host_addr "$i")" true 2>/dev/null &&
+        { [ "$v6" = no ] || in_ns "$(host_ns 1)" ssh -T $(ssh_opts_plain) "$(host_addr6 "$i")" true 2>/dev/null; }; then
         ok=1
         break
       fi
       sleep 0.1
     done
-    [ -n "$ok" ] || die "host $i ($(host_addr "$i")) does not answer ssh: $(tail -3 "$STATE/h$i.sshd.log" 2>/dev/null)"
+    [ -n "$ok" ] || die "host $i ($(host_addr "$i")$([ "$v6" = yes ] && echo ", $(host_addr6 "$i")")) does not answer ssh: $(tail -3 "$STATE/h$i.sshd.log" 2>/dev/null)"
   done
   trap - EXIT INT TERM
-  echo "cluster '$NAME' up: $n hosts $(host_addr 1)..$(host_addr "$n"), links $RATE$([ "$(cat "$STATE/netem")" = yes ] && echo ", delay $DELAY, jitter $JITTER" || echo " (no netem: no delay)")"
-  echo "hosts file: $STATE/hosts; launch with: bench/cluster/cluster.sh launch -n W -s S -- COMMAND"
+  echo "cluster '$NAME' up: $n hosts $(host_addr 1)..$(host_addr "$n")$([ "$v6" = yes ] && echo " and $(host_addr6 1)..$(host_addr6 "$n")"), links $RATE$([ "$(cat "$STATE/netem")" = yes ] && echo ", delay $DELAY, jitter $JITTER" || echo " (no netem: no delay)")"
+  echo "hosts file: $STATE/hosts$([ "$v6" = yes ] && echo " (IPv6: $STATE/hosts6)"); launch with: bench/cluster/cluster.sh launch [--ipv6] -n W -s S -- COMMAND"
 }
 
 ssh_opts_plain() {
@@ -321,23 +343,35 @@ cmd_launch() {
   STATE=/run/pstrain-cluster/$NAME
   num_hosts >/dev/null
   [ -x "$PSTRAIN" ] || die "$PSTRAIN is not built (set PSTRAIN=/path/to/pstrain)"
-  local a prev= mpi=
+  # --ipv6 (before the command's --) is ours; the rest goes to pstrain launch.
+  local hosts=$STATE/hosts args=() rest='' a prev='' mpi=
+  for a in "$@"; do
+    if [ -z "$rest" ] && [ "$a" = --ipv6 ]; then
+      [ -f "$STATE/hosts6" ] || die "launch --ipv6: cluster '$NAME' has no IPv6 addresses (see cluster.sh up's output)"
+      hosts=$STATE/hosts6
+      continue
+    fi
+    [ "$a" = -- ] && rest=1
+    args+=("$a")
+  done
+  set -- "${args[@]}"
   for a in "$@"; do
     [ "$a" = -- ] && break
     { [ "$prev" = --launcher ] && [ "$a" = mpi ]; } || [ "$a" = --launcher=mpi ] && mpi=1
     prev=$a
   done
   if [ -n "$mpi" ]; then
+    [ "$hosts" = "$STATE/hosts" ] || die "launch --ipv6 takes the ssh launcher only (Open MPI's mpirun is not set up for IPv6 here)"
     # Open MPI's mpirun starts its daemons over ssh with the hosts' keys; the
     # emulated hosts share this machine's cores, so ranks may outnumber them.
     local root=()
     [ "$(id -u)" = 0 ] && root=(--mpi-option --allow-run-as-root)
-    exec nsenter --net="/run/netns/$(host_ns 1)" -- "$PSTRAIN" launch -H "$STATE/hosts" \
+    exec nsenter --net="/run/netns/$(host_ns 1)" -- "$PSTRAIN" launch -H "$hosts" \
       --mpi-option --mca --mpi-option plm_rsh_args --mpi-option "$(ssh_opts_plain)" \
       --mpi-option --oversubscribe "${root[@]}" "$@"
   fi
   # shellcheck disable=SC2046
-  exec nsenter --net="/run/netns/$(host_ns 1)" -- "$PSTRAIN" launch --launcher ssh -H "$STATE/hosts" \
+  exec nsenter --net="/run/netns/$(host_ns 1)" -- "$PSTRAIN" launch --launcher ssh -H "$hosts" \
     $(cmd_ssh_options --name "$NAME") "$@"
 }
 

@@ -26,6 +26,7 @@ using testing::SourceDir;
 // A name and subnet of their own, so a cluster a user has up is not touched.
 const char* const kName = "psttst";
 const char* const kSubnet = "10.79.0";
+const char* const kSubnet6 = "fd0a:79:0:1::";  // its IPv6 twin (bench/cluster/cluster.sh)
 
 struct Ran {
   int code = -1;  // exit code; -1: killed or not run
@@ -179,6 +180,33 @@ TEST_F(EmulatedHostsTest, MpirunLaunchesAcrossHosts) {
     hosts += verify.out.find(StrCat(kSubnet, ".", 10 + h, ":")) != std::string::npos ? 1 : 0;
   }
   EXPECT_GE(hosts, 2) << verify.out;
+}
+
+// The same job over the hosts' IPv6 addresses (a hosts file of "[fd0a:...]"
+// lines): the launcher finds host 1's IPv6 address for the scheduler, every
+// node advertises its host's, values between hosts take TCP over IPv6.
+TEST_F(EmulatedHostsTest, KvbenchVerifiesAcrossHostsOverIpv6) {
+  Ran v6 = Sh({"cat", StrCat("/run/pstrain-cluster/", kName, "/ipv6")});
+  if (v6.out.rfind("yes", 0) != 0) GTEST_SKIP() << "the emulated hosts have no IPv6 here";
+  Ran verify = Launch({"--ipv6", "-n", "3", "-s", "3", "--timeout", "120", "--", PstrainBinary(),
+                       "kvbench", "--verify", "--verify-rounds", "3"});
+  ASSERT_EQ(verify.code, 0) << verify.out;
+  for (int w = 0; w < 3; ++w) {
+    EXPECT_NE(verify.out.find(StrCat("[worker-", w, "] kvbench: verify dist_sync ok")),
+              std::string::npos)
+        << "worker " << w << ":\n"
+        << verify.out;
+  }
+  EXPECT_NE(verify.out.find(StrCat("scheduler at [", kSubnet6, "11]:")), std::string::npos)
+      << verify.out;
+  for (int h = 1; h <= 3; ++h) {
+    EXPECT_NE(verify.out.find(StrCat("at [", kSubnet6, 10 + h, "]:")), std::string::npos)
+        << "no process on host " << h << ":\n"
+        << verify.out;
+  }
+  EXPECT_EQ(verify.out.find(StrCat(kSubnet, ".")), std::string::npos)
+      << "an IPv4 address in an IPv6 job:\n"
+      << verify.out;
 }
 
 // A fault on host 3 while the job runs; every other process must end,

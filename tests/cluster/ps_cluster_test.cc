@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <map>
 #include <random>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -111,6 +112,19 @@ TEST_F(ClusterTest, VerifyTwoServersThreeWorkersMxnetPlacementShardsBigKey) {
 
 TEST_F(ClusterTest, VerifyTwoServersThreeWorkersOverTcpOnly) {
   ExpectVerified(StartJob(2, 3, {"kvbench", "--verify"}, {{"PSTRAIN_SHM_BYTES", "0"}}), 3);
+}
+
+// A job whose scheduler is at an IPv6 address: every node advertises and
+// listens on ::1 and the values cross TCP over IPv6.
+TEST_F(ClusterTest, VerifyOverIpv6Loopback) {
+  if (const std::string why = testing::Ipv6LoopbackMissing(); !why.empty()) GTEST_SKIP() << why;
+  std::vector<Proc*> job = StartJob(2, 2, {"kvbench", "--verify"},
+                                    {{"DMLC_PS_ROOT_URI", "::1"}, {"PSTRAIN_SHM_BYTES", "0"}});
+  ExpectVerified(job, 2);
+  for (int s = 1; s <= 2; ++s) {
+    const std::string log = job[s]->Log();
+    EXPECT_TRUE(std::regex_search(log, std::regex(R"(server rank [01] at \[::1\]:\d+)"))) << log;
+  }
 }
 
 // Processes on one host reach each other's arenas: the values go through

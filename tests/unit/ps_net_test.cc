@@ -47,6 +47,34 @@ TEST(AddressTest, ALoopbackNameInAJobAcrossHostsListensEverywhere) {
   EXPECT_EQ(DefaultBindHost("no-such-host.invalid", "10.0.0.1"), "no-such-host.invalid");
 }
 
+TEST(AddressTest, Ipv6AddressesResolveAndTakeBracketsBeforeAPort) {
+  EXPECT_EQ(*ResolveHost("::1"), "::1");
+  EXPECT_EQ(*ResolveHost("[::1]"), "::1");
+  EXPECT_EQ(*ResolveHost("fd00:0:0::11"), "fd00::11");  // the canonical form
+  EXPECT_TRUE(IsLoopbackIp("::1"));
+  EXPECT_TRUE(IsLoopbackIp("127.0.1.1"));
+  EXPECT_TRUE(IsLoopbackIp("::ffff:127.0.0.1"));
+  EXPECT_FALSE(IsLoopbackIp("fd00::1"));
+  EXPECT_FALSE(IsLoopbackIp("10.0.0.1"));
+  EXPECT_EQ(JoinHostPort("10.0.0.1", 9091), "10.0.0.1:9091");
+  EXPECT_EQ(JoinHostPort("fd00::11", 9091), "[fd00::11]:9091");
+  EXPECT_EQ(JoinHostPort("[fd00::11]", "*"), "[fd00::11]:*");
+  EXPECT_EQ(JoinHostPort("node7", 22), "node7:22");
+}
+
+// With the scheduler at an IPv6 address a node advertises one of its own
+// IPv6 addresses, and a loopback name listens on every interface, IPv6 too.
+TEST(AddressTest, AnIpv6SchedulerMakesNodesUseIpv6) {
+  EXPECT_EQ(*AdvertisedHost("", "", "::1"), "::1");
+  EXPECT_EQ(*AdvertisedHost("", "", "[::1]"), "::1");
+  EXPECT_EQ(*AdvertisedHost("fd00::5", "", "::1"), "fd00::5");
+  EXPECT_EQ(DefaultBindHost("localhost", "fd00::1"), "::");
+  EXPECT_EQ(DefaultBindHost("::1", "fd00::1"), "::");
+  EXPECT_EQ(DefaultBindHost("::1", "10.0.0.1"), "0.0.0.0");
+  EXPECT_EQ(DefaultBindHost("::1", "::1"), "::1");
+  EXPECT_EQ(DefaultBindHost("fd00::5", "fd00::1"), "fd00::5");
+}
+
 TEST(AddressTest, BindFailureNamesTheAddress) {
   VanOptions vo;
   vo.bind_host = "127.0.0.1";
@@ -59,14 +87,26 @@ TEST(AddressTest, BindFailureNamesTheAddress) {
       << second.status();
 }
 
-// Whether a TCP connection to ip:port is accepted.
+// Whether a TCP connection to ip:port (IPv4 or IPv6) is accepted.
 bool Accepts(const std::string& ip, int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
-  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  sockaddr_storage a{};
+  socklen_t len = 0;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&a);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&a);
+  if (inet_pton(AF_INET, ip.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(static_cast<uint16_t>(port));
+    len = sizeof(*v4);
+  } else if (inet_pton(AF_INET6, ip.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(static_cast<uint16_t>(port));
+    len = sizeof(*v6);
+  } else {
+    ADD_FAILURE() << "not an address: " << ip;
+    return false;
+  }
+  const int fd = socket(a.ss_family, SOCK_STREAM, 0);
+  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), len) == 0;
   close(fd);
   return ok;
 }
@@ -93,6 +133,30 @@ TEST(AddressTest, NodesBindTheAdvertisedAddressByDefault) {
     ASSERT_OK(sched.status());
     EXPECT_TRUE(Accepts("127.0.0.1", (*sched)->port()));
     EXPECT_EQ(Accepts("127.0.0.2", (*sched)->port()), *bind != 0) << "bind '" << bind << "'";
+  }
+}
+
+// On ::1 a node listens on ::1 only; "::" is every interface, IPv4 too.
+TEST(AddressTest, NodesListenOnIpv6) {
+  if (const std::string why = testing::Ipv6LoopbackMissing(); !why.empty()) GTEST_SKIP() << why;
+  for (const char* bind : {"", "::"}) {
+    ClusterOptions o;
+    o.role = Role::kWorker;
+    o.root_host = "::1";
+    o.root_port = 1;  // nothing to reach: Create only queues the connection
+    o.bind_host = bind;
+    auto node = ClusterNode::Create(o);
+    ASSERT_OK(node.status());
+    EXPECT_EQ((*node)->host(), "::1");
+    EXPECT_TRUE(Accepts("::1", (*node)->port()));
+    EXPECT_EQ(Accepts("127.0.0.1", (*node)->port()), *bind != 0) << "bind '" << bind << "'";
+    ClusterOptions so;
+    so.root_host = "::1";
+    so.bind_host = bind;
+    auto sched = Scheduler::Create(so);
+    ASSERT_OK(sched.status());
+    EXPECT_TRUE(Accepts("::1", (*sched)->port()));
+    EXPECT_EQ(Accepts("127.0.0.1", (*sched)->port()), *bind != 0) << "bind '" << bind << "'";
   }
 }
 
