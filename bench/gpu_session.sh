@@ -16,6 +16,8 @@
 #            two rows nearest PyTorch's, and those two rows with cuDNN's graph
 #            engines raced (the default) against the legacy algorithms alone
 #   merge    bench/gpu_merge_bench.sh (lenet and resnet)
+#   models [EPOCHS] [BATCHES]   bench/gpu_models.sh: `pstrain train --gpus 0` on
+#            every model, synthetic data (2 epochs of 20 batches unless given)
 #   seed001 [RUNS] [EPOCHS] [SECONDS]   bench/gpu_seed001.sh (needs the CIFAR-10
 #            JPEG set: DATA); by default incept_6, 40 epochs, at most 500 s:
 #            one run of 10 workers fits a call (about 8 s an epoch on an H100);
@@ -28,9 +30,9 @@
 # for torch_3's exact test images cifar10_partial/'s classes.txt, test_batch.*
 # and one data_batch_N.* that `pstrain rec cifar10` needs).
 # Logs and tables go to $OUT (the device tool's output folder) or ./gpu-out;
-# the step, merge and seed001 phases' run logs as PHASE-logs.tar.xz there.
+# the step, merge, models and seed001 phases' run logs as PHASE-logs.tar.xz there.
 set -uo pipefail
-usage="usage: bash bench/gpu_session.sh BUNDLE.tar.xz tests|step|profile|merge|seed001 [args]"
+usage="usage: bash bench/gpu_session.sh BUNDLE.tar.xz tests|step|profile|merge|models|seed001 [args]"
 bundle=${1:?$usage}
 phase=${2:?$usage}
 shift 2
@@ -39,7 +41,7 @@ out=${OUT:-gpu-out}
 mkdir -p "$out"
 export PSTRAIN_SHARED_DATA_DIR=${DATA:-../shared/data}
 unpacked=$(mktemp -d)
-# The step, merge and seed001 phases keep every run's log in $logs, packed
+# The step, merge, models and seed001 phases keep every run's log in $logs, packed
 # into one file at the end: the device tool brings back at most 8 files.
 logs=$unpacked/$phase-logs
 trap '[[ -d $logs ]] && tar -C "$unpacked" -cJf "$out/$phase-logs.tar.xz" "$phase-logs"
@@ -144,12 +146,16 @@ case $phase in
     LOG_DIR=$logs bash bench/gpu_merge_bench.sh "$bin/pstrain" "lenet resnet" 2>&1 |
       tee "$out/merge.md"
     ;;
+  models)
+    LOG_DIR=$logs bash bench/gpu_models.sh "$bin/pstrain" 0 "${1:-2}" "${2:-20}" 2>&1 |
+      tee "$out/models.md"
+    ;;
   seed001)
     LOG_DIR=$logs bash bench/gpu_seed001.sh "$bin/pstrain" "${1:-incept_6}" "${2:-40}" \
       "${3:-500}" 2>&1 | tee "$out/seed001.md"
     ;;
   *)
-    echo "gpu_session: unknown phase '$phase' (tests, step, profile, merge, seed001)" >&2
+    echo "gpu_session: unknown phase '$phase' (tests, step, profile, merge, models, seed001)" >&2
     exit 2
     ;;
 esac
