@@ -135,16 +135,21 @@ class EmulatedHostsTest : public ::testing::Test {
 std::string EmulatedHostsTest::skip_;
 std::string EmulatedHostsTest::setup_error_;
 
-TEST_F(EmulatedHostsTest, KvbenchVerifiesAcrossHostsOverTcpAndWithinAHostInSharedMemory) {
-  Ran verify = Launch({"-n", "6", "-s", "3", "--timeout", "120", "--", PstrainBinary(), "kvbench",
-                       "--verify", "--verify-rounds", "3"});
-  ASSERT_EQ(verify.code, 0) << verify.out;
-  for (int w = 0; w < 6; ++w) {
+// Every one of `workers` kvbench --verify workers said its dist_sync check passed.
+void ExpectWorkersVerified(const Ran& verify, int workers) {
+  for (int w = 0; w < workers; ++w) {
     EXPECT_NE(verify.out.find(StrCat("[worker-", w, "] kvbench: verify dist_sync ok")),
               std::string::npos)
         << "worker " << w << ":\n"
         << verify.out;
   }
+}
+
+TEST_F(EmulatedHostsTest, KvbenchVerifiesAcrossHostsOverTcpAndWithinAHostInSharedMemory) {
+  Ran verify = Launch({"-n", "6", "-s", "3", "--timeout", "120", "--", PstrainBinary(), "kvbench",
+                       "--verify", "--verify-rounds", "3"});
+  ASSERT_EQ(verify.code, 0) << verify.out;
+  ExpectWorkersVerified(verify, 6);
   for (int h = 1; h <= 3; ++h) {
     EXPECT_NE(verify.out.find(StrCat(kSubnet, ".", 10 + h, ":")), std::string::npos)
         << "no process on host " << h << ":\n"
@@ -168,12 +173,7 @@ TEST_F(EmulatedHostsTest, MpirunLaunchesAcrossHosts) {
   Ran verify = Launch({"--launcher", "mpi", "-n", "3", "-s", "3", "--timeout", "120", "--",
                        PstrainBinary(), "kvbench", "--verify", "--verify-rounds", "3"});
   ASSERT_EQ(verify.code, 0) << verify.out;
-  for (int w = 0; w < 3; ++w) {
-    EXPECT_NE(verify.out.find(StrCat("[worker-", w, "] kvbench: verify dist_sync ok")),
-              std::string::npos)
-        << "worker " << w << ":\n"
-        << verify.out;
-  }
+  ExpectWorkersVerified(verify, 3);
   // Open MPI fills each host's slots (its cores) before the next host.
   int hosts = 0;
   for (int h = 1; h <= 3; ++h) {
@@ -191,12 +191,7 @@ TEST_F(EmulatedHostsTest, KvbenchVerifiesAcrossHostsOverIpv6) {
   Ran verify = Launch({"--ipv6", "-n", "3", "-s", "3", "--timeout", "120", "--", PstrainBinary(),
                        "kvbench", "--verify", "--verify-rounds", "3"});
   ASSERT_EQ(verify.code, 0) << verify.out;
-  for (int w = 0; w < 3; ++w) {
-    EXPECT_NE(verify.out.find(StrCat("[worker-", w, "] kvbench: verify dist_sync ok")),
-              std::string::npos)
-        << "worker " << w << ":\n"
-        << verify.out;
-  }
+  ExpectWorkersVerified(verify, 3);
   EXPECT_NE(verify.out.find(StrCat("scheduler at [", kSubnet6, "11]:")), std::string::npos)
       << verify.out;
   for (int h = 1; h <= 3; ++h) {

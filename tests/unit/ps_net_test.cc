@@ -111,53 +111,41 @@ bool Accepts(const std::string& ip, int port) {
   return ok;
 }
 
-// A node listens where its peers are told to connect (127.0.0.1 here), not
-// on every interface (127.0.0.2 is another local address), unless
-// PSTRAIN_BIND_HOST says so; the scheduler likewise at DMLC_PS_ROOT_URI.
-TEST(AddressTest, NodesBindTheAdvertisedAddressByDefault) {
-  for (const char* bind : {"", "0.0.0.0"}) {
+// With the scheduler at `root`, a node (advertising its default address,
+// `here`) and the scheduler listen on `here` only, not at `elsewhere`, another
+// local address; with PSTRAIN_BIND_HOST = `every` on every interface.
+void ExpectListeningWhereTold(const std::string& root, const std::string& here,
+                              const std::string& elsewhere, const std::string& every) {
+  for (const std::string& bind : {std::string(), every}) {
+    SCOPED_TRACE("bind '" + bind + "'");
     ClusterOptions o;
     o.role = Role::kWorker;
-    o.root_host = "127.0.0.1";
+    o.root_host = root;
     o.root_port = 1;  // nothing to reach: Create only queues the connection
-    o.advertise_host = "127.0.0.1";
     o.bind_host = bind;
     auto node = ClusterNode::Create(o);
     ASSERT_OK(node.status());
-    EXPECT_TRUE(Accepts("127.0.0.1", (*node)->port()));
-    EXPECT_EQ(Accepts("127.0.0.2", (*node)->port()), *bind != 0) << "bind '" << bind << "'";
+    EXPECT_EQ((*node)->host(), here);
+    EXPECT_TRUE(Accepts(here, (*node)->port()));
+    EXPECT_EQ(Accepts(elsewhere, (*node)->port()), !bind.empty());
     ClusterOptions so;
-    so.root_host = "127.0.0.1";
+    so.root_host = root;
     so.bind_host = bind;
     auto sched = Scheduler::Create(so);
     ASSERT_OK(sched.status());
-    EXPECT_TRUE(Accepts("127.0.0.1", (*sched)->port()));
-    EXPECT_EQ(Accepts("127.0.0.2", (*sched)->port()), *bind != 0) << "bind '" << bind << "'";
+    EXPECT_TRUE(Accepts(here, (*sched)->port()));
+    EXPECT_EQ(Accepts(elsewhere, (*sched)->port()), !bind.empty());
   }
+}
+
+TEST(AddressTest, NodesBindTheAdvertisedAddressByDefault) {
+  ExpectListeningWhereTold("127.0.0.1", "127.0.0.1", "127.0.0.2", "0.0.0.0");
 }
 
 // On ::1 a node listens on ::1 only; "::" is every interface, IPv4 too.
 TEST(AddressTest, NodesListenOnIpv6) {
   if (const std::string why = testing::Ipv6LoopbackMissing(); !why.empty()) GTEST_SKIP() << why;
-  for (const char* bind : {"", "::"}) {
-    ClusterOptions o;
-    o.role = Role::kWorker;
-    o.root_host = "::1";
-    o.root_port = 1;  // nothing to reach: Create only queues the connection
-    o.bind_host = bind;
-    auto node = ClusterNode::Create(o);
-    ASSERT_OK(node.status());
-    EXPECT_EQ((*node)->host(), "::1");
-    EXPECT_TRUE(Accepts("::1", (*node)->port()));
-    EXPECT_EQ(Accepts("127.0.0.1", (*node)->port()), *bind != 0) << "bind '" << bind << "'";
-    ClusterOptions so;
-    so.root_host = "::1";
-    so.bind_host = bind;
-    auto sched = Scheduler::Create(so);
-    ASSERT_OK(sched.status());
-    EXPECT_TRUE(Accepts("::1", (*sched)->port()));
-    EXPECT_EQ(Accepts("127.0.0.1", (*sched)->port()), *bind != 0) << "bind '" << bind << "'";
-  }
+  ExpectListeningWhereTold("::1", "::1", "127.0.0.1", "::");
 }
 
 TEST(PsEnvTest, ReadsParameterServerVariables) {
