@@ -7,7 +7,8 @@
 #   bash bench/gpu_models.sh [pstrain] [gpus] [epochs] [batches] [models]
 #   e.g. bash bench/gpu_models.sh build/pstrain 0 2 20      (GPU 0)
 #        bash bench/gpu_models.sh build/pstrain "" 1 2 "mlp lenet"   (CPU: a quick try)
-# LOG_DIR: keep each run's log there (default: a temporary folder).
+# LOG_DIR: keep each run's log there (default: a temporary folder);
+# MODEL_LIMIT_S: the most one model's run may take (150 s).
 set -uo pipefail
 P=${1:-build/pstrain}
 GPUS=${2-0}
@@ -42,10 +43,11 @@ for m in $MODELS; do
   log=$keep/$m.log
   devices=()
   [[ -n $GPUS ]] && devices=(--gpus "$GPUS")
-  timeout 600 "$P" train --network "$m" "${extra[@]}" --benchmark 1 --image-shape "$image" \
-    --num-classes "$classes" --batch-size "$batch" --num-examples $((batch * BATCHES)) \
-    --num-epochs "$EPOCHS" --disp-batches "$BATCHES" --kv-store local "${devices[@]}" \
-    >"$log" 2>&1
+  # (a model that hangs may not take the device call's 10 minutes with it)
+  timeout "${MODEL_LIMIT_S:-150}" "$P" train --network "$m" ${extra[@]+"${extra[@]}"} \
+    --benchmark 1 --image-shape "$image" --num-classes "$classes" --batch-size "$batch" \
+    --num-examples $((batch * BATCHES)) --num-epochs "$EPOCHS" --disp-batches "$BATCHES" \
+    --kv-store local ${devices[@]+"${devices[@]}"} >"$log" 2>&1
   status=$?
   last=$((EPOCHS - 1))
   # The last epoch's samples over its "Time cost" (the first pays the set-up).

@@ -71,7 +71,17 @@ StatusOr<std::string> ResolveHost(const std::string& given) {
     }
     if (a->ai_family == AF_INET6 && pick == nullptr) pick = a;
   }
-  std::string ip = pick != nullptr ? NumericHost(pick->ai_addr, pick->ai_addrlen) : "";
+  std::string ip;
+  if (pick != nullptr && pick->ai_family == AF_INET6 &&
+      IN6_IS_ADDR_V4MAPPED(&reinterpret_cast<const sockaddr_in6*>(pick->ai_addr)->sin6_addr)) {
+    // "::ffff:10.0.0.1" is the IPv4 address 10.0.0.1.
+    char buf[INET_ADDRSTRLEN] = {0};
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in6*>(pick->ai_addr)->sin6_addr.s6_addr[12],
+              buf, sizeof(buf));
+    ip = buf;
+  } else if (pick != nullptr) {
+    ip = NumericHost(pick->ai_addr, pick->ai_addrlen);
+  }
   freeaddrinfo(res);
   if (ip.empty()) {
     return Status::NotFound(StrCat("host '", given, "' has no IPv4 or IPv6 address"));
@@ -111,7 +121,10 @@ StatusOr<std::string> AdvertisedHost(const std::string& node_host, const std::st
   }
   const std::string loopback = v6 ? "::1" : "127.0.0.1";
   if (root_ip.ok() && IsLoopbackIp(*root_ip)) return loopback;
-  return same.empty() ? loopback : same;
+  if (!same.empty()) return same;
+  // No address of the scheduler's family: one of the other (where the
+  // scheduler's host has both, it is reached so), else loopback as before.
+  return !other.empty() ? other : loopback;
 }
 
 std::string DefaultBindHost(const std::string& advertised, const std::string& root_host) {

@@ -13,7 +13,8 @@ namespace pstrain {
 // Resolves a host name or IP to an address string: "127.0.0.1", or an IPv6
 // one ("::1", "fd00::11"; a literal in brackets, "[::1]", too). A name with
 // both kinds resolves to its IPv4 address, one with IPv6 addresses only to
-// its first IPv6 address. NotFound naming the host when it cannot be resolved.
+// its first IPv6 address; an IPv4-mapped one ("::ffff:10.0.0.1") is its
+// IPv4 address. NotFound naming the host when it cannot be resolved.
 StatusOr<std::string> ResolveHost(const std::string& host);
 
 // True for an address of the loopback network: 127.0.0.0/8 or ::1.
@@ -27,7 +28,9 @@ std::string JoinHostPort(const std::string& host, int port);
 // address of `interface` if set (of the scheduler's family where it has one
 // of each), else the scheduler's loopback address when the scheduler
 // (`root_host`) is on loopback, else the first non-loopback address of the
-// scheduler's family (IPv6: not a link-local one, which needs a scope).
+// scheduler's family (IPv6: not a link-local one, which needs a scope), else
+// one of the other family, else the loopback address. A link-local scheduler
+// address (fe80::...%eth0) is not supported.
 StatusOr<std::string> AdvertisedHost(const std::string& node_host, const std::string& interface,
                                      const std::string& root_host);
 

@@ -17,6 +17,13 @@ struct Host {
     size_t at = name.rfind('@');
     return at == std::string::npos ? name : name.substr(at + 1);
   }
+  // The name with an IPv6 address in brackets ("me@[fd00::12]"), as it is
+  // written before a ":port" or a ":path" (rsync).
+  std::string bracketed() const {
+    const std::string a = address();
+    if (a.find(':') == std::string::npos) return name;
+    return name.substr(0, name.size() - a.size()) + "[" + a + "]";
+  }
 };
 
 // One host per line: "name" or "name:port" ("[v6addr]:port" for IPv6; "user@"

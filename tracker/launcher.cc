@@ -169,7 +169,8 @@ host.
   -n, --num-workers W     number of workers (required)
   -s, --num-servers S     number of servers (default: W)
   --launcher KIND         local, ssh, mpi or slurm (default: ssh with -H, else local)
-  -H, --hostfile FILE     hosts, one per line, optional :port (ssh, mpi)
+  -H, --hostfile FILE     hosts, one per line, optional :port (ssh, mpi); IPv6
+                          addresses in brackets: [fd00::11] or [fd00::11]:port
   --sync-dst-dir DIR      ssh: rsync the working directory to DIR on every host
                           first and run there (default: the same path as here)
   --sync-timeout SECONDS  ssh: how long one host's copy may take (default 600);
@@ -502,29 +503,34 @@ StatusOr<std::string> DetectHostIp(const std::vector<Host>& hosts) {
     freeaddrinfo(res);
     if (!found.empty()) return found;
   }
+  // Else: this host name's IPv4 address, the IPv4 address routing would use
+  // towards the outside (no packet is sent), this host name's IPv6 address
+  // (IPv6 only where IPv4 has nothing: the hosts may be IPv4 only).
   char name[256] = {0};
-  if (gethostname(name, sizeof(name) - 1) == 0) {
+  const bool named = gethostname(name, sizeof(name) - 1) == 0;
+  auto named_address = [&name, named](int family) {
+    std::string found;
     addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
+    hints.ai_family = family;
     hints.ai_socktype = SOCK_DGRAM;
     addrinfo* res = nullptr;
-    if (getaddrinfo(name, nullptr, &hints, &res) == 0) {
-      std::string found;
-      for (int family : {AF_INET, AF_INET6}) {
-        for (addrinfo* a = res; a != nullptr && found.empty(); a = a->ai_next) {
-          if (a->ai_family == family) found = ReachableAddress(a->ai_addr, a->ai_addrlen);
-        }
+    if (named && getaddrinfo(name, nullptr, &hints, &res) == 0) {
+      for (addrinfo* a = res; a != nullptr && found.empty(); a = a->ai_next) {
+        found = ReachableAddress(a->ai_addr, a->ai_addrlen);
       }
       freeaddrinfo(res);
-      if (!found.empty()) return found;
     }
-  }
-  // The address routing would use towards the outside (no packet is sent).
+    return found;
+  };
+  std::string found = named_address(AF_INET);
+  if (!found.empty()) return found;
   sockaddr_in dst{};
   dst.sin_family = AF_INET;
   dst.sin_port = htons(1);
   inet_pton(AF_INET, "10.255.255.255", &dst.sin_addr);
-  std::string found = SourceAddressTowards(reinterpret_cast<sockaddr*>(&dst), sizeof(dst));
+  found = SourceAddressTowards(reinterpret_cast<sockaddr*>(&dst), sizeof(dst));
+  if (!found.empty()) return found;
+  found = named_address(AF_INET6);
   if (!found.empty()) return found;
   return Status::NotFound(
       "cannot find an address of this host that other hosts can reach; pass --host-ip");
@@ -534,6 +540,12 @@ StatusOr<int> FindFreePort(const std::string& given) {
   // "[v6]" as well as "v6"; "::" (every interface, IPv6) as well as "0.0.0.0".
   std::string ip = given;
   if (ip.size() >= 2 && ip.front() == '[' && ip.back() == ']') ip = ip.substr(1, ip.size() - 2);
+  if (ip.find('%') != std::string::npos) {
+    return Status::InvalidArgument(
+        StrCat("scheduler address '", given,
+               "' is a link-local IPv6 address with a scope: not supported (the other hosts would "
+               "need this host's interface name); give a global or unique-local address"));
+  }
   sockaddr_storage addr{};
   socklen_t addr_len = 0;
   auto* v4 = reinterpret_cast<sockaddr_in*>(&addr);
@@ -575,7 +587,8 @@ StatusOr<int> FindFreePort(const std::string& given) {
           StrCat("scheduler address ", given,
                  " is not an address of this host: give one of its own, or behind NAT, "
                  "where the others reach it at an address it does not have, set "
-                 "PSTRAIN_BIND_HOST=0.0.0.0"));
+                 "PSTRAIN_BIND_HOST=",
+                 addr.ss_family == AF_INET6 ? "::" : "0.0.0.0"));
     }
   }
   return Status::IOError(StrCat("no free port in ", kFirst, "..", kFirst + kCount - 1, " on ",
@@ -595,9 +608,12 @@ std::string FirstWords(std::istream& lines) {
     std::istringstream words(line);
     std::string word;
     if (!(words >> word)) continue;
-    // "[v6addr]:N" or "[v6addr]": the address with its brackets.
+    // "[v6addr]:N" or "[v6addr]": the address with its brackets. A bare IPv6
+    // address stays whole, so that reading it says to bracket it.
     if (word[0] == '[' && word.find(']') != std::string::npos) {
       out += word.substr(0, word.find(']') + 1) + "\n";
+    } else if (std::count(word.begin(), word.end(), ':') > 1) {
+      out += word + "\n";
     } else {
       out += word.substr(0, word.find(':')) + "\n";
     }
@@ -870,10 +886,7 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
           rsh += " ";
         }
         rsh += "-p " + std::to_string(h.port);
-        std::string target =
-            h.address().find(':') != std::string::npos
-                ? h.name.substr(0, h.name.size() - h.address().size()) + "[" + h.address() + "]"
-                : h.name;
+        const std::string target = h.bracketed();
         // The folder is made by the remote shell, not with --mkpath (rsync
         // 3.2.3 and later on both ends; Ubuntu 20.04 and RHEL 8 have older).
         // -s: the destination reaches the remote rsync as it is, not split
@@ -911,7 +924,7 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
       Task t;
       t.role = server ? "server" : "worker";
       t.rank = server ? i : i - o.num_servers;
-      t.host = h.name + (h.port != 22 ? ":" + std::to_string(h.port) : "");
+      t.host = h.port != 22 ? h.bracketed() + ":" + std::to_string(h.port) : h.name;
       auto vars = merged(forwarded, job_vars(t.role));
       // A loopback name ("localhost") in a job that spans hosts is this
       // host: the others reach it at the scheduler's address, not at their

@@ -354,7 +354,7 @@ cmd_launch() {
     [ "$a" = -- ] && rest=1
     args+=("$a")
   done
-  set -- "${args[@]}"
+  set -- ${args[@]+"${args[@]}"}
   for a in "$@"; do
     [ "$a" = -- ] && break
     { [ "$prev" = --launcher ] && [ "$a" = mpi ]; } || [ "$a" = --launcher=mpi ] && mpi=1

@@ -50,7 +50,8 @@ TEST(AddressTest, ALoopbackNameInAJobAcrossHostsListensEverywhere) {
 TEST(AddressTest, Ipv6AddressesResolveAndTakeBracketsBeforeAPort) {
   EXPECT_EQ(*ResolveHost("::1"), "::1");
   EXPECT_EQ(*ResolveHost("[::1]"), "::1");
-  EXPECT_EQ(*ResolveHost("fd00:0:0::11"), "fd00::11");  // the canonical form
+  EXPECT_EQ(*ResolveHost("fd00:0:0::11"), "fd00::11");     // the canonical form
+  EXPECT_EQ(*ResolveHost("::ffff:10.0.0.1"), "10.0.0.1");  // an IPv4 address
   EXPECT_TRUE(IsLoopbackIp("::1"));
   EXPECT_TRUE(IsLoopbackIp("127.0.1.1"));
   EXPECT_TRUE(IsLoopbackIp("::ffff:127.0.0.1"));
