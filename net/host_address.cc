@@ -128,12 +128,11 @@ StatusOr<std::string> AdvertisedHost(const std::string& node_host, const std::st
 }
 
 std::string DefaultBindHost(const std::string& advertised, const std::string& root_host) {
-  auto loopback = [](const std::string& host) {
-    StatusOr<std::string> ip = ResolveHost(host);
-    return ip.ok() && IsLoopbackIp(*ip);
-  };
-  if (!loopback(advertised) || loopback(root_host)) return advertised;
-  StatusOr<std::string> root_ip = ResolveHost(root_host);
+  const StatusOr<std::string> root_ip = ResolveHost(root_host);  // once: it may ask DNS
+  const StatusOr<std::string> ip = ResolveHost(advertised);
+  if (!ip.ok() || !IsLoopbackIp(*ip) || (root_ip.ok() && IsLoopbackIp(*root_ip))) {
+    return advertised;
+  }
   return root_ip.ok() && root_ip->find(':') != std::string::npos ? "::" : "0.0.0.0";
 }
 

@@ -448,6 +448,13 @@ std::string RemoteCommand(const std::string& dir, const std::map<std::string, st
 
 namespace {
 
+// "[v6addr]" -> "v6addr", as host files and --host-ip may write it.
+std::string Unbracketed(const std::string& host) {
+  return host.size() > 2 && host.front() == '[' && host.back() == ']'
+             ? host.substr(1, host.size() - 2)
+             : host;
+}
+
 // The numeric form of a socket address ("10.0.0.1", "fd00::11"); empty if
 // none, or if it is a loopback or (IPv6) link-local one, which other hosts
 // cannot use.
@@ -538,8 +545,7 @@ StatusOr<std::string> DetectHostIp(const std::vector<Host>& hosts) {
 
 StatusOr<int> FindFreePort(const std::string& given) {
   // "[v6]" as well as "v6"; "::" (every interface, IPv6) as well as "0.0.0.0".
-  std::string ip = given;
-  if (ip.size() >= 2 && ip.front() == '[' && ip.back() == ']') ip = ip.substr(1, ip.size() - 2);
+  const std::string ip = Unbracketed(given);
   if (ip.find('%') != std::string::npos) {
     return Status::InvalidArgument(
         StrCat("scheduler address '", given,
@@ -695,11 +701,7 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
     }
   }
   if (!o.host_ip.empty()) {
-    plan.root_uri = o.host_ip;
-    // "[v6addr]" as the host files write it: the address itself.
-    if (plan.root_uri.size() > 2 && plan.root_uri.front() == '[' && plan.root_uri.back() == ']') {
-      plan.root_uri = plan.root_uri.substr(1, plan.root_uri.size() - 2);
-    }
+    plan.root_uri = Unbracketed(o.host_ip);
   } else {
     ASSIGN_OR_RETURN(plan.root_uri, DetectHostIp(plan.hosts));
   }
