@@ -116,6 +116,17 @@ void DistParamSync::OnGradReady(int i) {
   float* grad = exec_->host_grad(i);
   if (grad != nullptr) {
     // Host memory: the client reads the gradient and writes the reply in place.
+    // An exchange of i that no WaitParam settled (not the training loop's
+    // order) is settled first: its ticket, and any error, would be lost.
+    bool unsettled;
+    {
+      MutexLock l(&mu_);
+      unsettled = pending_[i] != 0;
+    }
+    if (unsettled) {
+      WaitParam(i);
+      if (HasError()) return;
+    }
     const KVClient::Ticket t =
         client_->PushPull({keys_[i]}, {lens_[i]}, grad, exec_->host_param(i), /*priority=*/-i);
     MutexLock l(&mu_);
