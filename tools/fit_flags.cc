@@ -43,7 +43,7 @@ DEFINE_double(mom, 0.9, "momentum of sgd");
 DEFINE_double(wd, 0.0001, "weight decay (applied to *_weight and *_gamma)");
 DEFINE_double(clip_gradient, -1, "clip each rescaled gradient to [-c, c]; <= 0: off");
 DEFINE_int32(disp_batches, 20, "log speed and metrics every this many batches");
-DEFINE_int32(top_k, 0, "also report top-k accuracy when > 0");
+DEFINE_int32(top_k, 0, "also report top-k accuracy (top_k_accuracy_<k>) for k > 1; 0: none");
 DEFINE_string(model_prefix, "", "save parameters to <prefix>-%04d.params every --save-period");
 DEFINE_int32(save_period, 1, "epochs between checkpoints");
 DEFINE_int32(load_epoch, 0, "resume from <prefix>-%04d.params of this epoch");

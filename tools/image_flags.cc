@@ -9,9 +9,12 @@
 #include "data/image_mean.h"
 
 DEFINE_string(data_train, "",
-              "the training data: a RecordIO .rec file of image records, or a .lst file");
+              "the training data: a RecordIO file of image records (.rec; any name but *.lst), "
+              "or a .lst image list");
 DEFINE_string(data_train_idx, "", "the .idx file of --data-train (optional; else it is scanned)");
-DEFINE_string(data_val, "", "the validation data: a RecordIO .rec file, or a .lst file");
+DEFINE_string(data_val, "",
+              "the validation data (needs --data-train): a RecordIO file (any name but *.lst), "
+              "or a .lst image list");
 DEFINE_string(data_root, "",
               "folder that the image paths of a .lst --data-train/--data-val are relative to "
               "(default: the .lst's folder)");
@@ -55,9 +58,6 @@ std::string RootOf(const std::string& lst) {
 }
 
 }  // namespace
-
-bool DataTrainIsRecordIO() { return EndsWith(FLAGS_data_train, ".rec"); }
-bool DataTrainIsImageList() { return EndsWith(FLAGS_data_train, ".lst"); }
 
 Status ParseFloatTriple(const std::string& flag, const std::string& value, float out[3]) {
   size_t start = 0;

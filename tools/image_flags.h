@@ -37,12 +37,6 @@ namespace pstrain {
 
 enum class ImageDataSplit { kTrain, kVal };
 
-// True when --data-train names a RecordIO file (ends in ".rec").
-bool DataTrainIsRecordIO();
-// True when --data-train names an image list (ends in ".lst"); the images are
-// read from --data-root (default: the list's folder).
-bool DataTrainIsImageList();
-
 // The ImageRecordIter configuration for --data-train (kTrain: shuffled,
 // random crop / resized crop / mirror / pad as flagged) or --data-val (kVal:
 // centre crop, no mirror, no shuffle), both partitioned into `num_parts` with

@@ -419,6 +419,13 @@ StatusOr<BenchPlan> PlanFromFlags() {
     }
     plan.modes.push_back(m);
   }
+  if (plan.modes.empty()) {
+    return Status::InvalidArgument("--mode is empty: give sync, async and/or pushpull");
+  }
+  if (FLAGS_verify && FLAGS_verify_rounds < 1) {
+    return Status::InvalidArgument(StrCat("--verify-rounds=", FLAGS_verify_rounds,
+                                          " must be >= 1 (a check of no round checks nothing)"));
+  }
   if (FLAGS_calls != "step" && FLAGS_calls != "tensor" && FLAGS_calls != "auto") {
     return Status::InvalidArgument(
         StrCat("--calls: '", FLAGS_calls, "' is not step, tensor or auto"));

@@ -111,6 +111,10 @@ int RunTrain(int /*argc*/, char** /*argv*/) {
                  cfg->network().c_str(), known.c_str());
     return 2;
   }
+  if (Status s = InitializerFromConfig(*cfg).status(); !s.ok()) {
+    std::fprintf(stderr, "pstrain train: %s\n", s.ToString().c_str());
+    return 2;
+  }
   TrainLog log;
   // Locates the data set (fetching what is missing) and logs the arguments. A
   // worker of a cluster does so once it has joined, as MXNet's fit.py creates
@@ -137,7 +141,8 @@ int RunTrain(int /*argc*/, char** /*argv*/) {
   // --config may name the RecordIO files; the image flags read them from there too.
   if (FLAGS_data_train.empty() && !cfg->data_train().empty()) FLAGS_data_train = cfg->data_train();
   if (FLAGS_data_val.empty() && !cfg->data_val().empty()) FLAGS_data_val = cfg->data_val();
-  if (DataTrainIsRecordIO() || DataTrainIsImageList()) {
+  // --benchmark 1 trains on synthetic data whatever names the real data (fit.py).
+  if (cfg->benchmark() == 0 && !FLAGS_data_train.empty()) {
     const TrainConfig& c = *cfg;
     env.open_data = [&c](int rank, int num_workers) { return OpenImageData(c, rank, num_workers); };
   }

@@ -283,6 +283,10 @@ Status ValidateTrainConfig(const TrainConfig& cfg) {
         "--num-examples, --num-layers, --num-classes, --top-k, --load-epoch and --num-threads "
         "must be >= 0");
   }
+  if (cfg.top_k() == 1) {
+    return Status::InvalidArgument(
+        "--top-k=1: top-1 accuracy is the accuracy metric itself; give k > 1 (0: none)");
+  }
   if (cfg.shuffle_train() != 0 && cfg.shuffle_train() != 1) {
     return Status::InvalidArgument(
         StrCat("--shuffle-train=", cfg.shuffle_train(), " must be 0 or 1"));
@@ -344,6 +348,11 @@ Status ValidateTrainConfig(const TrainConfig& cfg) {
   if (!cfg.dataset().empty() && !cfg.data_train().empty()) {
     return Status::InvalidArgument(StrCat("--dataset='", cfg.dataset(), "' and --data-train='",
                                           cfg.data_train(), "' name two data sets: give one"));
+  }
+  if (!cfg.data_val().empty() && cfg.data_train().empty()) {
+    return Status::InvalidArgument(
+        StrCat("--data-val='", cfg.data_val(),
+               "' needs --data-train (--dataset and --data-dir bring their own validation set)"));
   }
   if (cfg.benchmark() != 0 && shape.empty()) {
     return Status::InvalidArgument("--benchmark 1 needs --image-shape C,H,W");

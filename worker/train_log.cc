@@ -33,8 +33,10 @@ std::string FormatEpochStartLine(int epoch, int64_t epoch_batches, int64_t batch
 
 std::string FormatSpeedLine(int epoch, int64_t batch, double samples_per_sec,
                             const MetricValues& metrics) {
-  std::string line = Printf("Epoch[%d] Batch [%lld]\tSpeed: %.2f samples/sec", epoch,
-                            static_cast<long long>(batch), samples_per_sec);
+  // MXNet's Speedometer says "Iter" when it has no metric to print.
+  std::string line =
+      Printf("%s[%d] Batch [%lld]\tSpeed: %.2f samples/sec", metrics.empty() ? "Iter" : "Epoch",
+             epoch, static_cast<long long>(batch), samples_per_sec);
   for (const auto& [name, value] : metrics) line += Printf("\t%s=%f", name.c_str(), value);
   return line;
 }

@@ -28,12 +28,15 @@ std::string Fixed(double v, int digits) {
   return buf;
 }
 
-StatusOr<InitializerSpec> ParseInitializer(const std::string& text) {
-  // fit.py's "default": Xavier(rnd_type='gaussian', factor_type='in', magnitude=2).
-  return InitializerSpec::Parse(text == "default" ? "xavier(gaussian,in,2)" : text);
-}
-
 }  // namespace
+
+StatusOr<InitializerSpec> InitializerFromConfig(const TrainConfig& cfg) {
+  const std::string& text = cfg.initializer();
+  StatusOr<InitializerSpec> spec =
+      InitializerSpec::Parse(text == "default" ? "xavier(gaussian,in,2)" : text);
+  if (!spec.ok()) return spec.status().WithContext("--initializer");
+  return spec;
+}
 
 Trainer::Trainer(const TrainConfig& cfg, TrainerEnv env) : cfg_(cfg), env_(std::move(env)) {}
 Trainer::~Trainer() {
@@ -96,7 +99,7 @@ Status Trainer::Init() {
   ASSIGN_OR_RETURN(graph_, env_.build_model(mo));
   RETURN_IF_ERROR(emulated ? InitEmulated() : InitDevices());
 
-  ASSIGN_OR_RETURN(InitializerSpec init, ParseInitializer(cfg_.initializer()));
+  ASSIGN_OR_RETURN(InitializerSpec init, InitializerFromConfig(cfg_));
   InitializeParams(init, cfg_.seed(), params_);
 
   ASSIGN_OR_RETURN(OptimizerConfig opt, MakeOptimizerConfig(cfg_, epoch_size_, env_.num_workers));

@@ -32,6 +32,7 @@
 #include "nn/device_group.h"
 #include "nn/graph.h"
 #include "nn/host_params.h"
+#include "nn/initializer.h"
 #include "proto/optimizer.pb.h"
 #include "proto/train_config.pb.h"
 #include "worker/compute_emulator.h"
@@ -48,6 +49,11 @@ namespace pstrain {
 // CPU); `device`'s 2-bit compression. `summary --gpus` measures the same.
 // The flags' errors (ParseTrainingDevices, ParseGradientCompression).
 StatusOr<DeviceGroupOptions> TrainingDeviceGroupOptions(const TrainConfig& cfg);
+
+// The initializer --initializer names ("default": fit.py's
+// Xavier(rnd_type='gaussian', factor_type='in', magnitude=2)); its error
+// names the flag.
+StatusOr<InitializerSpec> InitializerFromConfig(const TrainConfig& cfg);
 
 // What the process around the trainer provides.
 struct TrainerEnv {

@@ -304,7 +304,7 @@ void RunEmulatedJob(const EmulatedJob& job) {
       EXPECT_LT(t, kBatches * wait * 3 + 5) << log;
     }
     std::regex speed(
-        R"(INFO:root:Epoch\[[01]\] Batch \[5\]\tSpeed: [0-9]+\.[0-9]{2} samples/sec\n)");
+        R"(INFO:root:Iter\[[01]\] Batch \[5\]\tSpeed: [0-9]+\.[0-9]{2} samples/sec\n)");
     EXPECT_EQ(
         std::distance(std::sregex_iterator(log.begin(), log.end(), speed), std::sregex_iterator()),
         kEpochs)

@@ -137,6 +137,11 @@ TEST(CommandLineTest, KvbenchChecksItsFlagsBeforeTheJobStarts) {
   EXPECT_NE(out.find("--calls: 'bogus' is not step, tensor or auto"), std::string::npos) << out;
   EXPECT_EQ(RunPstrain("kvbench --tensor-bytes 4,8 --tensors 1", &out), 2) << out;
   EXPECT_NE(out.find("--tensor-bytes has 2 entries and --tensors 1"), std::string::npos) << out;
+  // An empty --mode benchmarked nothing and --verify-rounds 0 verified nothing, both "ok".
+  EXPECT_EQ(RunPstrain("kvbench --mode=", &out), 2) << out;
+  EXPECT_NE(out.find("--mode is empty"), std::string::npos) << out;
+  EXPECT_EQ(RunPstrain("kvbench --verify --verify-rounds 0", &out), 2) << out;
+  EXPECT_NE(out.find("--verify-rounds=0 must be >= 1"), std::string::npos) << out;
 }
 
 // Found by review: `pstrain server --role scheduler` listed --role in its
@@ -321,6 +326,45 @@ TEST(TrainCmdTest, BadInputIsAClearErrorNotACrash) {
   EXPECT_NE(out.find("/nonexistent-dir"), std::string::npos) << out;
   EXPECT_EQ(RunPstrain("train --config /nonexistent.cfg", &out), 2);
   EXPECT_NE(out.find("/nonexistent.cfg"), std::string::npos) << out;
+}
+
+// Found by review: flags that were accepted and then ignored, misread or
+// found wrong only once a job had formed.
+TEST(TrainCmdTest, DataMetricAndInitializerFlagsAreNotIgnoredOrCheckedLate) {
+  std::string out;
+  // --benchmark 1 trains on synthetic data whatever names the real data (as
+  // with --dataset and --data-dir); the .rec was opened instead.
+  EXPECT_EQ(RunPstrain("train --network mlp --kv-store local --benchmark 1 --image-shape 1,28,28 "
+                       "--num-classes 10 --num-examples 256 --batch-size 128 --num-epochs 1 "
+                       "--data-train /nonexistent.rec",
+                       &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("INFO:root:train data: synthetic"), std::string::npos) << out;
+  EXPECT_NE(out.find("INFO:root:Epoch[0] Time cost="), std::string::npos) << out;
+  // A RecordIO file of another name is read as one (it went to the --data-dir
+  // readers, whose error named an empty --data-dir).
+  EXPECT_EQ(RunPstrain("train --network mlp --kv-store local --num-classes 10 --image-shape "
+                       "1,28,28 --data-train /nonexistent/train.recordio",
+                       &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("/nonexistent/train.recordio"), std::string::npos) << out;
+  EXPECT_EQ(out.find("--data-dir"), std::string::npos) << out;
+  // --data-val without --data-train was ignored.
+  EXPECT_EQ(
+      RunPstrain("train --network mlp --kv-store local --data-dir /tmp --data-val v.rec", &out), 2);
+  EXPECT_NE(out.find("--data-val='v.rec' needs --data-train"), std::string::npos) << out;
+  // --top-k 1 logged nothing (MXNet refuses it too).
+  EXPECT_EQ(RunPstrain("train --network mlp --kv-store local --data-dir /tmp --top-k 1", &out), 2);
+  EXPECT_NE(out.find("--top-k=1: top-1 accuracy is the accuracy metric"), std::string::npos) << out;
+  // A bad --initializer failed each worker once the job had formed and the
+  // data had loaded; now before either (no job variables are set here).
+  EXPECT_EQ(RunPstrain("train --network mlp --kv-store dist_sync --data-dir /tmp "
+                       "--initializer xavir",
+                       &out),
+            2);
+  EXPECT_NE(out.find("--initializer: unknown initializer 'xavir'"), std::string::npos) << out;
 }
 
 // --emulate-compute and --time-dilation as a user types them: a bad value is

@@ -19,6 +19,8 @@ TEST(TrainLogTest, GoldenLines) {
   EXPECT_EQ(FormatSpeedLine(0, 20, 1.0, {{"accuracy", 0.5}, {"top_k_accuracy_5", 0.75}}),
             "Epoch[0] Batch [20]\tSpeed: 1.00 samples/sec\taccuracy=0.500000"
             "\ttop_k_accuracy_5=0.750000");
+  // MXNet's Speedometer without an eval metric (--emulate-compute has none).
+  EXPECT_EQ(FormatSpeedLine(1, 5, 3200.0, {}), "Iter[1] Batch [5]\tSpeed: 3200.00 samples/sec");
   EXPECT_EQ(FormatEpochMetricLines(3, "Train", {{"accuracy", 0.819261}}),
             std::vector<std::string>{"Epoch[3] Train-accuracy=0.819261"});
   EXPECT_EQ(FormatEpochMetricLines(11, "Validation", {{"accuracy", 0.9921}}),

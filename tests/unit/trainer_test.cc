@@ -259,7 +259,7 @@ TEST_F(TrainerTest, EmulatedComputeTakesItsTimeAndPushesEveryGradientInBackwardO
             1u);
   EXPECT_TRUE(Matching(".*(Train-|Validation-|accuracy=).*").empty());
   const auto speed =
-      Matching(R"(INFO:root:Epoch\[[01]\] Batch \[5\]\tSpeed: [0-9]+\.[0-9]{2} samples/sec)");
+      Matching(R"(INFO:root:Iter\[[01]\] Batch \[5\]\tSpeed: [0-9]+\.[0-9]{2} samples/sec)");
   ASSERT_EQ(speed.size(), 2u);
   for (const std::string& l : speed) {
     // 5 batches of 128 in no less than 5 x SECONDS: at most 3200 samples/s.
@@ -303,7 +303,7 @@ TEST_F(TrainerTest, TimeDilationStretchesTheWaitsNotTheReportedTimes) {
     r.wall = std::chrono::duration<double>(SteadyClock::now() - start).count();
     EXPECT_EQ((*t)->history().size(), 1u);
     if ((*t)->history().size() == 1) r.reported = (*t)->history()[0].seconds;
-    auto speed = Matching(R"(INFO:root:Epoch\[0\] Batch \[5\]\tSpeed: .*)");
+    auto speed = Matching(R"(INFO:root:Iter\[0\] Batch \[5\]\tSpeed: .*)");
     EXPECT_EQ(speed.size(), 1u);
     if (speed.size() == 1) r.speed = std::stod(speed[0].substr(speed[0].find("Speed: ") + 7));
     return r;
