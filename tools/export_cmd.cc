@@ -33,6 +33,23 @@ std::string WithBatch(const Shape& per_sample) {
   return out + ")";
 }
 
+// Whether the parameters of `graph`, built at its model's default input
+// shape, fix that shape's height and width: false when the same network at
+// twice the size has the same parameter shapes (it ends in global pooling),
+// so that a checkpoint trained at another size would fit it too.
+bool ParamsFixTheInputSize(const TrainConfig& cfg, const Graph& graph) {
+  const Shape& in = graph.node(graph.input_nodes()[0]).out_shape;
+  if (in.ndim() != 3) return true;
+  TrainConfig bigger = cfg;
+  bigger.set_image_shape(StrCat(in[0], ",", 2 * in[1], ",", 2 * in[2]));
+  StatusOr<Graph> other = ModelFromConfig(bigger);
+  if (!other.ok() || other->params().size() != graph.params().size()) return true;
+  for (size_t i = 0; i < graph.params().size(); ++i) {
+    if (other->params()[i].shape != graph.params()[i].shape) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 int RunExport(int /*argc*/, char** /*argv*/) {
@@ -64,6 +81,17 @@ int RunExport(int /*argc*/, char** /*argv*/) {
   auto graph = ModelFromConfig(*cfg);
   if (!graph.ok()) {
     std::fprintf(stderr, "pstrain export: %s\n", graph.status().ToString().c_str());
+    return 2;
+  }
+  if (cfg->image_shape().empty() && !ParamsFixTheInputSize(*cfg, *graph)) {
+    // The ONNX input would say the default size whatever size the checkpoint
+    // was trained at, and nothing would catch it.
+    std::fprintf(stderr,
+                 "pstrain export: --image-shape is required for %s: its parameters do not fix the "
+                 "input's height and width (its default is %s), so give the C,H,W it was trained "
+                 "with (e.g. 3,32,32 for CIFAR-10)\n",
+                 cfg->network().c_str(),
+                 graph->node(graph->input_nodes()[0]).out_shape.ToString().c_str());
     return 2;
   }
   auto arrays = LoadArrays(params);

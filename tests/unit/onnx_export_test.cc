@@ -472,5 +472,32 @@ TEST_F(OnnxExportTest, ExportCommandWritesTheModelOrSaysWhatIsWrong) {
   EXPECT_NE(out.find("no-such-net"), std::string::npos) << out;
 }
 
+// Found by review: a network ending in global pooling has the same
+// parameters at any input size, so a checkpoint trained at 32x32 exported
+// without --image-shape got the default 28x28 input, and ONNX Runtime then
+// refused the real images. Such a network needs --image-shape; lenet, whose
+// parameters fix the size, does not (above).
+TEST_F(OnnxExportTest, ANetworkWhoseParametersDoNotFixTheInputSizeNeedsTheShape) {
+  Graph g = Build("inception-bn-28-small", Shape({3, 32, 32}));
+  const std::string params = dir_ + "/incept-0001.params";
+  ASSERT_OK(SaveArrays(params, RandomArrays(g)));
+  std::string out;
+  EXPECT_EQ(RunPstrain("export --network inception-bn-28-small --params " + params + " --out " +
+                           dir_ + "/i.onnx",
+                       &out),
+            2);
+  EXPECT_NE(out.find("--image-shape is required for inception-bn-28-small: its parameters do not "
+                     "fix the input's height and width (its default is (3,28,28))"),
+            std::string::npos)
+      << out;
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/i.onnx"));
+  ASSERT_EQ(RunPstrain("export --network inception-bn-28-small --image-shape 3,32,32 --params " +
+                           params + " --out " + dir_ + "/i.onnx",
+                       &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("input data (N,3,32,32)"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace pstrain
