@@ -502,6 +502,8 @@ PYBIND11_MODULE(_pstrain, m) {
     FLAGS_logtostderr = true;
     google::InitGoogleLogging("pstrain");
   }
+  // The largest integer key a store takes (the wire's key field).
+  m.attr("MAX_KEY") = kMaxUserKey;
   static py::exception<PyError> error(m, "Error", PyExc_RuntimeError);
   py::register_exception_translator([](std::exception_ptr p) {
     try {

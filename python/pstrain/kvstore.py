@@ -27,9 +27,11 @@ an exception, that it failed (the job then stops at once).
 """
 import atexit
 import math
+import numbers
 import os
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -166,10 +168,13 @@ class Handle:
     def _settle(self, timeout=None):
         if self._finished or self._error is not None:
             return
-        ms = self._store._timeout_ms if timeout is None else max(0, int(timeout * 1000))
+        # The caller's timeout bounds the whole wait, not each completion's.
+        end = None if timeout is None else time.monotonic() + max(0.0, timeout)
         failure = None
         try:
             for c in self._completions:
+                ms = (self._store._timeout_ms if end is None
+                      else max(0, int((end - time.monotonic()) * 1000)))
                 c.wait(ms)  # thread-safe, without the lock: another waiter may time out
         except Error as e:
             if timeout is not None and not all(c.done() for c in self._completions):
@@ -366,6 +371,8 @@ class KVStore:
     def _key(self, k, create):
         _store_calls[0] += 1
         kind = "str" if isinstance(k, str) else "int"
+        if kind == "int" and (isinstance(k, bool) or not isinstance(k, numbers.Integral)):
+            raise TypeError("key %r: a key is an int or a str, not a %s" % (k, type(k).__name__))
         if self._key_kind is None:
             self._key_kind = kind
         elif self._key_kind != kind:
@@ -373,8 +380,8 @@ class KVStore:
                             "in MXNet)" % (self._key_kind, kind, k))
         if kind == "int":
             k = int(k)
-            if k < 0 or k >= 1 << 63:
-                raise ValueError("key %r: keys are in [0, 2**63)" % (k,))
+            if k < 0 or k > _pstrain.MAX_KEY:
+                raise ValueError("key %r: int keys are in [0, %d]" % (k, _pstrain.MAX_KEY))
             return k
         if k not in self._str_keys:
             if not create:
@@ -601,8 +608,10 @@ class _Group(Handle):
             h._reported = True
 
     def _settle(self, timeout=None):
+        # The caller's timeout bounds the whole group's wait, not each handle's.
+        end = None if timeout is None else time.monotonic() + max(0.0, timeout)
         for h in self._handles:
-            h._settle(timeout)
+            h._settle(None if end is None else max(0.0, end - time.monotonic()))
         with self._lock:
             self._error = next((h._error for h in self._handles if h._error is not None), None)
             self._finished = self._error is None

@@ -182,6 +182,50 @@ def test_settle():
     print("package: settling ok")
 
 
+def test_keys_and_timeouts():
+    """Found by review: int keys past the wire's range were taken (a dist store
+    failed later, and only on rank 0), 3.7 was key 3 and True key 1; and a
+    wait(timeout=t) on a request of N keys could take N x t."""
+    kv = pstrain.KVStore("local")
+    expect_error(lambda: kv.init(2 ** 33, np.ones(2, np.float32)), ValueError,
+                 "key 8589934592: int keys are in [0, %d]" % pstrain._pstrain.MAX_KEY)
+    expect_error(lambda: kv.init(-1, np.ones(2, np.float32)), ValueError, "int keys are in")
+    expect_error(lambda: kv.init(3.7, np.ones(2, np.float32)), TypeError,
+                 "key 3.7: a key is an int or a str, not a float")
+    expect_error(lambda: kv.init(True, np.ones(2, np.float32)), TypeError, "not a bool")
+    kv.init(np.int64(5), np.ones(2, np.float32))
+    kv.init(pstrain._pstrain.MAX_KEY, np.ones(2, np.float32))
+    out = np.zeros(2, np.float32)
+    kv.pull(5, out=out).wait()
+    assert np.all(out == 1), out
+    # A refused key does not fix the store's kind of keys.
+    s = pstrain.KVStore("local")
+    expect_error(lambda: s.init(1.5, np.ones(1, np.float32)), TypeError, "not a float")
+    s.init("w", np.ones(1, np.float32))
+
+    # One timeout for the whole wait: five requests never answered, 0.2 s.
+    kv = store_with_fake_requests()
+    comps = [FakeCompletion(done=False) for _ in range(5)]
+    group = kv._combine([kv._issue(c, [], []) for c in comps])
+    start = time.monotonic()
+    expect_error(lambda: group.wait(timeout=0.2), pstrain.Error, "DeadlineExceeded")
+    took = time.monotonic() - start
+    assert took < 0.6, took
+    more = [FakeCompletion(done=False) for _ in range(5)]
+    h = pstrain.kvstore.Handle(kv, more, [], [])
+    start = time.monotonic()
+    expect_error(lambda: h.wait(timeout=0.2), pstrain.Error, "DeadlineExceeded")
+    took = time.monotonic() - start
+    assert took < 0.6, took
+    # Still in flight: answered now, they are waited for as usual.
+    for c in comps + more:
+        c.event.set()
+    group.wait()
+    h.wait()
+    kv.waitall()
+    print("package: keys and timeouts ok")
+
+
 def test_init_values():
     """A list of numbers is one array (a list of arrays: one per device, the
     first one counts, as in MXNet); an empty value is refused naming its key."""
@@ -391,6 +435,7 @@ def main():
     test_repeated_keys()
     test_output_sizes()
     test_settle()
+    test_keys_and_timeouts()
     test_init_values()
     test_mnist_example_finds_data()
     test_store_lifecycle()
