@@ -1,6 +1,8 @@
 #include "data/file_bytes.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -60,6 +62,47 @@ StatusOr<std::vector<uint8_t>> ReadGzip(const std::string& path, uint64_t max_by
 }
 
 }  // namespace
+
+Status ReadRegularFile(const std::string& path, uint64_t max_bytes, std::string* out) {
+  // O_NONBLOCK: opening a FIFO does not wait for a writer (a regular file's
+  // reads ignore it).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    const std::string why = StrCat(path, ": cannot open: ", std::strerror(err));
+    return err == ENOENT ? Status::NotFound(why) : Status::IOError(why);
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    return Status::IOError(StrCat(path, ": cannot stat: ", std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return Status::InvalidArgument(
+        StrCat(path, ": not a regular file (a directory, FIFO or device)"));
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    return Status::ResourceExhausted(
+        StrCat(path, ": ", st.st_size, " bytes, more than the ", max_bytes, " an image may have"));
+  }
+  out->resize(static_cast<size_t>(st.st_size));
+  size_t have = 0;
+  while (have < out->size()) {
+    const ssize_t n = ::read(fd, out->data() + have, out->size() - have);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      return Status::IOError(
+          StrCat(path, ": read error at byte offset ", have, ": ", std::strerror(errno)));
+    }
+    if (n == 0) break;  // shrank meanwhile: what is there
+    have += static_cast<size_t>(n);
+  }
+  out->resize(have);
+  return Status::Ok();
+}
 
 StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path, uint64_t max_gunzip_bytes) {
   if (!FileExists(path)) return Status::NotFound(StrCat(path, ": no such file"));

@@ -24,6 +24,12 @@ StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path,
 
 bool FileExists(const std::string& path);
 
+// The bytes of the regular file `path` (an image a list names), at most
+// `max_bytes`: NotFound or IOError if it cannot be opened or read,
+// InvalidArgument for a directory, FIFO or device (a FIFO's read would wait
+// for a writer, /dev/zero's would never end), ResourceExhausted past max_bytes.
+Status ReadRegularFile(const std::string& path, uint64_t max_bytes, std::string* out);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_DATA_FILE_BYTES_H_

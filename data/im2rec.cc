@@ -8,10 +8,12 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <new>
 #include <sstream>
 #include <thread>
 
 #include "data/augment.h"
+#include "data/file_bytes.h"
 #include "data/image_codec.h"
 #include "data/image_recordio.h"
 #include "data/recordio.h"
@@ -185,9 +187,8 @@ namespace {
 Status EncodeOne(const ImageListEntry& e, const std::string& root, const PackOptions& options,
                  ImageDecoder* decoder, std::string* payload) {
   const std::string file = (fs::path(root) / e.path).string();
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return Status::NotFound(StrCat("cannot open image ", file));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string bytes;
+  RETURN_IF_ERROR(ReadRegularFile(file, kRecordIOMaxLength, &bytes));
   std::vector<float> labels = e.labels;
   if (!options.pack_label) labels.resize(1);
   std::string encoded;
@@ -254,7 +255,14 @@ Status PackImageList(const std::string& lst_path, const std::string& root,
     const size_t count = std::min(kBlock, entries.size() - base);
     auto work = [&](int t) {
       for (size_t i = t; i < count; i += options.num_threads) {
-        results[i] = EncodeOne(entries[base + i], root, options, &decoders[t], &payloads[i]);
+        try {
+          results[i] = EncodeOne(entries[base + i], root, options, &decoders[t], &payloads[i]);
+        } catch (const std::bad_alloc&) {
+          // An image too big for the memory left is skipped, not the process
+          // ended (an exception leaving a thread would terminate it).
+          payloads[i].clear();
+          results[i] = Status::ResourceExhausted("out of memory encoding it");
+        }
       }
     };
     std::vector<std::thread> threads;

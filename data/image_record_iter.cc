@@ -6,6 +6,7 @@
 #include <new>
 #include <numeric>
 
+#include "data/file_bytes.h"
 #include "data/image_recordio.h"
 
 namespace pstrain {
@@ -259,9 +260,7 @@ Status ImageRecordIter::FillBatch(int64_t seq, int64_t pass, const std::vector<i
     } else {
       const ImageListEntry& entry = list_[ex];
       where = (std::filesystem::path(config_.path_root) / entry.path).string();
-      std::ifstream in(where, std::ios::binary);
-      if (!in) return Status::NotFound(StrCat("cannot open image ", where));
-      file_bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      RETURN_IF_ERROR(ReadRegularFile(where, kRecordIOMaxLength, &file_bytes));
       rec.labels = entry.labels;
       rec.image = file_bytes;
       batch->index[i] = entry.index;

@@ -3,6 +3,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -130,6 +131,22 @@ TEST_F(Im2recTest, SplitsAreDisjointAndCoverTheList) {
   opts.train_ratio = 0.9;
   EXPECT_EQ(MakeImageLists(Path("s"), Path("root"), opts).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+// Found by review: a listed FIFO blocked the pack for good (a directory or
+// device would be read too). They are skipped as bad images.
+TEST_F(Im2recTest, PackSkipsWhatIsNotARegularFile) {
+  ASSERT_EQ(::mkfifo(Path("root/c_dogs/fifo.jpg").c_str(), 0600), 0);
+  std::filesystem::create_directories(Path("root/c_dogs/dir.jpg"));
+  std::vector<ImageListEntry> entries = {
+      {0, {0.0f}, "c_dogs/fifo.jpg"}, {1, {0.0f}, "c_dogs/dir.jpg"}, {2, {1.0f}, "c_dogs/1.JPG"}};
+  ASSERT_OK(WriteImageList(Path("f.lst"), entries));
+  PackOptions opts;
+  opts.num_threads = 2;
+  PackStats stats;
+  ASSERT_OK(PackImageList(Path("f.lst"), Path("root"), Path("f.rec"), Path("f.idx"), opts, &stats));
+  EXPECT_EQ(stats.written, 1);
+  EXPECT_EQ(stats.skipped, 2);
 }
 
 TEST_F(Im2recTest, PackResizesSkipsBadImagesAndIndexesByListIndex) {

@@ -4,6 +4,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -436,6 +437,15 @@ TEST_F(ImageRecordIterTest, ReadsAnImageFolderThroughALstFile) {
   auto next = (*it)->Next(&b);
   ASSERT_FALSE(next.ok());
   EXPECT_THAT(next.status().message(), HasSubstr("odd/5.jpg"));
+  it->reset();
+  // Found by review: a listed FIFO blocked its reader thread for good (Next
+  // timed out; the destructor's join then waited forever). It is refused.
+  ASSERT_EQ(::mkfifo(Path("imgs/odd/5.jpg").c_str(), 0600), 0);
+  auto fifo = ImageRecordIter::Create(cfg);
+  ASSERT_TRUE(fifo.ok());
+  next = (*fifo)->Next(&b);
+  ASSERT_FALSE(next.ok());
+  EXPECT_THAT(next.status().message(), HasSubstr("odd/5.jpg: not a regular file"));
 }
 
 TEST_F(ImageRecordIterTest, MeanImageAveragesTheCentreCrops) {
