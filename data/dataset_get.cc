@@ -128,6 +128,7 @@ Status GetDataset(const DatasetManifest& manifest, const std::string& dir,
   std::set<std::string> unreachable;
   FetchOptions fetch = options.fetch;
   if (fetch.unreachable == nullptr) fetch.unreachable = &unreachable;
+  std::vector<std::string> unpacked_archives;  // removed once the set is complete
   for (const DatasetFile& f : manifest.file()) {
     const std::string path = dir + "/" + f.name();
     bool have = false;
@@ -162,14 +163,17 @@ Status GetDataset(const DatasetManifest& manifest, const std::string& dir,
       RETURN_IF_ERROR(UnpackTarGz(path, dir, uo, &files));
       for (const UnpackedFile& u : files) report->unpacked.push_back(u.path);
       say(StrCat(set, ": unpacked ", files.size(), " files from ", f.name(), " into ", dir));
-      std::remove(path.c_str());  // the unpacked files are what the readers use
+      unpacked_archives.push_back(path);
     }
   }
   Status ready = CheckDatasetReady(manifest, dir, /*check_digests=*/true);
   if (!ready.ok()) {
+    // The archives stay: a manifest mended to match them needs no new download.
     return Status::Corruption(
         StrCat(set, " was fetched into ", dir, " but is not complete: ", ready.message()));
   }
+  // The unpacked files are what the readers use.
+  for (const std::string& archive : unpacked_archives) std::remove(archive.c_str());
   return Status::Ok();
 }
 

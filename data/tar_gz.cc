@@ -338,7 +338,9 @@ Status UnpackTarGz(const std::string& archive, const std::string& dest_dir,
     if (!options.strip_prefix.empty()) {
       std::string prefix_norm;
       RETURN_IF_ERROR(SafeRelativePath(options.strip_prefix, "strip prefix", &prefix_norm));
-      if (rel == prefix_norm)
+      if (prefix_norm.empty()) {
+        // "./" or ".": every member is under it already; nothing to strip.
+      } else if (rel == prefix_norm)
         rel.clear();
       else if (rel.compare(0, prefix_norm.size() + 1, prefix_norm + "/") == 0) {
         rel = rel.substr(prefix_norm.size() + 1);

@@ -182,6 +182,43 @@ TEST_F(DataCmdTest, TrainFetchesMnistWhenNoFolderHoldsIt) {
   EXPECT_TRUE(fs::exists(cwd_ + "/elsewhere/mnist/t10k-labels-idx1-ubyte.gz"));
 }
 
+// Found by review: an archive made with `tar -C dir .` (members "./a.bin")
+// and strip_prefix "./" unpacked nothing; and an archive whose unpacked files
+// did not complete the set was removed before the check, so every later run
+// downloaded it again to fail the same way. It is kept until the set is whole.
+TEST_F(DataCmdTest, AnArchiveStaysUntilTheSetItUnpacksIsComplete) {
+  const std::string src = dir_ + "/dot-src";
+  fs::create_directories(src);
+  const std::string bytes = "0123456789abcdef";
+  std::ofstream(src + "/a.bin", std::ios::binary) << bytes;
+  const std::string archive = dir_ + "/dot.tar.gz";
+  ASSERT_EQ(std::system(("tar -czf " + archive + " -C " + src + " .").c_str()), 0);
+  const std::string tgz = ReadAll(archive);
+  server_.AddFile("dot.tar.gz", tgz);
+  auto write_manifest = [&](const std::string& strip) {
+    const std::string path = dir_ + "/dot.manifest";
+    std::ofstream(path) << "name: \"dot\"\nmirror: \"" << server_.Url("d") << "\"\n"
+                        << "file { name: \"dot.tar.gz\" size: " << tgz.size() << " sha256: \""
+                        << Sha256Hex(tgz) << "\" unpack: \"tar.gz\" strip_prefix: \"" << strip
+                        << "\" }\nprovides { name: \"a.bin\" size: " << bytes.size()
+                        << " sha256: \"" << Sha256Hex(bytes) << "\" }\n";
+    return path;
+  };
+  std::string out;
+  EXPECT_EQ(
+      RunPstrain(cwd_, "data get --manifest " + write_manifest("wrong/") + " --dir dot", &out), 1)
+      << out;
+  EXPECT_NE(out.find("is not complete"), std::string::npos) << out;
+  EXPECT_TRUE(fs::exists(cwd_ + "/dot/dot.tar.gz")) << out;
+  // The mended manifest unpacks the archive already there: no new download.
+  server_.ClearRequests();
+  ASSERT_EQ(RunPstrain(cwd_, "data get --manifest " + write_manifest("./") + " --dir dot", &out), 0)
+      << out;
+  EXPECT_TRUE(server_.requests().empty()) << out;
+  EXPECT_EQ(ReadAll(cwd_ + "/dot/a.bin"), bytes);
+  EXPECT_FALSE(fs::exists(cwd_ + "/dot/dot.tar.gz"));
+}
+
 // A small CIFAR-10 (the first records of each batch, from
 // ../shared/data/cifar10_partial) packed like the official archive, served,
 // fetched, unpacked and turned into .rec files that read back exactly.
