@@ -27,8 +27,8 @@ int64_t FileSize(const std::string& path) {
 // Writes one .rec/.idx pair from `files`; returns the record count.
 StatusOr<int64_t> WritePair(const std::vector<std::string>& files, const std::string& rec,
                             const std::string& idx) {
-  const std::string rec_part = rec + ".part", idx_part = idx + ".part";
-  ASSIGN_OR_RETURN(std::unique_ptr<RecordIOWriter> writer, RecordIOWriter::Create(rec_part));
+  const RecordPartFiles parts(rec, idx);  // what a failed write left is removed
+  ASSIGN_OR_RETURN(std::unique_ptr<RecordIOWriter> writer, RecordIOWriter::Create(parts.rec));
   std::vector<RecordIndexEntry> index;
   Image image;
   image.Resize(32, 32, 3);
@@ -49,7 +49,7 @@ StatusOr<int64_t> WritePair(const std::vector<std::string>& files, const std::st
     }
   }
   RETURN_IF_ERROR(writer->Close());
-  RETURN_IF_ERROR(WriteRecordIndex(idx_part, index));
+  RETURN_IF_ERROR(WriteRecordIndex(parts.idx, index));
   RETURN_IF_ERROR(CommitRecordFiles(rec, idx));
   return static_cast<int64_t>(id);
 }

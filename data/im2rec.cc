@@ -235,14 +235,8 @@ Status PackImageList(const std::string& lst_path, const std::string& root,
   // Written beside, then put in place (CommitRecordFiles): a failed or
   // interrupted pack leaves the old pair as it was, not a new .rec beside the
   // old .idx, and a job reading the old .rec is not cut short. What a failed
-  // pack wrote beside is removed (after the writer closed: declared first).
-  struct PartFiles {
-    std::string rec, idx;
-    ~PartFiles() {
-      std::remove(rec.c_str());
-      std::remove(idx.c_str());
-    }
-  } parts{rec_path + ".part", idx_path + ".part"};
+  // pack wrote beside is removed.
+  const RecordPartFiles parts(rec_path, idx_path);
   ASSIGN_OR_RETURN(std::unique_ptr<RecordIOWriter> writer, RecordIOWriter::Create(parts.rec));
   std::vector<RecordIndexEntry> index;
   *stats = PackStats();

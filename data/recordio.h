@@ -143,6 +143,22 @@ Status WriteRecordIndex(const std::string& path, const std::vector<RecordIndexEn
 // mapped keeps reading it (it is replaced, not truncated).
 Status CommitRecordFiles(const std::string& rec, const std::string& idx);
 
+// The part files of a .rec/.idx pair being written (`rec`.part, `idx`.part),
+// removed when it goes: after CommitRecordFiles they are gone already, after
+// an error what was written is not left beside. Declare it before the writer,
+// so that the writer closes first.
+struct RecordPartFiles {
+  RecordPartFiles(const std::string& rec_path, const std::string& idx_path)
+      : rec(rec_path + ".part"), idx(idx_path + ".part") {}
+  ~RecordPartFiles() {
+    std::remove(rec.c_str());
+    std::remove(idx.c_str());
+  }
+  RecordPartFiles(const RecordPartFiles&) = delete;
+  RecordPartFiles& operator=(const RecordPartFiles&) = delete;
+  const std::string rec, idx;
+};
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_DATA_RECORDIO_H_
