@@ -1,6 +1,7 @@
 #include "nn/graph.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 namespace pstrain {
@@ -192,7 +193,8 @@ NodeId Graph::FullyConnected(const std::string& name, NodeId in, const FcParam& 
 NodeId Graph::BatchNorm(const std::string& name, NodeId in, const BatchNormParam& p) {
   if (!CheckInput(in, name)) return kInvalidNode;
   const Shape& x = nodes_[in].out_shape;
-  if (x.ndim() < 1 || p.eps <= 0 || p.momentum < 0 || p.momentum > 1) {
+  // Written so that NaN fails too.
+  if (x.ndim() < 1 || !(p.eps > 0) || !(p.momentum >= 0 && p.momentum <= 1)) {
     Fail(StrCat("batch norm '", name, "': needs a channel dimension, eps > 0, momentum in [0,1]"));
     return kInvalidNode;
   }
@@ -284,6 +286,10 @@ NodeId Graph::Flatten(const std::string& name, NodeId in) {
 
 NodeId Graph::SoftmaxOutput(const std::string& name, NodeId in, float grad_scale) {
   if (!CheckInput(in, name)) return kInvalidNode;
+  if (!std::isfinite(grad_scale)) {
+    Fail(StrCat("softmax output '", name, "': grad_scale ", grad_scale, " is not a finite number"));
+    return kInvalidNode;
+  }
   NodeId label = Input(name + "_label", Shape{});
   if (label == kInvalidNode) return kInvalidNode;
   Node n = NewNode(OpType::kSoftmaxOutput, name, {in, label});

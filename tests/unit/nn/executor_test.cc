@@ -386,6 +386,21 @@ TEST(ExecutorTest, BadOptionsAndGraphsAreErrors) {
   bad.Convolution("c", bad.Input("data", {1, 2, 2}), ConvParam{4, 3, 3});
   EXPECT_FALSE(bad.status().ok());
   EXPECT_FALSE(Executor::Create(bad, ExecutorOptions()).ok());
+  // Found by review: NaN passed the batch norm's checks (every comparison with
+  // it is false) and made the moving statistics NaN after one step; a NaN
+  // grad_scale was not checked at all.
+  for (int which = 0; which < 3; ++which) {
+    Graph nan;
+    NodeId x = nan.Input("data", {4, 2, 2});
+    if (which < 2) {
+      BatchNormParam p;
+      (which == 0 ? p.eps : p.momentum) = std::nanf("");
+      nan.BatchNorm("bn", x, p);
+    } else {
+      nan.SoftmaxOutput("softmax", nan.FullyConnected("fc", x, FcParam{3}), std::nanf(""));
+    }
+    EXPECT_FALSE(nan.status().ok()) << which;
+  }
 }
 
 // A batch whose memory plan no host can give (LeNet's is about 115 KB per
