@@ -50,10 +50,14 @@ StatusOr<std::vector<std::string>> FindCifar10Files(const std::string& dir, bool
   const std::string prefix = train ? "data_batch_" : "test_batch";
   std::vector<std::string> files;
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    if (!entry.is_regular_file()) continue;
-    std::string name = entry.path().filename().string();
-    if (Matches(name, prefix)) files.push_back(entry.path().string());
+  // The non-throwing calls: an entry that cannot be read (a link into a
+  // folder without permission) is an error here, not an exception.
+  std::filesystem::directory_iterator it(dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    std::error_code type_ec;
+    if (!it->is_regular_file(type_ec)) continue;
+    std::string name = it->path().filename().string();
+    if (Matches(name, prefix)) files.push_back(it->path().string());
   }
   if (ec) return Status::IOError(StrCat(dir, ": cannot list: ", ec.message()));
   if (files.empty()) {

@@ -49,7 +49,9 @@ Status Walk(const fs::path& root, const fs::path& dir, const std::vector<std::st
     ImageListEntry e;
     e.index = static_cast<int64_t>(out->size());
     e.labels = {static_cast<float>(inserted.first->second)};
-    e.path = fs::relative(f, root).string();
+    std::error_code rel_ec;
+    e.path = fs::relative(f, root, rel_ec).string();
+    if (rel_ec) return Status::IOError(StrCat(f.string(), ": ", rel_ec.message()));
     out->push_back(std::move(e));
   }
   for (const fs::path& d : dirs) RETURN_IF_ERROR(Walk(root, d, exts, classes, out));

@@ -145,8 +145,11 @@ Status ParsePax(const std::string& data, const std::string& where, std::string* 
     size_t space = data.find(' ', at);
     if (space == std::string::npos) break;
     int64_t len = std::atoll(data.substr(at, space - at).c_str());
-    if (len <= 0 || at + len > data.size()) {
-      return Status::Corruption(StrCat(where, ": malformed pax header record"));
+    // LEN counts the whole record: its own digits, the space and the '\n'.
+    if (len <= 0 || static_cast<size_t>(len) < space - at + 2 || at + len > data.size() ||
+        data[at + len - 1] != '\n') {
+      return Status::Corruption(
+          StrCat(where, ": malformed pax header record at byte ", at, " of the pax header"));
     }
     std::string rec = data.substr(space + 1, at + len - space - 2);  // drops the '\n'
     size_t eq = rec.find('=');

@@ -59,7 +59,8 @@ int RunIm2rec(int argc, char** argv) {
   }
 
   std::vector<std::string> lists;
-  if (fs::exists(prefix + ".lst")) {
+  std::error_code exists_ec;  // the non-throwing call: a path it cannot check is "not there"
+  if (fs::exists(prefix + ".lst", exists_ec)) {
     lists.push_back(prefix + ".lst");
   } else {
     fs::path dir = fs::path(prefix).parent_path();

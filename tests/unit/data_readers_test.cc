@@ -262,6 +262,18 @@ TEST(SyntheticTest, AnyShapeAndFlat) {
       << huge.status();
 }
 
+// Found by review: an entry of the folder whose type cannot be read (here a
+// symbolic link to itself: ELOOP) threw out of the listing and ended the
+// process. It is passed over.
+TEST_F(ReaderTest, Cifar10ListingPassesOverEntriesItCannotRead) {
+  std::vector<uint8_t> bytes(3073, 1);
+  Write("data_batch_1.bin", bytes);
+  std::filesystem::create_symlink("data_batch_9.bin", dir_ / "data_batch_9.bin");
+  StatusOr<std::vector<std::string>> files = FindCifar10Files(dir_.string(), true);
+  ASSERT_OK(files.status());
+  EXPECT_EQ(*files, std::vector<std::string>{Path("data_batch_1.bin")});
+}
+
 TEST_F(ReaderTest, Cifar10RecordsAndTruncation) {
   std::vector<uint8_t> bytes;
   for (int i = 0; i < 3; ++i) {

@@ -241,5 +241,21 @@ TEST_F(TarGzTest, AnEmptyPaxSizeKeepsTheHeadersSize) {
   EXPECT_EQ(ReadAll(dir_ + "/out/kept.bin"), "abc");
 }
 
+// Found by review: a pax record whose LEN does not cover its own "LEN " and
+// '\n' ("2 path=x\n") made a path of the rest of the header block. It is
+// Corruption naming where.
+TEST_F(TarGzTest, APaxRecordShorterThanItsOwnPrefixIsCorruption) {
+  for (const std::string& line : {std::string("2 path=evil.bin\n"), std::string("5 path=x\n")}) {
+    std::string tar = TarHeader("pax", line.size(), 'x') + line;
+    tar.append((512 - line.size() % 512) % 512, '\0');
+    tar += TarHeader("kept.bin", 3, '0') + "abc" + std::string(509, '\0');
+    tar.append(1024, '\0');
+    GzipTo(dir_ + "/pax.tar.gz", tar);
+    Status s = UnpackTarGz(dir_ + "/pax.tar.gz", dir_ + "/out", UnpackOptions(), nullptr);
+    EXPECT_EQ(s.code(), StatusCode::kCorruption) << line << ": " << s;
+    EXPECT_NE(s.message().find("malformed pax header record at byte 0"), std::string::npos) << s;
+  }
+}
+
 }  // namespace
 }  // namespace pstrain
