@@ -334,6 +334,12 @@ StatusOr<std::vector<float>> ComputeMeanImage(const ImageRecordIterConfig& confi
   ImageRecordIterConfig cfg = config;
   cfg.shuffle = false;
   AugmentConfig& aug = cfg.aug;
+  if (aug.random_resized_crop && aug.resize <= 0) {
+    // Training resizes its random windows to the output, so an image smaller
+    // than the output is fine there; the mean's centre crops see each image
+    // with its shorter side resized to the output's larger side instead.
+    aug.resize = std::max(aug.out_height, aug.out_width);
+  }
   aug.rand_crop = aug.rand_mirror = aug.random_resized_crop = false;
   aug.mean_image.clear();
   for (int c = 0; c < 3; ++c) {

@@ -135,8 +135,10 @@ class ImageRecordIter : public DataIter {
 
 // The per-pixel mean image (C x H x W of config.aug's output shape) of the
 // part `config` reads, over one pass with centre crops and no mirror, resize
-// and pad kept, as MXNet computes `mean_img` when its file is missing. Set it
-// as AugmentConfig::mean_image to subtract it.
+// and pad kept, as MXNet computes `mean_img` when its file is missing (with
+// random-resized crops and no resize, each image's shorter side is resized to
+// the output's larger side first: the windows training resizes may be larger
+// than the image). Set it as AugmentConfig::mean_image to subtract it.
 StatusOr<std::vector<float>> ComputeMeanImage(const ImageRecordIterConfig& config);
 
 }  // namespace pstrain

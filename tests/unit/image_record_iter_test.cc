@@ -448,6 +448,26 @@ TEST_F(ImageRecordIterTest, ReadsAnImageFolderThroughALstFile) {
   EXPECT_THAT(next.status().message(), HasSubstr("odd/5.jpg: not a regular file"));
 }
 
+// Found by review: with --random-resized-crop, images smaller than the output
+// train (their windows are resized), but the mean's centre crops refused them,
+// so a run without --mean-img file never started.
+TEST_F(ImageRecordIterTest, MeanImageOfImagesSmallerThanARandomResizedCrop) {
+  WriteRec("small", 20);  // 12x10 images
+  ImageRecordIterConfig cfg = Config("small", 8);
+  cfg.aug.out_height = cfg.aug.out_width = 16;
+  cfg.aug.random_resized_crop = true;
+  auto it = ImageRecordIter::Create(cfg);
+  ASSERT_TRUE(it.ok()) << it.status();
+  EXPECT_EQ(ReadPass(it->get()).size(), 20u);
+  auto mean = ComputeMeanImage(cfg);
+  ASSERT_TRUE(mean.ok()) << mean.status();
+  ASSERT_EQ(mean->size(), 3u * 256);
+  double red = 0;
+  for (int i = 0; i < 20; ++i) red += Red(i) / 20.0;
+  EXPECT_NEAR((*mean)[100], red, 1.5);
+  EXPECT_NEAR((*mean)[2 * 256 + 100], 100.0, 1.5);
+}
+
 TEST_F(ImageRecordIterTest, MeanImageAveragesTheCentreCrops) {
   WriteRec("mean", 50);
   ImageRecordIterConfig cfg = Config("mean", 16);
