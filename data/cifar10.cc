@@ -50,8 +50,8 @@ StatusOr<std::vector<std::string>> FindCifar10Files(const std::string& dir, bool
   const std::string prefix = train ? "data_batch_" : "test_batch";
   std::vector<std::string> files;
   std::error_code ec;
-  // The non-throwing calls: an entry that cannot be read (a link into a
-  // folder without permission) is an error here, not an exception.
+  // The non-throwing calls: an entry whose type cannot be read (a link loop,
+  // a link into a folder without permission) is passed over, not an exception.
   std::filesystem::directory_iterator it(dir, ec), end;
   for (; !ec && it != end; it.increment(ec)) {
     std::error_code type_ec;

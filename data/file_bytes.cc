@@ -64,9 +64,15 @@ StatusOr<std::vector<uint8_t>> ReadGzip(const std::string& path, uint64_t max_by
 }  // namespace
 
 Status ReadRegularFile(const std::string& path, uint64_t max_bytes, std::string* out) {
-  // O_NONBLOCK: opening a FIFO does not wait for a writer (a regular file's
-  // reads ignore it).
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  // Checked before opening, so that a device is not opened at all (opening
+  // one may act), and after, on what was opened: O_NONBLOCK keeps the open of
+  // a FIFO put there meanwhile from waiting for a writer.
+  struct stat before;
+  if (::stat(path.c_str(), &before) == 0 && !S_ISREG(before.st_mode)) {
+    return Status::InvalidArgument(
+        StrCat(path, ": not a regular file (a directory, FIFO or device)"));
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
     const std::string why = StrCat(path, ": cannot open: ", std::strerror(err));
@@ -84,6 +90,9 @@ Status ReadRegularFile(const std::string& path, uint64_t max_bytes, std::string*
     return Status::InvalidArgument(
         StrCat(path, ": not a regular file (a directory, FIFO or device)"));
   }
+  // Blocking reads from here (a filesystem that honours the flag for files
+  // would answer EAGAIN).
+  (void)::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   if (static_cast<uint64_t>(st.st_size) > max_bytes) {
     return Status::ResourceExhausted(
         StrCat(path, ": ", st.st_size, " bytes, more than the ", max_bytes, " an image may have"));

@@ -35,9 +35,12 @@ Status Walk(const fs::path& root, const fs::path& dir, const std::vector<std::st
   std::vector<fs::path> files, dirs;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    if (it->is_directory(ec)) {
+    // An entry whose type cannot be read (a dangling link, a link loop) is
+    // passed over, not the end of the listing.
+    std::error_code type_ec;
+    if (it->is_directory(type_ec)) {
       dirs.push_back(it->path());
-    } else if (it->is_regular_file(ec) && HasExt(it->path(), exts)) {
+    } else if (it->is_regular_file(type_ec) && HasExt(it->path(), exts)) {
       files.push_back(it->path());
     }
   }
@@ -72,7 +75,8 @@ StatusOr<std::vector<ImageListEntry>> ListImageFolder(const std::string& root, b
   }
   std::vector<fs::path> files;
   for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
-    if (it->is_regular_file(ec) && HasExt(it->path(), exts)) files.push_back(it->path());
+    std::error_code type_ec;  // as in Walk
+    if (it->is_regular_file(type_ec) && HasExt(it->path(), exts)) files.push_back(it->path());
   }
   if (ec) return Status::IOError(StrCat("listing ", root, ": ", ec.message()));
   std::sort(files.begin(), files.end());
@@ -217,6 +221,11 @@ Status EncodeOne(const ImageListEntry& e, const std::string& root, const PackOpt
     RETURN_IF_ERROR(EncodeJpeg(img, options.quality, &encoded));
   }
   *payload = PackImageRecord(static_cast<uint64_t>(e.index), labels, encoded);
+  if (payload->size() > kRecordIOMaxLength) {
+    // Skipped here: the writer would refuse it and end the whole pack.
+    return Status::ResourceExhausted(StrCat("its record of ", payload->size(),
+                                            " bytes exceeds RecordIO's ", kRecordIOMaxLength));
+  }
   return Status::Ok();
 }
 

@@ -137,8 +137,10 @@ class ImageRecordIter : public DataIter {
 // part `config` reads, over one pass with centre crops and no mirror, resize
 // and pad kept, as MXNet computes `mean_img` when its file is missing (with
 // random-resized crops and no resize, each image's shorter side is resized to
-// the output's larger side first: the windows training resizes may be larger
-// than the image). Set it as AugmentConfig::mean_image to subtract it.
+// the output's larger side first: training resizes its windows, which may be
+// larger than the image, to the output, so the mean is of images at that
+// scale, and an image smaller than the output is not refused). Set it as AugmentConfig::mean_image
+// to subtract it.
 StatusOr<std::vector<float>> ComputeMeanImage(const ImageRecordIterConfig& config);
 
 }  // namespace pstrain

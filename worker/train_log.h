@@ -4,6 +4,7 @@
 //
 //   Epoch[%d] Start: %lld batches of %d samples; --num-epochs %d   (ours)
 //   Epoch[%d] Batch [%d]\tSpeed: %.2f samples/sec\taccuracy=%f
+//   Iter[%d] Batch [%d]\tSpeed: %.2f samples/sec     (no metric: --emulate-compute)
 //   Epoch[%d] Train-accuracy=%f
 //   Epoch[%d] Time cost=%.3f
 //   Saved checkpoint to "%s"

@@ -203,26 +203,27 @@ def test_keys_and_timeouts():
     expect_error(lambda: s.init(1.5, np.ones(1, np.float32)), TypeError, "not a float")
     s.init("w", np.ones(1, np.float32))
 
-    # One timeout for the whole wait: five requests never answered, 0.2 s.
-    kv = store_with_fake_requests()
-    comps = [FakeCompletion(done=False) for _ in range(5)]
-    group = kv._combine([kv._issue(c, [], []) for c in comps])
-    start = time.monotonic()
-    expect_error(lambda: group.wait(timeout=0.2), pstrain.Error, "DeadlineExceeded")
-    took = time.monotonic() - start
-    assert took < 0.6, took
-    more = [FakeCompletion(done=False) for _ in range(5)]
-    h = pstrain.kvstore.Handle(kv, more, [], [])
-    start = time.monotonic()
-    expect_error(lambda: h.wait(timeout=0.2), pstrain.Error, "DeadlineExceeded")
-    took = time.monotonic() - start
-    assert took < 0.6, took
-    # Still in flight: answered now, they are waited for as usual.
-    for c in comps + more:
-        c.event.set()
-    group.wait()
-    h.wait()
-    kv.waitall()
+    # One timeout for the whole wait: five requests answered 0.15 s apart,
+    # each within 0.2 s of the one before (each key's wait had the whole
+    # timeout, so the old wait returned ok after 0.75 s).
+    for grouped in (True, False):
+        kv = store_with_fake_requests()
+        comps = [FakeCompletion(done=False) for _ in range(5)]
+        if grouped:
+            waited = kv._combine([kv._issue(c, [], []) for c in comps])
+        else:
+            waited = pstrain.kvstore.Handle(kv, comps, [], [])
+        timers = [threading.Timer(0.15 * (k + 1), c.event.set) for k, c in enumerate(comps)]
+        start = time.monotonic()
+        for t in timers:
+            t.start()
+        expect_error(lambda: waited.wait(timeout=0.2), pstrain.Error, "DeadlineExceeded")
+        took = time.monotonic() - start
+        assert took < 0.5, (grouped, took)
+        for t in timers:
+            t.join(5)
+        waited.wait()  # all answered now: waited for as usual
+        kv.waitall()
     print("package: keys and timeouts ok")
 
 

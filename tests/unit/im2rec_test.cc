@@ -72,6 +72,19 @@ TEST_F(Im2recTest, RecursiveListingNumbersFoldersInSortedOrder) {
             StatusCode::kNotFound);
 }
 
+// Found by review: a link loop or a dangling link in the image tree ended the
+// whole listing ("listing ...: too many levels of symbolic links"). Such an
+// entry is passed over.
+TEST_F(Im2recTest, ListingPassesOverLinksItCannotFollow) {
+  std::filesystem::create_symlink("loop.jpg", Path("root/c_dogs/loop.jpg"));
+  std::filesystem::create_symlink("gone", Path("root/b_cats/dangling.jpg"));
+  for (bool recursive : {true, false}) {
+    auto list = ListImageFolder(Path(recursive ? "root" : "root/c_dogs"), recursive, {".jpg"});
+    ASSERT_TRUE(list.ok()) << list.status();
+    EXPECT_EQ(list->size(), recursive ? 3u : 2u);
+  }
+}
+
 TEST_F(Im2recTest, ListFilesRoundTripAndRejectMalformedLines) {
   std::vector<ImageListEntry> entries = {{0, {1.0f}, "a/x.jpg"}, {5, {2.0f, 0.5f}, "b/y.jpg"}};
   ASSERT_OK(WriteImageList(Path("l.lst"), entries));
