@@ -18,17 +18,21 @@
 namespace pstrain {
 namespace {
 
+// The executor of the tests: the MLP on a batch of 2.
+StatusOr<std::unique_ptr<Executor>> MlpExecutor() {
+  ASSIGN_OR_RETURN(Graph g, BuildModel({"mlp", 0, Shape(), 0}));
+  ExecutorOptions eo;
+  eo.batch_size = 2;
+  return Executor::Create(g, eo);
+}
+
 // A request that Init stops waiting for may still be answered into Init's
 // own buffers: whichever of Init's waits fails (here every deadline is 0 ms,
 // so the first, the configuration's, does), the node is failed and stopped
 // before Init returns, so nothing is written after they are gone.
 TEST(DistParamSyncTest, AnInitThatStopsWaitingStopsTheNodeFirst) {
   testing::JobResult r = testing::RunJob(1, 1, [](KVClient& kv) -> Status {
-    StatusOr<Graph> g = BuildModel({"mlp", 0, Shape(), 0});
-    RETURN_IF_ERROR(g.status());
-    ExecutorOptions eo;
-    eo.batch_size = 2;
-    ASSIGN_OR_RETURN(std::unique_ptr<Executor> exec, Executor::Create(*g, eo));
+    ASSIGN_OR_RETURN(std::unique_ptr<Executor> exec, MlpExecutor());
     OptimizerConfig oc;
     oc.set_learning_rate(0.1f);
     DistParamSync sync(&kv, oc, /*sync_mode=*/true, /*request_timeout_ms=*/0,
@@ -55,11 +59,7 @@ TEST(DistParamSyncTest, AnInitThatStopsWaitingStopsTheNodeFirst) {
 // so both are applied, in order, and Drain waits for both.
 TEST(DistParamSyncTest, AGradientHandedOverTwiceIsExchangedTwiceInOrder) {
   testing::JobResult r = testing::RunJob(1, 1, [](KVClient& kv) -> Status {
-    StatusOr<Graph> g = BuildModel({"mlp", 0, Shape(), 0});
-    RETURN_IF_ERROR(g.status());
-    ExecutorOptions eo;
-    eo.batch_size = 2;
-    ASSIGN_OR_RETURN(std::unique_ptr<Executor> exec, Executor::Create(*g, eo));
+    ASSIGN_OR_RETURN(std::unique_ptr<Executor> exec, MlpExecutor());
     OptimizerConfig oc;
     oc.set_type(OptimizerConfig::TEST);  // w += g
     DistParamSync sync(&kv, oc, /*sync_mode=*/true, /*request_timeout_ms=*/60000,
