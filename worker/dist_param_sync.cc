@@ -113,16 +113,18 @@ Status DistParamSync::Init(ModelParams* exec) {
 
 void DistParamSync::OnGradReady(int i) {
   if (HasError()) return;
+  // An exchange of i that no WaitParam settled (no forward read param(i)
+  // since: not the training loop's order) is settled first, on either path:
+  // its ticket, and any error, would be lost, and on a device the buffers'
+  // rule would break.
+  bool unsettled;
+  {
+    MutexLock l(&mu_);
+    unsettled = queued_[i] || pending_[i] != 0;
+  }
   float* grad = exec_->host_grad(i);
   if (grad != nullptr) {
     // Host memory: the client reads the gradient and writes the reply in place.
-    // An exchange of i that no WaitParam settled (not the training loop's
-    // order) is settled first: its ticket, and any error, would be lost.
-    bool unsettled;
-    {
-      MutexLock l(&mu_);
-      unsettled = pending_[i] != 0;
-    }
     if (unsettled) {
       WaitParam(i);
       if (HasError()) return;
@@ -133,16 +135,10 @@ void DistParamSync::OnGradReady(int i) {
     pending_[i] = t;
     return;
   }
-  bool unsettled;
-  {
-    MutexLock l(&mu_);
-    unsettled = queued_[i] || pending_[i] != 0;
-  }
   Backend& b = exec_->backend();
   if (unsettled) {
-    // No forward read param(i) since its last exchange (not the training
-    // loop's order): settle it to keep the buffers' rule. The upload may
-    // start at once, so first let this backward's reads of param(i) finish.
+    // The upload may start at once, so first let this backward's reads of
+    // param(i) finish.
     b.Synchronize();
     WaitParam(i);
   }
