@@ -21,6 +21,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -74,12 +75,12 @@ class Completion {
     if (!done_) return std::numeric_limits<double>::quiet_NaN();
     return std::chrono::duration<double>(done_at_.time_since_epoch()).count();
   }
-  // The request's status once done; DeadlineExceeded if `deadline` passes first.
-  Status Wait(Deadline deadline) {
+  // The request's status once done; nullopt if `deadline` passes first (read
+  // together with `done`: a request ending just after the wait gave up is
+  // not taken for one that timed out).
+  std::optional<Status> Wait(Deadline deadline) {
     MutexLock l(&mu_);
-    if (!cv_.WaitUntil(deadline, [&]() REQUIRES(mu_) { return done_; })) {
-      return Status::DeadlineExceeded("request not done by its deadline");
-    }
+    if (!cv_.WaitUntil(deadline, [&]() REQUIRES(mu_) { return done_; })) return std::nullopt;
     return status_;
   }
 
@@ -96,13 +97,13 @@ class Completion {
 void WaitCompletion(Completion* c, int64_t timeout_ms) {
   const Deadline end = timeout_ms < 0 ? Deadline::Never() : Deadline::InMillis(timeout_ms);
   for (;;) {
-    Status s;
+    std::optional<Status> s;
     {
       py::gil_scoped_release release;
       s = c->Wait(end.Min(Deadline::InMillis(200)));
     }
-    if (s.code() != StatusCode::kDeadlineExceeded || c->done()) {
-      ThrowIfError(s);
+    if (s.has_value()) {
+      ThrowIfError(*s);
       return;
     }
     if (end.Expired()) {
