@@ -28,6 +28,7 @@
 
 #include "common/deadline.h"
 #include "common/env.h"
+#include "common/gradient_compression.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "net/cluster_node.h"
@@ -241,13 +242,19 @@ class Client {
   // Installs `sync` mode and the optimizer (None: none; in dist_sync the
   // servers then keep the sum of the pushes) on every server; `generation`
   // as ServerConfig says. Blocks until every server took it.
+  // gc_threshold: None, or the threshold of 2-bit gradient compression.
   void Configure(bool sync, const py::object& optimizer, uint32_t generation,
-                 const std::map<uint64_t, float>& wd_mult) {
+                 const std::map<uint64_t, float>& wd_mult, std::optional<float> gc_threshold) {
     ServerConfig cfg;
     cfg.set_sync_mode(sync);
     cfg.set_generation(generation);
     if (!optimizer.is_none()) *cfg.mutable_optimizer() = OptimizerFromDict(optimizer);
     for (const auto& [key, mult] : wd_mult) (*cfg.mutable_wd_mult())[key] = mult;
+    if (gc_threshold) {
+      ThrowIfError(ParseGradientCompression("2bit", *gc_threshold).status());
+      cfg.mutable_gradient_compression()->set_type(GradientCompressionConfig::TWO_BIT);
+      cfg.mutable_gradient_compression()->set_threshold(*gc_threshold);
+    }
     Lease lease(this);
     Status s;
     {
@@ -453,16 +460,24 @@ class LocalUpdater {
     opt_ = std::move(opt).value();
   }
   // weight <- update(grad, weight) for `key` (float32 buffers of equal size).
+  // A gradient holding NaN or Inf is refused before it touches the weights.
   void Update(uint64_t key, const py::buffer& grad, const py::buffer& weight) {
     py::buffer_info w = weight.request(true);
     float* wp = FloatBuffer(weight, w.size, true, "weight");
     const float* gp = FloatBuffer(grad, w.size, false, "gradient");
-    const UpdateCheck check = opt_->Update(gp, wp, static_cast<size_t>(w.size), &states_[key]);
+    const size_t n = static_cast<size_t>(w.size);
+    if (!AllFinite(gp, n)) {
+      ThrowIfError(Status::FailedPrecondition(
+          StrCat("local update of key ", key,
+                 ": the gradient holds NaN or Inf (the weights were left "
+                 "as they were)")));
+    }
+    const UpdateCheck check = opt_->Update(gp, wp, n, &states_[key]);
     if (!check.ok()) {
-      ThrowIfError(Status::FailedPrecondition(StrCat(
-          "local update of key ", key, ": ",
-          check.bad_grad >= 0 ? "the gradient holds NaN or Inf"
-                              : "the weights became NaN or Inf (learning rate too large?)")));
+      ThrowIfError(
+          Status::FailedPrecondition(StrCat("local update of key ", key,
+                                            ": the weights became NaN or Inf (learning rate too "
+                                            "large?)")));
     }
   }
 
@@ -470,6 +485,22 @@ class LocalUpdater {
   std::unique_ptr<Optimizer> opt_;
   std::unordered_map<uint64_t, ParamState> states_;
 };
+
+// MXNet's device merge with 2-bit compression: `grad` becomes what its codes
+// carry (+-threshold or 0; NaN where residual + grad is not finite) and
+// `residual` moves on (float32 buffers of equal size; common/gradient_compression.h).
+void QuantizeTwoBitBuffers(const py::buffer& grad, const py::buffer& residual, float threshold) {
+  ThrowIfError(ParseGradientCompression("2bit", threshold).status());
+  const int64_t n = grad.request(true).size;
+  const int64_t residual_n = residual.request(true).size;
+  if (residual_n != n) {
+    throw py::value_error(StrCat("the residual has ", residual_n, " elements, the gradient ", n));
+  }
+  float* gp = FloatBuffer(grad, n, true, "gradient");
+  float* rp = FloatBuffer(residual, n, true, "residual");
+  if (gp == rp) throw py::value_error("the gradient and the residual are the same buffer");
+  QuantizeTwoBitInPlace(gp, rp, static_cast<size_t>(n), threshold);
+}
 
 // The role DMLC_ROLE (or nothing: worker) gives this process.
 std::string ProcessRole() {
@@ -518,6 +549,10 @@ PYBIND11_MODULE(_pstrain, m) {
   m.def("run_role", &RunRole,
         "Runs the scheduler or a server to the job's end and returns the exit code; None for a "
         "worker.");
+  m.def("quantize_2bit", &QuantizeTwoBitBuffers, py::arg("grad"), py::arg("residual"),
+        py::arg("threshold"),
+        "2-bit gradient compression's round trip in place: grad becomes +-threshold or 0, "
+        "residual keeps the rest (MXNet's device merge).");
 
   py::class_<Completion, std::shared_ptr<Completion>>(m, "Completion")
       .def("done", &Completion::done)
@@ -534,7 +569,7 @@ PYBIND11_MODULE(_pstrain, m) {
       .def_property_readonly("request_timeout_ms", &Client::request_timeout_ms)
       .def_property_readonly("closed", &Client::closed)
       .def("configure", &Client::Configure, py::arg("sync"), py::arg("optimizer"),
-           py::arg("generation"), py::arg("wd_mult"))
+           py::arg("generation"), py::arg("wd_mult"), py::arg("gc_threshold") = py::none())
       .def("init", &Client::Init)
       .def("push", &Client::Push)
       .def("pull", &Client::Pull)

@@ -205,7 +205,8 @@ class Handle:
 
 class KVStore:
     """MXNet's KVStore: ``init``, ``push``, ``pull``, ``pushpull``, ``broadcast``,
-    ``set_optimizer``, ``barrier``, ``rank``, ``num_workers``.
+    ``set_optimizer``, ``set_gradient_compression``, ``barrier``, ``rank``,
+    ``num_workers``.
 
     Keys are ints, or strings (mapped to ints in the order they are first
     initialized, as MXNet does; every worker must initialize them in the same
@@ -234,6 +235,8 @@ class KVStore:
         # and the pstrain.torch.DistributedOptimizers using this store.
         self._optimizer_by = None
         self._dist_optimizers = []
+        # 2-bit gradient compression: its threshold, or None (off).
+        self._gc_threshold = None
         if "dist" in kvtype:
             from . import run_role
             run_role()  # scheduler and servers never get past this line
@@ -246,6 +249,8 @@ class KVStore:
                 _OPEN.append(self)
             self._timeout_ms = self._client.request_timeout_ms + 10000
             self._generation = 0
+            # What the servers were last sent: optimizer config and wd_mult.
+            self._server_optimizer = (None, {})
             # MXNet's workers send the sync mode at creation; the optimizer follows.
             try:
                 self._client.configure(self._sync, None, self._generation, {})
@@ -259,6 +264,8 @@ class KVStore:
             self._timeout_ms = 0
             self._values = {}
             self._updater = None
+            # Compression's residuals: per key, one per device value of a push.
+            self._residuals = {}
         else:
             raise ValueError("unknown KVStore type %r (dist_sync, dist_async, "
                              "dist_device_sync, local)" % (kvtype,))
@@ -321,9 +328,77 @@ class KVStore:
         # optimizer's order, the same on every worker), as init would.
         wd_mult = {self._key(k, create=True): float(m) for k, m in optimizer.wd_mult.items()}
         self.barrier()  # no worker may still be sending the previous configuration
-        self._client.configure(self._sync, cfg, self._generation + 1, wd_mult)
-        self._generation += 1
+        self._configure((cfg, wd_mult), self._gc_threshold)
         self._optimizer_by = by
+
+    def set_gradient_compression(self, compression_params):
+        """MXNet's 2-bit gradient compression: ``{'type': '2bit', 'threshold': t}``
+        (``threshold`` defaults to 0.5; ``{'type': 'none'}`` turns it off).
+
+        From then on each push sends, per element, +t, -t or 0, and keeps what
+        it did not send in a residual that the next push of the key adds to its
+        gradient (MXNet's rule, ``pstrain train --gc-type 2bit``'s codec); init
+        and pulls stay float32. The gradients given are not changed. A dist
+        store compresses on the wire (a sixteenth of the bytes) and keeps a
+        residual per key; every worker calls it, as ``set_optimizer``: it waits
+        for this worker's requests and passes a worker barrier, and the servers
+        keep their optimizer. A ``device`` store quantizes each device's value
+        before summing them (a residual per key and device); ``local`` refuses
+        it, as MXNet does.
+        """
+        if not isinstance(compression_params, dict):
+            raise TypeError("set_gradient_compression takes a dict such as "
+                            "{'type': '2bit', 'threshold': 0.5}, got %r" % (compression_params,))
+        unknown = sorted(set(map(str, compression_params)) - {"type", "threshold"})
+        if unknown:
+            raise ValueError("set_gradient_compression: unknown parameter %s (known: type, "
+                             "threshold)" % ", ".join(repr(u) for u in unknown))
+        kind = compression_params.get("type")
+        if kind not in ("2bit", "none"):
+            raise ValueError("set_gradient_compression: type %r is not a gradient compression "
+                             "(known: '2bit', 'none')" % (kind,))
+        threshold = None
+        if kind == "2bit":
+            t = compression_params.get("threshold", 0.5)
+            try:
+                if isinstance(t, bool):
+                    raise ValueError
+                threshold = float(t)
+            except (TypeError, ValueError):
+                raise ValueError("set_gradient_compression: threshold %r is not a number" % (t,))
+            if not (math.isfinite(threshold) and threshold > 0):
+                raise ValueError("set_gradient_compression: threshold %r must be a finite "
+                                 "number > 0" % (t,))
+            if np.float32(threshold) <= 0:
+                raise ValueError("set_gradient_compression: threshold %r is 0 in float32" % (t,))
+        local_opt = [d for d in self._dist_optimizers if not d._server_side]
+        if threshold is not None and local_opt:
+            raise Error("FailedPrecondition: set_gradient_compression: %s uses this KVStore "
+                        "and counts on exact sums from the servers (how many workers gave each "
+                        "parameter a gradient); compression would quantize them"
+                        % (local_opt[0]._describe(),))
+        if self._client is None:
+            if self.type == "local":
+                raise ValueError("set_gradient_compression: gradient compression is not "
+                                 "supported by a 'local' store (MXNet's rule; use 'device' or "
+                                 "a dist store)")
+            if threshold is None:
+                self._residuals = {}
+            self._gc_threshold = threshold
+            return
+        # A push of the old setting still in flight could reach a server that
+        # already takes the new one (a 2-bit push it would refuse).
+        self.waitall()
+        self.barrier()
+        self._configure(self._server_optimizer, threshold)
+
+    def _configure(self, server_optimizer, gc_threshold):
+        """Sends the servers their next configuration generation."""
+        cfg, wd_mult = server_optimizer
+        self._client.configure(self._sync, cfg, self._generation + 1, wd_mult, gc_threshold)
+        self._generation += 1
+        self._server_optimizer = server_optimizer
+        self._gc_threshold = gc_threshold
 
     def close(self):
         """Waits for every request, then ends this worker's part in the job.
@@ -422,9 +497,23 @@ class KVStore:
             if v.size != vals[0].size:
                 raise ValueError("%s of key %r: the arrays to sum differ in size (%d, %d)"
                                  % (what, name, vals[0].size, v.size))
-        total = vals[0] if len(vals) == 1 else np.sum(np.stack([v.ravel() for v in vals]), axis=0)
-        self._checked_size(name, ikey, total.size, what)
-        return total
+        self._checked_size(name, ikey, vals[0].size, what)
+        if self._client is None and self._gc_threshold is not None:
+            vals = self._quantized(ikey, vals)
+        return vals[0] if len(vals) == 1 else np.sum(np.stack([v.ravel() for v in vals]), axis=0)
+
+    def _quantized(self, ikey, vals):
+        """A device store's compression: each device value's 2-bit round trip
+        (a copy; the caller's array stays as it is), with its own residual."""
+        residuals = self._residuals.setdefault(ikey, [])
+        out = []
+        for j, v in enumerate(vals):
+            q = np.array(v, dtype=np.float32, order="C").ravel()
+            if j == len(residuals):
+                residuals.append(np.zeros(q.size, np.float32))
+            _pstrain.quantize_2bit(q, residuals[j], self._gc_threshold)
+            out.append(q)
+        return out
 
     # ---- data ----
     def init(self, key, value):

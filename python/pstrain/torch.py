@@ -236,6 +236,11 @@ class DistributedOptimizer:
                 raise Error("FailedPrecondition: %s already uses this KVStore and the servers "
                             "apply its optimizer to every key; a local torch optimizer needs "
                             "servers that only sum the gradients" % (server[0]._describe(),))
+            if kv._gc_threshold is not None:
+                raise Error("FailedPrecondition: the KVStore compresses gradients "
+                            "(set_gradient_compression); a local torch optimizer counts on "
+                            "exact sums from the servers (how many workers gave each parameter "
+                            "a gradient), which compression would quantize")
             if kv._optimizer_by is not None:
                 raise Error("FailedPrecondition: the servers already run an optimizer (installed "
                             "by %s) and apply it to every key; a local torch optimizer needs "

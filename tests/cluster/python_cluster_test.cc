@@ -63,8 +63,8 @@ class PythonClusterTest : public ::testing::Test {
 };
 
 // MXNet's dist_sync conformance check from Python: 2 servers (the 1200x1200
-// key is split over both), 2 workers; pushpull, conversions, device lists and
-// errors along the way.
+// key is split over both), 2 workers; pushpull, conversions, device lists,
+// errors and 2-bit gradient compression along the way.
 TEST_F(PythonClusterTest, ConformanceDistSync) {
   TempDir logs;
   auto run =
@@ -80,6 +80,7 @@ TEST_F(PythonClusterTest, ConformanceDistSync) {
     // ... and, for a request nobody waited for, at the next waitall.
     EXPECT_NE(log.find("waitall after a pull that failed unseen raised Error"), std::string::npos)
         << log;
+    EXPECT_NE(log.find("conformance: 2-bit compression ok: 6 rounds"), std::string::npos) << log;
   }
   EXPECT_NE(run.output.find("all 5 processes exited 0"), std::string::npos) << run.output;
 }
@@ -126,6 +127,10 @@ TEST_F(PythonClusterTest, OneWorkerTrainsAsPyTorchAlone) {
             std::string::npos)
       << log;
   EXPECT_NE(log.find("exactness: server-side param_groups ok"), std::string::npos) << log;
+  // A local torch optimizer counts on exact sums: no gradient compression under it.
+  EXPECT_NE(log.find("exactness: a local optimizer over compressed gradients refused"),
+            std::string::npos)
+      << log;
   EXPECT_NE(log.find("exactness: ok"), std::string::npos) << log;
 }
 

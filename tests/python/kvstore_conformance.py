@@ -140,6 +140,67 @@ def sync_checks(kv, rounds):
     kv.barrier()
     print("conformance: dist_sync ok: %d rounds, %d workers, %d servers, shapes %s, final value %g"
           % (rounds, W, kv.num_servers, SHAPES, value))
+    compression_checks(kv, rounds, rate)
+
+
+def ref_2bit(g, residual, t):
+    """MXNet's 2-bit rule in NumPy: what one push carries; moves the residual."""
+    residual += g
+    q = np.where(residual >= t, np.float32(t),
+                 np.where(residual <= -t, np.float32(-t), np.float32(0))).astype(np.float32)
+    residual -= q
+    return q
+
+
+def compression_checks(kv, rounds, rate):
+    """2-bit compression from every worker: worker k pushes (k + 1) / 4 times a
+    ramp over [-2, 2]; the servers (test optimizer, rate `rate`) add what each
+    worker's codes carry, which every worker recomputes here. Sharded and
+    unsharded keys, push and pushpull; set_optimizer keeps the compression and
+    'none' turns it off."""
+    W, r, t = kv.num_workers, kv.rank, 0.5
+    kv.set_gradient_compression({"type": "2bit", "threshold": t})
+    keys = [12, 13]
+    kv.init(keys, [np.zeros(s, np.float32) for s in SHAPES])
+    ramps = [np.linspace(-2, 2, int(np.prod(s)), dtype=np.float32).reshape(s) for s in SHAPES]
+    residuals = [[np.zeros(s, np.float32) for s in SHAPES] for _ in range(W)]
+    expect = [np.zeros(s, np.float32) for s in SHAPES]
+    outs = [np.zeros(s, np.float32) for s in SHAPES]
+
+    def round_(i, pushpull, rate_now):
+        grads = [np.float32((r + 1) / 4) * ramp for ramp in ramps]
+        given = [g.copy() for g in grads]
+        if pushpull:
+            kv.pushpull(keys, grads, out=outs).wait()
+        else:
+            kv.push(keys, grads).wait()
+            kv.pull(keys, out=outs).wait()
+        for g, before in zip(grads, given):
+            check(g, before, "a compressed push leaves its gradient as it was")
+        for j in range(len(SHAPES)):
+            carried = sum(ref_2bit(np.float32((k + 1) / 4) * ramps[j], residuals[k][j], t)
+                          for k in range(W))
+            expect[j] += np.float32(rate_now) * carried
+            check(outs[j], expect[j], "2-bit round %d (%s) shape %s"
+                  % (i, "pushpull" if pushpull else "push", SHAPES[j]))
+
+    for i in range(1, rounds + 1):
+        round_(i, pushpull=(i % 2 == 0), rate_now=rate)
+    # A new optimizer keeps the compression.
+    kv.set_optimizer(pstrain.optimizer.create("test", rescale_grad=1.0))
+    round_(rounds + 1, pushpull=False, rate_now=1.0)
+    # Off again: the gradients arrive whole.
+    kv.set_gradient_compression({"type": "none"})
+    kv.push(keys, [np.float32(r + 1) * ramp for ramp in ramps]).wait()
+    kv.pull(keys, out=outs).wait()
+    for j in range(len(SHAPES)):
+        check(outs[j], expect[j] + np.float32(W * (W + 1) / 2) * ramps[j],
+              "uncompressed push after compression")
+    expect_raises(ValueError, lambda: kv.set_gradient_compression({"type": "1bit"}),
+                  "an unknown compression type")
+    kv.barrier()
+    print("conformance: 2-bit compression ok: %d rounds, push and pushpull, sharded keys"
+          % (rounds + 1))
 
 
 def async_checks(kv, rounds):

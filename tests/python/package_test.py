@@ -402,6 +402,73 @@ def test_local_store():
     print("package: local store ok")
 
 
+def test_gradient_compression():
+    # MXNet's rule: 'local' has none; bad parameters are named.
+    expect_error(lambda: pstrain.KVStore("local").set_gradient_compression({"type": "2bit"}),
+                 ValueError, "not supported by a 'local' store")
+    kv = pstrain.KVStore("device")
+    for params, exc, words in [
+            ("2bit", TypeError, "takes a dict"),
+            ({"type": "2bit", "thresold": 0.5}, ValueError, "unknown parameter 'thresold'"),
+            ({"type": "1bit"}, ValueError, "type '1bit' is not a gradient compression"),
+            ({"threshold": 0.5}, ValueError, "type None is not"),
+            ({"type": "2bit", "threshold": 0}, ValueError, "must be a finite number > 0"),
+            ({"type": "2bit", "threshold": float("nan")}, ValueError, "finite number > 0"),
+            ({"type": "2bit", "threshold": 1e-50}, ValueError, "is 0 in float32"),
+            ({"type": "2bit", "threshold": "abc"}, ValueError, "'abc' is not a number"),
+            ({"type": "2bit", "threshold": True}, ValueError, "True is not a number")]:
+        expect_error(lambda: kv.set_gradient_compression(params), exc, *words.split("|"))
+    # A device store quantizes each device's value with its own residual, then
+    # sums (no optimizer: a push stores the sum). 37 elements: a partial block.
+    t = 0.25
+    kv.set_gradient_compression({"type": "2bit", "threshold": str(t)})
+    kv.init("w", np.zeros(37, np.float32))
+    rng = np.random.default_rng(7)
+    residuals = [np.zeros(37, np.float32), np.zeros(37, np.float32)]
+    out = np.zeros(37, np.float32)
+    sent_any = False
+    for _ in range(4):
+        grads = [(rng.standard_normal(37) * 0.3).astype(np.float32) for _ in range(2)]
+        given = [g.copy() for g in grads]
+        kv.push("w", grads).wait()
+        kv.pull("w", out=out).wait()
+        want = np.zeros(37, np.float32)
+        for g, res in zip(grads, residuals):
+            res += g
+            q = np.where(res >= t, np.float32(t), np.where(res <= -t, np.float32(-t),
+                                                           np.float32(0))).astype(np.float32)
+            res -= q
+            want += q
+        assert np.array_equal(out, want), (out, want)
+        assert all(np.array_equal(g, b) for g, b in zip(grads, given)), "a push changed its input"
+        sent_any = sent_any or np.any(want != 0)
+    assert sent_any
+    # With an optimizer, a gradient the rule makes NaN is refused by the update.
+    kv.set_optimizer(pstrain.optimizer.SGD(learning_rate=0.1))
+    bad = np.zeros(37, np.float32)
+    bad[3] = np.inf
+    kv.pull("w", out=out).wait()
+    kept = out.copy()
+    expect_error(lambda: kv.push("w", bad), pstrain.Error, "gradient holds NaN or Inf",
+                 "weights were left as they were")
+    kv.pull("w", out=out).wait()
+    assert np.array_equal(out, kept), (out, kept)
+    # Off: the sum arrives whole.
+    kv.set_gradient_compression({"type": "none"})
+    kv.set_optimizer(pstrain.optimizer.Test(rescale_grad=1.0))
+    kv.pushpull("w", np.full(37, 0.1, np.float32), out=out).wait()
+    before = out.copy()
+    kv.pushpull("w", np.full(37, 0.1, np.float32), out=out).wait()
+    assert np.array_equal(out, before + np.float32(0.1)), (out, before)
+    # The C++ round trip refuses what would corrupt memory.
+    expect_error(lambda: pstrain._pstrain.quantize_2bit(np.zeros(4, np.float32),
+                                                        np.zeros(5, np.float32), 0.5),
+                 ValueError, "the residual has 5 elements, the gradient 4")
+    g = np.zeros(4, np.float32)
+    expect_error(lambda: pstrain._pstrain.quantize_2bit(g, g, 0.5), ValueError, "same buffer")
+    print("package: gradient compression ok")
+
+
 def test_torch_zero_copy():
     try:
         import torch
@@ -431,6 +498,7 @@ def test_torch_zero_copy():
 def main():
     test_roles()
     test_local_store()
+    test_gradient_compression()
     test_torch_zero_copy()
     test_lost_errors()
     test_repeated_keys()

@@ -214,7 +214,15 @@ def main():
         torch.optim.SGD(m1.parameters(), lr=lr, momentum=mom, weight_decay=wd),
         [("local." + n, p) for n, p in m1.named_parameters()], module=m1)
     got = train(m1, d1, data)
+    two_bit = {"type": "2bit", "threshold": 0.5}
+    expect_refused(lambda: kv.set_gradient_compression(two_bit),
+                   "gradient compression under a local optimizer")
     d1.remove_hooks()
+    kv.set_gradient_compression(two_bit)
+    expect_refused(lambda: pstrain.torch.DistributedOptimizer(
+        torch.optim.SGD(m1.parameters(), lr=lr), [("c." + n, p) for n, p in m1.named_parameters()]),
+        "a local optimizer over compressed gradients")
+    kv.set_gradient_compression({"type": "none"})
     diff = max_diff(got, ref)
     print("exactness: DistributedOptimizer(torch SGD) vs torch SGD alone: max |diff| %g" % diff)
     assert diff == 0.0, "a local optimizer over server-summed gradients must be exact"
