@@ -155,6 +155,19 @@ int Fail(const Status& s) {
   return 1;
 }
 
+// A usage error (a name missing or unknown, an option the action does not
+// take): exit 2, as every command's.
+int UsageFail(const Status& s) {
+  Fail(s);
+  return 2;
+}
+
+// A manifest that could not be had: the arguments' fault (exit 2) when they
+// name no file, or a file's (exit 1).
+int ManifestFail(const Args& a, const Status& s) {
+  return a.manifest.empty() ? UsageFail(s) : Fail(s);
+}
+
 // The manifest the arguments name; an error when they name none or two.
 StatusOr<DatasetManifest> ManifestOf(const Args& a) {
   if (!a.manifest.empty()) {
@@ -173,7 +186,7 @@ StatusOr<DatasetManifest> ManifestOf(const Args& a) {
 
 int RunGetOrLocate(const Args& a, const DataEnv& env) {
   auto manifest = ManifestOf(a);
-  if (!manifest.ok()) return Fail(manifest.status());
+  if (!manifest.ok()) return ManifestFail(a, manifest.status());
   const bool live = a.progress == "live" || (a.progress == "auto" && isatty(STDERR_FILENO));
   std::unique_ptr<FetchProgress> progress = NewConsoleProgress(stderr, live);
   GetOptions options;
@@ -184,7 +197,7 @@ int RunGetOrLocate(const Args& a, const DataEnv& env) {
 
   std::string dir;
   if (a.action == "locate") {
-    if (!a.dir.empty()) return Fail(Status::InvalidArgument("locate takes no --dir"));
+    if (!a.dir.empty()) return UsageFail(Status::InvalidArgument("locate takes no --dir"));
     auto located = LocateDataset(*manifest, env, !a.no_download, options);
     if (!located.ok()) return Fail(located.status());
     dir = located->dir;
@@ -243,7 +256,7 @@ int RunData(int argc, char** argv) {
   }
   if (a.action == "manifest") {
     auto m = ManifestOf(a);
-    if (!m.ok()) return Fail(m.status());
+    if (!m.ok()) return ManifestFail(a, m.status());
     std::fputs(ManifestText(*m).c_str(), stdout);
     return 0;
   }

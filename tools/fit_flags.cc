@@ -55,7 +55,9 @@ DEFINE_int32(gpu_tf32, 1,
 DEFINE_int32(gpu_conv_graph, 1,
              "1: time cuDNN's graph-API engines beside its legacy algorithms for each "
              "convolution and run the faster; 0: the legacy algorithms alone");
-DEFINE_int32(num_threads, 0, "CPU threads of the kernels; 0: all cores");
+DEFINE_int32(num_threads, 0,
+             "CPU threads of the kernels; 0: OpenMP's default (OMP_NUM_THREADS, which the local "
+             "launcher sets to cores / workers; else all cores)");
 DEFINE_double(emulate_compute, 0,
               "seconds of emulated compute per batch (> 0): no data is read and nothing is "
               "computed, each batch waits this long and pushes gradients of the model's shapes "

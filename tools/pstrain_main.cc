@@ -87,7 +87,8 @@ void PrintTopUsage(FILE* out) {
   for (const Command& c : kCommands) std::fprintf(out, "  %-10s %s\n", c.name, c.summary);
   std::fprintf(out,
                "\n`pstrain <command> --help` lists a command's flags.\n"
-               "Flags take MXNet's dashed names (--num-epochs) or underscores (--num_epochs).\n");
+               "Flags take MXNet's dashed names (--num-epochs); commands other than launch and\n"
+               "data take underscores too (--num_epochs).\n");
 }
 
 bool FlagBelongsTo(const gflags::CommandLineFlagInfo& f, const char* files) {

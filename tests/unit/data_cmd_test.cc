@@ -126,10 +126,17 @@ TEST_F(DataCmdTest, OfflineSaysWhichFilesToPutWhere) {
   EXPECT_NE(out.find("no folder holds mnist (looked in datasets/mnist, ../shared/data/mnist)"),
             std::string::npos)
       << out;
-  EXPECT_EQ(RunPstrain(cwd_, "data get no-such-set", &out), 1) << out;
+  // Usage errors exit 2, as every command's: a name unknown or missing, an
+  // option the action does not take.
+  EXPECT_EQ(RunPstrain(cwd_, "data get no-such-set", &out), 2) << out;
   EXPECT_NE(out.find("no built-in data set 'no-such-set' (known: cifar10, mnist"),
             std::string::npos)
       << out;
+  EXPECT_EQ(RunPstrain(cwd_, "data get", &out), 2) << out;
+  EXPECT_NE(out.find("`get` needs a data set name or --manifest"), std::string::npos) << out;
+  EXPECT_EQ(RunPstrain(cwd_, "data locate mnist --dir x", &out), 2) << out;
+  EXPECT_NE(out.find("locate takes no --dir"), std::string::npos) << out;
+  EXPECT_EQ(RunPstrain(cwd_, "data get --manifest no-such-file", &out), 1) << out;
   EXPECT_EQ(RunPstrain(cwd_, "data get mnist --mirror ftp://x/", &out), 2) << out;
   EXPECT_NE(out.find("--mirror 'ftp://x/' is not an http://, https:// or file:// URL"),
             std::string::npos)
