@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Trains a PyTorch LeNet (or MLP) on MNIST across pstrain's parameter servers.
 
-    build/pstrain launch -n 2 -s 1 --launcher local -- python3 examples/torch_mnist.py
+    PYTHONPATH=build/python build/pstrain launch -n 2 -s 1 --launcher local -- \
+        python3 examples/torch_mnist.py
     build/pstrain parse-log logs/<job-id>
 
 MNIST comes from --data-dir, else from the first folder that holds it, as
