@@ -32,19 +32,27 @@ StatusOr<std::vector<int>> SplitBatch(int batch_size, int num_devices,
     }
     total += x;
   }
-  std::vector<int> shares(num_devices);
-  int sum = 0;
+  // MXNet's arithmetic: round(w * batch / total) with Python's rounding
+  // (halves to even: nearbyint in the default mode); a shortfall goes to the
+  // last device; then consecutive slices, each cut off at the batch's end.
+  std::vector<double> rounded(num_devices);
+  double sum = 0;
   for (int d = 0; d < num_devices; ++d) {
-    shares[d] = static_cast<int>(std::lround(w[d] / total * batch_size));
-    sum += shares[d];
+    rounded[d] = std::nearbyint(w[d] * batch_size / total);
+    sum += rounded[d];
   }
-  shares.back() += batch_size - sum;  // MXNet gives the rest to the last device
+  if (sum < batch_size) rounded.back() += batch_size - sum;
+  std::vector<int> shares(num_devices);
+  double end = 0;
   for (int d = 0; d < num_devices; ++d) {
-    if (shares[d] < 1) {
+    const double begin = std::min<double>(end, batch_size);
+    end = std::min<double>(begin + rounded[d], batch_size);
+    if (begin >= end) {
       return Status::InvalidArgument(StrCat("a batch of ", batch_size, " split over ", num_devices,
                                             " devices leaves device ", d,
                                             " no example (shares must be >= 1)"));
     }
+    shares[d] = static_cast<int>(end - begin);
   }
   return shares;
 }
@@ -123,7 +131,9 @@ Status DeviceGroup::Init() {
   }
   const int P = num_params();
   grads_in_.assign(P, 0);
-  stale_.assign(P, false);
+  // Every device starts from the merge buffers' values (device 0's own
+  // parameters, with the device merge): copied before the first forward.
+  stale_.assign(P, execs_.size() > 1);
   Executor& first = *execs_[0];
   separate_merge_ = execs_.size() > 1 && options_.merge == MergeDevice::kLocal;
   if (!separate_merge_) {
@@ -181,9 +191,7 @@ Status DeviceGroup::Init() {
         ASSIGN_OR_RETURN(Tensor download, host_zeros(i, "download of a device's gradient"));
         pinned_grad_[d].push_back(std::move(download));
       }
-      // Every device starts from the merge buffers' values.
       first.backend().CopyToHost(first.param(i), merge_param_[i].data());
-      stale_[i] = true;
     }
   }
   // Each executor reports its gradients; the group acts once all have.
@@ -458,6 +466,12 @@ Status DeviceGroup::WriteParam(int i, const float* src, size_t n) {
   } else {
     RETURN_IF_ERROR(CheckArrayCopy("parameter", i, graph_.params(), n));
     if (async_merge_) {
+      if (std::this_thread::get_id() == merger_.get_id()) {
+        return Status::FailedPrecondition(
+            StrCat("WriteParam of parameter ", i,
+                   " from the merge thread (a grad-ready callback) would wait for its own merge; "
+                   "the callback updates the merge buffer in place"));
+      }
       // No merge writes it meanwhile, and no upload from it is in flight.
       Drain();
       for (auto& e : execs_) e->backend().Synchronize();
@@ -471,6 +485,10 @@ Status DeviceGroup::WriteParam(int i, const float* src, size_t n) {
 Status DeviceGroup::ReadGrad(int i, float* dst, size_t n) const {
   if (!separate_merge_) return execs_[0]->ReadGrad(i, dst, n);
   RETURN_IF_ERROR(CheckArrayCopy("gradient of parameter", i, graph_.params(), n));
+  if (!merge_grad_[i].defined()) {
+    return Status::FailedPrecondition(
+        StrCat("gradient of parameter ", i, ": the devices were set up for inference only"));
+  }
   merge_backend_->CopyToHost(merge_grad_[i], dst);
   return Status::Ok();
 }

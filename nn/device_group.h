@@ -55,6 +55,9 @@
 // Threads: one (the trainer's), like an executor; with a kLocal merge from
 // GPUs the grad-ready callback runs on the group's merge thread (one call
 // at a time; grad-ready(i) finishes before the param-needed(i) that follows).
+// Unlike an executor's, the group's WriteParam is not for that callback: it
+// waits for every merge, the one calling it too (FailedPrecondition there);
+// the callback updates merge buffer param(i) in place.
 #ifndef PSTRAIN_NN_DEVICE_GROUP_H_
 #define PSTRAIN_NN_DEVICE_GROUP_H_
 

@@ -24,6 +24,15 @@ TEST(SplitBatchTest, EqualWeightedAndRoundedShares) {
   EXPECT_EQ(*SplitBatch(10, 2, {3, 1}), (std::vector<int>{8, 2}));
   EXPECT_EQ(*SplitBatch(7, 1, {}), (std::vector<int>{7}));
   EXPECT_EQ(*SplitBatch(100, 3, {1, 1, 2}), (std::vector<int>{25, 25, 50}));
+  // As MXNet's _split_input_slice rounds (halves to even, the shortfall to the
+  // last device): half-way shares went up, and 15 over 6 was refused.
+  EXPECT_EQ(*SplitBatch(15, 6, {}), (std::vector<int>{2, 2, 2, 2, 2, 5}));
+  EXPECT_EQ(*SplitBatch(20, 8, {}), (std::vector<int>{2, 2, 2, 2, 2, 2, 2, 6}));
+  EXPECT_EQ(*SplitBatch(10, 4, {}), (std::vector<int>{2, 2, 2, 4}));
+  EXPECT_EQ(*SplitBatch(5, 2, {}), (std::vector<int>{2, 3}));
+  EXPECT_EQ(*SplitBatch(7, 2, {}), (std::vector<int>{4, 3}));  // 3.5 -> 4 (even)
+  // Shares past the batch are cut at its end: 5 over 3 rounds to 2, 2, 2.
+  EXPECT_EQ(*SplitBatch(5, 3, {}), (std::vector<int>{2, 2, 1}));
 }
 
 TEST(SplitBatchTest, BadWeightsAndEmptySharesAreErrors) {
@@ -390,6 +399,68 @@ TEST(DeviceGroupTest, BadShapesAndDevicesAreErrors) {
   EXPECT_EQ(on_gpu.status().code(), StatusCode::kUnimplemented) << on_gpu.status();
   EXPECT_NE(on_gpu.status().message().find("runs on the CPU only"), std::string::npos)
       << on_gpu.status();
+  // An inference group has no gradients to read (the host merge read a null
+  // buffer).
+  o.compression = GradientCompression();
+  o.devices = {Cpu(), Cpu()};
+  o.for_training = false;
+  auto inference = DeviceGroup::Create(g, o);
+  ASSERT_OK(inference.status());
+  std::vector<float> grad(static_cast<size_t>(g.params()[0].shape.num_elements()));
+  const Status read = (*inference)->ReadGrad(0, grad.data(), grad.size());
+  EXPECT_EQ(read.code(), StatusCode::kFailedPrecondition) << read;
+}
+
+// Devices after the first start from the merge buffers' values even when
+// those were written in place, not through WriteParam (with the device
+// merge they kept their own zeros).
+TEST(DeviceGroupTest, EveryDeviceStartsFromTheMergeBuffers) {
+  const Graph g = Lenet();
+  for (MergeDevice merge : {MergeDevice::kLocal, MergeDevice::kDevice}) {
+    DeviceGroupOptions o;
+    o.batch_size = 8;
+    o.devices.assign(2, Cpu());
+    o.merge = merge;
+    auto made = DeviceGroup::Create(g, o);
+    ASSERT_OK(made.status());
+    DeviceGroup& group = **made;
+    for (int i = 0; i < group.num_params(); ++i) {
+      const Tensor& p = group.param(i);
+      for (int64_t k = 0; k < p.num_elements(); ++k)
+        p.data()[k] = 0.01f * static_cast<float>(k % 7);
+    }
+    const Batch b = RandomBatch(3);
+    ASSERT_OK(group.LoadData(b.data.data(), b.data.size()));
+    group.Forward(false);
+    for (int i = 0; i < group.num_params(); ++i) {
+      EXPECT_EQ(Read(group.executor(1), i, false), Read(group, i, false))
+          << "parameter " << i << (merge == MergeDevice::kLocal ? " (local" : " (device")
+          << " merge)";
+    }
+  }
+}
+
+// With the host merge from devices, the grad-ready callback runs on the merge
+// thread; the group's WriteParam there would wait for its own merge (it hung
+// for 10 minutes, then CHECK-failed): an error instead.
+TEST(DeviceGroupTest, WriteParamFromTheMergeThreadIsAnError) {
+  const Graph g = Lenet();
+  auto group = MakeGroup(g, 2, MergeDevice::kLocal, {}, /*as_device=*/true);
+  std::vector<Status> got(group->num_params());
+  group->SetGradReadyCallback([&](int i) {
+    const std::vector<float> w = Read(*group, i, false);
+    got[i] = group->WriteParam(i, w.data(), w.size());
+  });
+  const Batch b = RandomBatch(4);
+  ASSERT_OK(group->LoadData(b.data.data(), b.data.size()));
+  ASSERT_OK(group->LoadLabel(b.label.data(), b.label.size()));
+  group->Forward(true);
+  group->Backward();
+  group->Drain();
+  for (int i = 0; i < group->num_params(); ++i) {
+    EXPECT_EQ(got[i].code(), StatusCode::kFailedPrecondition)
+        << "parameter " << i << ": " << got[i];
+  }
 }
 
 }  // namespace
