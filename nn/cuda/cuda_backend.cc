@@ -129,7 +129,7 @@ Status CudaBackend::Init() {
       },
       [ordinal](void* p) {
         cudaSetDevice(ordinal);
-        PSTRAIN_CUDA_CHECK(cudaFree(p));
+        PSTRAIN_CUDA_CHECK_RELEASE(cudaFree(p));
       });
   for (int i = 0; i < kStagingSlots; ++i) RETURN_IF_ERROR(AddStagingSlot());
   void* download = nullptr;
@@ -330,7 +330,7 @@ StatusOr<std::shared_ptr<Buffer>> CudaBackend::TryAllocatePinned(size_t num_floa
                                           : Status::Unavailable(why);
   }
   return Buffer::Wrap(static_cast<float*>(p), num_floats, Device::Cpu(),
-                      [](float* d) { PSTRAIN_CUDA_CHECK(cudaFreeHost(d)); });
+                      [](float* d) { PSTRAIN_CUDA_CHECK_RELEASE(cudaFreeHost(d)); });
 }
 
 StatusOr<std::unique_ptr<Operator>> CudaBackend::CreateOperator(const Node& node) {
@@ -394,6 +394,9 @@ void CudaBackend::CopyToHost(const Tensor& src, float* dst) {
     std::memcpy(to + done, download_, n);
     done += n;
   }
+  // It waits for everything asked before it (backend.h), the asynchronous
+  // downloads on their own stream too.
+  AwaitStream(download_stream_, "the copies queued to the host");
 }
 
 // Events for fences, reused: RecordFence runs once per parameter and step

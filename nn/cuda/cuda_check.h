@@ -54,6 +54,18 @@ inline Status CudnnError(cudnnStatus_t e, const std::string& what) {
 // A kernel launch: the launch error (bad configuration) right away.
 #define PSTRAIN_CUDA_CHECK_LAUNCH() PSTRAIN_CUDA_CHECK(cudaGetLastError())
 
+// A release (cudaFree, cudaFreeHost) checked as PSTRAIN_CUDA_CHECK, except
+// that a runtime already unloading (a tensor or pinned buffer dropped during
+// the process's static destruction) is no error: the memory goes with the
+// process.
+#define PSTRAIN_CUDA_CHECK_RELEASE(expr)                                       \
+  do {                                                                         \
+    const cudaError_t pstrain_e_ = (expr);                                     \
+    CHECK(pstrain_e_ == cudaSuccess || pstrain_e_ == cudaErrorCudartUnloading) \
+        << #expr << ": " << cudaGetErrorName(pstrain_e_) << ": "               \
+        << cudaGetErrorString(pstrain_e_);                                     \
+  } while (0)
+
 // Setup paths: return a Status from the enclosing function on failure.
 #define PSTRAIN_CUDA_RETURN_IF_ERROR(expr, what)                                            \
   do {                                                                                      \

@@ -19,9 +19,10 @@
 
 namespace pstrain::internal {
 
-// Bump whenever Backend, Operator, Tensor, Buffer, BackendOptions or these
-// entry points change shape.
-inline constexpr int kCudaModuleAbi = 5;
+// Bump whenever Backend, Operator, Tensor, Buffer, BackendOptions, Node or
+// these entry points change shape (the sizes below catch most such changes,
+// not a reordered vtable).
+inline constexpr int kCudaModuleAbi = 6;
 
 struct CudaModuleAbi {
   int version = kCudaModuleAbi;
@@ -29,9 +30,16 @@ struct CudaModuleAbi {
   size_t tensor = sizeof(Tensor);
   size_t op_context = sizeof(OpContext);
   size_t memory_stats = sizeof(MemoryStats);
+  // What else crosses the boundary: the node an operator is made from, the
+  // shapes in it, the statuses coming back, the tensors an operator binds.
+  size_t node = sizeof(Node);
+  size_t shape = sizeof(Shape);
+  size_t status = sizeof(Status);
+  size_t op_tensors = sizeof(OpTensors);
   bool operator==(const CudaModuleAbi& o) const {
     return version == o.version && backend_options == o.backend_options && tensor == o.tensor &&
-           op_context == o.op_context && memory_stats == o.memory_stats;
+           op_context == o.op_context && memory_stats == o.memory_stats && node == o.node &&
+           shape == o.shape && status == o.status && op_tensors == o.op_tensors;
   }
 };
 
