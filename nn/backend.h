@@ -272,7 +272,9 @@ class Backend {
   // (AllocatePinned; other host memory works but may make the call wait).
   // CopyToHostAsync: dst receives src as the work asked before left it; dst
   // holds the values once a Fence recorded after this call is Done(), and
-  // must stay valid until then. CopyFromHostAsync: dst holds src's values for
+  // must stay valid until then. The device may run work asked later before
+  // this copy has read src: REQUIRES that no such work writes src, and that
+  // src's memory is not released, until that Fence is Done. CopyFromHostAsync: dst holds src's values for
   // every operation asked later; src must stay valid and unchanged until a
   // Fence recorded after this call is Done(). The device may start this copy
   // before the work asked earlier has finished: REQUIRES that no work asked
