@@ -87,11 +87,12 @@ struct BackendOptions {
   // ---- tests ----
   // The CPU backend plays a device the host cannot address, so that the
   // paths written for GPUs run (and are tested) without one: host_accessible()
-  // is false, and its asynchronous copies wait in a queue until the next
-  // call into the backend, or until a fence recorded after them is polled or
-  // waited for, as a GPU stream's may. Reading a download, or reusing an
-  // upload's source, before its fence then reads or writes what a GPU
-  // would get wrong.
+  // is false, and its asynchronous copies wait in a queue as late as a GPU's
+  // streams may run them: an upload until the next call into the backend, a
+  // download until a fence recorded after it is polled or waited for, a
+  // CopyToHost or Synchronize. Reading a download, or reusing an upload's
+  // source, before its fence, or writing a download's source before it, then
+  // reads or writes what a GPU would get wrong.
   bool cpu_as_device = false;
 };
 
@@ -274,14 +275,13 @@ class Backend {
   // holds the values once a Fence recorded after this call is Done(), and
   // must stay valid until then. The device may run work asked later before
   // this copy has read src: REQUIRES that no such work writes src, and that
-  // src's memory is not released, until that Fence is Done. CopyFromHostAsync: dst holds src's values for
-  // every operation asked later; src must stay valid and unchanged until a
-  // Fence recorded after this call is Done(). The device may start this copy
-  // before the work asked earlier has finished: REQUIRES that no work asked
-  // earlier and not yet finished reads or writes dst (the caller knows: it
-  // waited for a Fence recorded after that work). The CPU backend copies at
-  // once (then src may be reused on return, dst holds the values on return),
-  // unless it plays a device (cpu_as_device: at the next call or fence).
+  // src's memory is not released, until that Fence is Done. CopyFromHostAsync: dst holds src's
+  // values for every operation asked later; src must stay valid and unchanged until a Fence
+  // recorded after this call is Done(). The device may start this copy before the work asked
+  // earlier has finished: REQUIRES that no work asked earlier and not yet finished reads or writes
+  // dst (the caller knows: it waited for a Fence recorded after that work). The CPU backend copies
+  // at once (then src may be reused on return, dst holds the values on return), unless it plays a
+  // device (cpu_as_device, below).
   virtual void CopyToHostAsync(const Tensor& src, float* dst) { CopyToHost(src, dst); }
   virtual void CopyFromHostAsync(const float* src, const Tensor& dst) { CopyFromHost(src, dst); }
   // A fence after everything asked of this backend so far (the CPU backend's

@@ -159,7 +159,7 @@ void CpuBackend::PlanGraph(const Graph& graph, int64_t batch, const std::vector<
 }
 
 void CpuBackend::EnterNode(NodeId node) {
-  RunQueued(INT64_MAX);
+  RunQueued(INT64_MAX, /*downloads=*/false);
   if (node >= 0 && static_cast<size_t>(node) < threads_.size()) {
     omp_set_num_threads(threads_[node]);
   }
@@ -172,11 +172,11 @@ class CpuBackend::QueueFence : public Fence {
  public:
   QueueFence(CpuBackend* backend, int64_t ticket) : backend_(backend), ticket_(ticket) {}
   bool Done() override {
-    backend_->RunQueued(ticket_);
+    backend_->RunQueued(ticket_, /*downloads=*/true);
     return true;
   }
   Status Wait(Deadline deadline) override {
-    backend_->RunQueued(ticket_);  // memory copies: they end
+    backend_->RunQueued(ticket_, /*downloads=*/true);  // memory copies: they end
     return Status::Ok();
   }
 
@@ -185,30 +185,32 @@ class CpuBackend::QueueFence : public Fence {
   const int64_t ticket_;
 };
 
-void CpuBackend::RunQueued(int64_t upto) {
+void CpuBackend::RunQueued(int64_t upto, bool downloads) {
   if (!options_.cpu_as_device) return;
   MutexLock l(&queue_mu_);
-  while (ran_ < upto && !queued_.empty()) {
-    queued_.front()();
-    queued_.pop_front();
-    ++ran_;
+  for (auto it = queued_.begin(); it != queued_.end() && it->ticket < upto;) {
+    if (it->download && !downloads) {
+      ++it;
+      continue;
+    }
+    it->copy();
+    it = queued_.erase(it);
   }
 }
 
-void CpuBackend::Enqueue(std::function<void()> copy) {
+void CpuBackend::Enqueue(bool download, std::function<void()> copy) {
   MutexLock l(&queue_mu_);
-  queued_.push_back(std::move(copy));
-  ++asked_;
+  queued_.push_back(Queued{asked_++, download, std::move(copy)});
 }
 
 void CpuBackend::CopyToHostAsync(const Tensor& src, float* dst) {
   if (!options_.cpu_as_device) return CopyToHost(src, dst);
-  Enqueue([src, dst] { std::memcpy(dst, src.data(), src.bytes()); });
+  Enqueue(/*download=*/true, [src, dst] { std::memcpy(dst, src.data(), src.bytes()); });
 }
 
 void CpuBackend::CopyFromHostAsync(const float* src, const Tensor& dst) {
   if (!options_.cpu_as_device) return CopyFromHost(src, dst);
-  Enqueue([src, dst] { std::memcpy(dst.data(), src, dst.bytes()); });
+  Enqueue(/*download=*/false, [src, dst] { std::memcpy(dst.data(), src, dst.bytes()); });
 }
 
 std::unique_ptr<Fence> CpuBackend::RecordFence() {
@@ -218,18 +220,18 @@ std::unique_ptr<Fence> CpuBackend::RecordFence() {
 }
 
 void CpuBackend::CopyFromHost(const float* src, const Tensor& dst) {
-  RunQueued(INT64_MAX);
+  RunQueued(INT64_MAX, /*downloads=*/false);
   if (src != dst.data()) std::memcpy(dst.data(), src, dst.bytes());
 }
 
 void CpuBackend::CopyToHost(const Tensor& src, float* dst) {
-  RunQueued(INT64_MAX);
+  RunQueued(INT64_MAX, /*downloads=*/true);
   if (src.data() != dst) std::memcpy(dst, src.data(), src.bytes());
 }
 
 void CpuBackend::Copy(const Tensor& src, const Tensor& dst) {
   CHECK_EQ(src.num_elements(), dst.num_elements());
-  RunQueued(INT64_MAX);
+  RunQueued(INT64_MAX, /*downloads=*/false);
   if (src.data() != dst.data()) std::memcpy(dst.data(), src.data(), dst.bytes());
 }
 
@@ -240,12 +242,12 @@ void CpuBackend::CopyPeer(Backend& from, const Tensor& src, const Tensor& dst) {
 }
 
 void CpuBackend::Fill(const Tensor& t, float value) {
-  RunQueued(INT64_MAX);
+  RunQueued(INT64_MAX, /*downloads=*/false);
   t.Fill(value);
 }
 
 void CpuBackend::Add(const Tensor& src, const Tensor& dst) {
-  RunQueued(INT64_MAX);
+  RunQueued(INT64_MAX, /*downloads=*/false);
   CHECK_EQ(src.num_elements(), dst.num_elements());
   float* d = dst.data();
   const float* s = src.data();
@@ -256,7 +258,7 @@ void CpuBackend::Add(const Tensor& src, const Tensor& dst) {
 
 void CpuBackend::ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& grad,
                                     const Tensor& weight, const Tensor& momentum) {
-  RunQueued(INT64_MAX);
+  RunQueued(INT64_MAX, /*downloads=*/false);
   CHECK_EQ(grad.num_elements(), weight.num_elements());
   float* m = nullptr;
   if (step.uses_momentum()) {

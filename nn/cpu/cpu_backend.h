@@ -57,7 +57,7 @@ class CpuBackend : public Backend {
   void CopyToHostAsync(const Tensor& src, float* dst) override;
   void CopyFromHostAsync(const float* src, const Tensor& dst) override;
   std::unique_ptr<Fence> RecordFence() override;
-  void Synchronize() override { RunQueued(INT64_MAX); }
+  void Synchronize() override { RunQueued(INT64_MAX, /*downloads=*/true); }
 
   CpuEngine& engine() { return engine_; }
   // The channel block of node `id`'s output and its gradient, 0 for plain
@@ -87,14 +87,23 @@ class CpuBackend : public Backend {
   std::shared_ptr<Counters> counters_;
 
   // options_.cpu_as_device: the asynchronous copies asked for and not yet
-  // run, in order. Every other call runs them first (stream order).
+  // run, in order. Every other call runs the uploads first (a GPU's compute
+  // stream waits for them); the downloads wait for a fence after them, a
+  // CopyToHost or Synchronize, so they read their source as late as a GPU's
+  // download stream may (after later work wrote it, if the caller let it).
   class QueueFence;
-  void RunQueued(int64_t upto) EXCLUDES(queue_mu_);
-  void Enqueue(std::function<void()> copy) EXCLUDES(queue_mu_);
+  struct Queued {
+    int64_t ticket;  // the how-manyth copy asked
+    bool download;
+    std::function<void()> copy;
+  };
+  // Runs the queued copies asked before copy number `upto`, the downloads
+  // among them only when `downloads`.
+  void RunQueued(int64_t upto, bool downloads) EXCLUDES(queue_mu_);
+  void Enqueue(bool download, std::function<void()> copy) EXCLUDES(queue_mu_);
   Mutex queue_mu_;  // held while a queued copy runs, so they run in order
-  std::deque<std::function<void()>> queued_ GUARDED_BY(queue_mu_);
+  std::deque<Queued> queued_ GUARDED_BY(queue_mu_);
   int64_t asked_ GUARDED_BY(queue_mu_) = 0;  // copies ever queued
-  int64_t ran_ GUARDED_BY(queue_mu_) = 0;    // of those, run
 
   Mutex check_mu_;
   StepCheck check_ GUARDED_BY(check_mu_);  // ApplyOptimizerStep's, until taken

@@ -112,6 +112,43 @@ TEST(BackendTest, CpuAsyncCopiesAreDoneAtOnceAndFencesAreDone) {
   EXPECT_TRUE(done);
 }
 
+// The CPU playing a device orders its asynchronous copies as late as a GPU's
+// streams may: an upload before the next call into the backend (a GPU's
+// compute stream waits for it), a download only at a fence after it, a
+// CopyToHost or Synchronize (a GPU's download stream may read its source
+// after later work wrote it). A caller that writes a download's source
+// before the fence reads the later values here, as it might on a GPU.
+TEST(BackendTest, ACpuPlayingADeviceRunsDownloadsAtTheirFence) {
+  BackendOptions o;
+  o.cpu_as_device = true;
+  auto made = Backend::Create(o);
+  ASSERT_OK(made.status());
+  Backend& b = **made;
+  EXPECT_FALSE(b.host_accessible());
+  std::shared_ptr<Buffer> up = b.AllocatePinned(4), down = b.AllocatePinned(4);
+  std::fill(up->data(), up->data() + 4, 3.0f);
+  std::fill(down->data(), down->data() + 4, -1.0f);
+  Tensor t = b.Zeros({4});
+  b.CopyFromHostAsync(up->data(), t);
+  b.Fill(t, 1.0f);  // runs the upload first: the fill wins
+  b.CopyToHostAsync(t, down->data());
+  EXPECT_EQ(down->data()[0], -1.0f) << "a download ran before its fence";
+  b.Fill(t, 7.0f);  // the caller's mistake: the source written before the fence
+  EXPECT_EQ(down->data()[0], -1.0f) << "a download ran at the next call";
+  std::unique_ptr<Fence> f = b.RecordFence();
+  ASSERT_OK(f->Wait(Deadline::In(kDeviceWaitTimeout)));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(down->data()[i], 7.0f) << i;
+  // CopyToHost and Synchronize run the downloads too.
+  b.CopyToHostAsync(t, down->data());
+  std::vector<float> back(4);
+  b.CopyToHost(t, back.data());
+  EXPECT_EQ(down->data()[3], 7.0f);
+  b.Fill(t, 2.0f);
+  b.CopyToHostAsync(t, down->data());
+  b.Synchronize();
+  EXPECT_EQ(down->data()[3], 2.0f);
+}
+
 TEST(BackendTest, CpuCopiesFillsAndSums) {
   auto made = Backend::Create(BackendOptions());
   ASSERT_OK(made.status());
