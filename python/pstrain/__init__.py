@@ -1,13 +1,13 @@
 """pstrain from Python: the parameter server's KV store, for NumPy and PyTorch.
 
 Every process of a job runs the same script; ``DMLC_ROLE`` says which role it
-plays, as for every pstrain command (and MXNet). Importing this package in
+plays, as for ``pstrain train`` (and MXNet). Importing this package in
 the scheduler or a server runs that role until the job ends and then exits
 the process with the role's exit code, so the rest of the script only ever
 runs on workers::
 
     import pstrain                        # scheduler and servers stop here
-    kv = pstrain.KVStore("dist_sync")
+    kv = pstrain.KVStore("dist_sync")     # or pstrain.kv.create("dist_sync"), as mx.kv
     kv.init(3, numpy.ones(6, numpy.float32))
     kv.push(3, grad).wait()
     kv.pull(3, out=weight).wait()
@@ -24,7 +24,7 @@ from ._pstrain import Error
 
 Error.__module__ = "pstrain"  # raised as pstrain.Error
 
-__all__ = ["Error", "KVStore", "lr_scheduler", "optimizer", "run_role"]
+__all__ = ["Error", "KVStore", "kv", "kvstore", "lr_scheduler", "optimizer", "run_role"]
 
 
 def run_role():
@@ -47,4 +47,6 @@ def run_role():
 run_role()
 
 from . import lr_scheduler, optimizer  # noqa: E402  (after the role ran)
+from . import kvstore  # noqa: E402
+from . import kvstore as kv  # noqa: E402  (MXNet's mx.kv)
 from .kvstore import Handle, KVStore  # noqa: E402

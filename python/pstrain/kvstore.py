@@ -39,7 +39,7 @@ from . import _pstrain
 from ._pstrain import Error
 from .optimizer import Optimizer
 
-__all__ = ["KVStore", "Handle"]
+__all__ = ["KVStore", "Handle", "create"]
 
 # Open dist stores: kept alive until closed (dropping one would leave the job
 # waiting for a worker that no longer answers) and closed at exit.
@@ -675,6 +675,13 @@ class KVStore:
         error = self._unreported_error()
         if error is not None:
             raise error
+
+
+def create(name="local"):
+    """MXNet's ``mx.kv.create``: a :class:`KVStore` of type ``name``."""
+    if not isinstance(name, str):
+        raise TypeError("create takes the store's type name (a str), got %r" % (name,))
+    return KVStore(name)
 
 
 class _Group(Handle):

@@ -340,6 +340,11 @@ def test_roles():
 def test_local_store():
     kv = pstrain.KVStore("local")
     assert kv.rank == 0 and kv.num_workers == 1
+    # MXNet's spelling: mx.kv.create(name).
+    made = pstrain.kv.create("device")
+    assert isinstance(made, pstrain.KVStore) and made.type == "device", made
+    assert pstrain.kvstore.create().type == "local"
+    expect_error(lambda: pstrain.kv.create(3), TypeError, "the store's type name")
     kv.init("w", np.ones((2, 3), np.float32))
     out = np.zeros((2, 3), np.float32)
     # No optimizer: a push stores the sum of its per-device values.
