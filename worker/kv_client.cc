@@ -744,6 +744,8 @@ Status KVClient::SetServerConfig(const ServerConfig& config, Deadline deadline) 
   }
   MutexLock g(&gc_mu_);
   gc_ = gc;
+  // What compression left unsent is not carried into a later one.
+  if (!gc.enabled()) residuals_.clear();
   return Status::Ok();
 }
 

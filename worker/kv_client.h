@@ -42,7 +42,8 @@
 // Gradient compression (MXNet's 2-bit, common/gradient_compression.h): once
 // SetServerConfig installed a config whose gradient_compression is 2-bit,
 // every Push and PushPull is quantized: the client keeps a residual per key
-// (fp32, the key's full length, created at the key's first push), and each
+// (fp32, the key's full length, created at the key's first push; a config
+// without compression drops them all), and each
 // part a server gets is quantized on its own (its blocks of 16 start at the
 // part's start) straight from the caller's buffer into the one buffer per
 // server that is sent (in the shared-memory arena for a co-located server).

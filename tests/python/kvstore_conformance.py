@@ -194,13 +194,17 @@ def compression_checks(kv, rounds, rate):
     kv.push(keys, [np.float32(r + 1) * ramp for ramp in ramps]).wait()
     kv.pull(keys, out=outs).wait()
     for j in range(len(SHAPES)):
-        check(outs[j], expect[j] + np.float32(W * (W + 1) / 2) * ramps[j],
-              "uncompressed push after compression")
+        expect[j] = expect[j] + np.float32(W * (W + 1) / 2) * ramps[j]
+        check(outs[j], expect[j], "uncompressed push after compression")
+    # On again: the residuals start from zero (what was left unsent is gone).
+    kv.set_gradient_compression({"type": "2bit", "threshold": t})
+    residuals = [[np.zeros(s, np.float32) for s in SHAPES] for _ in range(W)]
+    round_(rounds + 2, pushpull=True, rate_now=1.0)
     expect_raises(ValueError, lambda: kv.set_gradient_compression({"type": "1bit"}),
                   "an unknown compression type")
     kv.barrier()
-    print("conformance: 2-bit compression ok: %d rounds, push and pushpull, sharded keys"
-          % (rounds + 1))
+    print("conformance: 2-bit compression ok: %d rounds, push and pushpull, sharded keys, "
+          "off and on again" % (rounds + 2))
 
 
 def async_checks(kv, rounds):
