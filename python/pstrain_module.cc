@@ -18,11 +18,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -454,8 +457,8 @@ class Client {
 // Not thread-safe (the Python store serializes its calls).
 class LocalUpdater {
  public:
-  explicit LocalUpdater(const py::dict& optimizer) {
-    auto opt = Optimizer::Create(OptimizerFromDict(optimizer));
+  explicit LocalUpdater(const py::dict& optimizer) : cfg_(OptimizerFromDict(optimizer)) {
+    auto opt = Optimizer::Create(cfg_);
     ThrowIfError(opt.status());
     opt_ = std::move(opt).value();
   }
@@ -481,7 +484,48 @@ class LocalUpdater {
     }
   }
 
+  // One key's state: (key, updates, lr_mult, wd_mult, momentum as float32 bytes).
+  using KeyState = std::tuple<uint64_t, int64_t, float, float, py::bytes>;
+
+  // The optimizer's update count (its schedule's clock) and every key's state.
+  std::pair<int64_t, std::vector<KeyState>> GetStates() const {
+    std::vector<KeyState> out;
+    for (const auto& [key, st] : states_) {
+      out.emplace_back(key, st.num_updates, st.lr_mult, st.wd_mult,
+                       py::bytes(reinterpret_cast<const char*>(st.momentum.data()),
+                                 st.momentum.size() * sizeof(float)));
+    }
+    return {opt_->num_update(), std::move(out)};
+  }
+
+  // Replaces every key's state with `states` (GetStates' form) and moves the
+  // update count on to `num_update`.
+  void SetStates(int64_t num_update, const std::vector<KeyState>& states) {
+    if (num_update < 0) throw py::value_error(StrCat("update count ", num_update, " < 0"));
+    std::unordered_map<uint64_t, ParamState> next;
+    for (const auto& [key, updates, lr_mult, wd_mult, momentum] : states) {
+      const std::string_view bytes = std::string_view(momentum);
+      if (updates < 0 || bytes.size() % sizeof(float) != 0) {
+        throw py::value_error(StrCat("state of key ", key, ": ", updates, " updates, ",
+                                     bytes.size(), " bytes of momentum (not whole floats)"));
+      }
+      ParamState& st = next[key];
+      st.num_updates = updates;
+      st.lr_mult = lr_mult;
+      st.wd_mult = wd_mult;
+      st.momentum.resize(bytes.size() / sizeof(float));
+      std::memcpy(st.momentum.data(), bytes.data(), bytes.size());
+    }
+    // A fresh optimizer: its count is the one loaded, not the larger of the two.
+    auto opt = Optimizer::Create(cfg_);
+    ThrowIfError(opt.status());
+    opt_ = std::move(opt).value();
+    opt_->ContinueFrom(num_update);
+    states_ = std::move(next);
+  }
+
  private:
+  const OptimizerConfig cfg_;
   std::unique_ptr<Optimizer> opt_;
   std::unordered_map<uint64_t, ParamState> states_;
 };
@@ -579,5 +623,7 @@ PYBIND11_MODULE(_pstrain, m) {
 
   py::class_<LocalUpdater>(m, "LocalUpdater")
       .def(py::init<const py::dict&>())
-      .def("update", &LocalUpdater::Update);
+      .def("update", &LocalUpdater::Update)
+      .def("get_states", &LocalUpdater::GetStates)
+      .def("set_states", &LocalUpdater::SetStates, py::arg("num_update"), py::arg("states"));
 }

@@ -26,6 +26,7 @@ exit: it tells the scheduler the worker finished, or, when the script died of
 an exception, that it failed (the job then stops at once).
 """
 import atexit
+import json
 import math
 import numbers
 import os
@@ -206,7 +207,8 @@ class Handle:
 class KVStore:
     """MXNet's KVStore: ``init``, ``push``, ``pull``, ``pushpull``, ``broadcast``,
     ``set_optimizer``, ``set_gradient_compression``, ``barrier``, ``rank``,
-    ``num_workers``.
+    ``num_workers``; ``save_optimizer_states`` and ``load_optimizer_states``
+    for in-process stores.
 
     Keys are ints, or strings (mapped to ints in the order they are first
     initialized, as MXNet does; every worker must initialize them in the same
@@ -264,6 +266,7 @@ class KVStore:
             self._timeout_ms = 0
             self._values = {}
             self._updater = None
+            self._updater_cfg = None
             # Compression's residuals: per key, one per device value of a push.
             self._residuals = {}
         else:
@@ -323,6 +326,7 @@ class KVStore:
             if optimizer.wd_mult:
                 raise ValueError("wd_mult is applied by the servers only (dist stores)")
             self._updater = _pstrain.LocalUpdater(cfg)
+            self._updater_cfg = cfg
             return
         # A string key wd_mult names before its init is numbered here (in the
         # optimizer's order, the same on every worker), as init would.
@@ -391,6 +395,96 @@ class KVStore:
         self.waitall()
         self.barrier()
         self._configure(self._server_optimizer, threshold)
+
+    def save_optimizer_states(self, fname, dump_optimizer=False):
+        """Writes the optimizer's state (each key's momentum and update count,
+        the schedule's clock) to ``fname``; with ``dump_optimizer`` the
+        optimizer's settings too. ``local``/``device`` stores only: in a dist
+        store the servers hold it (MXNet's rule). The file is a NumPy ``.npz``
+        read without pickle.
+        """
+        updater = self._local_updater("save_optimizer_states")
+        num_update, states = updater.get_states()
+        names = self._key_names()
+        keys, arrays = [], {}
+        for i, (ikey, updates, lr_mult, wd_mult, momentum) in enumerate(
+                sorted(states, key=lambda s: s[0])):
+            keys.append([names.get(ikey, ikey), updates, lr_mult, wd_mult])
+            arrays["m%d" % i] = np.frombuffer(momentum, np.float32)
+        meta = {"format": "pstrain optimizer states", "version": 1, "num_update": num_update,
+                "keys": keys, "optimizer": self._updater_cfg if dump_optimizer else None}
+        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+        with open(fname, "wb") as f:
+            np.savez(f, **arrays)
+
+    def load_optimizer_states(self, fname):
+        """Reads what ``save_optimizer_states`` wrote: the keys must be
+        initialized (with their sizes then); a file saved with
+        ``dump_optimizer`` installs its optimizer, else the store needs one
+        (``set_optimizer``). The state read replaces the current one.
+        """
+        self._local_updater("load_optimizer_states", need_one=False)
+        where = "load_optimizer_states: %s" % (fname,)
+        try:
+            with np.load(fname, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+            meta = json.loads(arrays["meta"].tobytes().decode())
+            if meta.get("format") != "pstrain optimizer states" or meta.get("version") != 1:
+                raise ValueError("not a pstrain optimizer state file (version 1)")
+            entries = meta["keys"]
+            num_update = int(meta["num_update"])
+            cfg = meta["optimizer"]
+            if not isinstance(entries, list) or not isinstance(cfg, (dict, type(None))):
+                raise ValueError("its keys or optimizer are malformed")
+        except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+            raise ValueError("%s: %s" % (where, e)) from None
+        states = []
+        for i, entry in enumerate(entries):
+            try:
+                name, updates, lr_mult, wd_mult = entry
+                momentum = arrays["m%d" % i]
+            except (ValueError, TypeError, KeyError):
+                raise ValueError("%s: key entry %d is malformed" % (where, i)) from None
+            if isinstance(name, list):  # JSON has no tuples; keys are ints or strs
+                raise ValueError("%s: key entry %d is malformed" % (where, i))
+            try:
+                ikey = self._key(name, create=False)
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError("%s: key %r: %s" % (where, name, e)) from None
+            size = self._sizes.get(ikey)
+            if size is None:
+                raise ValueError("%s: key %r is not initialized in this store (init the keys "
+                                 "first)" % (where, name))
+            if momentum.dtype != np.float32 or momentum.size not in (0, size):
+                raise ValueError("%s: key %r: momentum of %d %s values, the key holds %d"
+                                 % (where, name, momentum.size, momentum.dtype, size))
+            states.append((ikey, int(updates), float(lr_mult), float(wd_mult),
+                           momentum.tobytes()))
+        if cfg is not None:
+            try:
+                updater = _pstrain.LocalUpdater(cfg)
+            except (ValueError, TypeError, RuntimeError) as e:
+                raise ValueError("%s: its optimizer: %s" % (where, e)) from None
+        elif self._updater is not None:
+            updater = self._updater
+        else:
+            raise ValueError("%s: the file holds no optimizer (saved without dump_optimizer) "
+                             "and this store has none: set_optimizer first" % (where,))
+        updater.set_states(num_update, states)
+        if cfg is not None:
+            self._updater, self._updater_cfg = updater, cfg
+
+    def _local_updater(self, what, need_one=True):
+        if self._client is not None:
+            raise Error("FailedPrecondition: %s: the servers hold the optimizer's state in a "
+                        "dist store (as in MXNet, local and device stores only)" % (what,))
+        if need_one and self._updater is None:
+            raise ValueError("%s: this store has no optimizer (set_optimizer first)" % (what,))
+        return self._updater
+
+    def _key_names(self):
+        """int key -> the user's key (a str key's name)."""
+        return {i: name for name, i in self._str_keys.items()}
 
     def _configure(self, server_optimizer, gc_threshold):
         """Sends the servers their next configuration generation."""

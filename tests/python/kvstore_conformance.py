@@ -202,6 +202,9 @@ def compression_checks(kv, rounds, rate):
     round_(rounds + 2, pushpull=True, rate_now=1.0)
     expect_raises(ValueError, lambda: kv.set_gradient_compression({"type": "1bit"}),
                   "an unknown compression type")
+    e = expect_raises(pstrain.Error, lambda: kv.save_optimizer_states("/nonexistent/states"),
+                      "save_optimizer_states in a dist store")
+    assert "the servers hold the optimizer's state" in str(e), e
     kv.barrier()
     print("conformance: 2-bit compression ok: %d rounds, push and pushpull, sharded keys, "
           "off and on again" % (rounds + 2))

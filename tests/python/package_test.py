@@ -474,6 +474,76 @@ def test_gradient_compression():
     print("package: gradient compression ok")
 
 
+def test_optimizer_states():
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="pstrain-states-")
+    shapes = {"a": (3, 4), "b": (5,)}
+    rng = np.random.default_rng(5)
+    grads = [{k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+             for _ in range(5)]
+
+    def sgd():
+        return pstrain.optimizer.SGD(learning_rate=0.1, momentum=0.9, wd=1e-3,
+                                     lr_scheduler=pstrain.lr_scheduler.FactorScheduler(2, 0.5))
+
+    def store(values, opt=True):
+        kv = pstrain.KVStore("local")
+        kv.init(list(values), list(values.values()))
+        if opt:
+            kv.set_optimizer(sgd())
+        return kv
+
+    def pull(kv):
+        out = {k: np.zeros(s, np.float32) for k, s in shapes.items()}
+        kv.pull(list(out), out=list(out.values())).wait()
+        return out
+
+    kv = store({k: np.ones(s, np.float32) for k, s in shapes.items()})
+    for g in grads[:3]:
+        kv.push(list(g), list(g.values())).wait()
+    mid = pull(kv)
+    path = os.path.join(tmp, "states")
+    kv.save_optimizer_states(path, dump_optimizer=True)
+    kv.save_optimizer_states(path + ".bare")
+    assert os.path.exists(path), "saved under another name"
+    for g in grads[3:]:
+        kv.push(list(g), list(g.values())).wait()
+    want = pull(kv)
+    # Resumed from the weights and the states: bit for bit (momentum and the
+    # schedule's clock, which halves the rate at update 4), with the optimizer
+    # from the file or set again.
+    for file, opt in [(path, False), (path + ".bare", True)]:
+        again = store(mid, opt=opt)
+        again.load_optimizer_states(file)
+        for g in grads[3:]:
+            again.push(list(g), list(g.values())).wait()
+        got = pull(again)
+        for k in shapes:
+            assert np.array_equal(got[k], want[k]), (file, k, got[k], want[k])
+    # Without the states the momentum starts again: not the same weights.
+    fresh = store(mid)
+    for g in grads[3:]:
+        fresh.push(list(g), list(g.values())).wait()
+    assert not np.array_equal(pull(fresh)["a"], want["a"])
+    # Errors name the file and what is wrong.
+    expect_error(lambda: store(mid, opt=False).load_optimizer_states(path + ".bare"), ValueError,
+                 "holds no optimizer", "set_optimizer first")
+    expect_error(lambda: pstrain.KVStore("local").load_optimizer_states(path), ValueError,
+                 "key 'a' was never initialized")
+    small = pstrain.KVStore("local")
+    small.init(["a", "b"], [np.ones(12, np.float32), np.ones(4, np.float32)])
+    expect_error(lambda: small.load_optimizer_states(path), ValueError,
+                 "key 'b': momentum of 5 float32 values, the key holds 4")
+    with open(path + ".junk", "wb") as f:
+        f.write(b"not an npz file")
+    expect_error(lambda: kv.load_optimizer_states(path + ".junk"), ValueError,
+                 "load_optimizer_states: " + path + ".junk")
+    expect_error(lambda: kv.load_optimizer_states(path + ".missing"), ValueError, "No such file")
+    expect_error(lambda: pstrain.KVStore("local").save_optimizer_states(path), ValueError,
+                 "no optimizer")
+    print("package: optimizer states ok")
+
+
 def test_torch_zero_copy():
     try:
         import torch
@@ -504,6 +574,7 @@ def main():
     test_roles()
     test_local_store()
     test_gradient_compression()
+    test_optimizer_states()
     test_torch_zero_copy()
     test_lost_errors()
     test_repeated_keys()
