@@ -26,7 +26,7 @@
 #   bash bench/gpu_seed001.sh [pstrain] [runs] [epochs] [seconds]
 #   e.g. bash bench/gpu_seed001.sh build/pstrain "incept_3 incept_5" 40 600
 set -uo pipefail
-P=${1:-build/pstrain}
+P=$(realpath -e "${1:-build/pstrain}") || exit 1  # absolute: the packing runs elsewhere
 RUNS=${2:-incept_3 incept_5 incept_6 incept_7 incept_4 async}
 EPOCHS=${3:-40}
 LIMIT=${4:-3600}
@@ -68,9 +68,13 @@ common=(--network inception-bn-28-small --data-train "$work/cifar_train.rec"
   --random-mirror 1 --mean-img "$work/mean.bin" --wd 0.00001 --initializer "uniform(0.07)"
   --num-examples "$EXAMPLES" --num-epochs "$EPOCHS" --gpus 0)
 # The mean image once, before any run reads it (10 workers would race to write it).
-timeout 600 "$P" train "${common[@]}" --num-epochs 1 --num-examples 128 --batch-size 128 \
-  --kv-store local >/dev/null 2>&1
-[[ -s $work/mean.bin ]] || { echo "gpu_seed001: the mean image was not made" >&2; exit 1; }
+timeout 120 "$P" train "${common[@]}" --num-epochs 1 --num-examples 128 --batch-size 128 \
+  --kv-store local >"$keep/mean.log" 2>&1
+[[ -s $work/mean.bin ]] || {
+  echo "gpu_seed001: the mean image was not made; $keep/mean.log ends:" >&2
+  tail -n 5 "$keep/mean.log" >&2
+  exit 1
+}
 
 # torch_3 also scores the exact test images we have (DATA/cifar10_partial: the
 # first 1,017) and their JPEG twins, each epoch: what the JPEG copy costs a
@@ -140,5 +144,13 @@ if [[ $PARALLEL == 1 ]]; then
   wait
   for run in $RUNS; do cat "$keep/$run.table"; done
 else
+  # One after another: refuse runs that cannot all end by DEADLINE_S (seconds
+  # of this script), rather than be killed with their logs unpacked.
+  n=$(wc -w <<<"$RUNS")
+  if ((n > 1 && n * LIMIT + SECONDS > ${DEADLINE_S:-100000})); then
+    echo "gpu_seed001: $n runs of up to $LIMIT s one after another do not fit" \
+      "DEADLINE_S=$DEADLINE_S (PARALLEL=1 runs them at once)" >&2
+    exit 2
+  fi
   for run in $RUNS; do run_one "$run"; done
 fi

@@ -2,10 +2,10 @@
 # The GPU figures of issues 10 and 11, on a GPU host that has CUDA and
 # PyTorch but none of our packages, in phases that each fit a 10-minute
 # command. On the development machine, bundle the build:
-#   bash scripts/bundle.sh BUNDLE.tar.xz build build/tests/gpu_backend_test \
+#   bash scripts/bundle.sh BUNDLE.tar.gz build build/tests/gpu_backend_test \
 #     build/tests/gpu_cluster_test build/bench/nn_step_bench
 # and on the GPU host, from a copy of this checkout:
-#   bash bench/gpu_session.sh BUNDLE.tar.xz PHASE [args]
+#   bash bench/gpu_session.sh BUNDLE.tar.gz PHASE [args]
 # PHASE:
 #   tests    the `gpu` test binaries, a process per test suite (the cluster
 #            test needs MNIST: DATA)
@@ -26,13 +26,17 @@
 #            on the GPU): incept_3_fixed (incept_3 in the file's order) and
 #            torch_3 (incept_3 in PyTorch on the same files) took 430 s so
 #            (docs/reproductions.md)
-# DATA: the data folder (../shared/data by default; mnist/, cifar10_jpeg/, and
+# DATA: the data folder (../shared/data by default, which the device tool
+# does not carry: name a copy inside the checkout, such as .gpud-mnist, in its
+# `carry` and set DATA to it; the tests and seed001 phases check it first:
+# mnist/, cifar10_jpeg/, and
 # for torch_3's exact test images cifar10_partial/'s classes.txt, test_batch.*
 # and one data_batch_N.* that `pstrain rec cifar10` needs).
 # Logs and tables go to $OUT (the device tool's output folder) or ./gpu-out;
-# the step, merge, models and seed001 phases' run logs as PHASE-logs.tar.xz there.
+# the step, merge, models and seed001 phases' run logs as PHASE-logs.tar.gz there.
+# A phase stops at once (exit 3) when the bundle's pstrain sees no usable GPU.
 set -uo pipefail
-usage="usage: bash bench/gpu_session.sh BUNDLE.tar.xz tests|step|profile|merge|models|seed001 [args]"
+usage="usage: bash bench/gpu_session.sh BUNDLE.tar.gz tests|step|profile|merge|models|seed001 [args]"
 bundle=${1:?$usage}
 phase=${2:?$usage}
 shift 2
@@ -40,11 +44,21 @@ cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 export PSTRAIN_SHARED_DATA_DIR=${DATA:-../shared/data}
+need_data() {
+  [[ -e $PSTRAIN_SHARED_DATA_DIR/$1 ]] && return 0
+  echo "gpu_session: the $phase phase needs $PSTRAIN_SHARED_DATA_DIR/$1 (set DATA to a data" \
+    "folder carried to this machine)" >&2
+  exit 2
+}
+case $phase in
+  tests) need_data mnist ;;
+  seed001) need_data cifar10_jpeg/cifar10-jpeg.tar.gz ;;
+esac
 unpacked=$(mktemp -d)
 # The step, merge, models and seed001 phases keep every run's log in $logs, packed
 # into one file at the end: the device tool brings back at most 8 files.
 logs=$unpacked/$phase-logs
-trap '[[ -d $logs ]] && tar -C "$unpacked" -cJf "$out/$phase-logs.tar.xz" "$phase-logs"
+trap '[[ -d $logs ]] && tar -C "$unpacked" -czf "$out/$phase-logs.tar.gz" "$phase-logs"
   rm -rf "$unpacked"' EXIT
 tar -C "$unpacked" -xaf "$bundle" || exit 1
 # shellcheck disable=SC1091
@@ -55,6 +69,10 @@ export PSTRAIN_BINARY=$bin/pstrain PSTRAIN_CUDA_MODULE=$bin/libpstrain_cuda.so
 export PSTRAIN_REQUIRE_GPU=1
 pstrain version | tee "$out/version.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$out/version.txt"
+if ! grep -qE 'GPUs: [1-9]' "$out/version.txt"; then
+  echo "gpu_session: the bundle's pstrain sees no usable GPU (above); nothing run" >&2
+  exit 3
+fi
 
 # run_suites BINARY LOG: each test suite of a GoogleTest binary in its own
 # process, so that a crash or a sticky CUDA error (a kernel fault poisons its
@@ -63,20 +81,31 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$
 # line per suite and per rerun test, then the counts; returns 1 if a test
 # failed on its own.
 run_suites() {
-  local binary=$1 log=$2 suite test rc=0 status timed='.* \([0-9]+ ms\)$'
+  local binary=$1 log=$2 suite suites test rc=0 status timed='.* \([0-9]+ ms\)$'
   : >"$log"
   : >"$log.rerun"
-  for suite in $("$binary" --gtest_list_tests | awk '/^[^ ]/ && !/^Running main/'); do
-    "$binary" --gtest_filter="$suite*" >>"$log" 2>&1
+  if [[ ! -x $binary ]] || ! suites=$("$binary" --gtest_list_tests 2>&1); then
+    echo "FAIL  $binary is missing from the bundle or does not start: ${suites:-}"
+    return 1
+  fi
+  suites=$(awk '/^[^ ]/ && !/^Running main/' <<<"$suites")
+  if [[ -z $suites ]]; then
+    echo "FAIL  $binary lists no test suite"
+    return 1
+  fi
+  # A hung suite (a fence, a peer copy) must not take the call's 10 minutes.
+  for suite in $suites; do
+    timeout 300 "$binary" --gtest_filter="$suite*" >>"$log" 2>&1
     status=$?
     if ((status == 0)); then
       echo "pass  $suite*"
       continue
     fi
-    echo "FAIL  $suite* (exit $status): one test per process"
+    echo "FAIL  $suite* (exit $status$( ((status == 124)) && echo ", timed out")): one test per" \
+      "process"
     for test in $("$binary" --gtest_list_tests --gtest_filter="$suite*" |
       awk '/^  /{print $1}'); do
-      "$binary" --gtest_filter="$suite$test" >>"$log.rerun" 2>&1
+      timeout 120 "$binary" --gtest_filter="$suite$test" >>"$log.rerun" 2>&1
       status=$?
       if ((status == 0)); then
         echo "  pass  $suite$test"
@@ -115,14 +144,17 @@ case $phase in
     # profiler) of the two rows nearest PyTorch's, side by side.
     resnet=(--network resnet --num-layers 50 --image-shape "3,224,224" --num-classes 1000 --batch 32)
     incept=(--network inception-bn-28-small --image-shape "3,28,28" --num-classes 10 --batch 256)
-    "$bin/nn_step_bench" --gpus 0 "${resnet[@]}" --steps 10 --profile \
-      >"$out/profile_resnet50.md" 2>&1
-    "$bin/nn_step_bench" --gpus 0 "${incept[@]}" --steps 10 --profile \
-      >"$out/profile_incept256.md" 2>&1
-    "${PYTHON:-python3}" bench/torch_step_bench.py --device cuda "${resnet[@]}" --steps 20 \
-      --profile 5 >"$out/torch_profile_resnet50.md" 2>&1
-    "${PYTHON:-python3}" bench/torch_step_bench.py --device cuda "${incept[@]}" --steps 20 \
-      --profile 5 >"$out/torch_profile_incept256.md" 2>&1
+    # Each run within 100 s, so that all of them fit the call.
+    timeout 100 "$bin/nn_step_bench" --gpus 0 "${resnet[@]}" --steps 10 --profile \
+      >"$out/profile_resnet50.md" 2>&1 || echo "profile_resnet50 failed (exit $?)"
+    timeout 100 "$bin/nn_step_bench" --gpus 0 "${incept[@]}" --steps 10 --profile \
+      >"$out/profile_incept256.md" 2>&1 || echo "profile_incept256 failed (exit $?)"
+    timeout 100 "${PYTHON:-python3}" bench/torch_step_bench.py --device cuda "${resnet[@]}" \
+      --steps 20 --profile 5 >"$out/torch_profile_resnet50.md" 2>&1 ||
+      echo "torch_profile_resnet50 failed (exit $?)"
+    timeout 100 "${PYTHON:-python3}" bench/torch_step_bench.py --device cuda "${incept[@]}" \
+      --steps 20 --profile 5 >"$out/torch_profile_incept256.md" 2>&1 ||
+      echo "torch_profile_incept256 failed (exit $?)"
     # cuDNN's graph-API engines racing the legacy algorithms (the default),
     # beside the legacy search alone (--no-conv-graph), interleaved.
     # (a second round only where the call's 10 minutes leave room for it)
@@ -133,8 +165,8 @@ case $phase in
         for flag in --no-conv-graph ""; do
           echo "round $r: $rows ${flag:-graph engines raced}"
           # shellcheck disable=SC2086
-          "$bin/nn_step_bench" --gpus 0 "${row[@]}" --steps 30 $flag 2>&1 |
-            grep -E '^\| [a-z]|^on cuda'
+          timeout 100 "$bin/nn_step_bench" --gpus 0 "${row[@]}" --steps 30 $flag 2>&1 |
+            grep -E '^\| [a-z]|^on cuda|rror|FATAL|Check failed'
         done
         unset -n row
       done
@@ -151,7 +183,8 @@ case $phase in
       tee "$out/models.md"
     ;;
   seed001)
-    LOG_DIR=$logs bash bench/gpu_seed001.sh "$bin/pstrain" "${1:-incept_6}" "${2:-40}" \
+    LOG_DIR=$logs DEADLINE_S=${DEADLINE_S:-570} bash bench/gpu_seed001.sh "$bin/pstrain" \
+      "${1:-incept_6}" "${2:-40}" \
       "${3:-500}" 2>&1 | tee "$out/seed001.md"
     ;;
   *)

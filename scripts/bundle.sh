@@ -22,10 +22,21 @@ root=$stage/pstrain-bundle
 mkdir -p "$root/bin" "$root/lib"
 bins=("$build/pstrain" "$@")
 cp "${bins[@]}" "$root/bin/"
-[[ -f $build/libpstrain_cuda.so ]] && cp "$build/libpstrain_cuda.so" "$root/bin/"
+# The CUDA module is dlopen'ed (ldd does not name it): a bundle without it
+# would fail every GPU run only once it is on the GPU machine.
+[[ -f $build/libpstrain_cuda.so ]] || {
+  echo "bundle: $build/libpstrain_cuda.so not found (a build with CUDA makes it)" >&2
+  exit 1
+}
+cp "$build/libpstrain_cuda.so" "$root/bin/"
 
 # glibc's libraries and the dynamic loader come from the host; so do CUDA's.
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libresolv\.|libutil\.|libcuda\.|libcudart\.|libcublas|libcudnn|libnccl|libnvrtc|libnvJitLink)'
+# A library ldd cannot find here would be missing there too.
+for f in "$root"/bin/*; do
+  missing=$(ldd "$f" 2>/dev/null | awk '/not found/ { print $1 }' | grep -vE "$skip" || true)
+  [[ -z $missing ]] || { echo "bundle: $f needs libraries not found here: $missing" >&2; exit 1; }
+done
 for f in "$root"/bin/*; do
   ldd "$f" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }'
 done | sort -u | while read -r name path; do
