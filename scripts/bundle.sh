@@ -22,13 +22,14 @@ root=$stage/pstrain-bundle
 mkdir -p "$root/bin" "$root/lib"
 bins=("$build/pstrain" "$@")
 cp "${bins[@]}" "$root/bin/"
-# The CUDA module is dlopen'ed (ldd does not name it): a bundle without it
-# would fail every GPU run only once it is on the GPU machine.
-[[ -f $build/libpstrain_cuda.so ]] || {
-  echo "bundle: $build/libpstrain_cuda.so not found (a build with CUDA makes it)" >&2
-  exit 1
-}
-cp "$build/libpstrain_cuda.so" "$root/bin/"
+# The CUDA module is dlopen'ed (ldd does not name it). A build without CUDA
+# makes a bundle for CPUs only: say so, loudly.
+if [[ -f $build/libpstrain_cuda.so ]]; then
+  cp "$build/libpstrain_cuda.so" "$root/bin/"
+else
+  echo "bundle: WARNING: $build/libpstrain_cuda.so not found (a build with CUDA makes it):" \
+    "this bundle runs on CPUs only" >&2
+fi
 
 # glibc's libraries and the dynamic loader come from the host; so do CUDA's.
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libresolv\.|libutil\.|libcuda\.|libcudart\.|libcublas|libcudnn|libnccl|libnvrtc|libnvJitLink)'
