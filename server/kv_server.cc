@@ -476,6 +476,13 @@ void KVServer::HandleConfig(const Message& msg) {
                   << NodeIdName(msg.header.sender()) << " replaces generation "
                   << config_->generation();
       }
+      // A generation that keeps the optimizer (a new gradient compression,
+      // say) keeps its schedule's clock too.
+      if (opt != nullptr && optimizer_ != nullptr && config_ != nullptr &&
+          google::protobuf::util::MessageDifferencer::Equals(config_->optimizer(),
+                                                             cfg.optimizer())) {
+        opt->ContinueFrom(optimizer_->num_update());
+      }
       config_ = std::make_shared<const ServerConfig>(cfg);
       optimizer_ = std::move(opt);
       if (snapshots_ != nullptr) {

@@ -96,6 +96,9 @@ TEST_F(PythonClusterTest, DistAsyncAppliesEveryPushOnce) {
               std::string::npos)
         << log;
     EXPECT_NE(log.find("conformance: dist_async wd_mult before init ok"), std::string::npos) << log;
+    EXPECT_NE(log.find("conformance: a new generation keeps the schedule's clock ok"),
+              std::string::npos)
+        << log;
   }
 }
 

@@ -239,6 +239,25 @@ def async_checks(kv, rounds):
     check(d, 0.5 ** W, "wd_mult 1 (default)")
     print("conformance: dist_async wd_mult before init ok")
 
+    # A configuration generation that keeps the optimizer (here: compression
+    # off, as set_gradient_compression sends) keeps its schedule's clock: "f",
+    # first pushed after 4 rounds of "e" on its server, gets the rate of update 4W + 1 or
+    # later (a few hundredths at most), not the first update's 1 (it did before).
+    kv.set_optimizer(pstrain.optimizer.SGD(
+        learning_rate=1.0, lr_scheduler=pstrain.lr_scheduler.FactorScheduler(step=1, factor=0.5)))
+    # The clock is per server: "e" and "f" are two keys apart, so on one
+    # server of two (MXNet's placement: key * 9973 % S).
+    kv.init(["e", "between", "f"], [np.zeros(4, np.float32)] * 3)
+    for _ in range(4):
+        kv.push("e", -np.ones(4, np.float32)).wait()
+    kv.set_gradient_compression({"type": "none"})
+    kv.push("f", -np.ones(4, np.float32)).wait()
+    kv.barrier()
+    f = np.zeros(4, np.float32)
+    kv.pull("f", out=f).wait()
+    assert 0 < f[0] < 0.1, "f moved %r: the schedule's clock restarted" % (f[0],)
+    print("conformance: a new generation keeps the schedule's clock ok")
+
 
 def main():
     ap = argparse.ArgumentParser()
