@@ -144,12 +144,18 @@ if [[ $PARALLEL == 1 ]]; then
   wait
   for run in $RUNS; do cat "$keep/$run.table"; done
 else
-  # One after another: refuse runs that cannot all end by DEADLINE_S (seconds
-  # of this script), rather than be killed with their logs unpacked.
+  # One after another, all ending by DEADLINE_S (seconds of this script,
+  # the preparation included), rather than be killed with their logs unpacked:
+  # each run's limit shrinks to its share of what is left.
   n=$(wc -w <<<"$RUNS")
-  if ((n > 1 && n * LIMIT + SECONDS > ${DEADLINE_S:-100000})); then
-    echo "gpu_seed001: $n runs of up to $LIMIT s one after another do not fit" \
-      "DEADLINE_S=$DEADLINE_S (PARALLEL=1 runs them at once)" >&2
+  left=$((${DEADLINE_S:-100000} - SECONDS - 20))
+  if ((left / n < LIMIT)); then
+    LIMIT=$((left / n))
+    echo "gpu_seed001: each run limited to $LIMIT s to end by DEADLINE_S" >&2
+  fi
+  if ((LIMIT < 60)); then
+    echo "gpu_seed001: $n runs do not fit what is left of DEADLINE_S (PARALLEL=1 runs them" \
+      "at once)" >&2
     exit 2
   fi
   for run in $RUNS; do run_one "$run"; done

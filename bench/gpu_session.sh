@@ -84,8 +84,8 @@ run_suites() {
   local binary=$1 log=$2 suite suites test rc=0 status timed='.* \([0-9]+ ms\)$'
   : >"$log"
   : >"$log.rerun"
-  if [[ ! -x $binary ]] || ! suites=$("$binary" --gtest_list_tests 2>&1); then
-    echo "FAIL  $binary is missing from the bundle or does not start: ${suites:-}"
+  if [[ ! -x $binary ]] || ! suites=$("$binary" --gtest_list_tests 2>"$log.list"); then
+    echo "FAIL  $binary is missing from the bundle or does not start: $(cat "$log.list" 2>/dev/null)"
     return 1
   fi
   suites=$(awk '/^[^ ]/ && !/^Running main/' <<<"$suites")

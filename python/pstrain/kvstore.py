@@ -373,8 +373,9 @@ class KVStore:
             if not (math.isfinite(threshold) and threshold > 0):
                 raise ValueError("set_gradient_compression: threshold %r must be a finite "
                                  "number > 0" % (t,))
-            if np.float32(threshold) <= 0:
-                raise ValueError("set_gradient_compression: threshold %r is 0 in float32" % (t,))
+            if not (np.isfinite(np.float32(threshold)) and np.float32(threshold) > 0):
+                raise ValueError("set_gradient_compression: threshold %r is out of float32's "
+                                 "range" % (t,))
         local_opt = [d for d in self._dist_optimizers if not d._server_side]
         if threshold is not None and local_opt:
             raise Error("FailedPrecondition: set_gradient_compression: %s uses this KVStore "
@@ -487,10 +488,12 @@ class KVStore:
         return {i: name for name, i in self._str_keys.items()}
 
     def _configure(self, server_optimizer, gc_threshold):
-        """Sends the servers their next configuration generation."""
+        """Sends the servers their next configuration generation. The number is
+        used up even if that fails (some servers may have taken it), so the
+        next configuration, whatever it holds, has a newer one."""
         cfg, wd_mult = server_optimizer
-        self._client.configure(self._sync, cfg, self._generation + 1, wd_mult, gc_threshold)
         self._generation += 1
+        self._client.configure(self._sync, cfg, self._generation, wd_mult, gc_threshold)
         self._server_optimizer = server_optimizer
         self._gc_threshold = gc_threshold
 
@@ -584,7 +587,9 @@ class KVStore:
                              % (what, name, n, size))
 
     def _pushed(self, name, ikey, values, what):
-        """The float32 array a push of `values` (each an array or a list of arrays) sends."""
+        """The float32 array a push of `values` (each an array or a list of arrays)
+        sends, and the compression residuals to keep once it is applied (None
+        unless a device store compresses)."""
         vals = [_source(v, "%s of key %r" % (what, name)) for value in values
                 for v in _devices(value)]
         for v in vals[1:]:
@@ -592,22 +597,26 @@ class KVStore:
                 raise ValueError("%s of key %r: the arrays to sum differ in size (%d, %d)"
                                  % (what, name, vals[0].size, v.size))
         self._checked_size(name, ikey, vals[0].size, what)
+        residuals = None
         if self._client is None and self._gc_threshold is not None:
-            vals = self._quantized(ikey, vals)
-        return vals[0] if len(vals) == 1 else np.sum(np.stack([v.ravel() for v in vals]), axis=0)
+            vals, residuals = self._quantized(ikey, vals)
+        total = vals[0] if len(vals) == 1 else np.sum(np.stack([v.ravel() for v in vals]), axis=0)
+        return total, residuals
 
     def _quantized(self, ikey, vals):
         """A device store's compression: each device value's 2-bit round trip
-        (a copy; the caller's array stays as it is), with its own residual."""
-        residuals = self._residuals.setdefault(ikey, [])
-        out = []
+        (a copy; the caller's array stays as it is) with its own residual,
+        moved in a copy that the push keeps only once it is applied (a push
+        refused leaves the residuals as they were)."""
+        old = self._residuals.get(ikey, [])
+        out, residuals = [], []
         for j, v in enumerate(vals):
             q = np.array(v, dtype=np.float32, order="C").ravel()
-            if j == len(residuals):
-                residuals.append(np.zeros(q.size, np.float32))
-            _pstrain.quantize_2bit(q, residuals[j], self._gc_threshold)
+            r = old[j].copy() if j < len(old) else np.zeros(q.size, np.float32)
+            _pstrain.quantize_2bit(q, r, self._gc_threshold)
             out.append(q)
-        return out
+            residuals.append(r)
+        return out, residuals + old[len(vals):]
 
     # ---- data ----
     def init(self, key, value):
@@ -647,9 +656,9 @@ class KVStore:
         """Pushes values (gradients): returns a Handle. Higher priority leaves first."""
         handles = []
         for name, ikey, vs in self._grouped(key, value, "push"):
-            arr = self._pushed(name, ikey, vs, "push")
+            arr, residuals = self._pushed(name, ikey, vs, "push")
             if self._client is None:
-                self._local_push(ikey, arr)
+                self._local_push(ikey, arr, residuals)
                 continue
             # The caller's objects too: a PyTorch gradient whose tensor is still
             # referenced is not taken over (and later changed) by autograd.
@@ -687,7 +696,7 @@ class KVStore:
         handles = []
         outs = {ikey: os_ for _, ikey, os_ in self._grouped(key, out, "pushpull")}
         for name, ikey, vs in self._grouped(key, value, "pushpull"):
-            arr = self._pushed(name, ikey, vs, "pushpull")
+            arr, residuals = self._pushed(name, ikey, vs, "pushpull")
             dests = [x for o in outs[ikey] for x in _as_list(o)]
             first, copy_back = _dest(dests[0], "pushpull output of key %r" % (name,))
             if first.size != arr.size:
@@ -695,7 +704,7 @@ class KVStore:
                                  % (name, first.size, arr.size))
             after = _outputs_after(name, "pushpull", "the value", first, copy_back, dests[1:])
             if self._client is None:
-                self._local_push(ikey, arr)
+                self._local_push(ikey, arr, residuals)
                 np.copyto(first.reshape(-1), self._values[ikey])
                 for f in after:
                     f()
@@ -718,12 +727,14 @@ class KVStore:
         self._raise_unreported()
 
     # ---- internals ----
-    def _local_push(self, ikey, arr):
+    def _local_push(self, ikey, arr, residuals=None):
         stored = self._values[ikey]
         if self._updater is not None:
             self._updater.update(ikey, arr.ravel(), stored)
         else:
             np.copyto(stored, arr.ravel())
+        if residuals is not None:
+            self._residuals[ikey] = residuals
 
     def _issue(self, completion, keep, after):
         h = Handle(self, [completion], keep, after)

@@ -419,7 +419,8 @@ def test_gradient_compression():
             ({"threshold": 0.5}, ValueError, "type None is not"),
             ({"type": "2bit", "threshold": 0}, ValueError, "must be a finite number > 0"),
             ({"type": "2bit", "threshold": float("nan")}, ValueError, "finite number > 0"),
-            ({"type": "2bit", "threshold": 1e-50}, ValueError, "is 0 in float32"),
+            ({"type": "2bit", "threshold": 1e-50}, ValueError, "out of float32's range"),
+            ({"type": "2bit", "threshold": 1e39}, ValueError, "out of float32's range"),
             ({"type": "2bit", "threshold": "abc"}, ValueError, "'abc' is not a number"),
             ({"type": "2bit", "threshold": True}, ValueError, "True is not a number")]:
         expect_error(lambda: kv.set_gradient_compression(params), exc, *words.split("|"))
@@ -458,6 +459,18 @@ def test_gradient_compression():
                  "weights were left as they were")
     kv.pull("w", out=out).wait()
     assert np.array_equal(out, kept), (out, kept)
+    # ... and its residual: a finite push after it is applied (an Inf residual
+    # made every later push NaN, refused for good).
+    kv.push("w", np.full(37, 0.3, np.float32)).wait()
+    kv.pull("w", out=out).wait()
+    assert np.all(np.isfinite(out)) and not np.array_equal(out, kept), out
+    # A pushpull refused for its output moves no residual either: pushing the
+    # same value again sends what one push sends.
+    kv.set_optimizer(pstrain.optimizer.Test(rescale_grad=1.0))
+    r0 = [r.copy() for r in kv._residuals[0]]
+    expect_error(lambda: kv.pushpull("w", np.full(37, 0.2, np.float32),
+                                     out=np.zeros(5, np.float32)), ValueError, "output has 5")
+    assert all(np.array_equal(a, b) for a, b in zip(kv._residuals[0], r0))
     # Off: the sum arrives whole.
     kv.set_gradient_compression({"type": "none"})
     kv.set_optimizer(pstrain.optimizer.Test(rescale_grad=1.0))
