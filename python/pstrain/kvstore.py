@@ -370,12 +370,10 @@ class KVStore:
                 threshold = float(t)
             except (TypeError, ValueError):
                 raise ValueError("set_gradient_compression: threshold %r is not a number" % (t,))
-            if not (math.isfinite(threshold) and threshold > 0):
-                raise ValueError("set_gradient_compression: threshold %r must be a finite "
-                                 "number > 0" % (t,))
+            # (NaN, Inf, <= 0, and what float32 turns into 0 or Inf)
             if not (np.isfinite(np.float32(threshold)) and np.float32(threshold) > 0):
-                raise ValueError("set_gradient_compression: threshold %r is out of float32's "
-                                 "range" % (t,))
+                raise ValueError("set_gradient_compression: threshold %r must be a finite "
+                                 "number > 0 in float32's range" % (t,))
         local_opt = [d for d in self._dist_optimizers if not d._server_side]
         if threshold is not None and local_opt:
             raise Error("FailedPrecondition: set_gradient_compression: %s uses this KVStore "
@@ -446,8 +444,6 @@ class KVStore:
                 momentum = arrays["m%d" % i]
             except (ValueError, TypeError, KeyError):
                 raise ValueError("%s: key entry %d is malformed" % (where, i)) from None
-            if isinstance(name, list):  # JSON has no tuples; keys are ints or strs
-                raise ValueError("%s: key entry %d is malformed" % (where, i))
             try:
                 ikey = self._key(name, create=False)
             except (KeyError, TypeError, ValueError) as e:
