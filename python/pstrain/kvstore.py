@@ -33,6 +33,7 @@ import os
 import sys
 import threading
 import time
+import zipfile
 
 import numpy as np
 
@@ -370,8 +371,11 @@ class KVStore:
                 threshold = float(t)
             except (TypeError, ValueError):
                 raise ValueError("set_gradient_compression: threshold %r is not a number" % (t,))
-            # (NaN, Inf, <= 0, and what float32 turns into 0 or Inf)
-            if not (np.isfinite(np.float32(threshold)) and np.float32(threshold) > 0):
+            # (NaN, Inf, <= 0, and what float32 turns into 0 or Inf; the cast
+            # past float32's range is no warning here, it is refused)
+            with np.errstate(over="ignore"):
+                t32 = np.float32(threshold)
+            if not (np.isfinite(t32) and t32 > 0):
                 raise ValueError("set_gradient_compression: threshold %r must be a finite "
                                  "number > 0 in float32's range" % (t,))
         local_opt = [d for d in self._dist_optimizers if not d._server_side]
@@ -413,8 +417,19 @@ class KVStore:
         meta = {"format": "pstrain optimizer states", "version": 1, "num_update": num_update,
                 "keys": keys, "optimizer": self._updater_cfg if dump_optimizer else None}
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
-        with open(fname, "wb") as f:
-            np.savez(f, **arrays)
+        # Written beside it and renamed over it: a save cut short leaves the
+        # last whole file, not a truncated one.
+        part = "%s.part%d" % (os.fspath(fname), os.getpid())
+        try:
+            with open(part, "wb") as f:
+                np.savez(f, **arrays)
+            os.replace(part, fname)
+        except BaseException:
+            try:
+                os.remove(part)
+            except OSError:
+                pass
+            raise
 
     def load_optimizer_states(self, fname):
         """Reads what ``save_optimizer_states`` wrote: the keys must be
@@ -428,20 +443,26 @@ class KVStore:
             with np.load(fname, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
             meta = json.loads(arrays["meta"].tobytes().decode())
-            if meta.get("format") != "pstrain optimizer states" or meta.get("version") != 1:
+            if (not isinstance(meta, dict) or meta.get("format") != "pstrain optimizer states"
+                    or meta.get("version") != 1):
                 raise ValueError("not a pstrain optimizer state file (version 1)")
             entries = meta["keys"]
-            num_update = int(meta["num_update"])
+            num_update = _whole(meta["num_update"])
             cfg = meta["optimizer"]
             if not isinstance(entries, list) or not isinstance(cfg, (dict, type(None))):
                 raise ValueError("its keys or optimizer are malformed")
-        except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        # (a truncated file is a zipfile.BadZipFile, no OSError or ValueError)
+        except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError,
+                zipfile.BadZipFile) as e:
             raise ValueError("%s: %s" % (where, e)) from None
         states = []
         for i, entry in enumerate(entries):
             try:
                 name, updates, lr_mult, wd_mult = entry
                 momentum = arrays["m%d" % i]
+                updates, lr_mult, wd_mult = _whole(updates), float(lr_mult), float(wd_mult)
+                if not (math.isfinite(lr_mult) and math.isfinite(wd_mult)):
+                    raise ValueError
             except (ValueError, TypeError, KeyError):
                 raise ValueError("%s: key entry %d is malformed" % (where, i)) from None
             try:
@@ -455,8 +476,7 @@ class KVStore:
             if momentum.dtype != np.float32 or momentum.size not in (0, size):
                 raise ValueError("%s: key %r: momentum of %d %s values, the key holds %d"
                                  % (where, name, momentum.size, momentum.dtype, size))
-            states.append((ikey, int(updates), float(lr_mult), float(wd_mult),
-                           momentum.tobytes()))
+            states.append((ikey, updates, lr_mult, wd_mult, momentum.tobytes()))
         if cfg is not None:
             try:
                 updater = _pstrain.LocalUpdater(cfg)
@@ -467,7 +487,10 @@ class KVStore:
         else:
             raise ValueError("%s: the file holds no optimizer (saved without dump_optimizer) "
                              "and this store has none: set_optimizer first" % (where,))
-        updater.set_states(num_update, states)
+        try:
+            updater.set_states(num_update, states)
+        except (ValueError, TypeError) as e:
+            raise ValueError("%s: %s" % (where, e)) from None
         if cfg is not None:
             self._updater, self._updater_cfg = updater, cfg
 
@@ -541,15 +564,18 @@ class KVStore:
         kind = "str" if isinstance(k, str) else "int"
         if kind == "int" and (isinstance(k, bool) or not isinstance(k, numbers.Integral)):
             raise TypeError("key %r: a key is an int or a str, not a %s" % (k, type(k).__name__))
-        if self._key_kind is None:
-            self._key_kind = kind
-        elif self._key_kind != kind:
+        if self._key_kind not in (None, kind):
             raise TypeError("this store's keys are %ss; got the %s key %r (one kind per store, as "
                             "in MXNet)" % (self._key_kind, kind, k))
         if kind == "int":
             k = int(k)
             if k < 0 or k > _pstrain.MAX_KEY:
                 raise ValueError("key %r: int keys are in [0, %d]" % (k, _pstrain.MAX_KEY))
+        # Only a key made fixes the store's kind (a failed pull or load of a
+        # key never initialized leaves it open).
+        if create:
+            self._key_kind = kind
+        if kind == "int":
             return k
         if k not in self._str_keys:
             if not create:
@@ -596,6 +622,14 @@ class KVStore:
         residuals = None
         if self._client is None and self._gc_threshold is not None:
             vals, residuals = self._quantized(ikey, vals)
+            bad = [j for j, q in enumerate(vals) if not np.isfinite(q).all()]
+            if bad:
+                # Its residual would stay NaN or Inf, and every later push of
+                # the key with it (the dist client refuses such a push too).
+                raise Error("FailedPrecondition: %s of key %r: the gradient of device %d "
+                            "(plus its 2-bit compression residual) holds NaN or Inf, which "
+                            "compression cannot send (the weights were left as they were)"
+                            % (what, name, bad[0]))
         total = vals[0] if len(vals) == 1 else np.sum(np.stack([v.ravel() for v in vals]), axis=0)
         return total, residuals
 
@@ -776,6 +810,13 @@ class KVStore:
         error = self._unreported_error()
         if error is not None:
             raise error
+
+
+def _whole(x):
+    """A count read from a file: an int in [0, 2^63), else ValueError."""
+    if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < 2**63:
+        raise ValueError("%r is not a count" % (x,))
+    return x
 
 
 def create(name="local"):

@@ -4,6 +4,7 @@ Run by tests/unit/python_package_test.cc with the build's module on
 PYTHONPATH; exits non-zero (an exception) on any failure. NumPy; the PyTorch
 cases run when torch imports.
 """
+import json
 import os
 import subprocess
 import sys
@@ -449,13 +450,26 @@ def test_gradient_compression():
         assert all(np.array_equal(g, b) for g, b in zip(grads, given)), "a push changed its input"
         sent_any = sent_any or np.any(want != 0)
     assert sent_any
-    # With an optimizer, a gradient the rule makes NaN is refused by the update.
-    kv.set_optimizer(pstrain.optimizer.SGD(learning_rate=0.1))
+    # A gradient that compression would make NaN is refused before anything
+    # is stored or any residual moves, with no optimizer (a push stores the
+    # sum: NaN, and an Inf residual made every later push NaN) ...
     bad = np.zeros(37, np.float32)
     bad[3] = np.inf
     kv.pull("w", out=out).wait()
     kept = out.copy()
-    expect_error(lambda: kv.push("w", bad), pstrain.Error, "gradient holds NaN or Inf",
+    r0 = [r.copy() for r in kv._residuals[0]]
+    for value in (bad, [np.zeros(37, np.float32), bad]):
+        expect_error(lambda: kv.push("w", value), pstrain.Error, "FailedPrecondition",
+                     "push of key 'w': the gradient of device %d" % (len(value) == 2),
+                     "holds NaN or Inf", "weights were left as they were")
+    expect_error(lambda: kv.pushpull("w", bad, out=np.zeros(37, np.float32)), pstrain.Error,
+                 "pushpull of key 'w'", "holds NaN or Inf")
+    assert all(np.array_equal(a, b) for a, b in zip(kv._residuals[0], r0))
+    kv.pull("w", out=out).wait()
+    assert np.array_equal(out, kept), (out, kept)
+    # ... and with one.
+    kv.set_optimizer(pstrain.optimizer.SGD(learning_rate=0.1))
+    expect_error(lambda: kv.push("w", bad), pstrain.Error, "holds NaN or Inf",
                  "weights were left as they were")
     kv.pull("w", out=out).wait()
     assert np.array_equal(out, kept), (out, kept)
@@ -552,6 +566,44 @@ def test_optimizer_states():
     expect_error(lambda: kv.load_optimizer_states(path + ".junk"), ValueError,
                  "load_optimizer_states: " + path + ".junk")
     expect_error(lambda: kv.load_optimizer_states(path + ".missing"), ValueError, "No such file")
+    # A file cut short (a save killed midway wrote one before saves were
+    # renamed into place) and a meta or entry of the wrong kind name the file too.
+    with open(path, "rb") as f:
+        whole = f.read()
+    with open(path + ".cut", "wb") as f:
+        f.write(whole[:len(whole) // 2])
+    expect_error(lambda: kv.load_optimizer_states(path + ".cut"), ValueError,
+                 "load_optimizer_states: " + path + ".cut")
+
+    def written(name, meta, momenta):
+        arrays = {"m%d" % i: m for i, m in enumerate(momenta)}
+        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+        with open(os.path.join(tmp, name), "wb") as out:
+            np.savez(out, **arrays)
+        return os.path.join(tmp, name)
+
+    m12 = np.zeros(12, np.float32)
+    good = {"format": "pstrain optimizer states", "version": 1, "num_update": 3,
+            "optimizer": None, "keys": [["a", 3, 1.0, 1.0]]}
+    for name, meta, words in [
+            ("list", [1, 2], "not a pstrain optimizer state file"),
+            ("count", dict(good, num_update=-1), "-1 is not a count"),
+            ("updates", dict(good, keys=[["a", "3", 1.0, 1.0]]), "key entry 0 is malformed"),
+            ("huge", dict(good, keys=[["a", 2**64, 1.0, 1.0]]), "key entry 0 is malformed"),
+            ("mult", dict(good, keys=[["a", 3, "x", 1.0]]), "key entry 0 is malformed")]:
+        f = written(name, meta, [m12])
+        expect_error(lambda: kv.load_optimizer_states(f), ValueError,
+                     "load_optimizer_states: " + f, words)
+    # A load that fails on a fresh store does not fix the store's kind of key.
+    fresh = pstrain.KVStore("local")
+    expect_error(lambda: fresh.load_optimizer_states(path), ValueError, "never initialized")
+    fresh.init(3, np.ones(4, np.float32))
+    # A save replaces the file whole and leaves nothing beside it.
+    before = sorted(os.listdir(tmp))
+    kv.save_optimizer_states(path)
+    assert sorted(os.listdir(tmp)) == before, (before, os.listdir(tmp))
+    expect_error(lambda: kv.save_optimizer_states(os.path.join(tmp, "no", "such")), OSError)
+    assert sorted(os.listdir(tmp)) == before, (before, os.listdir(tmp))
     expect_error(lambda: pstrain.KVStore("local").save_optimizer_states(path), ValueError,
                  "no optimizer")
     print("package: optimizer states ok")
