@@ -32,7 +32,8 @@ StatusOr<std::vector<int>> SplitBatch(int batch_size, int num_devices,
     }
     total += x;
   }
-  // MXNet's arithmetic: round(w * batch / total) with Python's rounding
+  // MXNet's arithmetic under Python 3 (MXNet 1.x; Python 2's integer work
+  // loads floor-divided): round(w * batch / total) with Python's rounding
   // (halves to even: nearbyint in the default mode); a shortfall goes to the
   // last device; then consecutive slices, each cut off at the batch's end.
   std::vector<double> rounded(num_devices);
@@ -224,6 +225,11 @@ Status DeviceGroup::Init() {
     });
   }
   if (async_merge_) {
+    // The first broadcast uploads on each device's copy stream, which does
+    // not wait for its compute stream: the set-up work queued there (the
+    // parameters' zeroing; device 0's is done, CopyToHost waited for it)
+    // must be done first.
+    for (size_t d = 1; d < execs_.size(); ++d) execs_[d]->backend().Synchronize();
     MutexLock l(&mu_);
     merging_.assign(P, 0);
     merger_ = std::thread([this] { MergeLoop(); });

@@ -538,6 +538,33 @@ TEST(GpuBackendTest, AsyncCopiesThroughPinnedMemoryFollowTheQueue) {
   }
 }
 
+// backend.h: CopyToHost waits for everything asked before it, the
+// asynchronous downloads too, which run on a stream of their own (found by
+// review: it waited for the compute stream alone, so a large download asked
+// before it could still be in flight when it returned).
+TEST(GpuBackendTest, CopyToHostWaitsForTheDownloadsAskedBeforeIt) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = Backend::Create(Gpu());
+  ASSERT_OK(gpu.status());
+  Backend& G = **gpu;
+  constexpr int64_t kFloats = int64_t{64} << 20;  // 256 MiB: a download of tens of ms
+  Tensor big = G.Empty({kFloats});
+  Tensor one = G.Empty({1});
+  G.Fill(big, 1.0f);
+  for (int i = 0; i < 20; ++i) G.Add(big, big);  // queued: 2^20 once they ran
+  G.Fill(one, 5.0f);
+  std::shared_ptr<Buffer> down = G.AllocatePinned(kFloats);
+  std::fill(down->data(), down->data() + kFloats, -1.0f);
+  G.CopyToHostAsync(big, down->data());
+  float small = 0;
+  G.CopyToHost(one, &small);  // no fence: it alone must cover the download
+  ASSERT_EQ(small, 5.0f);
+  for (int64_t i : {int64_t{0}, kFloats / 2, kFloats - 1}) {
+    ASSERT_EQ(down->data()[i], 1048576.0f) << i;
+  }
+  for (int64_t i = 0; i < kFloats; i += 4093) ASSERT_EQ(down->data()[i], 1048576.0f) << i;
+}
+
 // Found by review: a staging slot added while the ring grows takes its
 // device buffer from the caching allocator, which reuses blocks in the compute
 // stream's order; its first upload ran on the copy stream without waiting for
