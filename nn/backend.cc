@@ -11,6 +11,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <optional>
 
 #include "common/env.h"
@@ -75,14 +76,23 @@ class CudaModule {
         error_ = StrCat("cannot load the CUDA backend ", path, ": ", dlerror());
         return;
       }
-      auto abi_fn =
-          reinterpret_cast<void (*)(internal::CudaModuleAbi*)>(dlsym(h, "PstrainCudaModuleAbi"));
+      auto abi_fn = reinterpret_cast<void (*)(internal::CudaModuleAbi*, size_t)>(
+          dlsym(h, "PstrainCudaModuleAbi"));
       create_ = reinterpret_cast<CreateFn>(dlsym(h, "PstrainCreateCudaBackend"));
       count_ = reinterpret_cast<CountFn>(dlsym(h, "PstrainCudaDeviceCount"));
       make_op_ = reinterpret_cast<MakeOpFn>(dlsym(h, "PstrainMakeCudaOperator"));
+      // Room to spare: a module of another ABI may write a larger struct
+      // (ABI 6 and older ignore the room given); only `version` is read
+      // before it is known to be ours.
+      alignas(internal::CudaModuleAbi) unsigned char room[4096] = {};
+      const int unknown = -1;
+      std::memcpy(room, &unknown, sizeof(unknown));
+      if (abi_fn != nullptr) {
+        abi_fn(reinterpret_cast<internal::CudaModuleAbi*>(room), sizeof(room));
+      }
       internal::CudaModuleAbi abi;
-      abi.version = -1;
-      if (abi_fn != nullptr) abi_fn(&abi);
+      std::memcpy(&abi.version, room, sizeof(abi.version));
+      if (abi.version == internal::kCudaModuleAbi) std::memcpy(&abi, room, sizeof(abi));
       if (create_ == nullptr || count_ == nullptr || make_op_ == nullptr ||
           !(abi == internal::CudaModuleAbi())) {
         create_ = nullptr;

@@ -22,8 +22,10 @@ namespace pstrain::internal {
 // Bump whenever Backend, Operator, Tensor, Buffer, BackendOptions, Node or
 // these entry points change shape (the sizes below catch most such changes,
 // not a reordered vtable).
-inline constexpr int kCudaModuleAbi = 6;
+inline constexpr int kCudaModuleAbi = 7;
 
+// `version` stays the first member in every ABI: a module writes only it into
+// a caller whose room is smaller than its own struct.
 struct CudaModuleAbi {
   int version = kCudaModuleAbi;
   size_t backend_options = sizeof(BackendOptions);
@@ -53,7 +55,11 @@ int CudaDeviceCount(std::string* why);
 
 // The symbols the factory looks up (extern "C": unmangled names).
 extern "C" {
-void PstrainCudaModuleAbi(pstrain::internal::CudaModuleAbi* abi);
+// Writes the module's CudaModuleAbi into `abi`, which has `room` bytes (the
+// whole struct only if it fits; else its version alone). The binary asks with
+// room to spare, since a module of ABI 6 or older takes no `room` and writes
+// its whole struct.
+void PstrainCudaModuleAbi(pstrain::internal::CudaModuleAbi* abi, size_t room);
 void PstrainCreateCudaBackend(const pstrain::BackendOptions& options,
                               pstrain::StatusOr<std::unique_ptr<pstrain::Backend>>* out);
 int PstrainCudaDeviceCount(std::string* why);

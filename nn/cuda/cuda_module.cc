@@ -6,8 +6,13 @@
 
 extern "C" {
 
-PSTRAIN_MODULE_EXPORT void PstrainCudaModuleAbi(pstrain::internal::CudaModuleAbi* abi) {
-  *abi = pstrain::internal::CudaModuleAbi();
+PSTRAIN_MODULE_EXPORT void PstrainCudaModuleAbi(pstrain::internal::CudaModuleAbi* abi,
+                                                size_t room) {
+  if (room >= sizeof(pstrain::internal::CudaModuleAbi)) {
+    *abi = pstrain::internal::CudaModuleAbi();
+  } else {
+    abi->version = pstrain::internal::kCudaModuleAbi;
+  }
 }
 
 PSTRAIN_MODULE_EXPORT void PstrainCreateCudaBackend(

@@ -267,6 +267,13 @@ TEST(SummaryCmdTest, AMissingOrBrokenCudaModuleIsAnErrorSayingWhich) {
         RunPstrain("summary --network lenet --gpus 0", &out, "PSTRAIN_CUDA_MODULE=" + not_elf), 1)
         << out;
     EXPECT_NE(out.find("cannot load the CUDA backend " + not_elf), std::string::npos) << out;
+    // A module of another ABI that writes more than this build's struct
+    // (as ABI 6 and older did) is refused by name, the binary's stack intact.
+    EXPECT_EQ(RunPstrain("summary --network lenet --gpus 0", &out,
+                         std::string("PSTRAIN_CUDA_MODULE=") + PSTRAIN_TEST_FAKE_CUDA_MODULE),
+              1)
+        << out;
+    EXPECT_NE(out.find("is from another build (ABI 5, this binary's "), std::string::npos) << out;
   } else {
     EXPECT_NE(out.find("this build has no CUDA backend"), std::string::npos) << out;
   }
