@@ -8,7 +8,9 @@
 #   e.g. bash bench/gpu_models.sh build/pstrain 0 2 20      (GPU 0)
 #        bash bench/gpu_models.sh build/pstrain "" 1 2 "mlp lenet"   (CPU: a quick try)
 # LOG_DIR: keep each run's log there (default: a temporary folder);
-# MODEL_LIMIT_S: the most one model's run may take (150 s).
+# MODEL_LIMIT_S: the most one model's run may take (150 s); DEADLINE_S: the
+# seconds of this script by which every run has ended (none unless set): a
+# model not started for want of time gets a row saying so.
 set -uo pipefail
 P=${1:-build/pstrain}
 GPUS=${2-0}
@@ -44,7 +46,16 @@ for m in $MODELS; do
   devices=()
   [[ -n $GPUS ]] && devices=(--gpus "$GPUS")
   # (a model that hangs may not take the device call's 10 minutes with it)
-  timeout "${MODEL_LIMIT_S:-150}" "$P" train --network "$m" ${extra[@]+"${extra[@]}"} \
+  limit=${MODEL_LIMIT_S:-150}
+  if [[ -n ${DEADLINE_S:-} ]] && ((DEADLINE_S - SECONDS < limit)); then
+    limit=$((DEADLINE_S - SECONDS))
+  fi
+  if ((limit < 20)); then
+    echo "| $m | $image | $batch | - | - | not run: the time is up ($limit s left of DEADLINE_S) |"
+    rc=1
+    continue
+  fi
+  timeout -k 10 "$limit" "$P" train --network "$m" ${extra[@]+"${extra[@]}"} \
     --benchmark 1 --image-shape "$image" --num-classes "$classes" --batch-size "$batch" \
     --num-examples $((batch * BATCHES)) --num-epochs "$EPOCHS" --disp-batches "$BATCHES" \
     --kv-store local ${devices[@]+"${devices[@]}"} >"$log" 2>&1

@@ -137,26 +137,42 @@ run_one() {
   echo
 }
 
+# Every run ends by DEADLINE_S (seconds of this script, the preparation
+# included), rather than be killed with its logs unpacked: with PARALLEL=1
+# each run's limit is what is left; one after another, each run's limit is
+# its share of what is left when it starts (a run ended early leaves more to
+# the next). 20 s a run are kept for a 10-worker job's stopping and parse-log.
+# fit_limit N: LIMIT cut to N runs' share of what is left; fails under 60 s.
+ASKED=$LIMIT
+fit_limit() {
+  local share=$(((${DEADLINE_S:-100000} - SECONDS) / $1 - 20))
+  LIMIT=$ASKED
+  if ((share < LIMIT)); then
+    LIMIT=$share
+    echo "gpu_seed001: the next run limited to $LIMIT s to end by DEADLINE_S" >&2
+  fi
+  if ((LIMIT < 60)); then
+    echo "gpu_seed001: $1 run(s) do not fit what is left of DEADLINE_S" >&2
+    return 1
+  fi
+}
+failed=0
 if [[ $PARALLEL == 1 ]]; then
   # Every run at once, sharing the GPU (each slower, all inside one call);
   # the tables then in the order asked.
+  fit_limit 1 || exit 2
   for run in $RUNS; do run_one "$run" >"$keep/$run.table" 2>&1 & done
   wait
   for run in $RUNS; do cat "$keep/$run.table"; done
+  grep -q '^(failed, exit' "$keep"/*.table && failed=1
 else
-  # One after another, all ending by DEADLINE_S (seconds of this script,
-  # the preparation included), rather than be killed with their logs unpacked:
-  # each run's limit shrinks to its share of what is left.
   n=$(wc -w <<<"$RUNS")
-  left=$((${DEADLINE_S:-100000} - SECONDS - 20))
-  if ((left / n < LIMIT)); then
-    LIMIT=$((left / n))
-    echo "gpu_seed001: each run limited to $LIMIT s to end by DEADLINE_S" >&2
-  fi
-  if ((LIMIT < 60)); then
-    echo "gpu_seed001: $n runs do not fit what is left of DEADLINE_S (PARALLEL=1 runs them" \
-      "at once)" >&2
-    exit 2
-  fi
-  for run in $RUNS; do run_one "$run"; done
+  for run in $RUNS; do
+    fit_limit "$n" || exit 2
+    run_one "$run" | tee "$keep/$run.table"
+    grep -q '^(failed, exit' "$keep/$run.table" && failed=1
+    n=$((n - 1))
+  done
 fi
+# (a run stopped at its time limit has its table: it is no failure)
+exit $failed

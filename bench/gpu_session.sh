@@ -4,8 +4,15 @@
 # command. On the development machine, bundle the build:
 #   bash scripts/bundle.sh BUNDLE.tar.gz build build/tests/gpu_backend_test \
 #     build/tests/gpu_cluster_test build/bench/nn_step_bench
-# and on the GPU host, from a copy of this checkout:
-#   bash bench/gpu_session.sh BUNDLE.tar.gz PHASE [args]
+# (bench/gpu_prepare.sh does that and lays the data beside it in .gpu/, and
+# prints the device call to make) and on the GPU host, from a copy of this
+# checkout:
+#   bash bench/gpu_session.sh BUNDLE.tar.gz PHASE[,PHASE...] [args]
+# Several phases run one after another in one call (each with its defaults;
+# args only with one phase), sharing DEADLINE_S: the seconds of this script by
+# which every phase has ended and its logs are packed (570 unless set: the
+# device call's 10 minutes less the start), so no run is killed by the call's
+# limit with its logs unpacked. The tests phase takes at most TESTS_S (300).
 # PHASE:
 #   tests    the `gpu` test binaries, a process per test suite (the cluster
 #            test needs MNIST: DATA)
@@ -27,39 +34,70 @@
 #            torch_3 (incept_3 in PyTorch on the same files) took 430 s so
 #            (docs/reproductions.md)
 # DATA: the data folder (../shared/data by default, which the device tool
-# does not carry: name a copy inside the checkout, such as .gpud-mnist, in its
-# `carry` and set DATA to it; the tests and seed001 phases check it first:
-# mnist/, cifar10_jpeg/, and
-# for torch_3's exact test images cifar10_partial/'s classes.txt, test_batch.*
-# and one data_batch_N.* that `pstrain rec cifar10` needs).
-# Logs and tables go to $OUT (the device tool's output folder) or ./gpu-out;
-# the step, merge, models and seed001 phases' run logs as PHASE-logs.tar.gz there.
+# does not carry: name a copy inside the checkout, such as gpu_prepare.sh's
+# .gpu/data, in the call's `carry` and set DATA to it; the tests and seed001
+# phases check it first): mnist/, cifar10_jpeg/, and for torch_3's exact test
+# images cifar10_partial/'s classes.txt, test_batch.* and one data_batch_N.*
+# that `pstrain rec cifar10` needs.
+# Logs and tables go to $OUT (the device tool's output folder) or ./gpu-out:
+# version.txt, PHASE.md (the phase's table or summary) and PHASE-logs.tar.gz
+# (every run's log), three files a phase at most: the device tool brings back
+# at most 8 files.
 # A phase stops at once (exit 3) when the bundle's pstrain sees no usable GPU.
 set -uo pipefail
-usage="usage: bash bench/gpu_session.sh BUNDLE.tar.gz tests|step|profile|merge|models|seed001 [args]"
+phases="tests|step|profile|merge|models|seed001"
+usage="usage: bash bench/gpu_session.sh BUNDLE.tar.gz PHASE[,PHASE...] [args] (PHASE: $phases)"
 bundle=${1:?$usage}
-phase=${2:?$usage}
+phase_list=${2:?$usage}
 shift 2
+IFS=, read -ra PHASES <<<"$phase_list"
+for phase in "${PHASES[@]}"; do
+  [[ $phase =~ ^($phases)$ ]] || {
+    echo "gpu_session: unknown phase '$phase' ($phases)" >&2
+    exit 2
+  }
+done
+if ((${#PHASES[@]} != 1 && $# > 0)); then
+  echo "gpu_session: arguments go with one phase only (several take their defaults)" >&2
+  exit 2
+fi
 cd "$(dirname "$0")/.." || exit 1
+DEADLINE_S=${DEADLINE_S:-570}
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 export PSTRAIN_SHARED_DATA_DIR=${DATA:-../shared/data}
 need_data() {
   [[ -e $PSTRAIN_SHARED_DATA_DIR/$1 ]] && return 0
-  echo "gpu_session: the $phase phase needs $PSTRAIN_SHARED_DATA_DIR/$1 (set DATA to a data" \
+  echo "gpu_session: the $2 phase needs $PSTRAIN_SHARED_DATA_DIR/$1 (set DATA to a data" \
     "folder carried to this machine)" >&2
   exit 2
 }
-case $phase in
-  tests) need_data mnist ;;
-  seed001) need_data cifar10_jpeg/cifar10-jpeg.tar.gz ;;
-esac
+for phase in "${PHASES[@]}"; do
+  case $phase in
+    tests) need_data mnist tests ;;
+    seed001) need_data cifar10_jpeg/cifar10-jpeg.tar.gz seed001 ;;
+  esac
+done
+# left [CAP]: the seconds this script has left before DEADLINE_S, less 15 for
+# packing the logs, and at most CAP; 0 when none.
+left() {
+  local l=$((DEADLINE_S - SECONDS - 15))
+  if (($# > 0)) && (($1 < l)); then l=$1; fi
+  echo $((l > 0 ? l : 0))
+}
 unpacked=$(mktemp -d)
-# The step, merge, models and seed001 phases keep every run's log in $logs, packed
-# into one file at the end: the device tool brings back at most 8 files.
-logs=$unpacked/$phase-logs
-trap '[[ -d $logs ]] && tar -C "$unpacked" -czf "$out/$phase-logs.tar.gz" "$phase-logs"
-  rm -rf "$unpacked"' EXIT
+# Every phase keeps its runs' logs in $unpacked/logs/PHASE-logs, each packed
+# into one file at the end (also when the call's limit sends a TERM).
+mkdir -p "$unpacked/logs"
+pack_logs() {
+  local d
+  for d in "$unpacked"/logs/*-logs; do
+    [[ -d $d ]] && tar -C "$unpacked/logs" -czf "$out/${d##*/}.tar.gz" "${d##*/}"
+  done
+  rm -rf "$unpacked"
+}
+trap pack_logs EXIT
+trap 'exit 143' TERM
 tar -C "$unpacked" -xaf "$bundle" || exit 1
 # shellcheck disable=SC1091
 . "$unpacked/pstrain-bundle/env.sh"
@@ -80,12 +118,14 @@ fi
 # test per process (LOG.rerun), and those runs say which tests fail. Prints a
 # line per suite and per rerun test, then the counts; returns 1 if a test
 # failed on its own.
+# Every run is bounded by what is left of the phase's time (`left`, capped
+# at $tests_end): a suite or test not started for want of it is named.
 run_suites() {
-  local binary=$1 log=$2 suite suites test rc=0 status timed='.* \([0-9]+ ms\)$'
+  local binary=$1 log=$2 suite suites test rc=0 status t timed='.* \([0-9]+ ms\)$'
   : >"$log"
   : >"$log.rerun"
-  if [[ ! -x $binary ]] || ! suites=$("$binary" --gtest_list_tests 2>"$log.list"); then
-    echo "FAIL  $binary is missing from the bundle or does not start: $(cat "$log.list" 2>/dev/null)"
+  if [[ ! -x $binary ]] || ! suites=$("$binary" --gtest_list_tests 2>>"$log"); then
+    echo "FAIL  $binary is missing from the bundle or does not start: $(tail -n 3 "$log")"
     return 1
   fi
   suites=$(awk '/^[^ ]/ && !/^Running main/' <<<"$suites")
@@ -95,7 +135,13 @@ run_suites() {
   fi
   # A hung suite (a fence, a peer copy) must not take the call's 10 minutes.
   for suite in $suites; do
-    timeout 300 "$binary" --gtest_filter="$suite*" >>"$log" 2>&1
+    t=$(left $((tests_end - SECONDS)))
+    if ((t < 10)); then
+      echo "FAIL  $suite* not run: the phase's time is up"
+      rc=1
+      continue
+    fi
+    timeout -k 10 "$t" "$binary" --gtest_filter="$suite*" >>"$log" 2>&1
     status=$?
     if ((status == 0)); then
       echo "pass  $suite*"
@@ -105,7 +151,13 @@ run_suites() {
       "process"
     for test in $("$binary" --gtest_list_tests --gtest_filter="$suite*" |
       awk '/^  /{print $1}'); do
-      timeout 120 "$binary" --gtest_filter="$suite$test" >>"$log.rerun" 2>&1
+      t=$(left $((tests_end - SECONDS < 120 ? tests_end - SECONDS : 120)))
+      if ((t < 10)); then
+        echo "  FAIL  $suite$test not run: the phase's time is up"
+        rc=1
+        continue
+      fi
+      timeout -k 10 "$t" "$binary" --gtest_filter="$suite$test" >>"$log.rerun" 2>&1
       status=$?
       if ((status == 0)); then
         echo "  pass  $suite$test"
@@ -122,73 +174,112 @@ run_suites() {
   return $rc
 }
 
-case $phase in
+# run_phase PHASE [args]: one phase; its status.
+run_phase() {
+  local phase=$1 logs=$unpacked/logs/$1-logs rc=0
+  shift
+  mkdir -p "$logs"
+  echo "== $phase (at ${SECONDS} s of $DEADLINE_S)"
+  case $phase in
   tests)
-    rc=0
-    for t in gpu_backend_test gpu_cluster_test; do
-      run_suites "$bin/$t" "$out/$t.log" | tee "$out/$t.summary"
-      ((rc |= PIPESTATUS[0]))
-    done
-    exit $rc
+    tests_end=$((SECONDS + ${TESTS_S:-300}))
+    (
+      failed=0
+      for t in gpu_backend_test gpu_cluster_test; do
+        echo "### $t"
+        run_suites "$bin/$t" "$logs/$t.log" || failed=1
+      done
+      exit $failed
+    ) 2>&1 | tee "$out/tests.md"
+    rc=${PIPESTATUS[0]}
     ;;
   step)
     # A round of the seven rows takes minutes: no round starts that its
     # predecessor says would end past 8.5 minutes of the bench (the bundle's
     # unpacking before and the logs' packing after take seconds), inside the
     # call's 10.
-    NN_STEP_BENCH=$bin/nn_step_bench LOG_DIR=$logs BUDGET_S=${BUDGET_S:-510} \
+    NN_STEP_BENCH=$bin/nn_step_bench LOG_DIR=$logs BUDGET_S=${BUDGET_S:-$(left)} \
       bash bench/gpu_vs_pytorch.sh "$bin" "${1:-3}" 2>&1 | tee "$out/step.md"
+    rc=${PIPESTATUS[0]}
     ;;
   profile)
     # Device time per layer (pstrain) and per operator and kernel (PyTorch's
     # profiler) of the two rows nearest PyTorch's, side by side.
     resnet=(--network resnet --num-layers 50 --image-shape "3,224,224" --num-classes 1000 --batch 32)
     incept=(--network inception-bn-28-small --image-shape "3,28,28" --num-classes 10 --batch 256)
-    # Each run within 100 s, so that all of them fit the call.
-    timeout 100 "$bin/nn_step_bench" --gpus 0 "${resnet[@]}" --steps 10 --profile \
-      >"$out/profile_resnet50.md" 2>&1 || echo "profile_resnet50 failed (exit $?)"
-    timeout 100 "$bin/nn_step_bench" --gpus 0 "${incept[@]}" --steps 10 --profile \
-      >"$out/profile_incept256.md" 2>&1 || echo "profile_incept256 failed (exit $?)"
-    timeout 100 "${PYTHON:-python3}" bench/torch_step_bench.py --device cuda "${resnet[@]}" \
-      --steps 20 --profile 5 >"$out/torch_profile_resnet50.md" 2>&1 ||
-      echo "torch_profile_resnet50 failed (exit $?)"
-    timeout 100 "${PYTHON:-python3}" bench/torch_step_bench.py --device cuda "${incept[@]}" \
-      --steps 20 --profile 5 >"$out/torch_profile_incept256.md" 2>&1 ||
-      echo "torch_profile_incept256 failed (exit $?)"
-    # cuDNN's graph-API engines racing the legacy algorithms (the default),
-    # beside the legacy search alone (--no-conv-graph), interleaved.
-    # (a second round only where the call's 10 minutes leave room for it)
-    for r in 1 2; do
-      ((r == 1 || SECONDS < 330)) || break
-      for rows in resnet incept; do
-        declare -n row=$rows
-        for flag in --no-conv-graph ""; do
-          echo "round $r: $rows ${flag:-graph engines raced}"
-          # shellcheck disable=SC2086
-          timeout 100 "$bin/nn_step_bench" --gpus 0 "${row[@]}" --steps 30 $flag 2>&1 |
-            grep -E '^\| [a-z]|^on cuda|rror|FATAL|Check failed'
+    # Each run within 100 s and what is left (bounded: one that would get
+    # under 20 s is not started); the profiles go to the logs, their tails
+    # and the race's rows to profile.md.
+    bounded() {
+      local t
+      t=$(left 100)
+      if ((t < 20)); then
+        echo "$1 not run: the phase's time is up"
+        return 1
+      fi
+      shift
+      timeout -k 10 "$t" "$@"
+    }
+    {
+      bounded profile_resnet50 "$bin/nn_step_bench" --gpus 0 "${resnet[@]}" --steps 10 \
+        --profile >"$logs/profile_resnet50.md" 2>&1 || echo "profile_resnet50 failed (exit $?)"
+      bounded profile_incept256 "$bin/nn_step_bench" --gpus 0 "${incept[@]}" --steps 10 \
+        --profile >"$logs/profile_incept256.md" 2>&1 || echo "profile_incept256 failed (exit $?)"
+      bounded torch_profile_resnet50 "${PYTHON:-python3}" bench/torch_step_bench.py \
+        --device cuda "${resnet[@]}" --steps 20 --profile 5 \
+        >"$logs/torch_profile_resnet50.md" 2>&1 || echo "torch_profile_resnet50 failed (exit $?)"
+      bounded torch_profile_incept256 "${PYTHON:-python3}" bench/torch_step_bench.py \
+        --device cuda "${incept[@]}" --steps 20 --profile 5 \
+        >"$logs/torch_profile_incept256.md" 2>&1 ||
+        echo "torch_profile_incept256 failed (exit $?)"
+      # cuDNN's graph-API engines racing the legacy algorithms (the default),
+      # beside the legacy search alone (--no-conv-graph), interleaved.
+      # (a second round only where the time left leaves room for it)
+      for r in 1 2; do
+        ((r == 1 || $(left) > 200)) || break
+        for rows in resnet incept; do
+          declare -n row=$rows
+          for flag in --no-conv-graph ""; do
+            echo "round $r: $rows ${flag:-graph engines raced}"
+            # shellcheck disable=SC2086
+            bounded "$rows $flag" "$bin/nn_step_bench" --gpus 0 "${row[@]}" --steps 30 $flag 2>&1 |
+              grep -E '^\| [a-z]|^on cuda|rror|FATAL|Check failed|not run'
+          done
+          unset -n row
         done
-        unset -n row
       done
-    done | tee "$out/conv_graph.md"
-    tail -n 30 "$out"/profile_*.md
-    tail -n 45 "$out"/torch_profile_*.md
+      tail -n 30 "$logs"/profile_*.md
+      tail -n 45 "$logs"/torch_profile_*.md
+    } 2>&1 | tee "$out/profile.md"
     ;;
   merge)
-    LOG_DIR=$logs bash bench/gpu_merge_bench.sh "$bin/pstrain" "lenet resnet" 2>&1 |
-      tee "$out/merge.md"
+    if (($(left) < 60)); then
+      echo "merge not run: the phase's time is up" | tee "$out/merge.md"
+      rc=1
+    else
+      LOG_DIR=$logs timeout -k 10 "$(left)" bash bench/gpu_merge_bench.sh "$bin/pstrain" \
+        "lenet resnet" 2>&1 | tee "$out/merge.md"
+      rc=${PIPESTATUS[0]}
+    fi
     ;;
   models)
-    LOG_DIR=$logs bash bench/gpu_models.sh "$bin/pstrain" 0 "${1:-2}" "${2:-20}" 2>&1 |
-      tee "$out/models.md"
+    LOG_DIR=$logs DEADLINE_S=$(left) bash bench/gpu_models.sh "$bin/pstrain" 0 "${1:-2}" \
+      "${2:-20}" 2>&1 | tee "$out/models.md"
+    rc=${PIPESTATUS[0]}
     ;;
   seed001)
-    LOG_DIR=$logs DEADLINE_S=${DEADLINE_S:-570} bash bench/gpu_seed001.sh "$bin/pstrain" \
-      "${1:-incept_6}" "${2:-40}" \
-      "${3:-500}" 2>&1 | tee "$out/seed001.md"
+    LOG_DIR=$logs DEADLINE_S=$(left) bash bench/gpu_seed001.sh "$bin/pstrain" \
+      "${1:-incept_6}" "${2:-40}" "${3:-500}" 2>&1 | tee "$out/seed001.md"
+    rc=${PIPESTATUS[0]}
     ;;
-  *)
-    echo "gpu_session: unknown phase '$phase' (tests, step, profile, merge, models, seed001)" >&2
-    exit 2
-    ;;
-esac
+  esac
+  echo "== $phase: exit $rc (at ${SECONDS} s)"
+  return $rc
+}
+
+rc=0
+for phase in "${PHASES[@]}"; do
+  run_phase "$phase" "$@"
+  ((rc |= $?))
+done
+exit $rc

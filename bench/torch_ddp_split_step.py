@@ -28,10 +28,20 @@ import torch_models  # noqa: E402
 
 
 def shares(batch, n):
-    """pstrain's SplitBatch with equal weights: round(batch / n) each, the last the rest."""
+    """pstrain's SplitBatch with equal weights (MXNet's _split_input_slice):
+    round(batch / n) each (halves to even), a shortfall to the last, then
+    consecutive slices cut at the batch's end; an empty one is an error."""
     s = [int(round(batch / n))] * n
-    s[-1] += batch - sum(s)
-    return s
+    s[-1] += max(0, batch - sum(s))
+    out, start = [], 0
+    for x in s:
+        end = min(start + x, batch)
+        out.append(end - start)
+        start = end
+    if min(out) <= 0:
+        raise SystemExit("a batch of %d over %d processes leaves one without an example"
+                         % (batch, n))
+    return out
 
 
 def worker(rank, a, port, out):

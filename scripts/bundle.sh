@@ -60,5 +60,6 @@ export LD_LIBRARY_PATH="$_b/lib$_cuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 unset _b _cuda _lib _p
 EOF
 # The suffix picks the compression (.tar.xz smallest, .tar.gz fastest).
+mkdir -p "$(dirname "$out")"
 tar -C "$stage" -caf "$out" pstrain-bundle
 echo "bundle: $out ($(du -h "$out" | cut -f1)): $(ls "$root/bin" | tr '\n' ' ')"
