@@ -24,7 +24,7 @@ TEST(SplitBatchTest, EqualWeightedAndRoundedShares) {
   EXPECT_EQ(*SplitBatch(10, 2, {3, 1}), (std::vector<int>{8, 2}));
   EXPECT_EQ(*SplitBatch(7, 1, {}), (std::vector<int>{7}));
   EXPECT_EQ(*SplitBatch(100, 3, {1, 1, 2}), (std::vector<int>{25, 25, 50}));
-  // As MXNet's _split_input_slice rounds (halves to even, the shortfall to the
+  // As MXNet's _split_input_slice rounds under Python 3 (halves to even, the shortfall to the
   // last device): half-way shares went up, and 15 over 6 was refused.
   EXPECT_EQ(*SplitBatch(15, 6, {}), (std::vector<int>{2, 2, 2, 2, 2, 5}));
   EXPECT_EQ(*SplitBatch(20, 8, {}), (std::vector<int>{2, 2, 2, 2, 2, 2, 2, 6}));
@@ -199,8 +199,14 @@ TEST_P(DeviceGroupTest, TrainingStepsMatchOneDeviceAndEveryDeviceGetsTheWeights)
   EXPECT_EQ(t2.grads_, 5 * g.params().size());
   EXPECT_EQ(t2.needed_, 5 * g.params().size());
   EXPECT_EQ(t1.grads_, t2.grads_);
+  // 1e-3: each step moves a weight by 0.007-0.13 here, so a merge that lost or
+  // doubled a device's share of the batch is off by more than 1e-3 after the
+  // first step. Rounding alone stays near 1e-8, until a max-pooling window
+  // whose tanh outputs tie (saturated at 1) routes its gradient elsewhere:
+  // with AVX2's kernels (DNNL_MAX_CPU_ISA=AVX2) that happened at step 1 and
+  // left conv2_weight 2e-4 off after 5 steps.
   for (int i = 0; i < one->num_params(); ++i) {
-    ExpectClose(Read(*two, i, false), Read(*one, i, false), 1e-4, g.params()[i].name);
+    ExpectClose(Read(*two, i, false), Read(*one, i, false), 1e-3, g.params()[i].name);
   }
   // The next forward hands every device the merged weights.
   two->Forward(false);
