@@ -451,8 +451,9 @@ class KVStore:
             cfg = meta["optimizer"]
             if not isinstance(entries, list) or not isinstance(cfg, (dict, type(None))):
                 raise ValueError("its keys or optimizer are malformed")
-        # (a truncated file is a zipfile.BadZipFile, no OSError or ValueError)
-        except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError,
+        # (a truncated file is a zipfile.BadZipFile, an empty one an EOFError
+        # with NumPy 2: neither is an OSError or a ValueError)
+        except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError, EOFError,
                 zipfile.BadZipFile) as e:
             raise ValueError("%s: %s" % (where, e)) from None
         states = []
@@ -463,7 +464,7 @@ class KVStore:
                 updates, lr_mult, wd_mult = _whole(updates), float(lr_mult), float(wd_mult)
                 if not (math.isfinite(lr_mult) and math.isfinite(wd_mult)):
                     raise ValueError
-            except (ValueError, TypeError, KeyError):
+            except (ValueError, TypeError, KeyError, OverflowError):
                 raise ValueError("%s: key entry %d is malformed" % (where, i)) from None
             try:
                 ikey = self._key(name, create=False)

@@ -458,12 +458,13 @@ def test_gradient_compression():
     kv.pull("w", out=out).wait()
     kept = out.copy()
     r0 = [r.copy() for r in kv._residuals[0]]
-    for value in (bad, [np.zeros(37, np.float32), bad]):
+    for value, device in ((bad, 0), ([np.zeros(37, np.float32), bad], 1)):
         expect_error(lambda: kv.push("w", value), pstrain.Error, "FailedPrecondition",
-                     "push of key 'w': the gradient of device %d" % (len(value) == 2),
+                     "push of key 'w': the gradient of device %d" % device,
                      "holds NaN or Inf", "weights were left as they were")
     expect_error(lambda: kv.pushpull("w", bad, out=np.zeros(37, np.float32)), pstrain.Error,
                  "pushpull of key 'w'", "holds NaN or Inf")
+    assert len(kv._residuals[0]) == len(r0), (len(kv._residuals[0]), len(r0))
     assert all(np.array_equal(a, b) for a, b in zip(kv._residuals[0], r0))
     kv.pull("w", out=out).wait()
     assert np.array_equal(out, kept), (out, kept)
@@ -574,6 +575,9 @@ def test_optimizer_states():
         f.write(whole[:len(whole) // 2])
     expect_error(lambda: kv.load_optimizer_states(path + ".cut"), ValueError,
                  "load_optimizer_states: " + path + ".cut")
+    open(path + ".empty", "wb").close()
+    expect_error(lambda: kv.load_optimizer_states(path + ".empty"), ValueError,
+                 "load_optimizer_states: " + path + ".empty")
 
     def written(name, meta, momenta):
         arrays = {"m%d" % i: m for i, m in enumerate(momenta)}
@@ -590,7 +594,8 @@ def test_optimizer_states():
             ("count", dict(good, num_update=-1), "-1 is not a count"),
             ("updates", dict(good, keys=[["a", "3", 1.0, 1.0]]), "key entry 0 is malformed"),
             ("huge", dict(good, keys=[["a", 2**64, 1.0, 1.0]]), "key entry 0 is malformed"),
-            ("mult", dict(good, keys=[["a", 3, "x", 1.0]]), "key entry 0 is malformed")]:
+            ("mult", dict(good, keys=[["a", 3, "x", 1.0]]), "key entry 0 is malformed"),
+            ("big", dict(good, keys=[["a", 3, 10**400, 1.0]]), "key entry 0 is malformed")]:
         f = written(name, meta, [m12])
         expect_error(lambda: kv.load_optimizer_states(f), ValueError,
                      "load_optimizer_states: " + f, words)

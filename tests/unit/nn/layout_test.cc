@@ -252,15 +252,35 @@ TEST(LayoutExecutorTest, FusedReluMaxPoolAndFlattenGradientsMatchFiniteDifferenc
 }
 
 // One training step; outputs, loss, gradients and aux states must agree.
-void ExpectSameStep(Executor* a, Executor* b, const Graph& g, double tol) {
+// Gradients are compared with `tol`, relative to max(1, their largest value),
+// or with `grad_tol` > 0 relative to their largest value down to a tenth of
+// the largest gradient of the network (below that, a parameter whose
+// gradient vanishes, such as a bias before a batch norm, holds rounding).
+void ExpectSameStep(Executor* a, Executor* b, const Graph& g, double tol, double grad_tol = 0) {
   for (Executor* e : {a, b}) {
     e->Forward(true);
     e->Backward();
   }
   EXPECT_LT(RelDiff(a->output(), b->output()), tol);
   EXPECT_NEAR(a->Loss(), b->Loss(), tol);
+  double largest = 0;
+  for (int p = 0; p < b->num_params(); ++p) {
+    const Tensor& gb = b->grad(p);
+    for (int64_t k = 0; k < gb.num_elements(); ++k) {
+      largest = std::max(largest, static_cast<double>(std::fabs(gb.data()[k])));
+    }
+  }
   for (int p = 0; p < a->num_params(); ++p) {
-    EXPECT_LT(RelDiff(a->grad(p), b->grad(p)), tol) << g.params()[p].name;
+    const Tensor& ga = a->grad(p);
+    const Tensor& gb = b->grad(p);
+    ASSERT_EQ(ga.shape(), gb.shape()) << g.params()[p].name;
+    if (grad_tol > 0) {
+      EXPECT_LT(testing::RelMaxDiff(ga.data(), gb.data(), ga.num_elements(), largest / 10),
+                grad_tol)
+          << g.params()[p].name;
+    } else {
+      EXPECT_LT(RelDiff(ga, gb), tol) << g.params()[p].name;
+    }
   }
   for (int x = 0; x < a->num_aux(); ++x) {
     EXPECT_LT(RelDiff(a->aux(x), b->aux(x)), tol) << g.aux_states()[x].name;
@@ -313,7 +333,7 @@ Graph RandomGraph(uint64_t seed) {
     const bool can_halve = s[1] >= 4;
     const int kind = k == 0 ? 0 : pick(7);
     switch (kind == 6 ? 4 : kind) {  // (a concat or a sum twice as often)
-      case 0: {  // the first node is a convolution: the data has 3 channels
+      case 0: {                      // the first node is a convolution: the data has 3 channels
         ConvParam c;
         static constexpr int kChannels[] = {8, 12, 16, 32};
         c.num_filter = kChannels[pick(4)];
@@ -349,8 +369,8 @@ Graph RandomGraph(uint64_t seed) {
         std::vector<NodeId> ins = {in};
         for (NodeId other : live) {
           const Shape o = shape(other);
-          if (other == in || g.node(other).op == OpType::kInput || o.ndim() != 3 ||
-              o[1] != s[1] || o[2] != s[2] || (!cat && o[0] != s[0])) {
+          if (other == in || g.node(other).op == OpType::kInput || o.ndim() != 3 || o[1] != s[1] ||
+              o[2] != s[2] || (!cat && o[0] != s[0])) {
             continue;
           }
           if (ins.size() < (cat ? 3u : 2u) && pick(2)) ins.push_back(other);
@@ -385,13 +405,16 @@ Graph RandomGraph(uint64_t seed) {
   return g;
 }
 
-// Random networks (as RandomGraph makes them): one training step, then a
-// second on the same parameters (what the first left in the planned and
-// in-place buffers must not leak into it), by the engine with its layouts,
-// fusions and memory plan, by the plain unfused engine without a plan, and
-// by the reference loops; all three agree.
+// 200 random networks (as RandomGraph makes them): a training step, an SGD
+// update and a step on another batch (what the first left in the planned and
+// in-place buffers, or in weights reordered for oneDNN, must not leak into
+// it), by the engine with its layouts, fusions and memory plan, by the plain
+// unfused engine without a plan, and by the reference loops; all three agree,
+// each gradient to 1e-3 of its own size (down to a tenth of the network's
+// largest: deep chains of batch norms over 12 values a channel amplify
+// rounding past 1e-4 of it).
 TEST(LayoutExecutorTest, RandomGraphsAgreeWithThePlainEngineAndTheReference) {
-  for (uint64_t seed = 1; seed <= 100; ++seed) {
+  for (uint64_t seed = 1; seed <= 200; ++seed) {
     const Graph g = RandomGraph(seed);
     SCOPED_TRACE(StrCat("seed ", seed, ": ", g.nodes().size(), " nodes"));
     ASSERT_OK(g.status());
@@ -402,8 +425,26 @@ TEST(LayoutExecutorTest, RandomGraphsAgreeWithThePlainEngineAndTheReference) {
     EXPECT_LE(fast->planned_bytes(), plain->unplanned_bytes());
     for (int step = 0; step < 2; ++step) {
       SCOPED_TRACE(StrCat("step ", step));
-      ExpectSameStep(fast.get(), plain.get(), g, 1e-4);
-      ExpectSameStep(fast2.get(), ref.get(), g, 1e-4);
+      ExpectSameStep(fast.get(), plain.get(), g, 1e-4, 1e-3);
+      ExpectSameStep(fast2.get(), ref.get(), g, 1e-4, 1e-3);
+      // The same update everywhere (the reference's gradient), so that the
+      // next step starts from the same weights: rounding in a gradient that
+      // should vanish (a bias before a batch norm) moved a beta off 0 in one
+      // engine only, onto the other side of a ReLU's kink.
+      std::vector<std::vector<float>> update;
+      for (int p = 0; p < ref->num_params(); ++p) {
+        const Tensor& gr = ref->grad(p);
+        update.emplace_back(gr.data(), gr.data() + gr.num_elements());
+      }
+      for (Executor* e : {fast.get(), plain.get(), fast2.get(), ref.get()}) {
+        for (int p = 0; p < e->num_params(); ++p) {
+          float* w = e->param(p).data();
+          for (size_t k = 0; k < update[p].size(); ++k) w[k] -= 0.05f * update[p][k];
+        }
+        std::mt19937_64 rng(seed * 100 + step);
+        testing::FillUniform(e->data(), &rng, 0, 1);
+        for (int n = 0; n < 3; ++n) e->label().data()[n] = static_cast<float>((n + 1) % 4);
+      }
     }
   }
 }
