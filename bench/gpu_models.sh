@@ -70,6 +70,9 @@ for m in $MODELS; do
     sed -E 's/^Epoch\[[0-9]+\] //; s/ memory: peak / /' | paste -sd ';' -)
   if ((status == 0)); then
     result=ok
+  elif ((status == 124)); then
+    result="stopped at its time limit ($limit s)"
+    rc=1
   else
     result="failed (exit $status): $(grep -v '^\s*$' "$log" | tail -n 1 | cut -c1-160)"
     rc=1

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares a GPU session's device calls here, on the development machine, so
-# that device time goes to runs only: bundles the build (scripts/bundle.sh,
-# with the gpu test binaries and nn_step_bench) into .gpu/bundle.tar.gz, lays
+# that device time goes to runs only: checks the phases and their data,
+# bundles the build (scripts/bundle.sh, with the gpu test binaries and
+# nn_step_bench; the CUDA module is required) into .gpu/bundle.tar.gz, lays
 # the data the phases need in .gpu/data, checks that what travels fits the
 # device tool's 64 MiB, and prints the call to make.
 #   bash bench/gpu_prepare.sh [build_dir] [mnist|cifar|none] [phases]
@@ -11,15 +12,37 @@
 # torch_3's exact test images, cifar10_partial's test batch, classes and one
 # training batch (the seed001 phase); the bundle and one of them fit, not
 # both. DATA: where they are read from (../shared/data by default).
+# CALL_S: the call's timeout_s (540 unless set; the device tool's limit is
+# the smaller of it and the device time left, the machine's start included):
+# the printed call sets DEADLINE_S 30 s below it.
 # .gpu/ is ignored by git: the call must name it in `carry`.
 set -euo pipefail
 build=${1:-build}
 data=${2:-mnist}
 phases=${3:-tests,models}
+call_s=${CALL_S:-540}
 cd "$(dirname "$0")/.."
 src=${DATA:-../shared/data}
 limit=$((64 * 1024 * 1024))
-git check-ignore -q .gpu/x || { echo "gpu_prepare: .gpu/ is not ignored by git" >&2; exit 1; }
+fail() {
+  echo "gpu_prepare: $*" >&2
+  exit 2
+}
+# What gpu_session.sh would refuse on the GPU machine, after its paid start.
+IFS=, read -ra list <<<"$phases"
+((${#list[@]} >= 1 && ${#list[@]} <= 3)) || fail "1 to 3 phases, not '$phases'"
+for p in "${list[@]}"; do
+  case $p in
+    tests) [[ $data == mnist ]] || fail "the tests phase needs the mnist data, not '$data'" ;;
+    seed001) [[ $data == cifar ]] || fail "the seed001 phase needs the cifar data, not '$data'" ;;
+    step | profile | merge | models) ;;
+    *) fail "unknown phase '$p' (tests, step, profile, merge, models, seed001)" ;;
+  esac
+done
+((call_s >= 120 && call_s <= 600)) || fail "CALL_S is 120 to 600 s, not $call_s"
+[[ -f $build/libpstrain_cuda.so ]] ||
+  fail "$build/libpstrain_cuda.so is missing: a build with CUDA (nvcc found) makes it"
+git check-ignore -q .gpu/x || fail ".gpu/ is not ignored by git"
 rm -rf .gpu/data
 mkdir -p .gpu/data
 bash scripts/bundle.sh .gpu/bundle.tar.gz "$build" "$build/tests/gpu_backend_test" \
@@ -36,20 +59,21 @@ case $data in
     cp "$src"/cifar10_partial/{classes.txt,test_batch.*,data_batch_2.*} .gpu/data/cifar10_partial/
     ;;
   none) ;;
-  *) echo "gpu_prepare: data is mnist, cifar or none, not '$data'" >&2; exit 2 ;;
+  *) fail "data is mnist, cifar or none, not '$data'" ;;
 esac
-# What travels: tracked files, untracked ones git does not ignore, and .gpu.
-travels=$( (git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- |
-  tail -n 1 | cut -f1) 2>/dev/null)
+# What travels: tracked files (those still there) and untracked ones git does
+# not ignore, and .gpu.
+travels=0
+while IFS= read -r -d '' f; do
+  [[ -f $f ]] && travels=$((travels + $(stat -c %s "$f")))
+done < <(git ls-files -z --cached --others --exclude-standard)
 carried=$(du -sb .gpu | cut -f1)
 total=$((travels + carried))
 echo "gpu_prepare: the working tree ($((travels / 1048576)) MiB) and .gpu ($((carried / 1048576))" \
   "MiB) make $((total / 1048576)) MiB of the device tool's 64"
-if ((total > limit)); then
-  echo "gpu_prepare: too large to travel: carry less (one data set per call)" >&2
-  exit 1
-fi
+((total <= limit)) || fail "too large to travel: carry less (one data set per call)"
 cat <<CALL
-The device call (run: carry [".gpu"], timeout_s 600):
-  DATA=.gpu/data bash bench/gpu_session.sh .gpu/bundle.tar.gz $phases
+The device call (run: carry [".gpu"], timeout_s $call_s; with less device time
+left than that and the machine's start, lower CALL_S and prepare again):
+  DEADLINE_S=$((call_s - 30)) DATA=.gpu/data bash bench/gpu_session.sh .gpu/bundle.tar.gz $phases
 CALL

@@ -52,6 +52,13 @@ settings() {
   esac
 }
 for run in $RUNS; do settings "$run" || exit 2; done
+# The preparation (unpacking, packing, the mean image) takes up to about
+# three minutes: with less than that and a run's minute left, none starts.
+if [[ -n ${DEADLINE_S:-} ]] && ((DEADLINE_S - SECONDS < 240)); then
+  echo "gpu_seed001: $((DEADLINE_S - SECONDS)) s left of DEADLINE_S do not fit the" \
+    "preparation and a run (240 s at least)" >&2
+  exit 2
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 keep=${LOG_DIR:-$work}
@@ -68,7 +75,7 @@ common=(--network inception-bn-28-small --data-train "$work/cifar_train.rec"
   --random-mirror 1 --mean-img "$work/mean.bin" --wd 0.00001 --initializer "uniform(0.07)"
   --num-examples "$EXAMPLES" --num-epochs "$EPOCHS" --gpus 0)
 # The mean image once, before any run reads it (10 workers would race to write it).
-timeout 120 "$P" train "${common[@]}" --num-epochs 1 --num-examples 128 --batch-size 128 \
+timeout -k 10 120 "$P" train "${common[@]}" --num-epochs 1 --num-examples 128 --batch-size 128 \
   --kv-store local >"$keep/mean.log" 2>&1
 [[ -s $work/mean.bin ]] || {
   echo "gpu_seed001: the mean image was not made; $keep/mean.log ends:" >&2
@@ -107,21 +114,21 @@ run_one() {
   echo "### $run: batch $batch per GPU, lr $lr, $kv$([[ $one == 0 ]] && echo ', 10 workers, 5 servers')$([[ $order == 0 ]] && echo ', file order')$([[ $one == torch ]] && echo ', PyTorch')"
   echo
   if [[ $one == torch ]]; then
-    timeout "$LIMIT" "${PYTHON:-python3}" bench/torch_cifar_rec.py "$work/cifar_train.rec" \
+    timeout -k 10 "$LIMIT" "${PYTHON:-python3}" bench/torch_cifar_rec.py "$work/cifar_train.rec" \
       "$work/cifar_test.rec" "$EPOCHS" "$(nproc)" "${TORCH_DEVICE:-cuda}" "$EXAMPLES" \
       "${twins[@]}" >"$keep/$run.log" 2>&1
     ended "$keep/$run.log" $?
     "$P" parse-log "$keep/$run.log" \
       --metric-names "accuracy$( ((${#twins[@]})) && echo ,exact-accuracy,twins-accuracy)"
   elif [[ $one == 1 ]]; then
-    timeout "$LIMIT" "$P" train "${common[@]}" --batch-size "$batch" --lr "$lr" --kv-store "$kv" \
-      --shuffle-train "$order" --disp-batches 100 >"$keep/$run.log" 2>&1
+    timeout -k 10 "$LIMIT" "$P" train "${common[@]}" --batch-size "$batch" --lr "$lr" \
+      --kv-store "$kv" --shuffle-train "$order" --disp-batches 100 >"$keep/$run.log" 2>&1
     ended "$keep/$run.log" $?
     "$P" parse-log "$keep/$run.log"
   else
     logs=$keep/logs-$run
     rm -rf "$logs"
-    timeout "$LIMIT" "$P" launch -n 10 -s 5 --launcher local --quiet --log-dir "$logs" -- \
+    timeout -k 10 "$LIMIT" "$P" launch -n 10 -s 5 --launcher local --quiet --log-dir "$logs" -- \
       "$P" train "${common[@]}" --batch-size "$batch" --lr "$lr" --kv-store "$kv" \
       --data-nthreads 1 --disp-batches 10 >"$keep/$run.log" 2>&1
     ended "$keep/$run.log" $?

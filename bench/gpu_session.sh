@@ -40,9 +40,9 @@
 # images cifar10_partial/'s classes.txt, test_batch.* and one data_batch_N.*
 # that `pstrain rec cifar10` needs.
 # Logs and tables go to $OUT (the device tool's output folder) or ./gpu-out:
-# version.txt, PHASE.md (the phase's table or summary) and PHASE-logs.tar.gz
-# (every run's log), three files a phase at most: the device tool brings back
-# at most 8 files.
+# version.txt, and a phase's PHASE.md (its table or summary) and
+# PHASE-logs.tar.gz (every run's log): at most 3 phases a call, so that no
+# more than the 8 files the device tool brings back are written.
 # A phase stops at once (exit 3) when the bundle's pstrain sees no usable GPU.
 set -uo pipefail
 phases="tests|step|profile|merge|models|seed001"
@@ -57,6 +57,10 @@ for phase in "${PHASES[@]}"; do
     exit 2
   }
 done
+if ((${#PHASES[@]} > 3)); then
+  echo "gpu_session: at most 3 phases a call (two files each and version.txt: 8 come back)" >&2
+  exit 2
+fi
 if ((${#PHASES[@]} != 1 && $# > 0)); then
   echo "gpu_session: arguments go with one phase only (several take their defaults)" >&2
   exit 2
@@ -97,6 +101,9 @@ pack_logs() {
   rm -rf "$unpacked"
 }
 trap pack_logs EXIT
+# (a TERM from the call's limit packs what there is; DEADLINE_S is what keeps
+# the runs inside the call: a run under `timeout` is in a process group of its
+# own and would not get the TERM)
 trap 'exit 143' TERM
 tar -C "$unpacked" -xaf "$bundle" || exit 1
 # shellcheck disable=SC1091
@@ -121,7 +128,7 @@ fi
 # Every run is bounded by what is left of the phase's time (`left`, capped
 # at $tests_end): a suite or test not started for want of it is named.
 run_suites() {
-  local binary=$1 log=$2 suite suites test rc=0 status t timed='.* \([0-9]+ ms\)$'
+  local binary=$1 log=$2 suite suites test failed rc=0 status t timed='.* \([0-9]+ ms\)$'
   : >"$log"
   : >"$log.rerun"
   if [[ ! -x $binary ]] || ! suites=$("$binary" --gtest_list_tests 2>>"$log"); then
@@ -133,40 +140,52 @@ run_suites() {
     echo "FAIL  $binary lists no test suite"
     return 1
   fi
-  # A hung suite (a fence, a peer copy) must not take the call's 10 minutes.
+  # A hung suite (a fence, a peer copy) must not take the call's 10 minutes:
+  # each suite gets at most 150 s of what is left.
   for suite in $suites; do
-    t=$(left $((tests_end - SECONDS)))
+    t=$(left $((tests_end - SECONDS < 150 ? tests_end - SECONDS : 150)))
     if ((t < 10)); then
       echo "FAIL  $suite* not run: the phase's time is up"
       rc=1
       continue
     fi
-    timeout -k 10 "$t" "$binary" --gtest_filter="$suite*" >>"$log" 2>&1
+    timeout -k 10 "$t" "$binary" --gtest_filter="$suite*" >"$log.suite" 2>&1
     status=$?
+    cat "$log.suite" >>"$log"
     if ((status == 0)); then
       echo "pass  $suite*"
       continue
     fi
-    echo "FAIL  $suite* (exit $status$( ((status == 124)) && echo ", timed out")): one test per" \
-      "process"
-    for test in $("$binary" --gtest_list_tests --gtest_filter="$suite*" |
-      awk '/^  /{print $1}'); do
+    # A suite that ended by itself names its failed tests: those alone run
+    # again, each in its own process. One that crashed or hung: all of them,
+    # to find which.
+    failed=$(sed -nE "s/^\[  FAILED  \] ([^ ,]+)(, where .*)? \([0-9]+ ms\)$/\1/p" "$log.suite")
+    if ((status == 1)) && [[ -n $failed ]]; then
+      echo "FAIL  $suite*: the failed tests, each alone"
+    else
+      echo "FAIL  $suite* (exit $status$( ((status == 124)) && echo ", timed out")): one test" \
+        "per process"
+      failed=$("$binary" --gtest_list_tests --gtest_filter="$suite*" |
+        awk -v s="$suite" '/^  /{print s $1}')
+    fi
+    for test in $failed; do
       t=$(left $((tests_end - SECONDS < 120 ? tests_end - SECONDS : 120)))
       if ((t < 10)); then
-        echo "  FAIL  $suite$test not run: the phase's time is up"
+        echo "  FAIL  $test not run: the phase's time is up"
         rc=1
         continue
       fi
-      timeout -k 10 "$t" "$binary" --gtest_filter="$suite$test" >>"$log.rerun" 2>&1
+      timeout -k 10 "$t" "$binary" --gtest_filter="$test" >>"$log.rerun" 2>&1
       status=$?
       if ((status == 0)); then
-        echo "  pass  $suite$test"
+        echo "  pass  $test"
       else
-        echo "  FAIL  $suite$test (exit $status)"
+        echo "  FAIL  $test (exit $status)"
         rc=1
       fi
     done
   done
+  rm -f "$log.suite"
   echo "$(grep -cE "^\[       OK \] $timed" "$log") passed," \
     "$(grep -cE "^\[  SKIPPED \] $timed" "$log") skipped," \
     "$(grep -cE "^\[  FAILED  \] $timed" "$log") failed in the suites' processes"
@@ -195,12 +214,17 @@ run_phase() {
     ;;
   step)
     # A round of the seven rows takes minutes: no round starts that its
-    # predecessor says would end past 8.5 minutes of the bench (the bundle's
-    # unpacking before and the logs' packing after take seconds), inside the
-    # call's 10.
-    NN_STEP_BENCH=$bin/nn_step_bench LOG_DIR=$logs BUDGET_S=${BUDGET_S:-$(left)} \
-      bash bench/gpu_vs_pytorch.sh "$bin" "${1:-3}" 2>&1 | tee "$out/step.md"
-    rc=${PIPESTATUS[0]}
+    # predecessor says would end past what is left (BUDGET_S), and the bench
+    # is stopped there anyway.
+    t=$(left)
+    if ((t < 60)); then
+      echo "step not run: the phase's time is up" | tee "$out/step.md"
+      rc=1
+    else
+      NN_STEP_BENCH=$bin/nn_step_bench LOG_DIR=$logs BUDGET_S=${BUDGET_S:-$((t - 10))} \
+        timeout -k 10 "$t" bash bench/gpu_vs_pytorch.sh "$bin" "${1:-3}" 2>&1 | tee "$out/step.md"
+      rc=${PIPESTATUS[0]}
+    fi
     ;;
   profile)
     # Device time per layer (pstrain) and per operator and kernel (PyTorch's
@@ -251,6 +275,7 @@ run_phase() {
       tail -n 30 "$logs"/profile_*.md
       tail -n 45 "$logs"/torch_profile_*.md
     } 2>&1 | tee "$out/profile.md"
+    grep -qE 'failed \(exit|not run' "$out/profile.md" && rc=1
     ;;
   merge)
     if (($(left) < 60)); then
