@@ -3,11 +3,17 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "tests/test_util.h"
+#ifdef PSTRAIN_TEST_CUDA_MODULE
+#include <dlfcn.h>
+
+#include "nn/cuda/cuda_factory.h"
+#endif
 
 namespace pstrain {
 namespace {
@@ -278,6 +284,34 @@ TEST(SummaryCmdTest, AMissingOrBrokenCudaModuleIsAnErrorSayingWhich) {
     EXPECT_NE(out.find("this build has no CUDA backend"), std::string::npos) << out;
   }
 }
+
+#ifdef PSTRAIN_TEST_CUDA_MODULE
+// The module tells its ABI into the room it is given: the whole struct where
+// it fits, else its version alone, so that a binary of another build can ask
+// with any room and read the version safely.
+TEST(CudaModuleTest, TheAbiEntryWritesItsStructOnlyWhereItFits) {
+  void* module = dlopen(PSTRAIN_TEST_CUDA_MODULE, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(module, nullptr) << dlerror();
+  auto abi = reinterpret_cast<void (*)(internal::CudaModuleAbi*, size_t)>(
+      dlsym(module, "PstrainCudaModuleAbi"));
+  ASSERT_NE(abi, nullptr);
+  constexpr unsigned char kUntouched = 0xa5;
+  alignas(internal::CudaModuleAbi) unsigned char room[sizeof(internal::CudaModuleAbi) + 64];
+  std::memset(room, kUntouched, sizeof(room));
+  abi(reinterpret_cast<internal::CudaModuleAbi*>(room), sizeof(int));
+  int version = 0;
+  std::memcpy(&version, room, sizeof(version));
+  EXPECT_EQ(version, internal::kCudaModuleAbi);
+  for (size_t i = sizeof(int); i < sizeof(room); ++i) ASSERT_EQ(room[i], kUntouched) << i;
+  std::memset(room, kUntouched, sizeof(room));
+  abi(reinterpret_cast<internal::CudaModuleAbi*>(room), sizeof(room));
+  internal::CudaModuleAbi got;
+  std::memcpy(&got, room, sizeof(got));
+  EXPECT_TRUE(got == internal::CudaModuleAbi());
+  for (size_t i = sizeof(got); i < sizeof(room); ++i) ASSERT_EQ(room[i], kUntouched) << i;
+  // (not dlclose'd: unloading the CUDA runtime mid-process is not supported)
+}
+#endif
 
 // A wrong network name is reported at once, before any data is read (a data
 // directory that does not exist is not even looked at).
