@@ -127,6 +127,14 @@ fi
 # failed on its own.
 # Every run is bounded by what is left of the phase's time (`left`, capped
 # at $tests_end): a suite or test not started for want of it is named.
+# phase_time CAP WHAT: sets t to that time, at most CAP s; under 10 s, says
+# WHAT was not run and fails.
+phase_time() {
+  t=$(left $((tests_end - SECONDS < $1 ? tests_end - SECONDS : $1)))
+  ((t >= 10)) && return 0
+  echo "$2 not run: the phase's time is up"
+  return 1
+}
 run_suites() {
   local binary=$1 log=$2 suite suites test failed rc=0 status t timed='.* \([0-9]+ ms\)$'
   : >"$log"
@@ -143,12 +151,7 @@ run_suites() {
   # A hung suite (a fence, a peer copy) must not take the call's 10 minutes:
   # each suite gets at most 150 s of what is left.
   for suite in $suites; do
-    t=$(left $((tests_end - SECONDS < 150 ? tests_end - SECONDS : 150)))
-    if ((t < 10)); then
-      echo "FAIL  $suite* not run: the phase's time is up"
-      rc=1
-      continue
-    fi
+    phase_time 150 "FAIL  $suite*" || { rc=1; continue; }
     timeout -k 10 "$t" "$binary" --gtest_filter="$suite*" >"$log.suite" 2>&1
     status=$?
     cat "$log.suite" >>"$log"
@@ -169,12 +172,7 @@ run_suites() {
         awk -v s="$suite" '/^  /{print s $1}')
     fi
     for test in $failed; do
-      t=$(left $((tests_end - SECONDS < 120 ? tests_end - SECONDS : 120)))
-      if ((t < 10)); then
-        echo "  FAIL  $test not run: the phase's time is up"
-        rc=1
-        continue
-      fi
+      phase_time 120 "  FAIL  $test and the rest of them" || { rc=1; break; }
       timeout -k 10 "$t" "$binary" --gtest_filter="$test" >>"$log.rerun" 2>&1
       status=$?
       if ((status == 0)); then
