@@ -60,13 +60,30 @@ int PreferredChannelBlock() {
                                         dnnl::algorithm::convolution_direct, any(x), any(w),
                                         memory::desc(), any(x), {1, 1}, {1, 1}, {1, 1});
       dnnl::convolution_forward::primitive_desc pd(d, eng);
-      const dnnl_memory_desc_t& md = pd.src_desc().data;
-      const auto& blk = md.format_desc.blocking;
-      if (md.format_kind != dnnl_blocked || blk.inner_nblks != 1 || blk.inner_idxs[0] != 1) {
-        return 0;
-      }
-      const int b = static_cast<int>(blk.inner_blks[0]);
-      return b == 8 || b == 16 ? b : 0;
+      // The activations' channel block a primitive chose, 0 for none.
+      auto channel_block = [](const memory::desc& m) {
+        const dnnl_memory_desc_t& md = m.data;
+        const auto& blk = md.format_desc.blocking;
+        if (md.format_kind != dnnl_blocked || blk.inner_nblks != 1 || blk.inner_idxs[0] != 1) {
+          return 0;
+        }
+        const int b = static_cast<int>(blk.inner_blks[0]);
+        return b == 8 || b == 16 ? b : 0;
+      };
+      const int b = channel_block(pd.src_desc());
+      // Training runs the backward passes too: where they want another
+      // layout (with SSE4.1 alone, oneDNN's backward convolutions are gemm
+      // on plain NCHW), blocked activations would be reordered for every one
+      // of them, so every tensor stays plain.
+      dnnl::convolution_backward_data::desc bd(dnnl::algorithm::convolution_direct, any(x), any(w),
+                                               any(x), {1, 1}, {1, 1}, {1, 1});
+      dnnl::convolution_backward_data::primitive_desc bpd(bd, eng, pd);
+      dnnl::convolution_backward_weights::desc wd(dnnl::algorithm::convolution_direct, any(x),
+                                                  any(w), memory::desc(), any(x), {1, 1}, {1, 1},
+                                                  {1, 1});
+      dnnl::convolution_backward_weights::primitive_desc wpd(wd, eng, pd);
+      if (channel_block(bpd.diff_src_desc()) != b || channel_block(wpd.src_desc()) != b) return 0;
+      return b;
     } catch (const dnnl::error&) {
       return 0;
     }

@@ -28,7 +28,8 @@ namespace pstrain::internal {
 
 // The channel block oneDNN's convolutions prefer on this CPU (16 with
 // AVX-512, 8 with AVX2), found by asking oneDNN once; 0 when they prefer a
-// plain layout.
+// plain layout, forward or backward (SSE4.1 alone: its forward is blocked,
+// its backward plain).
 int PreferredChannelBlock();
 
 // Per node: the channel block of its output (and of its gradient), or 0 for
