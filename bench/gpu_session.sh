@@ -121,8 +121,9 @@ fi
 
 # run_suites BINARY LOG: each test suite of a GoogleTest binary in its own
 # process, so that a crash or a sticky CUDA error (a kernel fault poisons its
-# context) costs only its suite; a suite that does not pass is run again one
-# test per process (LOG.rerun), and those runs say which tests fail. Prints a
+# context) costs only its suite; a suite that does not pass has its failed
+# tests (all of them, if it crashed or hung) run again one per process
+# (LOG.rerun), and those runs say which tests fail. Prints a
 # line per suite and per rerun test, then the counts; returns 1 if a test
 # failed on its own.
 # Every run is bounded by what is left of the phase's time (`left`, capped
