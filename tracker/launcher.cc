@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -86,19 +87,46 @@ std::string CurrentDir() {
 
 enum class MpiFlavour { kOpenMpi, kMpich };
 
-StatusOr<MpiFlavour> DetectMpi(const std::string& mpirun,
+struct MpiVersion {
+  MpiFlavour flavour = MpiFlavour::kOpenMpi;
+  std::string version;  // "4.1.4" as `--version` printed it; empty if it printed none
+  int major = 0;        // 0: unknown
+};
+
+// The first "N.N..." word of `text` ("mpirun (Open MPI) 4.1.4", Hydra's
+// "Version:   4.0.2"); empty if none.
+std::string FirstVersion(const std::string& text) {
+  std::istringstream words(text);
+  for (std::string word; words >> word;) {
+    if (std::isdigit(static_cast<unsigned char>(word[0])) && word.find('.') != std::string::npos) {
+      return word;
+    }
+  }
+  return "";
+}
+
+StatusOr<MpiVersion> DetectMpi(const std::string& mpirun,
                                const std::map<std::string, std::string>& env) {
   std::string out;
   int status = 0;
   Status s = RunAndCapture({mpirun, "--version"}, env, 10000, &out, &status);
   if (!s.ok()) return s.WithContext("detecting the MPI flavour");
+  MpiVersion v;
   if (out.find("Open MPI") != std::string::npos || out.find("OpenRTE") != std::string::npos) {
-    return MpiFlavour::kOpenMpi;
+    v.flavour = MpiFlavour::kOpenMpi;
+    v.version = FirstVersion(out.substr(0, out.find('\n')));  // "mpirun (Open MPI) 4.1.4"
+    v.major = std::atoi(v.version.c_str());
+    return v;
   }
   std::string lower = out;
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (lower.find("mpich") != std::string::npos || lower.find("hydra") != std::string::npos) {
-    return MpiFlavour::kMpich;
+    v.flavour = MpiFlavour::kMpich;
+    if (const size_t at = out.find("Version:"); at != std::string::npos) {
+      v.version = FirstVersion(out.substr(at + 8, out.find('\n', at) - at - 8));
+      v.major = std::atoi(v.version.c_str());
+    }
+    return v;
   }
   return Status::FailedPrecondition(
       StrCat("'", mpirun, " --version' names neither Open MPI nor MPICH: ", out.substr(0, 200)));
@@ -171,6 +199,8 @@ host.
   --launcher KIND         local, ssh, mpi or slurm (default: ssh with -H, else local)
   -H, --hostfile FILE     hosts, one per line, optional :port (ssh, mpi); IPv6
                           addresses in brackets: [fd00::11] or [fd00::11]:port
+                          (Open MPI 4's mpirun takes names only: list names
+                          that resolve to the hosts' IPv6 addresses)
   --sync-dst-dir DIR      ssh: rsync the working directory to DIR on every host
                           first and run there (default: the same path as here)
   --sync-timeout SECONDS  ssh: how long one host's copy may take (default 600);
@@ -627,13 +657,16 @@ std::string FirstWords(std::istream& lines) {
   return out;
 }
 
-// mpirun without -H: the hosts its ranks may run on, as far as the launcher
-// can tell, for the scheduler's address (127.0.0.1 is right only when every
-// rank runs here): the --host lists and host files among the --mpi-option
-// words, else the resource manager's allocation (Slurm over one node, PBS).
-// Empty: this host only.
-StatusOr<std::vector<Host>> MpiHosts(const LaunchOptions& o, const Environment& env) {
-  std::string names;
+// The host lists and host files among the --mpi-option words, each with
+// where it came from and its text (a list with one host per line).
+struct HostSource {
+  std::string origin;  // "--mpi-option --hostfile FILE", "--mpi-option --host"
+  std::string text;
+  bool is_file = false;  // its lines are a file's lines
+};
+
+StatusOr<std::vector<HostSource>> MpiOptionHosts(const LaunchOptions& o) {
+  std::vector<HostSource> sources;
   const std::vector<std::string>& w = o.mpi_options;
   for (size_t i = 0; i < w.size(); ++i) {
     std::string name = w[i], value;
@@ -653,13 +686,29 @@ StatusOr<std::vector<Host>> MpiHosts(const LaunchOptions& o, const Environment& 
     }
     if (list) {
       std::replace(value.begin(), value.end(), ',', '\n');
-      std::istringstream one_per_line(value);
-      names += FirstWords(one_per_line);
+      sources.push_back({StrCat("--mpi-option ", name), value, false});
       continue;
     }
     std::ifstream in(value);
     if (!in) return Status::NotFound(StrCat("--mpi-option ", name, " ", value, ": cannot read it"));
-    names += FirstWords(in);
+    std::stringstream text;
+    text << in.rdbuf();
+    sources.push_back({StrCat("--mpi-option ", name, " ", value), text.str(), true});
+  }
+  return sources;
+}
+
+// mpirun without -H: the hosts its ranks may run on, as far as the launcher
+// can tell, for the scheduler's address (127.0.0.1 is right only when every
+// rank runs here): the --host lists and host files among the --mpi-option
+// words, else the resource manager's allocation (Slurm over one node, PBS).
+// Empty: this host only.
+StatusOr<std::vector<Host>> MpiHosts(const LaunchOptions& o, const Environment& env) {
+  ASSIGN_OR_RETURN(std::vector<HostSource> sources, MpiOptionHosts(o));
+  std::string names;
+  for (const HostSource& source : sources) {
+    std::istringstream lines(source.text);
+    names += FirstWords(lines);
   }
   if (names.empty()) {
     if (StatusOr<SlurmJob> job = SlurmJobFromEnvironment(env); job.ok() && job->num_nodes > 1) {
@@ -674,6 +723,52 @@ StatusOr<std::vector<Host>> MpiHosts(const LaunchOptions& o, const Environment& 
   return ParseHostList(names, "mpirun's hosts");
 }
 
+// An IPv6 address for a host breaks the mpiruns we know: Open MPI 4's
+// host-file parser stops at the '[' and its check of node names refuses the
+// ':' (the daemon on the other host then crashes); MPICH 4's Hydra reads a
+// host up to its first ':' (ssh is asked for host "fd0a"). A name that
+// resolves to the host's IPv6 address works with Open MPI, so that is what
+// the error asks for. Hydra's own connections are IPv4 only, which no name
+// mends. Later major versions, unchecked here, are left to mpirun.
+Status CheckMpiHosts(const LaunchOptions& o, const MpiVersion& mpi) {
+  if (mpi.major < 1 || mpi.major > 4) return Status::Ok();
+  const std::string which =
+      mpi.flavour == MpiFlavour::kOpenMpi
+          ? StrCat("Open MPI ", mpi.version,
+                   "'s mpirun takes host names only (its host files and its check of node "
+                   "names refuse IPv6 addresses): give each host a name that resolves to its "
+                   "IPv6 address (DNS or /etc/hosts on every host) and list the names")
+          : StrCat("MPICH ", mpi.version,
+                   "'s mpiexec (Hydra) reads a host up to its first ':': list host names, on "
+                   "hosts with IPv4 addresses too (its proxies reach mpiexec over IPv4 only), "
+                   "or use the ssh launcher");
+  std::vector<HostSource> sources;
+  if (!o.hostfile.empty()) {
+    std::ifstream in(o.hostfile);
+    if (!in) return Status::NotFound(StrCat("-H ", o.hostfile, ": cannot read it"));
+    std::stringstream text;
+    text << in.rdbuf();
+    sources.push_back({StrCat("-H ", o.hostfile), text.str(), true});
+  }
+  ASSIGN_OR_RETURN(std::vector<HostSource> more, MpiOptionHosts(o));
+  sources.insert(sources.end(), more.begin(), more.end());
+  for (const HostSource& source : sources) {
+    std::istringstream lines(source.text);
+    std::string line;
+    for (int n = 1; std::getline(lines, line); ++n) {
+      std::istringstream words(line.substr(0, line.find('#')));
+      std::string word;
+      if (!(words >> word)) continue;
+      const std::string host = word.substr(word.rfind('@') + 1);
+      if (host[0] != '[' && std::count(host.begin(), host.end(), ':') < 2) continue;
+      return Status::InvalidArgument(
+          StrCat(source.is_file ? StrCat(source.origin, ":", n) : source.origin, ": '", word,
+                 "' is an IPv6 address, and ", which));
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) {
@@ -682,6 +777,11 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
   plan.launcher = o.launcher.value_or(LauncherKind::kLocal);
   plan.job_id = o.job_id.empty() ? DefaultJobId() : o.job_id;
   plan.log_dir = o.log_dir.empty() ? "logs/" + plan.job_id : o.log_dir;
+  std::optional<MpiVersion> mpi;
+  if (plan.launcher == LauncherKind::kMpi) {
+    ASSIGN_OR_RETURN(mpi, DetectMpi(o.mpirun, env.All()));
+    RETURN_IF_ERROR(CheckMpiHosts(o, *mpi));
+  }
   if (plan.launcher == LauncherKind::kSsh) {
     ASSIGN_OR_RETURN(plan.hosts, ReadHostFile(o.hostfile));
   } else if (plan.launcher == LauncherKind::kMpi && !o.hostfile.empty()) {
@@ -988,7 +1088,7 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
   // turns the MPI rank into the role (rank r < S is server r, else worker
   // r - S). Two concurrent mpiruns, as dmlc-core's mpi tracker starts, race
   // on Open MPI's session directory on a shared host, so there is one.
-  ASSIGN_OR_RETURN(MpiFlavour flavour, DetectMpi(o.mpirun, local_env));
+  const MpiFlavour flavour = mpi->flavour;
   static const std::string kRoleScript =
       "r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}; s=$1; shift; "
       "[ -n \"$r\" ] || { echo 'pstrain launch: no MPI rank in the environment' >&2; exit 127; }; "
