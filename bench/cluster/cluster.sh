@@ -10,7 +10,8 @@
 #   cluster.sh exec HOST CMD...             run CMD on host HOST (1..N)
 #   cluster.sh launch [pstrain launch args] pstrain launch --launcher ssh from host 1
 #                                           (--ipv6: over the hosts' IPv6 addresses;
-#                                           --launcher mpi: Open MPI's mpirun over ssh)
+#                                           --launcher mpi: Open MPI's mpirun over ssh,
+#                                           with --ipv6 by names: see below)
 #   cluster.sh ssh-options                  the --ssh-option flags for the hosts
 #   cluster.sh link HOST up|down            take a host's link down (a fault) or back up
 #   cluster.sh kill HOST                    kill -9 every process on HOST but its sshd (a fault)
@@ -19,6 +20,11 @@
 # Every address lives inside the namespaces only: nothing is added to this
 # machine's own network. Host i is SUBNET.(10+i) and fd0a:X:Y:1::(10+i) for
 # --subnet 10.X.Y (hosts files: hosts, and hosts6 where IPv6 is up). The
+# hosts have names too, seen by their sshd and by `exec` and `launch`: an
+# /etc/hosts of the cluster's own, bind-mounted in a mount namespace, so
+# that this machine's is not touched. NAME-hI is host I's IPv4 address (and
+# its host name) and NAME-hI-v6 its IPv6 one alone; names6 lists those (Open
+# MPI 4's mpirun takes names only, no IPv6 address). The
 # state (hosts files, keys, sshd logs) is under
 # /run/pstrain-cluster/NAME; `down` removes it with the namespaces, the links
 # and every process in them, also after `up` failed half way.
@@ -102,6 +108,28 @@ host_addr() { echo "$SUBNET.$((10 + $1))"; }
 host_addr6() {
   local rest=${SUBNET#10.}
   echo "fd0a:${rest%%.*}:${rest#*.}:1::$((10 + $1))"
+}
+
+# Whether a process here can see an /etc/hosts of its own: "private" (a
+# mount namespace whose mounts reach no other) or "no" (the hosts then have
+# addresses but no names). In a chroot, where / is no mount point, unshare
+# cannot make the namespace private, and a bind mount in one that is not
+# could reach the file others see: "no" there.
+names_mode() {
+  if [ -f /etc/hosts ] && unshare --mount --propagation private true 2>/dev/null; then
+    echo private
+  else
+    echo no
+  fi
+}
+
+# Replaces this shell with a command that sees the cluster's /etc/hosts
+# (where names are "no", this machine's).
+exec_with_names() {
+  [ "$(cat "$STATE/names" 2>/dev/null)" = private ] || exec "$@"
+  # shellcheck disable=SC2016  # $0 and $@ are the inner shell's
+  exec unshare --mount --propagation private sh -c 'mount --bind "$0" /etc/hosts && exec "$@"' \
+    "$STATE/etc_hosts" "$@"
 }
 
 # The hosts of a running cluster, from its state.
@@ -196,6 +224,14 @@ cmd_up() {
   chmod 600 "$STATE/authorized_keys"
   : >"$STATE/known_hosts"
   : >"$STATE/hosts"
+  local names
+  names=$(names_mode)
+  echo "$names" >"$STATE/names"
+  cp /etc/hosts "$STATE/etc_hosts" 2>/dev/null || : >"$STATE/etc_hosts"
+  [ -z "$(tail -c 1 "$STATE/etc_hosts")" ] || echo >>"$STATE/etc_hosts"
+  echo "# pstrain cluster '$NAME'" >>"$STATE/etc_hosts"
+  [ "$names" = no ] &&
+    echo "cluster.sh: the hosts get no names here (no private mount namespace for an /etc/hosts of their own): mpirun over IPv6 needs them" >&2
   mkdir -p /run/sshd # sshd's privilege-separation directory
 
   local i ns addr addr6 v6=yes
@@ -239,15 +275,20 @@ ClientAliveInterval 5
 ClientAliveCountMax 3
 AcceptEnv LANG LC_*
 EOF
-    # Its own host name too (a UTS namespace): what its processes report.
-    in_ns "$ns" unshare --uts sh -c \
-      "hostname $ns && exec /usr/sbin/sshd -f '$STATE/h$i.sshd_config' -E '$STATE/h$i.sshd.log'"
-    echo "$addr,$addr6 $(cut -d' ' -f1,2 "$STATE/h$i.hostkey.pub")" >>"$STATE/known_hosts"
+    echo "$addr $ns" >>"$STATE/etc_hosts"
+    [ "$v6" = yes ] && echo "$addr6 $ns-v6" >>"$STATE/etc_hosts"
+    # Its own host name too (a UTS namespace): what its processes report; and
+    # the hosts' names, for the logins it serves.
+    (exec_with_names nsenter --net="/run/netns/$ns" -- unshare --uts sh -c \
+      "hostname $ns && exec /usr/sbin/sshd -f '$STATE/h$i.sshd_config' -E '$STATE/h$i.sshd.log'")
+    echo "$addr,$addr6,$ns,$ns-v6 $(cut -d' ' -f1,2 "$STATE/h$i.hostkey.pub")" >>"$STATE/known_hosts"
     echo "$addr" >>"$STATE/hosts"
     echo "[$addr6]" >>"$STATE/hosts6"
+    echo "$ns-v6" >>"$STATE/names6"
   done
   echo "$v6" >"$STATE/ipv6"
-  [ "$v6" = yes ] || rm -f "$STATE/hosts6"
+  [ "$v6" = yes ] || rm -f "$STATE/hosts6" "$STATE/names6"
+  [ "$names" != no ] || rm -f "$STATE/names6"
 
   # Ready when every host answers a real ssh login from host 1.
   for i in $(seq 1 "$n"); do
@@ -336,7 +377,7 @@ cmd_exec() {
   [[ $i =~ ^[0-9]+$ ]] && [ "$i" -ge 1 ] && [ "$i" -le "$(num_hosts)" ] ||
     die "exec HOST CMD: HOST is 1..$(num_hosts) (got '$i')"
   [ $# -gt 0 ] || die "exec HOST CMD: no command"
-  exec nsenter --net="/run/netns/$(host_ns "$i")" -- "$@"
+  exec_with_names nsenter --net="/run/netns/$(host_ns "$i")" -- "$@"
 }
 
 cmd_launch() {
@@ -344,11 +385,12 @@ cmd_launch() {
   num_hosts >/dev/null
   [ -x "$PSTRAIN" ] || die "$PSTRAIN is not built (set PSTRAIN=/path/to/pstrain)"
   # --ipv6 (before the command's --) is ours; the rest goes to pstrain launch.
-  local hosts=$STATE/hosts args=() rest='' a prev='' mpi=
+  local hosts=$STATE/hosts args=() rest='' a prev='' mpi= v6=
   for a in "$@"; do
     if [ -z "$rest" ] && [ "$a" = --ipv6 ]; then
       [ -f "$STATE/hosts6" ] || die "launch --ipv6: cluster '$NAME' has no IPv6 addresses (see cluster.sh up's output)"
       hosts=$STATE/hosts6
+      v6=1
       continue
     fi
     [ "$a" = -- ] && rest=1
@@ -361,17 +403,22 @@ cmd_launch() {
     prev=$a
   done
   if [ -n "$mpi" ]; then
-    [ "$hosts" = "$STATE/hosts" ] || die "launch --ipv6 takes the ssh launcher only (Open MPI's mpirun is not set up for IPv6 here)"
+    # Open MPI 4's mpirun takes host names, no IPv6 address: by the names
+    # that resolve to the hosts' IPv6 addresses alone.
+    if [ -n "$v6" ]; then
+      [ -f "$STATE/names6" ] || die "launch --ipv6 --launcher mpi: the hosts of cluster '$NAME' have no names (see cluster.sh up's output), and Open MPI's mpirun takes no IPv6 address"
+      hosts=$STATE/names6
+    fi
     # Open MPI's mpirun starts its daemons over ssh with the hosts' keys; the
     # emulated hosts share this machine's cores, so ranks may outnumber them.
     local root=()
     [ "$(id -u)" = 0 ] && root=(--mpi-option --allow-run-as-root)
-    exec nsenter --net="/run/netns/$(host_ns 1)" -- "$PSTRAIN" launch -H "$hosts" \
+    exec_with_names nsenter --net="/run/netns/$(host_ns 1)" -- "$PSTRAIN" launch -H "$hosts" \
       --mpi-option --mca --mpi-option plm_rsh_args --mpi-option "$(ssh_opts_plain)" \
       --mpi-option --oversubscribe "${root[@]}" "$@"
   fi
   # shellcheck disable=SC2046
-  exec nsenter --net="/run/netns/$(host_ns 1)" -- "$PSTRAIN" launch --launcher ssh -H "$hosts" \
+  exec_with_names nsenter --net="/run/netns/$(host_ns 1)" -- "$PSTRAIN" launch --launcher ssh -H "$hosts" \
     $(cmd_ssh_options --name "$NAME") "$@"
 }
 

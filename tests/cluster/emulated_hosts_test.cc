@@ -204,6 +204,40 @@ TEST_F(EmulatedHostsTest, KvbenchVerifiesAcrossHostsOverIpv6) {
       << verify.out;
 }
 
+// Open MPI 4's mpirun over IPv6: it takes no IPv6 address for a host, so the
+// hosts go by names that resolve to their IPv6 addresses alone (the
+// cluster's /etc/hosts, in a mount namespace of its own). pstrain resolves
+// them too: the scheduler and every node are at IPv6 addresses.
+TEST_F(EmulatedHostsTest, MpirunLaunchesAcrossHostsOverIpv6ByName) {
+  Ran v6 = Sh({"cat", StrCat("/run/pstrain-cluster/", kName, "/ipv6")});
+  if (v6.out.rfind("yes", 0) != 0) GTEST_SKIP() << "the emulated hosts have no IPv6 here";
+  Ran names = Sh({"cat", StrCat("/run/pstrain-cluster/", kName, "/names")});
+  if (names.out.rfind("no", 0) == 0) {
+    GTEST_SKIP() << "the emulated hosts have no names here (no private mount namespace, as in "
+                    "a chroot: bench/cluster/cluster.sh up says so)";
+  }
+  // The names resolve on the hosts, and here not at all.
+  Ran resolved = Sh({"env", StrCat("PSTRAIN_CLUSTER_NAME=", kName), "bash", Script(), "exec", "2",
+                     "getent", "ahostsv6", StrCat(kName, "-h3-v6")});
+  EXPECT_EQ(resolved.out.rfind(StrCat(kSubnet6, "13 "), 0), 0u) << resolved.out;
+  EXPECT_NE(Sh({"getent", "hosts", StrCat(kName, "-h3-v6")}).code, 0)
+      << "the cluster's names leaked into this machine's /etc/hosts";
+  Ran verify = Launch({"--ipv6", "--launcher", "mpi", "-n", "3", "-s", "3", "--timeout", "120",
+                       "--", PstrainBinary(), "kvbench", "--verify", "--verify-rounds", "3"});
+  ASSERT_EQ(verify.code, 0) << verify.out;
+  ExpectWorkersVerified(verify, 3);
+  EXPECT_NE(verify.out.find(StrCat("scheduler at [", kSubnet6, "11]:")), std::string::npos)
+      << verify.out;
+  int hosts = 0;
+  for (int h = 1; h <= 3; ++h) {
+    hosts += verify.out.find(StrCat("at [", kSubnet6, 10 + h, "]:")) != std::string::npos ? 1 : 0;
+  }
+  EXPECT_GE(hosts, 2) << verify.out;
+  EXPECT_EQ(verify.out.find(StrCat(kSubnet, ".")), std::string::npos)
+      << "an IPv4 address in an IPv6 job:\n"
+      << verify.out;
+}
+
 // A fault on host 3 while the job runs; every other process must end,
 // naming that host, within the heartbeat deadline (3 s here).
 void ExpectJobEndsNamingHost3(const Ran& r, const std::string& what) {
