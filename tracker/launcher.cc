@@ -79,6 +79,28 @@ std::string AbsolutePath(const std::string& path) {
   return !path.empty() && path[0] == '/' ? path : CurrentDir() + "/" + path;
 }
 
+// Where `path` lies in `folder`, relative to it: as written, and with every
+// symbolic link resolved (the key file named through a link to the folder,
+// or the folder through one to the file's); none where it lies outside.
+std::vector<std::string> PathsInFolder(const std::string& path, const std::string& folder) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> inside;
+  if (path.empty()) return inside;
+  const auto add = [&inside](const fs::path& p, const fs::path& dir) {
+    const fs::path rel = p.lexically_normal().lexically_relative(dir.lexically_normal());
+    if (rel.empty() || *rel.begin() == ".." || rel == ".") return;
+    if (std::find(inside.begin(), inside.end(), rel.generic_string()) == inside.end()) {
+      inside.push_back(rel.generic_string());
+    }
+  };
+  add(fs::path(AbsolutePath(path)), fs::path(folder));
+  std::error_code e1, e2;
+  const fs::path real = fs::weakly_canonical(AbsolutePath(path), e1);
+  const fs::path real_folder = fs::weakly_canonical(folder, e2);
+  if (!e1 && !e2) add(real, real_folder);
+  return inside;
+}
+
 std::string CurrentDir() {
   char buf[4096];
   if (getcwd(buf, sizeof(buf)) == nullptr) return ".";
@@ -1005,11 +1027,8 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
             "-e",
             rsh,
             "--exclude=job.key"};
-        if (!plan.key_file.empty()) {
-          const std::string here = CurrentDir() + "/";
-          if (plan.key_file.rfind(here, 0) == 0) {
-            copy.push_back("--exclude=/" + plan.key_file.substr(here.size()));
-          }
+        for (const std::string& in_folder : PathsInFolder(plan.key_file, CurrentDir())) {
+          copy.push_back("--exclude=/" + in_folder);
         }
         std::string dst = o.sync_dst_dir;
         if (dst == "~") dst = ".";

@@ -213,6 +213,17 @@ TEST_F(SshLauncherTest, SyncDstDirCopiesTheWorkingDirectoryFirst) {
   ASSERT_EQ(reports.size(), 5u);
   EXPECT_EQ(reports["worker-0"]["cwd"], dir_.Sub("remote dir"));
   EXPECT_EQ(reports["scheduler-0"]["cwd"], dir_.Sub("work"));  // the scheduler stays here
+
+  // The key file named through a link to the folder (the launcher's working
+  // directory is the folder's real path): it stays here all the same.
+  std::filesystem::create_directory_symlink(dir_.Sub("work"), dir_.Sub("alias"));
+  LaunchRun aliased = RunLaunch(
+      Args({"--sync-dst-dir", dir_.Sub("remote 2"), "--key-file", dir_.Sub("alias") + "/my-keys"},
+           {}),
+      dir_.Sub("work"), 60000, env_);
+  ASSERT_EQ(aliased.exit_code(), 0) << aliased.output;
+  EXPECT_EQ(ReadFile(dir_.Sub("remote 2") + "/marker file.txt"), "synced");
+  EXPECT_FALSE(std::filesystem::exists(dir_.Sub("remote 2") + "/my-keys"));
 }
 
 TEST_F(SshLauncherTest, FailingRemoteProcessStopsTheJob) {
