@@ -118,17 +118,17 @@ class CudaBackend : public Backend {
   // (Describe reports the counts).
   enum class ConvSearch { kLegacyFaster, kGraphFaster, kGraphUnavailable };
   void CountConvSearch(ConvSearch outcome) { ++conv_searches_[static_cast<int>(outcome)]; }
+  // Returns once everything queued on `stream` so far has finished. Polled
+  // with a deadline (kDeviceWaitTimeout), as the CUDA calls that block have
+  // none; a device that misses it is hung, and the process ends with a
+  // message naming the device and `what` (AwaitEvent likewise).
+  void AwaitStream(cudaStream_t stream, const char* what) const;
 
  private:
   explicit CudaBackend(const BackendOptions& options);
   Status Init();
   void SetDevice() const;
-  // Return once the work before `event`, or everything queued on `stream`
-  // so far, has finished. Polled with a deadline (kDeviceWaitTimeout), as
-  // the CUDA calls that block have none; a device that misses it is hung,
-  // and the process ends with a message naming the device and `what`.
   void AwaitEvent(cudaEvent_t event, const char* what) const;
-  void AwaitStream(cudaStream_t stream, const char* what) const;
   // Polls done() until it says yes, with that deadline and that end.
   void Await(const std::function<bool()>& done, const char* what) const;
   // Lets this GPU and GPU `peer` read each other's memory where the pair

@@ -267,13 +267,18 @@ class CudnnConvolution : public CudaOp {
 
   // Device memory outside the caching allocator, for the search only (the
   // memory figures do not count it): freed when it goes, once the search's
-  // stream is done with it (a search that fails midway may leave runs queued).
+  // stream is done with it (a search that fails midway may leave runs
+  // queued), waited for with the backend's deadline.
   struct SearchBuffer {
+    explicit SearchBuffer(const CudaBackend* backend) : be(backend) {}
+    SearchBuffer(const SearchBuffer&) = delete;
+    SearchBuffer& operator=(const SearchBuffer&) = delete;
+    const CudaBackend* be;
     void* p = nullptr;
     cudaStream_t stream = nullptr;
     ~SearchBuffer() {
       if (p == nullptr) return;
-      if (stream != nullptr) (void)cudaStreamSynchronize(stream);
+      if (stream != nullptr) be->AwaitStream(stream, "cuDNN's algorithm search");
       cudaFree(p);
     }
     // Zeroed in `on`'s order (the search runs there).
@@ -303,13 +308,13 @@ class CudnnConvolution : public CudaOp {
     };
     // x doubles as dx (the backward-data search reads w and dy only), y as
     // dy; dw is its own (the backward-filter search reads x and dy).
-    SearchBuffer x, w, y, dw;
+    SearchBuffer x(be_), w(be_), y(be_), dw(be_);
     RETURN_IF_ERROR(x.Allocate(bytes(shapes_.in[0]), stream(), Where()));
     RETURN_IF_ERROR(w.Allocate(bytes(shapes_.params[0]), stream(), Where()));
     RETURN_IF_ERROR(y.Allocate(bytes(shapes_.out), stream(), Where()));
     if (has_bwd_filter_) RETURN_IF_ERROR(dw.Allocate(bytes(shapes_.params[0]), stream(), Where()));
     size_t limit = be_->options().gpu_workspace_bytes;
-    SearchBuffer ws;
+    SearchBuffer ws(be_);
     ws.stream = stream();
     while (limit > 0 && cudaMalloc(&ws.p, limit) != cudaSuccess) {
       (void)cudaGetLastError();
