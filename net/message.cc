@@ -119,6 +119,7 @@ Status ValidateDataRequest(const Message& msg, int server_rank) {
   if (h.init() && (h.push() || h.pull())) {
     return bad("init cannot be combined with push or pull");
   }
+  if (h.replace() && !h.init()) return bad("replace without init");
   if (h.num_keys() == 0) return bad("has no keys");
   const bool want_values = h.init() || h.push();
   if (want_values != (h.value_bytes() > 0)) {

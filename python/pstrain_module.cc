@@ -275,6 +275,14 @@ class Client {
       return kv->Init(keys, lens, v, std::move(cb));
     });
   }
+  std::shared_ptr<Completion> Replace(const std::vector<uint64_t>& keys,
+                                      const std::vector<int64_t>& lens, const py::buffer& vals) {
+    Check(keys, lens);
+    const float* v = FloatBuffer(vals, Total(lens), false, "replace value");
+    return Issue([&](KVClient* kv, KVClient::Callback cb) {
+      return kv->Replace(keys, lens, v, std::move(cb));
+    });
+  }
   std::shared_ptr<Completion> Push(const std::vector<uint64_t>& keys,
                                    const std::vector<int64_t>& lens, const py::buffer& vals,
                                    int priority) {
@@ -615,6 +623,7 @@ PYBIND11_MODULE(_pstrain, m) {
       .def("configure", &Client::Configure, py::arg("sync"), py::arg("optimizer"),
            py::arg("generation"), py::arg("wd_mult"), py::arg("gc_threshold") = py::none())
       .def("init", &Client::Init)
+      .def("replace", &Client::Replace)
       .def("push", &Client::Push)
       .def("pull", &Client::Pull)
       .def("pushpull", &Client::PushPull)

@@ -860,11 +860,29 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   const size_t n = op.req->msg.len(op.part);
   const int num_workers = node_->num_workers();
   if (h.init()) {
-    if (!ks->initialized) {
+    if (ks->initialized && h.replace()) {
+      if (ks->size != n) {
+        CompletePart(op, ks,
+                     Status::InvalidArgument(StrCat("replace of ", PartName(wire), " with ", n,
+                                                    " elements, but it holds ", ks->size)));
+        return;
+      }
+      if (ks->merged > 0) {
+        CompletePart(
+            op, ks,
+            Status::FailedPrecondition(StrCat(
+                "replace of ", PartName(wire), " while its dist_sync round is open (", ks->merged,
+                " of ", num_workers, " pushes in): replace a key between rounds (barrier first)")));
+        return;
+      }
+    }
+    if (!ks->initialized || h.replace()) {
+      // A new block: replies may still hold the old one (as an update that
+      // finds it shared also makes one).
       ShmArena::Stored fresh = node_->AllocateStored(n * sizeof(float));
       std::memcpy(fresh.data, op.req->part_values[op.part], n * sizeof(float));
       ks->Store(std::move(fresh), n);
-      ks->in_round.assign(num_workers, 0);
+      if (!ks->initialized) ks->in_round.assign(num_workers, 0);
       ks->initialized = true;
       // A replacement must find every key, also one never pushed yet.
       if (Status s = MaybeSnapshot(wire, ks, /*every=*/1); !s.ok()) {

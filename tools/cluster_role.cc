@@ -99,7 +99,8 @@ int RunServerRole(const JobEnv& env) {
     LOG(ERROR) << (*node)->Self() << ": " << s;
     return 1;
   }
-  LOG(INFO) << (*node)->Self() << ": job done after " << server.requests_served() << " requests";
+  LOG(INFO) << (*node)->Self() << ": job done after " << server.requests_served()
+            << " requests, holding " << server.keys_held() << " keys";
   return 0;
 }
 

@@ -170,7 +170,7 @@ KVClient::Ticket KVClient::Queue(Kind kind, const std::vector<Key>& keys,
     if (bad.ok() && ((has_vals && vals == nullptr) || (has_out && out == nullptr))) {
       bad = Status::InvalidArgument("null value buffer");
     }
-    if (!bad.ok() || keys.empty() || (kind == kInit && node_->rank() != 0)) {
+    if (!bad.ok() || keys.empty() || ((kind == kInit || kind == kReplace) && node_->rank() != 0)) {
       finish_now(bad);
     } else {
       struct Build {
@@ -225,7 +225,8 @@ KVClient::Ticket KVClient::Queue(Kind kind, const std::vector<Key>& keys,
           if (b.keys.empty()) continue;
           std::unique_ptr<Sub> sub = NewSub(ticket, s, priority, CMD_DATA);
           PsHeader& h = sub->msg.header;
-          h.set_init(kind == kInit);
+          h.set_init(kind == kInit || kind == kReplace);
+          if (kind == kReplace) h.set_replace(true);
           h.set_push(kind == kPush || kind == kPushPull);
           h.set_pull(has_out);
           h.set_priority(priority);
@@ -317,6 +318,10 @@ void KVClient::WakeSender() {
 KVClient::Ticket KVClient::Init(const std::vector<Key>& keys, const std::vector<int64_t>& lens,
                                 const float* vals, Callback cb) {
   return Issue(kInit, keys, lens, vals, nullptr, 0, std::move(cb));
+}
+KVClient::Ticket KVClient::Replace(const std::vector<Key>& keys, const std::vector<int64_t>& lens,
+                                   const float* vals, Callback cb) {
+  return Issue(kReplace, keys, lens, vals, nullptr, 0, std::move(cb));
 }
 KVClient::Ticket KVClient::Push(const std::vector<Key>& keys, const std::vector<int64_t>& lens,
                                 const float* vals, int priority, Callback cb) {

@@ -124,6 +124,13 @@ class KVClient {
   // MXNet's protocol: Wait for it, then Barrier() on every worker.
   Ticket Init(const std::vector<Key>& keys, const std::vector<int64_t>& lens, const float* vals,
               Callback cb = nullptr);
+  // As Init, but the values replace those of keys that have some (between
+  // dist_sync rounds: FailedPrecondition while a round of the key is open).
+  // Rank 0 sends them. To hand every worker the new values: a Barrier()
+  // after the last pull of the old ones, Replace on rank 0 and Wait, a
+  // Barrier(), then Pull.
+  Ticket Replace(const std::vector<Key>& keys, const std::vector<int64_t>& lens, const float* vals,
+                 Callback cb = nullptr);
   Ticket Push(const std::vector<Key>& keys, const std::vector<int64_t>& lens, const float* vals,
               int priority = 0, Callback cb = nullptr) EXCLUDES(gc_mu_);
   Ticket Pull(const std::vector<Key>& keys, const std::vector<int64_t>& lens, float* out,
@@ -167,7 +174,7 @@ class KVClient {
   };
   struct Sub;  // one message to one server
 
-  enum Kind { kInit, kPush, kPull, kPushPull };
+  enum Kind { kInit, kReplace, kPush, kPull, kPushPull };
   // A push's 2-bit codes: per server, one frame with its parts' words in the
   // order Issue visits them (empty: no part there).
   struct CompressedValues {

@@ -750,6 +750,37 @@ class KVStore:
         self.init(key, value)
         return self.pull(key, out=out, priority=priority)
 
+    def _rebroadcast(self, keys, values):
+        """broadcast(keys, values, out=values), where keys broadcast before get
+        rank 0's new values (same sizes): the servers hold one copy per key
+        however often it runs. Every worker calls it with the same keys. Blocks.
+        """
+        items = []
+        for name, v in zip(keys, values):
+            arr = _source(v, "broadcast value of key %r" % (name,))
+            if arr.size == 0:
+                raise ValueError("broadcast of key %r: the value is empty" % (name,))
+            again = self._initialized(name)
+            if again and self._sizes[self._str_keys[name]] != arr.size:
+                raise ValueError("broadcast of key %r: %d elements, but it was broadcast with %d"
+                                 % (name, arr.size, self._sizes[self._str_keys[name]]))
+            items.append((self._key(name, create=True), arr, again))
+        if self._client is None:
+            for ikey, arr, _ in items:
+                self._sizes[ikey] = arr.size
+                self._values[ikey] = arr.ravel().copy()
+        else:
+            if any(again for _, _, again in items):
+                self.barrier()  # every worker has its earlier values: they may go
+            for ikey, arr, again in items:
+                self._sizes[ikey] = arr.size
+            handles = [self._issue((self._client.replace if again else self._client.init)(
+                [ikey], [arr.size], arr), [arr], []) for ikey, arr, again in items]
+            for h in handles:
+                h.wait()
+            self.barrier()
+        self.pull(list(keys), out=list(values)).wait()
+
     def waitall(self):
         """Waits for every request this store has in flight; raises the first error
         of a failed request that no ``wait()`` raised (once: the next call does not)."""

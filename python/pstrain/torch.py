@@ -100,7 +100,10 @@ def broadcast_parameters(params, root_rank=0, kvstore=None):
     ``params``: a ``state_dict()`` or ``named_parameters()`` (or a module);
     every worker passes the same names in the same order. Buffers that are
     not float32 (BatchNorm's counter) travel as float32. Only rank 0 can be
-    the root (its values are the ones ``KVStore.init`` keeps).
+    the root (its values are the ones ``KVStore.init`` keeps). Called again
+    (after loading a checkpoint on rank 0, say), tensors of the names and
+    sizes of an earlier call replace their values on the servers: they hold
+    one copy of each however often it runs.
     """
     if root_rank != 0:
         raise ValueError("broadcast_parameters: only root_rank=0 is supported (got %r)"
@@ -109,10 +112,11 @@ def broadcast_parameters(params, root_rank=0, kvstore=None):
     named = [(n, t) for n, t in _named(params) if t.numel() > 0]
     if not named:
         return
-    kv._broadcasts = getattr(kv, "_broadcasts", 0) + 1
-    keys = ["__broadcast_%d__/%s" % (kv._broadcasts, n) for n, _ in named]
+    # A key per name and size: a later call with tensors of those replaces
+    # their values on the servers rather than adding copies.
+    keys = ["__broadcast__/%d/%s" % (t.numel(), n) for n, t in named]
     tensors = [t for _, t in named]
-    kv.broadcast(keys, tensors, out=tensors).wait()
+    kv._rebroadcast(keys, tensors)
 
 
 class DistributedOptimizer:

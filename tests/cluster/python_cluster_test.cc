@@ -154,8 +154,19 @@ TEST_F(PythonClusterTest, TwoWorkersStayOneModel) {
         << log;
     EXPECT_NE(log.find("two_workers: server-side SGD keeps the workers equal"), std::string::npos)
         << log;
+    EXPECT_NE(log.find("two_workers: broadcast_parameters again ok (no new key)"),
+              std::string::npos)
+        << log;
     EXPECT_NE(log.find("two_workers: ok"), std::string::npos) << log;
   }
+  // The server holds what the store initialized, nothing more (a second
+  // broadcast_parameters used to add a copy of the model).
+  std::smatch keys;
+  const std::string worker = ReadFile(logs.path() + "/worker-0.log");
+  ASSERT_TRUE(std::regex_search(worker, keys, std::regex("the store initialized ([0-9]+) keys")))
+      << worker;
+  const std::string server = ReadFile(logs.path() + "/server-0.log");
+  EXPECT_NE(server.find(StrCat("holding ", keys[1].str(), " keys")), std::string::npos) << server;
 }
 
 // examples/torch_mnist.py, 2 workers and 1 server, the MLP on a slice of

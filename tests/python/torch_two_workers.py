@@ -4,7 +4,9 @@ Each worker builds its model from a different seed (so weights and BatchNorm
 buffers differ) and trains on different data; the checks compare every
 worker's tensors with worker rank 0's, bit for bit, through the store:
 
-  broadcast_parameters(state_dict())   rank 0's weights and buffers everywhere;
+  broadcast_parameters(state_dict())   rank 0's weights and buffers everywhere; called
+                                       again after rank 0 changed them, the new
+                                       ones, and no new key on the servers;
   DistributedOptimizer(torch SGD)      after 5 steps: the servers sum, every worker
                                        applies the same averaged gradient;
   DistributedOptimizer(server SGD)     its constructor starts everyone from rank 0's
@@ -68,6 +70,25 @@ def main():
         "workers differ after training with a local optimizer"
     print("two_workers: local torch SGD over summed gradients keeps the workers equal")
 
+    # Rank 0 loads other weights (a checkpoint, say); a second broadcast hands
+    # them out and replaces the first one's values on the servers.
+    if rank == 0:
+        with torch.no_grad():
+            for t in m1.state_dict().values():
+                t.copy_(t * 2 + 1)
+    expected = [t.clone() for t in m1.state_dict().values()]
+    keys = len(kv._sizes)
+    pstrain.torch.broadcast_parameters(m1.state_dict())
+    assert same_as_rank0(kv, "broadcast-again", list(m1.state_dict().values())), \
+        "a second broadcast_parameters left this worker's tensors unlike rank 0's"
+    if rank == 0:
+        assert all(torch.equal(a, b) for a, b in zip(expected, m1.state_dict().values())), \
+            "a second broadcast_parameters changed rank 0's tensors"
+    assert len(kv._sizes) == keys + 1, \
+        "a second broadcast_parameters made keys (%d before, %d after, 1 for the check)" % (
+            keys, len(kv._sizes))
+    print("two_workers: broadcast_parameters again ok (no new key)")
+
     m2 = make_model(seed=10 + rank)
     d2 = pstrain.torch.DistributedOptimizer(
         pstrain.optimizer.SGD(learning_rate=0.1, momentum=0.9, wd=1e-4),
@@ -79,6 +100,7 @@ def main():
         "workers differ after dist_sync training with the servers' SGD"
     print("two_workers: server-side SGD keeps the workers equal; waited %.4f s of %.4f s in "
           "flight" % (d2.wait_seconds, d2.comm_seconds))
+    print("two_workers: the store initialized %d keys" % len(kv._sizes))
     kv.close()
     print("two_workers: ok")
     return 0

@@ -445,6 +445,85 @@ TEST(InProcClusterTest, RequestsForKeysNeverInitializedLeaveNothingOnTheServer) 
   EXPECT_EQ(held_after_misses, 1);
 }
 
+// Replace: rank 0's values become the key's (it keeps one copy), between
+// rounds only; every worker pulls them after a barrier.
+TEST(InProcClusterTest, ReplaceHandsEveryWorkerRankZerosNewValuesAndKeepsOneCopy) {
+  std::mutex mu;
+  KVServer* server = nullptr;
+  testing::JobSpec spec;
+  spec.on_kv_server = [&](int, KVServer* s) {
+    std::lock_guard<std::mutex> l(mu);
+    server = s;
+  };
+  auto held = [&] {
+    std::lock_guard<std::mutex> l(mu);
+    return server != nullptr ? server->keys_held() : -1;
+  };
+  std::atomic<int64_t> held_after_replaces{-1};
+  testing::JobResult r = testing::RunJobWith(
+      1, 2,
+      [&](KVClient& kv) -> Status {
+        RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));
+        const bool root = kv.rank() == 0;
+        std::vector<float> mine(4, 10.0f * static_cast<float>(kv.rank() + 1)), got(4, 0.0f);
+        RETURN_IF_ERROR(kv.Wait(kv.Init({7}, {4}, mine.data()), Soon()));
+        RETURN_IF_ERROR(kv.Barrier(Soon()));
+        for (int round = 1; round <= 3; ++round) {
+          RETURN_IF_ERROR(kv.Barrier(Soon()));  // everyone has pulled the last values
+          std::vector<float> next = {1.0f * round, 2.0f * round, 3.0f * round, 4.0f * round};
+          if (!root) next.assign(4, -1.0f);  // not sent: only rank 0's count
+          RETURN_IF_ERROR(kv.Wait(kv.Replace({7}, {4}, next.data()), Soon()));
+          RETURN_IF_ERROR(kv.Barrier(Soon()));
+          RETURN_IF_ERROR(kv.Wait(kv.Pull({7}, {4}, got.data()), Soon()));
+          for (int i = 0; i < 4; ++i) {
+            if (got[i] != static_cast<float>((i + 1) * round)) {
+              return Status::Internal(
+                  StrCat("worker ", kv.rank(), " replace ", round, ": got[", i, "] = ", got[i]));
+            }
+          }
+        }
+        RETURN_IF_ERROR(kv.Barrier(Soon()));
+        if (root) {
+          held_after_replaces = held();
+          std::vector<float> longer(8, 1.0f);
+          Status s = kv.Wait(kv.Replace({7}, {8}, longer.data()), Soon());
+          if (s.code() != StatusCode::kInvalidArgument ||
+              s.message().find("replace of key 7") == std::string::npos ||
+              s.message().find("holds 4") == std::string::npos) {
+            return Status::Internal(StrCat("a replace of another size: ", s.ToString()));
+          }
+        }
+        RETURN_IF_ERROR(kv.Barrier(Soon()));
+        // Worker 1 opens a round; until rank 0 pushes too, a replace is
+        // refused (tried with the values the key holds until worker 1's push
+        // is in, so that an early one changes nothing).
+        if (!root) {
+          std::vector<float> g(4, 0.0f);
+          const KVClient::Ticket push = kv.Push({7}, {4}, g.data());
+          RETURN_IF_ERROR(kv.Barrier(Soon()));
+          return kv.Wait(push, Soon());
+        }
+        RETURN_IF_ERROR(kv.Barrier(Soon()));
+        Status refused;
+        for (int i = 0; i < 500 && refused.ok(); ++i) {
+          refused = kv.Wait(kv.Replace({7}, {4}, got.data()), Soon());
+          if (refused.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        if (refused.code() != StatusCode::kFailedPrecondition ||
+            refused.message().find("while its dist_sync round is open (1 of 2") ==
+                std::string::npos) {
+          return Status::Internal(StrCat("a replace in an open round: ", refused.ToString()));
+        }
+        std::vector<float> g(4, 0.0f);
+        return kv.Wait(kv.Push({7}, {4}, g.data()), Soon());  // closes the round
+      },
+      spec);
+  EXPECT_TRUE(r.scheduler.ok()) << r.scheduler;
+  for (const Status& s : r.servers) EXPECT_TRUE(s.ok()) << s;
+  for (const Status& s : r.workers) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(held_after_replaces, 1);
+}
+
 TEST(InProcClusterTest, BadRequestsGetErrorsNamingTheKey) {
   ExpectAllOk(RunJob(1, 1, [](KVClient& kv) -> Status {
     RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));

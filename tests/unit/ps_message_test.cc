@@ -128,6 +128,13 @@ TEST(MessageTest, BadRequestsAreRejected) {
   Message mixed = MakePush(0, {3});
   mixed.header.set_init(true);
   EXPECT_FALSE(ValidateDataRequest(mixed, 0).ok());
+  Message replace_push = MakePush(0, {3});  // replace marks an init only
+  replace_push.header.set_replace(true);
+  const Status replace = ValidateDataRequest(replace_push, 0);
+  EXPECT_NE(replace.message().find("replace without init"), std::string::npos) << replace;
+  replace_push.header.set_push(false);
+  replace_push.header.set_init(true);
+  EXPECT_TRUE(ValidateDataRequest(replace_push, 0).ok());
   Message from_server = MakePush(0, {3});
   from_server.header.set_sender(ServerId(0));
   EXPECT_FALSE(ValidateDataRequest(from_server, 0).ok());
