@@ -404,21 +404,33 @@ Message RawPush(const std::vector<uint64_t>& wire, const std::vector<uint32_t>& 
   return m;
 }
 
+// The keys a one-server job's server holds, asked from a worker.
+class ServerKeys {
+ public:
+  testing::JobSpec Spec() {
+    testing::JobSpec spec;
+    spec.on_kv_server = [this](int, KVServer* s) {
+      std::lock_guard<std::mutex> l(mu_);
+      server_ = s;
+    };
+    return spec;
+  }
+  int64_t held() {
+    std::lock_guard<std::mutex> l(mu_);
+    return server_ != nullptr ? server_->keys_held() : -1;
+  }
+
+ private:
+  std::mutex mu_;
+  KVServer* server_ = nullptr;
+};
+
 // Only an init makes a key on a server: pushes and pulls of keys never
 // initialized are answered NotFound and leave nothing behind (they used to
 // leave an entry per key asked about, for the rest of the job).
 TEST(InProcClusterTest, RequestsForKeysNeverInitializedLeaveNothingOnTheServer) {
-  std::mutex mu;
-  KVServer* server = nullptr;
-  testing::JobSpec spec;
-  spec.on_kv_server = [&](int, KVServer* s) {
-    std::lock_guard<std::mutex> l(mu);
-    server = s;
-  };
-  auto held = [&] {
-    std::lock_guard<std::mutex> l(mu);
-    return server != nullptr ? server->keys_held() : -1;
-  };
+  ServerKeys server;
+  testing::JobSpec spec = server.Spec();
   int64_t held_after_init = -1, held_after_misses = -1;
   testing::JobResult r = testing::RunJobWith(
       1, 1,
@@ -426,7 +438,7 @@ TEST(InProcClusterTest, RequestsForKeysNeverInitializedLeaveNothingOnTheServer) 
         RETURN_IF_ERROR(kv.SetServerConfig(Config(true, 1.0f), Soon()));
         std::vector<float> v(4, 1.0f);
         RETURN_IF_ERROR(kv.Wait(kv.Init({7}, {4}, v.data()), Soon()));
-        held_after_init = held();
+        held_after_init = server.held();
         for (uint64_t key = 1000; key < 3000; ++key) {
           Status s = kv.Wait(
               key % 2 == 0 ? kv.Pull({key}, {4}, v.data()) : kv.Push({key}, {4}, v.data()), Soon());
@@ -434,7 +446,7 @@ TEST(InProcClusterTest, RequestsForKeysNeverInitializedLeaveNothingOnTheServer) 
             return Status::Internal(StrCat("key ", key, ": ", s.ToString()));
           }
         }
-        held_after_misses = held();
+        held_after_misses = server.held();
         return Status::Ok();
       },
       spec);
@@ -448,17 +460,8 @@ TEST(InProcClusterTest, RequestsForKeysNeverInitializedLeaveNothingOnTheServer) 
 // Replace: rank 0's values become the key's (it keeps one copy), between
 // rounds only; every worker pulls them after a barrier.
 TEST(InProcClusterTest, ReplaceHandsEveryWorkerRankZerosNewValuesAndKeepsOneCopy) {
-  std::mutex mu;
-  KVServer* server = nullptr;
-  testing::JobSpec spec;
-  spec.on_kv_server = [&](int, KVServer* s) {
-    std::lock_guard<std::mutex> l(mu);
-    server = s;
-  };
-  auto held = [&] {
-    std::lock_guard<std::mutex> l(mu);
-    return server != nullptr ? server->keys_held() : -1;
-  };
+  ServerKeys server;
+  testing::JobSpec spec = server.Spec();
   std::atomic<int64_t> held_after_replaces{-1};
   testing::JobResult r = testing::RunJobWith(
       1, 2,
@@ -484,7 +487,7 @@ TEST(InProcClusterTest, ReplaceHandsEveryWorkerRankZerosNewValuesAndKeepsOneCopy
         }
         RETURN_IF_ERROR(kv.Barrier(Soon()));
         if (root) {
-          held_after_replaces = held();
+          held_after_replaces = server.held();
           std::vector<float> longer(8, 1.0f);
           Status s = kv.Wait(kv.Replace({7}, {8}, longer.data()), Soon());
           if (s.code() != StatusCode::kInvalidArgument ||
