@@ -781,6 +781,21 @@ class KVStore:
             self.barrier()
         self.pull(list(keys), out=list(values)).wait()
 
+    def _broadcast_bytes(self, name, data):
+        """Rank 0's ``data`` (bytes) on every worker, returned: its length, then
+        its bytes as float32 words, which the servers store and return as they
+        are (nothing computes on them). Every worker calls it with the same
+        ``name`` (its keys: ``name``/bytes and ``name``/<words>). Blocks.
+        """
+        data = bytes(data) if self.rank == 0 else b""
+        size = np.array([len(data)], dtype=np.uint64)
+        self._rebroadcast([name + "/bytes"], [size.view(np.float32)])
+        size = int(size[0])
+        words = np.zeros(max(1, (size + 3) // 4), dtype=np.uint32)
+        words.view(np.uint8)[:len(data)] = np.frombuffer(data, dtype=np.uint8)
+        self._rebroadcast(["%s/%d" % (name, words.size)], [words.view(np.float32)])
+        return words.view(np.uint8)[:size].tobytes()
+
     def waitall(self):
         """Waits for every request this store has in flight; raises the first error
         of a failed request that no ``wait()`` raised (once: the next call does not)."""

@@ -60,6 +60,7 @@ own copy, so changing ``p.grad`` in place (clipping) does not change what is
 sent: clip on the servers (``clip_gradient``) instead.
 """
 import copy
+import json
 import time
 import types
 
@@ -69,7 +70,8 @@ from ._pstrain import Error
 from .kvstore import _OPEN, KVStore
 from .optimizer import Optimizer as ServerOptimizer
 
-__all__ = ["DistributedOptimizer", "broadcast_parameters"]
+__all__ = ["DistributedOptimizer", "broadcast_object", "broadcast_optimizer_state",
+           "broadcast_parameters"]
 
 
 def _store(kvstore):
@@ -117,6 +119,115 @@ def broadcast_parameters(params, root_rank=0, kvstore=None):
     keys = ["__broadcast__/%d/%s" % (t.numel(), n) for n, t in named]
     tensors = [t for _, t in named]
     kv._rebroadcast(keys, tensors)
+
+
+def _pack(obj):
+    """``obj`` as bytes: a JSON text of its structure (dicts with their keys'
+    kinds, lists, tuples, numbers, strings, None), then the raw bytes of its
+    tensors. No pickle: reading it back runs no code of the sender's."""
+    tensors = []
+
+    def enc(x):
+        if isinstance(x, torch.Tensor):
+            t = x.detach().to("cpu").contiguous()
+            tensors.append(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+            return {"t": [str(t.dtype).replace("torch.", ""), list(t.shape)]}
+        if x is None or isinstance(x, (bool, int, float, str)):
+            return {"v": x}
+        if isinstance(x, dict):
+            return {"d": [[enc(k), enc(v)] for k, v in x.items()]}
+        if isinstance(x, (list, tuple)):
+            return {"l" if isinstance(x, list) else "u": [enc(v) for v in x]}
+        raise TypeError("a %s (only tensors, numbers, strings, None and lists, tuples and "
+                        "dicts of them travel)" % type(x).__name__)
+
+    try:
+        head = {"obj": enc(obj)}
+    except (TypeError, RuntimeError) as e:  # RuntimeError: a tensor with no plain layout
+        head, tensors = {"error": str(e)}, []
+    text = json.dumps(head).encode()
+    return b"".join([len(text).to_bytes(8, "little"), text] + tensors)
+
+
+def _unpack(data):
+    """What ``_pack`` made, back (an error it recorded raised as ValueError)."""
+    size = int.from_bytes(data[:8], "little")
+    head = json.loads(data[8:8 + size].decode())
+    if "error" in head:
+        raise ValueError("broadcast_object: worker 0's object cannot travel: " + head["error"])
+    at = [8 + size]
+
+    def dec(x):
+        if "v" in x:
+            return x["v"]
+        if "t" in x:
+            dtype, shape = getattr(torch, x["t"][0], None), x["t"][1]
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError("broadcast_object: unknown tensor dtype %r" % (x["t"][0],))
+            t = torch.empty(shape, dtype=dtype)
+            n = t.numel() * t.element_size()
+            if n:
+                raw = torch.frombuffer(bytearray(data[at[0]:at[0] + n]), dtype=torch.uint8)
+                t.reshape(-1).view(torch.uint8).copy_(raw)
+            at[0] += n
+            return t
+        if "d" in x:
+            return {dec(k): dec(v) for k, v in x["d"]}
+        items = [dec(v) for v in x.get("l", x.get("u"))]
+        return items if "l" in x else tuple(items)
+
+    return dec(head["obj"])
+
+
+def broadcast_object(obj, root_rank=0, name=None, kvstore=None):
+    """Worker ``root_rank``'s ``obj``, returned on every worker (Horovod's
+    ``broadcast_object``, for plain data). Blocks.
+
+    ``obj``: tensors (any dtype; they arrive on the CPU), numbers, strings,
+    ``None``, and lists, tuples and dicts of them, such as an optimizer's
+    ``state_dict()``. It travels as a structure and raw tensor bytes, not
+    pickled, so receiving it runs no code; anything else raises ValueError
+    on every worker. Every worker calls it, with the same ``name`` if
+    several objects are broadcast (default: one name for all; calls one
+    after another may share it). Only rank 0 can be the root.
+    """
+    if root_rank != 0:
+        raise ValueError("broadcast_object: only root_rank=0 is supported (got %r)"
+                         % (root_rank,))
+    kv = _store(kvstore)
+    data = _pack(obj) if kv.rank == 0 else b""
+    data = kv._broadcast_bytes("__object__/%s" % ("" if name is None else name), data)
+    got = _unpack(data)  # raises on every worker for an object that could not travel
+    return obj if kv.rank == 0 else got
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0, kvstore=None):
+    """Loads worker ``root_rank``'s optimizer state into every worker's
+    optimizer (Horovod's ``broadcast_optimizer_state``): after rank 0 loaded a
+    checkpoint, say. Blocks.
+
+    ``optimizer``: a ``torch.optim.Optimizer``, or a ``DistributedOptimizer``
+    (its local one; a server-side optimizer's state lives on the servers, and
+    there is nothing to do). Its hyper-parameters (``param_groups``) come too.
+    Every worker calls it. Only rank 0 can be the root.
+    """
+    if root_rank != 0:
+        raise ValueError("broadcast_optimizer_state: only root_rank=0 is supported (got %r)"
+                         % (root_rank,))
+    if isinstance(optimizer, DistributedOptimizer):
+        if optimizer._server_side:
+            return
+        kvstore = optimizer.kvstore if kvstore is None else kvstore
+        optimizer = optimizer._optimizer
+    if isinstance(optimizer, ServerOptimizer):
+        return
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError("broadcast_optimizer_state takes a torch.optim.Optimizer or a "
+                        "DistributedOptimizer, got %r" % (optimizer,))
+    kv = _store(kvstore)
+    state = broadcast_object(optimizer.state_dict(), name="__optimizer_state__", kvstore=kv)
+    if kv.rank != 0:
+        optimizer.load_state_dict(state)
 
 
 class DistributedOptimizer:

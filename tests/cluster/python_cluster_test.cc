@@ -157,6 +157,9 @@ TEST_F(PythonClusterTest, TwoWorkersStayOneModel) {
     EXPECT_NE(log.find("two_workers: broadcast_parameters again ok (no new key)"),
               std::string::npos)
         << log;
+    EXPECT_NE(log.find("two_workers: broadcast_object and broadcast_optimizer_state ok"),
+              std::string::npos)
+        << log;
     EXPECT_NE(log.find("two_workers: ok"), std::string::npos) << log;
   }
   // The server holds what the store initialized, nothing more (a second

@@ -9,6 +9,10 @@ worker's tensors with worker rank 0's, bit for bit, through the store:
                                        ones, and no new key on the servers;
   DistributedOptimizer(torch SGD)      after 5 steps: the servers sum, every worker
                                        applies the same averaged gradient;
+  broadcast_object, broadcast_optimizer_state
+                                       rank 0's object, and its torch optimizer's state
+                                       and hyper-parameters, everywhere; an object
+                                       that is not plain data is refused;
   DistributedOptimizer(server SGD)     its constructor starts everyone from rank 0's
                                        weights; after 5 dist_sync steps all equal.
 """
@@ -88,6 +92,42 @@ def main():
         "a second broadcast_parameters made keys (%d before, %d after, 1 for the check)" % (
             keys, len(kv._sizes))
     print("two_workers: broadcast_parameters again ok (no new key)")
+
+    # Objects, and the local optimizer's state after rank 0 changed it (as a
+    # checkpoint it loaded would).
+    sent = {"epoch": 7 + rank, "t": torch.full((3,), rank + 0.5), 3: (None, "a", 1.5),
+            "mask": torch.tensor([True, rank == 1]), "half": torch.ones(2, dtype=torch.bfloat16),
+            "empty": torch.zeros(0, 4), "n": torch.tensor(5 + rank)}
+    got = pstrain.torch.broadcast_object(sent)
+    assert got["epoch"] == 7 and torch.equal(got["t"], torch.full((3,), 0.5)), got
+    assert got[3] == (None, "a", 1.5) and torch.equal(got["mask"], torch.tensor([True, False]))
+    assert got["half"].dtype == torch.bfloat16 and got["empty"].shape == (0, 4), got
+    assert got["n"].shape == () and int(got["n"]) == 5, got
+    if rank == 0:
+        state = d1.state_dict()
+        for s in state["state"].values():
+            s["momentum_buffer"] = s["momentum_buffer"] * 3 + 1
+        state["param_groups"][0]["lr"] = 0.05
+        d1.load_state_dict(state)
+    pstrain.torch.broadcast_optimizer_state(d1)
+    buffers = [s["momentum_buffer"] for s in d1.state_dict()["state"].values()]
+    assert len(buffers) == len(list(m1.parameters())), "the momentum buffers were not loaded"
+    assert same_as_rank0(kv, "optimizer-state", buffers), \
+        "broadcast_optimizer_state left this worker's momentum unlike rank 0's"
+    assert d1.param_groups[0]["lr"] == 0.05, d1.param_groups[0]["lr"]
+    for _ in range(2):  # the same keys again: nothing new on the servers
+        pstrain.torch.broadcast_optimizer_state(d1)
+
+    class NotData:
+        pass
+
+    try:
+        pstrain.torch.broadcast_object({"x": [1, NotData()]}, name="not-data")
+        refused = ""
+    except ValueError as e:
+        refused = str(e)
+    assert "cannot travel: a NotData (only tensors" in refused, refused
+    print("two_workers: broadcast_object and broadcast_optimizer_state ok")
 
     m2 = make_model(seed=10 + rank)
     d2 = pstrain.torch.DistributedOptimizer(
