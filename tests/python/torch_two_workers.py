@@ -97,12 +97,15 @@ def main():
     # checkpoint it loaded would).
     sent = {"epoch": 7 + rank, "t": torch.full((3,), rank + 0.5), 3: (None, "a", 1.5),
             "mask": torch.tensor([True, rank == 1]), "half": torch.ones(2, dtype=torch.bfloat16),
-            "empty": torch.zeros(0, 4), "n": torch.tensor(5 + rank)}
+            "empty": torch.zeros(0, 4), "n": torch.tensor(5 + rank),
+            # float32 NaN patterns, a signalling one too: bytes, not numbers
+            "bits": torch.tensor([-1 - rank, 0x7F800001, 0x7FC00000], dtype=torch.int32)}
     got = pstrain.torch.broadcast_object(sent)
     assert got["epoch"] == 7 and torch.equal(got["t"], torch.full((3,), 0.5)), got
     assert got[3] == (None, "a", 1.5) and torch.equal(got["mask"], torch.tensor([True, False]))
     assert got["half"].dtype == torch.bfloat16 and got["empty"].shape == (0, 4), got
     assert got["n"].shape == () and int(got["n"]) == 5, got
+    assert got["bits"].tolist() == [-1, 0x7F800001, 0x7FC00000], got["bits"]
     if rank == 0:
         state = d1.state_dict()
         for s in state["state"].values():
