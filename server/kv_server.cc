@@ -112,6 +112,11 @@ std::string PartName(uint64_t w) {
 
 // The answer to a push or pull of a key never initialized.
 Status NeverInitialized(uint64_t wire, const PsHeader& h) {
+  if (h.replace()) {
+    return Status::NotFound(StrCat("replace of ", PartName(wire),
+                                   ", which holds no value here (never initialized, or the "
+                                   "key's length changed, which places its parts elsewhere)"));
+  }
   return Status::NotFound(StrCat(PartName(wire), " was never initialized (",
                                  h.push() ? "push" : "pull", " before init)"));
 }
@@ -802,9 +807,10 @@ void KVServer::Submit(Shard* shard, const Op& op) {
   const uint64_t wire = op.req->msg.key(op.part);
   auto it = shard->keys.find(wire);
   if (it == shard->keys.end()) {
-    // Only an init makes a key: a push or pull of one never initialized
-    // leaves nothing behind (a request may name any key of its server).
-    if (!op.header().init()) {
+    // Only an init makes a key: a push, pull or replace of one never
+    // initialized leaves nothing behind (a request may name any key of its
+    // server).
+    if (!op.header().init() || op.header().replace()) {
       CompletePart(op, nullptr, NeverInitialized(wire, op.header()));
       return;
     }
@@ -860,6 +866,8 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   const size_t n = op.req->msg.len(op.part);
   const int num_workers = node_->num_workers();
   if (h.init()) {
+    // A replace from a worker that pushed into the open round waits for it
+    // to close (MustWait); from one that did not, it is refused.
     if (ks->initialized && h.replace()) {
       if (ks->size != n) {
         CompletePart(op, ks,
@@ -872,7 +880,9 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
             op, ks,
             Status::FailedPrecondition(StrCat(
                 "replace of ", PartName(wire), " while its dist_sync round is open (", ks->merged,
-                " of ", num_workers, " pushes in): replace a key between rounds (barrier first)")));
+                " of ", num_workers,
+                " pushes in): replace a key once every worker's pushes of it are answered, after a "
+                "barrier")));
         return;
       }
     }

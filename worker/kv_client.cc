@@ -188,6 +188,17 @@ KVClient::Ticket KVClient::Queue(Kind kind, const std::vector<Key>& keys,
           bad = Status::InvalidArgument(StrCat("key ", keys[i], " has length ", lens[i]));
           break;
         }
+        if (kind == kReplace) {
+          // Another length places the key's parts elsewhere (other wire keys,
+          // other servers): the servers would keep the old parts.
+          auto known = plans_.find(keys[i]);
+          if (known != plans_.end() && known->second.first != lens[i]) {
+            bad = Status::InvalidArgument(StrCat("replace of key ", keys[i], " with ", lens[i],
+                                                 " elements, but it holds ", known->second.first,
+                                                 " (a key keeps its length)"));
+            break;
+          }
+        }
         auto parts = Parts(keys[i], lens[i]);
         if (!parts.ok()) {
           bad = parts.status();

@@ -124,11 +124,14 @@ class KVClient {
   // MXNet's protocol: Wait for it, then Barrier() on every worker.
   Ticket Init(const std::vector<Key>& keys, const std::vector<int64_t>& lens, const float* vals,
               Callback cb = nullptr);
-  // As Init, but the values replace those of keys that have some (between
-  // dist_sync rounds: FailedPrecondition while a round of the key is open).
-  // Rank 0 sends them. To hand every worker the new values: a Barrier()
-  // after the last pull of the old ones, Replace on rank 0 and Wait, a
-  // Barrier(), then Pull.
+  // As Init, but the values replace those the keys hold (NotFound for a
+  // key the servers hold no value of; InvalidArgument for another length
+  // than the key's). Between dist_sync rounds: a replace arriving while
+  // other workers' pushes of the key are in its open round is refused
+  // (FailedPrecondition), so every worker's pushes of it must be answered
+  // first. Rank 0 sends them. To hand every worker the new values: a
+  // Barrier() after the last pull of the old ones, Replace on rank 0 and
+  // Wait, a Barrier(), then Pull.
   Ticket Replace(const std::vector<Key>& keys, const std::vector<int64_t>& lens, const float* vals,
                  Callback cb = nullptr);
   Ticket Push(const std::vector<Key>& keys, const std::vector<int64_t>& lens, const float* vals,

@@ -753,8 +753,11 @@ class KVStore:
     def _rebroadcast(self, keys, values):
         """broadcast(keys, values, out=values), where keys broadcast before get
         rank 0's new values (same sizes): the servers hold one copy per key
-        however often it runs. Every worker calls it with the same keys. Blocks.
+        however often it runs. Every worker calls it with the same keys, which
+        nobody pushes (a replace needs the key's round closed). Blocks.
         """
+        if len(set(keys)) != len(keys):
+            raise ValueError("broadcast: a key appears more than once in %r" % (list(keys),))
         items = []
         for name, v in zip(keys, values):
             arr = _source(v, "broadcast value of key %r" % (name,))
@@ -762,7 +765,8 @@ class KVStore:
                 raise ValueError("broadcast of key %r: the value is empty" % (name,))
             again = self._initialized(name)
             if again and self._sizes[self._str_keys[name]] != arr.size:
-                raise ValueError("broadcast of key %r: %d elements, but it was broadcast with %d"
+                raise ValueError("broadcast of key %r: %d elements, but it was broadcast with %d "
+                                 "before (a key keeps its size)"
                                  % (name, arr.size, self._sizes[self._str_keys[name]]))
             items.append((self._key(name, create=True), arr, again))
         if self._client is None:

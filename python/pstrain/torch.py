@@ -103,9 +103,13 @@ def broadcast_parameters(params, root_rank=0, kvstore=None):
     every worker passes the same names in the same order. Buffers that are
     not float32 (BatchNorm's counter) travel as float32. Only rank 0 can be
     the root (its values are the ones ``KVStore.init`` keeps). Called again
-    (after loading a checkpoint on rank 0, say), tensors of the names and
-    sizes of an earlier call replace their values on the servers: they hold
-    one copy of each however often it runs.
+    (after loading a checkpoint on rank 0, say), tensors of names an earlier
+    call broadcast replace their values on the servers, which hold one copy
+    of each however often it runs; a name's size stays. It changes the
+    tensors only: a server-side ``DistributedOptimizer`` keeps its weights
+    and state on the servers and writes them back at its next step, so load
+    a checkpoint before making it (its constructor broadcasts rank 0's
+    weights).
     """
     if root_rank != 0:
         raise ValueError("broadcast_parameters: only root_rank=0 is supported (got %r)"
@@ -114,9 +118,10 @@ def broadcast_parameters(params, root_rank=0, kvstore=None):
     named = [(n, t) for n, t in _named(params) if t.numel() > 0]
     if not named:
         return
-    # A key per name and size: a later call with tensors of those replaces
-    # their values on the servers rather than adding copies.
-    keys = ["__broadcast__/%d/%s" % (t.numel(), n) for n, t in named]
+    # A key per name: a later call replaces its value on the servers rather
+    # than adding a copy (a tensor of another size than before is refused,
+    # and so, by the servers, is one whose size differs from rank 0's).
+    keys = ["__broadcast__/%s" % n for n, _ in named]
     tensors = [t for _, t in named]
     kv._rebroadcast(keys, tensors)
 

@@ -495,6 +495,13 @@ TEST(InProcClusterTest, ReplaceHandsEveryWorkerRankZerosNewValuesAndKeepsOneCopy
               s.message().find("holds 4") == std::string::npos) {
             return Status::Internal(StrCat("a replace of another size: ", s.ToString()));
           }
+          s = kv.Wait(kv.Replace({99}, {4}, longer.data()), Soon());
+          if (s.code() != StatusCode::kNotFound ||
+              s.message().find("replace of key 99") == std::string::npos ||
+              s.message().find("holds no value here") == std::string::npos) {
+            return Status::Internal(StrCat("a replace of a key never made: ", s.ToString()));
+          }
+          if (server.held() != 1) return Status::Internal("a refused replace made a key");
         }
         RETURN_IF_ERROR(kv.Barrier(Soon()));
         // Worker 1 opens a round; until rank 0 pushes too, a replace is
