@@ -101,6 +101,19 @@ std::vector<std::string> PathsInFolder(const std::string& path, const std::strin
   return inside;
 }
 
+// `path` as an rsync filter pattern that matches it alone: its wildcards
+// (*, ?, [) and, where it has one, its backslashes escaped (rsync reads a
+// backslash as an escape only in a pattern with a wildcard).
+std::string RsyncLiteral(const std::string& path) {
+  if (path.find_first_of("*?[") == std::string::npos) return path;
+  std::string out;
+  for (char c : path) {
+    if (c == '*' || c == '?' || c == '[' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
 std::string CurrentDir() {
   char buf[4096];
   if (getcwd(buf, sizeof(buf)) == nullptr) return ".";
@@ -134,9 +147,18 @@ StatusOr<MpiVersion> DetectMpi(const std::string& mpirun,
   Status s = RunAndCapture({mpirun, "--version"}, env, 10000, &out, &status);
   if (!s.ok()) return s.WithContext("detecting the MPI flavour");
   MpiVersion v;
-  if (out.find("Open MPI") != std::string::npos || out.find("OpenRTE") != std::string::npos) {
+  // The version on the line that names it ("mpirun (Open MPI) 4.1.4"; a
+  // warning may come first).
+  const auto line_of = [&out](size_t at) {
+    const size_t start = out.rfind('\n', at);
+    const size_t from = start == std::string::npos ? 0 : start + 1;
+    return out.substr(from, out.find('\n', at) - from);
+  };
+  size_t named = out.find("Open MPI");
+  if (named == std::string::npos) named = out.find("OpenRTE");
+  if (named != std::string::npos) {
     v.flavour = MpiFlavour::kOpenMpi;
-    v.version = FirstVersion(out.substr(0, out.find('\n')));  // "mpirun (Open MPI) 4.1.4"
+    v.version = FirstVersion(line_of(named));
     v.major = std::atoi(v.version.c_str());
     return v;
   }
@@ -145,7 +167,8 @@ StatusOr<MpiVersion> DetectMpi(const std::string& mpirun,
   if (lower.find("mpich") != std::string::npos || lower.find("hydra") != std::string::npos) {
     v.flavour = MpiFlavour::kMpich;
     if (const size_t at = out.find("Version:"); at != std::string::npos) {
-      v.version = FirstVersion(out.substr(at + 8, out.find('\n', at) - at - 8));
+      const std::string line = line_of(at);
+      v.version = FirstVersion(line.substr(line.find("Version:") + 8));
       v.major = std::atoi(v.version.c_str());
     }
     return v;
@@ -221,8 +244,9 @@ host.
   --launcher KIND         local, ssh, mpi or slurm (default: ssh with -H, else local)
   -H, --hostfile FILE     hosts, one per line, optional :port (ssh, mpi); IPv6
                           addresses in brackets: [fd00::11] or [fd00::11]:port
-                          (Open MPI 4's mpirun takes names only: list names
-                          that resolve to the hosts' IPv6 addresses)
+                          (mpi: Open MPI 4 takes names only: list names that
+                          resolve to the hosts' IPv6 addresses; MPICH 4's
+                          Hydra needs IPv4 for itself)
   --sync-dst-dir DIR      ssh: rsync the working directory to DIR on every host
                           first and run there (default: the same path as here)
   --sync-timeout SECONDS  ssh: how long one host's copy may take (default 600);
@@ -1028,7 +1052,7 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
             rsh,
             "--exclude=job.key"};
         for (const std::string& in_folder : PathsInFolder(plan.key_file, CurrentDir())) {
-          copy.push_back("--exclude=/" + in_folder);
+          copy.push_back("--exclude=/" + RsyncLiteral(in_folder));
         }
         std::string dst = o.sync_dst_dir;
         if (dst == "~") dst = ".";

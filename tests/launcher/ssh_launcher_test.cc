@@ -215,15 +215,18 @@ TEST_F(SshLauncherTest, SyncDstDirCopiesTheWorkingDirectoryFirst) {
   EXPECT_EQ(reports["scheduler-0"]["cwd"], dir_.Sub("work"));  // the scheduler stays here
 
   // The key file named through a link to the folder (the launcher's working
-  // directory is the folder's real path): it stays here all the same.
+  // directory is the folder's real path), and a name rsync would read as a
+  // pattern: it stays here all the same.
   std::filesystem::create_directory_symlink(dir_.Sub("work"), dir_.Sub("alias"));
+  const std::string odd = "keys [1]*?\\";
+  ASSERT_OK(WriteJobKeys(*keys, dir_.Sub("work") + "/" + odd));
   LaunchRun aliased = RunLaunch(
-      Args({"--sync-dst-dir", dir_.Sub("remote 2"), "--key-file", dir_.Sub("alias") + "/my-keys"},
+      Args({"--sync-dst-dir", dir_.Sub("remote 2"), "--key-file", dir_.Sub("alias") + "/" + odd},
            {}),
       dir_.Sub("work"), 60000, env_);
   ASSERT_EQ(aliased.exit_code(), 0) << aliased.output;
   EXPECT_EQ(ReadFile(dir_.Sub("remote 2") + "/marker file.txt"), "synced");
-  EXPECT_FALSE(std::filesystem::exists(dir_.Sub("remote 2") + "/my-keys"));
+  EXPECT_FALSE(std::filesystem::exists(dir_.Sub("remote 2") + "/" + odd));
 }
 
 TEST_F(SshLauncherTest, FailingRemoteProcessStopsTheJob) {

@@ -744,7 +744,9 @@ TEST(PlanTest, Ipv6AddressesForMpirunAreRefusedOnlyWhereItCannotTakeThem) {
     EXPECT_EQ(chmod(path.c_str(), 0755), 0);
     return path;
   };
-  const std::string ompi4 = fake_mpirun("ompi4", "mpirun (Open MPI) 4.1.4");
+  // A warning line first, with a version of its own.
+  const std::string ompi4 =
+      fake_mpirun("ompi4", "libfabric:1.18: warning: no provider\nmpirun (Open MPI) 4.1.4");
   const std::string ompi5 = fake_mpirun("ompi5", "mpirun (Open MPI) 5.0.3");
   const std::string mpich4 =
       fake_mpirun("mpich4", "HYDRA build details:\n    Version:                     4.0.2");
