@@ -123,12 +123,19 @@ names_mode() {
   fi
 }
 
-# Replaces this shell with a command that sees the cluster's /etc/hosts
-# (where names are "no", this machine's).
-exec_with_names() {
-  [ "$(cat "$STATE/names" 2>/dev/null)" = private ] || exec "$@"
+# Replaces this shell with a command run on host namespace $1 that sees the
+# cluster's /etc/hosts (where names are "no", this machine's). The mount
+# namespace is made inside the network one and lets go of its copy of
+# /run/netns: that copy would keep every namespace mounted there (this
+# cluster's and others') alive after `down` deletes it, as long as the
+# process lives.
+exec_on_host() {
+  local ns=$1
+  shift
+  [ "$(cat "$STATE/names" 2>/dev/null)" = private ] || exec nsenter --net="/run/netns/$ns" -- "$@"
   # shellcheck disable=SC2016  # $0 and $@ are the inner shell's
-  exec unshare --mount --propagation private sh -c 'mount --bind "$0" /etc/hosts && exec "$@"' \
+  exec nsenter --net="/run/netns/$ns" -- unshare --mount --propagation private sh -c \
+    'mount --bind "$0" /etc/hosts && { umount -R -l /run/netns 2>/dev/null || true; } && exec "$@"' \
     "$STATE/etc_hosts" "$@"
 }
 
@@ -279,7 +286,7 @@ EOF
     [ "$v6" = yes ] && echo "$addr6 $ns-v6" >>"$STATE/etc_hosts"
     # Its own host name too (a UTS namespace): what its processes report; and
     # the hosts' names, for the logins it serves.
-    (exec_with_names nsenter --net="/run/netns/$ns" -- unshare --uts sh -c \
+    (exec_on_host "$ns" unshare --uts sh -c \
       "hostname $ns && exec /usr/sbin/sshd -f '$STATE/h$i.sshd_config' -E '$STATE/h$i.sshd.log'")
     echo "$addr,$addr6,$ns,$ns-v6 $(cut -d' ' -f1,2 "$STATE/h$i.hostkey.pub")" >>"$STATE/known_hosts"
     echo "$addr" >>"$STATE/hosts"
@@ -377,7 +384,7 @@ cmd_exec() {
   [[ $i =~ ^[0-9]+$ ]] && [ "$i" -ge 1 ] && [ "$i" -le "$(num_hosts)" ] ||
     die "exec HOST CMD: HOST is 1..$(num_hosts) (got '$i')"
   [ $# -gt 0 ] || die "exec HOST CMD: no command"
-  exec_with_names nsenter --net="/run/netns/$(host_ns "$i")" -- "$@"
+  exec_on_host "$(host_ns "$i")" "$@"
 }
 
 cmd_launch() {
@@ -385,7 +392,7 @@ cmd_launch() {
   num_hosts >/dev/null
   [ -x "$PSTRAIN" ] || die "$PSTRAIN is not built (set PSTRAIN=/path/to/pstrain)"
   # --ipv6 (before the command's --) is ours; the rest goes to pstrain launch.
-  local hosts=$STATE/hosts args=() rest='' a prev='' mpi= v6=
+  local hosts=$STATE/hosts args=() rest='' a prev='' mpi='' v6=''
   for a in "$@"; do
     if [ -z "$rest" ] && [ "$a" = --ipv6 ]; then
       [ -f "$STATE/hosts6" ] || die "launch --ipv6: cluster '$NAME' has no IPv6 addresses (see cluster.sh up's output)"
@@ -413,12 +420,12 @@ cmd_launch() {
     # emulated hosts share this machine's cores, so ranks may outnumber them.
     local root=()
     [ "$(id -u)" = 0 ] && root=(--mpi-option --allow-run-as-root)
-    exec_with_names nsenter --net="/run/netns/$(host_ns 1)" -- "$PSTRAIN" launch -H "$hosts" \
+    exec_on_host "$(host_ns 1)" "$PSTRAIN" launch -H "$hosts" \
       --mpi-option --mca --mpi-option plm_rsh_args --mpi-option "$(ssh_opts_plain)" \
       --mpi-option --oversubscribe "${root[@]}" "$@"
   fi
   # shellcheck disable=SC2046
-  exec_with_names nsenter --net="/run/netns/$(host_ns 1)" -- "$PSTRAIN" launch --launcher ssh -H "$hosts" \
+  exec_on_host "$(host_ns 1)" "$PSTRAIN" launch --launcher ssh -H "$hosts" \
     $(cmd_ssh_options --name "$NAME") "$@"
 }
 
