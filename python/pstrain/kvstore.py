@@ -786,19 +786,23 @@ class KVStore:
         self.pull(list(keys), out=list(values)).wait()
 
     def _broadcast_bytes(self, name, data):
-        """Rank 0's ``data`` (bytes) on every worker, returned: its length, then
-        its bytes as float32 words, which the servers store and return as they
-        are (nothing computes on them). Every worker calls it with the same
-        ``name`` (its keys: ``name``/bytes and ``name``/<words>). Blocks.
+        """Rank 0's ``data`` (bytes) on every worker, returned as a memoryview:
+        its length, then its bytes as float32 words, which the servers store
+        and return as they are (nothing computes on them). Every worker calls
+        it with the same ``name`` (its keys: ``name``/bytes and
+        ``name``/<words>, a power of two). Blocks.
         """
         data = bytes(data) if self.rank == 0 else b""
         size = np.array([len(data)], dtype=np.uint64)
         self._rebroadcast([name + "/bytes"], [size.view(np.float32)])
         size = int(size[0])
-        words = np.zeros(max(1, (size + 3) // 4), dtype=np.uint32)
+        # A key per power-of-two size class (of at least 1 KiB): objects of
+        # lengths that drift (an lr printed with more digits) share one.
+        words = np.zeros(max(256, 1 << max(0, (size + 3) // 4 - 1).bit_length()),
+                         dtype=np.uint32)
         words.view(np.uint8)[:len(data)] = np.frombuffer(data, dtype=np.uint8)
         self._rebroadcast(["%s/%d" % (name, words.size)], [words.view(np.float32)])
-        return words.view(np.uint8)[:size].tobytes()
+        return memoryview(words.view(np.uint8))[:size]
 
     def waitall(self):
         """Waits for every request this store has in flight; raises the first error

@@ -109,7 +109,7 @@ def broadcast_parameters(params, root_rank=0, kvstore=None):
     tensors only: a server-side ``DistributedOptimizer`` keeps its weights
     and state on the servers and writes them back at its next step, so load
     a checkpoint before making it (its constructor broadcasts rank 0's
-    weights).
+    weights). Its keys are strings: a store with int keys refuses it.
     """
     if root_rank != 0:
         raise ValueError("broadcast_parameters: only root_rank=0 is supported (got %r)"
@@ -134,7 +134,10 @@ def _pack(obj):
 
     def enc(x):
         if isinstance(x, torch.Tensor):
-            t = x.detach().to("cpu").contiguous()
+            if x.is_quantized or x.is_sparse:
+                raise TypeError("a %s tensor (only plain tensors travel)"
+                                % ("quantized" if x.is_quantized else "sparse"))
+            t = x.detach().to("cpu").resolve_conj().resolve_neg().contiguous()
             tensors.append(t.reshape(-1).view(torch.uint8).numpy().tobytes())
             return {"t": [str(t.dtype).replace("torch.", ""), list(t.shape)]}
         if x is None or isinstance(x, (bool, int, float, str)):
@@ -147,19 +150,24 @@ def _pack(obj):
                         "dicts of them travel)" % type(x).__name__)
 
     try:
-        head = {"obj": enc(obj)}
-    except (TypeError, RuntimeError) as e:  # RuntimeError: a tensor with no plain layout
-        head, tensors = {"error": str(e)}, []
-    text = json.dumps(head).encode()
+        # ValueError: an int json will not write; RecursionError (a
+        # RuntimeError): nesting too deep; RuntimeError: a tensor with no
+        # plain layout. Every worker then raises, not rank 0 alone.
+        text = json.dumps({"obj": enc(obj)}).encode()
+    except (TypeError, ValueError, RuntimeError) as e:
+        text, tensors = json.dumps({"error": "%s: %s" % (type(e).__name__, e)}).encode(), []
     return b"".join([len(text).to_bytes(8, "little"), text] + tensors)
 
 
-def _unpack(data):
-    """What ``_pack`` made, back (an error it recorded raised as ValueError)."""
+def _unpack(data, header_only=False):
+    """What ``_pack`` made, back (an error it recorded raised as ValueError;
+    ``header_only``: only that)."""
     size = int.from_bytes(data[:8], "little")
-    head = json.loads(data[8:8 + size].decode())
+    head = json.loads(bytes(data[8:8 + size]).decode())
     if "error" in head:
         raise ValueError("broadcast_object: worker 0's object cannot travel: " + head["error"])
+    if header_only:
+        return None
     at = [8 + size]
 
     def dec(x):
@@ -172,7 +180,7 @@ def _unpack(data):
             t = torch.empty(shape, dtype=dtype)
             n = t.numel() * t.element_size()
             if n:
-                raw = torch.frombuffer(bytearray(data[at[0]:at[0] + n]), dtype=torch.uint8)
+                raw = torch.frombuffer(data[at[0]:at[0] + n], dtype=torch.uint8)
                 t.reshape(-1).view(torch.uint8).copy_(raw)
             at[0] += n
             return t
@@ -188,13 +196,18 @@ def broadcast_object(obj, root_rank=0, name=None, kvstore=None):
     """Worker ``root_rank``'s ``obj``, returned on every worker (Horovod's
     ``broadcast_object``, for plain data). Blocks.
 
-    ``obj``: tensors (any dtype; they arrive on the CPU), numbers, strings,
-    ``None``, and lists, tuples and dicts of them, such as an optimizer's
-    ``state_dict()``. It travels as a structure and raw tensor bytes, not
-    pickled, so receiving it runs no code; anything else raises ValueError
-    on every worker. Every worker calls it, with the same ``name`` if
-    several objects are broadcast (default: one name for all; calls one
-    after another may share it). Only rank 0 can be the root.
+    ``obj``: tensors (any dtype, dense and not quantized; they arrive on the
+    CPU, each its own copy), numbers, strings, ``None``, and lists, tuples
+    and dicts of them, such as an optimizer's ``state_dict()``. Subclasses
+    arrive as these (an ``OrderedDict`` as a dict, a namedtuple as a tuple,
+    a ``Parameter`` as a tensor); rank 0 gets its own ``obj`` back, as in
+    Horovod. It travels as a structure and raw tensor bytes, not pickled, so
+    receiving it runs no code; anything else raises ValueError on every
+    worker. Every worker calls it, with the same ``name`` if several objects
+    are broadcast (default: one name for all). The servers keep a copy per
+    name and power-of-two size class, so repeated calls add no keys. Its
+    keys are strings: a store with int keys refuses it. Only rank 0 can be
+    the root.
     """
     if root_rank != 0:
         raise ValueError("broadcast_object: only root_rank=0 is supported (got %r)"
@@ -202,7 +215,8 @@ def broadcast_object(obj, root_rank=0, name=None, kvstore=None):
     kv = _store(kvstore)
     data = _pack(obj) if kv.rank == 0 else b""
     data = kv._broadcast_bytes("__object__/%s" % ("" if name is None else name), data)
-    got = _unpack(data)  # raises on every worker for an object that could not travel
+    # Raises on every worker for an object that could not travel.
+    got = _unpack(data, header_only=kv.rank == 0)
     return obj if kv.rank == 0 else got
 
 
@@ -214,7 +228,9 @@ def broadcast_optimizer_state(optimizer, root_rank=0, kvstore=None):
     ``optimizer``: a ``torch.optim.Optimizer``, or a ``DistributedOptimizer``
     (its local one; a server-side optimizer's state lives on the servers, and
     there is nothing to do). Its hyper-parameters (``param_groups``) come too.
-    Every worker calls it. Only rank 0 can be the root.
+    Every worker calls it. Only rank 0 can be the root. A worker whose
+    optimizer cannot take rank 0's state (other parameter groups) raises
+    there, after the exchange, as ``load_state_dict`` does.
     """
     if root_rank != 0:
         raise ValueError("broadcast_optimizer_state: only root_rank=0 is supported (got %r)"

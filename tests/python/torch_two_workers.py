@@ -16,6 +16,7 @@ worker's tensors with worker rank 0's, bit for bit, through the store:
   DistributedOptimizer(server SGD)     its constructor starts everyone from rank 0's
                                        weights; after 5 dist_sync steps all equal.
 """
+import json
 import sys
 
 import torch
@@ -118,18 +119,33 @@ def main():
     assert same_as_rank0(kv, "optimizer-state", buffers), \
         "broadcast_optimizer_state left this worker's momentum unlike rank 0's"
     assert d1.param_groups[0]["lr"] == 0.05, d1.param_groups[0]["lr"]
-    for _ in range(2):  # the same keys again: nothing new on the servers
+    keys = len(kv._sizes)
+    for lr in (0.05, 0.010000000000000002, 0.1):  # states of other lengths, one size class
+        if rank == 0:
+            d1.param_groups[0]["lr"] = lr
         pstrain.torch.broadcast_optimizer_state(d1)
+        assert d1.param_groups[0]["lr"] == lr, (lr, d1.param_groups[0]["lr"])
+    assert len(kv._sizes) == keys, "repeated broadcasts made keys (%d before, %d after)" % (
+        keys, len(kv._sizes))
 
     class NotData:
         pass
 
+    # Refused on every worker, rank 0 too: a type, and an int json will not
+    # write (Python's limit on int digits, where it has one).
     try:
-        pstrain.torch.broadcast_object({"x": [1, NotData()]}, name="not-data")
-        refused = ""
-    except ValueError as e:
-        refused = str(e)
-    assert "cannot travel: a NotData (only tensors" in refused, refused
+        json.dumps(10 ** 5000)
+        unwritable = []
+    except ValueError:
+        unwritable = [({"n": 10 ** 5000}, "cannot travel: ValueError: Exceeds the limit")]
+    for bad, why in [({"x": [1, NotData()]}, "cannot travel: TypeError: a NotData (only tensors")
+                     ] + unwritable:
+        try:
+            pstrain.torch.broadcast_object(bad, name="not-data")
+            refused = ""
+        except ValueError as e:
+            refused = str(e)
+        assert why in refused, refused
     print("two_workers: broadcast_object and broadcast_optimizer_state ok")
 
     m2 = make_model(seed=10 + rank)
