@@ -11,7 +11,8 @@
 #   cluster.sh launch [pstrain launch args] pstrain launch --launcher ssh from host 1
 #                                           (--ipv6: over the hosts' IPv6 addresses;
 #                                           --launcher mpi: Open MPI's mpirun over ssh,
-#                                           with --ipv6 by names: see below)
+#                                           with --ipv6 by names: see below; with
+#                                           --mpirun mpirun.mpich, MPICH's, IPv4 only)
 #   cluster.sh ssh-options                  the --ssh-option flags for the hosts
 #   cluster.sh link HOST up|down            take a host's link down (a fault) or back up
 #   cluster.sh kill HOST                    kill -9 every process on HOST but its sshd (a fault)
@@ -123,20 +124,21 @@ names_mode() {
   fi
 }
 
-# Replaces this shell with a command run on host namespace $1 that sees the
-# cluster's /etc/hosts (where names are "no", this machine's). The mount
-# namespace is made inside the network one and lets go of its copy of
-# /run/netns: that copy would keep every namespace mounted there (this
-# cluster's and others') alive after `down` deletes it, as long as the
-# process lives.
+# Replaces this shell with a command run on host namespace $1, under the
+# host's name (a UTS namespace of its own) and seeing the cluster's
+# /etc/hosts (where names are "no", this machine's). The mount namespace is
+# made inside the network one and lets go of its copy of /run/netns: that
+# copy would keep every namespace mounted there (this cluster's and others')
+# alive after `down` deletes it, as long as the process lives.
 exec_on_host() {
-  local ns=$1
+  local ns=$1 mount=() bind=:
   shift
-  [ "$(cat "$STATE/names" 2>/dev/null)" = private ] || exec nsenter --net="/run/netns/$ns" -- "$@"
-  # shellcheck disable=SC2016  # $0 and $@ are the inner shell's
-  exec nsenter --net="/run/netns/$ns" -- unshare --mount --propagation private sh -c \
-    'mount --bind "$0" /etc/hosts && { umount -R -l /run/netns 2>/dev/null || true; } && exec "$@"' \
-    "$STATE/etc_hosts" "$@"
+  if [ "$(cat "$STATE/names" 2>/dev/null)" = private ]; then
+    mount=(--mount --propagation private)
+    bind='mount --bind "$2" /etc/hosts && { umount -R -l /run/netns 2>/dev/null || true; }'
+  fi
+  exec nsenter --net="/run/netns/$ns" -- unshare --uts "${mount[@]}" sh -c \
+    "hostname \"\$1\" && $bind && shift 2 && exec \"\$@\"" sh "$ns" "$STATE/etc_hosts" "$@"
 }
 
 # The hosts of a running cluster, from its state.
@@ -227,6 +229,10 @@ cmd_up() {
   in_ns "$sw" ip link set br0 up
 
   ssh-keygen -q -t ed25519 -N "" -C "pstrain-cluster-$NAME" -f "$STATE/client_key"
+  # ssh with the hosts' keys as one program, for launchers that take a
+  # program and no options (MPICH's -launcher-exec).
+  printf '#!/bin/sh\nexec ssh %s "$@"\n' "$(ssh_opts_plain)" >"$STATE/ssh"
+  chmod 700 "$STATE/ssh"
   cp "$STATE/client_key.pub" "$STATE/authorized_keys"
   chmod 600 "$STATE/authorized_keys"
   : >"$STATE/known_hosts"
@@ -284,10 +290,9 @@ AcceptEnv LANG LC_*
 EOF
     echo "$addr $ns" >>"$STATE/etc_hosts"
     [ "$v6" = yes ] && echo "$addr6 $ns-v6" >>"$STATE/etc_hosts"
-    # Its own host name too (a UTS namespace): what its processes report; and
-    # the hosts' names, for the logins it serves.
-    (exec_on_host "$ns" unshare --uts sh -c \
-      "hostname $ns && exec /usr/sbin/sshd -f '$STATE/h$i.sshd_config' -E '$STATE/h$i.sshd.log'")
+    # Its own host name too: what its processes report; and the hosts'
+    # names, for the logins it serves.
+    (exec_on_host "$ns" /usr/sbin/sshd -f "$STATE/h$i.sshd_config" -E "$STATE/h$i.sshd.log")
     echo "$addr,$addr6,$ns,$ns-v6 $(cut -d' ' -f1,2 "$STATE/h$i.hostkey.pub")" >>"$STATE/known_hosts"
     echo "$addr" >>"$STATE/hosts"
     echo "[$addr6]" >>"$STATE/hosts6"
@@ -410,6 +415,22 @@ cmd_launch() {
     prev=$a
   done
   if [ -n "$mpi" ]; then
+    local mpirun=mpirun
+    prev=''
+    for a in "$@"; do
+      [ "$a" = -- ] && break
+      [ "$prev" = --mpirun ] && mpirun=$a
+      case "$a" in --mpirun=*) mpirun=${a#--mpirun=} ;; esac
+      prev=$a
+    done
+    if "$mpirun" --version 2>&1 | grep -qi -e mpich -e hydra; then
+      # MPICH's Hydra: ssh through a program with the hosts' keys; its
+      # proxies reach mpiexec at host 1's name, over IPv4 only.
+      [ -z "$v6" ] || die "launch --ipv6 --launcher mpi: MPICH's Hydra reaches its proxies over IPv4 only"
+      [ "$(cat "$STATE/names")" = private ] || die "launch --launcher mpi with MPICH: Hydra's proxies reach mpiexec by host 1's name, and the hosts of cluster '$NAME' have no names (see cluster.sh up's output)"
+      exec_on_host "$(host_ns 1)" "$PSTRAIN" launch -H "$hosts" --mpi-option -launcher \
+        --mpi-option ssh --mpi-option -launcher-exec --mpi-option "$STATE/ssh" "$@"
+    fi
     # Open MPI 4's mpirun takes host names, no IPv6 address: by the names
     # that resolve to the hosts' IPv6 addresses alone.
     if [ -n "$v6" ]; then

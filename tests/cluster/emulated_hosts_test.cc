@@ -204,6 +204,33 @@ TEST_F(EmulatedHostsTest, KvbenchVerifiesAcrossHostsOverIpv6) {
       << verify.out;
 }
 
+// MPICH's mpiexec (Hydra) across the hosts: ssh through the cluster's
+// wrapper, its proxies reaching mpiexec at host 1's name (exec and launch
+// run under the host's name).
+TEST_F(EmulatedHostsTest, MpichLaunchesAcrossHosts) {
+  Ran named = Sh(
+      {"env", StrCat("PSTRAIN_CLUSTER_NAME=", kName), "bash", Script(), "exec", "2", "hostname"});
+  EXPECT_EQ(named.out, StrCat(kName, "-h2\n"));
+  if (Sh({"sh", "-c", "command -v mpirun.mpich"}).code != 0) {
+    GTEST_SKIP() << "no MPICH here (mpirun.mpich)";
+  }
+  Ran names = Sh({"cat", StrCat("/run/pstrain-cluster/", kName, "/names")});
+  if (names.out.rfind("no", 0) == 0) {
+    GTEST_SKIP() << "the emulated hosts have no names here (no private mount namespace, as in "
+                    "a chroot), and Hydra's proxies need host 1's";
+  }
+  Ran verify =
+      Launch({"--launcher", "mpi", "--mpirun", "mpirun.mpich", "-n", "3", "-s", "3", "--timeout",
+              "120", "--", PstrainBinary(), "kvbench", "--verify", "--verify-rounds", "3"});
+  ASSERT_EQ(verify.code, 0) << verify.out;
+  ExpectWorkersVerified(verify, 3);
+  int hosts = 0;
+  for (int h = 1; h <= 3; ++h) {
+    hosts += verify.out.find(StrCat(kSubnet, ".", 10 + h, ":")) != std::string::npos ? 1 : 0;
+  }
+  EXPECT_GE(hosts, 2) << verify.out;
+}
+
 // Open MPI 4's mpirun over IPv6: it takes no IPv6 address for a host, so the
 // hosts go by names that resolve to their IPv6 addresses alone (the
 // cluster's /etc/hosts, in a mount namespace of its own). pstrain resolves
