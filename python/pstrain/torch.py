@@ -105,8 +105,9 @@ def broadcast_parameters(params, root_rank=0, kvstore=None):
     the root (its values are the ones ``KVStore.init`` keeps). Called again
     (after loading a checkpoint on rank 0, say), tensors of names an earlier
     call broadcast replace their values on the servers, which hold one copy
-    of each however often it runs; a name's size stays. It changes the
-    tensors only: a server-side ``DistributedOptimizer`` keeps its weights
+    of each however often it runs (a name whose tensor has another size
+    than the last time, as in another model, gets a key of its own). It
+    changes the tensors only: a server-side ``DistributedOptimizer`` keeps its weights
     and state on the servers and writes them back at its next step, so load
     a checkpoint before making it (its constructor broadcasts rank 0's
     weights). Its keys are strings: a store with int keys refuses it.
@@ -118,10 +119,19 @@ def broadcast_parameters(params, root_rank=0, kvstore=None):
     named = [(n, t) for n, t in _named(params) if t.numel() > 0]
     if not named:
         return
-    # A key per name: a later call replaces its value on the servers rather
-    # than adding a copy (a tensor of another size than before is refused,
-    # and so, by the servers, is one whose size differs from rank 0's).
-    keys = ["__broadcast__/%s" % n for n, _ in named]
+    # A key per name and generation: a later call replaces its value on the
+    # servers rather than adding a copy; a new size (every worker's, as for
+    # another model with the same names) starts a new generation. A worker
+    # whose size differs from rank 0's asks for another size or another key
+    # than rank 0 made, and the servers refuse it.
+    generations = kv.__dict__.setdefault("_broadcast_generations", {})
+    keys = []
+    for n, t in named:
+        gen, size = generations.get(n, (0, t.numel()))
+        if size != t.numel():
+            gen, size = gen + 1, t.numel()
+        generations[n] = (gen, size)
+        keys.append("__broadcast__/%s" % n if gen == 0 else "__broadcast__/%s#%d" % (n, gen))
     tensors = [t for _, t in named]
     kv._rebroadcast(keys, tensors)
 

@@ -94,6 +94,15 @@ def main():
             keys, len(kv._sizes))
     print("two_workers: broadcast_parameters again ok (no new key)")
 
+    # Another model with the same names and other sizes: keys of its own.
+    torch.manual_seed(20 + rank)
+    m3 = nn.Sequential(nn.Conv2d(1, 2, 5))
+    assert not same_as_rank0(kv, "other-model-before", list(m3.state_dict().values())) or \
+        rank == 0
+    pstrain.torch.broadcast_parameters(m3.state_dict())
+    assert same_as_rank0(kv, "other-model", list(m3.state_dict().values())), \
+        "broadcast_parameters of a model with the same names and other sizes failed"
+
     # Objects, and the local optimizer's state after rank 0 changed it (as a
     # checkpoint it loaded would).
     sent = {"epoch": 7 + rank, "t": torch.full((3,), rank + 0.5), 3: (None, "a", 1.5),
