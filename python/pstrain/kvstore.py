@@ -752,9 +752,12 @@ class KVStore:
 
     def _rebroadcast(self, keys, values):
         """broadcast(keys, values, out=values), where keys broadcast before get
-        rank 0's new values (same sizes): the servers hold one copy per key
-        however often it runs. Every worker calls it with the same keys, which
-        nobody pushes (a replace needs the key's round closed). Blocks.
+        rank 0's new values: the servers hold one copy per key however often
+        it runs. Every worker calls it with the same keys (callers derive them
+        from rank 0's sizes: a key keeps its size), which nobody pushes (a
+        replace needs the key's round closed). Two barriers on every worker,
+        whatever it knows; a worker whose size differs from rank 0's has its
+        pull refused by the servers. Blocks.
         """
         if len(set(keys)) != len(keys):
             raise ValueError("broadcast: a key appears more than once in %r" % (list(keys),))
@@ -764,26 +767,26 @@ class KVStore:
             if arr.size == 0:
                 raise ValueError("broadcast of key %r: the value is empty" % (name,))
             again = self._initialized(name)
-            if again and self._sizes[self._str_keys[name]] != arr.size:
+            if again and self.rank == 0 and self._sizes[self._str_keys[name]] != arr.size:
                 raise ValueError("broadcast of key %r: %d elements, but it was broadcast with %d "
                                  "before (a key keeps its size)"
                                  % (name, arr.size, self._sizes[self._str_keys[name]]))
             items.append((self._key(name, create=True), arr, again))
+        for ikey, arr, _ in items:
+            self._sizes[ikey] = arr.size
         if self._client is None:
             for ikey, arr, _ in items:
-                self._sizes[ikey] = arr.size
                 self._values[ikey] = arr.ravel().copy()
-        else:
-            if any(again for _, _, again in items):
-                self.barrier()  # every worker has its earlier values: they may go
-            for ikey, arr, again in items:
-                self._sizes[ikey] = arr.size
+            return  # the values are rank 0's already
+        self.barrier()  # every worker has its earlier values: they may go
+        if self.rank == 0:
             handles = [self._issue((self._client.replace if again else self._client.init)(
                 [ikey], [arr.size], arr), [arr], []) for ikey, arr, again in items]
             for h in handles:
                 h.wait()
-            self.barrier()
-        self.pull(list(keys), out=list(values)).wait()
+        self.barrier()
+        if self.rank != 0:  # rank 0 holds what it sent
+            self.pull(list(keys), out=list(values)).wait()
 
     def _broadcast_bytes(self, name, data):
         """Rank 0's ``data`` (bytes) on every worker, returned as a memoryview:

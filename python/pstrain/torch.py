@@ -105,9 +105,10 @@ def broadcast_parameters(params, root_rank=0, kvstore=None):
     the root (its values are the ones ``KVStore.init`` keeps). Called again
     (after loading a checkpoint on rank 0, say), tensors of names an earlier
     call broadcast replace their values on the servers, which hold one copy
-    of each however often it runs (a name whose tensor has another size
-    than the last time, as in another model, gets a key of its own). It
-    changes the tensors only: a server-side ``DistributedOptimizer`` keeps its weights
+    of each however often it runs (a key per name and size: another model
+    with the same names gets keys of its own). A worker whose names or
+    sizes are not worker 0's raises ValueError saying which. It changes the
+    tensors only: a server-side ``DistributedOptimizer`` keeps its weights
     and state on the servers and writes them back at its next step, so load
     a checkpoint before making it (its constructor broadcasts rank 0's
     weights). Its keys are strings: a store with int keys refuses it.
@@ -116,24 +117,35 @@ def broadcast_parameters(params, root_rank=0, kvstore=None):
         raise ValueError("broadcast_parameters: only root_rank=0 is supported (got %r)"
                          % (root_rank,))
     kv = _store(kvstore)
-    named = [(n, t) for n, t in _named(params) if t.numel() > 0]
+    named = list(_named(params))
     if not named:
         return
-    # A key per name and generation: a later call replaces its value on the
-    # servers rather than adding a copy; a new size (every worker's, as for
-    # another model with the same names) starts a new generation. A worker
-    # whose size differs from rank 0's asks for another size or another key
-    # than rank 0 made, and the servers refuse it.
+    # Rank 0's names and sizes first: the keys follow them, a key per name
+    # and size (a generation of the name per size seen, the same on every
+    # worker, so models that take turns reuse theirs), and a worker whose
+    # tensors are not rank 0's says so instead of reading another key.
+    mine = [[n, t.numel()] for n, t in named]
+    theirs = json.loads(bytes(kv._broadcast_bytes(
+        "__broadcast__/manifest", json.dumps(mine).encode() if kv.rank == 0 else b"")).decode())
+    if theirs != mine:
+        diff = next((i for i, (a, b) in enumerate(zip(theirs, mine)) if a != b),
+                    min(len(theirs), len(mine)))
+        raise ValueError("broadcast_parameters: worker %d's tensors are not worker 0's: %s "
+                         "against worker 0's %s (%d tensors against %d)"
+                         % (kv.rank, mine[diff] if diff < len(mine) else "none",
+                            theirs[diff] if diff < len(theirs) else "none",
+                            len(mine), len(theirs)))
     generations = kv.__dict__.setdefault("_broadcast_generations", {})
-    keys = []
+    keys, tensors = [], []
     for n, t in named:
-        gen, size = generations.get(n, (0, t.numel()))
-        if size != t.numel():
-            gen, size = gen + 1, t.numel()
-        generations[n] = (gen, size)
-        keys.append("__broadcast__/%s" % n if gen == 0 else "__broadcast__/%s#%d" % (n, gen))
-    tensors = [t for _, t in named]
-    kv._rebroadcast(keys, tensors)
+        if t.numel() == 0:
+            continue
+        by_size = generations.setdefault(n, {})
+        gen = by_size.setdefault(t.numel(), len(by_size))
+        keys.append("__broadcast__/%d/%s" % (gen, n))
+        tensors.append(t)
+    if keys:
+        kv._rebroadcast(keys, tensors)
 
 
 def _pack(obj):
@@ -144,9 +156,9 @@ def _pack(obj):
 
     def enc(x):
         if isinstance(x, torch.Tensor):
-            if x.is_quantized or x.is_sparse:
-                raise TypeError("a %s tensor (only plain tensors travel)"
-                                % ("quantized" if x.is_quantized else "sparse"))
+            if x.is_quantized or x.layout != torch.strided:
+                raise TypeError("a %s tensor (only dense tensors travel)"
+                                % ("quantized" if x.is_quantized else str(x.layout)))
             t = x.detach().to("cpu").resolve_conj().resolve_neg().contiguous()
             tensors.append(t.reshape(-1).view(torch.uint8).numpy().tobytes())
             return {"t": [str(t.dtype).replace("torch.", ""), list(t.shape)]}
@@ -172,6 +184,8 @@ def _pack(obj):
 def _unpack(data, header_only=False):
     """What ``_pack`` made, back (an error it recorded raised as ValueError;
     ``header_only``: only that)."""
+    if not isinstance(data, memoryview) or data.readonly:
+        data = memoryview(bytearray(data))  # torch.frombuffer wants a writable buffer
     size = int.from_bytes(data[:8], "little")
     head = json.loads(bytes(data[8:8 + size]).decode())
     if "error" in head:

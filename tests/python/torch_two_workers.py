@@ -102,6 +102,11 @@ def main():
     pstrain.torch.broadcast_parameters(m3.state_dict())
     assert same_as_rank0(kv, "other-model", list(m3.state_dict().values())), \
         "broadcast_parameters of a model with the same names and other sizes failed"
+    keys = len(kv._sizes)
+    pstrain.torch.broadcast_parameters(m1.state_dict())  # the first model's keys again
+    assert same_as_rank0(kv, "first-model-again", list(m1.state_dict().values()))
+    assert len(kv._sizes) == keys + 1, "models taking turns made keys (%d before, %d after)" % (
+        keys, len(kv._sizes))
 
     # Objects, and the local optimizer's state after rank 0 changed it (as a
     # checkpoint it loaded would).
