@@ -197,7 +197,7 @@ cmd_up() {
   parse_opts "$@"
   need_root
   burst_of "$RATE" >/dev/null
-  if [ -d "$STATE" ] || ip netns list | grep -q "^$(switch_ns)\b"; then
+  if [ -d "$STATE" ] || ip netns list | grep "^$(switch_ns)\b" >/dev/null; then
     die "cluster '$NAME' is up already (or left over): run cluster.sh down --name $NAME first"
   fi
   mkdir -p "$STATE"
@@ -411,7 +411,10 @@ cmd_launch() {
   set -- ${args[@]+"${args[@]}"}
   for a in "$@"; do
     [ "$a" = -- ] && break
-    { [ "$prev" = --launcher ] && [ "$a" = mpi ]; } || [ "$a" = --launcher=mpi ] && mpi=1
+    case "$prev $a" in
+      "--launcher mpi" | "--launcher mpirun" | "--cluster mpi" | "--cluster mpirun") mpi=1 ;;
+      *" --launcher=mpi" | *" --launcher=mpirun" | *" --cluster=mpi" | *" --cluster=mpirun") mpi=1 ;;
+    esac
     prev=$a
   done
   if [ -n "$mpi" ]; then
@@ -423,11 +426,16 @@ cmd_launch() {
       case "$a" in --mpirun=*) mpirun=${a#--mpirun=} ;; esac
       prev=$a
     done
-    if "$mpirun" --version 2>&1 | grep -qi -e mpich -e hydra; then
+    # Not `mpirun --version | grep -q`: grep's early exit can kill mpirun
+    # with SIGPIPE mid-output, and pipefail then reads it as no match.
+    local version
+    version=$("$mpirun" --version 2>&1 || true)
+    if grep -qi -e mpich -e hydra <<<"$version"; then
       # MPICH's Hydra: ssh through a program with the hosts' keys; its
       # proxies reach mpiexec at host 1's name, over IPv4 only.
       [ -z "$v6" ] || die "launch --ipv6 --launcher mpi: MPICH's Hydra reaches its proxies over IPv4 only"
       [ "$(cat "$STATE/names")" = private ] || die "launch --launcher mpi with MPICH: Hydra's proxies reach mpiexec by host 1's name, and the hosts of cluster '$NAME' have no names (see cluster.sh up's output)"
+      [ -x "$STATE/ssh" ] || die "launch --launcher mpi with MPICH: cluster '$NAME' has no ssh wrapper ($STATE/ssh; it was made by an older cluster.sh): run down and up again"
       exec_on_host "$(host_ns 1)" "$PSTRAIN" launch -H "$hosts" --mpi-option -launcher \
         --mpi-option ssh --mpi-option -launcher-exec --mpi-option "$STATE/ssh" "$@"
     fi
