@@ -798,14 +798,18 @@ TEST(PlanTest, Ipv6AddressesForMpirunAreRefusedOnlyWhereItCannotTakeThem) {
     for (const std::vector<std::string>& extra : {host_list, host_file, dash_h}) {
       SCOPED_TRACE(mpirun + " " + extra.back());
       const Status s = plan_with(mpirun, extra);
-      if (!s.ok()) EXPECT_NE(s.message().find("--host-ip"), std::string::npos) << s;
+      if (!s.ok()) {
+        EXPECT_NE(s.message().find("--host-ip"), std::string::npos) << s;
+      }
     }
   }
   // Names pass the checks the same way.
   std::ofstream(dir.Sub("names")) << "node-a6 slots=2\nme@node-b6:2\n";
   for (const std::string& mpirun : {ompi4, mpich4}) {
     const Status named = plan_with(mpirun, {"-H", dir.Sub("names")});
-    if (!named.ok()) EXPECT_NE(named.message().find("--host-ip"), std::string::npos) << named;
+    if (!named.ok()) {
+      EXPECT_NE(named.message().find("--host-ip"), std::string::npos) << named;
+    }
   }
   // A bare IPv6 address in MPICH's host file is refused with the remedy, not
   // cut at its first ':'.
