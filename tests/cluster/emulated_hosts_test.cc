@@ -169,17 +169,33 @@ TEST_F(EmulatedHostsTest, KvbenchVerifiesAcrossHostsOverTcpAndWithinAHostInShare
   EXPECT_EQ(lines, 3) << bench.out;
 }
 
+// How many of the 3 hosts a process of the job logged an address of
+// ("10.79.0.12:" or, with `ipv6`, "[fd0a:79:0:1::12]:").
+int HostsWithProcesses(const Ran& job, bool ipv6) {
+  int hosts = 0;
+  for (int h = 1; h <= 3; ++h) {
+    const std::string at =
+        ipv6 ? StrCat("at [", kSubnet6, 10 + h, "]:") : StrCat(kSubnet, ".", 10 + h, ":");
+    hosts += job.out.find(at) != std::string::npos ? 1 : 0;
+  }
+  return hosts;
+}
+
+// Why the tests that need the hosts' names must skip, or "" (they have them).
+std::string NoNames() {
+  Ran names = Sh({"cat", StrCat("/run/pstrain-cluster/", kName, "/names")});
+  if (names.out.rfind("no", 0) != 0) return "";
+  return "the emulated hosts have no names here (no private mount namespace, as in a chroot: "
+         "bench/cluster/cluster.sh up says so)";
+}
+
 TEST_F(EmulatedHostsTest, MpirunLaunchesAcrossHosts) {
   Ran verify = Launch({"--launcher", "mpi", "-n", "3", "-s", "3", "--timeout", "120", "--",
                        PstrainBinary(), "kvbench", "--verify", "--verify-rounds", "3"});
   ASSERT_EQ(verify.code, 0) << verify.out;
   ExpectWorkersVerified(verify, 3);
   // Open MPI fills each host's slots (its cores) before the next host.
-  int hosts = 0;
-  for (int h = 1; h <= 3; ++h) {
-    hosts += verify.out.find(StrCat(kSubnet, ".", 10 + h, ":")) != std::string::npos ? 1 : 0;
-  }
-  EXPECT_GE(hosts, 2) << verify.out;
+  EXPECT_GE(HostsWithProcesses(verify, false), 2) << verify.out;
 }
 
 // The same job over the hosts' IPv6 addresses (a hosts file of "[fd0a:...]"
@@ -214,21 +230,15 @@ TEST_F(EmulatedHostsTest, MpichLaunchesAcrossHosts) {
   if (Sh({"sh", "-c", "command -v mpirun.mpich"}).code != 0) {
     GTEST_SKIP() << "no MPICH here (mpirun.mpich)";
   }
-  Ran names = Sh({"cat", StrCat("/run/pstrain-cluster/", kName, "/names")});
-  if (names.out.rfind("no", 0) == 0) {
-    GTEST_SKIP() << "the emulated hosts have no names here (no private mount namespace, as in "
-                    "a chroot), and Hydra's proxies need host 1's";
+  if (const std::string why = NoNames(); !why.empty()) {
+    GTEST_SKIP() << why << ", and Hydra's proxies need host 1's";
   }
   Ran verify =
       Launch({"--launcher", "mpi", "--mpirun", "mpirun.mpich", "-n", "3", "-s", "3", "--timeout",
               "120", "--", PstrainBinary(), "kvbench", "--verify", "--verify-rounds", "3"});
   ASSERT_EQ(verify.code, 0) << verify.out;
   ExpectWorkersVerified(verify, 3);
-  int hosts = 0;
-  for (int h = 1; h <= 3; ++h) {
-    hosts += verify.out.find(StrCat(kSubnet, ".", 10 + h, ":")) != std::string::npos ? 1 : 0;
-  }
-  EXPECT_GE(hosts, 2) << verify.out;
+  EXPECT_GE(HostsWithProcesses(verify, false), 2) << verify.out;
 }
 
 // Open MPI 4's mpirun over IPv6: it takes no IPv6 address for a host, so the
@@ -238,11 +248,7 @@ TEST_F(EmulatedHostsTest, MpichLaunchesAcrossHosts) {
 TEST_F(EmulatedHostsTest, MpirunLaunchesAcrossHostsOverIpv6ByName) {
   Ran v6 = Sh({"cat", StrCat("/run/pstrain-cluster/", kName, "/ipv6")});
   if (v6.out.rfind("yes", 0) != 0) GTEST_SKIP() << "the emulated hosts have no IPv6 here";
-  Ran names = Sh({"cat", StrCat("/run/pstrain-cluster/", kName, "/names")});
-  if (names.out.rfind("no", 0) == 0) {
-    GTEST_SKIP() << "the emulated hosts have no names here (no private mount namespace, as in "
-                    "a chroot: bench/cluster/cluster.sh up says so)";
-  }
+  if (const std::string why = NoNames(); !why.empty()) GTEST_SKIP() << why;
   // The names resolve on the hosts, and here not at all.
   Ran resolved = Sh({"env", StrCat("PSTRAIN_CLUSTER_NAME=", kName), "bash", Script(), "exec", "2",
                      "getent", "ahostsv6", StrCat(kName, "-h3-v6")});
@@ -255,11 +261,7 @@ TEST_F(EmulatedHostsTest, MpirunLaunchesAcrossHostsOverIpv6ByName) {
   ExpectWorkersVerified(verify, 3);
   EXPECT_NE(verify.out.find(StrCat("scheduler at [", kSubnet6, "11]:")), std::string::npos)
       << verify.out;
-  int hosts = 0;
-  for (int h = 1; h <= 3; ++h) {
-    hosts += verify.out.find(StrCat("at [", kSubnet6, 10 + h, "]:")) != std::string::npos ? 1 : 0;
-  }
-  EXPECT_GE(hosts, 2) << verify.out;
+  EXPECT_GE(HostsWithProcesses(verify, true), 2) << verify.out;
   EXPECT_EQ(verify.out.find(StrCat(kSubnet, ".")), std::string::npos)
       << "an IPv4 address in an IPv6 job:\n"
       << verify.out;
