@@ -4,12 +4,14 @@
 // would). tests/launcher/slurm_launcher_test.cc runs it on a real cluster.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -130,6 +132,47 @@ TEST(SlurmPlanTest, TwoStepsInTheAllocation) {
     EXPECT_EQ(env.at("A"), "b c");
     EXPECT_EQ(env.at("SLURM_CONF"), "/etc/slurm/x.conf");
     EXPECT_EQ(env.at("PSTRAIN_KEY_FILE"), plan->key_file);
+  }
+}
+
+// NodeAddr values that are IPv6 addresses (slurm.conf with
+// CommunicationParameters=EnableIPv6): hosts as sinfo prints them, bare,
+// written in brackets before a port, and the scheduler's address found
+// towards them (or, with no route from this machine, the error that asks
+// for --host-ip). A stand-in sinfo prints what Slurm's would.
+TEST(SlurmPlanTest, Ipv6NodeAddressesAreTheHostsAndTheSchedulerLooksTowardsThem) {
+  testing::TempDir dir("slurm-v6");
+  const std::string sinfo = dir.Sub("sinfo");
+  // n1 in two partitions: listed twice, one host.
+  std::ofstream(sinfo) << "#!/bin/sh\nprintf 'n1 fd00:7::11\\nn2 n2\\nn1 fd00:7::11\\n'\n";
+  ASSERT_EQ(chmod(sinfo.c_str(), 0755), 0);
+  const std::map<std::string, std::string> env = {{"PATH", dir.path() + ":/usr/bin:/bin"}};
+  // execvpe looks the program up on this process's PATH, not the child's.
+  const std::string old_path = Environment().Get("PATH").value_or("/usr/bin:/bin");
+  ASSERT_EQ(setenv("PATH", env.at("PATH").c_str(), 1), 0);
+  struct RestorePath {
+    std::string path;
+    ~RestorePath() { setenv("PATH", path.c_str(), 1); }
+  } restore{old_path};
+  auto hosts = SlurmNodeAddresses("n[1-2]", env);
+  ASSERT_OK(hosts.status());
+  ASSERT_EQ(hosts->size(), 2u);
+  EXPECT_EQ((*hosts)[0].name, "fd00:7::11");
+  EXPECT_EQ((*hosts)[0].bracketed(), "[fd00:7::11]");
+  EXPECT_EQ((*hosts)[1].name, "n2");
+
+  std::map<std::string, std::string> inside = kInsideJob;
+  inside["SLURM_JOB_NODELIST"] = "n[1-2]";
+  inside["SLURM_JOB_NUM_NODES"] = "2";
+  inside["PATH"] = env.at("PATH");
+  std::ofstream(sinfo) << "#!/bin/sh\nprintf 'n1 fd00:7::11\\nn2 fd00:7::12\\n'\n";
+  auto o = ParseLaunchArgs({"-n", "2", "--launcher", "slurm", "--", "prog"});
+  ASSERT_OK(o.status());
+  auto plan = PlanLaunch(*o, Environment::Isolated(inside));
+  if (plan.ok()) {
+    EXPECT_NE(plan->root_uri.find(':'), std::string::npos) << plan->root_uri;  // IPv6
+  } else {
+    EXPECT_NE(plan.status().message().find("--host-ip"), std::string::npos) << plan.status();
   }
 }
 
