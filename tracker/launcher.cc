@@ -711,6 +711,15 @@ struct HostSource {
   bool is_file = false;  // its lines are a file's lines
 };
 
+// A host file as a HostSource named `origin`.
+StatusOr<HostSource> ReadHostSource(const std::string& origin, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::NotFound(StrCat(origin, ": cannot read it"));
+  std::stringstream text;
+  text << in.rdbuf();
+  return HostSource{origin, text.str(), true};
+}
+
 StatusOr<std::vector<HostSource>> MpiOptionHosts(const LaunchOptions& o) {
   std::vector<HostSource> sources;
   const std::vector<std::string>& w = o.mpi_options;
@@ -735,11 +744,9 @@ StatusOr<std::vector<HostSource>> MpiOptionHosts(const LaunchOptions& o) {
       sources.push_back({StrCat("--mpi-option ", name), value, false});
       continue;
     }
-    std::ifstream in(value);
-    if (!in) return Status::NotFound(StrCat("--mpi-option ", name, " ", value, ": cannot read it"));
-    std::stringstream text;
-    text << in.rdbuf();
-    sources.push_back({StrCat("--mpi-option ", name, " ", value), text.str(), true});
+    ASSIGN_OR_RETURN(HostSource read,
+                     ReadHostSource(StrCat("--mpi-option ", name, " ", value), value));
+    sources.push_back(std::move(read));
   }
   return sources;
 }
@@ -788,16 +795,11 @@ Status CheckMpiHosts(const LaunchOptions& o, const MpiVersion& mpi) {
                    "'s mpiexec (Hydra) reads a host up to its first ':': list host names, on "
                    "hosts with IPv4 addresses too (its proxies reach mpiexec over IPv4 only), "
                    "or use the ssh launcher");
-  std::vector<HostSource> sources;
+  ASSIGN_OR_RETURN(std::vector<HostSource> sources, MpiOptionHosts(o));
   if (!o.hostfile.empty()) {
-    std::ifstream in(o.hostfile);
-    if (!in) return Status::NotFound(StrCat("-H ", o.hostfile, ": cannot read it"));
-    std::stringstream text;
-    text << in.rdbuf();
-    sources.push_back({StrCat("-H ", o.hostfile), text.str(), true});
+    ASSIGN_OR_RETURN(HostSource file, ReadHostSource(StrCat("-H ", o.hostfile), o.hostfile));
+    sources.insert(sources.begin(), std::move(file));
   }
-  ASSIGN_OR_RETURN(std::vector<HostSource> more, MpiOptionHosts(o));
-  sources.insert(sources.end(), more.begin(), more.end());
   for (const HostSource& source : sources) {
     std::istringstream lines(source.text);
     std::string line;
