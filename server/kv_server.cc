@@ -866,25 +866,24 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   const size_t n = op.req->msg.len(op.part);
   const int num_workers = node_->num_workers();
   if (h.init()) {
+    if (ks->initialized && ks->size != n) {
+      CompletePart(
+          op, ks,
+          Status::InvalidArgument(StrCat(h.replace() ? "replace" : "init", " of ", PartName(wire),
+                                         " with ", n, " elements, but it holds ", ks->size)));
+      return;
+    }
     // A replace from a worker that pushed into the open round waits for it
     // to close (MustWait); from one that did not, it is refused.
-    if (ks->initialized && h.replace()) {
-      if (ks->size != n) {
-        CompletePart(op, ks,
-                     Status::InvalidArgument(StrCat("replace of ", PartName(wire), " with ", n,
-                                                    " elements, but it holds ", ks->size)));
-        return;
-      }
-      if (ks->merged > 0) {
-        CompletePart(
-            op, ks,
-            Status::FailedPrecondition(StrCat(
-                "replace of ", PartName(wire), " while its dist_sync round is open (", ks->merged,
-                " of ", num_workers,
-                " pushes in): replace a key once every worker's pushes of it are answered, after a "
-                "barrier")));
-        return;
-      }
+    if (ks->initialized && h.replace() && ks->merged > 0) {
+      CompletePart(
+          op, ks,
+          Status::FailedPrecondition(StrCat(
+              "replace of ", PartName(wire), " while its dist_sync round is open (", ks->merged,
+              " of ", num_workers,
+              " pushes in): replace a key once every worker's pushes of it are answered, after a "
+              "barrier")));
+      return;
     }
     if (!ks->initialized || h.replace()) {
       // A new block: replies may still hold the old one (as an update that
@@ -900,11 +899,6 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
         node_->Fail(Status(s.code(), StrCat(node_->Self(), ": ", s.message())));
         return;
       }
-    } else if (ks->size != n) {
-      CompletePart(op, ks,
-                   Status::InvalidArgument(StrCat("init of ", PartName(wire), " with ", n,
-                                                  " elements, but it holds ", ks->size)));
-      return;
     }
     CompletePart(op, ks, Status::Ok());
     return;
