@@ -166,10 +166,11 @@ std::vector<TableRow> Summarize(const ParsedLog& log, Op op) {
 }
 
 std::string FormatTable(const std::vector<TableRow>& rows, const std::vector<std::string>& metrics,
-                        TableFormat format) {
+                        TableFormat format, Header names) {
   std::vector<std::string> header = {"epoch"};
+  const char* valid = names == Header::kMxnet1x ? "val-" : "valid-";
   for (const std::string& m : metrics) header.push_back("train-" + m);
-  for (const std::string& m : metrics) header.push_back("valid-" + m);
+  for (const std::string& m : metrics) header.push_back(valid + m);
   header.push_back("time");
   const bool md = format == TableFormat::kMarkdown;
   const std::string sep = format == TableFormat::kCsv ? "," : "\t";

@@ -80,13 +80,18 @@ std::vector<TableRow> Summarize(const ParsedLog& log, Op op);
 enum class TableFormat { kMarkdown, kNone, kTsv, kCsv };
 StatusOr<TableFormat> ParseTableFormat(const std::string& s);
 
+// Which MXNet parse_log.py's column names a table takes: 2015's (the seeds'
+// tables) head validation columns "valid-<m>", 1.x's (the one with
+// --metric-names) "val-<m>".
+enum class Header { kMxnet2015, kMxnet1x };
+
 // markdown: "| epoch | train-accuracy | valid-accuracy | time |", "| --- | ...",
 // rows "| %2d | %f | %f | %.1f |" (MXNet's parse_log.py); none (its other
 // format): the same columns separated by tabs, epoch as "%2d"; tsv and csv:
 // separated by tabs or commas, epoch as "%d". A missing value is "-" in
 // markdown and empty otherwise.
 std::string FormatTable(const std::vector<TableRow>& rows, const std::vector<std::string>& metrics,
-                        TableFormat format);
+                        TableFormat format, Header header = Header::kMxnet2015);
 
 // An SVG chart of metric `metric_index` per epoch: for each log, its
 // validation curve (solid) and training curve (dashed) in one colour, with

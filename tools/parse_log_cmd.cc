@@ -14,7 +14,9 @@
 DEFINE_string(format, "markdown",
               "table format: markdown, none (parse_log.py's tab-separated one), tsv or csv");
 DEFINE_string(metric_names, "accuracy",
-              "metrics to tabulate, comma-separated (e.g. accuracy,top_k_accuracy_5)");
+              "metrics to tabulate, comma-separated (e.g. accuracy,top_k_accuracy_5); given, "
+              "the validation columns are headed val-<m> as MXNet 1.x's parse_log.py heads them, "
+              "else valid-<m> as the 2015 one (the seeds' tables)");
 DEFINE_string(op, "avg", "how values of several workers combine: avg or max (time: always avg)");
 DEFINE_string(plot, "", "also write an SVG chart of the first metric per epoch to this file");
 
@@ -49,6 +51,11 @@ int RunParseLog(int argc, char** argv) {
     return 2;
   }
 
+  // --metric-names is 1.x's option: whoever names metrics gets its column names.
+  const logtools::Header header = gflags::GetCommandLineFlagInfoOrDie("metric_names").is_default
+                                      ? logtools::Header::kMxnet2015
+                                      : logtools::Header::kMxnet1x;
+
   std::vector<std::pair<std::string, std::vector<logtools::TableRow>>> tables;
   for (int i = 1; i < argc; ++i) {
     auto log = logtools::ReadLog(argv[i], metrics);
@@ -64,7 +71,7 @@ int RunParseLog(int argc, char** argv) {
                   *format == logtools::TableFormat::kMarkdown ? "###" : "#",
                   tables[i].first.c_str());
     }
-    std::fputs(logtools::FormatTable(tables[i].second, metrics, *format).c_str(), stdout);
+    std::fputs(logtools::FormatTable(tables[i].second, metrics, *format, header).c_str(), stdout);
   }
   if (!FLAGS_plot.empty()) {
     std::ofstream out(FLAGS_plot, std::ios::binary | std::ios::trunc);

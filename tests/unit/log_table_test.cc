@@ -148,6 +148,8 @@ TEST(LogTableTest, OurLinesWithPrefixesBatchLinesAndSeveralMetrics) {
       "2\t0.700000\t\t\t\t\n");
   EXPECT_EQ(FormatTable(rows, log.metrics, TableFormat::kCsv).substr(0, 20),
             "epoch,train-accuracy");
+  EXPECT_EQ(FormatTable(rows, log.metrics, TableFormat::kCsv, Header::kMxnet1x).substr(0, 65),
+            "epoch,train-accuracy,train-top_k_accuracy_5,val-accuracy,val-top_");
   // parse_log.py's `none`: tabs, the epoch as "%2d".
   auto none = ParseTableFormat("none");
   ASSERT_OK(none.status());
@@ -276,6 +278,14 @@ TEST(LogTableTest, CommandLine) {
   ASSERT_EQ(WEXITSTATUS(status), 0) << out;
   EXPECT_EQ(out.substr(0, 37), "epoch,train-accuracy,valid-accuracy,t");
   EXPECT_NE(out.find("\n20,0.714859,0.605626,"), std::string::npos) << out;
+  // --metric-names is MXNet 1.x's parse_log.py's option, and takes its names:
+  // "val-<m>" (the 2015 script, with no such option, says "valid-<m>").
+  ASSERT_OK(tracker::RunAndCapture(
+      {pstrain::testing::PstrainBinary(), "parse-log", MxnetLog("ilsvrc12/incept_4"),
+       "--metric-names", "accuracy"},
+      Environment().All(), 30000, &out, &status));
+  ASSERT_EQ(WEXITSTATUS(status), 0) << out;
+  EXPECT_EQ(out.substr(0, out.find('\n')), "| epoch | train-accuracy | val-accuracy | time |");
   ASSERT_OK(tracker::RunAndCapture({pstrain::testing::PstrainBinary(), "parse-log", "/nonexistent"},
                                    Environment().All(), 30000, &out, &status));
   EXPECT_EQ(WEXITSTATUS(status), 1);
