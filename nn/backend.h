@@ -66,7 +66,8 @@ struct BackendOptions {
   bool cpu_fusion = true;
   // ---- GPU ----
   // The most scratch memory one cuDNN convolution may use; the fastest
-  // algorithm that fits is chosen once per shape.
+  // algorithm that fits is chosen once per shape (one within 3% of it that
+  // needs less workspace, if any: nn/cuda/conv_choice.h).
   size_t gpu_workspace_bytes = size_t{512} << 20;
   // Let cuDNN convolutions use TF32 tensor cores (10-bit mantissa products,
   // float accumulation), as PyTorch does by default; false keeps them in full
@@ -74,7 +75,8 @@ struct BackendOptions {
   bool gpu_tf32 = true;
   // Time the execution plans of cuDNN's graph API (its heuristics' engines,
   // as PyTorch's convolutions use them) beside the legacy algorithms, and run
-  // each convolution direction with the faster (nn/cuda/cudnn_graph.h). On
+  // each convolution direction with the faster, by the same rule
+  // (nn/cuda/cudnn_graph.h, nn/cuda/conv_choice.h). On
   // by default: on an H100 it made six rows of bench/gpu_vs_pytorch.sh's
   // seven 1.13 to 1.27 times faster (ResNet-50 at batch 32: 1.25), the
   // seventh within its noise (bench/RESULTS.md); false leaves the legacy

@@ -160,18 +160,20 @@ constexpr auto kDriverSpin = std::chrono::milliseconds(5);
 
 // Whether a query (cudaEventQuery, cudaStreamQuery) says the work it asks
 // about has finished. Another error than not ready is fatal, as every CUDA
-// call's is, unless `closing` (the backend's destructor: it is logged, and
-// the wait ends).
-bool Finished(cudaError_t e, bool closing = false) {
+// call's is, unless `closing` names the wait (the backend's destructor, or a
+// cleanup after a failure its caller reports): it is logged with that name,
+// and the wait ends.
+bool Finished(cudaError_t e, const char* closing = nullptr) {
   if (e == cudaErrorNotReady) {
     // Not an error, but it may be left as the thread's last error, which
     // the next kernel launch's check would then report.
     (void)cudaGetLastError();
     return false;
   }
-  if (closing) {
+  if (closing != nullptr) {
     LOG_IF(ERROR, e != cudaSuccess)
-        << "closing a CUDA backend: " << cudaGetErrorName(e) << ": " << cudaGetErrorString(e);
+        << "waiting for " << closing << ": " << cudaGetErrorName(e) << ": "
+        << cudaGetErrorString(e);
     (void)cudaGetLastError();
     return true;
   }
@@ -239,8 +241,8 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaSetDevice(ordinal_);
   for (cudaStream_t s : {stream_, copy_stream_, download_stream_}) {
     if (s == nullptr) continue;
-    Await([s] { return Finished(cudaStreamQuery(s), /*closing=*/true); },
-          "the work queued before the backend closed");
+    constexpr const char* kWhat = "the work queued before a CUDA backend closed";
+    Await([s] { return Finished(cudaStreamQuery(s), kWhat); }, kWhat);
   }
   for (Staging& s : staging_) FreeStaging(s);
   if (download_ != nullptr) cudaFreeHost(download_);
@@ -654,9 +656,11 @@ void CudaBackend::AwaitEvent(cudaEvent_t event, const char* what) const {
   Await([event] { return EventDone(event); }, what);
 }
 
-void CudaBackend::AwaitStream(cudaStream_t stream, const char* what) const {
+void CudaBackend::AwaitStream(cudaStream_t stream, const char* what, bool cleanup) const {
   SetDevice();
-  Await([stream] { return Finished(cudaStreamQuery(stream)); }, what);
+  Await([stream, what, cleanup] {
+    return Finished(cudaStreamQuery(stream), cleanup ? what : nullptr);
+  }, what);
 }
 
 }  // namespace pstrain::internal

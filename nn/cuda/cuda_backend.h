@@ -121,8 +121,10 @@ class CudaBackend : public Backend {
   // Returns once everything queued on `stream` so far has finished. Polled
   // with a deadline (kDeviceWaitTimeout), as the CUDA calls that block have
   // none; a device that misses it is hung, and the process ends with a
-  // message naming the device and `what` (AwaitEvent likewise).
-  void AwaitStream(cudaStream_t stream, const char* what) const;
+  // message naming the device and `what` (AwaitEvent likewise). `cleanup`
+  // (a destructor after a failure that the caller reports): an error of the
+  // stream is logged instead, and the wait ends.
+  void AwaitStream(cudaStream_t stream, const char* what, bool cleanup = false) const;
 
  private:
   explicit CudaBackend(const BackendOptions& options);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "nn/cuda/cuda_backend.h"
+#include "nn/cuda/conv_choice.h"
 #include "nn/cuda/cuda_check.h"
 #include "nn/cuda/kernels.h"
 
@@ -268,7 +269,9 @@ class CudnnConvolution : public CudaOp {
   // Device memory outside the caching allocator, for the search only (the
   // memory figures do not count it): freed when it goes, once the search's
   // stream is done with it (a search that fails midway may leave runs
-  // queued), waited for with the backend's deadline.
+  // queued), waited for with the backend's deadline. An error the stream
+  // reports then is logged, not fatal: a failed search returns its own
+  // status, which names the cuDNN call.
   struct SearchBuffer {
     explicit SearchBuffer(const CudaBackend* backend) : be(backend) {}
     SearchBuffer(const SearchBuffer&) = delete;
@@ -278,7 +281,9 @@ class CudnnConvolution : public CudaOp {
     cudaStream_t stream = nullptr;
     ~SearchBuffer() {
       if (p == nullptr) return;
-      if (stream != nullptr) be->AwaitStream(stream, "cuDNN's algorithm search");
+      if (stream != nullptr) {
+        be->AwaitStream(stream, "cuDNN's algorithm search", /*cleanup=*/true);
+      }
       cudaFree(p);
     }
     // Zeroed in `on`'s order (the search runs there).
@@ -378,7 +383,8 @@ class CudnnConvolution : public CudaOp {
   // With BackendOptions::gpu_conv_graph: the graph API's plans for this
   // direction (nn/cuda/cudnn_graph.h), timed on the search buffers against
   // the legacy choice `c` (run by `legacy`, a cuDNN call under c's math); the
-  // fastest wins. A direction the graph API cannot build keeps the legacy
+  // fastest wins unless one within the timing's noise needs less workspace
+  // (cuda::ChooseTimed, the rule of the legacy search's Pick). A direction the graph API cannot build keeps the legacy
   // algorithm, with a warning naming why.
   template <typename Algo, typename Legacy>
   Status RaceGraph(ConvDirection direction, float beta, void* x, void* w, void* y, void* ws,
@@ -425,8 +431,11 @@ class CudnnConvolution : public CudaOp {
       return Status::Ok();
     });
     RETURN_IF_ERROR(legacy_ms.status());
-    int best = -1;
-    float best_ms = *legacy_ms;
+    // Candidates: the legacy choice, then each plan that ran (plan_of[k]: its
+    // plan index); Pick's rule decides, so a plan must be more than the
+    // timing's noise faster to take more workspace than the legacy choice.
+    std::vector<cuda::TimedAlgorithm> timed = {{*legacy_ms, c->bytes}};
+    std::vector<int> plan_of = {-1};
     for (int i = 0; i < graph.num_plans(); ++i) {
       // The pack made once, so that only the plan's own work is timed.
       StatusOr<BackendDescriptor> pack = graph.Bind(i, x, w, y, ws);
@@ -436,17 +445,23 @@ class CudnnConvolution : public CudaOp {
         VLOG(1) << Where() << ": " << ms.status();
         continue;
       }
-      if (*ms < best_ms || (best < 0 && be_->options().gpu_conv_graph_preferred)) {
-        best = i;
-        best_ms = *ms;
-      }
+      timed.push_back({*ms, graph.workspace_bytes(i)});
+      plan_of.push_back(i);
     }
+    if (be_->options().gpu_conv_graph_preferred && timed.size() > 1) {
+      timed.erase(timed.begin());  // a graph plan whenever one runs (tests)
+      plan_of.erase(plan_of.begin());
+    }
+    const int chosen = cuda::ChooseTimed(timed);
+    const int best = plan_of[chosen];
     be_->CountConvSearch(best >= 0 ? CudaBackend::ConvSearch::kGraphFaster
                                    : CudaBackend::ConvSearch::kLegacyFaster);
     if (best < 0) return Status::Ok();
     graph.Choose(best);
     VLOG(1) << Where() << " " << ConvDirectionName(direction) << ": " << graph.chosen_name() << " ("
-            << best_ms << " ms) over legacy algorithm " << c->algo << " (" << *legacy_ms << " ms)";
+            << timed[chosen].ms << " ms, " << timed[chosen].workspace
+            << " bytes) over legacy algorithm " << c->algo << " (" << *legacy_ms << " ms, "
+            << c->bytes << " bytes)";
     c->bytes = graph.chosen_workspace_bytes();
     c->graph = std::shared_ptr<GraphConvolution>(std::move(made).value());
     return Status::Ok();
@@ -500,24 +515,24 @@ class CudnnConvolution : public CudaOp {
   }
 
   // The fastest algorithm within the limit, unless one at most 3% slower
-  // (about the search's own timing noise) needs less workspace: the
-  // workspace is planned memory, and a large one can grow the arena (LeNet
-  // at batch 512 held about 150 MB of workspace against 53 MB of planned
-  // activations while it was one buffer outside the plan).
+  // (about the search's own timing noise) needs less workspace
+  // (cuda::ChooseTimed): the workspace is planned memory, and a large one can
+  // grow the arena (LeNet at batch 512 held about 150 MB of workspace against
+  // 53 MB of planned activations while it was one buffer outside the plan).
   template <typename Perf, typename Algo>
   Status Pick(const Perf* perf, int got, size_t limit, const char* which, ConvChoice<Algo>* c) {
-    int fastest = -1, best = -1;
-    for (int i = 0; i < got; ++i) {  // sorted fastest first
+    std::vector<cuda::TimedAlgorithm> timed;
+    std::vector<int> index;  // into perf
+    for (int i = 0; i < got; ++i) {
       if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > limit ||
           !MathAllowed(perf[i].mathType)) {
         continue;
       }
-      if (fastest < 0) {
-        fastest = best = i;
-      } else if (perf[i].time <= perf[fastest].time * 1.03f && perf[i].memory < perf[best].memory) {
-        best = i;
-      }
+      timed.push_back({perf[i].time, perf[i].memory});
+      index.push_back(i);
     }
+    const int chosen = cuda::ChooseTimed(timed);
+    const int best = chosen < 0 ? -1 : index[chosen];
     if (best < 0) {
       return Status::Unavailable(StrCat(Where(), ": no cuDNN ", which, " algorithm runs within ",
                                         limit, " bytes of workspace"));

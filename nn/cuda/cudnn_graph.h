@@ -73,6 +73,7 @@ class GraphConvolution {
   // `tf32`. Replaces any earlier list; an empty list is not an error.
   Status ListPlans(bool tf32, size_t workspace_limit, int max_plans);
   int num_plans() const { return static_cast<int>(plans_.size()); }
+  size_t workspace_bytes(int i) const { return plans_.at(i).workspace; }
 
   // A variant pack for plan i on fixed pointers (the search's buffers, or
   // an operator's bound tensors), so that each call builds nothing.
