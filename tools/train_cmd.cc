@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -133,6 +134,25 @@ int RunTrain(int /*argc*/, char** /*argv*/) {
   // dist_sync, dist_async, dist_device_sync, ...: a worker of a cluster.
   const bool dist = cfg->kv_store().find("dist") != std::string::npos;
   if (!dist) {
+    // A worker that `pstrain launch` (or mpirun, ssh, srun) started into a
+    // cluster but that trains alone: the scheduler would wait for it until
+    // its start-up deadline and then fail the job, naming a server.
+    const Environment process_env;
+    const std::optional<std::string> role = process_env.Get("DMLC_ROLE");
+    std::optional<std::string> root = process_env.Get("DMLC_PS_ROOT_URI");
+    if (role == "worker" && root.has_value()) {
+      if (std::optional<std::string> port = process_env.Get("DMLC_PS_ROOT_PORT")) {
+        *root = StrCat(root->find(':') == std::string::npos ? *root : "[" + *root + "]", ":",
+                       *port);
+      }
+      std::fprintf(stderr,
+                   "pstrain train: this process is a worker of a cluster (DMLC_ROLE=worker, "
+                   "scheduler at %s), but --kv-store %s trains alone and never joins it: pass "
+                   "--kv-store dist_sync (or dist_async, dist_device_sync) to train with the "
+                   "servers, or run it outside a cluster (without DMLC_ROLE)\n",
+                   root->c_str(), cfg->kv_store().c_str());
+      return 2;
+    }
     if (Status s = prepare(); !s.ok()) return Fail("", s);
   }
   TrainerEnv env;

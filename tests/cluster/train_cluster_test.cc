@@ -244,6 +244,35 @@ TEST(TrainClusterTest, DistTrainingWithoutAClusterIsAClearError) {
   EXPECT_NE(run.output.find("DMLC_PS_ROOT_URI"), std::string::npos) << run.output;
 }
 
+// A worker launched into a cluster with a kv-store that trains alone (fit.py's
+// default, `device`, forgotten under `launch`) says so and fails the job at
+// once, instead of training on its own while the scheduler waits for it until
+// its start-up deadline and fails the job naming a server.
+TEST(TrainClusterTest, AWorkerOfAClusterWithALocalKvStoreIsAClearError) {
+  for (const char* kv : {"device", "local"}) {
+    SCOPED_TRACE(kv);
+    TempDir logs;
+    const auto start = std::chrono::steady_clock::now();
+    CmdRun run = RunPstrain({"launch", "-n", "1", "-s", "1", "--launcher", "local", "--quiet",
+                             "--log-dir", logs.path(), "--", PstrainBinary(), "train",
+                             "--network", "mlp", "--data-dir", SharedDataDir() + "/mnist",
+                             "--kv-store", kv},
+                            60000);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_NE(run.exit_code, 0) << run.output;
+    const std::string log = ReadFile(logs.path() + "/worker-0.log");
+    EXPECT_NE(log.find(std::string("--kv-store ") + kv +
+                       " trains alone and never joins it: pass --kv-store dist_sync"),
+              std::string::npos)
+        << log;
+    EXPECT_EQ(log.find("Epoch["), std::string::npos) << "it trained:\n" << log;
+    EXPECT_NE(run.output.find("worker-0"), std::string::npos) << run.output;
+    EXPECT_LT(seconds, 20) << "the scheduler's start-up deadline (30 s) ended it:\n"
+                           << run.output;
+  }
+}
+
 // --emulate-compute in a real job: `launch` starts a scheduler, S servers and
 // 2 workers as processes on 127.0.0.1 that train LeNet's shapes with no data
 // and no compute, SECONDS x K per batch. Every epoch completes on both workers
