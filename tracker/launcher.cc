@@ -255,7 +255,8 @@ host.
   --job-id ID             name of the job: letters, digits, '.', '_', '-' (default: UTC
                           time and launcher pid)
   --env K=V | K:V | K     set K for every process (K alone: its value here);
-                          repeatable
+                          repeatable. DMLC_PS_ROOT_PORT=P fixes the scheduler's
+                          port (default: a free one in 9091..9998)
   --host-ip IP            scheduler address the others connect to
                           (default: auto-detected)
   --ssh-option OPT        pass -o OPT to ssh and rsync (repeatable)
@@ -619,7 +620,7 @@ StatusOr<std::string> DetectHostIp(const std::vector<Host>& hosts) {
       "cannot find an address of this host that other hosts can reach; pass --host-ip");
 }
 
-StatusOr<int> FindFreePort(const std::string& given) {
+StatusOr<int> FindFreePort(const std::string& given, int wanted) {
   // "[v6]" as well as "v6"; "::" (every interface, IPv6) as well as "0.0.0.0".
   const std::string ip = Unbracketed(given);
   if (ip.find('%') != std::string::npos) {
@@ -651,8 +652,8 @@ StatusOr<int> FindFreePort(const std::string& given) {
       (static_cast<unsigned>(getpid()) * 2654435761u + static_cast<unsigned>(time(nullptr))) %
       kCount);
   int last_errno = 0;
-  for (int i = 0; i < kCount; ++i) {
-    const int port = kFirst + (start + i) % kCount;
+  for (int i = 0; i < (wanted > 0 ? 1 : kCount); ++i) {
+    const int port = wanted > 0 ? wanted : kFirst + (start + i) % kCount;
     int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return Status::IOError(StrCat("socket: ", strerror(errno)));
     if (addr.ss_family == AF_INET) {
@@ -672,6 +673,10 @@ StatusOr<int> FindFreePort(const std::string& given) {
                  "PSTRAIN_BIND_HOST=",
                  addr.ss_family == AF_INET6 ? "::" : "0.0.0.0"));
     }
+  }
+  if (wanted > 0) {
+    return Status::Unavailable(
+        StrCat("port ", wanted, " on ", given, " cannot be bound: ", strerror(last_errno)));
   }
   return Status::IOError(StrCat("no free port in ", kFirst, "..", kFirst + kCount - 1, " on ",
                                 given, ": ", strerror(last_errno)));
@@ -817,6 +822,46 @@ Status CheckMpiHosts(const LaunchOptions& o, const MpiVersion& mpi) {
   return Status::Ok();
 }
 
+// The variables the launcher sets for every process, and what sets each
+// instead: an --env naming one would be overwritten without a word.
+constexpr std::pair<const char*, const char*> kLauncherVariables[] = {
+    {"DMLC_ROLE", "the launcher gives each process its role"},
+    {"DMLC_PS_ROOT_URI", "give --host-ip"},
+    {"DMLC_NUM_SERVER", "give -s"},
+    {"DMLC_NUM_WORKER", "give -n"},
+    {"DMLC_JOB_CLUSTER", "give --launcher"},
+    {"PSTRAIN_JOB_ID", "give --job-id"},
+    {"PSTRAIN_SERVER_RESTARTS", "give --restart-servers"},
+    {"PSTRAIN_WORKER_LOSS", "give --worker-loss"},
+    {"PSTRAIN_LAUNCH_RANK", "the launcher numbers the processes"},
+};
+
+// --env's variables with their values (K alone: the launcher's). One that the
+// launcher sets itself is refused, naming the flag that sets it.
+StatusOr<std::map<std::string, std::string>> UserVariables(
+    const LaunchOptions& o, const std::map<std::string, std::string>& local_env) {
+  std::map<std::string, std::string> vars;
+  for (const auto& [k, v] : o.env) {
+    for (const auto& [name, instead] : kLauncherVariables) {
+      if (k == name) {
+        return Status::InvalidArgument(
+            StrCat("--env ", k, ": the launcher sets ", k, " for every process; ", instead));
+      }
+    }
+    if (v) {
+      vars[k] = *v;
+      continue;
+    }
+    auto it = local_env.find(k);
+    if (it == local_env.end()) {
+      return Status::InvalidArgument(
+          StrCat("--env ", k, ": ", k, " is not set in the launcher's environment"));
+    }
+    vars[k] = it->second;
+  }
+  return vars;
+}
+
 }  // namespace
 
 StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) {
@@ -863,11 +908,22 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
     probe = *bind == "::" || *bind == "[::]" ? "::" : "0.0.0.0";
     probe_source = "PSTRAIN_BIND_HOST";
   }
-  StatusOr<int> port = FindFreePort(probe);
-  if (!port.ok()) return port.status().WithContext(StrCat("the scheduler's ", probe_source));
+  const std::map<std::string, std::string> local_env = env.All();
+  auto user_vars_or = UserVariables(o, local_env);
+  if (!user_vars_or.ok()) return user_vars_or.status();
+  std::map<std::string, std::string> user_vars = std::move(user_vars_or).value();
+  // --env DMLC_PS_ROOT_PORT=P: the scheduler's port is P, not one picked free.
+  int wanted_port = 0;
+  if (auto it = user_vars.find("DMLC_PS_ROOT_PORT"); it != user_vars.end()) {
+    ASSIGN_OR_RETURN(wanted_port, ParseCount("--env DMLC_PS_ROOT_PORT", it->second, 1, 65535));
+  }
+  StatusOr<int> port = FindFreePort(probe, wanted_port);
+  if (!port.ok()) {
+    return port.status().WithContext(
+        StrCat("the scheduler's ", probe_source, wanted_port > 0 ? " (--env DMLC_PS_ROOT_PORT)" : ""));
+  }
   plan.root_port = *port;
 
-  const std::map<std::string, std::string> local_env = env.All();
   if (!o.no_keys) {
     std::string given = o.key_file;
     if (given.empty()) {
@@ -883,19 +939,6 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
       plan.write_key = true;
     }
     plan.key_text = FormatJobKeys(plan.keys);
-  }
-  std::map<std::string, std::string> user_vars;
-  for (const auto& [k, v] : o.env) {
-    if (v) {
-      user_vars[k] = *v;
-      continue;
-    }
-    auto it = local_env.find(k);
-    if (it == local_env.end()) {
-      return Status::InvalidArgument(
-          StrCat("--env ", k, ": ", k, " is not set in the launcher's environment"));
-    }
-    user_vars[k] = it->second;
   }
   // Server recovery: the scheduler, servers and workers all learn how many
   // times a server may be replaced (0 too, so that a value left in the

@@ -150,8 +150,9 @@ inline constexpr char kRemoteKeysEnd[] = "pstrain-keys-end";
 // loopback name (or there are none); else the address the host name resolves
 // to, or the one routing picks towards the outside (dmlc-core's rule).
 StatusOr<std::string> DetectHostIp(const std::vector<Host>& hosts);
-// A TCP port free on `ip` right now.
-StatusOr<int> FindFreePort(const std::string& ip);
+// A TCP port free on `ip` right now: `wanted` if it is (Unavailable if not),
+// or with `wanted` 0 one of 9091..9998.
+StatusOr<int> FindFreePort(const std::string& ip, int wanted = 0);
 
 }  // namespace pstrain::tracker
 

@@ -1,15 +1,20 @@
 // Tracker pieces without a cluster: host files, quoting through a real
 // /bin/sh, the ssh wrapper script, launch.py-style arguments, placement, and
 // MPI output tags.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -824,6 +829,69 @@ TEST(PlanTest, MissingForwardedVariableIsAnError) {
   auto plan = PlanLaunch(*o, Environment::Isolated({}));
   EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(plan.status().message().find("NOT_SET_ANYWHERE"), std::string::npos);
+}
+
+// --env DMLC_PS_ROOT_PORT=P fixes the scheduler's port (ps-lite users set it
+// for their firewalls); it was overwritten by a port picked free, without a
+// word (found by review). A port that is taken is an error naming it; the
+// other variables the launcher sets are refused, naming the flag to use.
+TEST(PlanTest, TheSchedulersPortMayBeGivenAndTheLaunchersOtherVariablesAreRefused) {
+  auto free_port = FindFreePort("127.0.0.1");
+  ASSERT_OK(free_port.status());
+  const std::string port = std::to_string(*free_port);
+  for (const std::string& given : {"DMLC_PS_ROOT_PORT=" + port, std::string("DMLC_PS_ROOT_PORT")}) {
+    auto o = ParseLaunchArgs({"-n", "1", "--launcher", "local", "--host-ip", "127.0.0.1",
+                              "--no-keys", "--env", given, "prog"});
+    ASSERT_OK(o.status());
+    auto plan = PlanLaunch(*o, Environment::Isolated({{"DMLC_PS_ROOT_PORT", port}}));
+    ASSERT_OK(plan.status());
+    EXPECT_EQ(plan->root_port, *free_port) << given;
+    for (const Task& t : plan->tasks) {
+      EXPECT_EQ(t.spec.env.at("DMLC_PS_ROOT_PORT"), port) << t.role << "-" << t.rank;
+    }
+  }
+  // Taken: the error names the port and where it came from.
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(*free_port));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << strerror(errno);
+  ASSERT_EQ(listen(fd, 1), 0);
+  auto o = ParseLaunchArgs({"-n", "1", "--launcher", "local", "--host-ip", "127.0.0.1",
+                            "--no-keys", "--env", "DMLC_PS_ROOT_PORT=" + port, "prog"});
+  ASSERT_OK(o.status());
+  auto plan = PlanLaunch(*o, Environment::Isolated({}));
+  close(fd);
+  EXPECT_EQ(plan.status().code(), StatusCode::kUnavailable) << plan.status();
+  EXPECT_NE(plan.status().message().find("port " + port + " on 127.0.0.1 cannot be bound"),
+            std::string::npos)
+      << plan.status();
+  EXPECT_NE(plan.status().message().find("--env DMLC_PS_ROOT_PORT"), std::string::npos)
+      << plan.status();
+  for (const char* bad : {"0", "65536", "http"}) {
+    o = ParseLaunchArgs({"-n", "1", "--launcher", "local", "--host-ip", "127.0.0.1", "--no-keys",
+                         "--env", std::string("DMLC_PS_ROOT_PORT=") + bad, "prog"});
+    ASSERT_OK(o.status());
+    plan = PlanLaunch(*o, Environment::Isolated({}));
+    EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  const std::pair<const char*, const char*> owned[] = {{"DMLC_NUM_WORKER=4", "give -n"},
+                                                       {"DMLC_NUM_SERVER=2", "give -s"},
+                                                       {"DMLC_PS_ROOT_URI=1.2.3.4", "--host-ip"},
+                                                       {"DMLC_ROLE=worker", "its role"},
+                                                       {"PSTRAIN_JOB_ID=x", "--job-id"}};
+  for (const auto& [var, instead] : owned) {
+    o = ParseLaunchArgs({"-n", "1", "--launcher", "local", "--host-ip", "127.0.0.1", "--no-keys",
+                         "--env", var, "prog"});
+    ASSERT_OK(o.status());
+    plan = PlanLaunch(*o, Environment::Isolated({}));
+    EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument) << var;
+    EXPECT_NE(plan.status().message().find("the launcher sets"), std::string::npos)
+        << plan.status();
+    EXPECT_NE(plan.status().message().find(instead), std::string::npos) << plan.status();
+  }
 }
 
 TEST(RankTagTest, OpenMpiAndMpich) {
