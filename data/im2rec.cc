@@ -159,7 +159,22 @@ StatusOr<std::vector<std::string>> MakeImageLists(const std::string& prefix,
   }
   ASSIGN_OR_RETURN(std::vector<ImageListEntry> all,
                    ListImageFolder(root, options.recursive, options.exts));
-  if (all.empty()) return Status::NotFound(StrCat("no images under ", root));
+  if (all.empty()) {
+    // Class folders without --recursive: say so, as that is the usual cause.
+    std::string hint;
+    if (!options.recursive) {
+      std::error_code ec;
+      for (std::filesystem::directory_iterator it(root, ec), end; !ec && it != end;
+           it.increment(ec)) {
+        if (it->is_directory(ec)) {
+          hint = StrCat(" (its images may be in folders such as '", it->path().filename().string(),
+                        "': --recursive lists them, a label per folder)");
+          break;
+        }
+      }
+    }
+    return Status::NotFound(StrCat("no images under ", root, hint));
+  }
   if (options.shuffle) {
     Rng rng(options.seed);
     for (size_t i = all.size(); i > 1; --i) std::swap(all[i - 1], all[rng.Next() % i]);
@@ -251,6 +266,7 @@ Status PackImageList(const std::string& lst_path, const std::string& root,
   ASSIGN_OR_RETURN(std::unique_ptr<RecordIOWriter> writer, RecordIOWriter::Create(parts.rec));
   std::vector<RecordIndexEntry> index;
   *stats = PackStats();
+  std::string first_skip;  // the first skipped image and why
   // Blocks of images are encoded in parallel, then written in list order.
   const size_t kBlock = 256 * static_cast<size_t>(options.num_threads);
   std::vector<std::string> payloads(kBlock);
@@ -277,6 +293,7 @@ Status PackImageList(const std::string& lst_path, const std::string& root,
     for (size_t i = 0; i < count; ++i) {
       if (!results[i].ok()) {
         LOG(WARNING) << "im2rec: skipping " << entries[base + i].path << ": " << results[i];
+        if (stats->skipped == 0) first_skip = StrCat(entries[base + i].path, ": ", results[i]);
         ++stats->skipped;
         continue;
       }
@@ -287,6 +304,14 @@ Status PackImageList(const std::string& lst_path, const std::string& root,
     }
   }
   RETURN_IF_ERROR(writer->Close());
+  if (stats->written == 0 && stats->skipped > 0) {
+    // Every image failed: most likely a wrong ROOT. An empty pack would
+    // replace a good one, and a job would then read no records.
+    return Status::NotFound(StrCat("every one of the ", stats->skipped, " images of ", lst_path,
+                                   " was skipped (the first: ", first_skip, "); is '", root,
+                                   "' the folder its paths are relative to? ", rec_path,
+                                   " is left as it was"));
+  }
   RETURN_IF_ERROR(WriteRecordIndex(parts.idx, index));
   return CommitRecordFiles(rec_path, idx_path);
 }

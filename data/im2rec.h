@@ -65,7 +65,9 @@ struct PackStats {
 
 // Packs the images of `lst_path` (paths relative to `root`) into `rec_path`
 // with a .idx at `idx_path` (key = the list index), in list order.
-// Unreadable images are skipped with a warning and counted, as im2rec.py does.
+// Unreadable images are skipped with a warning and counted, as im2rec.py does;
+// if every one is (a wrong `root`, say), NotFound and the files at
+// `rec_path` and `idx_path` stay as they were.
 Status PackImageList(const std::string& lst_path, const std::string& root,
                      const std::string& rec_path, const std::string& idx_path,
                      const PackOptions& options, PackStats* stats);

@@ -68,6 +68,14 @@ TEST_F(Im2recTest, RecursiveListingNumbersFoldersInSortedOrder) {
   auto flat = ListImageFolder(Path("root"), false, {".jpg"});
   ASSERT_TRUE(flat.ok());
   EXPECT_TRUE(flat->empty());
+  // `im2rec --list` of class folders without --recursive says what to add.
+  MakeListOptions no_recursion;
+  no_recursion.recursive = false;
+  const Status none = MakeImageLists(Path("flat"), Path("root"), no_recursion).status();
+  EXPECT_EQ(none.code(), StatusCode::kNotFound);
+  EXPECT_THAT(none.message(), HasSubstr("no images under " + Path("root") +
+                                        " (its images may be in folders such as '"));
+  EXPECT_THAT(none.message(), HasSubstr("--recursive lists them"));
   EXPECT_EQ(ListImageFolder(Path("nowhere"), true, {".jpg"}).status().code(),
             StatusCode::kNotFound);
 }
@@ -160,6 +168,32 @@ TEST_F(Im2recTest, PackSkipsWhatIsNotARegularFile) {
   ASSERT_OK(PackImageList(Path("f.lst"), Path("root"), Path("f.rec"), Path("f.idx"), opts, &stats));
   EXPECT_EQ(stats.written, 1);
   EXPECT_EQ(stats.skipped, 2);
+}
+
+// Found by review: a wrong ROOT skipped every image, replaced a good pack
+// with an empty one and exited 0. Now it is an error naming the first image
+// and the folder, and the old pair stays.
+TEST_F(Im2recTest, AListWhoseImagesAreAllSkippedIsAnErrorAndKeepsTheOldPack) {
+  std::vector<ImageListEntry> entries = {{0, {0.0f}, "c_dogs/1.JPG"}, {1, {1.0f}, "b_cats/a.jpg"}};
+  ASSERT_OK(WriteImageList(Path("a.lst"), entries));
+  PackOptions opts;
+  PackStats stats;
+  ASSERT_OK(PackImageList(Path("a.lst"), Path("root"), Path("a.rec"), Path("a.idx"), opts, &stats));
+  ASSERT_EQ(stats.written, 2);
+  const uint64_t rec_size = std::filesystem::file_size(Path("a.rec"));
+  const uint64_t idx_size = std::filesystem::file_size(Path("a.idx"));
+  const Status wrong_root =
+      PackImageList(Path("a.lst"), Path("nowhere"), Path("a.rec"), Path("a.idx"), opts, &stats);
+  EXPECT_EQ(wrong_root.code(), StatusCode::kNotFound) << wrong_root;
+  EXPECT_THAT(wrong_root.message(), HasSubstr("every one of the 2 images of " + Path("a.lst") +
+                                              " was skipped (the first: c_dogs/1.JPG: "));
+  EXPECT_THAT(wrong_root.message(), HasSubstr("is '" + Path("nowhere") + "' the folder"));
+  EXPECT_EQ(stats.written, 0);
+  EXPECT_EQ(stats.skipped, 2);
+  EXPECT_EQ(std::filesystem::file_size(Path("a.rec")), rec_size);
+  EXPECT_EQ(std::filesystem::file_size(Path("a.idx")), idx_size);
+  EXPECT_FALSE(std::filesystem::exists(Path("a.rec.part")));
+  EXPECT_FALSE(std::filesystem::exists(Path("a.idx.part")));
 }
 
 TEST_F(Im2recTest, PackResizesSkipsBadImagesAndIndexesByListIndex) {
