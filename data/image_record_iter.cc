@@ -60,6 +60,17 @@ StatusOr<std::unique_ptr<ImageRecordIter>> ImageRecordIter::Create(
       return Status::InvalidArgument(StrCat(config.path_imglist, ": part ", config.part_index,
                                             " of ", config.num_parts, " holds no images"));
     }
+    // A wrong root is found now, not in a worker thread after the job began.
+    const std::filesystem::path first =
+        std::filesystem::path(config.path_root) / it->list_.front().path;
+    std::error_code ec;
+    if (!std::filesystem::exists(first, ec)) {
+      return Status::NotFound(StrCat(
+          config.path_imglist, ": its image '", it->list_.front().path, "' is not under '",
+          config.path_root.empty() ? std::string(".") : config.path_root,
+          "', the folder its paths are read relative to (the .lst's folder unless --data-root "
+          "names another)"));
+    }
   } else {
     RETURN_IF_ERROR(it->OpenRecordFile());
   }

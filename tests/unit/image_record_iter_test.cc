@@ -425,6 +425,19 @@ TEST_F(ImageRecordIterTest, ReadsAnImageFolderThroughALstFile) {
   }
   ASSERT_EQ(seen.size(), 30u);
   for (int i = 0; i < 30; ++i) EXPECT_EQ(seen.count(i), 1u);
+  // A wrong root (the .lst's folder, with --data-root forgotten) fails at
+  // once, naming the folder it read relative to (found by review: the first
+  // batch failed with the bare relative path).
+  {
+    ImageRecordIterConfig wrong = Config("unused", 4);
+    wrong.path_imgrec.clear();
+    wrong.path_imglist = Path("imgs.lst");
+    wrong.path_root = dir_.string();
+    const Status s = ImageRecordIter::Create(wrong).status();
+    EXPECT_EQ(s.code(), StatusCode::kNotFound);
+    EXPECT_THAT(s.message(), HasSubstr("its image 'even/0.jpg' is not under '" + dir_.string() +
+                                       "', the folder its paths are read relative to"));
+  }
   // A listed file that is missing fails its batch naming the file.
   std::filesystem::remove(Path("imgs/odd/5.jpg"));
   ImageRecordIterConfig cfg = Config("unused", 8);
