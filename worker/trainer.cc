@@ -212,6 +212,18 @@ Status Trainer::InitEmulated() {
 
 Status Trainer::Run() {
   if (cfg_.test_io() != 0) return RunTestIo();
+  // The checkpoints' folder, made now as fit.py makes it: a missing one
+  // failed the first save, after its epoch had trained.
+  if (const std::filesystem::path dir = std::filesystem::path(cfg_.model_prefix()).parent_path();
+      !cfg_.model_prefix().empty() && !dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec || !std::filesystem::is_directory(dir)) {
+      return Status::IOError(StrCat("--model-prefix ", cfg_.model_prefix(),
+                                    ": cannot make its folder ", dir.string(), ": ",
+                                    ec ? ec.message() : "a file is in the way"));
+    }
+  }
   // The reader draws a new order at every Reset: one at each epoch's start,
   // and one more each time an epoch goes round a part shorter than it
   // (NextTrainBatch). A resumed run makes the Resets of the epochs it skips,

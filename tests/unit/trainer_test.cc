@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <regex>
 #include <string>
@@ -406,6 +407,30 @@ TEST_F(TrainerTest, ResumeContinuesTheSameCurve) {
   ASSERT_OK(SaveArrays((dir_ / "a-0001.params").string(), params));
   ASSERT_OK(SaveArrays((dir_ / "a-0001.states").string(), states));
   expect_the_unbroken_curve();
+}
+
+// --model-prefix in a folder that is not there yet: made before training, as
+// fit.py does (found by review: the first save failed after its epoch had
+// trained). A file in the way is an error before any epoch.
+TEST_F(TrainerTest, TheCheckpointsFolderIsMadeBeforeTraining) {
+  TrainConfig cfg = cfg_;
+  cfg.set_num_epochs(1);
+  cfg.set_model_prefix((dir_ / "new" / "deeper" / "m").string());
+  auto made = Make(cfg);
+  ASSERT_TRUE(made.ok()) << made.status();
+  ASSERT_OK((*made)->Run());
+  EXPECT_TRUE(fs::exists(dir_ / "new" / "deeper" / "m-0001.params"));
+
+  std::ofstream(dir_ / "file") << "x";
+  cfg.set_model_prefix((dir_ / "file" / "m").string());
+  auto blocked = Make(cfg);
+  ASSERT_TRUE(blocked.ok()) << blocked.status();
+  const Status s = (*blocked)->Run();
+  EXPECT_EQ(s.code(), StatusCode::kIOError) << s;
+  EXPECT_NE(s.message().find("cannot make its folder " + (dir_ / "file").string()),
+            std::string::npos)
+      << s;
+  EXPECT_TRUE((*blocked)->history().empty());
 }
 
 // Dropout masks follow from the seed and the epoch: a resumed run draws the
