@@ -142,8 +142,8 @@ int RunTrain(int /*argc*/, char** /*argv*/) {
     std::optional<std::string> root = process_env.Get("DMLC_PS_ROOT_URI");
     if (role == "worker" && root.has_value()) {
       if (std::optional<std::string> port = process_env.Get("DMLC_PS_ROOT_PORT")) {
-        *root = StrCat(root->find(':') == std::string::npos ? *root : "[" + *root + "]", ":",
-                       *port);
+        *root =
+            StrCat(root->find(':') == std::string::npos ? *root : "[" + *root + "]", ":", *port);
       }
       std::fprintf(stderr,
                    "pstrain train: this process is a worker of a cluster (DMLC_ROLE=worker, "

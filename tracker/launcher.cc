@@ -919,8 +919,8 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
   }
   StatusOr<int> port = FindFreePort(probe, wanted_port);
   if (!port.ok()) {
-    return port.status().WithContext(
-        StrCat("the scheduler's ", probe_source, wanted_port > 0 ? " (--env DMLC_PS_ROOT_PORT)" : ""));
+    return port.status().WithContext(StrCat("the scheduler's ", probe_source,
+                                            wanted_port > 0 ? " (--env DMLC_PS_ROOT_PORT)" : ""));
   }
   plan.root_port = *port;
 

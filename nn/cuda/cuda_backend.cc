@@ -171,9 +171,8 @@ bool Finished(cudaError_t e, const char* closing = nullptr) {
     return false;
   }
   if (closing != nullptr) {
-    LOG_IF(ERROR, e != cudaSuccess)
-        << "waiting for " << closing << ": " << cudaGetErrorName(e) << ": "
-        << cudaGetErrorString(e);
+    LOG_IF(ERROR, e != cudaSuccess) << "waiting for " << closing << ": " << cudaGetErrorName(e)
+                                    << ": " << cudaGetErrorString(e);
     (void)cudaGetLastError();
     return true;
   }
@@ -658,9 +657,9 @@ void CudaBackend::AwaitEvent(cudaEvent_t event, const char* what) const {
 
 void CudaBackend::AwaitStream(cudaStream_t stream, const char* what, bool cleanup) const {
   SetDevice();
-  Await([stream, what, cleanup] {
-    return Finished(cudaStreamQuery(stream), cleanup ? what : nullptr);
-  }, what);
+  Await([stream, what,
+         cleanup] { return Finished(cudaStreamQuery(stream), cleanup ? what : nullptr); },
+        what);
 }
 
 }  // namespace pstrain::internal

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "nn/cuda/cuda_backend.h"
 #include "nn/cuda/conv_choice.h"
+#include "nn/cuda/cuda_backend.h"
 #include "nn/cuda/cuda_check.h"
 #include "nn/cuda/kernels.h"
 
@@ -384,8 +384,8 @@ class CudnnConvolution : public CudaOp {
   // direction (nn/cuda/cudnn_graph.h), timed on the search buffers against
   // the legacy choice `c` (run by `legacy`, a cuDNN call under c's math); the
   // fastest wins unless one within the timing's noise needs less workspace
-  // (cuda::ChooseTimed, the rule of the legacy search's Pick). A direction the graph API cannot build keeps the legacy
-  // algorithm, with a warning naming why.
+  // (cuda::ChooseTimed, the rule of the legacy search's Pick). A direction the graph API cannot
+  // build keeps the legacy algorithm, with a warning naming why.
   template <typename Algo, typename Legacy>
   Status RaceGraph(ConvDirection direction, float beta, void* x, void* w, void* y, void* ws,
                    size_t limit, ConvChoice<Algo>* c, Legacy legacy) {

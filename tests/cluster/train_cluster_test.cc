@@ -254,9 +254,8 @@ TEST(TrainClusterTest, AWorkerOfAClusterWithALocalKvStoreIsAClearError) {
     TempDir logs;
     const auto start = std::chrono::steady_clock::now();
     CmdRun run = RunPstrain({"launch", "-n", "1", "-s", "1", "--launcher", "local", "--quiet",
-                             "--log-dir", logs.path(), "--", PstrainBinary(), "train",
-                             "--network", "mlp", "--data-dir", SharedDataDir() + "/mnist",
-                             "--kv-store", kv},
+                             "--log-dir", logs.path(), "--", PstrainBinary(), "train", "--network",
+                             "mlp", "--data-dir", SharedDataDir() + "/mnist", "--kv-store", kv},
                             60000);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -268,8 +267,7 @@ TEST(TrainClusterTest, AWorkerOfAClusterWithALocalKvStoreIsAClearError) {
         << log;
     EXPECT_EQ(log.find("Epoch["), std::string::npos) << "it trained:\n" << log;
     EXPECT_NE(run.output.find("worker-0"), std::string::npos) << run.output;
-    EXPECT_LT(seconds, 20) << "the scheduler's start-up deadline (30 s) ended it:\n"
-                           << run.output;
+    EXPECT_LT(seconds, 20) << "the scheduler's start-up deadline (30 s) ended it:\n" << run.output;
   }
 }
 

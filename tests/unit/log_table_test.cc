@@ -280,10 +280,9 @@ TEST(LogTableTest, CommandLine) {
   EXPECT_NE(out.find("\n20,0.714859,0.605626,"), std::string::npos) << out;
   // --metric-names is MXNet 1.x's parse_log.py's option, and takes its names:
   // "val-<m>" (the 2015 script, with no such option, says "valid-<m>").
-  ASSERT_OK(tracker::RunAndCapture(
-      {pstrain::testing::PstrainBinary(), "parse-log", MxnetLog("ilsvrc12/incept_4"),
-       "--metric-names", "accuracy"},
-      Environment().All(), 30000, &out, &status));
+  ASSERT_OK(tracker::RunAndCapture({pstrain::testing::PstrainBinary(), "parse-log",
+                                    MxnetLog("ilsvrc12/incept_4"), "--metric-names", "accuracy"},
+                                   Environment().All(), 30000, &out, &status));
   ASSERT_EQ(WEXITSTATUS(status), 0) << out;
   EXPECT_EQ(out.substr(0, out.find('\n')), "| epoch | train-accuracy | val-accuracy | time |");
   ASSERT_OK(tracker::RunAndCapture({pstrain::testing::PstrainBinary(), "parse-log", "/nonexistent"},

@@ -859,8 +859,8 @@ TEST(PlanTest, TheSchedulersPortMayBeGivenAndTheLaunchersOtherVariablesAreRefuse
   inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
   ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << strerror(errno);
   ASSERT_EQ(listen(fd, 1), 0);
-  auto o = ParseLaunchArgs({"-n", "1", "--launcher", "local", "--host-ip", "127.0.0.1",
-                            "--no-keys", "--env", "DMLC_PS_ROOT_PORT=" + port, "prog"});
+  auto o = ParseLaunchArgs({"-n", "1", "--launcher", "local", "--host-ip", "127.0.0.1", "--no-keys",
+                            "--env", "DMLC_PS_ROOT_PORT=" + port, "prog"});
   ASSERT_OK(o.status());
   auto plan = PlanLaunch(*o, Environment::Isolated({}));
   close(fd);
