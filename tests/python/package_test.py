@@ -88,6 +88,50 @@ def test_lost_errors():
     print("package: lost errors ok")
 
 
+def test_pull_after_failed_push():
+    """Found by review: a pull of a key did not report the failure of this
+    worker's earlier push of it, and barrier passed while a failed request was
+    still in flight. A pull answered before the push waits for the push's
+    answer; its error is raised once (by the pull, not again by waitall)."""
+    kv = store_with_fake_requests()
+    push_end = FakeCompletion(done=False)
+    push = kv._issue(push_end, [], [])
+    kv._note_push(3, push)
+    pull = kv._issue(FakeCompletion(), [], [], kv._pushes_before(3))
+    other = kv._issue(FakeCompletion(), [], [], kv._pushes_before(4))  # another key
+    assert not pull.done() and other.done()
+
+    def refuse():
+        push_end.error = pstrain.Error("FailedPrecondition: async push of key 3 refused")
+        push_end.event.set()
+    timer = threading.Timer(0.1, refuse)
+    timer.start()
+    expect_error(pull.wait, pstrain.Error, "async push of key 3 refused")
+    timer.join()
+    other.wait()
+    expect_error(pull.wait, pstrain.Error, "async push of key 3 refused")  # every wait
+    kv.waitall()  # seen by the pull's wait
+    assert kv._pushes_before(3) == [], "a failure seen still orders later pulls"
+    kv._issue(FakeCompletion(), [], [], kv._pushes_before(3)).wait()
+    # A push that succeeds: the pull after it reports nothing.
+    ok = kv._issue(FakeCompletion(), [], [])
+    kv._note_push(3, ok)
+    kv._issue(FakeCompletion(), [], [], kv._pushes_before(3)).wait()
+    # barrier waits for the requests in flight and raises the first failure.
+    late = FakeCompletion(done=False)
+    kv._issue(late, [], [])
+
+    def fail_late():
+        late.error = pstrain.Error("Unavailable: server 1 died")
+        late.event.set()
+    timer = threading.Timer(0.1, fail_late)
+    timer.start()
+    expect_error(kv.barrier, pstrain.Error, "server 1 died")
+    timer.join()
+    kv.barrier()
+    print("package: pull after a failed push ok")
+
+
 def test_repeated_keys():
     """MXNet sums the values one push gives a key more than once, and a pull
     fills every output given for a key."""
@@ -647,6 +691,7 @@ def main():
     test_optimizer_states()
     test_torch_zero_copy()
     test_lost_errors()
+    test_pull_after_failed_push()
     test_repeated_keys()
     test_output_sizes()
     test_settle()
