@@ -247,6 +247,10 @@ class KVStore:
     A key given more than once in one call is one key with all those values
     (MXNet's grouping): a push sends their sum, a pull fills each output. A
     list of numbers is one array, not one value per device.
+
+    Each key keeps the shape this worker initialized it with: a push, pull
+    or pushpull of an array of another shape raises ValueError, as MXNet's
+    shape check does (a flat array of as many elements fits any shape).
     """
 
     def __init__(self, kvtype="dist_sync"):
@@ -263,6 +267,7 @@ class KVStore:
         self._str_keys = {}
         self._key_kind = None
         self._sizes = {}
+        self._shapes = {}  # int key -> the shape this worker initialized it with
         self._closed = False
         self._client = None
         # The servers' optimizer: who installed it (None: none, the servers sum),
@@ -635,13 +640,20 @@ class KVStore:
             groups[ikey][2].append(v)
         return list(groups.values())
 
-    def _checked_size(self, name, ikey, n, what):
+    def _checked_shape(self, name, ikey, shape, what):
+        """Raises unless an array of `shape` fits key `ikey`: the shape it was
+        initialized with here, or flat (ndim 0 or 1) with as many elements."""
         size = self._sizes.get(ikey)
         if size is None:
             raise KeyError("%s: key %r was never initialized (init it first)" % (what, name))
+        shape = tuple(int(d) for d in shape)
+        n = int(np.prod(shape, dtype=np.int64))
         if n != size:
             raise ValueError("%s of key %r: %d elements, but it was initialized with %d"
                              % (what, name, n, size))
+        if len(shape) > 1 and shape != self._shapes[ikey]:
+            raise ValueError("%s of key %r: shape %s, but it was initialized with shape %s"
+                             % (what, name, shape, self._shapes[ikey]))
 
     def _pushed(self, name, ikey, values, what):
         """The float32 array a push of `values` (each an array or a list of arrays)
@@ -653,7 +665,8 @@ class KVStore:
             if v.size != vals[0].size:
                 raise ValueError("%s of key %r: the arrays to sum differ in size (%d, %d)"
                                  % (what, name, vals[0].size, v.size))
-        self._checked_size(name, ikey, vals[0].size, what)
+        for v in vals:
+            self._checked_shape(name, ikey, v.shape, what)
         residuals = None
         if self._client is None and self._gc_threshold is not None:
             vals, residuals = self._quantized(ikey, vals)
@@ -707,6 +720,7 @@ class KVStore:
             items[i] = (ikey, arr)
         for ikey, arr in items:
             self._sizes[ikey] = arr.size
+            self._shapes[ikey] = arr.shape
         if self._client is None:
             for ikey, arr in items:
                 self._values[ikey] = arr.ravel().copy()
@@ -746,8 +760,10 @@ class KVStore:
         for name, ikey, os_ in self._grouped(key, out, "pull"):
             outs = [x for o in os_ for x in _as_list(o)]
             first, copy_back = _dest(outs[0], "pull output of key %r" % (name,))
-            self._checked_size(name, ikey, first.size, "pull")
+            self._checked_shape(name, ikey, first.shape, "pull")
             after = _outputs_after(name, "pull", "the key", first, copy_back, outs[1:])
+            for o in outs[1:]:
+                self._checked_shape(name, ikey, o.shape, "pull")
             if self._client is None:
                 np.copyto(first.reshape(-1), self._values[ikey])
                 for f in after:
@@ -773,6 +789,8 @@ class KVStore:
                 raise ValueError("pushpull of key %r: output has %d elements, value %d"
                                  % (name, first.size, arr.size))
             after = _outputs_after(name, "pushpull", "the value", first, copy_back, dests[1:])
+            for o in dests:
+                self._checked_shape(name, ikey, o.shape, "pushpull output")
             if self._client is None:
                 self._local_push(ikey, arr, residuals)
                 np.copyto(first.reshape(-1), self._values[ikey])
@@ -815,6 +833,7 @@ class KVStore:
             items.append((self._key(name, create=True), arr, again))
         for ikey, arr, _ in items:
             self._sizes[ikey] = arr.size
+            self._shapes[ikey] = arr.shape
         if self._client is None:
             for ikey, arr, _ in items:
                 self._values[ikey] = arr.ravel().copy()

@@ -117,6 +117,12 @@ def sync_checks(kv, rounds):
                   "initialized")
     expect_raises(ValueError, lambda: kv.push(3, np.ones(5, np.float32)), "push of a wrong size")
     expect_raises(ValueError, lambda: kv.pull(3, out=np.ones(5, np.float32)), "pull of a wrong size")
+    # Another shape of the same size (MXNet's shape check; a flat array fits).
+    for e in [expect_raises(ValueError, lambda: kv.push(3, np.ones((3, 2), np.float32)),
+                            "push of another shape"),
+              expect_raises(ValueError, lambda: kv.pull(3, out=np.ones((3, 2), np.float32)),
+                            "pull of another shape")]:
+        assert "key 3: shape (3, 2), but it was initialized with shape (2, 3)" in str(e), e
     expect_raises(TypeError, lambda: kv.push("x", np.ones(6, np.float32)), "a string key in an "
                   "int-keyed store")
     ro = np.zeros(SHAPES[0], np.float32)

@@ -169,6 +169,46 @@ def test_output_sizes():
     print("package: output sizes ok")
 
 
+def test_shapes():
+    """Found by review: a push of (3, 2) into a key initialized as (2, 3) was
+    taken (same size); MXNet refuses another shape. A flat array of as many
+    elements still fits, and nothing refused changes the key."""
+    kv = pstrain.KVStore("local")
+    kv.init(3, np.arange(6, dtype=np.float32).reshape(2, 3))
+    words = ("key 3", "shape (3, 2)", "initialized with shape (2, 3)")
+    other = np.ones((3, 2), np.float32)
+    expect_error(lambda: kv.push(3, other), ValueError, "push of", *words)
+    expect_error(lambda: kv.push(3, [np.ones((2, 3), np.float32), other]), ValueError, *words)
+    expect_error(lambda: kv.pull(3, out=other), ValueError, "pull of", *words)
+    expect_error(lambda: kv.pull(3, out=[np.zeros((2, 3), np.float32), other]), ValueError,
+                 *words)
+    expect_error(lambda: kv.pushpull(3, np.ones((2, 3), np.float32), out=other), ValueError,
+                 *words)
+    expect_error(lambda: kv.pushpull(3, other, out=np.zeros((2, 3), np.float32)), ValueError,
+                 *words)
+    flat = np.zeros(6, np.float32)
+    kv.pull(3, out=flat).wait()
+    assert flat.tolist() == [0, 1, 2, 3, 4, 5], flat  # nothing refused was stored
+    # Flat arrays of the key's size fit, as before.
+    kv.push(3, np.full(6, 2, np.float32)).wait()
+    kv.pushpull(3, np.full(6, 3, np.float64), out=flat).wait()
+    assert flat.tolist() == [3] * 6, flat
+    # A key initialized flat keeps its shape too.
+    kv.init(4, np.zeros(6, np.float32))
+    expect_error(lambda: kv.push(4, np.ones((2, 3), np.float32)), ValueError,
+                 "key 4", "shape (2, 3)", "initialized with shape (6,)")
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        t = torch.zeros(2, 3)
+        kv.pushpull(3, torch.ones(2, 3), out=t).wait()
+        assert t.tolist() == [[1, 1, 1]] * 2, t
+        expect_error(lambda: kv.pull(3, out=torch.zeros(3, 2)), ValueError, *words)
+    print("package: shapes ok")
+
+
 def test_settle():
     """A copy into the caller's array that fails is the request's error (raised
     by every wait, the copy run once); handles waited for from several threads
@@ -694,6 +734,7 @@ def main():
     test_pull_after_failed_push()
     test_repeated_keys()
     test_output_sizes()
+    test_shapes()
     test_settle()
     test_keys_and_timeouts()
     test_init_values()
