@@ -284,7 +284,7 @@ class KVStore:
                 if any(not s._closed for s in _OPEN):
                     raise Error("FailedPrecondition: this process already has an open dist "
                                 "KVStore (one worker per process): close it first")
-                self._client = _pstrain.Client()
+                self._client = _launched_client(kvtype)
                 _OPEN.append(self)
             self._timeout_ms = self._client.request_timeout_ms + 10000
             self._generation = 0
@@ -956,6 +956,23 @@ class KVStore:
         error = self._unreported_error()
         if error is not None:
             raise error
+
+
+def _launched_client(kvtype):
+    """The C++ client of a worker of the job the launcher started; a process
+    not started by it (no DMLC_* variables) gets an error saying how to start it."""
+    try:
+        return _pstrain.Client()
+    except Error as e:
+        if "DMLC_" not in str(e) or "not set" not in str(e):
+            raise
+        script = sys.argv[0] if sys.argv and sys.argv[0].endswith(".py") else "script.py"
+        raise Error("%s: a %r KVStore is a worker of a job whose scheduler and servers the "
+                    "launcher starts (it sets the DMLC_* variables): run `pstrain launch -n W "
+                    "-s S -- python3 %s` (W workers, S servers; -n 1 -s 1 for one worker); "
+                    "a single process without servers can use a 'local' KVStore instead "
+                    "(pstrain.torch's DistributedOptimizer needs the servers)"
+                    % (e, kvtype, script)) from None
 
 
 def _whole(x):

@@ -416,9 +416,24 @@ def test_roles():
     # and the script body never runs.
     code, out = run_python("import pstrain; print('must not run')", DMLC_ROLE="server")
     assert code == 2 and "DMLC_PS_ROOT_URI" in out and "must not run" not in out, (code, out)
+    # Found by review: a dist store (or a DistributedOptimizer, which makes
+    # one) in a script run without the launcher said only which variable is
+    # missing; it now says how to start the job.
     code, out = run_python("import pstrain; pstrain.KVStore('dist_sync')")
     assert code != 0 and "pstrain.Error" in out.replace("_pstrain.", "pstrain.") \
-        and "DMLC_PS_ROOT_URI" in out, out
+        and "DMLC_PS_ROOT_URI" in out and "run `pstrain launch -n W -s S -- python3 " in out \
+        and "a 'local' KVStore instead" in out, out
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        torch = None
+    if torch is not None:
+        code, out = run_python(
+            "import pstrain, pstrain.torch, torch\n"
+            "m = torch.nn.Linear(2, 2)\n"
+            "pstrain.torch.DistributedOptimizer(pstrain.optimizer.SGD(learning_rate=0.1), m)\n")
+        assert code != 0 and "DMLC_PS_ROOT_URI" in out and "pstrain launch -n W -s S" in out \
+            and "DistributedOptimizer needs the servers" in out, out
     print("package: roles ok")
 
 
