@@ -19,7 +19,11 @@ keeps them alive. ``init``, ``broadcast``, ``set_optimizer`` and ``barrier``
 block. Every wait has a deadline (``PSTRAIN_REQUEST_TIMEOUT_MS``,
 ``PSTRAIN_BARRIER_TIMEOUT_MS``); a dead node fails every request within the
 heartbeat timeout. A request that failed while nobody waited for it raises
-its error at the next ``waitall``, ``barrier`` or ``close`` (once).
+its error at the next ``waitall``, ``barrier`` or ``close`` (once). A pull (or
+pushpull) of a key comes after this worker's earlier pushes of it, as in
+MXNet: its ``wait()`` also waits for them, and raises the error of one that
+failed and whose error nobody has seen yet (a dist_async push refused because
+no optimizer was configured, say).
 
 A worker's store ends the worker's part in the job when it is closed, or at
 exit: it tells the scheduler the worker finished, or, when the script died of
@@ -131,18 +135,27 @@ class Handle:
     arrays run once, and every waiter returns after them).
     """
 
-    def __init__(self, store, completions, keep, after):
+    def __init__(self, store, completions, keep, after, earlier=()):
         self._lock = threading.Lock()  # held while settling (not while waiting)
         self._store = store
         self._completions = completions
         self._keep = keep  # the arrays the servers read or write until done
         self._after = after  # copies into the caller's arrays, run once done
+        # A pull's: this worker's pushes of its key issued before it and not
+        # known to have succeeded (every one, so no need to look through
+        # theirs). It is done once they are too, and reports the first unseen
+        # error among them (then keeps it as its own).
+        self._earlier = list(earlier)
+        self._earlier_error = None
         self._finished = False
         self._error = None
         self._reported = False  # whether a wait() raised _error
 
     def done(self):
         """Whether the servers answered (or the request failed); never blocks."""
+        return self._answered() and all(p._answered() for p in self._earlier)
+
+    def _answered(self):
         return self._finished or self._error is not None or all(
             c.done() for c in self._completions)
 
@@ -160,12 +173,21 @@ class Handle:
         store's request deadline, past which the request counts as failed.
         """
         self._settle(timeout)
-        if self._error is not None:
-            self._mark_reported()
-            raise self._error
+        error = self._take_error()
+        if error is not None:
+            raise error
 
-    def _mark_reported(self):
-        self._reported = True
+    def _take_error(self):
+        """The error wait() raises, counted as seen: this request's own, else the
+        first unseen error of an earlier push of its key. REQUIRES: settled."""
+        if self._error is not None:
+            self._reported = True
+            return self._error
+        with self._lock:
+            if self._earlier:
+                self._earlier_error = self._store._take_unreported(self._earlier)
+                self._earlier = []
+            return self._earlier_error
 
     def _settle(self, timeout=None):
         if self._finished or self._error is not None:
@@ -182,6 +204,11 @@ class Handle:
             if timeout is not None and not all(c.done() for c in self._completions):
                 raise  # the caller's own timeout: still in flight, wait again later
             failure = e
+        if failure is None:
+            # The earlier pushes of a pull's key: their answers may come after
+            # the pull's (another server part, another connection).
+            for p in self._earlier:  # oldest first: p's own earlier ones are settled
+                p._settle(None if end is None else max(0.0, end - time.monotonic()))
         with self._lock:
             if self._finished or self._error is not None:
                 return  # another thread settled it meanwhile
@@ -201,6 +228,7 @@ class Handle:
                 return
             self._keep = None
             self._after = None
+            self._earlier = [p for p in self._earlier if p._error is not None]
             self._finished = True
             self._store._forget(self)
 
@@ -219,6 +247,10 @@ class KVStore:
     A key given more than once in one call is one key with all those values
     (MXNet's grouping): a push sends their sum, a pull fills each output. A
     list of numbers is one array, not one value per device.
+
+    Each key keeps the shape this worker initialized it with: a push, pull
+    or pushpull of an array of another shape raises ValueError, as MXNet's
+    shape check does (a flat array of as many elements fits any shape).
     """
 
     def __init__(self, kvtype="dist_sync"):
@@ -226,12 +258,16 @@ class KVStore:
         self.type = kvtype
         self._lock = threading.Lock()
         self._pending = {}  # id -> Handle not yet settled
+        # int key -> its push and pushpull Handles not known to have succeeded,
+        # which a later pull of the key waits for (and reports the error of).
+        self._pushes = {}
         # Failed handles: their buffers live until close; the first error no
         # wait() raised is raised by the next waitall, barrier or close.
         self._failed = []
         self._str_keys = {}
         self._key_kind = None
         self._sizes = {}
+        self._shapes = {}  # int key -> the shape this worker initialized it with
         self._closed = False
         self._client = None
         # The servers' optimizer: who installed it (None: none, the servers sum),
@@ -248,7 +284,7 @@ class KVStore:
                 if any(not s._closed for s in _OPEN):
                     raise Error("FailedPrecondition: this process already has an open dist "
                                 "KVStore (one worker per process): close it first")
-                self._client = _pstrain.Client()
+                self._client = _launched_client(kvtype)
                 _OPEN.append(self)
             self._timeout_ms = self._client.request_timeout_ms + 10000
             self._generation = 0
@@ -291,9 +327,11 @@ class KVStore:
     def barrier(self):
         """Blocks until every worker reached the barrier (the barrier deadline bounds it).
 
-        First raises the error of a request that failed unseen (see waitall).
+        First waits for this worker's requests in flight and raises the first
+        error of a request that failed unseen, as ``waitall`` does (MXNet's
+        barrier is a point where every earlier request has ended, too).
         """
-        self._raise_unreported()
+        self.waitall()
         if self._client is not None:
             self._client.barrier()
 
@@ -532,6 +570,7 @@ class KVStore:
         if self._client is not None:
             self._client.close("" if error is None else "a request failed: %s" % error)
             self._failed = []
+            self._pushes = {}
         if error is not None:
             raise error
 
@@ -601,13 +640,20 @@ class KVStore:
             groups[ikey][2].append(v)
         return list(groups.values())
 
-    def _checked_size(self, name, ikey, n, what):
+    def _checked_shape(self, name, ikey, shape, what):
+        """Raises unless an array of `shape` fits key `ikey`: the shape it was
+        initialized with here, or flat (ndim 0 or 1) with as many elements."""
         size = self._sizes.get(ikey)
         if size is None:
             raise KeyError("%s: key %r was never initialized (init it first)" % (what, name))
+        shape = tuple(int(d) for d in shape)
+        n = int(np.prod(shape, dtype=np.int64))
         if n != size:
             raise ValueError("%s of key %r: %d elements, but it was initialized with %d"
                              % (what, name, n, size))
+        if len(shape) > 1 and shape != self._shapes[ikey]:
+            raise ValueError("%s of key %r: shape %s, but it was initialized with shape %s"
+                             % (what, name, shape, self._shapes[ikey]))
 
     def _pushed(self, name, ikey, values, what):
         """The float32 array a push of `values` (each an array or a list of arrays)
@@ -619,7 +665,8 @@ class KVStore:
             if v.size != vals[0].size:
                 raise ValueError("%s of key %r: the arrays to sum differ in size (%d, %d)"
                                  % (what, name, vals[0].size, v.size))
-        self._checked_size(name, ikey, vals[0].size, what)
+        for v in vals:
+            self._checked_shape(name, ikey, v.shape, what)
         residuals = None
         if self._client is None and self._gc_threshold is not None:
             vals, residuals = self._quantized(ikey, vals)
@@ -673,6 +720,7 @@ class KVStore:
             items[i] = (ikey, arr)
         for ikey, arr in items:
             self._sizes[ikey] = arr.size
+            self._shapes[ikey] = arr.shape
         if self._client is None:
             for ikey, arr in items:
                 self._values[ikey] = arr.ravel().copy()
@@ -693,14 +741,18 @@ class KVStore:
                 continue
             # The caller's objects too: a PyTorch gradient whose tensor is still
             # referenced is not taken over (and later changed) by autograd.
-            handles.append(self._issue(self._client.push([ikey], [arr.size], arr, int(priority)),
-                                       [arr] + vs, []))
+            h = self._issue(self._client.push([ikey], [arr.size], arr, int(priority)),
+                            [arr] + vs, [])
+            self._note_push(ikey, h)
+            handles.append(h)
         return self._combine(handles)
 
     def pull(self, key, out=None, priority=0):
         """Pulls current values into ``out`` (an array, or a list per key): returns a Handle.
 
-        In dist_sync a pull sees every push this worker made before it.
+        A pull sees every push of the key this worker made before it (in
+        dist_sync, the round that push belongs to); its ``wait()`` raises the
+        error of such a push that failed unseen.
         """
         if out is None:
             raise ValueError("pull: out= is required (the arrays to pull into)")
@@ -708,15 +760,18 @@ class KVStore:
         for name, ikey, os_ in self._grouped(key, out, "pull"):
             outs = [x for o in os_ for x in _as_list(o)]
             first, copy_back = _dest(outs[0], "pull output of key %r" % (name,))
-            self._checked_size(name, ikey, first.size, "pull")
+            self._checked_shape(name, ikey, first.shape, "pull")
             after = _outputs_after(name, "pull", "the key", first, copy_back, outs[1:])
+            for o in outs[1:]:
+                self._checked_shape(name, ikey, o.shape, "pull")
             if self._client is None:
                 np.copyto(first.reshape(-1), self._values[ikey])
                 for f in after:
                     f()
                 continue
             handles.append(self._issue(self._client.pull([ikey], [first.size], first,
-                                                         int(priority)), [first] + outs, after))
+                                                         int(priority)), [first] + outs, after,
+                                       self._pushes_before(ikey)))
         return self._combine(handles)
 
     def pushpull(self, key, value, out=None, priority=0):
@@ -734,15 +789,19 @@ class KVStore:
                 raise ValueError("pushpull of key %r: output has %d elements, value %d"
                                  % (name, first.size, arr.size))
             after = _outputs_after(name, "pushpull", "the value", first, copy_back, dests[1:])
+            for o in dests:
+                self._checked_shape(name, ikey, o.shape, "pushpull output")
             if self._client is None:
                 self._local_push(ikey, arr, residuals)
                 np.copyto(first.reshape(-1), self._values[ikey])
                 for f in after:
                     f()
                 continue
-            handles.append(self._issue(
-                self._client.pushpull([ikey], [arr.size], arr, first, int(priority)),
-                [arr, first] + vs + dests, after))
+            earlier = self._pushes_before(ikey)
+            h = self._issue(self._client.pushpull([ikey], [arr.size], arr, first, int(priority)),
+                            [arr, first] + vs + dests, after, earlier)
+            self._note_push(ikey, h)
+            handles.append(h)
         return self._combine(handles)
 
     def broadcast(self, key, value, out, priority=0):
@@ -774,6 +833,7 @@ class KVStore:
             items.append((self._key(name, create=True), arr, again))
         for ikey, arr, _ in items:
             self._sizes[ikey] = arr.size
+            self._shapes[ikey] = arr.shape
         if self._client is None:
             for ikey, arr, _ in items:
                 self._values[ikey] = arr.ravel().copy()
@@ -824,8 +884,8 @@ class KVStore:
         if residuals is not None:
             self._residuals[ikey] = residuals
 
-    def _issue(self, completion, keep, after):
-        h = Handle(self, [completion], keep, after)
+    def _issue(self, completion, keep, after, earlier=()):
+        h = Handle(self, [completion], keep, after, earlier)
         with self._lock:
             self._pending[id(h)] = h
             sweep = len(self._pending) > 1024
@@ -836,6 +896,34 @@ class KVStore:
                 if p.done():
                     p._settle()
         return h
+
+    def _pushes_before(self, ikey):
+        """The push and pushpull handles of `ikey` that a pull issued now comes
+        after: those not known to have succeeded, less failed ones already seen."""
+        with self._lock:
+            return self._pushes_before_locked(ikey)
+
+    def _pushes_before_locked(self, ikey):
+        hs = [h for h in self._pushes.get(ikey, ())
+              if not h._finished and not (h._error is not None and h._reported)]
+        if hs:
+            self._pushes[ikey] = hs
+        else:
+            self._pushes.pop(ikey, None)
+        return list(hs)
+
+    def _note_push(self, ikey, h):
+        with self._lock:
+            self._pushes[ikey] = self._pushes_before_locked(ikey) + [h]
+
+    def _take_unreported(self, handles):
+        """The first error among `handles` that nobody has seen, now seen; or None."""
+        with self._lock:
+            for h in handles:
+                if h._error is not None and not h._reported:
+                    h._reported = True
+                    return h._error
+        return None
 
     def _pending_handles(self):
         with self._lock:
@@ -870,6 +958,23 @@ class KVStore:
             raise error
 
 
+def _launched_client(kvtype):
+    """The C++ client of a worker of the job the launcher started; a process
+    not started by it (no DMLC_* variables) gets an error saying how to start it."""
+    try:
+        return _pstrain.Client()
+    except Error as e:
+        if "DMLC_" not in str(e) or "not set" not in str(e):
+            raise
+        script = sys.argv[0] if sys.argv and sys.argv[0].endswith(".py") else "script.py"
+        raise Error("%s: a %r KVStore is a worker of a job whose scheduler and servers the "
+                    "launcher starts (it sets the DMLC_* variables): run `pstrain launch -n W "
+                    "-s S -- python3 %s` (W workers, S servers; -n 1 -s 1 for one worker); "
+                    "a single process without servers can use a 'local' KVStore instead "
+                    "(pstrain.torch's DistributedOptimizer needs the servers)"
+                    % (e, kvtype, script)) from None
+
+
 def _whole(x):
     """A count read from a file: an int in [0, 2^63), else ValueError."""
     if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < 2**63:
@@ -898,10 +1003,9 @@ class _Group(Handle):
         times = [h.done_at() for h in self._handles]
         return max(times) if times and not any(math.isnan(t) for t in times) else float("nan")
 
-    def _mark_reported(self):
-        self._reported = True
-        for h in self._handles:
-            h._reported = True
+    def _take_error(self):
+        errors = [h._take_error() for h in self._handles]
+        return next((e for e in errors if e is not None), None)
 
     def _settle(self, timeout=None):
         # The caller's timeout bounds the whole group's wait, not each handle's.

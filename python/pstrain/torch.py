@@ -61,6 +61,7 @@ sent: clip on the servers (``clip_gradient``) instead.
 """
 import copy
 import json
+import re
 import time
 import types
 
@@ -342,7 +343,13 @@ class DistributedOptimizer:
             # (which may be prefixed, above).
             key_of = dict(zip(names, self._keys))
             opt.wd_mult = {key_of.get(k, k): m for k, m in optimizer.wd_mult.items()}
-            kv.broadcast(self._keys, self._params, out=self._params).wait()
+            kv.init(self._keys, self._params)
+            pulls = [kv.pull(k, out=p) for k, p in zip(self._keys, self._params)]
+            for i, h in enumerate(pulls):
+                try:
+                    h.wait()
+                except Error as e:
+                    raise self._parameter_error(i, e) from None
             kv._set_optimizer(opt, "a DistributedOptimizer")
             self._outs = self._params  # the new weights land in the parameters
         else:
@@ -435,15 +442,27 @@ class DistributedOptimizer:
         if h is None:
             return
         self._handles[i] = None
-        if h.done():
+        start = None if h.done() else time.perf_counter()
+        try:
             h.wait()
-        else:
-            start = time.perf_counter()
-            h.wait()
+        except Error as e:
+            raise self._parameter_error(i, e) from None
+        if start is not None:
             self.wait_seconds += time.perf_counter() - start
         self._intervals.append((self._issued[i], h.done_at()))
         if len(self._intervals) >= 4096:
             self._fold()
+
+    def _parameter_error(self, i, e):
+        """pstrain.Error `e` of parameter i's exchange, naming the parameter: the
+        servers' message names the store's int key."""
+        p = self._params[i]
+        hint = ""
+        if re.search(r"request has \d+ elements, stored value has \d+", str(e)):
+            hint = (" (worker 0's %r, which the servers hold, has another size: every "
+                    "worker must build the same model)" % (self._names[i],))
+        return Error("DistributedOptimizer: parameter %r (shape %s on worker %d): %s%s"
+                     % (self._names[i], tuple(p.shape), self._kv.rank, e, hint))
 
     def _fold(self):
         # The union of the intervals, swept in start order past a watermark (an

@@ -13,7 +13,9 @@ mismatch. NumPy only.
                 lists of keys, per-device value lists, a key repeated in one
                 call, arrays that need a conversion (float64, non-contiguous),
                 and errors.
-  --mode async: every push applied exactly once (test optimizer, rate 1).
+  --mode async: every push applied exactly once (test optimizer, rate 1);
+                first, a push the servers refuse (no optimizer yet) is raised
+                by the next pull of its key and by barrier.
 """
 import argparse
 import sys
@@ -115,6 +117,12 @@ def sync_checks(kv, rounds):
                   "initialized")
     expect_raises(ValueError, lambda: kv.push(3, np.ones(5, np.float32)), "push of a wrong size")
     expect_raises(ValueError, lambda: kv.pull(3, out=np.ones(5, np.float32)), "pull of a wrong size")
+    # Another shape of the same size (MXNet's shape check; a flat array fits).
+    for e in [expect_raises(ValueError, lambda: kv.push(3, np.ones((3, 2), np.float32)),
+                            "push of another shape"),
+              expect_raises(ValueError, lambda: kv.pull(3, out=np.ones((3, 2), np.float32)),
+                            "pull of another shape")]:
+        assert "key 3: shape (3, 2), but it was initialized with shape (2, 3)" in str(e), e
     expect_raises(TypeError, lambda: kv.push("x", np.ones(6, np.float32)), "a string key in an "
                   "int-keyed store")
     ro = np.zeros(SHAPES[0], np.float32)
@@ -210,8 +218,30 @@ def compression_checks(kv, rounds, rate):
           "off and on again" % (rounds + 2))
 
 
+def refused_push_checks(kv):
+    """Found by review: a dist_async push refused by the servers (no optimizer
+    configured yet) went unseen by the pull of its key that followed (it got
+    the old value) and by barrier; only waitall or exit raised it."""
+    kv.init("early", np.zeros(4, np.float32))
+    out = np.full(4, 7, np.float32)
+    push = kv.push("early", np.ones(4, np.float32))
+    e = expect_raises(pstrain.Error, lambda: kv.pull("early", out=out).wait(),
+                      "a pull after a push the servers refused")
+    assert "FailedPrecondition" in str(e) and "no optimizer was configured" in str(e), e
+    check(out, 0, "the pull after a refused push")  # the pull itself was answered
+    expect_raises(pstrain.Error, push.wait, "the refused push's own wait")
+    kv.waitall()  # seen: not raised again
+    kv.pull("early", out=out).wait()
+    kv.push("early", np.ones(4, np.float32))  # refused too, and nobody waits for it
+    e = expect_raises(pstrain.Error, kv.barrier, "a barrier after a refused push")
+    assert "no optimizer was configured" in str(e), e
+    kv.barrier()
+    print("conformance: a refused dist_async push raises at the next pull and barrier ok")
+
+
 def async_checks(kv, rounds):
     W, r = kv.num_workers, kv.rank
+    refused_push_checks(kv)
     kv.set_optimizer(pstrain.optimizer.Test(rescale_grad=1.0))
     kv.init(["a", "b"], [np.ones(s, np.float32) for s in SHAPES])
     for _ in range(rounds):

@@ -88,6 +88,50 @@ def test_lost_errors():
     print("package: lost errors ok")
 
 
+def test_pull_after_failed_push():
+    """Found by review: a pull of a key did not report the failure of this
+    worker's earlier push of it, and barrier passed while a failed request was
+    still in flight. A pull answered before the push waits for the push's
+    answer; its error is raised once (by the pull, not again by waitall)."""
+    kv = store_with_fake_requests()
+    push_end = FakeCompletion(done=False)
+    push = kv._issue(push_end, [], [])
+    kv._note_push(3, push)
+    pull = kv._issue(FakeCompletion(), [], [], kv._pushes_before(3))
+    other = kv._issue(FakeCompletion(), [], [], kv._pushes_before(4))  # another key
+    assert not pull.done() and other.done()
+
+    def refuse():
+        push_end.error = pstrain.Error("FailedPrecondition: async push of key 3 refused")
+        push_end.event.set()
+    timer = threading.Timer(0.1, refuse)
+    timer.start()
+    expect_error(pull.wait, pstrain.Error, "async push of key 3 refused")
+    timer.join()
+    other.wait()
+    expect_error(pull.wait, pstrain.Error, "async push of key 3 refused")  # every wait
+    kv.waitall()  # seen by the pull's wait
+    assert kv._pushes_before(3) == [], "a failure seen still orders later pulls"
+    kv._issue(FakeCompletion(), [], [], kv._pushes_before(3)).wait()
+    # A push that succeeds: the pull after it reports nothing.
+    ok = kv._issue(FakeCompletion(), [], [])
+    kv._note_push(3, ok)
+    kv._issue(FakeCompletion(), [], [], kv._pushes_before(3)).wait()
+    # barrier waits for the requests in flight and raises the first failure.
+    late = FakeCompletion(done=False)
+    kv._issue(late, [], [])
+
+    def fail_late():
+        late.error = pstrain.Error("Unavailable: server 1 died")
+        late.event.set()
+    timer = threading.Timer(0.1, fail_late)
+    timer.start()
+    expect_error(kv.barrier, pstrain.Error, "server 1 died")
+    timer.join()
+    kv.barrier()
+    print("package: pull after a failed push ok")
+
+
 def test_repeated_keys():
     """MXNet sums the values one push gives a key more than once, and a pull
     fills every output given for a key."""
@@ -123,6 +167,46 @@ def test_output_sizes():
     kv.pull("p", out=ok).wait()
     assert ok.tolist() == [0, 0, 0, 0], ok  # the refused pushpull pushed nothing
     print("package: output sizes ok")
+
+
+def test_shapes():
+    """Found by review: a push of (3, 2) into a key initialized as (2, 3) was
+    taken (same size); MXNet refuses another shape. A flat array of as many
+    elements still fits, and nothing refused changes the key."""
+    kv = pstrain.KVStore("local")
+    kv.init(3, np.arange(6, dtype=np.float32).reshape(2, 3))
+    words = ("key 3", "shape (3, 2)", "initialized with shape (2, 3)")
+    other = np.ones((3, 2), np.float32)
+    expect_error(lambda: kv.push(3, other), ValueError, "push of", *words)
+    expect_error(lambda: kv.push(3, [np.ones((2, 3), np.float32), other]), ValueError, *words)
+    expect_error(lambda: kv.pull(3, out=other), ValueError, "pull of", *words)
+    expect_error(lambda: kv.pull(3, out=[np.zeros((2, 3), np.float32), other]), ValueError,
+                 *words)
+    expect_error(lambda: kv.pushpull(3, np.ones((2, 3), np.float32), out=other), ValueError,
+                 *words)
+    expect_error(lambda: kv.pushpull(3, other, out=np.zeros((2, 3), np.float32)), ValueError,
+                 *words)
+    flat = np.zeros(6, np.float32)
+    kv.pull(3, out=flat).wait()
+    assert flat.tolist() == [0, 1, 2, 3, 4, 5], flat  # nothing refused was stored
+    # Flat arrays of the key's size fit, as before.
+    kv.push(3, np.full(6, 2, np.float32)).wait()
+    kv.pushpull(3, np.full(6, 3, np.float64), out=flat).wait()
+    assert flat.tolist() == [3] * 6, flat
+    # A key initialized flat keeps its shape too.
+    kv.init(4, np.zeros(6, np.float32))
+    expect_error(lambda: kv.push(4, np.ones((2, 3), np.float32)), ValueError,
+                 "key 4", "shape (2, 3)", "initialized with shape (6,)")
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        t = torch.zeros(2, 3)
+        kv.pushpull(3, torch.ones(2, 3), out=t).wait()
+        assert t.tolist() == [[1, 1, 1]] * 2, t
+        expect_error(lambda: kv.pull(3, out=torch.zeros(3, 2)), ValueError, *words)
+    print("package: shapes ok")
 
 
 def test_settle():
@@ -332,9 +416,24 @@ def test_roles():
     # and the script body never runs.
     code, out = run_python("import pstrain; print('must not run')", DMLC_ROLE="server")
     assert code == 2 and "DMLC_PS_ROOT_URI" in out and "must not run" not in out, (code, out)
+    # Found by review: a dist store (or a DistributedOptimizer, which makes
+    # one) in a script run without the launcher said only which variable is
+    # missing; it now says how to start the job.
     code, out = run_python("import pstrain; pstrain.KVStore('dist_sync')")
     assert code != 0 and "pstrain.Error" in out.replace("_pstrain.", "pstrain.") \
-        and "DMLC_PS_ROOT_URI" in out, out
+        and "DMLC_PS_ROOT_URI" in out and "run `pstrain launch -n W -s S -- python3 " in out \
+        and "a 'local' KVStore instead" in out, out
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        torch = None
+    if torch is not None:
+        code, out = run_python(
+            "import pstrain, pstrain.torch, torch\n"
+            "m = torch.nn.Linear(2, 2)\n"
+            "pstrain.torch.DistributedOptimizer(pstrain.optimizer.SGD(learning_rate=0.1), m)\n")
+        assert code != 0 and "DMLC_PS_ROOT_URI" in out and "pstrain launch -n W -s S" in out \
+            and "DistributedOptimizer needs the servers" in out, out
     print("package: roles ok")
 
 
@@ -647,8 +746,10 @@ def main():
     test_optimizer_states()
     test_torch_zero_copy()
     test_lost_errors()
+    test_pull_after_failed_push()
     test_repeated_keys()
     test_output_sizes()
+    test_shapes()
     test_settle()
     test_keys_and_timeouts()
     test_init_values()

@@ -14,7 +14,8 @@ worker's tensors with worker rank 0's, bit for bit, through the store:
                                        and hyper-parameters, everywhere; an object
                                        that is not plain data is refused;
   DistributedOptimizer(server SGD)     its constructor starts everyone from rank 0's
-                                       weights; after 5 dist_sync steps all equal.
+                                       weights; after 5 dist_sync steps all equal; an
+                                       exchange the servers refuse names the parameter.
 """
 import json
 import sys
@@ -173,6 +174,24 @@ def main():
         "workers differ after dist_sync training with the servers' SGD"
     print("two_workers: server-side SGD keeps the workers equal; waited %.4f s of %.4f s in "
           "flight" % (d2.wait_seconds, d2.comm_seconds))
+    # Found by review: an exchange the servers refused (workers whose models
+    # differ) named only the store's int key ("key 0 part 0: request has 170
+    # elements, stored value has 160"). A pull of m2's first weight with one
+    # element too many stands in for such an exchange, on every worker.
+    w = m2[0].weight
+    wrong = torch.zeros(w.numel() + 1)
+    d2._handles[0] = kv._issue(kv._client.pull([kv._str_keys[d2._keys[0]]], [wrong.numel()],
+                                               wrong.numpy(), 0), [wrong], [])
+    try:
+        d2.synchronize()
+        refused = ""
+    except pstrain.Error as e:
+        refused = str(e)
+    for words in ["parameter 'm2.0.weight' (shape (4, 1, 3, 3) on worker %d)" % rank,
+                  "request has 37 elements, stored value has 36",
+                  "every worker must build the same model"]:
+        assert words in refused, (words, refused)
+    print("two_workers: a refused exchange names the parameter ok")
     print("two_workers: the store initialized %d keys" % len(kv._sizes))
     kv.close()
     print("two_workers: ok")
