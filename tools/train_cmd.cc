@@ -197,6 +197,17 @@ int RunTrain(int /*argc*/, char** /*argv*/) {
     env.rank = kv->rank();
     env.num_workers = kv->num_workers();
     const bool sync_mode = cfg->kv_store().find("async") == std::string::npos;
+    // Each async push is applied at once, to weights the other workers moved
+    // since this one pulled: that staleness acts as momentum of about 1 - 1/W
+    // on top of --mom (apache/mxnet#5287). LeNet on 4 workers stays at
+    // chance with fit.py's 0.9 (a sum of 1.65) and learns with 0.5 or 0, as
+    // it does on 2 with 0.9 (1.4): bench/RESULTS.md, "dist_async and momentum".
+    if (!sync_mode && env.rank == 0 && env.num_workers >= 3 &&
+        cfg->mom() + (1.0 - 1.0 / env.num_workers) > 1.5) {
+      log.Info(StrCat("dist_async with ", env.num_workers, " workers adds momentum of about ",
+                      1.0 - 1.0 / env.num_workers, " to --mom ", cfg->mom(),
+                      ": if the accuracy stays at chance, lower --mom (or --lr)"));
+    }
     // Valid: TrainConfigFromFlags checked it.
     auto gc = ParseGradientCompression(cfg->gc_type(), cfg->gc_threshold());
     if (!gc.ok()) return Fail("", gc.status());
