@@ -276,6 +276,11 @@ void JobView::Apply(const JobEvent& e) {
       ended_ = true;
       ended_ok_ = e.ok;
       end_text_ = e.text;
+      if (!e.ok) {
+        for (ProcessView& p : processes_) {
+          p.cause = e.text.size() > p.name.size() && e.text.rfind(p.name + " ", 0) == 0;
+        }
+      }
       break;
   }
 }
@@ -349,7 +354,7 @@ std::vector<std::string> RenderJobView(const JobView& view, int width, int max_l
     std::string host = p.host.empty() ? std::string("-") : Printable(p.host);
     if (host.size() > kMaxHost) host = host.substr(0, kMaxHost - 1) + "~";
     r.push_back(host);
-    r.push_back(p.StateText());
+    r.push_back(p.cause ? p.StateText() + " (cause)" : p.StateText());
     const bool trained = p.epoch >= 0;
     r.push_back(!trained           ? std::string("-")
                 : p.num_epochs > 0 ? StrCat(p.epoch + 1, "/", p.num_epochs)

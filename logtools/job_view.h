@@ -86,6 +86,11 @@ struct ProcessView {
   std::string metric;           // "accuracy=0.953125", "train-accuracy=...", "val-accuracy=..."
   bool epoch_ended = false;     // `epoch` has its Time cost line
   int64_t lines = 0;            // lines seen
+  // The failed job's end names it as the cause (the launcher's reason starts
+  // with its name: the first to exit, or the one the scheduler blamed), which
+  // its own state may not show: a worker whose script raised is often
+  // stopped by the launcher while a server exits 1 first.
+  bool cause = false;
 
   // (batches left) * batch_size / samples_per_sec while the epoch runs.
   std::optional<double> EpochEtaSeconds() const;

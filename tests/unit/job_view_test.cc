@@ -302,6 +302,32 @@ TEST(JobViewTest, GoldenFrames) {
             "worker-0     127.0.0.1  stopped      1/2  16/30     2304.6  accuracy=0.838000    -\n"
             "worker-1     127.0.0.1  failed(3)    1/2  21/30      335.2  accuracy=0.872000    -\n"
             "4 processes: 1 failed, 3 stopped\n");
+  // The end names the cause, which the table marks (found by review: a worker
+  // whose script raised showed "stopped", the server that exited 1 after it
+  // "failed(1)", and nothing pointed at the worker).
+  JobView blamed;
+  for (const char* name : {"scheduler-0", "server-0", "worker-0", "worker-1", "worker-10"}) {
+    blamed.Apply(Start(name, 1));
+  }
+  blamed.Apply(Exit("server-0", 1));
+  for (const char* name : {"worker-0", "worker-1", "worker-10", "scheduler-0"}) {
+    blamed.Apply(Exit(name, 0, 15, true));
+  }
+  JobEvent end;
+  end.kind = JobEvent::Kind::kEnd;
+  end.text =
+      "worker-1 on 127.0.0.1 (pid 3149) caused it; the scheduler says: worker rank 1 at "
+      "127.0.0.1:43179 failed: the worker's script raised KeyError (the first process to exit was "
+      "server-0 on 127.0.0.1 (pid 3147) exited with code 1)";
+  blamed.Apply(end);
+  EXPECT_EQ(Join(RenderJobView(blamed, 100)),
+            "PROCESS      HOST       STATE            EPOCH  BATCH  SAMPLES/S  METRIC  ETA\n"
+            "scheduler-0  127.0.0.1  stopped              -      -          -  -         -\n"
+            "server-0     127.0.0.1  failed(1)            -      -          -  -         -\n"
+            "worker-0     127.0.0.1  stopped              -      -          -  -         -\n"
+            "worker-1     127.0.0.1  stopped (cause)      -      -          -  -         -\n"
+            "worker-10    127.0.0.1  stopped              -      -          -  -         -\n"
+            "5 processes: 1 failed, 4 stopped\n");
 }
 
 TEST(JobViewTest, ImportantLines) {
