@@ -116,6 +116,13 @@ int RunTrain(int /*argc*/, char** /*argv*/) {
     std::fprintf(stderr, "pstrain train: %s\n", s.ToString().c_str());
     return 2;
   }
+  // A misspelt --dataset too (it is looked up again when the data is found).
+  if (!cfg->dataset().empty() && cfg->benchmark() == 0) {
+    if (Status s = FindManifest(cfg->dataset()).status(); !s.ok()) {
+      std::fprintf(stderr, "pstrain train: --dataset: %s\n", s.ToString().c_str());
+      return 2;
+    }
+  }
   TrainLog log;
   // Locates the data set (fetching what is missing) and logs the arguments. A
   // worker of a cluster does so once it has joined, as MXNet's fit.py creates

@@ -324,6 +324,11 @@ TEST(TrainCmdTest, AnUnknownNetworkIsReportedBeforeTheDataLoads) {
             std::string::npos)
       << out;
   EXPECT_EQ(out.find("/no/such/dir"), std::string::npos) << out;
+  // A misspelt --dataset is a usage error too (found by review: exit 1).
+  EXPECT_EQ(RunPstrain("train --network lenet --kv-store local --dataset mnsit", &out), 2) << out;
+  EXPECT_NE(out.find("--dataset: NotFound: no built-in data set 'mnsit' (known: cifar10, mnist"),
+            std::string::npos)
+      << out;
 }
 
 TEST(TrainCmdTest, AGpuThatIsNotThereIsAnErrorNamingIt) {
