@@ -203,7 +203,10 @@ run_phase() {
     tests_end=$((SECONDS + ${TESTS_S:-300}))
     (
       failed=0
-      for t in gpu_backend_test gpu_cluster_test; do
+      # The cluster tests first: they are the only runs of `train`, `summary`
+      # and dist jobs with the graph engines raced (the default), and the
+      # backend test's eight-model step comes near the phase's time.
+      for t in gpu_cluster_test gpu_backend_test; do
         echo "### $t"
         run_suites "$bin/$t" "$logs/$t.log" || failed=1
       done
