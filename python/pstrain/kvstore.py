@@ -327,11 +327,18 @@ class KVStore:
     def barrier(self):
         """Blocks until every worker reached the barrier (the barrier deadline bounds it).
 
-        First waits for this worker's requests in flight and raises the first
-        error of a request that failed unseen, as ``waitall`` does (MXNet's
-        barrier is a point where every earlier request has ended, too).
+        First raises the first error of a request that failed unseen, among
+        those answered by then. It waits for none in flight: as MXNet's
+        (``_barrier`` is ps-lite's barrier of the worker group), it is the
+        workers' barrier alone, so in dist_sync a worker that pushed a key
+        before it and one that pushes the key after it both get through
+        (waiting for the first's push would wait for the second's, which
+        waits in the barrier). ``waitall`` waits.
         """
-        self.waitall()
+        for h in self._pending_handles():
+            if h.done():
+                h._settle()
+        self._raise_unreported()
         if self._client is not None:
             self._client.barrier()
 
@@ -769,9 +776,12 @@ class KVStore:
                 for f in after:
                     f()
                 continue
+            # The pushes it comes after are read before it is sent: a push
+            # of the key by another thread meanwhile comes after it.
+            earlier = self._pushes_before(ikey)
             handles.append(self._issue(self._client.pull([ikey], [first.size], first,
                                                          int(priority)), [first] + outs, after,
-                                       self._pushes_before(ikey)))
+                                       earlier))
         return self._combine(handles)
 
     def pushpull(self, key, value, out=None, priority=0):
@@ -1004,8 +1014,13 @@ class _Group(Handle):
         return max(times) if times and not any(math.isnan(t) for t in times) else float("nan")
 
     def _take_error(self):
-        errors = [h._take_error() for h in self._handles]
-        return next((e for e in errors if e is not None), None)
+        # The first error only is taken (counted as seen): the others stay for
+        # waitall, barrier or close to raise.
+        for h in self._handles:
+            e = h._take_error()
+            if e is not None:
+                return e
+        return None
 
     def _settle(self, timeout=None):
         # The caller's timeout bounds the whole group's wait, not each handle's.

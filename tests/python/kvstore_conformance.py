@@ -232,7 +232,11 @@ def refused_push_checks(kv):
     expect_raises(pstrain.Error, push.wait, "the refused push's own wait")
     kv.waitall()  # seen: not raised again
     kv.pull("early", out=out).wait()
-    kv.push("early", np.ones(4, np.float32))  # refused too, and nobody waits for it
+    refused = kv.push("early", np.ones(4, np.float32))  # refused too, and nobody waits for it
+    deadline = time.monotonic() + 30
+    while not refused.done():  # barrier raises what was answered by then
+        assert time.monotonic() < deadline, "the refused push was not answered in 30 s"
+        time.sleep(0.001)
     e = expect_raises(pstrain.Error, kv.barrier, "a barrier after a refused push")
     assert "no optimizer was configured" in str(e), e
     kv.barrier()

@@ -90,9 +90,9 @@ def test_lost_errors():
 
 def test_pull_after_failed_push():
     """Found by review: a pull of a key did not report the failure of this
-    worker's earlier push of it, and barrier passed while a failed request was
-    still in flight. A pull answered before the push waits for the push's
-    answer; its error is raised once (by the pull, not again by waitall)."""
+    worker's earlier push of it. A pull answered before the push waits for
+    the push's answer; its error is raised once (by the pull, not again by
+    waitall)."""
     kv = store_with_fake_requests()
     push_end = FakeCompletion(done=False)
     push = kv._issue(push_end, [], [])
@@ -117,18 +117,24 @@ def test_pull_after_failed_push():
     ok = kv._issue(FakeCompletion(), [], [])
     kv._note_push(3, ok)
     kv._issue(FakeCompletion(), [], [], kv._pushes_before(3)).wait()
-    # barrier waits for the requests in flight and raises the first failure.
+    # barrier raises the first failure answered by then, and waits for no
+    # request in flight (a dist_sync push's answer may wait for a worker that
+    # pushes only after the barrier: waiting for it there would deadlock).
     late = FakeCompletion(done=False)
     kv._issue(late, [], [])
-
-    def fail_late():
-        late.error = pstrain.Error("Unavailable: server 1 died")
-        late.event.set()
-    timer = threading.Timer(0.1, fail_late)
-    timer.start()
+    kv.barrier()  # in flight: passed
+    late.error = pstrain.Error("Unavailable: server 1 died")
+    late.event.set()
     expect_error(kv.barrier, pstrain.Error, "server 1 died")
-    timer.join()
     kv.barrier()
+    # A pull of two keys whose earlier pushes both failed raises the first and
+    # leaves the second for waitall (it was taken as seen and lost).
+    for key, word in ((5, "push of key 5 refused"), (6, "push of key 6 refused")):
+        kv._note_push(key, kv._issue(FakeCompletion(error=pstrain.Error(word)), [], []))
+    both = kv._combine([kv._issue(FakeCompletion(), [], [], kv._pushes_before(k)) for k in (5, 6)])
+    expect_error(both.wait, pstrain.Error, "push of key 5 refused")
+    expect_error(kv.waitall, pstrain.Error, "push of key 6 refused")
+    kv.waitall()
     print("package: pull after a failed push ok")
 
 
