@@ -18,6 +18,7 @@
 #include "data/dataset_manifest.h"
 #include "models/models.h"
 #include "net/cluster_node.h"
+#include "net/host_address.h"
 #include "tools/cluster_role.h"
 #include "tools/commands.h"
 #include "tools/fit_flags.h"
@@ -149,8 +150,7 @@ int RunTrain(int /*argc*/, char** /*argv*/) {
     std::optional<std::string> root = process_env.Get("DMLC_PS_ROOT_URI");
     if (role == "worker" && root.has_value()) {
       if (std::optional<std::string> port = process_env.Get("DMLC_PS_ROOT_PORT")) {
-        *root =
-            StrCat(root->find(':') == std::string::npos ? *root : "[" + *root + "]", ":", *port);
+        *root = JoinHostPort(*root, *port);
       }
       std::fprintf(stderr,
                    "pstrain train: this process is a worker of a cluster (DMLC_ROLE=worker, "

@@ -656,6 +656,11 @@ StatusOr<int> FindFreePort(const std::string& given, int wanted) {
     const int port = wanted > 0 ? wanted : kFirst + (start + i) % kCount;
     int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return Status::IOError(StrCat("socket: ", strerror(errno)));
+    // As the scheduler's listener (ZeroMQ sets it): a port whose last job's
+    // connections linger in TIME_WAIT is free to it; one that a socket
+    // listens on is not (Linux refuses that bind all the same).
+    const int one = 1;
+    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (addr.ss_family == AF_INET) {
       v4->sin_port = htons(static_cast<uint16_t>(port));
     } else {
@@ -834,6 +839,12 @@ constexpr std::pair<const char*, const char*> kLauncherVariables[] = {
     {"PSTRAIN_SERVER_RESTARTS", "give --restart-servers"},
     {"PSTRAIN_WORKER_LOSS", "give --worker-loss"},
     {"PSTRAIN_LAUNCH_RANK", "the launcher numbers the processes"},
+    {"DMLC_TASK_ID", "the launcher numbers the processes"},
+    {"DMLC_NODE_HOST",
+     "the launcher gives each process its host's address (--host-ip sets the "
+     "scheduler's)"},
+    {"PSTRAIN_KEY_FILE", "give --key-file (or --no-keys)"},
+    {"PSTRAIN_RESTART", "the launcher counts a server's restarts"},
 };
 
 // --env's variables with their values (K alone: the launcher's). One that the

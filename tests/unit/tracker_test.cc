@@ -877,11 +877,11 @@ TEST(PlanTest, TheSchedulersPortMayBeGivenAndTheLaunchersOtherVariablesAreRefuse
     plan = PlanLaunch(*o, Environment::Isolated({}));
     EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument) << bad;
   }
-  const std::pair<const char*, const char*> owned[] = {{"DMLC_NUM_WORKER=4", "give -n"},
-                                                       {"DMLC_NUM_SERVER=2", "give -s"},
-                                                       {"DMLC_PS_ROOT_URI=1.2.3.4", "--host-ip"},
-                                                       {"DMLC_ROLE=worker", "its role"},
-                                                       {"PSTRAIN_JOB_ID=x", "--job-id"}};
+  const std::pair<const char*, const char*> owned[] = {
+      {"DMLC_NUM_WORKER=4", "give -n"},          {"DMLC_NUM_SERVER=2", "give -s"},
+      {"DMLC_PS_ROOT_URI=1.2.3.4", "--host-ip"}, {"DMLC_ROLE=worker", "its role"},
+      {"PSTRAIN_JOB_ID=x", "--job-id"},          {"DMLC_NODE_HOST=h", "host's address"},
+      {"PSTRAIN_KEY_FILE=/k", "--key-file"}};
   for (const auto& [var, instead] : owned) {
     o = ParseLaunchArgs({"-n", "1", "--launcher", "local", "--host-ip", "127.0.0.1", "--no-keys",
                          "--env", var, "prog"});
