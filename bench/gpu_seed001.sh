@@ -118,7 +118,7 @@ run_one() {
       "$work/cifar_test.rec" "$EPOCHS" "$(nproc)" "${TORCH_DEVICE:-cuda}" "$EXAMPLES" \
       "${twins[@]}" >"$keep/$run.log" 2>&1
     ended "$keep/$run.log" $?
-    "$P" parse-log "$keep/$run.log" \
+    "$P" parse-log "$keep/$run.log" --val-prefix valid \
       --metric-names "accuracy$( ((${#twins[@]})) && echo ,exact-accuracy,twins-accuracy)"
   elif [[ $one == 1 ]]; then
     timeout -k 10 "$LIMIT" "$P" train "${common[@]}" --batch-size "$batch" --lr "$lr" \

@@ -17,6 +17,9 @@ DEFINE_string(metric_names, "accuracy",
               "metrics to tabulate, comma-separated (e.g. accuracy,top_k_accuracy_5); given, "
               "the validation columns are headed val-<m> as MXNet 1.x's parse_log.py heads them, "
               "else valid-<m> as the 2015 one (the seeds' tables)");
+DEFINE_string(val_prefix, "",
+              "the validation columns' prefix: valid (MXNet's 2015 parse_log.py) or val (1.x's); "
+              "default: val when --metric-names is given, else valid");
 DEFINE_string(op, "avg", "how values of several workers combine: avg or max (time: always avg)");
 DEFINE_string(plot, "", "also write an SVG chart of the first metric per epoch to this file");
 
@@ -26,7 +29,8 @@ int RunParseLog(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: pstrain parse-log FILE_OR_JOB_DIR... [--format markdown|none|tsv|csv] "
-                 "[--metric-names accuracy,...] [--op avg|max] [--plot FILE.svg]\n");
+                 "[--metric-names accuracy,...] [--val-prefix valid|val] [--op avg|max] "
+                 "[--plot FILE.svg]\n");
     return 2;
   }
   auto format = logtools::ParseTableFormat(FLAGS_format);
@@ -51,10 +55,20 @@ int RunParseLog(int argc, char** argv) {
     return 2;
   }
 
-  // --metric-names is 1.x's option: whoever names metrics gets its column names.
-  const logtools::Header header = gflags::GetCommandLineFlagInfoOrDie("metric_names").is_default
-                                      ? logtools::Header::kMxnet2015
-                                      : logtools::Header::kMxnet1x;
+  // --metric-names is 1.x's option: whoever names metrics gets its column
+  // names, unless --val-prefix says.
+  logtools::Header header = gflags::GetCommandLineFlagInfoOrDie("metric_names").is_default
+                                ? logtools::Header::kMxnet2015
+                                : logtools::Header::kMxnet1x;
+  if (FLAGS_val_prefix == "valid") {
+    header = logtools::Header::kMxnet2015;
+  } else if (FLAGS_val_prefix == "val") {
+    header = logtools::Header::kMxnet1x;
+  } else if (!FLAGS_val_prefix.empty()) {
+    std::fprintf(stderr, "pstrain parse-log: --val-prefix '%s' is not valid or val\n",
+                 FLAGS_val_prefix.c_str());
+    return 2;
+  }
 
   std::vector<std::pair<std::string, std::vector<logtools::TableRow>>> tables;
   for (int i = 1; i < argc; ++i) {

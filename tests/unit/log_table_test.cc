@@ -285,6 +285,18 @@ TEST(LogTableTest, CommandLine) {
                                    Environment().All(), 30000, &out, &status));
   ASSERT_EQ(WEXITSTATUS(status), 0) << out;
   EXPECT_EQ(out.substr(0, out.find('\n')), "| epoch | train-accuracy | val-accuracy | time |");
+  // --val-prefix decides where one report mixes both (bench/gpu_seed001.sh).
+  ASSERT_OK(tracker::RunAndCapture(
+      {pstrain::testing::PstrainBinary(), "parse-log", MxnetLog("ilsvrc12/incept_4"),
+       "--metric-names", "accuracy", "--val-prefix", "valid"},
+      Environment().All(), 30000, &out, &status));
+  ASSERT_EQ(WEXITSTATUS(status), 0) << out;
+  EXPECT_EQ(out.substr(0, out.find('\n')), "| epoch | train-accuracy | valid-accuracy | time |");
+  ASSERT_OK(tracker::RunAndCapture({pstrain::testing::PstrainBinary(), "parse-log",
+                                    MxnetLog("ilsvrc12/incept_4"), "--val-prefix", "value"},
+                                   Environment().All(), 30000, &out, &status));
+  EXPECT_EQ(WEXITSTATUS(status), 2) << out;
+  EXPECT_NE(out.find("--val-prefix 'value' is not valid or val"), std::string::npos) << out;
   ASSERT_OK(tracker::RunAndCapture({pstrain::testing::PstrainBinary(), "parse-log", "/nonexistent"},
                                    Environment().All(), 30000, &out, &status));
   EXPECT_EQ(WEXITSTATUS(status), 1);
