@@ -19,7 +19,8 @@ keeps them alive. ``init``, ``broadcast``, ``set_optimizer`` and ``barrier``
 block. Every wait has a deadline (``PSTRAIN_REQUEST_TIMEOUT_MS``,
 ``PSTRAIN_BARRIER_TIMEOUT_MS``); a dead node fails every request within the
 heartbeat timeout. A request that failed while nobody waited for it raises
-its error at the next ``waitall``, ``barrier`` or ``close`` (once). A pull (or
+its error at the next ``waitall`` or ``close``, or ``barrier`` once its
+failure has come back (once). A pull (or
 pushpull) of a key comes after this worker's earlier pushes of it, as in
 MXNet: its ``wait()`` also waits for them, and raises the error of one that
 failed and whose error nobody has seen yet (a dist_async push refused because
