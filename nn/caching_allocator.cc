@@ -6,8 +6,11 @@
 
 namespace pstrain {
 
-CachingAllocator::CachingAllocator(RawAlloc raw_alloc, RawFree raw_free)
-    : raw_alloc_(std::move(raw_alloc)), raw_free_(std::move(raw_free)) {}
+CachingAllocator::CachingAllocator(RawAlloc raw_alloc, RawFree raw_free,
+                                   std::function<void()> quiesce)
+    : raw_alloc_(std::move(raw_alloc)),
+      raw_free_(std::move(raw_free)),
+      quiesce_(std::move(quiesce)) {}
 
 CachingAllocator::~CachingAllocator() {
   MutexLock lock(&mu_);
@@ -38,6 +41,7 @@ void* CachingAllocator::Allocate(size_t bytes, std::string* error) {
     std::string why;
     p = raw_alloc_(size, &why);
     if (p == nullptr && !free_.empty()) {
+      if (quiesce_) quiesce_();
       ReleaseCachedLocked();
       p = raw_alloc_(size, &why);
     }

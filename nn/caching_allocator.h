@@ -5,9 +5,11 @@
 // Sizes are rounded up (512 bytes below 1 MiB, 2 MiB above) and a freed block
 // goes to a free list; a request takes the smallest free block that fits and
 // is at most 1/8 larger, else a new block from `raw_alloc`. When `raw_alloc`
-// fails, every free block is given back with `raw_free` and the request is
-// tried once more. The raw functions are the device's (cudaMalloc/cudaFree for
-// the CUDA backend); tests pass malloc/free.
+// fails, `quiesce` runs (if given), every free block is given back with
+// `raw_free` and the request is tried once more. The raw functions are the
+// device's (cudaMalloc/cudaFree for the CUDA backend, whose quiesce waits for
+// its streams with a deadline: cudaFree waits for the whole device with
+// none); tests pass malloc/free.
 //
 // Blocks are reused in the order of the stream that uses them: a block freed
 // while queued work still reads it may go to work queued after that work,
@@ -34,7 +36,9 @@ class CachingAllocator {
   // raw_alloc returns nullptr (and may set *error) when the device is out of memory.
   using RawAlloc = std::function<void*(size_t bytes, std::string* error)>;
   using RawFree = std::function<void(void* p)>;
-  CachingAllocator(RawAlloc raw_alloc, RawFree raw_free);
+  // `quiesce`: called (under the allocator's lock) before an out-of-memory
+  // retry gives the cached blocks back; it may wait, not allocate or free.
+  CachingAllocator(RawAlloc raw_alloc, RawFree raw_free, std::function<void()> quiesce = nullptr);
   // Gives every block back. REQUIRES: every block handed out was freed.
   ~CachingAllocator();
   CachingAllocator(const CachingAllocator&) = delete;
@@ -60,6 +64,7 @@ class CachingAllocator {
 
   const RawAlloc raw_alloc_;
   const RawFree raw_free_;
+  const std::function<void()> quiesce_;
   mutable Mutex mu_;
   std::multimap<size_t, void*> free_ GUARDED_BY(mu_);       // size -> block
   std::unordered_map<void*, size_t> used_ GUARDED_BY(mu_);  // block -> size

@@ -130,6 +130,15 @@ Status CudaBackend::Init() {
       [ordinal](void* p) {
         cudaSetDevice(ordinal);
         PSTRAIN_CUDA_CHECK_RELEASE(cudaFree(p));
+      },
+      // Before an out-of-memory retry's cudaFrees, which wait for the whole
+      // device with no deadline: this backend's queued work, with one (a
+      // hung device ends the process naming it). Only Allocate calls it,
+      // which only a live backend calls.
+      [this] {
+        for (cudaStream_t s : {stream_, copy_stream_, download_stream_}) {
+          if (s != nullptr) AwaitStream(s, "the work queued before freeing cached device memory");
+        }
       });
   for (int i = 0; i < kStagingSlots; ++i) RETURN_IF_ERROR(AddStagingSlot());
   void* download = nullptr;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -19,7 +20,9 @@ struct Raw {
   std::map<void*, size_t> sizes;
 };
 
-CachingAllocator MakeAllocator(Raw* raw) {
+// `quiesced`, when given, counts the allocator's calls to wait for the
+// device before it frees its cache.
+CachingAllocator MakeAllocator(Raw* raw, std::vector<int>* quiesced = nullptr) {
   return CachingAllocator(
       [raw](size_t bytes, std::string* error) -> void* {
         if (raw->live + bytes > raw->limit) {
@@ -36,7 +39,9 @@ CachingAllocator MakeAllocator(Raw* raw) {
         raw->live -= raw->sizes[p];
         raw->sizes.erase(p);
         std::free(p);
-      });
+      },
+      quiesced == nullptr ? std::function<void()>()
+                          : [raw, quiesced] { quiesced->push_back(raw->frees); });
 }
 
 TEST(CachingAllocatorTest, RoundsToSizeClasses) {
@@ -87,14 +92,19 @@ TEST(CachingAllocatorTest, AFarLargerCachedBlockIsNotHandedOutForASmallRequest) 
 TEST(CachingAllocatorTest, OutOfMemoryEmptiesTheCacheAndRetriesThenSaysWhy) {
   Raw raw;
   raw.limit = 6 << 20;
-  CachingAllocator a = MakeAllocator(&raw);
+  std::vector<int> quiesced;  // raw frees made when each wait for the device ran
+  CachingAllocator a = MakeAllocator(&raw, &quiesced);
   std::string error;
   void* p = a.Allocate(4 << 20, &error);
   ASSERT_NE(p, nullptr);
   a.Free(p);                              // cached: 4 MiB of the 6 the device has
+  EXPECT_TRUE(quiesced.empty());          // no retry yet
   void* q = a.Allocate(6 << 20, &error);  // fits only once the cache is given back
   ASSERT_NE(q, nullptr) << error;
   EXPECT_EQ(raw.frees, 1);
+  // The device was waited for (with the backend's deadline) before the cache
+  // went back: cudaFree would wait for it with none.
+  EXPECT_EQ(quiesced, std::vector<int>{0});
   void* r = a.Allocate(1 << 10, &error);  // the device is full, the cache empty
   EXPECT_EQ(r, nullptr);
   EXPECT_NE(error.find("out of device memory"), std::string::npos) << error;
