@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -845,6 +846,8 @@ constexpr std::pair<const char*, const char*> kLauncherVariables[] = {
      "scheduler's)"},
     {"PSTRAIN_KEY_FILE", "give --key-file (or --no-keys)"},
     {"PSTRAIN_RESTART", "the launcher counts a server's restarts"},
+    {"PSTRAIN_LOCAL_RANK", "the launcher numbers the workers of each host"},
+    {"PSTRAIN_LOCAL_SIZE", "the launcher counts the workers of each host"},
 };
 
 // --env's variables with their values (K alone: the launcher's). One that the
@@ -1033,6 +1036,10 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
       vars["DMLC_NODE_HOST"] = plan.root_uri;
       vars["DMLC_TASK_ID"] = std::to_string(task_id);
       vars["PSTRAIN_LAUNCH_RANK"] = std::to_string(rank);
+      if (!server) {  // every worker on this host
+        vars["PSTRAIN_LOCAL_RANK"] = std::to_string(rank);
+        vars["PSTRAIN_LOCAL_SIZE"] = std::to_string(o.num_workers);
+      }
       t.spec.argv = o.command;
       t.spec.env = merged(inherited, vars);
       if (server) t.max_restarts = o.restart_servers;
@@ -1119,6 +1126,18 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
       }
     }
     // MXNet placement: task i < S is server i, else worker i - S; host i mod H.
+    // A loopback name ("localhost") in a job that spans hosts is this host:
+    // the others reach it at the scheduler's address, not at their own
+    // loopback.
+    auto node_host = [&](int i) {
+      const Host& h = plan.hosts[static_cast<size_t>(i) % plan.hosts.size()];
+      return IsLoopbackHost(h.address()) && !IsLoopbackHost(plan.root_uri) ? plan.root_uri
+                                                                           : h.address();
+    };
+    // Each worker's rank among the workers on its host, and their count.
+    std::map<std::string, int> workers_on;
+    for (int i = o.num_servers; i < total; ++i) ++workers_on[node_host(i)];
+    std::map<std::string, int> placed;
     for (int i = 0; i < total; ++i) {
       const Host& h = plan.hosts[static_cast<size_t>(i) % plan.hosts.size()];
       bool server = i < o.num_servers;
@@ -1127,12 +1146,11 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Environment& env) 
       t.rank = server ? i : i - o.num_servers;
       t.host = h.port != 22 ? h.bracketed() + ":" + std::to_string(h.port) : h.name;
       auto vars = merged(forwarded, job_vars(t.role));
-      // A loopback name ("localhost") in a job that spans hosts is this
-      // host: the others reach it at the scheduler's address, not at their
-      // own loopback.
-      vars["DMLC_NODE_HOST"] = IsLoopbackHost(h.address()) && !IsLoopbackHost(plan.root_uri)
-                                   ? plan.root_uri
-                                   : h.address();
+      vars["DMLC_NODE_HOST"] = node_host(i);
+      if (!server) {
+        vars["PSTRAIN_LOCAL_RANK"] = std::to_string(placed[node_host(i)]++);
+        vars["PSTRAIN_LOCAL_SIZE"] = std::to_string(workers_on[node_host(i)]);
+      }
       vars["DMLC_TASK_ID"] = std::to_string(i);
       vars["PSTRAIN_LAUNCH_RANK"] = std::to_string(t.rank);
       t.spec.argv = ssh_base;

@@ -61,6 +61,7 @@ sent: clip on the servers (``clip_gradient``) instead.
 """
 import copy
 import json
+import os
 import re
 import time
 import types
@@ -72,7 +73,7 @@ from .kvstore import _OPEN, KVStore
 from .optimizer import Optimizer as ServerOptimizer
 
 __all__ = ["DistributedOptimizer", "broadcast_object", "broadcast_optimizer_state",
-           "broadcast_parameters"]
+           "broadcast_parameters", "init", "local_rank", "local_size", "rank", "size"]
 
 
 def _store(kvstore):
@@ -82,6 +83,55 @@ def _store(kvstore):
         if not s._closed:
             return s
     return KVStore("dist_sync")
+
+
+def init(kvstore_type="dist_sync"):
+    """Horovod's ``init``: joins the job as this worker, opening its store (a
+    dist KVStore of ``kvstore_type``) unless one is open; returns the store.
+    The other functions of this module use it. Under ``pstrain launch`` only.
+    """
+    for s in _OPEN:
+        if not s._closed:
+            if s.type != kvstore_type:
+                raise ValueError("init(%r): this process's store is already a %r one"
+                                 % (kvstore_type, s.type))
+            return s
+    return KVStore(kvstore_type)
+
+
+def rank():
+    """This worker's rank, 0 .. size() - 1 (Horovod's ``rank``; opens the
+    store as ``init()`` does)."""
+    return _store(None).rank
+
+
+def size():
+    """The number of workers in the job (Horovod's ``size``)."""
+    return _store(None).num_workers
+
+
+def _local(name):
+    value = os.environ.get(name)
+    if value is None:
+        raise Error("FailedPrecondition: %s is not set: `pstrain launch` sets it for the local "
+                    "and ssh launchers; under mpi or slurm use the launcher's own "
+                    "(OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID), which count the servers of "
+                    "a host too" % name)
+    return int(value)
+
+
+def local_rank():
+    """This worker's rank among the workers of its host, 0 .. local_size() - 1
+    (Horovod's ``local_rank``: the GPU to take, ``torch.cuda.set_device(
+    local_rank())``). From ``PSTRAIN_LOCAL_RANK``, which ``pstrain launch``
+    sets for its local and ssh launchers (servers are not counted)."""
+    return _local("PSTRAIN_LOCAL_RANK")
+
+
+def local_size():
+    """The number of workers on this host (Horovod's ``local_size``), from
+    ``PSTRAIN_LOCAL_SIZE`` (see ``local_rank``)."""
+    return _local("PSTRAIN_LOCAL_SIZE")
 
 
 def _named(params):

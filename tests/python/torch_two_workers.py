@@ -54,9 +54,20 @@ def train(model, opt, rank, steps=5):
 
 
 def main():
-    kv = pstrain.KVStore("dist_sync")
+    # Horovod's calls: init opens the store the rest uses; both workers run
+    # on this host (the local launcher), so the local ranks are the ranks.
+    kv = pstrain.torch.init()
+    assert pstrain.torch.init() is kv, "a second init is the same store"
     rank = kv.rank
     assert kv.num_workers == 2, "run with two workers"
+    assert (pstrain.torch.rank(), pstrain.torch.size()) == (rank, 2)
+    assert (pstrain.torch.local_rank(), pstrain.torch.local_size()) == (rank, 2), \
+        (pstrain.torch.local_rank(), pstrain.torch.local_size())
+    try:
+        pstrain.torch.init("dist_async")
+        raise AssertionError("init of another type while one store is open did not raise")
+    except ValueError as e:
+        assert "already a 'dist_sync' one" in str(e), e
 
     m1 = make_model(seed=rank)
     state = list(m1.state_dict().values())

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -314,6 +315,56 @@ TEST(LaunchArgsTest, LaunchPyStyle) {
   auto unknown = ParseLaunchArgs({"-n", "2", "--bogus", "cmd"});
   EXPECT_NE(unknown.status().message().find("--bogus"), std::string::npos);
   EXPECT_TRUE(ParseLaunchArgs({"--help"})->help);
+}
+
+// Each worker learns its rank among the workers of its host and their count
+// (PSTRAIN_LOCAL_RANK/SIZE: pstrain.torch.local_rank(), the GPU to take);
+// servers and the scheduler get neither.
+TEST(PlanTest, WorkersKnowTheirRankAmongTheWorkersOfTheirHost) {
+  const std::string hosts = ::testing::TempDir() + "/local_rank_hosts";
+  std::FILE* f = std::fopen(hosts.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("h1\nh2\n", f);
+  std::fclose(f);
+  auto o = ParseLaunchArgs(
+      {"-n", "5", "-s", "1", "-H", hosts, "--host-ip", "127.0.0.1", "--no-keys", "prog"});
+  ASSERT_OK(o.status());
+  auto plan = PlanLaunch(*o, Environment::Isolated({}));
+  ASSERT_OK(plan.status());
+  // Task i on host i mod 2: server 0 on h1; workers 0, 2, 4 on h2, 1, 3 on h1.
+  const char* want[] = {"", "0 3", "0 2", "1 3", "1 2", "2 3"};
+  ASSERT_EQ(plan->tasks.size(), 7u);
+  for (size_t i = 1; i < plan->tasks.size(); ++i) {
+    const std::string& remote = plan->tasks[i].spec.argv.back();
+    SCOPED_TRACE(remote);
+    if (plan->tasks[i].role == "server") {
+      EXPECT_EQ(remote.find("PSTRAIN_LOCAL_RANK"), std::string::npos);
+      continue;
+    }
+    std::istringstream rank_size(want[i - 1]);
+    std::string rank, size;
+    rank_size >> rank >> size;
+    EXPECT_NE(remote.find("'PSTRAIN_LOCAL_RANK=" + rank + "'"), std::string::npos);
+    EXPECT_NE(remote.find("'PSTRAIN_LOCAL_SIZE=" + size + "'"), std::string::npos);
+  }
+  EXPECT_EQ(plan->tasks[0].spec.env.count("PSTRAIN_LOCAL_RANK"), 0u);
+  // Local: every worker is on this host.
+  o = ParseLaunchArgs(
+      {"-n", "3", "-s", "2", "--launcher", "local", "--host-ip", "127.0.0.1", "--no-keys", "prog"});
+  ASSERT_OK(o.status());
+  plan = PlanLaunch(*o, Environment::Isolated({}));
+  ASSERT_OK(plan.status());
+  int workers = 0;
+  for (const Task& t : plan->tasks) {
+    if (t.role != "worker") {
+      EXPECT_EQ(t.spec.env.count("PSTRAIN_LOCAL_RANK"), 0u) << t.role;
+      continue;
+    }
+    ++workers;
+    EXPECT_EQ(t.spec.env.at("PSTRAIN_LOCAL_RANK"), std::to_string(t.rank));
+    EXPECT_EQ(t.spec.env.at("PSTRAIN_LOCAL_SIZE"), "3");
+  }
+  EXPECT_EQ(workers, 3);
 }
 
 TEST(PlanTest, SshPlacementFollowsMxnet) {
