@@ -114,9 +114,9 @@ def _local(name):
     value = os.environ.get(name)
     if value is None:
         raise Error("FailedPrecondition: %s is not set: `pstrain launch` sets it for the local "
-                    "and ssh launchers; under mpi or slurm use the launcher's own "
-                    "(OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID), which count the servers of "
-                    "a host too" % name)
+                    "and ssh launchers; under slurm the workers' srun step has SLURM_LOCALID "
+                    "(its tasks are workers only); under mpi, OMPI_COMM_WORLD_LOCAL_RANK (or "
+                    "MPICH's MPI_LOCALRANKID) counts a host's servers too" % name)
     return int(value)
 
 
