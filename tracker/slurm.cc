@@ -124,12 +124,24 @@ std::vector<std::string> SrunCommand(const LaunchOptions& o, const SlurmJob& job
                                      const std::string& step_name, int count, int task_id_offset,
                                      const std::vector<std::string>& command) {
   // The task's rank is SLURM_PROCID; the step's first task id comes as $1.
+  // A worker's rank among the workers of its node is its SLURM_LOCALID (the
+  // workers' step holds workers only), and their count is its node's entry
+  // (SLURM_NODEID, the node's index in the step) in SLURM_STEP_TASKS_PER_NODE
+  // ("2(x3),1": 2 on each of the first three nodes, then 1).
   static const std::string kRankScript =
       "r=${SLURM_PROCID:-}; o=$1; shift; "
       "[ -n \"$r\" ] || { echo 'pstrain launch: no SLURM_PROCID in the environment' >&2; "
       "exit 127; }; "
       "PSTRAIN_LAUNCH_RANK=$r; DMLC_TASK_ID=$((r + o)); "
-      "export PSTRAIN_LAUNCH_RANK DMLC_TASK_ID; exec \"$@\"";
+      "export PSTRAIN_LAUNCH_RANK DMLC_TASK_ID; "
+      "if [ \"${DMLC_ROLE:-}\" = worker ] && [ -n \"${SLURM_LOCALID:-}\" ]; then "
+      "PSTRAIN_LOCAL_RANK=$SLURM_LOCALID; export PSTRAIN_LOCAL_RANK; "
+      "n=${SLURM_NODEID:-0}; i=0; "
+      "for e in $(echo \"${SLURM_STEP_TASKS_PER_NODE:-}\" | tr ',' ' '); do "
+      "c=${e%%(*}; k=1; case $e in *'(x'*) k=${e#*(x}; k=${k%)};; esac; "
+      "if [ \"$n\" -lt $((i + k)) ]; then PSTRAIN_LOCAL_SIZE=$c; export PSTRAIN_LOCAL_SIZE; "
+      "break; fi; i=$((i + k)); done; fi; "
+      "exec \"$@\"";
   std::vector<std::string> argv = {"srun",
                                    "--jobid=" + job.id,
                                    "--job-name=" + step_name,

@@ -113,10 +113,10 @@ def size():
 def _local(name):
     value = os.environ.get(name)
     if value is None:
-        raise Error("FailedPrecondition: %s is not set: `pstrain launch` sets it for the local "
-                    "and ssh launchers; under slurm the workers' srun step has SLURM_LOCALID "
-                    "(its tasks are workers only); under mpi, OMPI_COMM_WORLD_LOCAL_RANK (or "
-                    "MPICH's MPI_LOCALRANKID) counts a host's servers too" % name)
+        raise Error("FailedPrecondition: %s is not set: `pstrain launch` sets it for its "
+                    "local, ssh and slurm launchers; under mpi, OMPI_COMM_WORLD_LOCAL_RANK (or "
+                    "MPICH's MPI_LOCALRANKID) is there, but it counts a host's servers too"
+                    % name)
     return int(value)
 
 
@@ -124,7 +124,7 @@ def local_rank():
     """This worker's rank among the workers of its host, 0 .. local_size() - 1
     (Horovod's ``local_rank``: the GPU to take, ``torch.cuda.set_device(
     local_rank())``). From ``PSTRAIN_LOCAL_RANK``, which ``pstrain launch``
-    sets for its local and ssh launchers (servers are not counted)."""
+    sets for its local, ssh and slurm launchers (servers are not counted)."""
     return _local("PSTRAIN_LOCAL_RANK")
 
 

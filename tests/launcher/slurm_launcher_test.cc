@@ -359,7 +359,8 @@ class SlurmLauncherTest : public ::testing::Test {
   std::vector<std::string> ProbeArgs(std::vector<std::string> probe_extra) {
     std::vector<std::string> args = LaunchArgs(
         {"--env", "PROBE_SPACEY=" + kSpacey, "--", EnvProbe(), "--out=" + dir_.Sub("reports"),
-         "--show=PROBE_SPACEY,SLURM_JOB_ID,SLURM_PROCID,SLURM_STEP_ID"});
+         "--show=PROBE_SPACEY,SLURM_JOB_ID,SLURM_PROCID,SLURM_STEP_ID,PSTRAIN_LOCAL_RANK,"
+         "PSTRAIN_LOCAL_SIZE"});
     args.insert(args.end(), probe_extra.begin(), probe_extra.end());
     return args;
   }
@@ -431,6 +432,9 @@ TEST_F(SlurmLauncherTest, EnvironmentAndRanksFromSlurmSteps) {
       EXPECT_EQ(kv.at("SLURM_PROCID"), std::to_string(rank));
       EXPECT_FALSE(kv.at("SLURM_STEP_ID").empty());
       EXPECT_EQ(kv.at("DMLC_TASK_ID"), std::to_string(role[0] == 's' ? rank : 2 + rank));
+      // One node: the workers' local ranks are their ranks, of 2; servers have none.
+      EXPECT_EQ(kv.at("PSTRAIN_LOCAL_RANK"), role[0] == 's' ? "<unset>" : std::to_string(rank));
+      EXPECT_EQ(kv.at("PSTRAIN_LOCAL_SIZE"), role[0] == 's' ? "<unset>" : "2");
       EXPECT_EQ(kv.at("PROBE_SPACEY"), kSpacey);
       EXPECT_EQ(kv.at("arg0"), "plain");
       EXPECT_EQ(kv.at("arg1"), kSpacey);

@@ -220,6 +220,34 @@ TEST(SlurmPlanTest, RankWrapperThroughARealShell) {
   ASSERT_OK(RunAndCapture(task, {{"PATH", "/usr/bin:/bin"}}, 10000, &out, &status));
   EXPECT_EQ(WEXITSTATUS(status), 127);
   EXPECT_NE(out.find("no SLURM_PROCID"), std::string::npos) << out;
+
+  // A worker's rank among its node's workers and their count: SLURM_LOCALID,
+  // and its node's entry of the step's tasks per node; a server gets neither.
+  std::vector<std::string> local_argv = SrunCommand(
+      o, job, "step", 4, 2,
+      {"/bin/sh", "-c", "echo \"${PSTRAIN_LOCAL_RANK:-none} ${PSTRAIN_LOCAL_SIZE:-none}\""});
+  std::vector<std::string> local_task(local_argv.begin() + Find(local_argv, "/bin/sh"),
+                                      local_argv.end());
+  const struct {
+    const char* role;
+    const char* node;
+    const char* per_node;
+    const char* want;
+  } cases[] = {{"worker", "0", "2(x3),1", "1 2\n"}, {"worker", "2", "2(x3),1", "1 2\n"},
+               {"worker", "3", "2(x3),1", "1 1\n"}, {"worker", "1", "3,1", "1 1\n"},
+               {"worker", "0", "3", "1 3\n"},       {"server", "0", "2", "none none\n"}};
+  for (const auto& c : cases) {
+    ASSERT_OK(RunAndCapture(local_task,
+                            {{"SLURM_PROCID", "1"},
+                             {"SLURM_LOCALID", "1"},
+                             {"SLURM_NODEID", c.node},
+                             {"SLURM_STEP_TASKS_PER_NODE", c.per_node},
+                             {"DMLC_ROLE", c.role},
+                             {"PATH", "/usr/bin:/bin"}},
+                            10000, &out, &status));
+    EXPECT_EQ(status, 0);
+    EXPECT_EQ(out, c.want) << c.role << " on node " << c.node << " of " << c.per_node;
+  }
 }
 
 TEST(SlurmTagsTest, LabelsAndTaskNotices) {
