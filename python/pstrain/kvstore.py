@@ -336,9 +336,7 @@ class KVStore:
         (waiting for the first's push would wait for the second's, which
         waits in the barrier). ``waitall`` waits.
         """
-        for h in self._pending_handles():
-            if h.done():
-                h._settle()
+        self._settle_answered()
         self._raise_unreported()
         if self._client is not None:
             self._client.barrier()
@@ -901,12 +899,16 @@ class KVStore:
             self._pending[id(h)] = h
             sweep = len(self._pending) > 1024
         if sweep:
-            # Requests nobody waits for: settle those already answered (a failed
-            # one's error waits in _failed for waitall, barrier or close).
-            for p in self._pending_handles():
-                if p.done():
-                    p._settle()
+            self._settle_answered()
         return h
+
+    def _settle_answered(self):
+        """Settles the requests already answered, waiting for none: nobody may
+        wait for them (a failed one's error waits in _failed for waitall,
+        barrier or close)."""
+        for p in self._pending_handles():
+            if p.done():
+                p._settle()
 
     def _pushes_before(self, ikey):
         """The push and pushpull handles of `ikey` that a pull issued now comes

@@ -79,10 +79,12 @@ __all__ = ["DistributedOptimizer", "broadcast_object", "broadcast_optimizer_stat
 def _store(kvstore):
     if kvstore is not None:
         return kvstore
-    for s in _OPEN:
-        if not s._closed:
-            return s
-    return KVStore("dist_sync")
+    return _open_store() or KVStore("dist_sync")
+
+
+def _open_store():
+    """This process's open store, or None."""
+    return next((s for s in _OPEN if not s._closed), None)
 
 
 def init(kvstore_type="dist_sync"):
@@ -90,13 +92,13 @@ def init(kvstore_type="dist_sync"):
     dist KVStore of ``kvstore_type``) unless one is open; returns the store.
     The other functions of this module use it. Under ``pstrain launch`` only.
     """
-    for s in _OPEN:
-        if not s._closed:
-            if s.type != kvstore_type:
-                raise ValueError("init(%r): this process's store is already a %r one"
-                                 % (kvstore_type, s.type))
-            return s
-    return KVStore(kvstore_type)
+    s = _open_store()
+    if s is None:
+        return KVStore(kvstore_type)
+    if s.type != kvstore_type:
+        raise ValueError("init(%r): this process's store is already a %r one"
+                         % (kvstore_type, s.type))
+    return s
 
 
 def rank():
