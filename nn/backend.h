@@ -301,12 +301,13 @@ class Backend {
   // dst += src, element-wise. REQUIRES: same num_elements.
   virtual void Add(const Tensor& src, const Tensor& dst) = 0;
   // One optimizer update in device memory, Optimizer::ApplyStep's arithmetic:
-  // weight and (when step.uses_momentum()) momentum updated in place from grad.
-  // momentum may be undefined otherwise.
+  // weight and the step's slots updated in place from grad. `state` holds
+  // step.num_slots() arrays of the weight's size back to back (undefined
+  // when that is 0).
   // A gradient or a weight written holding NaN or Inf is applied like any
   // other (as Optimizer::ApplyStep does) and reported by TakeStepCheck.
   virtual void ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& grad,
-                                  const Tensor& weight, const Tensor& momentum) = 0;
+                                  const Tensor& weight, const Tensor& state) = 0;
   // What the updates found (StepCheck) since the last call, which clears it.
   // Never waits for the device: an update still running then is reported by
   // a later call; after Synchronize(), every update asked before it has been

@@ -1,6 +1,7 @@
 #include "nn/optimizer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 
@@ -64,10 +65,80 @@ float LrSchedule::LrAt(int64_t num_update) const {
   return static_cast<float>(lr);
 }
 
+namespace {
+
+Optimizer::Rule RuleOf(const OptimizerConfig& cfg) {
+  switch (cfg.type()) {
+    case OptimizerConfig::SGD:
+      return Optimizer::Rule::kSgd;
+    case OptimizerConfig::TEST:
+      return Optimizer::Rule::kTest;
+    case OptimizerConfig::NAG:
+      return Optimizer::Rule::kNag;
+    case OptimizerConfig::ADAM:
+      return Optimizer::Rule::kAdam;
+    case OptimizerConfig::RMSPROP:
+      return cfg.centered() ? Optimizer::Rule::kRmsPropCentered : Optimizer::Rule::kRmsProp;
+    case OptimizerConfig::ADAGRAD:
+      return Optimizer::Rule::kAdaGrad;
+  }
+  return Optimizer::Rule::kSgd;  // (Create refuses any other value)
+}
+
+// A decay rate in [0, 1); written so that NaN fails too (a peer's config).
+Status CheckRate(const char* name, float v, OptimizerConfig::Type type) {
+  if (v >= 0 && v < 1) return Status::Ok();
+  return Status::InvalidArgument(
+      StrCat(Optimizer::TypeName(type), ": ", name, " ", v, " must be in [0, 1)"));
+}
+
+}  // namespace
+
+const char* Optimizer::TypeName(OptimizerConfig::Type type) {
+  switch (type) {
+    case OptimizerConfig::SGD:
+      return "sgd";
+    case OptimizerConfig::TEST:
+      return "test";
+    case OptimizerConfig::NAG:
+      return "nag";
+    case OptimizerConfig::ADAM:
+      return "adam";
+    case OptimizerConfig::RMSPROP:
+      return "rmsprop";
+    case OptimizerConfig::ADAGRAD:
+      return "adagrad";
+  }
+  return "unknown";
+}
+
+bool OptimizerTypeFromName(const std::string& name, OptimizerConfig::Type* type) {
+  std::string lower = name;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (int t = OptimizerConfig::Type_MIN; t <= OptimizerConfig::Type_MAX; ++t) {
+    const auto candidate = static_cast<OptimizerConfig::Type>(t);
+    if (OptimizerConfig::Type_IsValid(t) && lower == Optimizer::TypeName(candidate)) {
+      *type = candidate;
+      return true;
+    }
+  }
+  return false;
+}
+
 StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConfig& cfg) {
+  const OptimizerConfig::Type type = cfg.type();
+  if (!OptimizerConfig::Type_IsValid(type)) {
+    return Status::InvalidArgument(StrCat("unknown optimizer type ", static_cast<int>(type)));
+  }
+  const char* name = TypeName(type);
   // Written so that NaN fails too (it comes from a peer's config).
-  if (!(cfg.momentum() >= 0 && cfg.momentum() < 1)) {
-    return Status::InvalidArgument(StrCat("momentum ", cfg.momentum(), " must be in [0, 1)"));
+  const bool has_momentum = type == OptimizerConfig::SGD || type == OptimizerConfig::NAG;
+  if (has_momentum) {
+    RETURN_IF_ERROR(CheckRate("momentum", cfg.momentum(), type));
+  } else if (cfg.momentum() != 0.0f && type != OptimizerConfig::TEST) {
+    // MXNet's optimizers other than sgd and nag take no momentum either.
+    return Status::InvalidArgument(
+        StrCat(name, " takes no momentum (got ", cfg.momentum(), "): only sgd and nag do"));
   }
   if (!(cfg.wd() >= 0) || !std::isfinite(cfg.wd())) {
     return Status::InvalidArgument(StrCat("wd ", cfg.wd(), " must be finite and >= 0"));
@@ -75,9 +146,47 @@ StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConfig& cf
   if (!std::isfinite(cfg.rescale_grad())) {
     return Status::InvalidArgument("rescale_grad must be finite");
   }
+  if (type == OptimizerConfig::ADAM) {
+    RETURN_IF_ERROR(CheckRate("beta1", cfg.beta1(), type));
+    RETURN_IF_ERROR(CheckRate("beta2", cfg.beta2(), type));
+  }
+  if (type == OptimizerConfig::RMSPROP) {
+    RETURN_IF_ERROR(CheckRate("gamma1", cfg.gamma1(), type));
+    RETURN_IF_ERROR(CheckRate("gamma2", cfg.gamma2(), type));
+    if (std::isnan(cfg.clip_weights())) {
+      return Status::InvalidArgument("rmsprop: clip_weights is NaN");
+    }
+  }
+  if (cfg.has_epsilon() && !(cfg.epsilon() > 0 && std::isfinite(cfg.epsilon()))) {
+    return Status::InvalidArgument(
+        StrCat(name, ": epsilon ", cfg.epsilon(), " must be finite and > 0"));
+  }
   ASSIGN_OR_RETURN(LrSchedule schedule,
                    LrSchedule::Create(cfg.learning_rate(), cfg.lr_scheduler()));
   return std::unique_ptr<Optimizer>(new Optimizer(cfg, schedule));
+}
+
+Optimizer::Optimizer(const OptimizerConfig& cfg, LrSchedule schedule)
+    : cfg_(cfg), rule_(RuleOf(cfg)), schedule_(schedule) {}
+
+std::vector<std::string> Optimizer::SlotNames() const {
+  switch (rule_) {
+    case Rule::kSgd:
+    case Rule::kNag:
+      if (num_slots() == 0) return {};
+      return {"momentum"};
+    case Rule::kTest:
+      return {};
+    case Rule::kAdam:
+      return {"mean", "var"};
+    case Rule::kRmsProp:
+      return {"n"};
+    case Rule::kRmsPropCentered:
+      return {"n", "g", "delta"};
+    case Rule::kAdaGrad:
+      return {"history"};
+  }
+  return {};
 }
 
 int64_t Optimizer::NoteUpdate(ParamState* state) {
@@ -98,20 +207,53 @@ float Optimizer::CurrentLr() const { return schedule_.LrAt(num_update() + 1); }
 Optimizer::Step Optimizer::NextStep(ParamState* state) {
   const int64_t num_update = NoteUpdate(state);
   Step s;
+  s.rule = rule_;
   s.rescale = cfg_.rescale_grad();
-  s.test = cfg_.type() == OptimizerConfig::TEST;
-  if (s.test) return s;  // (uses_momentum() is false then, as Step's)
-  s.lr = schedule_.LrAt(num_update) * state->lr_mult;
+  if (rule_ == Rule::kTest) return s;
+  const float lr = schedule_.LrAt(num_update) * state->lr_mult;
+  s.lr = lr;
   s.wd = cfg_.wd() * state->wd_mult;
   s.clip = cfg_.clip_gradient();
   s.do_clip = s.clip > 0;
-  s.mom = cfg_.momentum();
+  switch (rule_) {
+    case Rule::kSgd:
+    case Rule::kNag:
+      s.mom = cfg_.momentum();
+      break;
+    case Rule::kAdam: {
+      // MXNet's Adam.update, in double as Python computes it.
+      const double t = static_cast<double>(state->earlier_updates + state->num_updates);
+      const double coef1 = 1.0 - std::pow(static_cast<double>(cfg_.beta1()), t);
+      const double coef2 = 1.0 - std::pow(static_cast<double>(cfg_.beta2()), t);
+      s.lr = static_cast<float>(lr * std::sqrt(coef2) / coef1);
+      s.beta1 = cfg_.beta1();
+      s.beta2 = cfg_.beta2();
+      s.eps = cfg_.has_epsilon() ? cfg_.epsilon() : 1e-8f;
+      break;
+    }
+    case Rule::kRmsProp:
+    case Rule::kRmsPropCentered:
+      s.gamma1 = cfg_.gamma1();
+      s.gamma2 = cfg_.gamma2();
+      s.eps = cfg_.has_epsilon() ? cfg_.epsilon() : 1e-8f;
+      s.clip_weights = cfg_.clip_weights();
+      s.do_clip_weights = s.clip_weights > 0;
+      break;
+    case Rule::kAdaGrad:
+      s.eps = cfg_.has_epsilon() ? cfg_.epsilon() : 1e-7f;
+      break;
+    case Rule::kTest:
+      break;
+  }
   return s;
 }
 
 Optimizer::Step Optimizer::Begin(size_t n, ParamState* state) {
   const Step s = NextStep(state);
-  if (s.uses_momentum() && state->momentum.size() != n) state->momentum.assign(n, 0.0f);
+  const size_t want = static_cast<size_t>(s.num_slots()) * n;
+  const bool other_layout = state->slot_layout >= 0 && state->slot_layout != SlotLayout();
+  if (state->slots.size() != want || other_layout) state->slots.assign(want, 0.0f);
+  state->slot_layout = SlotLayout();
   return s;
 }
 
@@ -141,38 +283,101 @@ bool AllFinite(const float* x, size_t n) {
 }
 
 UpdateCheck Optimizer::ApplyStep(const Step& s, const float* grad, const float* in, float* out,
-                                 float* m, size_t n) {
+                                 float* state, size_t stride, size_t n) {
   uint32_t bad = 0;  // bit 0: a gradient value, bit 1: a weight written
-  if (s.test) {
-    for (size_t i = 0; i < n; ++i) {
-      out[i] = in[i] + s.rescale * grad[i];
-      bad |= NonFinite(grad[i]) | NonFinite(out[i]) << 1;
+  // Every loop below is one pass, element by element, with the check in it.
+  auto clip = [&s](float g) { return s.do_clip ? std::clamp(g, -s.clip, s.clip) : g; };
+  auto clip_w = [&s](float w) {
+    return s.do_clip_weights ? std::clamp(w, -s.clip_weights, s.clip_weights) : w;
+  };
+  switch (s.rule) {
+    case Rule::kTest:
+      for (size_t i = 0; i < n; ++i) {
+        out[i] = in[i] + s.rescale * grad[i];
+        bad |= NonFinite(grad[i]) | NonFinite(out[i]) << 1;
+      }
+      break;
+    case Rule::kSgd:
+      if (s.mom == 0.0f) {
+        for (size_t i = 0; i < n; ++i) {
+          out[i] = in[i] - s.lr * (clip(s.rescale * grad[i]) + s.wd * in[i]);
+          bad |= NonFinite(grad[i]) | NonFinite(out[i]) << 1;
+        }
+        break;
+      }
+      for (size_t i = 0; i < n; ++i) {
+        float* m = state;
+        m[i] = s.mom * m[i] - s.lr * (clip(s.rescale * grad[i]) + s.wd * in[i]);
+        out[i] = in[i] + m[i];
+        bad |= NonFinite(grad[i]) | NonFinite(out[i]) << 1;
+      }
+      break;
+    case Rule::kNag:
+      for (size_t i = 0; i < n; ++i) {
+        const float h = clip(s.rescale * grad[i]) + s.wd * in[i];
+        float step = h;
+        if (s.mom != 0.0f) {
+          state[i] = s.mom * state[i] + h;
+          step = h + s.mom * state[i];
+        }
+        out[i] = in[i] - s.lr * step;
+        bad |= NonFinite(grad[i]) | NonFinite(out[i]) << 1;
+      }
+      break;
+    case Rule::kAdam: {
+      float* mean = state;
+      float* var = state + stride;
+      for (size_t i = 0; i < n; ++i) {
+        const float h = clip(s.rescale * grad[i] + s.wd * in[i]);
+        mean[i] = s.beta1 * mean[i] + (1.0f - s.beta1) * h;
+        var[i] = s.beta2 * var[i] + (1.0f - s.beta2) * (h * h);
+        out[i] = in[i] - s.lr * mean[i] / (std::sqrt(var[i]) + s.eps);
+        bad |= NonFinite(grad[i]) | NonFinite(out[i]) << 1;
+      }
+      break;
     }
-    return CheckOf(bad);
-  }
-  if (s.mom == 0.0f) {
-    for (size_t i = 0; i < n; ++i) {
-      float g = s.rescale * grad[i];
-      if (s.do_clip) g = std::clamp(g, -s.clip, s.clip);
-      out[i] = in[i] - s.lr * (g + s.wd * in[i]);
-      bad |= NonFinite(grad[i]) | NonFinite(out[i]) << 1;
+    case Rule::kRmsProp: {
+      float* sq = state;
+      for (size_t i = 0; i < n; ++i) {
+        const float h = clip(s.rescale * grad[i] + s.wd * in[i]);
+        sq[i] = (1.0f - s.gamma1) * (h * h) + s.gamma1 * sq[i];
+        out[i] = clip_w(in[i] - s.lr * (h / std::sqrt(sq[i] + s.eps)));
+        bad |= NonFinite(grad[i]) | NonFinite(out[i]) << 1;
+      }
+      break;
     }
-    return CheckOf(bad);
-  }
-  for (size_t i = 0; i < n; ++i) {
-    float g = s.rescale * grad[i];
-    if (s.do_clip) g = std::clamp(g, -s.clip, s.clip);
-    m[i] = s.mom * m[i] - s.lr * (g + s.wd * in[i]);
-    out[i] = in[i] + m[i];
-    bad |= NonFinite(grad[i]) | NonFinite(out[i]) << 1;
+    case Rule::kRmsPropCentered: {
+      float* sq = state;
+      float* mg = state + stride;
+      float* delta = state + 2 * stride;
+      for (size_t i = 0; i < n; ++i) {
+        const float h = clip(s.rescale * grad[i] + s.wd * in[i]);
+        sq[i] = (1.0f - s.gamma1) * (h * h) + s.gamma1 * sq[i];
+        mg[i] = (1.0f - s.gamma1) * h + s.gamma1 * mg[i];
+        delta[i] = s.gamma2 * delta[i] - s.lr * (h / std::sqrt(sq[i] - mg[i] * mg[i] + s.eps));
+        out[i] = clip_w(in[i] + delta[i]);
+        bad |= NonFinite(grad[i]) | NonFinite(out[i]) << 1;
+      }
+      break;
+    }
+    case Rule::kAdaGrad: {
+      float* hist = state;
+      for (size_t i = 0; i < n; ++i) {
+        const float h = clip(s.rescale * grad[i]);
+        hist[i] += h * h;
+        out[i] = in[i] - s.lr * (h / std::sqrt(hist[i] + s.eps) + s.wd * in[i]);
+        bad |= NonFinite(grad[i]) | NonFinite(out[i]) << 1;
+      }
+      break;
+    }
   }
   return CheckOf(bad);
 }
 
 UpdateCheck Optimizer::Update(const float* grad, float* weight, size_t n, ParamState* state) {
   const Step s = Begin(n, state);
-  return ApplyStep(s, grad, weight, weight,
-                   state->momentum.empty() ? nullptr : state->momentum.data(), n);
+  return ApplyStep(s, grad, weight, weight, state->slots.empty() ? nullptr : state->slots.data(), n,
+                   n);
 }
 
 UpdateCheck Optimizer::Update(const float* const* grads, size_t num_grads, float* weight, size_t n,
@@ -184,8 +389,8 @@ UpdateCheck Optimizer::Update(const float* const* grads, size_t num_grads, const
                               float* out, size_t n, ParamState* state) {
   CHECK_GE(num_grads, 1u);
   const Step s = Begin(n, state);
-  float* m = state->momentum.empty() ? nullptr : state->momentum.data();
-  if (num_grads == 1) return ApplyStep(s, grads[0], in, out, m, n);
+  float* slots = state->slots.empty() ? nullptr : state->slots.data();
+  if (num_grads == 1) return ApplyStep(s, grads[0], in, out, slots, n, n);
   // The sum of one block stays in L1 between the adds and the update. Each
   // gradient is checked while it is summed; the sum is not (a non-finite sum
   // of finite gradients shows in the weights).
@@ -216,8 +421,8 @@ UpdateCheck Optimizer::Update(const float* const* grads, size_t num_grads, const
       }
       bad_grad[k] |= bk;
     }
-    bad_weight |=
-        ApplyStep(s, sum, in + b, out + b, m == nullptr ? nullptr : m + b, len).bad_weight;
+    bad_weight |= ApplyStep(s, sum, in + b, out + b, slots == nullptr ? nullptr : slots + b, n, len)
+                      .bad_weight;
   }
   UpdateCheck c;
   c.bad_weight = bad_weight;

@@ -153,25 +153,36 @@ float GetFloat(const py::dict& d, const char* name, float fallback) {
 }
 
 // An OptimizerConfig from the dict pstrain.optimizer builds (its names are
-// MXNet's): type "sgd" | "test", learning_rate, momentum, wd, rescale_grad,
-// clip_gradient (None or <= 0: off), lr_scheduler {type "factor" |
-// "multifactor", step, factor, stop_factor_lr}.
+// MXNet's): type "sgd" | "nag" | "adam" | "rmsprop" | "adagrad" | "test",
+// learning_rate, momentum (sgd, nag), wd, rescale_grad, clip_gradient (None
+// or <= 0: off), beta1, beta2 (adam), epsilon (adam, rmsprop, adagrad; None:
+// the type's default), gamma1, gamma2, centered, clip_weights (rmsprop),
+// lr_scheduler {type "factor" | "multifactor", step, factor, stop_factor_lr}.
 OptimizerConfig OptimizerFromDict(const py::dict& d) {
   OptimizerConfig c;
   const std::string type = d.contains("type") ? d["type"].cast<std::string>() : "sgd";
-  if (type == "sgd") {
-    c.set_type(OptimizerConfig::SGD);
-  } else if (type == "test") {
-    c.set_type(OptimizerConfig::TEST);
-  } else {
-    throw py::value_error(StrCat("optimizer type '", type, "': the servers run sgd or test"));
+  OptimizerConfig::Type t;
+  if (!OptimizerTypeFromName(type, &t)) {
+    throw py::value_error(StrCat("optimizer type '", type, "': the servers run ", kOptimizerNames));
   }
+  c.set_type(t);
   c.set_learning_rate(GetFloat(d, "learning_rate", c.learning_rate()));
   c.set_momentum(GetFloat(d, "momentum", c.momentum()));
   c.set_wd(GetFloat(d, "wd", c.wd()));
   c.set_rescale_grad(GetFloat(d, "rescale_grad", c.rescale_grad()));
   if (d.contains("clip_gradient") && !d["clip_gradient"].is_none()) {
     c.set_clip_gradient(d["clip_gradient"].cast<float>());
+  }
+  c.set_beta1(GetFloat(d, "beta1", c.beta1()));
+  c.set_beta2(GetFloat(d, "beta2", c.beta2()));
+  if (d.contains("epsilon") && !d["epsilon"].is_none()) {
+    c.set_epsilon(d["epsilon"].cast<float>());
+  }
+  c.set_gamma1(GetFloat(d, "gamma1", c.gamma1()));
+  c.set_gamma2(GetFloat(d, "gamma2", c.gamma2()));
+  if (d.contains("centered")) c.set_centered(d["centered"].cast<bool>());
+  if (d.contains("clip_weights") && !d["clip_weights"].is_none()) {
+    c.set_clip_weights(d["clip_weights"].cast<float>());
   }
   if (d.contains("lr_scheduler") && !d["lr_scheduler"].is_none()) {
     const py::dict s = d["lr_scheduler"].cast<py::dict>();
@@ -492,7 +503,8 @@ class LocalUpdater {
     }
   }
 
-  // One key's state: (key, updates, lr_mult, wd_mult, momentum as float32 bytes).
+  // One key's state: (key, updates, lr_mult, wd_mult, the optimizer's slots
+  // as float32 bytes: Optimizer::SlotNames' arrays back to back).
   using KeyState = std::tuple<uint64_t, int64_t, float, float, py::bytes>;
 
   // The optimizer's update count (its schedule's clock) and every key's state.
@@ -500,8 +512,8 @@ class LocalUpdater {
     std::vector<KeyState> out;
     for (const auto& [key, st] : states_) {
       out.emplace_back(key, st.num_updates, st.lr_mult, st.wd_mult,
-                       py::bytes(reinterpret_cast<const char*>(st.momentum.data()),
-                                 st.momentum.size() * sizeof(float)));
+                       py::bytes(reinterpret_cast<const char*>(st.slots.data()),
+                                 st.slots.size() * sizeof(float)));
     }
     return {opt_->num_update(), std::move(out)};
   }
@@ -511,18 +523,18 @@ class LocalUpdater {
   void SetStates(int64_t num_update, const std::vector<KeyState>& states) {
     if (num_update < 0) throw py::value_error(StrCat("update count ", num_update, " < 0"));
     std::unordered_map<uint64_t, ParamState> next;
-    for (const auto& [key, updates, lr_mult, wd_mult, momentum] : states) {
-      const std::string_view bytes = std::string_view(momentum);
+    for (const auto& [key, updates, lr_mult, wd_mult, slots] : states) {
+      const std::string_view bytes = std::string_view(slots);
       if (updates < 0 || bytes.size() % sizeof(float) != 0) {
         throw py::value_error(StrCat("state of key ", key, ": ", updates, " updates, ",
-                                     bytes.size(), " bytes of momentum (not whole floats)"));
+                                     bytes.size(), " bytes of optimizer state (not whole floats)"));
       }
       ParamState& st = next[key];
       st.num_updates = updates;
       st.lr_mult = lr_mult;
       st.wd_mult = wd_mult;
-      st.momentum.resize(bytes.size() / sizeof(float));
-      std::memcpy(st.momentum.data(), bytes.data(), bytes.size());
+      st.slots.resize(bytes.size() / sizeof(float));
+      std::memcpy(st.slots.data(), bytes.data(), bytes.size());
     }
     // A fresh optimizer: its count is the one loaded, not the larger of the two.
     auto opt = Optimizer::Create(cfg_);

@@ -30,6 +30,8 @@ namespace {
 constexpr char kMagic[8] = {'P', 'S', 'S', 'N', 'A', 'P', '0', '1'};
 constexpr uint32_t kVersion = 1;
 constexpr uint64_t kHeaderSize = 88;
+// A value's optimizer state is 0 to this many arrays of its size.
+constexpr uint64_t kMaxSlots = Optimizer::kMaxSlots;
 constexpr uint64_t kHeaderCrcOffset = 84;
 constexpr uint64_t kStrideAlign = 4096;
 constexpr char kPrefix[] = "key-";
@@ -69,13 +71,13 @@ struct SlotHeader {
   uint64_t sequence = 0;
   uint64_t stride = 0;
   uint64_t n = 0;
-  uint64_t momentum_n = 0;
+  uint64_t state_n = 0;
   int64_t num_updates = 0;
   float lr_mult = 1.0f;
   float wd_mult = 1.0f;
   uint32_t payload_crc = 0;
 
-  uint64_t payload_bytes() const { return (n + momentum_n) * sizeof(float); }
+  uint64_t payload_bytes() const { return (n + state_n) * sizeof(float); }
 };
 
 template <typename T>
@@ -98,7 +100,7 @@ void EncodeHeader(const SlotHeader& h, uint8_t* b) {
   PutAt(b, 32, h.sequence);
   PutAt(b, 40, h.stride);
   PutAt(b, 48, h.n);
-  PutAt(b, 56, h.momentum_n);
+  PutAt(b, 56, h.state_n);
   PutAt(b, 64, h.num_updates);
   PutAt(b, 72, h.lr_mult);
   PutAt(b, 76, h.wd_mult);
@@ -114,17 +116,21 @@ void DecodeHeader(const uint8_t* b, SlotHeader* h) {
   h->sequence = GetAt<uint64_t>(b, 32);
   h->stride = GetAt<uint64_t>(b, 40);
   h->n = GetAt<uint64_t>(b, 48);
-  h->momentum_n = GetAt<uint64_t>(b, 56);
+  h->state_n = GetAt<uint64_t>(b, 56);
   h->num_updates = GetAt<int64_t>(b, 64);
   h->lr_mult = GetAt<float>(b, 72);
   h->wd_mult = GetAt<float>(b, 76);
   h->payload_crc = GetAt<uint32_t>(b, 80);
 }
 
-// Room for a header, a value of n floats and its full momentum, rounded up.
-uint64_t StrideFor(size_t n) {
-  CHECK_LE(n, (uint64_t{1} << 60) / sizeof(float)) << "snapshot value of " << n << " floats";
-  const uint64_t bytes = kHeaderSize + 2 * uint64_t{n} * sizeof(float);
+// Room for a header, a value of n floats and state_n floats of optimizer
+// state, and at least a momentum's (n floats), rounded up: the stride of a
+// key with momentum never changes, and one with more state (Adam's two
+// arrays) is re-created once, when it first has them.
+uint64_t StrideFor(size_t n, size_t state_n) {
+  CHECK_LE(n, (uint64_t{1} << 58) / sizeof(float)) << "snapshot value of " << n << " floats";
+  CHECK_LE(state_n, uint64_t{kMaxSlots} * n) << "snapshot state of " << state_n << " floats";
+  const uint64_t bytes = kHeaderSize + (n + std::max(n, state_n)) * sizeof(float);
   return (bytes + kStrideAlign - 1) / kStrideAlign * kStrideAlign;
 }
 
@@ -215,14 +221,14 @@ Status ReadAt(int fd, void* dst, uint64_t size, uint64_t offset, const std::stri
 // Writes the header and payload of one slot at `offset` with pwritev (no copy
 // of the value), resuming after short writes.
 Status WriteSlotAt(int fd, const uint8_t* header, const float* value, size_t n,
-                   const std::vector<float>& momentum, uint64_t offset, const std::string& path,
+                   const std::vector<float>& slots, uint64_t offset, const std::string& path,
                    uint64_t wire_key) {
   std::array<iovec, 3> iov;
   int count = 0;
   iov[count++] = {const_cast<uint8_t*>(header), kHeaderSize};
   if (n > 0) iov[count++] = {const_cast<float*>(value), n * sizeof(float)};
-  if (!momentum.empty()) {
-    iov[count++] = {const_cast<float*>(momentum.data()), momentum.size() * sizeof(float)};
+  if (!slots.empty()) {
+    iov[count++] = {const_cast<float*>(slots.data()), slots.size() * sizeof(float)};
   }
   int first = 0;
   while (first < count) {
@@ -293,9 +299,10 @@ Status ReadSlotHeader(int fd, const std::string& path, uint64_t file_size, uint3
     return Status::Corruption(StrCat("value length ", h->n, " at offset ", offset + 48,
                                      " does not fit the file (size ", file_size, ")"));
   }
-  if (h->momentum_n != 0 && h->momentum_n != h->n) {
-    return Status::Corruption(StrCat("momentum length ", h->momentum_n, " at offset ", offset + 56,
-                                     " is neither 0 nor the value length ", h->n));
+  if (h->state_n > kMaxSlots * h->n || (h->n > 0 && h->state_n % h->n != 0)) {
+    return Status::Corruption(StrCat("optimizer state length ", h->state_n, " at offset ",
+                                     offset + 56, " is not 0 to ", kMaxSlots,
+                                     " times the value length ", h->n));
   }
   if (h->num_updates < 0) {
     return Status::Corruption(
@@ -303,9 +310,9 @@ Status ReadSlotHeader(int fd, const std::string& path, uint64_t file_size, uint3
   }
   const uint64_t slot_bytes = kHeaderSize + h->payload_bytes();
   if (h->stride < slot_bytes) {
-    return Status::Corruption(StrCat("slot of ", slot_bytes, " bytes (n ", h->n, ", momentum ",
-                                     h->momentum_n, ") exceeds the stride ", h->stride,
-                                     " at offset ", offset + 40));
+    return Status::Corruption(StrCat("slot of ", slot_bytes, " bytes (n ", h->n, ", state ",
+                                     h->state_n, ") exceeds the stride ", h->stride, " at offset ",
+                                     offset + 40));
   }
   if (file_size - offset < slot_bytes) {
     return Status::Corruption(StrCat("slot [", offset, ", ", offset + slot_bytes,
@@ -320,12 +327,12 @@ Status ReadSlotPayload(int fd, const std::string& path, uint64_t offset, const S
                        KeySnapshot* out) {
   const uint64_t begin = offset + kHeaderSize;
   out->value.resize(h.n);
-  out->state.momentum.resize(h.momentum_n);
+  out->state.slots.resize(h.state_n);
   RETURN_IF_ERROR(ReadAt(fd, out->value.data(), h.n * sizeof(float), begin, path));
-  RETURN_IF_ERROR(ReadAt(fd, out->state.momentum.data(), h.momentum_n * sizeof(float),
+  RETURN_IF_ERROR(ReadAt(fd, out->state.slots.data(), h.state_n * sizeof(float),
                          begin + h.n * sizeof(float), path));
   uint32_t crc = Crc32c(0, out->value.data(), h.n * sizeof(float));
-  crc = Crc32c(crc, out->state.momentum.data(), h.momentum_n * sizeof(float));
+  crc = Crc32c(crc, out->state.slots.data(), h.state_n * sizeof(float));
   if (crc != h.payload_crc) {
     return Status::Corruption(StrCat("payload CRC-32C mismatch over bytes [", begin, ", ",
                                      begin + h.payload_bytes(), ") (stored ", Hex32(h.payload_crc),
@@ -463,10 +470,10 @@ class SnapshotStore::KeyFile {
 
   Status Write(uint64_t rounds, const float* value, size_t n, const ParamState& state)
       EXCLUDES(mu_) {
-    const std::vector<float>& momentum = state.momentum;
-    if (!momentum.empty() && momentum.size() != n) {
-      return Status::InvalidArgument(StrCat("snapshot of key ", wire_key_, ": momentum of ",
-                                            momentum.size(), " floats for a value of ", n));
+    const std::vector<float>& slots = state.slots;
+    if (slots.size() > kMaxSlots * n || (n > 0 && slots.size() % n != 0)) {
+      return Status::InvalidArgument(StrCat("snapshot of key ", wire_key_, ": optimizer state of ",
+                                            slots.size(), " floats for a value of ", n));
     }
     MutexLock lock(&mu_);
     if (!looked_) {
@@ -483,20 +490,20 @@ class SnapshotStore::KeyFile {
     h.rounds = rounds;
     h.sequence = sequence_ + 1;
     h.n = n;
-    h.momentum_n = momentum.size();
+    h.state_n = slots.size();
     h.num_updates = state.num_updates;
     h.lr_mult = state.lr_mult;
     h.wd_mult = state.wd_mult;
-    h.payload_crc = Crc32c(Crc32c(0, value, n * sizeof(float)), momentum.data(),
-                           momentum.size() * sizeof(float));
-    if (fd_ < 0 || kHeaderSize + h.payload_bytes() > stride_) return Create(&h, value, momentum);
+    h.payload_crc =
+        Crc32c(Crc32c(0, value, n * sizeof(float)), slots.data(), slots.size() * sizeof(float));
+    if (fd_ < 0 || kHeaderSize + h.payload_bytes() > stride_) return Create(&h, value, slots);
 
     h.slot = next_slot_;
     h.stride = stride_;
     uint8_t header[kHeaderSize];
     EncodeHeader(h, header);
     RETURN_IF_ERROR(
-        WriteSlotAt(fd_, header, value, n, momentum, next_slot_ * stride_, path_, wire_key_));
+        WriteSlotAt(fd_, header, value, n, slots, next_slot_ * stride_, path_, wire_key_));
     if (sync_ && ::fdatasync(fd_) != 0) {
       return Status::IOError(StrCat(path_, " (key ", wire_key_,
                                     "): fdatasync after the write at offset ", next_slot_ * stride_,
@@ -534,8 +541,7 @@ class SnapshotStore::KeyFile {
 
   // Writes a file holding only this snapshot (slot 0, and room for slot 1) as
   // "<path>.tmp", then renames it over the key's file.
-  Status Create(SlotHeader* h, const float* value, const std::vector<float>& momentum)
-      REQUIRES(mu_) {
+  Status Create(SlotHeader* h, const float* value, const std::vector<float>& slots) REQUIRES(mu_) {
     const std::string tmp = path_ + ".tmp";
     ScopedFd fd(::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
     if (fd.get() < 0) {
@@ -543,10 +549,10 @@ class SnapshotStore::KeyFile {
           StrCat("cannot create snapshot ", tmp, " (key ", wire_key_, "): ", ErrnoText(errno)));
     }
     h->slot = 0;
-    h->stride = StrideFor(h->n);
+    h->stride = StrideFor(h->n, h->state_n);
     uint8_t header[kHeaderSize];
     EncodeHeader(*h, header);
-    Status s = WriteSlotAt(fd.get(), header, value, h->n, momentum, 0, tmp, wire_key_);
+    Status s = WriteSlotAt(fd.get(), header, value, h->n, slots, 0, tmp, wire_key_);
     if (s.ok() && ::ftruncate(fd.get(), static_cast<off_t>(2 * h->stride)) != 0) {
       s = Status::IOError(StrCat(tmp, " (key ", wire_key_, "): extending to ", 2 * h->stride,
                                  " bytes: ", ErrnoText(errno)));

@@ -4,8 +4,8 @@
 //
 // One folder per server rank; one file per key, "key-<wire key as 16
 // lowercase hex digits>.snap", holding two slots that are written
-// alternately, each with one pwritev (header, value, momentum: no copy of the
-// value). Slot 0 starts at byte 0, slot 1 at byte `stride`; the file is
+// alternately, each with one pwritev (header, value, optimizer state: no copy
+// of the value). Slot 0 starts at byte 0, slot 1 at byte `stride`; the file is
 // 2 * stride bytes (sparse until slot 1 is written). Every integer is
 // little-endian. A slot is:
 //
@@ -18,16 +18,18 @@
 //   32       8    u64 sequence: the file's write count, orders equal rounds
 //   40       8    u64 stride: byte offset of slot 1
 //   48       8    u64 n: value elements
-//   56       8    u64 momentum elements (0 or n)
+//   56       8    u64 optimizer state elements (0 to 3 times n: ParamState::slots)
 //   64       8    i64 num_updates
 //   72       4    f32 lr_mult
 //   76       4    f32 wd_mult
 //   80       4    u32 CRC-32C of the payload
 //   84       4    u32 CRC-32C of bytes [0, 84) of this header
-//   88            payload: n float32 value, then the momentum float32s
+//   88            payload: n float32 value, then the state's float32s
 //
-// stride is the header plus room for a value and a full momentum, rounded up
-// to 4 KiB, so a slot never grows into the other when the momentum appears.
+// stride is the header plus room for a value and its state, at least a
+// momentum's (n floats), rounded up to 4 KiB, so a slot never grows into the
+// other when the momentum appears (a state of more arrays, Adam's, re-creates
+// the file once, as below).
 // A file is created (and re-created when a key's size grows past its stride)
 // by writing slot 0 to "<name>.tmp" and renaming it, so a file under its final
 // name always holds one complete snapshot.
@@ -70,7 +72,7 @@ struct KeySnapshot {
   uint64_t wire_key = 0;
   uint64_t rounds = 0;  // closed dist_sync rounds this value includes
   std::vector<float> value;
-  ParamState state;  // momentum: empty or value.size() elements
+  ParamState state;  // slots: 0 to 3 times value.size() elements
 };
 
 class SnapshotStore {
@@ -85,7 +87,7 @@ class SnapshotStore {
   SnapshotStore& operator=(const SnapshotStore&) = delete;
 
   // Stores a snapshot of key `wire_key`: `rounds`, value[0, n) and `state`
-  // (state.momentum empty or n elements). It goes to the slot not holding the
+  // (state.slots 0 to 3 times n elements). It goes to the slot not holding the
   // key's newest valid snapshot; the first Write of a key in this process reads
   // its file (if any) once to find that slot. Keeps one file descriptor open
   // per key written.
@@ -93,7 +95,7 @@ class SnapshotStore {
   // keys (calls for one key are serialized).
   // FailedPrecondition if `rounds` is less than the rounds of the key's newest
   // snapshot (a job that starts fresh calls Clear first); InvalidArgument for
-  // a momentum of another size; IOError naming the file, key and offset if the
+  // a state of another size; IOError naming the file, key and offset if the
   // OS refuses. After a failed Write the key's previous snapshot still loads.
   Status Write(uint64_t wire_key, uint64_t rounds, const float* value, size_t n,
                const ParamState& state);

@@ -33,13 +33,15 @@ DEFINE_int32(shuffle_train, 1,
              "every pass (MXNet's ImageRecordIter without shuffle)");
 DEFINE_int32(num_epochs, 100, "max number of epochs");
 DEFINE_int32(batch_size, 128, "batch size per worker");
-DEFINE_string(optimizer, "sgd", "the optimizer (sgd)");
+DEFINE_string(optimizer, "sgd",
+              "the optimizer, MXNet's of that name: sgd, nag (both take --mom), adam, rmsprop, "
+              "adagrad (their own constants at MXNet's defaults)");
 DEFINE_double(
     lr, 0.05,
     "initial learning rate (MXNet train_mnist.py and train_cifar10.py: 0.05; fit.py: 0.1)");
 DEFINE_double(lr_factor, 0.1, "multiply the learning rate by this at each of --lr-step-epochs");
 DEFINE_string(lr_step_epochs, "", "epochs at which the learning rate drops, e.g. 30,60");
-DEFINE_double(mom, 0.9, "momentum of sgd");
+DEFINE_double(mom, 0.9, "momentum of sgd and nag (the other optimizers ignore it, as fit.py)");
 DEFINE_double(wd, 0.0001, "weight decay (applied to *_weight and *_gamma)");
 DEFINE_double(clip_gradient, -1, "clip each rescaled gradient to [-c, c]; <= 0: off");
 DEFINE_int32(disp_batches, 20, "log speed and metrics every this many batches");

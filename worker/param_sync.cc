@@ -15,19 +15,20 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
 // large (more than one piece per two threads' worth): the rule is element by
 // element, so the result is the one pass's, bit for bit. A GPU worker's host
 // merge updates all of ResNet-50 (25.5M floats, about 0.5 GB of memory
-// traffic with momentum) here every step.
+// traffic with momentum) here every step. `state`: the step's slots (n floats
+// each, back to back), or null.
 UpdateCheck ApplyStepThreaded(const Optimizer::Step& s, const float* grad, float* weight,
-                              float* mom, size_t n) {
+                              float* state, size_t n) {
   constexpr size_t kPiece = size_t{1} << 18;  // floats: 1 MiB
-  if (n < 2 * kPiece) return Optimizer::ApplyStep(s, grad, weight, weight, mom, n);
+  if (n < 2 * kPiece) return Optimizer::ApplyStep(s, grad, weight, weight, state, n, n);
   const int64_t pieces = static_cast<int64_t>((n + kPiece - 1) / kPiece);
   std::vector<UpdateCheck> checks(static_cast<size_t>(pieces));
 #pragma omp parallel for schedule(static)
   for (int64_t p = 0; p < pieces; ++p) {
     const size_t off = static_cast<size_t>(p) * kPiece;
-    checks[static_cast<size_t>(p)] =
-        Optimizer::ApplyStep(s, grad + off, weight + off, weight + off,
-                             mom == nullptr ? nullptr : mom + off, std::min(kPiece, n - off));
+    checks[static_cast<size_t>(p)] = Optimizer::ApplyStep(s, grad + off, weight + off, weight + off,
+                                                          state == nullptr ? nullptr : state + off,
+                                                          n, std::min(kPiece, n - off));
   }
   UpdateCheck all;
   for (const UpdateCheck& c : checks) {
@@ -52,23 +53,25 @@ Status LocalParamSync::Init(ModelParams* exec) {
   exec_ = exec;
   const auto& params = exec->graph().params();
   states_.assign(params.size(), ParamState{});
-  device_momentum_.assign(params.size(), Tensor());
+  device_state_.assign(params.size(), Tensor());
   for (size_t i = 0; i < params.size(); ++i) states_[i].wd_mult = WeightDecayMult(params[i].name);
-  if (!optimizer_->uses_momentum() || params.empty() || exec->host_param(0) != nullptr) {
-    return Status::Ok();
-  }
-  // The momentum of parameters in device memory stays there: allocated now,
-  // in one buffer, so that a device too small for it says so before training
-  // rather than failing at the first update.
+  const int slots = optimizer_->num_slots();
+  if (slots == 0 || params.empty() || exec->host_param(0) != nullptr) return Status::Ok();
+  // The state of parameters in device memory stays there: allocated now, in
+  // one buffer, so that a device too small for it says so before training
+  // rather than failing at the first update. Per parameter, its slots back to
+  // back.
   std::vector<Shape> shapes;
-  for (int p = 0; p < exec->num_params(); ++p) shapes.push_back(exec->param(p).shape());
-  // (The allocation's error names the bytes.)
-  StatusOr<std::vector<Tensor>> momentum = exec->backend().TryZerosPacked(shapes);
-  if (!momentum.ok()) {
-    return momentum.status().WithContext(
-        StrCat("the optimizer's momentum on ", exec->backend().device().ToString()));
+  for (int p = 0; p < exec->num_params(); ++p) {
+    shapes.push_back(Shape({slots * exec->param(p).num_elements()}));
   }
-  device_momentum_ = std::move(momentum).value();
+  // (The allocation's error names the bytes.)
+  StatusOr<std::vector<Tensor>> state = exec->backend().TryZerosPacked(shapes);
+  if (!state.ok()) {
+    return state.status().WithContext(StrCat("the optimizer's state (", slots, " per weight) on ",
+                                             exec->backend().device().ToString()));
+  }
+  device_state_ = std::move(state).value();
   return Status::Ok();
 }
 
@@ -79,15 +82,16 @@ void LocalParamSync::OnGradReady(int i) {
     const size_t n = static_cast<size_t>(exec_->param(i).num_elements());
     ParamState& state = states_[i];
     const Optimizer::Step step = optimizer_->NextStep(&state);
-    if (step.uses_momentum() && state.momentum.size() != n) state.momentum.assign(n, 0.0f);
-    const UpdateCheck c = ApplyStepThreaded(
-        step, exec_->host_grad(i), w, state.momentum.empty() ? nullptr : state.momentum.data(), n);
+    const size_t want = static_cast<size_t>(step.num_slots()) * n;
+    if (state.slots.size() != want) state.slots.assign(want, 0.0f);
+    const UpdateCheck c = ApplyStepThreaded(step, exec_->host_grad(i), w,
+                                            state.slots.empty() ? nullptr : state.slots.data(), n);
     if (!c.ok()) NoteNonFinite(i, c.bad_grad >= 0);
     return;
   }
   Optimizer::Step step = optimizer_->NextStep(&states_[i]);
   step.param = i;  // what the backend's check names (TakeError)
-  exec_->backend().ApplyOptimizerStep(step, exec_->grad(i), exec_->param(i), device_momentum_[i]);
+  exec_->backend().ApplyOptimizerStep(step, exec_->grad(i), exec_->param(i), device_state_[i]);
   device_updates_.store(true, std::memory_order_relaxed);
 }
 
@@ -145,45 +149,91 @@ Status LocalParamSync::Drain() {
 std::vector<NamedArray> LocalParamSync::SaveState() const {
   std::vector<NamedArray> out;
   const auto& params = exec_->graph().params();
+  const std::vector<std::string> names = optimizer_->SlotNames();
+  const bool counts = optimizer_->config().type() == OptimizerConfig::ADAM;
   for (size_t i = 0; i < params.size(); ++i) {
-    NamedArray a;
-    if (device_momentum_[i].defined()) {
-      a.data.resize(static_cast<size_t>(device_momentum_[i].num_elements()));
-      exec_->backend().CopyToHost(device_momentum_[i], a.data.data());
-    } else if (!states_[i].momentum.empty()) {
-      a.data = states_[i].momentum;
+    std::vector<float> slots;
+    if (device_state_[i].defined()) {
+      slots.resize(static_cast<size_t>(device_state_[i].num_elements()));
+      exec_->backend().CopyToHost(device_state_[i], slots.data());
     } else {
-      continue;
+      slots = states_[i].slots;
     }
-    a.kind = NamedArray::Kind::kOptimizerState;
-    a.name = params[i].name + "_momentum";
-    a.shape = {static_cast<int64_t>(a.data.size())};
-    out.push_back(std::move(a));
+    if (slots.empty()) continue;
+    const int64_t total = states_[i].earlier_updates + states_[i].num_updates;
+    const size_t n = slots.size() / names.size();
+    for (size_t j = 0; j < names.size(); ++j) {
+      NamedArray a;
+      a.kind = NamedArray::Kind::kOptimizerState;
+      a.name = params[i].name + "_" + names[j];
+      a.shape = {static_cast<int64_t>(n)};
+      a.data.assign(slots.begin() + static_cast<ptrdiff_t>(j * n),
+                    slots.begin() + static_cast<ptrdiff_t>((j + 1) * n));
+      out.push_back(std::move(a));
+    }
+    if (counts) {
+      // ADAM's bias correction reads the count. A float holds it exactly up
+      // to 2^24 updates; past that, both corrections are 1 to a float.
+      NamedArray a;
+      a.kind = NamedArray::Kind::kOptimizerState;
+      a.name = params[i].name + "_updates";
+      a.shape = {1};
+      a.data = {static_cast<float>(total)};
+      out.push_back(std::move(a));
+    }
   }
   return out;
 }
 
 Status LocalParamSync::LoadState(const std::vector<NamedArray>& arrays) {
-  std::map<std::string, int> index;
+  // name -> (parameter, slot); slot -1: the update count.
+  std::map<std::string, std::pair<int, int>> index;
   const auto& params = exec_->graph().params();
-  for (size_t i = 0; i < params.size(); ++i)
-    index[params[i].name + "_momentum"] = static_cast<int>(i);
+  const std::vector<std::string> names = optimizer_->SlotNames();
+  const int slots = static_cast<int>(names.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    for (int j = 0; j < slots; ++j) index[params[i].name + "_" + names[j]] = {int(i), j};
+    if (optimizer_->config().type() == OptimizerConfig::ADAM) {
+      index[params[i].name + "_updates"] = {int(i), -1};
+    }
+  }
+  std::vector<std::vector<float>> loaded(params.size());
   for (const NamedArray& a : arrays) {
     if (a.kind != NamedArray::Kind::kOptimizerState) continue;
     auto it = index.find(a.name);
     if (it == index.end()) {
-      return Status::InvalidArgument(StrCat("optimizer state ", a.name, " matches no parameter"));
+      std::string known;
+      for (const std::string& s : names) known += (known.empty() ? "_" : ", _") + s;
+      return Status::InvalidArgument(
+          StrCat("optimizer state ", a.name, " matches no parameter's state under ",
+                 Optimizer::TypeName(optimizer_->config().type()), " (whose arrays are <param>",
+                 known.empty() ? std::string(": none") : known,
+                 "): was the checkpoint written with another --optimizer or --mom?"));
     }
-    const int i = it->second;
+    const auto [i, j] = it->second;
+    if (j < 0) {
+      if (a.data.size() != 1 || !(a.data[0] >= 0)) {
+        return Status::InvalidArgument(
+            StrCat("optimizer state ", a.name, " must be one count >= 0"));
+      }
+      states_[i].earlier_updates = static_cast<int64_t>(a.data[0]);
+      continue;
+    }
     const int64_t n = exec_->param(i).num_elements();
     if (static_cast<int64_t>(a.data.size()) != n) {
       return Status::InvalidArgument(
           StrCat("optimizer state ", a.name, " has ", a.data.size(), " values, parameter has ", n));
     }
-    if (exec_->host_param(i) != nullptr) {
-      states_[i].momentum = a.data;
-    } else if (device_momentum_[i].defined()) {
-      exec_->backend().CopyFromHost(a.data.data(), device_momentum_[i]);
+    std::vector<float>& all = loaded[i];
+    if (all.empty()) all.assign(static_cast<size_t>(slots * n), 0.0f);
+    std::copy(a.data.begin(), a.data.end(), all.begin() + j * n);
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (loaded[i].empty()) continue;
+    if (exec_->host_param(static_cast<int>(i)) != nullptr) {
+      states_[i].slots = std::move(loaded[i]);
+    } else if (device_state_[i].defined()) {
+      exec_->backend().CopyFromHost(loaded[i].data(), device_state_[i]);
     }
   }
   return Status::Ok();

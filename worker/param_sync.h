@@ -65,7 +65,9 @@ class ParamSync {
   virtual Status Drain() = 0;
 
   // Optimizer state for checkpoints: arrays of kind kOptimizerState named
-  // "<param>_momentum". A sync whose state lives elsewhere returns none.
+  // "<param>_<slot>" (Optimizer::SlotNames: "_momentum", Adam's "_mean" and
+  // "_var", ...), and for Adam "<param>_updates", the update count its bias
+  // correction reads. A sync whose state lives elsewhere returns none.
   virtual std::vector<NamedArray> SaveState() const = 0;
   // Restores what SaveState wrote. InvalidArgument naming the array on a
   // name or size mismatch.
@@ -77,7 +79,8 @@ class ParamSync {
 // on a device group's merge thread for GPUs summed on the host), so WaitParam
 // never waits. On the CPU it updates the weights in place in host
 // memory; on a GPU the backend applies the same arithmetic on the device, in
-// stream order after the gradient (the momentum stays on the device too).
+// stream order after the gradient (the optimizer's state stays on the device
+// too).
 // MXNet's 1.x weight-decay rule: only parameters named *_weight or *_gamma
 // are decayed.
 class LocalParamSync : public ParamSync {
@@ -112,10 +115,11 @@ class LocalParamSync : public ParamSync {
 
   std::unique_ptr<Optimizer> optimizer_;
   ModelParams* exec_ = nullptr;
-  std::vector<ParamState> states_;  // momentum here on the CPU
-  // On a device backend with momentum: per parameter, a view into one buffer
-  // allocated by Init (empty otherwise).
-  std::vector<Tensor> device_momentum_;
+  std::vector<ParamState> states_;  // slots here on the CPU
+  // On a device backend with an optimizer that keeps state: per parameter,
+  // its slots back to back, a view into one buffer allocated by Init (empty
+  // otherwise).
+  std::vector<Tensor> device_state_;
   // Whether an update ran on the device backend (its check is to be taken).
   std::atomic<bool> device_updates_{false};
   Mutex mu_;

@@ -13,6 +13,8 @@
 #include <limits>
 #include <sstream>
 
+#include "nn/optimizer.h"
+
 namespace pstrain {
 
 namespace pb = google::protobuf;
@@ -291,9 +293,10 @@ Status ValidateTrainConfig(const TrainConfig& cfg) {
     return Status::InvalidArgument(
         StrCat("--shuffle-train=", cfg.shuffle_train(), " must be 0 or 1"));
   }
-  if (cfg.optimizer() != "sgd") {
-    return Status::InvalidArgument(
-        StrCat("--optimizer='", cfg.optimizer(), "' is not supported (known: sgd)"));
+  OptimizerConfig::Type opt_type;
+  if (!OptimizerTypeFromName(cfg.optimizer(), &opt_type) || opt_type == OptimizerConfig::TEST) {
+    return Status::InvalidArgument(StrCat("--optimizer='", cfg.optimizer(),
+                                          "' is not one of sgd, nag, adam, rmsprop, adagrad"));
   }
   if (!(cfg.lr() >= 0)) return Status::InvalidArgument(StrCat("--lr=", cfg.lr(), " must be >= 0"));
   if (!(cfg.mom() >= 0 && cfg.mom() < 1)) {
@@ -389,8 +392,13 @@ int64_t EpochSize(int64_t num_examples, int num_workers, int64_t batch_size) {
 StatusOr<OptimizerConfig> MakeOptimizerConfig(const TrainConfig& cfg, int64_t epoch_size,
                                               int num_workers) {
   OptimizerConfig opt;
-  opt.set_type(OptimizerConfig::SGD);
-  opt.set_momentum(cfg.mom());
+  OptimizerConfig::Type type;
+  if (!OptimizerTypeFromName(cfg.optimizer(), &type)) {
+    return Status::InvalidArgument(StrCat("--optimizer='", cfg.optimizer(), "' is unknown"));
+  }
+  opt.set_type(type);
+  // fit.py passes --mom to sgd and nag only (the others take none).
+  if (type == OptimizerConfig::SGD || type == OptimizerConfig::NAG) opt.set_momentum(cfg.mom());
   opt.set_wd(cfg.wd());
   opt.set_clip_gradient(cfg.clip_gradient());
   // MXNet 1.x: the type contains "dist" and "_sync" ("dist_async" contains "sync" too).

@@ -257,16 +257,17 @@ void CpuBackend::Add(const Tensor& src, const Tensor& dst) {
 }
 
 void CpuBackend::ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& grad,
-                                    const Tensor& weight, const Tensor& momentum) {
+                                    const Tensor& weight, const Tensor& state) {
   RunQueued(INT64_MAX, /*downloads=*/false);
   CHECK_EQ(grad.num_elements(), weight.num_elements());
-  float* m = nullptr;
-  if (step.uses_momentum()) {
-    CHECK_EQ(momentum.num_elements(), weight.num_elements());
-    m = momentum.data();
+  const int64_t n = weight.num_elements();
+  float* slots = nullptr;
+  if (step.num_slots() > 0) {
+    CHECK_EQ(state.num_elements(), step.num_slots() * n);
+    slots = state.data();
   }
-  const UpdateCheck c = Optimizer::ApplyStep(step, grad.data(), weight.data(), weight.data(), m,
-                                             static_cast<size_t>(weight.num_elements()));
+  const UpdateCheck c = Optimizer::ApplyStep(step, grad.data(), weight.data(), weight.data(), slots,
+                                             static_cast<size_t>(n), static_cast<size_t>(n));
   if (c.ok()) return;
   MutexLock l(&check_mu_);
   if (c.bad_grad >= 0 && !check_.bad_grad) {

@@ -51,7 +51,7 @@ class CpuBackend : public Backend {
   void Fill(const Tensor& t, float value) override;
   void Add(const Tensor& src, const Tensor& dst) override;
   void ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& grad, const Tensor& weight,
-                          const Tensor& momentum) override;
+                          const Tensor& state) override;
   StepCheck TakeStepCheck() override;
   // Queued while options.cpu_as_device (see there); at once otherwise.
   void CopyToHostAsync(const Tensor& src, float* dst) override;

@@ -587,25 +587,59 @@ void CudaBackend::Add(const Tensor& src, const Tensor& dst) {
   cuda::Add(src.data(), dst.data(), dst.num_elements(), stream_);
 }
 
+namespace {
+
+cuda::UpdateRule RuleOnDevice(Optimizer::Rule r) {
+  switch (r) {
+    case Optimizer::Rule::kSgd:
+      return cuda::UpdateRule::kSgd;
+    case Optimizer::Rule::kTest:
+      return cuda::UpdateRule::kTest;
+    case Optimizer::Rule::kNag:
+      return cuda::UpdateRule::kNag;
+    case Optimizer::Rule::kAdam:
+      return cuda::UpdateRule::kAdam;
+    case Optimizer::Rule::kRmsProp:
+      return cuda::UpdateRule::kRmsProp;
+    case Optimizer::Rule::kRmsPropCentered:
+      return cuda::UpdateRule::kRmsPropCentered;
+    case Optimizer::Rule::kAdaGrad:
+      return cuda::UpdateRule::kAdaGrad;
+  }
+  LOG(FATAL) << "optimizer rule " << static_cast<int>(r);
+}
+
+}  // namespace
+
 void CudaBackend::ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& grad,
-                                     const Tensor& weight, const Tensor& momentum) {
+                                     const Tensor& weight, const Tensor& state) {
   CHECK_EQ(grad.num_elements(), weight.num_elements());
-  float* m = nullptr;
-  if (step.uses_momentum()) {
-    CHECK_EQ(momentum.num_elements(), weight.num_elements());
-    m = momentum.data();
+  const int64_t n = weight.num_elements();
+  float* slots = nullptr;
+  if (step.num_slots() > 0) {
+    CHECK_EQ(state.num_elements(), step.num_slots() * n);
+    slots = state.data();
   }
   SetDevice();
-  cuda::SgdArgs a{step.rescale,
-                  step.lr,
-                  step.wd,
-                  step.clip,
-                  step.uses_momentum() ? step.mom : 0.0f,
-                  step.do_clip,
-                  step.test,
-                  step.param,
-                  step_flags_device_};
-  cuda::SgdUpdate(a, grad.data(), weight.data(), m, weight.num_elements(), stream_);
+  cuda::UpdateArgs a{};
+  a.rule = RuleOnDevice(step.rule);
+  a.rescale = step.rescale;
+  a.lr = step.lr;
+  a.wd = step.wd;
+  a.clip = step.clip;
+  a.do_clip = step.do_clip;
+  a.momentum = step.mom;
+  a.beta1 = step.beta1;
+  a.beta2 = step.beta2;
+  a.gamma1 = step.gamma1;
+  a.gamma2 = step.gamma2;
+  a.eps = step.eps;
+  a.clip_weights = step.clip_weights;
+  a.do_clip_weights = step.do_clip_weights;
+  a.param = step.param;
+  a.flags = step_flags_device_;
+  CHECK_EQ(cuda::UpdateSlots(a), step.num_slots());
+  cuda::OptimizerUpdate(a, grad.data(), weight.data(), slots, n, stream_);
 }
 
 StepCheck CudaBackend::TakeStepCheck() {

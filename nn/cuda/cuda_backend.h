@@ -94,7 +94,7 @@ class CudaBackend : public Backend {
   void Fill(const Tensor& t, float value) override;
   void Add(const Tensor& src, const Tensor& dst) override;
   void ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& grad, const Tensor& weight,
-                          const Tensor& momentum) override;
+                          const Tensor& state) override;
   // Reads the flags the update kernel sets (mapped pinned memory): no wait.
   StepCheck TakeStepCheck() override;
   void Synchronize() override;
@@ -192,7 +192,7 @@ class CudaBackend : public Backend {
   int next_slot_ = 0;
   bool staging_full_ = false;  // growing failed once (logged): the ring stays
   float* download_ = nullptr;  // pinned, kStagingBytes, for CopyToHost
-  // ApplyOptimizerStep's check (cuda::SgdArgs::flags): two words of mapped
+  // ApplyOptimizerStep's check (cuda::UpdateArgs::flags): two words of mapped
   // pinned memory that the update kernel sets and TakeStepCheck reads and
   // clears; [0] a gradient, [1] a weight written held NaN or Inf.
   unsigned long long* step_flags_ = nullptr;         // the host's address

@@ -38,37 +38,80 @@ __device__ __forceinline__ uint32_t NonFinite(float x) {
   return (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u;
 }
 
-// Sets a step flag (SgdArgs::flags) to `param` unless an earlier update set
-// it. Launches on one stream do not overlap, and every writer of one launch
-// writes the same value, so the read and the write need no atomic.
+// Sets a step flag (UpdateArgs::flags) to `param` unless an earlier update
+// set it. Launches on one stream do not overlap, and every writer of one
+// launch writes the same value, so the read and the write need no atomic.
 __device__ void ReportStep(unsigned long long* flag, int param) {
   volatile unsigned long long* f = flag;
   if (*f == 0) *f = kStepFlagSet | static_cast<uint32_t>(param);
   __threadfence_system();
 }
 
-__global__ void SgdKernel(SgdArgs a, const float* __restrict__ grad, float* __restrict__ w,
-                          float* __restrict__ mom, int64_t n) {
+// std::clamp's comparisons: NaN stays NaN (fminf/fmaxf would make it -c and
+// hide it from the check).
+__device__ __forceinline__ float ClampKeepNan(float x, float c) {
+  return x < -c ? -c : (c < x ? c : x);
+}
+
+// One element of rule R: returns the weight written, updating the slots
+// (slot j of element i at state[j * n + i]). The CPU's expressions (nvcc may
+// fuse them into FMAs: equal within rounding).
+template <UpdateRule R>
+__device__ __forceinline__ float UpdateOne(const UpdateArgs& a, float gi, float w,
+                                           float* __restrict__ state, int64_t i, int64_t n) {
+  auto clip = [&a](float x) { return a.do_clip ? ClampKeepNan(x, a.clip) : x; };
+  auto clip_w = [&a](float x) { return a.do_clip_weights ? ClampKeepNan(x, a.clip_weights) : x; };
+  if constexpr (R == UpdateRule::kTest) {
+    return w + a.rescale * gi;
+  } else if constexpr (R == UpdateRule::kSgd) {
+    const float g = clip(a.rescale * gi);
+    if (a.momentum == 0.0f) return w - a.lr * (g + a.wd * w);
+    const float m = a.momentum * state[i] - a.lr * (g + a.wd * w);
+    state[i] = m;
+    return w + m;
+  } else if constexpr (R == UpdateRule::kNag) {
+    const float h = clip(a.rescale * gi) + a.wd * w;
+    if (a.momentum == 0.0f) return w - a.lr * h;
+    const float m = a.momentum * state[i] + h;
+    state[i] = m;
+    return w - a.lr * (h + a.momentum * m);
+  } else if constexpr (R == UpdateRule::kAdam) {
+    const float h = clip(a.rescale * gi + a.wd * w);
+    const float mean = a.beta1 * state[i] + (1.0f - a.beta1) * h;
+    const float var = a.beta2 * state[n + i] + (1.0f - a.beta2) * (h * h);
+    state[i] = mean;
+    state[n + i] = var;
+    return w - a.lr * mean / (sqrtf(var) + a.eps);
+  } else if constexpr (R == UpdateRule::kRmsProp) {
+    const float h = clip(a.rescale * gi + a.wd * w);
+    const float sq = (1.0f - a.gamma1) * (h * h) + a.gamma1 * state[i];
+    state[i] = sq;
+    return clip_w(w - a.lr * (h / sqrtf(sq + a.eps)));
+  } else if constexpr (R == UpdateRule::kRmsPropCentered) {
+    const float h = clip(a.rescale * gi + a.wd * w);
+    const float sq = (1.0f - a.gamma1) * (h * h) + a.gamma1 * state[i];
+    const float mg = (1.0f - a.gamma1) * h + a.gamma1 * state[n + i];
+    const float delta = a.gamma2 * state[2 * n + i] - a.lr * (h / sqrtf(sq - mg * mg + a.eps));
+    state[i] = sq;
+    state[n + i] = mg;
+    state[2 * n + i] = delta;
+    return clip_w(w + delta);
+  } else {
+    static_assert(R == UpdateRule::kAdaGrad);
+    const float h = clip(a.rescale * gi);
+    const float hist = state[i] + h * h;
+    state[i] = hist;
+    return w - a.lr * (h / sqrtf(hist + a.eps) + a.wd * w);
+  }
+}
+
+template <UpdateRule R>
+__global__ void UpdateKernel(UpdateArgs a, const float* __restrict__ grad, float* __restrict__ w,
+                             float* __restrict__ state, int64_t n) {
   uint32_t bad = 0;  // bit 0: a gradient value, bit 1: a weight written (the CPU's)
   PSTRAIN_GRID_STRIDE_LOOP(i, n) {
     const float gi = grad[i];
-    float wi;
-    if (a.test) {
-      wi = w[i] + a.rescale * gi;
-    } else {
-      float g = a.rescale * gi;
-      // std::clamp's comparisons: NaN stays NaN (fminf/fmaxf would make it
-      // -clip and hide it from the check below).
-      if (a.do_clip) g = g < -a.clip ? -a.clip : (a.clip < g ? a.clip : g);
-      // The CPU's expression (nvcc may fuse it into FMAs: equal within rounding).
-      if (a.momentum == 0.0f) {
-        wi = w[i] - a.lr * (g + a.wd * w[i]);
-      } else {
-        const float m = a.momentum * mom[i] - a.lr * (g + a.wd * w[i]);
-        mom[i] = m;
-        wi = w[i] + m;
-      }
-    }
+    const float wi = UpdateOne<R>(a, gi, w[i], state, i, n);
     w[i] = wi;
     bad |= NonFinite(gi) | NonFinite(wi) << 1;
   }
@@ -186,11 +229,56 @@ void Add2(const float* a, const float* b, float* out, int64_t n, cudaStream_t st
   PSTRAIN_CUDA_CHECK_LAUNCH();
 }
 
-void SgdUpdate(const SgdArgs& a, const float* grad, float* weight, float* mom, int64_t n,
-               cudaStream_t stream) {
+int UpdateSlots(const UpdateArgs& a) {
+  switch (a.rule) {
+    case UpdateRule::kSgd:
+    case UpdateRule::kNag:
+      return a.momentum != 0.0f ? 1 : 0;
+    case UpdateRule::kTest:
+      return 0;
+    case UpdateRule::kAdam:
+      return 2;
+    case UpdateRule::kRmsProp:
+    case UpdateRule::kAdaGrad:
+      return 1;
+    case UpdateRule::kRmsPropCentered:
+      return 3;
+  }
+  return 0;
+}
+
+void OptimizerUpdate(const UpdateArgs& a, const float* grad, float* weight, float* state, int64_t n,
+                     cudaStream_t stream) {
   if (n <= 0) return;
-  CHECK(a.test || a.momentum == 0.0f || mom != nullptr) << "SGD with momentum needs its state";
-  SgdKernel<<<Blocks(n), kThreads, 0, stream>>>(a, grad, weight, mom, n);
+  CHECK(UpdateSlots(a) == 0 || state != nullptr)
+      << "optimizer rule " << static_cast<int>(a.rule) << " needs its state";
+  const unsigned blocks = Blocks(n);
+  switch (a.rule) {
+    case UpdateRule::kSgd:
+      UpdateKernel<UpdateRule::kSgd><<<blocks, kThreads, 0, stream>>>(a, grad, weight, state, n);
+      break;
+    case UpdateRule::kTest:
+      UpdateKernel<UpdateRule::kTest><<<blocks, kThreads, 0, stream>>>(a, grad, weight, state, n);
+      break;
+    case UpdateRule::kNag:
+      UpdateKernel<UpdateRule::kNag><<<blocks, kThreads, 0, stream>>>(a, grad, weight, state, n);
+      break;
+    case UpdateRule::kAdam:
+      UpdateKernel<UpdateRule::kAdam><<<blocks, kThreads, 0, stream>>>(a, grad, weight, state, n);
+      break;
+    case UpdateRule::kRmsProp:
+      UpdateKernel<UpdateRule::kRmsProp>
+          <<<blocks, kThreads, 0, stream>>>(a, grad, weight, state, n);
+      break;
+    case UpdateRule::kRmsPropCentered:
+      UpdateKernel<UpdateRule::kRmsPropCentered>
+          <<<blocks, kThreads, 0, stream>>>(a, grad, weight, state, n);
+      break;
+    case UpdateRule::kAdaGrad:
+      UpdateKernel<UpdateRule::kAdaGrad>
+          <<<blocks, kThreads, 0, stream>>>(a, grad, weight, state, n);
+      break;
+  }
   PSTRAIN_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,5 +1,5 @@
 // Our own CUDA kernels (nn/cuda/kernels.cu), for the steps no library call
-// fits: element-wise sums and fills, the optimizer update, dropout, the
+// fits: element-wise sums and fills, the optimizers' updates, dropout, the
 // softmax output's loss and gradient, the BatchNorm moving statistics, the
 // fully connected bias, and pooling under MXNet's "full" rounding where a
 // window spills past the padding (cuDNN has no such windows).
@@ -26,23 +26,34 @@ void Add(const float* src, float* dst, int64_t n, cudaStream_t stream);
 // out[i] = a[i] + b[i].
 void Add2(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream);
 
-// The optimizer's rule (Optimizer::ApplyStep): with momentum,
-//   g = clip(rescale * grad);  mom = m * mom - lr * (g + wd * w);  w += mom
-// without, w -= lr * (g + wd * w); test: w += rescale * grad. mom may be null
-// unless momentum != 0. clip(g) keeps a NaN g NaN, as std::clamp on the CPU.
+// The optimizer's rules (Optimizer::ApplyStep, nn/optimizer.h has each
+// one's arithmetic), one kernel per rule. `state` holds the rule's slots, n
+// floats each, back to back (SGD and NAG with momentum: momentum; ADAM: mean,
+// var; RMSPROP: n; centered: n, g, delta; ADAGRAD: history); it may be null
+// when the rule keeps none. clip keeps a NaN NaN, as std::clamp on the CPU.
 // In the same pass, as the CPU's check (Optimizer::ApplyStep): where a
 // gradient holds NaN or Inf, flags[0] is set to kStepFlagSet | param unless
 // it is set already; where a weight written does, flags[1]. flags (two words
 // the host reads: mapped pinned memory) may be null.
-struct SgdArgs {
-  float rescale, lr, wd, clip, momentum;
-  bool do_clip, test;
+enum class UpdateRule : int { kSgd, kTest, kNag, kAdam, kRmsProp, kRmsPropCentered, kAdaGrad };
+struct UpdateArgs {
+  UpdateRule rule;
+  float rescale, lr, wd, clip;
+  bool do_clip;
+  float momentum;      // SGD, NAG (0: none)
+  float beta1, beta2;  // ADAM
+  float gamma1, gamma2;
+  float eps;
+  float clip_weights;
+  bool do_clip_weights;
   int param;
   unsigned long long* flags;
 };
 inline constexpr unsigned long long kStepFlagSet = 1ull << 32;
-void SgdUpdate(const SgdArgs& a, const float* grad, float* weight, float* mom, int64_t n,
-               cudaStream_t stream);
+// How many slots of n floats `state` must hold for a.
+int UpdateSlots(const UpdateArgs& a);
+void OptimizerUpdate(const UpdateArgs& a, const float* grad, float* weight, float* state, int64_t n,
+                     cudaStream_t stream);
 
 // Dropout in training: keep element i with probability 1 - p, drawn from a
 // counter-based generator keyed by (seed, i); y = x * scale where kept, else 0.

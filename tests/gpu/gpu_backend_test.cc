@@ -371,49 +371,86 @@ TEST(GpuBackendTest, CopiesFillAddAndTheOptimizerStepMatchTheCpu) {
   }
 }
 
-// The optimizer step's other rules on the device: plain SGD, momentum
-// without clipping, weight decay alone, and the TEST rule (w += rescale * g).
+// Every optimizer rule on the device against the CPU's: SGD plain, with
+// momentum, with weight decay alone; TEST (w += rescale * g); NAG; Adam;
+// RMSProp plain (with clipped weights) and centered; AdaGrad. Each with
+// clipping somewhere, and three steps so that the slots carry over.
 TEST(GpuBackendTest, EveryOptimizerRuleMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
   GpuAndCpu b;
   ASSERT_TRUE(MakeGpuAndCpu(&b));
   Backend& G = *b.gpu;
   Backend& C = *b.cpu;
-  std::vector<Optimizer::Step> rules(4);
+  using Rule = Optimizer::Rule;
+  std::vector<Optimizer::Step> rules(10);
   rules[0].lr = 0.1f;   // plain SGD
   rules[1].lr = 0.05f;  // momentum, no clipping
   rules[1].mom = 0.9f;
   rules[1].rescale = 0.25f;
   rules[2].lr = 0.1f;  // weight decay alone
   rules[2].wd = 0.01f;
-  rules[3].test = true;  // TEST: w += rescale * g
+  rules[3].rule = Rule::kTest;  // TEST: w += rescale * g
   rules[3].rescale = 2.0f;
+  rules[4].rule = Rule::kNag;
+  rules[4].lr = 0.05f;
+  rules[4].mom = 0.9f;
+  rules[4].wd = 0.001f;
+  rules[5].rule = Rule::kNag;  // NAG without momentum: SGD's
+  rules[5].lr = 0.05f;
+  rules[6].rule = Rule::kAdam;
+  rules[6].lr = 0.003f;
+  rules[6].beta1 = 0.9f;
+  rules[6].beta2 = 0.999f;
+  rules[6].eps = 1e-8f;
+  rules[6].wd = 0.001f;
+  rules[6].do_clip = true;
+  rules[6].clip = 0.5f;
+  rules[7].rule = Rule::kRmsProp;
+  rules[7].lr = 0.001f;
+  rules[7].gamma1 = 0.9f;
+  rules[7].eps = 1e-8f;
+  rules[7].do_clip_weights = true;
+  rules[7].clip_weights = 0.75f;
+  rules[8].rule = Rule::kRmsPropCentered;
+  rules[8].lr = 0.001f;
+  rules[8].gamma1 = 0.95f;
+  rules[8].gamma2 = 0.9f;
+  rules[8].eps = 1e-4f;
+  rules[9].rule = Rule::kAdaGrad;
+  rules[9].lr = 0.01f;
+  rules[9].eps = 1e-7f;
+  rules[9].wd = 0.01f;
+  rules[9].do_clip = true;
+  rules[9].clip = 0.3f;
   for (size_t k = 0; k < rules.size(); ++k) {
     for (int64_t n : {int64_t{7}, (int64_t{5} << 20) + 3}) {
       SCOPED_TRACE(StrCat("rule ", k, ", ", n, " elements"));
       std::mt19937_64 rng(n + k);
       std::uniform_real_distribution<float> u(-1, 1);
-      std::vector<float> grad(n), w(n), mom(n);
+      const int64_t slots = rules[k].num_slots();
+      std::vector<float> grad(n), w(n);
       for (int64_t i = 0; i < n; ++i) {
         grad[i] = u(rng);
         w[i] = u(rng);
-        mom[i] = u(rng);
       }
-      Tensor gg = G.Empty({n}), gw = G.Empty({n}), gm = G.Empty({n});
-      Tensor cg = C.Empty({n}), cw = C.Empty({n}), cm = C.Empty({n});
+      Tensor gg = G.Empty({n}), gw = G.Empty({n});
+      Tensor cg = C.Empty({n}), cw = C.Empty({n});
+      Tensor gs, cs;
+      if (slots > 0) {
+        gs = G.Zeros({slots * n});
+        cs = C.Zeros({slots * n});
+      }
       G.CopyFromHost(grad.data(), gg);
       G.CopyFromHost(w.data(), gw);
-      G.CopyFromHost(mom.data(), gm);
       C.CopyFromHost(grad.data(), cg);
       C.CopyFromHost(w.data(), cw);
-      C.CopyFromHost(mom.data(), cm);
-      for (int repeat = 0; repeat < 2; ++repeat) {  // momentum carries over
-        G.ApplyOptimizerStep(rules[k], gg, gw, gm);
-        C.ApplyOptimizerStep(rules[k], cg, cw, cm);
+      for (int repeat = 0; repeat < 3; ++repeat) {  // the slots carry over
+        G.ApplyOptimizerStep(rules[k], gg, gw, gs);
+        C.ApplyOptimizerStep(rules[k], cg, cw, cs);
       }
       ASSERT_TRUE(SampledNear(G, gw, cw, n));
-      if (rules[k].uses_momentum()) {
-        ASSERT_TRUE(SampledNear(G, gm, cm, n));
+      if (slots > 0) {
+        ASSERT_TRUE(SampledNear(G, gs, cs, slots * n));
       }
     }
   }

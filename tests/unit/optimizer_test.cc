@@ -31,7 +31,7 @@ TEST(OptimizerTest, PlainSgdWithWeightDecay) {
   // w -= lr * (rescale*g + wd*w)
   EXPECT_FLOAT_EQ(w[0], 1.0f - 0.1f * (2.0f + 0.01f * 1.0f));
   EXPECT_FLOAT_EQ(w[1], -2.0f - 0.1f * (1.0f + 0.01f * -2.0f));
-  EXPECT_TRUE(st.momentum.empty());
+  EXPECT_TRUE(st.slots.empty());
 }
 
 TEST(OptimizerTest, MomentumMatchesMxnetRecurrence) {
@@ -80,7 +80,7 @@ TEST(OptimizerTest, UpdateOfSeveralGradientsEqualsUpdateOfTheirSumExactly) {
           plain->Update(sum.data(), w2.data(), n, &s2);
         }
         ASSERT_EQ(w1, w2) << "k=" << k << " mom=" << mom << " clip=" << clip;
-        EXPECT_EQ(s1.momentum, s2.momentum);
+        EXPECT_EQ(s1.slots, s2.slots);
         EXPECT_EQ(s1.num_updates, 3);
       }
     }
@@ -113,7 +113,7 @@ TEST(OptimizerTest, OutOfPlaceUpdateEqualsInPlaceAndLeavesTheInputAlone) {
         ASSERT_EQ(w1, w2) << "k=" << k << " mom=" << mom << " step " << step;
         from.swap(w2);  // the fresh buffer becomes the stored value
       }
-      EXPECT_EQ(s1.momentum, s2.momentum);
+      EXPECT_EQ(s1.slots, s2.slots);
     }
   }
 }

@@ -36,9 +36,9 @@ std::vector<float> Ramp(size_t n, float start) {
   return v;
 }
 
-ParamState State(size_t momentum_n, int64_t num_updates, float lr_mult, float wd_mult) {
+ParamState State(size_t slots_n, int64_t num_updates, float lr_mult, float wd_mult) {
   ParamState s;
-  s.momentum = Ramp(momentum_n, -3.0f);
+  s.slots = Ramp(slots_n, -3.0f);
   s.num_updates = num_updates;
   s.lr_mult = lr_mult;
   s.wd_mult = wd_mult;
@@ -167,14 +167,14 @@ TEST_F(SnapshotTest, RoundTripSeveralKeys) {
   EXPECT_EQ(k3.wire_key, 3u);
   EXPECT_EQ(k3.rounds, 2u);
   EXPECT_EQ(k3.value, b);
-  EXPECT_TRUE(k3.state.momentum.empty());
+  EXPECT_TRUE(k3.state.slots.empty());
   EXPECT_EQ(k3.state.num_updates, 0);
   EXPECT_EQ(k3.state.lr_mult, 1.0f);
   const KeySnapshot& big = (*all)[2];
   EXPECT_EQ(big.wire_key, 0xdeadbeef00000001ull);
   EXPECT_EQ(big.rounds, 5u);
   EXPECT_EQ(big.value, a);
-  EXPECT_EQ(big.state.momentum, Ramp(10, -3.0f));
+  EXPECT_EQ(big.state.slots, Ramp(10, -3.0f));
   EXPECT_EQ(big.state.num_updates, 42);
   EXPECT_EQ(big.state.lr_mult, 0.5f);
   EXPECT_EQ(big.state.wd_mult, 0.0f);
@@ -206,7 +206,7 @@ TEST_F(SnapshotTest, MomentumAppearsLater) {
   ASSERT_OK(store_->Write(7, 2, Ramp(50, 2).data(), 50, State(50, 1, 1, 1)));
   KeySnapshot s = LoadOne();
   EXPECT_EQ(s.rounds, 2u);
-  EXPECT_EQ(s.state.momentum, Ramp(50, -3.0f));
+  EXPECT_EQ(s.state.slots, Ramp(50, -3.0f));
 }
 
 TEST_F(SnapshotTest, RoundsMustNotGoBack) {
@@ -413,7 +413,7 @@ TEST_F(SnapshotTest, ConcurrentWritersOnDifferentKeys) {
     EXPECT_EQ(s.wire_key, i);
     EXPECT_EQ(s.rounds, static_cast<uint64_t>(kRounds));
     EXPECT_EQ(s.value, Ramp(64 + i * 16, static_cast<float>(i * 1000 + kRounds)));
-    EXPECT_EQ(s.state.momentum.size(), 64 + i * 16);
+    EXPECT_EQ(s.state.slots.size(), 64 + i * 16);
   }
 }
 
@@ -432,7 +432,7 @@ TEST_F(SnapshotTest, MillionElementValue) {
   EXPECT_EQ(s.wire_key, 42u);
   EXPECT_EQ(s.rounds, 2u);
   EXPECT_TRUE(s.value == v);  // not EXPECT_EQ: a mismatch would print 1e6 floats
-  EXPECT_TRUE(s.state.momentum == state.momentum);
+  EXPECT_TRUE(s.state.slots == state.slots);
   EXPECT_EQ(s.state.num_updates, 12);
 }
 

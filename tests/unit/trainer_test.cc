@@ -841,7 +841,7 @@ TEST(LocalParamSyncTest, LargeParametersUpdateInPiecesExactlyAsInOnePass) {
     if (a.name.find("fc_weight") == std::string::npos) continue;
     found = true;
     ASSERT_EQ(a.data.size(), n);
-    EXPECT_EQ(0, std::memcmp(a.data.data(), ref_state.momentum.data(), n * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(a.data.data(), ref_state.slots.data(), n * sizeof(float)));
   }
   EXPECT_TRUE(found) << "no momentum of fc_weight in the saved state";
   hp.host_grad(0)[n - 3] = std::nanf("");

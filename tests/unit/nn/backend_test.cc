@@ -200,16 +200,16 @@ TEST(BackendTest, CpuOptimizerStepIsTheOptimizersRule) {
   for (int step = 0; step < 3; ++step) {
     (*opt_a)->Update(g.data(), w.data(), n, &sa);
     const Optimizer::Step s = (*opt_b)->NextStep(&sb);
-    EXPECT_TRUE(s.uses_momentum());
+    EXPECT_EQ(s.num_slots(), 1);
     b.ApplyOptimizerStep(s, tg, tw, tm);
   }
   std::vector<float> back(n);
   b.CopyToHost(tw, back.data());
   EXPECT_EQ(back, w);
   b.CopyToHost(tm, back.data());
-  EXPECT_EQ(back, sa.momentum);
+  EXPECT_EQ(back, sa.slots);
   EXPECT_EQ(sb.num_updates, 3);
-  EXPECT_TRUE(sb.momentum.empty()) << "NextStep leaves the momentum to the caller";
+  EXPECT_TRUE(sb.slots.empty()) << "NextStep leaves the slots to the caller";
 }
 
 // The check of the updates a backend applies: the first bad gradient's and
