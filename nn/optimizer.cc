@@ -86,7 +86,7 @@ Optimizer::Rule RuleOf(const OptimizerConfig& cfg) {
 }
 
 // A decay rate in [0, 1); written so that NaN fails too (a peer's config).
-Status CheckRate(const char* name, float v, OptimizerConfig::Type type) {
+Status CheckRate(const char* name, double v, OptimizerConfig::Type type) {
   if (v >= 0 && v < 1) return Status::Ok();
   return Status::InvalidArgument(
       StrCat(Optimizer::TypeName(type), ": ", name, " ", v, " must be in [0, 1)"));
@@ -223,11 +223,11 @@ Optimizer::Step Optimizer::NextStep(ParamState* state) {
     case Rule::kAdam: {
       // MXNet's Adam.update, in double as Python computes it.
       const double t = static_cast<double>(state->earlier_updates + state->num_updates);
-      const double coef1 = 1.0 - std::pow(static_cast<double>(cfg_.beta1()), t);
-      const double coef2 = 1.0 - std::pow(static_cast<double>(cfg_.beta2()), t);
+      const double coef1 = 1.0 - std::pow(cfg_.beta1(), t);
+      const double coef2 = 1.0 - std::pow(cfg_.beta2(), t);
       s.lr = static_cast<float>(lr * std::sqrt(coef2) / coef1);
-      s.beta1 = cfg_.beta1();
-      s.beta2 = cfg_.beta2();
+      s.beta1 = static_cast<float>(cfg_.beta1());
+      s.beta2 = static_cast<float>(cfg_.beta2());
       s.eps = cfg_.has_epsilon() ? cfg_.epsilon() : 1e-8f;
       break;
     }

@@ -173,8 +173,8 @@ OptimizerConfig OptimizerFromDict(const py::dict& d) {
   if (d.contains("clip_gradient") && !d["clip_gradient"].is_none()) {
     c.set_clip_gradient(d["clip_gradient"].cast<float>());
   }
-  c.set_beta1(GetFloat(d, "beta1", c.beta1()));
-  c.set_beta2(GetFloat(d, "beta2", c.beta2()));
+  if (d.contains("beta1")) c.set_beta1(d["beta1"].cast<double>());
+  if (d.contains("beta2")) c.set_beta2(d["beta2"].cast<double>());
   if (d.contains("epsilon") && !d["epsilon"].is_none()) {
     c.set_epsilon(d["epsilon"].cast<float>());
   }

@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <string>
 #include <vector>
 
 namespace pstrain {
@@ -251,6 +253,311 @@ TEST(OptimizerTest, RejectsBadConfig) {
   auto s = LrSchedule::Create(0.1f, sc);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("steps[1] = 10"), std::string::npos) << s.status();
+}
+
+// ---- the rules beyond SGD ----
+
+OptimizerConfig Config(OptimizerConfig::Type type) {
+  OptimizerConfig c;
+  c.set_type(type);
+  return c;
+}
+
+std::unique_ptr<Optimizer> Make(const OptimizerConfig& cfg) {
+  auto opt = Optimizer::Create(cfg);
+  CHECK(opt.ok()) << opt.status();
+  return std::move(opt).value();
+}
+
+// Configurations covering every rule and option: NAG with momentum and
+// weight decay, and without momentum; Adam with wd and clipping, and with
+// its own epsilon; RMSProp plain with clipped weights, and centered;
+// AdaGrad with wd and clipping.
+std::vector<OptimizerConfig> RuleConfigs() {
+  std::vector<OptimizerConfig> out;
+  OptimizerConfig nag = Config(OptimizerConfig::NAG);
+  nag.set_learning_rate(0.05f);
+  nag.set_momentum(0.9f);
+  nag.set_wd(1e-3f);
+  nag.set_rescale_grad(0.5f);
+  out.push_back(nag);
+  nag.set_momentum(0.0f);
+  nag.set_clip_gradient(0.3f);
+  out.push_back(nag);
+  OptimizerConfig adam = Config(OptimizerConfig::ADAM);
+  adam.set_learning_rate(0.01f);
+  adam.set_wd(1e-2f);
+  adam.set_clip_gradient(0.4f);
+  out.push_back(adam);
+  adam.clear_clip_gradient();
+  adam.set_beta1(0.8f);
+  adam.set_beta2(0.99f);
+  adam.set_epsilon(1e-3f);
+  out.push_back(adam);
+  OptimizerConfig rms = Config(OptimizerConfig::RMSPROP);
+  rms.set_learning_rate(0.01f);
+  rms.set_wd(1e-3f);
+  rms.set_clip_weights(0.6f);
+  out.push_back(rms);
+  rms.set_centered(true);
+  rms.set_gamma1(0.95f);
+  rms.set_gamma2(0.8f);
+  rms.set_epsilon(1e-4f);
+  rms.clear_clip_weights();
+  out.push_back(rms);
+  OptimizerConfig ada = Config(OptimizerConfig::ADAGRAD);
+  ada.set_learning_rate(0.1f);
+  ada.set_wd(1e-2f);
+  ada.set_clip_gradient(0.5f);
+  ada.set_rescale_grad(2.0f);
+  out.push_back(ada);
+  return out;
+}
+
+// MXNet 1.x's update of one element in double, written from its Python
+// optimizers and update operators independently of nn/optimizer.cc (the
+// state: up to three numbers; t: this update's count).
+double Reference(const OptimizerConfig& c, double w, double grad, double* st, int64_t t) {
+  const double lr = c.learning_rate(), wd = c.wd();
+  const double clip = c.clip_gradient();
+  auto clipped = [clip](double x) { return clip > 0 ? std::min(std::max(x, -clip), clip) : x; };
+  double g = c.rescale_grad() * grad;
+  switch (c.type()) {
+    case OptimizerConfig::NAG: {
+      g = clipped(g);
+      if (c.momentum() == 0) return w - lr * (g + wd * w);
+      // optimizer.py NAG.update: mom *= momentum; grad += wd * weight;
+      // mom += grad; grad += momentum * mom; weight -= lr * grad
+      g += wd * w;
+      st[0] = c.momentum() * st[0] + g;
+      g += c.momentum() * st[0];
+      return w - lr * g;
+    }
+    case OptimizerConfig::ADAM: {
+      // Adam.update: lr *= sqrt(1 - beta2^t) / (1 - beta1^t); adam_update.
+      const double b1 = c.beta1(), b2 = c.beta2();
+      const double eps = c.has_epsilon() ? c.epsilon() : 1e-8;
+      const double lr_t = lr * std::sqrt(1 - std::pow(b2, t)) / (1 - std::pow(b1, t));
+      g = clipped(g + wd * w);
+      st[0] = b1 * st[0] + (1 - b1) * g;
+      st[1] = b2 * st[1] + (1 - b2) * g * g;
+      return w - lr_t * st[0] / (std::sqrt(st[1]) + eps);
+    }
+    case OptimizerConfig::RMSPROP: {
+      const double g1 = c.gamma1(), g2 = c.gamma2();
+      const double eps = c.has_epsilon() ? c.epsilon() : 1e-8;
+      g = clipped(g + wd * w);
+      double out;
+      if (!c.centered()) {  // rmsprop_update
+        st[0] = (1 - g1) * g * g + g1 * st[0];
+        out = w - lr * g / std::sqrt(st[0] + eps);
+      } else {  // rmspropalex_update
+        st[0] = (1 - g1) * g * g + g1 * st[0];
+        st[1] = (1 - g1) * g + g1 * st[1];
+        st[2] = g2 * st[2] - lr * g / std::sqrt(st[0] - st[1] * st[1] + eps);
+        out = w + st[2];
+      }
+      const double cw = c.clip_weights();
+      return cw > 0 ? std::min(std::max(out, -cw), cw) : out;
+    }
+    case OptimizerConfig::ADAGRAD: {
+      // AdaGrad.update: history += square(grad); div = grad / sqrt(history +
+      // eps); weight += (div + weight * wd) * -lr
+      const double eps = c.has_epsilon() ? c.epsilon() : 1e-7;
+      g = clipped(g);
+      st[0] += g * g;
+      return w + (g / std::sqrt(st[0] + eps) + w * wd) * -lr;
+    }
+    default:
+      ADD_FAILURE() << "no reference for type " << c.type();
+      return w;
+  }
+}
+
+TEST(OptimizerTest, EveryRuleFollowsMxnetsFormulasOverSeveralUpdates) {
+  const size_t n = 41;
+  for (const OptimizerConfig& cfg : RuleConfigs()) {
+    SCOPED_TRACE(cfg.ShortDebugString());
+    auto opt = Make(cfg);
+    std::vector<float> w(n);
+    std::vector<double> ref_w(n), ref_state(3 * n, 0.0);
+    for (size_t i = 0; i < n; ++i) ref_w[i] = w[i] = 0.9f * std::sin(0.7f * i);
+    ParamState st;
+    for (int64_t t = 1; t <= 6; ++t) {
+      std::vector<float> g(n);
+      // Large and small gradients, so that clipping bites where it is on.
+      for (size_t i = 0; i < n; ++i) g[i] = std::cos(0.3f * i * t) * (i % 3 == 0 ? 2.0f : 0.1f);
+      const UpdateCheck check = opt->Update(g.data(), w.data(), n, &st);
+      EXPECT_TRUE(check.ok());
+      for (size_t i = 0; i < n; ++i) {
+        double s3[3] = {ref_state[i], ref_state[n + i], ref_state[2 * n + i]};
+        ref_w[i] = Reference(cfg, ref_w[i], g[i], s3, t);
+        ref_state[i] = s3[0];
+        ref_state[n + i] = s3[1];
+        ref_state[2 * n + i] = s3[2];
+        ASSERT_NEAR(w[i], ref_w[i], 2e-6 * std::max(1.0, std::fabs(ref_w[i])))
+            << "element " << i << " after update " << t;
+      }
+    }
+    ASSERT_EQ(st.slots.size(), static_cast<size_t>(opt->num_slots()) * n);
+    EXPECT_EQ(opt->SlotNames().size(), static_cast<size_t>(opt->num_slots()));
+    for (int j = 0; j < opt->num_slots(); ++j) {
+      for (size_t i = 0; i < n; ++i) {
+        EXPECT_NEAR(st.slots[j * n + i], ref_state[j * n + i],
+                    1e-5 * std::max(1.0, std::fabs(ref_state[j * n + i])))
+            << opt->SlotNames()[j] << " " << i;
+      }
+    }
+  }
+}
+
+// The server's paths for every rule with state: several gradients summed
+// block by block (n spans several blocks, so each slot is read at its own
+// stride) equal one update of their sum bit for bit, and out of place equals
+// in place.
+TEST(OptimizerTest, EveryRuleUpdatesSeveralGradientsAndOutOfPlaceExactly) {
+  const size_t n = 3000;
+  for (const OptimizerConfig& cfg : RuleConfigs()) {
+    SCOPED_TRACE(cfg.ShortDebugString());
+    auto fused = Make(cfg), plain = Make(cfg), outp = Make(cfg);
+    std::vector<std::vector<float>> g(3, std::vector<float>(n));
+    std::vector<float> w1(n), w2(n), w3(n), fresh(n);
+    for (size_t i = 0; i < n; ++i) {
+      w1[i] = w2[i] = w3[i] = std::sin(0.37f * i);
+      for (int j = 0; j < 3; ++j) g[j][i] = 0.3f * std::cos(0.11f * i * (j + 1)) + 1e-7f * j;
+    }
+    std::vector<const float*> ptrs = {g[0].data(), g[1].data(), g[2].data()};
+    std::vector<float> sum(n);
+    for (size_t i = 0; i < n; ++i) sum[i] = (g[0][i] + g[1][i]) + g[2][i];
+    ParamState s1, s2, s3;
+    for (int step = 0; step < 3; ++step) {
+      fused->Update(ptrs.data(), ptrs.size(), w1.data(), n, &s1);
+      plain->Update(sum.data(), w2.data(), n, &s2);
+      const std::vector<float> before = w3;
+      outp->Update(ptrs.data(), ptrs.size(), w3.data(), fresh.data(), n, &s3);
+      ASSERT_EQ(w3, before) << "the input is read only";
+      w3.swap(fresh);
+    }
+    ASSERT_EQ(w1, w2);
+    ASSERT_EQ(w1, w3);
+    EXPECT_EQ(s1.slots, s2.slots);
+    EXPECT_EQ(s1.slots, s3.slots);
+  }
+}
+
+// Adam's bias correction reads the parameter's own count, earlier updates
+// (a checkpoint's) included; the schedule's clock does not count those.
+TEST(OptimizerTest, AdamsBiasCorrectionCountsTheUpdatesBeforeAResume) {
+  OptimizerConfig cfg = Config(OptimizerConfig::ADAM);
+  cfg.set_learning_rate(0.002f);
+  auto opt = Make(cfg);
+  ParamState fresh, resumed;
+  resumed.earlier_updates = 10;
+  const Optimizer::Step a = opt->NextStep(&fresh);
+  auto opt2 = Make(cfg);
+  const Optimizer::Step b = opt2->NextStep(&resumed);
+  EXPECT_FLOAT_EQ(a.lr, static_cast<float>(0.002 * std::sqrt(1 - 0.999) / (1 - 0.9)));
+  EXPECT_FLOAT_EQ(b.lr, static_cast<float>(0.002 * std::sqrt(1 - std::pow(0.999, 11)) /
+                                           (1 - std::pow(0.9, 11))));
+  EXPECT_EQ(opt2->num_update(), 1) << "the schedule's clock starts over";
+  EXPECT_EQ(b.num_slots(), 2);
+}
+
+// State written by an optimizer of another kind (an SGD momentum, read by
+// AdaGrad as its history of squares, would go negative under a square root)
+// starts from zeros; state restored from a file (layout unknown) whose size
+// fits is used.
+TEST(OptimizerTest, SlotsOfAnotherOptimizerAreNotMisread) {
+  const size_t n = 5;
+  std::vector<float> g = {0.1f, -0.2f, 0.3f, -0.4f, 0.5f};
+  auto sgd = MakeSgd(0.1f, 0.9f, 0.0f, 1.0f, -1);
+  OptimizerConfig ada_cfg = Config(OptimizerConfig::ADAGRAD);
+  auto ada = Make(ada_cfg);
+  std::vector<float> w(n, 1.0f), w_fresh(n, 1.0f);
+  ParamState st, fresh;
+  sgd->Update(g.data(), w.data(), n, &st);
+  ASSERT_EQ(st.slots.size(), n);
+  w = std::vector<float>(n, 1.0f);
+  ada->Update(g.data(), w.data(), n, &st);
+  Make(ada_cfg)->Update(g.data(), w_fresh.data(), n, &fresh);
+  EXPECT_EQ(w, w_fresh);
+  EXPECT_EQ(st.slots, fresh.slots);
+
+  ParamState restored;
+  restored.slots = std::vector<float>(n, 4.0f);  // a history of squares
+  std::vector<float> w_restored(n, 1.0f);
+  Make(ada_cfg)->Update(g.data(), w_restored.data(), n, &restored);
+  EXPECT_FLOAT_EQ(restored.slots[0], 4.0f + 0.01f);
+  EXPECT_NEAR(w_restored[0], 1.0f - 0.01f * 0.1f / std::sqrt(4.01f), 1e-7);
+}
+
+TEST(OptimizerTest, NamesAndSlots) {
+  OptimizerConfig::Type t;
+  ASSERT_TRUE(OptimizerTypeFromName("Adam", &t));
+  EXPECT_EQ(t, OptimizerConfig::ADAM);
+  ASSERT_TRUE(OptimizerTypeFromName("rmsprop", &t));
+  EXPECT_EQ(t, OptimizerConfig::RMSPROP);
+  EXPECT_FALSE(OptimizerTypeFromName("adamw", &t));
+  EXPECT_FALSE(OptimizerTypeFromName("", &t));
+  OptimizerConfig rms = Config(OptimizerConfig::RMSPROP);
+  EXPECT_EQ(Make(rms)->SlotNames(), std::vector<std::string>({"n"}));
+  rms.set_centered(true);
+  EXPECT_EQ(Make(rms)->SlotNames(), std::vector<std::string>({"n", "g", "delta"}));
+  EXPECT_EQ(Make(Config(OptimizerConfig::ADAM))->SlotNames(),
+            std::vector<std::string>({"mean", "var"}));
+  EXPECT_EQ(Make(Config(OptimizerConfig::ADAGRAD))->SlotNames(),
+            std::vector<std::string>({"history"}));
+  EXPECT_TRUE(MakeSgd(0.1f, 0.0f, 0, 1, -1)->SlotNames().empty());
+  EXPECT_EQ(MakeSgd(0.1f, 0.5f, 0, 1, -1)->SlotNames(), std::vector<std::string>({"momentum"}));
+}
+
+TEST(OptimizerTest, RejectsBadConfigOfTheOtherRules) {
+  struct Case {
+    OptimizerConfig cfg;
+    const char* says;
+  };
+  std::vector<Case> cases;
+  auto add = [&cases](OptimizerConfig::Type type, auto set, const char* says) {
+    OptimizerConfig c = Config(type);
+    set(&c);
+    cases.push_back({c, says});
+  };
+  const float nan = std::nanf("");
+  add(
+      OptimizerConfig::ADAM, [](OptimizerConfig* c) { c->set_momentum(0.9f); },
+      "adam takes no momentum");
+  add(
+      OptimizerConfig::ADAGRAD, [](OptimizerConfig* c) { c->set_momentum(0.5f); },
+      "adagrad takes no momentum");
+  add(
+      OptimizerConfig::NAG, [](OptimizerConfig* c) { c->set_momentum(1.0f); },
+      "nag: momentum 1 must be in [0, 1)");
+  add(
+      OptimizerConfig::ADAM, [](OptimizerConfig* c) { c->set_beta1(1.0f); },
+      "adam: beta1 1 must be in [0, 1)");
+  add(
+      OptimizerConfig::ADAM, [nan](OptimizerConfig* c) { c->set_beta2(nan); }, "adam: beta2 nan");
+  add(
+      OptimizerConfig::ADAM, [](OptimizerConfig* c) { c->set_epsilon(0.0f); },
+      "adam: epsilon 0 must be finite and > 0");
+  add(
+      OptimizerConfig::RMSPROP, [](OptimizerConfig* c) { c->set_gamma1(-0.1f); },
+      "rmsprop: gamma1 -0.1 must be in [0, 1)");
+  add(
+      OptimizerConfig::RMSPROP, [](OptimizerConfig* c) { c->set_gamma2(1.5f); },
+      "rmsprop: gamma2 1.5");
+  add(
+      OptimizerConfig::RMSPROP, [nan](OptimizerConfig* c) { c->set_clip_weights(nan); },
+      "clip_weights is NaN");
+  add(
+      OptimizerConfig::ADAGRAD, [](OptimizerConfig* c) { c->set_epsilon(-1.0f); },
+      "adagrad: epsilon -1");
+  for (const Case& c : cases) {
+    auto opt = Optimizer::Create(c.cfg);
+    ASSERT_FALSE(opt.ok()) << c.cfg.ShortDebugString();
+    EXPECT_EQ(opt.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(opt.status().message().find(c.says), std::string::npos) << opt.status();
+  }
 }
 
 // NaN and Inf are found in the update's own pass: in which gradient, or in

@@ -145,6 +145,65 @@ TEST(InProcClusterTest, ServerAppliesSgdWithScheduleExactlyAsTheLocalOptimizer) 
   });
 }
 
+// The other optimizers on the servers, in a dist_sync job of two servers and
+// two workers, on a small key and on one split across both servers: every
+// round's value equals the local optimizer's update of the workers' summed
+// gradient (sums exact in floats, so their order does not matter), the
+// slots of each part kept where the part is.
+TEST(InProcClusterTest, ServersApplyEveryOptimizerExactlyAsTheLocalOne) {
+  std::vector<OptimizerConfig> configs(4);
+  configs[0].set_type(OptimizerConfig::NAG);
+  configs[0].set_momentum(0.9f);
+  configs[0].set_wd(1e-3f);
+  configs[1].set_type(OptimizerConfig::ADAM);
+  configs[1].set_learning_rate(0.01f);
+  configs[1].set_clip_gradient(0.6f);
+  configs[2].set_type(OptimizerConfig::RMSPROP);
+  configs[2].set_centered(true);
+  configs[2].set_clip_weights(2.0f);
+  configs[3].set_type(OptimizerConfig::ADAGRAD);
+  configs[3].set_wd(1e-2f);
+  for (OptimizerConfig& oc : configs) {
+    oc.set_rescale_grad(0.5f);
+    SCOPED_TRACE(oc.ShortDebugString());
+    ExpectAllOk(RunJob(2, 2, [oc](KVClient& kv) -> Status {
+      ServerConfig c;
+      c.set_sync_mode(true);
+      *c.mutable_optimizer() = oc;
+      RETURN_IF_ERROR(kv.SetServerConfig(c, Soon()));
+      const std::vector<KVClient::Key> keys = {5, 6};
+      const std::vector<int64_t> lens = {7, 1200 * 1200};
+      const size_t n = lens[0] + lens[1];
+      std::vector<float> w(n), got(n);
+      for (size_t j = 0; j < n; ++j) w[j] = 0.001f * static_cast<float>(j % 1000) - 0.5f;
+      std::vector<float> expect = w;
+      auto local = Optimizer::Create(oc);
+      RETURN_IF_ERROR(local.status());
+      ParamState state[2];
+      RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, w.data()), Soon()));
+      RETURN_IF_ERROR(kv.Barrier(Soon()));
+      for (int round = 1; round <= 3; ++round) {
+        std::vector<float> g(n), sum(n);
+        for (size_t j = 0; j < n; ++j) {
+          const float base = 0.25f * static_cast<float>(static_cast<int>((j + round) % 9) - 4);
+          g[j] = (kv.rank() + 1) * base;
+          sum[j] = 3 * base;  // worker 0's plus worker 1's, exactly
+        }
+        (*local)->Update(sum.data(), expect.data(), 7, &state[0]);
+        (*local)->Update(sum.data() + 7, expect.data() + 7, n - 7, &state[1]);
+        RETURN_IF_ERROR(kv.Wait(kv.PushPull(keys, lens, g.data(), got.data()), Soon()));
+        for (size_t j = 0; j < n; ++j) {
+          if (got[j] != expect[j]) {
+            return Status::Internal(StrCat("round ", round, " element ", j, ": server ", got[j],
+                                           ", local ", expect[j]));
+          }
+        }
+      }
+      return Status::Ok();
+    }));
+  }
+}
+
 TEST(InProcClusterTest, PushPullCarriesTheNewValueInOneRoundTrip) {
   ExpectOkOverTcpAndSharedMemory(2, 2, [](KVClient& kv) -> Status {
     const std::vector<KVClient::Key> keys = {1, 2, 3};

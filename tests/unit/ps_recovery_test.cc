@@ -49,6 +49,9 @@ struct RecoverySpec {
   // The last worker rank dies without a word after this step (-1: never);
   // the job goes on without it (PSTRAIN_WORKER_LOSS=continue).
   int lose_worker_after_step = -1;
+  // The servers' optimizer: SGD with momentum, or Adam (two arrays of state
+  // per key and the update count its bias correction reads).
+  bool adam = false;
 };
 
 struct RecoveryResult {
@@ -175,7 +178,12 @@ RecoveryResult RunRecoveryJob(const RecoverySpec& spec, const std::string& snaps
         ServerConfig c;
         c.set_sync_mode(true);
         c.mutable_optimizer()->set_learning_rate(0.05f);
-        c.mutable_optimizer()->set_momentum(0.9f);
+        if (spec.adam) {
+          c.mutable_optimizer()->set_type(OptimizerConfig::ADAM);
+          c.mutable_optimizer()->set_learning_rate(0.01f);
+        } else {
+          c.mutable_optimizer()->set_momentum(0.9f);
+        }
         c.mutable_optimizer()->set_wd(1e-4f);
         c.mutable_optimizer()->set_rescale_grad(1.0f / spec.num_workers);
         RETURN_IF_ERROR(kv.SetServerConfig(c, Deadline::InMillis(10000)));
@@ -336,6 +344,21 @@ TEST_P(ServerRecoveryTest, SnapshotsEveryFewRoundsAreCompletedFromTheWorkersCopi
   spec.kill_after_step = 10;
   spec.snapshot_every = 4;  // the last snapshot is 2 rounds old when it dies
   ExpectTheUndisturbedWeights(spec, dir_, /*replacements=*/1);
+}
+
+// Adam's state comes back with the server: its mean and variance from the
+// snapshot, its update count too (the bias correction reads it), whether the
+// snapshot is the last round's or older and completed from the workers'
+// copies.
+TEST_F(RecoveryDirTest, AKilledServerRunningAdamIsReplacedAndTheRunEndsBitIdentical) {
+  for (int every : {1, 4}) {
+    SCOPED_TRACE(StrCat("a snapshot every ", every, " rounds"));
+    RecoverySpec spec;
+    spec.adam = true;
+    spec.kill_after_step = 10;
+    spec.snapshot_every = every;
+    ExpectTheUndisturbedWeights(spec, StrCat(dir_, "/every", every), /*replacements=*/1);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ServerRecoveryTest, ::testing::Values(0, 32 << 20),

@@ -219,10 +219,63 @@ TEST_F(SnapshotTest, RoundsMustNotGoBack) {
   EXPECT_EQ(LoadOne().rounds, 10u);
 }
 
+// Adam's two arrays and centered RMSProp's three: a key that had none, or a
+// momentum's worth, gains them. The file is re-created once with room for
+// them (its stride grows); every later write alternates slots in place, and
+// each write loads back whole, the older slot surviving a torn newer one.
+TEST_F(SnapshotTest, StateOfSeveralArraysAppearsLaterAndAlternatesSlots) {
+  const std::string path = PathOf("0000000000000007");
+  const size_t n = 2000;  // 8 KB of value: the stride is not its minimum
+  ASSERT_OK(store_->Write(7, 1, Ramp(n, 1).data(), n, State(0, 0, 1, 1)));
+  const uintmax_t size_without = fs::file_size(path);
+  for (uint64_t round = 2; round <= 5; ++round) {
+    ASSERT_OK(store_->Write(7, round, Ramp(n, static_cast<float>(round)).data(), n,
+                            State(3 * n, static_cast<int64_t>(round), 1, 1)));
+    store_ = Open();
+    KeySnapshot s = LoadOne();
+    EXPECT_EQ(s.rounds, round);
+    EXPECT_EQ(s.value, Ramp(n, static_cast<float>(round)));
+    EXPECT_EQ(s.state.slots, Ramp(3 * n, -3.0f));
+    EXPECT_EQ(s.state.slot_layout, -1) << "a restored state's layout is the optimizer's to judge";
+  }
+  EXPECT_GT(fs::file_size(path), size_without) << "the stride grew for the three arrays";
+  // The newest (round 5) torn: round 4 loads, three arrays and all.
+  const uintmax_t size = fs::file_size(path);
+  Scribble(path, size / 2 + kHeaderSize + 100, 16);
+  store_ = Open();
+  auto all = store_->LoadAll();
+  ASSERT_TRUE(all.ok()) << all.status();
+  const KeySnapshot& s = (*all)[0];
+  EXPECT_EQ(s.state.slots.size(), 3 * n);
+  EXPECT_EQ(s.rounds, 4u) << "round 5 went to slot 1 (2: slot 0 of the new file, 3: 1, 4: 0)";
+}
+
 TEST_F(SnapshotTest, MomentumOfWrongSizeIsInvalid) {
   const std::vector<float> v = Ramp(10, 0);
-  Status s = store_->Write(7, 1, v.data(), v.size(), State(9, 0, 1, 1));
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  for (size_t bad : {size_t{9}, size_t{15}, size_t{40}}) {
+    Status s = store_->Write(7, 1, v.data(), v.size(), State(bad, 0, 1, 1));
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr(StrCat("optimizer state of ", bad, " floats")));
+  }
+}
+
+// A header whose state length is no whole number of arrays (or more than
+// three), with valid CRCs, is Corruption naming the field's offset.
+TEST_F(SnapshotTest, StateLengthThatIsNoWholeNumberOfArraysIsCorruption) {
+  const std::string path = PathOf("0000000000000007");
+  WriteKey7(1, 10);
+  std::string bytes = ReadFile(path);
+  for (uint64_t bad : {uint64_t{15}, uint64_t{40}}) {
+    std::memcpy(&bytes[56], &bad, 8);
+    const uint32_t crc = Crc32c(0, bytes.data(), kHeaderCrcOffset);
+    std::memcpy(&bytes[kHeaderCrcOffset], &crc, 4);
+    WriteFile(path, bytes);
+    auto all = store_->LoadAll();
+    ASSERT_FALSE(all.ok());
+    EXPECT_EQ(all.status().code(), StatusCode::kCorruption);
+    EXPECT_THAT(all.status().message(),
+                HasSubstr(StrCat("optimizer state length ", bad, " at offset 56")));
+  }
 }
 
 TEST_F(SnapshotTest, TruncatedNewerSlotFallsBackToOlder) {

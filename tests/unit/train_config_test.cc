@@ -368,5 +368,36 @@ TEST(TrainConfigTest, OptimizerConfigFollowsFitPy) {
   EXPECT_FLOAT_EQ(opt->rescale_grad(), 1.0f / 512);
 }
 
+// --optimizer names MXNet's optimizers (any case); --mom goes to sgd and nag
+// only, as fit.py passes it; the rest keep MXNet's own constants.
+TEST(TrainConfigTest, OptimizersAreMxnetsAndTakeMomentumAsFitPyGivesIt) {
+  TrainConfig cfg = Valid();
+  for (const auto& [name, type, mom] :
+       {std::tuple<const char*, OptimizerConfig::Type, float>{"sgd", OptimizerConfig::SGD, 0.9f},
+        {"NAG", OptimizerConfig::NAG, 0.9f},
+        {"adam", OptimizerConfig::ADAM, 0.0f},
+        {"rmsprop", OptimizerConfig::RMSPROP, 0.0f},
+        {"adagrad", OptimizerConfig::ADAGRAD, 0.0f}}) {
+    SCOPED_TRACE(name);
+    cfg.set_optimizer(name);
+    EXPECT_OK(ValidateTrainConfig(cfg));
+    auto opt = MakeOptimizerConfig(cfg, 100, 1);
+    ASSERT_OK(opt.status());
+    EXPECT_EQ(opt->type(), type);
+    EXPECT_FLOAT_EQ(opt->momentum(), mom);
+    EXPECT_FALSE(opt->has_beta1());
+    EXPECT_FALSE(opt->has_epsilon());
+  }
+  for (const char* bad : {"test", "adamw", "", "sgd "}) {
+    cfg.set_optimizer(bad);
+    const Status s = ValidateTrainConfig(cfg);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find(
+                  StrCat("--optimizer='", bad, "' is not one of sgd, nag, adam, rmsprop, adagrad")),
+              std::string::npos)
+        << s;
+  }
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -409,6 +409,63 @@ TEST_F(TrainerTest, ResumeContinuesTheSameCurve) {
   expect_the_unbroken_curve();
 }
 
+// Every optimizer learns, and resumes on the unbroken run's curve with its
+// state (Adam's mean, variance and update count, which its bias correction
+// reads) from the checkpoint. A checkpoint of another optimizer is refused,
+// naming what it holds.
+TEST_F(TrainerTest, EveryOptimizerLearnsAndResumesOnTheSameCurve) {
+  struct Case {
+    const char* optimizer;
+    float lr;
+    std::vector<std::string> arrays;  // fc1_weight's state arrays
+  };
+  for (const Case& c :
+       {Case{"nag", 0.1f, {"fc1_weight_momentum"}},
+        Case{"adam", 0.002f, {"fc1_weight_mean", "fc1_weight_var", "fc1_weight_updates"}},
+        Case{"rmsprop", 0.001f, {"fc1_weight_n"}},
+        Case{"adagrad", 0.05f, {"fc1_weight_history"}}}) {
+    SCOPED_TRACE(c.optimizer);
+    TrainConfig straight = cfg_;
+    straight.set_optimizer(c.optimizer);
+    straight.set_lr(c.lr);
+    straight.set_model_prefix((dir_ / c.optimizer).string());
+    auto a = Make(straight);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_OK((*a)->Run());
+    EXPECT_GT((*a)->history()[1].val[0].second, 0.8) << "it learns";
+    auto saved = LoadArrays(StrCat(straight.model_prefix(), "-0001.params"));
+    ASSERT_OK(saved.status());
+    std::vector<std::string> state;
+    for (const NamedArray& x : *saved) {
+      if (x.kind == NamedArray::Kind::kOptimizerState && x.name.rfind("fc1_weight_", 0) == 0) {
+        state.push_back(x.name);
+        if (x.name == "fc1_weight_updates") EXPECT_EQ(x.data, std::vector<float>({30.0f}));
+      }
+    }
+    EXPECT_EQ(state, c.arrays);
+
+    TrainConfig resumed = straight;
+    resumed.set_load_epoch(1);
+    auto b = Make(resumed);
+    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_OK((*b)->Run());
+    EXPECT_DOUBLE_EQ((*b)->history()[0].val[0].second, (*a)->history()[1].val[0].second);
+    ExpectSameParams((*a)->devices(), (*b)->devices());
+  }
+  // adagrad's checkpoint resumed under sgd with momentum.
+  TrainConfig other = cfg_;
+  other.set_model_prefix((dir_ / "adagrad").string());
+  other.set_load_epoch(1);
+  auto c = Make(other);
+  ASSERT_FALSE(c.ok()) << "adagrad's checkpoint taken by sgd";
+  const Status s = c.status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("fc1_weight_history matches no parameter's state under sgd"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("another --optimizer"), std::string::npos) << s;
+}
+
 // --model-prefix in a folder that is not there yet: made before training, as
 // fit.py does (found by review: the first save failed after its epoch had
 // trained). A file in the way is an error before any epoch.
@@ -602,18 +659,30 @@ TEST_F(TrainerTest, SyntheticBenchmarkTrains) {
 // as the host does, checkpoint files included.
 TEST_F(TrainerTest, DevicesTheHostCannotAddressTrainExactlyAsTheHost) {
   // (One device merges nothing: its run is the same for both kv-stores.)
-  for (const auto& [kv, devices] :
-       {std::pair<const char*, int>{"local", 1}, {"local", 2}, {"device", 2}}) {
+  // The optimizers' state on a device too: Adam's two arrays and update count
+  // (in the checkpoint), and RMSProp's.
+  struct Case {
+    const char* kv;
+    int devices;
+    const char* optimizer;
+    float lr;
+  };
+  for (const auto& [kv, devices, optimizer, lr] :
+       {Case{"local", 1, "sgd", 0.1f}, Case{"local", 2, "sgd", 0.1f},
+        Case{"device", 2, "sgd", 0.1f}, Case{"local", 1, "adam", 0.002f},
+        Case{"device", 2, "rmsprop", 0.001f}}) {
     {
-      SCOPED_TRACE(StrCat("--kv-store ", kv, ", ", devices, " device(s)"));
+      SCOPED_TRACE(StrCat("--kv-store ", kv, ", ", devices, " device(s), --optimizer ", optimizer));
       std::vector<std::unique_ptr<Trainer>> runs;
       std::vector<std::string> checkpoints;
       for (bool as_device : {false, true}) {
         TrainConfig cfg = cfg_;
         cfg.set_kv_store(kv);
         cfg.set_num_examples(1280);
+        cfg.set_optimizer(optimizer);
+        cfg.set_lr(lr);
         const std::string prefix =
-            (dir_ / StrCat(kv, devices, as_device ? "-device" : "-host")).string();
+            (dir_ / StrCat(kv, devices, optimizer, as_device ? "-device" : "-host")).string();
         cfg.set_model_prefix(prefix);
         TrainerEnv env;
         env.log = &log_;
