@@ -282,8 +282,11 @@ bool AllFinite(const float* x, size_t n) {
   return bad == 0;
 }
 
-UpdateCheck Optimizer::ApplyStep(const Step& s, const float* grad, const float* in, float* out,
+UpdateCheck Optimizer::ApplyStep(const Step& step, const float* grad, const float* in, float* out,
                                  float* state, size_t stride, size_t n) {
+  // A local copy: the loops' stores could alias the caller's Step, whose
+  // fields the compiler would then reload every element (and not vectorize).
+  const Step s = step;
   uint32_t bad = 0;  // bit 0: a gradient value, bit 1: a weight written
   // Every loop below is one pass, element by element, with the check in it.
   auto clip = [&s](float g) { return s.do_clip ? std::clamp(g, -s.clip, s.clip) : g; };
@@ -315,12 +318,13 @@ UpdateCheck Optimizer::ApplyStep(const Step& s, const float* grad, const float* 
     case Rule::kNag:
       for (size_t i = 0; i < n; ++i) {
         const float h = clip(s.rescale * grad[i]) + s.wd * in[i];
-        float step = h;
+        float w_step = h;
         if (s.mom != 0.0f) {
-          state[i] = s.mom * state[i] + h;
-          step = h + s.mom * state[i];
+          const float m = s.mom * state[i] + h;
+          state[i] = m;
+          w_step = h + s.mom * m;
         }
-        out[i] = in[i] - s.lr * step;
+        out[i] = in[i] - s.lr * w_step;
         bad |= NonFinite(grad[i]) | NonFinite(out[i]) << 1;
       }
       break;
@@ -329,9 +333,11 @@ UpdateCheck Optimizer::ApplyStep(const Step& s, const float* grad, const float* 
       float* var = state + stride;
       for (size_t i = 0; i < n; ++i) {
         const float h = clip(s.rescale * grad[i] + s.wd * in[i]);
-        mean[i] = s.beta1 * mean[i] + (1.0f - s.beta1) * h;
-        var[i] = s.beta2 * var[i] + (1.0f - s.beta2) * (h * h);
-        out[i] = in[i] - s.lr * mean[i] / (std::sqrt(var[i]) + s.eps);
+        const float m = s.beta1 * mean[i] + (1.0f - s.beta1) * h;
+        const float v = s.beta2 * var[i] + (1.0f - s.beta2) * (h * h);
+        mean[i] = m;
+        var[i] = v;
+        out[i] = in[i] - s.lr * m / (std::sqrt(v) + s.eps);
         bad |= NonFinite(grad[i]) | NonFinite(out[i]) << 1;
       }
       break;
@@ -340,8 +346,9 @@ UpdateCheck Optimizer::ApplyStep(const Step& s, const float* grad, const float* 
       float* sq = state;
       for (size_t i = 0; i < n; ++i) {
         const float h = clip(s.rescale * grad[i] + s.wd * in[i]);
-        sq[i] = (1.0f - s.gamma1) * (h * h) + s.gamma1 * sq[i];
-        out[i] = clip_w(in[i] - s.lr * (h / std::sqrt(sq[i] + s.eps)));
+        const float q = (1.0f - s.gamma1) * (h * h) + s.gamma1 * sq[i];
+        sq[i] = q;
+        out[i] = clip_w(in[i] - s.lr * (h / std::sqrt(q + s.eps)));
         bad |= NonFinite(grad[i]) | NonFinite(out[i]) << 1;
       }
       break;
@@ -352,10 +359,13 @@ UpdateCheck Optimizer::ApplyStep(const Step& s, const float* grad, const float* 
       float* delta = state + 2 * stride;
       for (size_t i = 0; i < n; ++i) {
         const float h = clip(s.rescale * grad[i] + s.wd * in[i]);
-        sq[i] = (1.0f - s.gamma1) * (h * h) + s.gamma1 * sq[i];
-        mg[i] = (1.0f - s.gamma1) * h + s.gamma1 * mg[i];
-        delta[i] = s.gamma2 * delta[i] - s.lr * (h / std::sqrt(sq[i] - mg[i] * mg[i] + s.eps));
-        out[i] = clip_w(in[i] + delta[i]);
+        const float q = (1.0f - s.gamma1) * (h * h) + s.gamma1 * sq[i];
+        const float m = (1.0f - s.gamma1) * h + s.gamma1 * mg[i];
+        const float d = s.gamma2 * delta[i] - s.lr * (h / std::sqrt(q - m * m + s.eps));
+        sq[i] = q;
+        mg[i] = m;
+        delta[i] = d;
+        out[i] = clip_w(in[i] + d);
         bad |= NonFinite(grad[i]) | NonFinite(out[i]) << 1;
       }
       break;
@@ -364,8 +374,9 @@ UpdateCheck Optimizer::ApplyStep(const Step& s, const float* grad, const float* 
       float* hist = state;
       for (size_t i = 0; i < n; ++i) {
         const float h = clip(s.rescale * grad[i]);
-        hist[i] += h * h;
-        out[i] = in[i] - s.lr * (h / std::sqrt(hist[i] + s.eps) + s.wd * in[i]);
+        const float acc = hist[i] + h * h;
+        hist[i] = acc;
+        out[i] = in[i] - s.lr * (h / std::sqrt(acc + s.eps) + s.wd * in[i]);
         bad |= NonFinite(grad[i]) | NonFinite(out[i]) << 1;
       }
       break;
