@@ -668,7 +668,8 @@ def test_optimizer_states():
     small = pstrain.KVStore("local")
     small.init(["a", "b"], [np.ones(12, np.float32), np.ones(4, np.float32)])
     expect_error(lambda: small.load_optimizer_states(path), ValueError,
-                 "key 'b': momentum of 5 float32 values, the key holds 4")
+                 "key 'b': state of 5 float32 values, but 1 slot(s) ['momentum'] of a key of 4 "
+                 "hold 4")
     with open(path + ".junk", "wb") as f:
         f.write(b"not an npz file")
     expect_error(lambda: kv.load_optimizer_states(path + ".junk"), ValueError,
