@@ -206,6 +206,16 @@ OptimizerConfig OptimizerFromDict(const py::dict& d) {
   return c;
 }
 
+// The names of the per-key state arrays the optimizer `d` (OptimizerFromDict's
+// form) keeps, in the order its state holds them (Optimizer::SlotNames: "mean",
+// "var" for adam, none for sgd without momentum). Raises as set_optimizer
+// would for a setting the servers refuse.
+std::vector<std::string> OptimizerSlots(const py::dict& d) {
+  auto opt = Optimizer::Create(OptimizerFromDict(d));
+  ThrowIfError(opt.status());
+  return (*opt)->SlotNames();
+}
+
 // A worker of a dist job: its ClusterNode and KVClient, from DMLC_*.
 // Thread-safe: any thread may call any method. Close() is idempotent; a call
 // from another thread still in flight when it comes ends first (the node and
@@ -613,6 +623,9 @@ PYBIND11_MODULE(_pstrain, m) {
   m.def("run_role", &RunRole,
         "Runs the scheduler or a server to the job's end and returns the exit code; None for a "
         "worker.");
+  m.def("optimizer_slots", &OptimizerSlots, py::arg("optimizer"),
+        "The names of the per-key state arrays an optimizer (its to_dict()) keeps, in the "
+        "order a key's state holds them; raises for a setting the servers refuse.");
   m.def("quantize_2bit", &QuantizeTwoBitBuffers, py::arg("grad"), py::arg("residual"),
         py::arg("threshold"),
         "2-bit gradient compression's round trip in place: grad becomes +-threshold or 0, "

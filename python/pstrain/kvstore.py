@@ -444,22 +444,31 @@ class KVStore:
         self._configure(self._server_optimizer, threshold)
 
     def save_optimizer_states(self, fname, dump_optimizer=False):
-        """Writes the optimizer's state (each key's momentum and update count,
-        the schedule's clock) to ``fname``; with ``dump_optimizer`` the
-        optimizer's settings too. ``local``/``device`` stores only: in a dist
-        store the servers hold it (MXNet's rule). The file is a NumPy ``.npz``
-        read without pickle.
+        """Writes the optimizer's state to ``fname``; with ``dump_optimizer``
+        the optimizer's settings too. ``local``/``device`` stores only: in a
+        dist store the servers hold it (MXNet's rule).
+
+        The file is a NumPy ``.npz`` read without pickle: ``meta`` (JSON, as
+        bytes) holds the format version (2), the optimizer's type and the
+        names of the arrays each key's state holds (its slots:
+        ``["mean", "var"]`` for adam, ``["momentum"]`` for sgd with momentum,
+        ...), the schedule's clock (``num_update``), per key its name, update
+        count, lr_mult and wd_mult, and the settings (or null); ``s<i>`` holds
+        key i's slots back to back, float32 (empty for a key that has none).
         """
         updater = self._local_updater("save_optimizer_states")
+        slots = _pstrain.optimizer_slots(self._updater_cfg)
         num_update, states = updater.get_states()
         names = self._key_names()
         keys, arrays = [], {}
-        for i, (ikey, updates, lr_mult, wd_mult, momentum) in enumerate(
+        for i, (ikey, updates, lr_mult, wd_mult, state) in enumerate(
                 sorted(states, key=lambda s: s[0])):
             keys.append([names.get(ikey, ikey), updates, lr_mult, wd_mult])
-            arrays["m%d" % i] = np.frombuffer(momentum, np.float32)
-        meta = {"format": "pstrain optimizer states", "version": 1, "num_update": num_update,
-                "keys": keys, "optimizer": self._updater_cfg if dump_optimizer else None}
+            arrays["s%d" % i] = np.frombuffer(state, np.float32)
+        meta = {"format": "pstrain optimizer states", "version": 2,
+                "optimizer_type": self._updater_cfg["type"], "slots": list(slots),
+                "num_update": num_update, "keys": keys,
+                "optimizer": self._updater_cfg if dump_optimizer else None}
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
         # Written beside it and renamed over it: a save cut short leaves the
         # last whole file, not a truncated one.
@@ -479,7 +488,11 @@ class KVStore:
         """Reads what ``save_optimizer_states`` wrote: the keys must be
         initialized (with their sizes then); a file saved with
         ``dump_optimizer`` installs its optimizer, else the store needs one
-        (``set_optimizer``). The state read replaces the current one.
+        (``set_optimizer``) of the type that wrote the file, keeping the same
+        slots (a file of one that kept none, sgd without momentum say, also
+        loads into one that keeps some: they start at zero). The state read
+        replaces the current one. Files of version 1 (sgd's momentum, written
+        before the other optimizers existed) load into sgd and test.
         """
         self._local_updater("load_optimizer_states", need_one=False)
         where = "load_optimizer_states: %s" % (fname,)
@@ -488,23 +501,62 @@ class KVStore:
                 arrays = {k: z[k] for k in z.files}
             meta = json.loads(arrays["meta"].tobytes().decode())
             if (not isinstance(meta, dict) or meta.get("format") != "pstrain optimizer states"
-                    or meta.get("version") != 1):
-                raise ValueError("not a pstrain optimizer state file (version 1)")
+                    or meta.get("version") not in (1, 2)):
+                raise ValueError("not a pstrain optimizer state file (version 1 or 2)")
+            version = meta["version"]
             entries = meta["keys"]
             num_update = _whole(meta["num_update"])
             cfg = meta["optimizer"]
             if not isinstance(entries, list) or not isinstance(cfg, (dict, type(None))):
                 raise ValueError("its keys or optimizer are malformed")
+            if version == 1:
+                written_type, written_slots, prefix = None, None, "m"
+            else:
+                written_type, written_slots, prefix = (meta["optimizer_type"], meta["slots"],
+                                                       "s")
+                if (not isinstance(written_type, str) or not isinstance(written_slots, list)
+                        or not all(isinstance(n, str) for n in written_slots)):
+                    raise ValueError("its optimizer type or slots are malformed")
         # (a truncated file is a zipfile.BadZipFile, an empty one an EOFError
         # with NumPy 2: neither is an OSError or a ValueError)
         except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError, EOFError,
                 zipfile.BadZipFile) as e:
             raise ValueError("%s: %s" % (where, e)) from None
+        if cfg is not None:
+            try:
+                updater = _pstrain.LocalUpdater(cfg)
+                slots = _pstrain.optimizer_slots(cfg)
+            except (ValueError, TypeError, RuntimeError) as e:
+                raise ValueError("%s: its optimizer: %s" % (where, e)) from None
+            opt_type = cfg.get("type", "sgd")
+        elif self._updater is not None:
+            updater = self._updater
+            slots = _pstrain.optimizer_slots(self._updater_cfg)
+            opt_type = self._updater_cfg["type"]
+        else:
+            raise ValueError("%s: the file holds no optimizer (saved without dump_optimizer) "
+                             "and this store has none: set_optimizer first" % (where,))
+        slots = list(slots)
+        if version == 1:
+            # sgd's momentum (or nothing: test, sgd without momentum).
+            if opt_type not in ("sgd", "test"):
+                raise ValueError("%s: a version 1 file holds sgd's momentum; this store's "
+                                 "optimizer is %s" % (where, opt_type))
+            written_slots = (["momentum"] if any(
+                arrays.get("m%d" % i, np.empty(0)).size for i in range(len(entries))) else [])
+        elif written_type != opt_type:
+            raise ValueError("%s: the state was written by the %s optimizer (slots %s); this "
+                             "store's is %s: another optimizer's state cannot be loaded"
+                             % (where, written_type, written_slots, opt_type))
+        if written_slots and written_slots != slots:
+            raise ValueError("%s: each key's state holds %s, but this store's %s keeps %s: "
+                             "load it into one of the same settings (centered, momentum)"
+                             % (where, written_slots, opt_type, slots or "nothing"))
         states = []
         for i, entry in enumerate(entries):
             try:
                 name, updates, lr_mult, wd_mult = entry
-                momentum = arrays["m%d" % i]
+                state = arrays["%s%d" % (prefix, i)]
                 updates, lr_mult, wd_mult = _whole(updates), float(lr_mult), float(wd_mult)
                 if not (math.isfinite(lr_mult) and math.isfinite(wd_mult)):
                     raise ValueError
@@ -518,20 +570,13 @@ class KVStore:
             if size is None:
                 raise ValueError("%s: key %r is not initialized in this store (init the keys "
                                  "first)" % (where, name))
-            if momentum.dtype != np.float32 or momentum.size not in (0, size):
-                raise ValueError("%s: key %r: momentum of %d %s values, the key holds %d"
-                                 % (where, name, momentum.size, momentum.dtype, size))
-            states.append((ikey, updates, lr_mult, wd_mult, momentum.tobytes()))
-        if cfg is not None:
-            try:
-                updater = _pstrain.LocalUpdater(cfg)
-            except (ValueError, TypeError, RuntimeError) as e:
-                raise ValueError("%s: its optimizer: %s" % (where, e)) from None
-        elif self._updater is not None:
-            updater = self._updater
-        else:
-            raise ValueError("%s: the file holds no optimizer (saved without dump_optimizer) "
-                             "and this store has none: set_optimizer first" % (where,))
+            want = len(written_slots) * size
+            if state.dtype != np.float32 or state.size not in (0, want):
+                raise ValueError("%s: key %r: state of %d %s values, but %d slot(s) %s of a key "
+                                 "of %d hold %d" % (where, name, state.size, state.dtype,
+                                                    len(written_slots), written_slots, size,
+                                                    want))
+            states.append((ikey, updates, lr_mult, wd_mult, state.tobytes()))
         try:
             updater.set_states(num_update, states)
         except (ValueError, TypeError) as e:

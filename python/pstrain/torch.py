@@ -19,11 +19,13 @@ leave first) and waits for a parameter's new value only when it is needed:
 
 Two ways to update, chosen by the optimizer given:
 
-* server-side (a ``pstrain.optimizer`` such as ``pstrain.optimizer.SGD``):
-  the servers apply it (in dist_sync once per round to the sum of every
-  worker's gradient) and each pushpull returns the new weights straight into
-  the parameter's memory. Works in dist_sync and dist_async. Its state
-  (momentum) lives on the servers.
+* server-side (a ``pstrain.optimizer`` such as ``pstrain.optimizer.SGD`` or
+  ``pstrain.optimizer.Adam``; ``server_optimizer`` makes one from a
+  ``torch.optim`` optimizer where the arithmetic matches): the servers apply
+  it (in dist_sync once per round to the sum of every worker's gradient) and
+  each pushpull returns the new weights straight into the parameter's
+  memory. Works in dist_sync and dist_async. Its state (momentum, Adam's
+  moments, ...) lives on the servers.
 * local (a ``torch.optim.Optimizer``): the servers only sum (dist_sync), the
   summed gradient comes back into a buffer and ``step()`` hands it, rescaled,
   to the wrapped optimizer, which updates every worker's copy alike.
@@ -39,7 +41,8 @@ still push zeros: a dist_sync round needs every worker's push. In local mode
 a parameter no worker gave a gradient keeps ``p.grad`` None, so the wrapped
 optimizer skips it as it would alone (no weight decay, no momentum step).
 The servers' optimizer updates every key pushed, as MXNet's does: it applies
-weight decay and momentum to such a parameter with a zero gradient. Keep a
+weight decay and its state (momentum, Adam's moments) to such a parameter
+with a zero gradient. Keep a
 parameter out of training with ``requires_grad=False`` (before the
 constructor), which leaves it out of the exchange.
 
@@ -68,12 +71,14 @@ import types
 
 import torch
 
+from . import optimizer as _server
 from ._pstrain import Error
 from .kvstore import _OPEN, KVStore
 from .optimizer import Optimizer as ServerOptimizer
 
 __all__ = ["DistributedOptimizer", "broadcast_object", "broadcast_optimizer_state",
-           "broadcast_parameters", "init", "local_rank", "local_size", "rank", "size"]
+           "broadcast_parameters", "init", "local_rank", "local_size", "rank",
+           "server_optimizer", "size"]
 
 
 def _store(kvstore):
@@ -326,6 +331,116 @@ def broadcast_optimizer_state(optimizer, root_rank=0, kvstore=None):
     state = broadcast_object(optimizer.state_dict(), name="__optimizer_state__", kvstore=kv)
     if kv.rank != 0:
         optimizer.load_state_dict(state)
+
+
+def server_optimizer(optimizer):
+    """The ``pstrain.optimizer`` that does on the servers what the
+    ``torch.optim`` optimizer ``optimizer`` does here, from its current
+    settings (taken once: a torch lr scheduler stepping it later does not
+    reach the servers; use a ``pstrain.lr_scheduler``). For
+    ``DistributedOptimizer``, whose ``batch_size`` sets the rescale.
+
+    Mapped, torch setting by setting (the rules are in pstrain.optimizer):
+
+    * ``SGD``: lr, momentum, weight_decay -> ``SGD`` (MXNet keeps the momentum
+      times -lr: the same steps while lr stays); ``nesterov=True`` ->
+      ``NAG`` (torch's Nesterov step is MXNet's NAG exactly). Refused:
+      ``dampening`` with momentum.
+    * ``Adam``: lr, betas -> beta1, beta2, eps -> epsilon, weight_decay (both
+      add wd * w to the gradient) -> ``Adam``. One difference: torch adds eps
+      to sqrt(var) / sqrt(1 - beta2**t), MXNet to sqrt(var), so MXNet's eps
+      weighs 1 / sqrt(1 - beta2**t) times more (31.6 at the first step with
+      beta2 0.999, 1 in the long run). Refused: ``amsgrad``.
+    * ``RMSprop``: lr, alpha -> gamma1, weight_decay, centered -> ``RMSProp``;
+      with ``centered``, momentum -> gamma2 (Graves' step momentum, torch's
+      buffer times -lr). torch divides by sqrt(n) + eps, MXNet by
+      sqrt(n + epsilon): epsilon is set to eps**2, so the two agree at n = 0
+      and differ elsewhere by about as much as eps itself changes torch's
+      step (relatively, eps / sqrt(n) at most). Refused: momentum without
+      ``centered`` (MXNet's plain rmsprop has none).
+    * ``Adagrad``: lr, eps -> ``AdaGrad`` (eps**2, as for RMSprop: torch
+      divides by sqrt(sum) + eps, MXNet by sqrt(history + eps)). Refused:
+      ``weight_decay`` (torch adds wd * w to the gradient, so it enters the
+      history and is divided by its root; MXNet subtracts lr * wd * w
+      outside), ``lr_decay`` and ``initial_accumulator_value``.
+
+    Refused for every type: ``maximize``, parameter groups whose settings
+    differ (the servers run one optimizer for every key), an optimizer that
+    already holds state (it has stepped: the servers' state would start from
+    zero), another optimizer class (a subclass too). Raises ValueError naming
+    the setting.
+    """
+    kind = type(optimizer)
+    mappers = {torch.optim.SGD: _from_sgd, torch.optim.Adam: _from_adam,
+               torch.optim.RMSprop: _from_rmsprop, torch.optim.Adagrad: _from_adagrad}
+    if kind not in mappers:
+        raise ValueError("server_optimizer: %s.%s has no server-side equivalent (mapped: "
+                         "torch.optim.SGD, Adam, RMSprop, Adagrad)"
+                         % (kind.__module__, kind.__qualname__))
+    what = "server_optimizer(torch.optim.%s)" % kind.__name__
+    if any(float(st.get("step", 0)) > 0 or st.get("momentum_buffer") is not None
+           for st in optimizer.state.values()):
+        raise ValueError("%s: it holds state already (it has stepped); the servers' optimizer "
+                         "would start from none: map it before training" % (what,))
+    groups = optimizer.param_groups
+    settings = {k: v for k, v in groups[0].items() if k != "params"}
+    for i, g in enumerate(groups[1:], 1):
+        for k in sorted(set(settings) | set(g) - {"params"}):
+            if g.get(k) != settings.get(k):
+                raise ValueError("%s: parameter groups 0 and %d differ in %s (%r, %r); the "
+                                 "servers run one optimizer for every parameter"
+                                 % (what, i, k, settings.get(k), g.get(k)))
+
+    def refuse_unless(ok, setting, why):
+        if not ok:
+            raise ValueError("%s: %s=%r cannot be mapped: %s"
+                             % (what, setting, settings.get(setting), why))
+
+    refuse_unless(not settings.get("maximize", False), "maximize",
+                  "the servers' optimizers descend")
+    try:
+        return mappers[kind](settings, refuse_unless)
+    except (ValueError, TypeError) as e:
+        if str(e).startswith(what):
+            raise
+        raise ValueError("%s: %s" % (what, e)) from None
+
+
+def _from_sgd(s, refuse_unless):
+    momentum = s.get("momentum", 0.0)
+    refuse_unless(momentum == 0 or s.get("dampening", 0.0) == 0, "dampening",
+                  "MXNet's momentum has no dampening")
+    cls = _server.NAG if s.get("nesterov", False) else _server.SGD
+    return cls(learning_rate=s["lr"], momentum=momentum, wd=s.get("weight_decay", 0.0))
+
+
+def _from_adam(s, refuse_unless):
+    refuse_unless(not s.get("amsgrad", False), "amsgrad", "MXNet's adam has no AMSGrad")
+    beta1, beta2 = s.get("betas", (0.9, 0.999))
+    return _server.Adam(learning_rate=s["lr"], beta1=beta1, beta2=beta2,
+                        epsilon=s.get("eps", 1e-8), wd=s.get("weight_decay", 0.0))
+
+
+def _from_rmsprop(s, refuse_unless):
+    centered = bool(s.get("centered", False))
+    momentum = s.get("momentum", 0.0)
+    refuse_unless(centered or momentum == 0, "momentum",
+                  "MXNet's rmsprop has a momentum only when centered (gamma2)")
+    return _server.RMSProp(learning_rate=s["lr"], gamma1=s.get("alpha", 0.99),
+                           gamma2=momentum if centered else 0.9,
+                           epsilon=float(s.get("eps", 1e-8)) ** 2, centered=centered,
+                           wd=s.get("weight_decay", 0.0))
+
+
+def _from_adagrad(s, refuse_unless):
+    refuse_unless(s.get("weight_decay", 0.0) == 0, "weight_decay",
+                  "torch adds it to the gradient, inside the adaptive term; MXNet's adagrad "
+                  "applies it outside (lr * wd * w), a different rule")
+    refuse_unless(s.get("lr_decay", 0.0) == 0, "lr_decay",
+                  "MXNet's adagrad has no rate decay (use a pstrain.lr_scheduler)")
+    refuse_unless(s.get("initial_accumulator_value", 0.0) == 0, "initial_accumulator_value",
+                  "the servers' history starts at zero")
+    return _server.AdaGrad(learning_rate=s["lr"], eps=float(s.get("eps", 1e-10)) ** 2)
 
 
 class DistributedOptimizer:
@@ -586,17 +701,23 @@ class DistributedOptimizer:
     @property
     def param_groups(self):
         """The wrapped optimizer's groups. Server-side: one read-only group with
-        every parameter and the servers' settings (``lr``, ``momentum``,
-        ``weight_decay``); change them with a new optimizer (or a
-        ``pstrain.lr_scheduler``), not here."""
+        every parameter and the servers' settings: ``lr``, ``weight_decay``,
+        ``optimizer`` (its MXNet name: "sgd", "adam", ...; "nag" also says
+        ``nesterov``), ``lr_scheduler`` and the rest under MXNet's names
+        (``momentum``, ``beta1``, ``epsilon``, ``rescale_grad``, ...); change
+        them with a new optimizer (or a ``pstrain.lr_scheduler``), not here."""
         if not self._server_side:
             return self._optimizer.param_groups
         opt = self._optimizer
-        return [types.MappingProxyType({
-            "params": list(self._params), "lr": opt.learning_rate,
-            "momentum": getattr(opt, "momentum", 0.0), "weight_decay": opt.wd,
-            "rescale_grad": opt.rescale_grad, "clip_gradient": opt.clip_gradient,
-            "lr_scheduler": opt.lr_scheduler})]
+        group = {"params": list(self._params), "lr": opt.learning_rate,
+                 "weight_decay": opt.wd, "optimizer": opt.type_name,
+                 "lr_scheduler": opt.lr_scheduler}
+        for k, v in opt.to_dict().items():
+            if k not in ("type", "learning_rate", "wd", "lr_scheduler"):
+                group[k] = v
+        if opt.type_name == "nag":
+            group["nesterov"] = True
+        return [types.MappingProxyType(group)]
 
     def state_dict(self):
         """The local optimizer's state; server-side state stays on the servers ({})."""

@@ -102,6 +102,34 @@ TEST_F(PythonClusterTest, DistAsyncAppliesEveryPushOnce) {
   }
 }
 
+// The servers' NAG, Adam, RMSProp and AdaGrad (2 servers, one key sharded
+// over both, 2 workers) against MXNet's rules in NumPy, and a
+// DistributedOptimizer over server_optimizer(torch Adam) against torch's Adam.
+TEST_F(PythonClusterTest, OptimizersDistSync) {
+  TempDir logs;
+  auto run =
+      Launch(2, 2, logs.path(), {PythonScript("optimizer_test.py"), "--mode", "dist_sync"}, 120000);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  const bool torch = testing::PythonHas("torch");
+  for (int w = 0; w < 2; ++w) {
+    const std::string log = ReadFile(logs.path() + "/worker-" + std::to_string(w) + ".log");
+    for (const char* rule : {"nag", "adam defaults", "rmsprop", "rmsprop centered", "adagrad"}) {
+      EXPECT_NE(log.find(StrCat("optimizers: dist_sync ", rule, " vs MXNet's rule in NumPy")),
+                std::string::npos)
+          << rule << "\n"
+          << log;
+    }
+    EXPECT_NE(log.find("optimizers: dist_sync rules ok"), std::string::npos) << log;
+    if (torch) {
+      EXPECT_NE(log.find("optimizers: dist_sync DistributedOptimizer(server_optimizer(torch "
+                         "Adam)) vs torch Adam"),
+                std::string::npos)
+          << log;
+    }
+    EXPECT_NE(log.find("optimizers: dist_sync all ok"), std::string::npos) << log;
+  }
+}
+
 // One worker through the servers trains exactly as PyTorch alone (the script
 // explains which comparisons are bit for bit and which to float tolerance).
 TEST_F(PythonClusterTest, OneWorkerTrainsAsPyTorchAlone) {

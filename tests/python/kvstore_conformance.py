@@ -133,8 +133,9 @@ def sync_checks(kv, rounds):
                                                               0).wait(30000),
                       "pull of a key no server holds")
     assert "424242" in str(e), str(e)
-    expect_raises(pstrain.Error, lambda: kv.set_optimizer(
-        pstrain.optimizer.SGD(learning_rate=0.1, momentum=1.5)), "momentum 1.5")
+    bad = pstrain.optimizer.SGD(learning_rate=0.1)
+    bad.momentum = 1.5  # (the constructor refuses it)
+    expect_raises(pstrain.Error, lambda: kv.set_optimizer(bad), "momentum 1.5")
     # A request that failed while nobody waited for it (the sweep of answered
     # requests settled it) raises at the next waitall, once.
     lost = np.zeros(6, np.float32)

@@ -38,6 +38,31 @@ TEST(PythonPackageTest, ImportRolesLocalStoreAndErrors) {
   }
 }
 
+// NAG, Adam, RMSProp and AdaGrad in a local store against MXNet's rules in
+// NumPy, their optimizer states saved and loaded, and
+// pstrain.torch.server_optimizer against torch.optim
+// (tests/python/optimizer_test.py).
+TEST(PythonPackageTest, OptimizersFollowMXNetsRules) {
+  if (!testing::PythonHas("numpy")) GTEST_SKIP() << PythonExecutable() << " has no numpy";
+  auto run =
+      RunWithEnv({PythonExecutable(), PythonScript("optimizer_test.py")}, PythonEnv(), 120000);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("optimizers: classes, defaults and errors ok"), std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("optimizers: local rules ok"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("optimizers: states saved and loaded, every type"), std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("optimizers: another optimizer's state refused"), std::string::npos)
+      << run.output;
+  if (testing::PythonHas("torch")) {
+    EXPECT_NE(run.output.find("optimizers: server_optimizer maps torch SGD, Adam, RMSprop, "
+                              "Adagrad and refuses the rest ok"),
+              std::string::npos)
+        << run.output;
+  }
+  EXPECT_NE(run.output.find("optimizers: all ok"), std::string::npos) << run.output;
+}
+
 // `pip install .` builds the module with this tree's CMake (here the test's own
 // build folder, PSTRAIN_BUILD_DIR, so nothing is compiled again) and installs a
 // package that imports and works from where pip put it.
