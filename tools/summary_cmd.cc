@@ -36,7 +36,7 @@ namespace {
 // Builds the devices of one training step at --batch-size as `train` does
 // (TrainingDeviceGroupOptions: the split, the merge of --kv-store), runs the
 // step on a zero batch (its upload, the convolutions' workspaces, the merge)
-// with `train`'s optimizer for `local` and `device` (its momentum on the
+// with `train`'s optimizer for `local` and `device` (its state on the
 // device where the update runs there), and prints what each device held.
 int PrintStepMemory(const Graph& graph, const TrainConfig& cfg) {
   auto go = TrainingDeviceGroupOptions(cfg);

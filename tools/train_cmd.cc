@@ -19,6 +19,7 @@
 #include "models/models.h"
 #include "net/cluster_node.h"
 #include "net/host_address.h"
+#include "nn/optimizer.h"
 #include "tools/cluster_role.h"
 #include "tools/commands.h"
 #include "tools/fit_flags.h"
@@ -209,7 +210,11 @@ int RunTrain(int /*argc*/, char** /*argv*/) {
     // on top of --mom (apache/mxnet#5287). LeNet on 4 workers stays at
     // chance with fit.py's 0.9 (a sum of 1.65) and learns with 0.5 or 0, as
     // it does on 2 with 0.9 (1.4): bench/RESULTS.md, "dist_async and momentum".
-    if (!sync_mode && env.rank == 0 && env.num_workers >= 3 &&
+    // (--mom reaches sgd and nag only.)
+    OptimizerConfig::Type type = OptimizerConfig::SGD;
+    OptimizerTypeFromName(cfg->optimizer(), &type);  // (checked with the flags)
+    const bool takes_mom = type == OptimizerConfig::SGD || type == OptimizerConfig::NAG;
+    if (!sync_mode && env.rank == 0 && env.num_workers >= 3 && takes_mom &&
         cfg->mom() + (1.0 - 1.0 / env.num_workers) > 1.5) {
       log.Info(StrCat("dist_async with ", env.num_workers, " workers adds momentum of about ",
                       1.0 - 1.0 / env.num_workers, " to --mom ", cfg->mom(),

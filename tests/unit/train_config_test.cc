@@ -142,8 +142,8 @@ TEST(TrainConfigTest, ValidationNamesTheBadValue) {
   c.set_load_epoch(2);
   expect_bad(c, "--load-epoch needs --model-prefix");
   c = Valid();
-  c.set_optimizer("adam");
-  expect_bad(c, "--optimizer='adam'");
+  c.set_optimizer("lamb");
+  expect_bad(c, "--optimizer='lamb'");
   c = Valid();
   c.set_mom(1.5f);
   expect_bad(c, "--mom=1.5");
