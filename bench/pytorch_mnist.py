@@ -51,6 +51,7 @@ def main():
     ap.add_argument("--num-examples", type=int, default=60000)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--nesterov", type=int, default=0, help="1: Nesterov momentum (MXNet's nag)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -67,7 +68,8 @@ def main():
     decay = [p for n, p in net.named_parameters() if n.endswith("weight")]
     no_decay = [p for n, p in net.named_parameters() if not n.endswith("weight")]
     opt = torch.optim.SGD([{"params": decay, "weight_decay": 1e-4},
-                           {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, momentum=0.9)
+                           {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, momentum=0.9,
+                          nesterov=bool(args.nesterov))
     loss_fn = nn.CrossEntropyLoss()
     bs = args.batch_size
     batches = (args.num_examples + bs - 1) // bs
