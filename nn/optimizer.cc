@@ -169,6 +169,11 @@ StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConfig& cf
 Optimizer::Optimizer(const OptimizerConfig& cfg, LrSchedule schedule)
     : cfg_(cfg), rule_(RuleOf(cfg)), schedule_(schedule) {}
 
+std::string Optimizer::SlotLayoutName() const {
+  if (rule_ == Rule::kRmsPropCentered) return "rmsprop_centered";
+  return TypeName(cfg_.type());
+}
+
 std::vector<std::string> Optimizer::SlotNames() const {
   switch (rule_) {
     case Rule::kSgd:
@@ -249,11 +254,17 @@ Optimizer::Step Optimizer::NextStep(ParamState* state) {
 }
 
 Optimizer::Step Optimizer::Begin(size_t n, ParamState* state) {
+  if (state->slot_layout >= 0 && state->slot_layout != SlotLayout()) {
+    // Another optimizer's state (a configuration replaced mid-job): this one
+    // starts afresh, its slots zero and Adam's count t from 1, as a new
+    // MXNet optimizer would. (The schedule's clock goes on.)
+    state->slots.clear();
+    state->earlier_updates = -state->num_updates;
+  }
+  state->slot_layout = SlotLayout();
   const Step s = NextStep(state);
   const size_t want = static_cast<size_t>(s.num_slots()) * n;
-  const bool other_layout = state->slot_layout >= 0 && state->slot_layout != SlotLayout();
-  if (state->slots.size() != want || other_layout) state->slots.assign(want, 0.0f);
-  state->slot_layout = SlotLayout();
+  if (state->slots.size() != want) state->slots.assign(want, 0.0f);
   return s;
 }
 
@@ -316,15 +327,18 @@ UpdateCheck Optimizer::ApplyStep(const Step& step, const float* grad, const floa
       }
       break;
     case Rule::kNag:
-      for (size_t i = 0; i < n; ++i) {
-        const float h = clip(s.rescale * grad[i]) + s.wd * in[i];
-        float w_step = h;
-        if (s.mom != 0.0f) {
-          const float m = s.mom * state[i] + h;
-          state[i] = m;
-          w_step = h + s.mom * m;
+      if (s.mom == 0.0f) {  // nag_update: SGD's rule
+        for (size_t i = 0; i < n; ++i) {
+          out[i] = in[i] - s.lr * (clip(s.rescale * grad[i]) + s.wd * in[i]);
+          bad |= NonFinite(grad[i]) | NonFinite(out[i]) << 1;
         }
-        out[i] = in[i] - s.lr * w_step;
+        break;
+      }
+      for (size_t i = 0; i < n; ++i) {  // nag_mom_update's expressions
+        const float step_i = s.lr * (clip(s.rescale * grad[i]) + s.wd * in[i]);
+        const float m = s.mom * state[i];
+        out[i] = in[i] - m + (s.mom + 1.0f) * (m - step_i);
+        state[i] = m - step_i;
         bad |= NonFinite(grad[i]) | NonFinite(out[i]) << 1;
       }
       break;

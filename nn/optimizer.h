@@ -12,8 +12,9 @@
 //
 //   SGD, momentum 0:  w <- w - lr * (clip(g) + wd * w)
 //   SGD, momentum m:  mom <- m * mom - lr * (clip(g) + wd * w);  w <- w + mom
-//   NAG, momentum m:  h = clip(g) + wd * w;  mom <- m * mom + h;
-//                     w <- w - lr * (h + m * mom)          (momentum 0: SGD's)
+//   NAG, momentum m:  s = lr * (clip(g) + wd * w);  mom <- m * mom - s
+//                     w <- w + m * mom - s   (MXNet 1.6+'s nag_mom_update;
+//                     momentum 0: SGD's rule)
 //   ADAM:             h = clip(g + wd * w);  mean <- b1 * mean + (1 - b1) * h
 //                     var <- b2 * var + (1 - b2) * h^2
 //                     w <- w - lr_t * mean / (sqrt(var) + eps),
@@ -74,9 +75,11 @@ struct ParamState {
   // size fits.
   int slot_layout = -1;
   int64_t num_updates = 0;
-  // Updates made before this run resumed from a checkpoint: ADAM's bias
-  // correction counts them (t = earlier_updates + num_updates); the rate's
-  // schedule does not, as the resumed configuration shifts its steps.
+  // Added to num_updates for ADAM's count t (its bias correction): the
+  // updates made before this run resumed from a checkpoint (the rate's
+  // schedule does not count them, as the resumed configuration shifts its
+  // steps), or minus those made before an optimizer of another layout took
+  // the state over (it starts at t = 1).
   int64_t earlier_updates = 0;
   float lr_mult = 1.0f;  // MXNet's per-parameter multipliers (1.x: wd_mult 0 for biases, BN)
   float wd_mult = 1.0f;
@@ -178,6 +181,9 @@ class Optimizer {
   // Identifies what the slots mean (ParamState::slot_layout): equal for two
   // optimizers whose slots may be carried from one to the other.
   int SlotLayout() const { return static_cast<int>(rule_); }
+  // The same as a name: the type's ("sgd", "adam", ...), "rmsprop_centered"
+  // for the centered rule.
+  std::string SlotLayoutName() const;
   const OptimizerConfig& config() const { return cfg_; }
   // Its name as MXNet and the command line spell it ("sgd", "adam", ...).
   static const char* TypeName(OptimizerConfig::Type type);

@@ -1,10 +1,15 @@
 #include "worker/param_sync.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 
 namespace pstrain {
 namespace {
+
+// The name of the array that says which optimizer wrote a checkpoint's
+// state, followed by Optimizer::SlotLayoutName().
+constexpr char kOptimizerMarker[] = "__optimizer_";
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
@@ -182,6 +187,17 @@ std::vector<NamedArray> LocalParamSync::SaveState() const {
       out.push_back(std::move(a));
     }
   }
+  if (!out.empty()) {
+    // Which optimizer wrote them: a resume under another one is refused
+    // (SGD's and NAG's arrays share their names; RMSProp's plain and
+    // centered ones their first).
+    NamedArray a;
+    a.kind = NamedArray::Kind::kOptimizerState;
+    a.name = kOptimizerMarker + optimizer_->SlotLayoutName();
+    a.shape = {1};
+    a.data = {static_cast<float>(names.size())};
+    out.push_back(std::move(a));
+  }
   return out;
 }
 
@@ -197,9 +213,24 @@ Status LocalParamSync::LoadState(const std::vector<NamedArray>& arrays) {
       index[params[i].name + "_updates"] = {int(i), -1};
     }
   }
-  std::vector<std::vector<float>> loaded(params.size());
+  const std::string ours = optimizer_->SlotLayoutName();
   for (const NamedArray& a : arrays) {
-    if (a.kind != NamedArray::Kind::kOptimizerState) continue;
+    if (a.kind != NamedArray::Kind::kOptimizerState || a.name.rfind(kOptimizerMarker, 0) != 0) {
+      continue;
+    }
+    const std::string theirs = a.name.substr(std::strlen(kOptimizerMarker));
+    if (theirs != ours) {
+      return Status::InvalidArgument(
+          StrCat("the optimizer state was written by ", theirs, ", and this run's optimizer is ",
+                 ours, ": resume with the --optimizer (and --mom) it was written with"));
+    }
+  }
+  std::vector<std::vector<float>> loaded(params.size());
+  std::vector<std::vector<bool>> have(params.size(), std::vector<bool>(names.size() + 1, false));
+  for (const NamedArray& a : arrays) {
+    if (a.kind != NamedArray::Kind::kOptimizerState || a.name.rfind(kOptimizerMarker, 0) == 0) {
+      continue;
+    }
     auto it = index.find(a.name);
     if (it == index.end()) {
       std::string known;
@@ -211,10 +242,13 @@ Status LocalParamSync::LoadState(const std::vector<NamedArray>& arrays) {
                  "): was the checkpoint written with another --optimizer or --mom?"));
     }
     const auto [i, j] = it->second;
+    have[i][j < 0 ? names.size() : static_cast<size_t>(j)] = true;
     if (j < 0) {
-      if (a.data.size() != 1 || !(a.data[0] >= 0)) {
+      // (A float holds every count exactly up to 2^24; past that, Adam's
+      // corrections are 1 to a float.)
+      if (a.data.size() != 1 || !(a.data[0] >= 0 && a.data[0] <= 9.0e15f)) {
         return Status::InvalidArgument(
-            StrCat("optimizer state ", a.name, " must be one count >= 0"));
+            StrCat("optimizer state ", a.name, " must be one finite count >= 0"));
       }
       states_[i].earlier_updates = static_cast<int64_t>(a.data[0]);
       continue;
@@ -227,6 +261,20 @@ Status LocalParamSync::LoadState(const std::vector<NamedArray>& arrays) {
     std::vector<float>& all = loaded[i];
     if (all.empty()) all.assign(static_cast<size_t>(slots * n), 0.0f);
     std::copy(a.data.begin(), a.data.end(), all.begin() + j * n);
+  }
+  // A parameter's state is whole or absent: a missing array would restart
+  // part of it from zero without a word.
+  const bool counts = optimizer_->config().type() == OptimizerConfig::ADAM;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::vector<bool>& h = have[i];
+    if (std::find(h.begin(), h.end(), true) == h.end()) continue;
+    for (size_t j = 0; j <= names.size(); ++j) {
+      if (h[j] || (j == names.size() && !counts)) continue;
+      const std::string missing =
+          params[i].name + "_" + (j < names.size() ? names[j] : std::string("updates"));
+      return Status::InvalidArgument(StrCat("the optimizer state of ", params[i].name, " lacks ",
+                                            missing, " (", ours, " keeps all of its arrays)"));
+    }
   }
   for (size_t i = 0; i < params.size(); ++i) {
     if (loaded[i].empty()) continue;

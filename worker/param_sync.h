@@ -66,11 +66,13 @@ class ParamSync {
 
   // Optimizer state for checkpoints: arrays of kind kOptimizerState named
   // "<param>_<slot>" (Optimizer::SlotNames: "_momentum", Adam's "_mean" and
-  // "_var", ...), and for Adam "<param>_updates", the update count its bias
-  // correction reads. A sync whose state lives elsewhere returns none.
+  // "_var", ...), for Adam "<param>_updates", the update count its bias
+  // correction reads, and "__optimizer_<Optimizer::SlotLayoutName>", which
+  // says whose they are. A sync whose state lives elsewhere returns none.
   virtual std::vector<NamedArray> SaveState() const = 0;
   // Restores what SaveState wrote. InvalidArgument naming the array on a
-  // name or size mismatch.
+  // name or size mismatch, another optimizer's state, or a parameter's state
+  // missing one of its arrays.
   virtual Status LoadState(const std::vector<NamedArray>& arrays) = 0;
 };
 

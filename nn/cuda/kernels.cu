@@ -70,11 +70,11 @@ __device__ __forceinline__ float UpdateOne(const UpdateArgs& a, float gi, float 
     state[i] = m;
     return w + m;
   } else if constexpr (R == UpdateRule::kNag) {
-    const float h = clip(a.rescale * gi) + a.wd * w;
-    if (a.momentum == 0.0f) return w - a.lr * h;
-    const float m = a.momentum * state[i] + h;
-    state[i] = m;
-    return w - a.lr * (h + a.momentum * m);
+    const float step = a.lr * (clip(a.rescale * gi) + a.wd * w);
+    if (a.momentum == 0.0f) return w - step;
+    const float m = a.momentum * state[i];
+    state[i] = m - step;
+    return w - m + (a.momentum + 1.0f) * (m - step);
   } else if constexpr (R == UpdateRule::kAdam) {
     const float h = clip(a.rescale * gi + a.wd * w);
     const float mean = a.beta1 * state[i] + (1.0f - a.beta1) * h;

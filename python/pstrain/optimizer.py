@@ -8,8 +8,8 @@ code; in brief, with ``g = rescale_grad * grad`` and ``clip(x)`` x clipped to
 
     SGD      momentum 0:  w -= lr * (clip(g) + wd * w)
              momentum m:  mom = m * mom - lr * (clip(g) + wd * w);  w += mom
-    NAG      h = clip(g) + wd * w;  mom = m * mom + h;  w -= lr * (h + m * mom)
-             (momentum 0: SGD's rule)
+    NAG      s = lr * (clip(g) + wd * w);  mom = m * mom - s;  w += m * mom - s
+             (MXNet 1.6+'s nag_mom_update; momentum 0: SGD's rule)
     Adam     h = clip(g + wd * w);  mean = beta1 * mean + (1 - beta1) * h
              var = beta2 * var + (1 - beta2) * h**2
              w -= lr * sqrt(1 - beta2**t) / (1 - beta1**t) * mean / (sqrt(var) + epsilon)

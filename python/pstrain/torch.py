@@ -344,7 +344,8 @@ def server_optimizer(optimizer):
 
     * ``SGD``: lr, momentum, weight_decay -> ``SGD`` (MXNet keeps the momentum
       times -lr: the same steps while lr stays); ``nesterov=True`` ->
-      ``NAG`` (torch's Nesterov step is MXNet's NAG exactly). Refused:
+      ``NAG`` (its momentum too is kept times -lr: the same steps while lr
+      stays). Refused:
       ``dampening`` with momentum.
     * ``Adam``: lr, betas -> beta1, beta2, eps -> epsilon, weight_decay (both
       add wd * w to the gradient) -> ``Adam``. One difference: torch adds eps

@@ -64,11 +64,12 @@ class Reference:
             g = self._clip(g)
             if m == 0:
                 return w - lr * (g + wd * w)
-            # NAG.update: mom *= m; grad += wd * w; mom += grad;
-            # grad += m * mom; w += -lr * grad
-            g = g + wd * w
-            self.mom = m * self.mom + g
-            return w - lr * (g + m * self.mom)
+            # nag_mom_update (MXNet 1.6+): mom' = m * mom;
+            # w = w - mom' + (m + 1) * (mom' - lr * (g + wd * w)); mom = mom' - lr * (...)
+            step = lr * (g + wd * w)
+            mom = m * self.mom
+            self.mom = mom - step
+            return w - mom + (m + F32(1)) * (mom - step)
         if kind == "adam":
             b1, b2, eps = F32(c["beta1"]), F32(c["beta2"]), F32(c["epsilon"])
             # Adam.update folds the bias correction into lr, in Python floats.
@@ -136,6 +137,11 @@ def configs():
     return [
         ("nag", O.NAG(learning_rate=0.1, momentum=0.9, wd=0.01, rescale_grad=0.5,
                       clip_gradient=0.8)),
+        # (MXNet 1.6+'s NAG keeps its momentum times the rate: it parts from
+        # the older form when the rate changes.)
+        ("nag scheduled", O.NAG(learning_rate=0.1, momentum=0.9,
+                                lr_scheduler=pstrain.lr_scheduler.FactorScheduler(step=2,
+                                                                                  factor=0.5))),
         ("nag momentum 0", O.NAG(learning_rate=0.1, wd=0.01)),
         ("adam", O.Adam(learning_rate=0.01, wd=0.01, rescale_grad=0.5, clip_gradient=0.4,
                         lr_scheduler=sched)),

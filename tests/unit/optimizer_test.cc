@@ -280,7 +280,13 @@ std::vector<OptimizerConfig> RuleConfigs() {
   nag.set_momentum(0.9f);
   nag.set_wd(1e-3f);
   nag.set_rescale_grad(0.5f);
+  // The rate changes: where MXNet 1.6+'s NAG (momentum kept times the rate)
+  // parts from the older form (momentum of the gradients alone).
+  nag.mutable_lr_scheduler()->set_type(LrSchedulerConfig::FACTOR);
+  nag.mutable_lr_scheduler()->set_step(2);
+  nag.mutable_lr_scheduler()->set_factor(0.5f);
   out.push_back(nag);
+  nag.clear_lr_scheduler();
   nag.set_momentum(0.0f);
   nag.set_clip_gradient(0.3f);
   out.push_back(nag);
@@ -318,7 +324,12 @@ std::vector<OptimizerConfig> RuleConfigs() {
 // optimizers and update operators independently of nn/optimizer.cc (the
 // state: up to three numbers; t: this update's count).
 double Reference(const OptimizerConfig& c, double w, double grad, double* st, int64_t t) {
-  const double lr = c.learning_rate(), wd = c.wd();
+  double lr = c.learning_rate();
+  if (c.lr_scheduler().type() == LrSchedulerConfig::FACTOR) {  // FactorScheduler
+    lr *= std::pow(static_cast<double>(c.lr_scheduler().factor()),
+                   static_cast<double>((t - 1) / c.lr_scheduler().step()));
+  }
+  const double wd = c.wd();
   const double clip = c.clip_gradient();
   auto clipped = [clip](double x) { return clip > 0 ? std::min(std::max(x, -clip), clip) : x; };
   double g = c.rescale_grad() * grad;
@@ -326,12 +337,13 @@ double Reference(const OptimizerConfig& c, double w, double grad, double* st, in
     case OptimizerConfig::NAG: {
       g = clipped(g);
       if (c.momentum() == 0) return w - lr * (g + wd * w);
-      // optimizer.py NAG.update: mom *= momentum; grad += wd * weight;
-      // mom += grad; grad += momentum * mom; weight -= lr * grad
-      g += wd * w;
-      st[0] = c.momentum() * st[0] + g;
-      g += c.momentum() * st[0];
-      return w - lr * g;
+      // nag_mom_update (MXNet 1.6+): mom' = mu * mom; w = w - mom' + (1 +
+      // mu) * (mom' - lr * (g + wd * w)); mom = mom' - lr * (g + wd * w)
+      const double mu = c.momentum();
+      const double step = lr * (g + wd * w);
+      const double m = mu * st[0];
+      st[0] = m - step;
+      return w - m + (1 + mu) * (m - step);
     }
     case OptimizerConfig::ADAM: {
       // Adam.update: lr *= sqrt(1 - beta2^t) / (1 - beta1^t); adam_update.
@@ -482,6 +494,19 @@ TEST(OptimizerTest, SlotsOfAnotherOptimizerAreNotMisread) {
   Make(ada_cfg)->Update(g.data(), w_fresh.data(), n, &fresh);
   EXPECT_EQ(w, w_fresh);
   EXPECT_EQ(st.slots, fresh.slots);
+
+  // Adam taking over a state of SGD's five updates starts at t = 1, as a new
+  // MXNet optimizer would (else its first steps would lack the correction).
+  ParamState taken;
+  for (int k = 0; k < 5; ++k) sgd->Update(g.data(), w.data(), n, &taken);
+  OptimizerConfig adam_cfg = Config(OptimizerConfig::ADAM);
+  auto adam = Make(adam_cfg);
+  ParamState adam_fresh;
+  std::vector<float> wa = w, wb = w;
+  adam->Update(g.data(), wa.data(), n, &taken);
+  Make(adam_cfg)->Update(g.data(), wb.data(), n, &adam_fresh);
+  EXPECT_EQ(wa, wb);
+  EXPECT_EQ(taken.slots, adam_fresh.slots);
 
   ParamState restored;
   restored.slots = std::vector<float>(n, 4.0f);  // a history of squares
