@@ -112,35 +112,30 @@ class Optimizer:
         return "%s(%s)" % (type(self).__name__, ", ".join("%s=%r" % kv for kv in sorted(items)))
 
 
-class SGD(Optimizer):
+class _WithMomentum(Optimizer):
+    """The settings of SGD and NAG: the base's and a momentum."""
+
+    def __init__(self, learning_rate=0.01, momentum=0.0, **kwargs):
+        self.momentum = _number(type(self).__name__, "momentum", momentum)
+        super().__init__(learning_rate=learning_rate, **kwargs)
+
+    def to_dict(self):
+        d = super().to_dict()
+        d["momentum"] = self.momentum
+        return d
+
+
+class SGD(_WithMomentum):
     """Momentum SGD with weight decay (MXNet's ``sgd``)."""
 
     type_name = "sgd"
 
-    def __init__(self, learning_rate=0.01, momentum=0.0, **kwargs):
-        self.momentum = _number(type(self).__name__, "momentum", momentum)
-        super().__init__(learning_rate=learning_rate, **kwargs)
 
-    def to_dict(self):
-        d = super().to_dict()
-        d["momentum"] = self.momentum
-        return d
-
-
-class NAG(Optimizer):
+class NAG(_WithMomentum):
     """Nesterov accelerated SGD (MXNet's ``nag``): SGD's settings, Nesterov's
     momentum step (the module's documentation has the rule)."""
 
     type_name = "nag"
-
-    def __init__(self, learning_rate=0.01, momentum=0.0, **kwargs):
-        self.momentum = _number(type(self).__name__, "momentum", momentum)
-        super().__init__(learning_rate=learning_rate, **kwargs)
-
-    def to_dict(self):
-        d = super().to_dict()
-        d["momentum"] = self.momentum
-        return d
 
 
 class Adam(Optimizer):
