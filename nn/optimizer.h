@@ -172,6 +172,9 @@ class Optimizer {
   // where the one it replaces was, so a key updated less often than others
   // keeps getting the schedule's current rate.
   void ContinueFrom(int64_t num_update);
+  // Whether a step's arithmetic reads the parameter's update count (ADAM's
+  // bias correction): a checkpoint must keep the count to resume it.
+  bool reads_update_count() const { return rule_ == Rule::kAdam; }
   // The most slots any rule keeps (centered RMSPROP).
   static constexpr int kMaxSlots = 3;
   // How many arrays of a parameter's size each parameter's state holds

@@ -155,7 +155,7 @@ std::vector<NamedArray> LocalParamSync::SaveState() const {
   std::vector<NamedArray> out;
   const auto& params = exec_->graph().params();
   const std::vector<std::string> names = optimizer_->SlotNames();
-  const bool counts = optimizer_->config().type() == OptimizerConfig::ADAM;
+  const bool counts = optimizer_->reads_update_count();
   for (size_t i = 0; i < params.size(); ++i) {
     std::vector<float> slots;
     if (device_state_[i].defined()) {
@@ -209,7 +209,7 @@ Status LocalParamSync::LoadState(const std::vector<NamedArray>& arrays) {
   const int slots = static_cast<int>(names.size());
   for (size_t i = 0; i < params.size(); ++i) {
     for (int j = 0; j < slots; ++j) index[params[i].name + "_" + names[j]] = {int(i), j};
-    if (optimizer_->config().type() == OptimizerConfig::ADAM) {
+    if (optimizer_->reads_update_count()) {
       index[params[i].name + "_updates"] = {int(i), -1};
     }
   }
@@ -264,7 +264,7 @@ Status LocalParamSync::LoadState(const std::vector<NamedArray>& arrays) {
   }
   // A parameter's state is whole or absent: a missing array would restart
   // part of it from zero without a word.
-  const bool counts = optimizer_->config().type() == OptimizerConfig::ADAM;
+  const bool counts = optimizer_->reads_update_count();
   for (size_t i = 0; i < params.size(); ++i) {
     const std::vector<bool>& h = have[i];
     if (std::find(h.begin(), h.end(), true) == h.end()) continue;

@@ -638,7 +638,6 @@ void CudaBackend::ApplyOptimizerStep(const Optimizer::Step& step, const Tensor& 
   a.do_clip_weights = step.do_clip_weights;
   a.param = step.param;
   a.flags = step_flags_device_;
-  CHECK_EQ(cuda::UpdateSlots(a), step.num_slots());
   cuda::OptimizerUpdate(a, grad.data(), weight.data(), slots, n, stream_);
 }
 

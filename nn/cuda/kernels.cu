@@ -229,29 +229,9 @@ void Add2(const float* a, const float* b, float* out, int64_t n, cudaStream_t st
   PSTRAIN_CUDA_CHECK_LAUNCH();
 }
 
-int UpdateSlots(const UpdateArgs& a) {
-  switch (a.rule) {
-    case UpdateRule::kSgd:
-    case UpdateRule::kNag:
-      return a.momentum != 0.0f ? 1 : 0;
-    case UpdateRule::kTest:
-      return 0;
-    case UpdateRule::kAdam:
-      return 2;
-    case UpdateRule::kRmsProp:
-    case UpdateRule::kAdaGrad:
-      return 1;
-    case UpdateRule::kRmsPropCentered:
-      return 3;
-  }
-  return 0;
-}
-
 void OptimizerUpdate(const UpdateArgs& a, const float* grad, float* weight, float* state, int64_t n,
                      cudaStream_t stream) {
   if (n <= 0) return;
-  CHECK(UpdateSlots(a) == 0 || state != nullptr)
-      << "optimizer rule " << static_cast<int>(a.rule) << " needs its state";
   const unsigned blocks = Blocks(n);
   switch (a.rule) {
     case UpdateRule::kSgd:

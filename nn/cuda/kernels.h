@@ -50,8 +50,8 @@ struct UpdateArgs {
   unsigned long long* flags;
 };
 inline constexpr unsigned long long kStepFlagSet = 1ull << 32;
-// How many slots of n floats `state` must hold for a.
-int UpdateSlots(const UpdateArgs& a);
+// `state`: Optimizer::Step::num_slots arrays of n floats (the caller,
+// CudaBackend::ApplyOptimizerStep, checks its size).
 void OptimizerUpdate(const UpdateArgs& a, const float* grad, float* weight, float* state, int64_t n,
                      cudaStream_t stream);
 

@@ -28,6 +28,7 @@ using ::testing::HasSubstr;
 // Layout facts from snapshot.h.
 constexpr size_t kHeaderSize = 88;
 constexpr size_t kNOffset = 48;
+constexpr size_t kStateNOffset = 56;
 constexpr size_t kHeaderCrcOffset = 84;
 
 std::vector<float> Ramp(size_t n, float start) {
@@ -52,6 +53,15 @@ std::string ReadFile(const std::string& path) {
 void WriteFile(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+// Sets the u64 at `offset` of slot 0's header to `v` and makes the header's
+// CRC agree, so that only the field's check can refuse it.
+void SetHeaderField(const std::string& path, size_t offset, uint64_t v) {
+  std::string bytes = ReadFile(path);
+  std::memcpy(&bytes[offset], &v, 8);
+  const uint32_t crc = Crc32c(0, bytes.data(), kHeaderCrcOffset);
+  std::memcpy(&bytes[kHeaderCrcOffset], &crc, 4);
+  WriteFile(path, bytes);
 }
 // Overwrites bytes [offset, offset + n) of a file with 0xA5.
 void Scribble(const std::string& path, size_t offset, size_t n) {
@@ -264,12 +274,8 @@ TEST_F(SnapshotTest, MomentumOfWrongSizeIsInvalid) {
 TEST_F(SnapshotTest, StateLengthThatIsNoWholeNumberOfArraysIsCorruption) {
   const std::string path = PathOf("0000000000000007");
   WriteKey7(1, 10);
-  std::string bytes = ReadFile(path);
   for (uint64_t bad : {uint64_t{15}, uint64_t{40}}) {
-    std::memcpy(&bytes[56], &bad, 8);
-    const uint32_t crc = Crc32c(0, bytes.data(), kHeaderCrcOffset);
-    std::memcpy(&bytes[kHeaderCrcOffset], &crc, 4);
-    WriteFile(path, bytes);
+    SetHeaderField(path, kStateNOffset, bad);
     auto all = store_->LoadAll();
     ASSERT_FALSE(all.ok());
     EXPECT_EQ(all.status().code(), StatusCode::kCorruption);
@@ -350,12 +356,7 @@ TEST_F(SnapshotTest, BothSlotsCorruptIsAnErrorNamingTheFile) {
 TEST_F(SnapshotTest, AbsurdLengthWithValidCrcIsCorruptionNotACrash) {
   const std::string path = PathOf("0000000000000007");
   WriteKey7(1);
-  std::string bytes = ReadFile(path);
-  const uint64_t absurd = uint64_t{1} << 60;
-  std::memcpy(&bytes[kNOffset], &absurd, 8);
-  const uint32_t crc = Crc32c(0, bytes.data(), kHeaderCrcOffset);
-  std::memcpy(&bytes[kHeaderCrcOffset], &crc, 4);
-  WriteFile(path, bytes);
+  SetHeaderField(path, kNOffset, uint64_t{1} << 60);
   auto all = store_->LoadAll();
   ASSERT_FALSE(all.ok());
   EXPECT_EQ(all.status().code(), StatusCode::kCorruption);
