@@ -35,46 +35,54 @@ class SshLauncherTest : public ::testing::Test {
     }
     WriteFile(d + "/authorized_keys", ReadFile(d + "/userkey.pub"));
     chmod((d + "/authorized_keys").c_str(), 0600);
-    auto port = tracker::FindFreePort("127.0.0.1");
-    if (!port.ok()) {
-      setup_error_ = port.status().ToString();
-      return;
-    }
-    port_ = *port;
-    WriteFile(d + "/sshd_config",
-              StrCat("Port ", port_, "\nListenAddress 127.0.0.1\nHostKey ", d,
-                     "/hostkey\nAuthorizedKeysFile ", d, "/authorized_keys\nPidFile ", d,
-                     "/sshd.pid\nStrictModes no\nUsePAM no\nPasswordAuthentication no\n"
-                     "KbdInteractiveAuthentication no\nPubkeyAuthentication yes\n"
-                     "PermitRootLogin yes\nMaxStartups 100\nMaxSessions 100\n"));
-    std::string host_key = ReadFile(d + "/hostkey.pub");
-    host_key = host_key.substr(0, host_key.find(' ', host_key.find(' ') + 1));
-    WriteFile(d + "/known_hosts", StrCat("[127.0.0.1]:", port_, " ", host_key,
-                                         "\n[localhost]:", port_, " ", host_key, "\n"));
-    WriteFile(d + "/empty_known_hosts", "");
-    WriteFile(d + "/hosts", StrCat("# two names for this host\n127.0.0.1:", port_,
-                                   "\n\nlocalhost:", port_, "  slots=2\n"));
     if (geteuid() == 0) mkdir("/run/sshd", 0755);  // sshd's privilege-separation directory
-    tracker::ProcessSpec spec;
-    spec.argv = {"/usr/sbin/sshd", "-D", "-f", d + "/sshd_config", "-E", d + "/sshd.log"};
-    spec.env = Environment().All();
-    auto sshd = tracker::Subprocess::Start(spec);
-    if (!sshd.ok()) {
-      setup_error_ = sshd.status().ToString();
-      return;
-    }
-    sshd_ = std::move(sshd).value().release();
-    // Ready when a real ssh login works.
-    Deadline deadline = Deadline::InMillis(20000);
-    while (!deadline.Expired()) {
-      if (run({"ssh", "-T", "-o", "BatchMode=yes", "-o", "IdentityFile=" + d + "/userkey", "-o",
-               "UserKnownHostsFile=" + d + "/known_hosts", "-p", std::to_string(port_), "127.0.0.1",
-               "true"})
-              .empty()) {
+    // A port found free may be taken by a test running beside this one before
+    // sshd binds it; sshd then exits, and a fresh port is tried.
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      if (sshd_ != nullptr) {
+        delete sshd_;
+        sshd_ = nullptr;
+      }
+      auto port = tracker::FindFreePort("127.0.0.1");
+      if (!port.ok()) {
+        setup_error_ = port.status().ToString();
         return;
       }
-      if (sshd_->Poll()) break;
-      usleep(100000);
+      port_ = *port;
+      WriteFile(d + "/sshd_config",
+                StrCat("Port ", port_, "\nListenAddress 127.0.0.1\nHostKey ", d,
+                       "/hostkey\nAuthorizedKeysFile ", d, "/authorized_keys\nPidFile ", d,
+                       "/sshd.pid\nStrictModes no\nUsePAM no\nPasswordAuthentication no\n"
+                       "KbdInteractiveAuthentication no\nPubkeyAuthentication yes\n"
+                       "PermitRootLogin yes\nMaxStartups 100\nMaxSessions 100\n"));
+      std::string host_key = ReadFile(d + "/hostkey.pub");
+      host_key = host_key.substr(0, host_key.find(' ', host_key.find(' ') + 1));
+      WriteFile(d + "/known_hosts", StrCat("[127.0.0.1]:", port_, " ", host_key,
+                                           "\n[localhost]:", port_, " ", host_key, "\n"));
+      WriteFile(d + "/empty_known_hosts", "");
+      WriteFile(d + "/hosts", StrCat("# two names for this host\n127.0.0.1:", port_,
+                                     "\n\nlocalhost:", port_, "  slots=2\n"));
+      tracker::ProcessSpec spec;
+      spec.argv = {"/usr/sbin/sshd", "-D", "-f", d + "/sshd_config", "-E", d + "/sshd.log"};
+      spec.env = Environment().All();
+      auto sshd = tracker::Subprocess::Start(spec);
+      if (!sshd.ok()) {
+        setup_error_ = sshd.status().ToString();
+        return;
+      }
+      sshd_ = std::move(sshd).value().release();
+      // Ready when a real ssh login works.
+      Deadline deadline = Deadline::InMillis(20000);
+      while (!deadline.Expired()) {
+        if (run({"ssh", "-T", "-o", "BatchMode=yes", "-o", "IdentityFile=" + d + "/userkey", "-o",
+                 "UserKnownHostsFile=" + d + "/known_hosts", "-p", std::to_string(port_),
+                 "127.0.0.1", "true"})
+                .empty()) {
+          return;
+        }
+        if (sshd_->Poll()) break;  // exited: most likely the port was taken meanwhile
+        usleep(100000);
+      }
     }
     setup_error_ = "sshd did not come up: " + ReadFile(d + "/sshd.log");
   }

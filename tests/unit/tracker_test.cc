@@ -887,40 +887,58 @@ TEST(PlanTest, MissingForwardedVariableIsAnError) {
 // word (found by review). A port that is taken is an error naming it; the
 // other variables the launcher sets are refused, naming the flag to use.
 TEST(PlanTest, TheSchedulersPortMayBeGivenAndTheLaunchersOtherVariablesAreRefused) {
-  auto free_port = FindFreePort("127.0.0.1");
-  ASSERT_OK(free_port.status());
-  const std::string port = std::to_string(*free_port);
-  for (const std::string& given : {"DMLC_PS_ROOT_PORT=" + port, std::string("DMLC_PS_ROOT_PORT")}) {
-    auto o = ParseLaunchArgs({"-n", "1", "--launcher", "local", "--host-ip", "127.0.0.1",
-                              "--no-keys", "--env", given, "prog"});
-    ASSERT_OK(o.status());
-    auto plan = PlanLaunch(*o, Environment::Isolated({{"DMLC_PS_ROOT_PORT", port}}));
-    ASSERT_OK(plan.status());
-    EXPECT_EQ(plan->root_port, *free_port) << given;
-    for (const Task& t : plan->tasks) {
-      EXPECT_EQ(t.spec.env.at("DMLC_PS_ROOT_PORT"), port) << t.role << "-" << t.rank;
-    }
-  }
-  // Taken: the error names the port and where it came from.
+  // Taken: the error names the port and where it came from. The kernel picks
+  // the port this socket holds, so no test running beside this one can take
+  // it first (CI failed once when a port found free was taken before the
+  // bind).
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   ASSERT_GE(fd, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(*free_port));
+  addr.sin_port = 0;
   inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
   ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << strerror(errno);
   ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0) << strerror(errno);
+  const std::string taken = std::to_string(ntohs(addr.sin_port));
   auto o = ParseLaunchArgs({"-n", "1", "--launcher", "local", "--host-ip", "127.0.0.1", "--no-keys",
-                            "--env", "DMLC_PS_ROOT_PORT=" + port, "prog"});
+                            "--env", "DMLC_PS_ROOT_PORT=" + taken, "prog"});
   ASSERT_OK(o.status());
   auto plan = PlanLaunch(*o, Environment::Isolated({}));
   close(fd);
   EXPECT_EQ(plan.status().code(), StatusCode::kUnavailable) << plan.status();
-  EXPECT_NE(plan.status().message().find("port " + port + " on 127.0.0.1 cannot be bound"),
+  EXPECT_NE(plan.status().message().find("port " + taken + " on 127.0.0.1 cannot be bound"),
             std::string::npos)
       << plan.status();
   EXPECT_NE(plan.status().message().find("--env DMLC_PS_ROOT_PORT"), std::string::npos)
       << plan.status();
+
+  // Given and free: the plan keeps it. Another process may still take a port
+  // between FindFreePort and the plan's check; a few fresh ports make that
+  // rare race harmless.
+  for (const bool from_the_environment : {false, true}) {
+    bool planned = false;
+    for (int attempt = 0; attempt < 5 && !planned; ++attempt) {
+      auto free_port = FindFreePort("127.0.0.1");
+      ASSERT_OK(free_port.status());
+      const std::string port = std::to_string(*free_port);
+      const std::string given =
+          from_the_environment ? std::string("DMLC_PS_ROOT_PORT") : "DMLC_PS_ROOT_PORT=" + port;
+      o = ParseLaunchArgs({"-n", "1", "--launcher", "local", "--host-ip", "127.0.0.1", "--no-keys",
+                           "--env", given, "prog"});
+      ASSERT_OK(o.status());
+      plan = PlanLaunch(*o, Environment::Isolated({{"DMLC_PS_ROOT_PORT", port}}));
+      if (plan.status().code() == StatusCode::kUnavailable) continue;  // taken meanwhile
+      ASSERT_OK(plan.status());
+      planned = true;
+      EXPECT_EQ(plan->root_port, *free_port) << given;
+      for (const Task& t : plan->tasks) {
+        EXPECT_EQ(t.spec.env.at("DMLC_PS_ROOT_PORT"), port) << t.role << "-" << t.rank;
+      }
+    }
+    EXPECT_TRUE(planned) << "five free ports were all taken before the plan checked them";
+  }
   for (const char* bad : {"0", "65536", "http"}) {
     o = ParseLaunchArgs({"-n", "1", "--launcher", "local", "--host-ip", "127.0.0.1", "--no-keys",
                          "--env", std::string("DMLC_PS_ROOT_PORT=") + bad, "prog"});
