@@ -71,8 +71,8 @@ struct ParamState {
   std::vector<float> slots;
   // Optimizer::SlotLayout() of the optimizer that wrote `slots`, so that an
   // optimizer of another kind starts from zeros instead of misreading them;
-  // -1 (restored from a snapshot or a file): the current optimizer's, if the
-  // size fits.
+  // -1 (restored from a checkpoint file or a version-1 snapshot, which do not
+  // say): the current optimizer's, if the size fits.
   int slot_layout = -1;
   int64_t num_updates = 0;
   // Added to num_updates for ADAM's count t (its bias correction): the
@@ -128,6 +128,8 @@ class Optimizer {
                      size_t n, ParamState* state);
 
   // Which rule a Step applies (the header's; RMSPROP split by `centered`).
+  // The values are SlotLayout()s, which server snapshots store: add new rules
+  // at the end, never renumber.
   enum class Rule : uint8_t { kSgd, kTest, kNag, kAdam, kRmsProp, kRmsPropCentered, kAdaGrad };
 
   // The constants of one update: what a device backend needs to apply the

@@ -10,6 +10,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <set>
 #include <unordered_map>
@@ -82,7 +83,13 @@ struct KVServer::KeyState {
 struct KVServer::Shard {
   Mutex mu;
   CondVar cv{&mu};
-  std::deque<std::vector<Op>> queue GUARDED_BY(mu);
+  // What the receive thread handed over, in the order it arrived: a
+  // request's ops, or a task (the snapshots a new optimizer waits for).
+  struct Work {
+    std::vector<Op> ops;
+    std::function<void()> task;
+  };
+  std::deque<Work> queue GUARDED_BY(mu);
   // Someone runs this shard's ops: its thread, or the receive thread inline
   // (small requests to an idle shard). At most one at a time.
   bool busy GUARDED_BY(mu) = false;
@@ -470,36 +477,33 @@ void KVServer::HandleConfig(const Message& msg) {
     }
     opt = std::move(created).value();
   }
+  bool snapshot_first = false;
   {
     MutexLock l(&config_mu_);
-    // Set once per job: every worker sends the same one (compared field by
-    // field: map order on the wire is not fixed); another one is refused, so
-    // the optimizer can never change under a running job.
+    // Set once per generation: every worker sends the same one (compared
+    // field by field: map order on the wire is not fixed); another one of the
+    // same generation is refused, so the optimizer changes only when every
+    // worker asks for it (a higher generation: set_optimizer mid-job).
     if (config_ == nullptr || cfg.generation() > config_->generation()) {
       if (config_ != nullptr) {
         LOG(INFO) << node_->Self() << ": configuration generation " << cfg.generation() << " from "
                   << NodeIdName(msg.header.sender()) << " replaces generation "
                   << config_->generation();
       }
+      const bool same_optimizer =
+          config_ != nullptr &&
+          google::protobuf::util::MessageDifferencer::Equals(config_->optimizer(), cfg.optimizer());
       // A generation that keeps the optimizer (a new gradient compression,
       // say) keeps its schedule's clock too.
-      if (opt != nullptr && optimizer_ != nullptr && config_ != nullptr &&
-          google::protobuf::util::MessageDifferencer::Equals(config_->optimizer(),
-                                                             cfg.optimizer())) {
+      if (opt != nullptr && optimizer_ != nullptr && same_optimizer) {
         opt->ContinueFrom(optimizer_->num_update());
       }
+      snapshot_first = snapshots_ != nullptr && config_ != nullptr && !same_optimizer;
       config_ = std::make_shared<const ServerConfig>(cfg);
       optimizer_ = std::move(opt);
-      if (snapshots_ != nullptr) {
-        // Written before the answer: a replacement finds the job's configuration.
-        const std::string path = ConfigPath(snapshots_->dir());
-        const std::string tmp = path + ".tmp";
-        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        const bool ok = out && cfg.SerializeToOstream(&out) && (out.close(), !out.fail()) &&
-                        std::rename(tmp.c_str(), path.c_str()) == 0;
-        if (!ok) {
-          const Status s = Status::IOError(
-              StrCat(node_->Self(), ": cannot write ", path, ": ", std::strerror(errno)));
+      // Written before the answer: a replacement finds the job's configuration.
+      if (snapshots_ != nullptr && !snapshot_first) {
+        if (Status s = SaveConfig(cfg); !s.ok()) {
           node_->Fail(s);
           ReplyError(msg.header, s);
           return;
@@ -520,13 +524,83 @@ void KVServer::HandleConfig(const Message& msg) {
       }
     }
   }
+  if (snapshot_first) {
+    SnapshotThenConfirm(msg.header, std::move(cfg));
+    return;
+  }
+  ConfirmConfig(msg.header);
+}
+
+Status KVServer::SaveConfig(const ServerConfig& cfg) {
+  const std::string path = ConfigPath(snapshots_->dir());
+  const std::string tmp = path + ".tmp";
+  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  const bool ok = out && cfg.SerializeToOstream(&out) && (out.close(), !out.fail()) &&
+                  std::rename(tmp.c_str(), path.c_str()) == 0;
+  if (!ok) {
+    return Status::IOError(
+        StrCat(node_->Self(), ": cannot write ", path, ": ", std::strerror(errno)));
+  }
+  return Status::Ok();
+}
+
+void KVServer::ConfirmConfig(const PsHeader& request) {
   Message reply;
   reply.header.set_version(PROTOCOL_VERSION_CURRENT);
   reply.header.set_cmd(CMD_CONFIG);
   reply.header.set_sender(node_->id());
-  reply.header.set_request_id(msg.header.request_id());
+  reply.header.set_request_id(request.request_id());
   reply.header.set_is_reply(true);
-  Answer(msg.header.sender(), std::move(reply));
+  Answer(request.sender(), std::move(reply));
+}
+
+void KVServer::SnapshotThenConfirm(const PsHeader& request, ServerConfig cfg) {
+  struct Pending {
+    PsHeader request;
+    ServerConfig cfg;
+    std::atomic<size_t> shards_left{0};
+    Mutex mu;
+    Status failure GUARDED_BY(mu);
+  };
+  auto pending = std::make_shared<Pending>();
+  pending->request = request;
+  pending->cfg = std::move(cfg);
+  pending->shards_left = shards_.size();
+  for (auto& owned : shards_) {
+    Shard* shard = owned.get();
+    auto task = [this, shard, pending] {
+      // Every key as the old optimizer left it, its slot layout with it.
+      Status s;
+      for (auto& [wire, ks] : shard->keys) {
+        if (!ks.initialized) continue;
+        s = snapshots_->Write(wire, ks.rounds, ks.data, ks.size, ks.state)
+                .WithContext(StrCat("snapshot of ", PartName(wire), " before a new optimizer"));
+        if (!s.ok()) break;
+      }
+      if (!s.ok()) {
+        MutexLock l(&pending->mu);
+        if (pending->failure.ok()) {
+          pending->failure = Status(s.code(), StrCat(node_->Self(), ": ", s.message()));
+        }
+      }
+      if (pending->shards_left.fetch_sub(1) != 1) return;
+      Status failure;
+      {
+        MutexLock l(&pending->mu);
+        failure = pending->failure;
+      }
+      if (failure.ok()) failure = SaveConfig(pending->cfg);
+      if (!failure.ok()) {
+        node_->Fail(failure);
+        ReplyError(pending->request, failure);
+        return;
+      }
+      ConfirmConfig(pending->request);
+    };
+    MutexLock l(&shard->mu);
+    shard->queue.push_back(Shard::Work{{}, std::move(task)});
+    shard->cv.Signal();
+  }
 }
 
 StatusOr<uint64_t> KVServer::CheckCompressedPush(const Message& msg) const {
@@ -675,7 +749,7 @@ void KVServer::HandleMessage(Message&& msg) {
       // Only this thread enqueues requests, so running them here while the
       // shard is idle with an empty queue keeps per-key order.
       if (!small || shard->busy || !shard->queue.empty()) {
-        shard->queue.push_back(std::move(per_shard[s]));
+        shard->queue.push_back(Shard::Work{std::move(per_shard[s]), nullptr});
         shard->cv.Signal();
         continue;
       }
@@ -692,7 +766,7 @@ void KVServer::HandleMessage(Message&& msg) {
 
 void KVServer::ShardLoop(Shard* shard) {
   for (;;) {
-    std::vector<Op> ops;
+    Shard::Work work;
     bool check = false;
     bool lost = false;
     {
@@ -711,7 +785,7 @@ void KVServer::ShardLoop(Shard* shard) {
         check = true;
         shard->check_rounds = false;
       } else if (!shard->queue.empty()) {
-        ops = std::move(shard->queue.front());
+        work = std::move(shard->queue.front());
         shard->queue.pop_front();
       } else {
         continue;
@@ -722,8 +796,10 @@ void KVServer::ShardLoop(Shard* shard) {
       RemoveLost(shard);
     } else if (check) {
       CheckRounds(shard);
+    } else if (work.task) {
+      work.task();
     } else {
-      for (const Op& op : ops) Submit(shard, op);
+      for (const Op& op : work.ops) Submit(shard, op);
     }
     MutexLock l(&shard->mu);
     shard->busy = false;

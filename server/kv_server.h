@@ -118,6 +118,16 @@ class KVServer {
   // worker's own and is never rescaled.
   StatusOr<std::shared_ptr<Optimizer>> MakeOptimizer(const ServerConfig& cfg, int live) const;
   void HandleConfig(const Message& msg);
+  // Writes `cfg` where a replacement of this server reads it (snapshots on).
+  Status SaveConfig(const ServerConfig& cfg);
+  // Answers a configuration request: taken.
+  void ConfirmConfig(const PsHeader& request);
+  // A configuration that replaced the optimizer: each shard, after what
+  // arrived before it, snapshots every key as the old optimizer left it (its
+  // slot layout with it); then `cfg` is saved and the request answered, so
+  // that a replacement never replays a round of the old optimizer with the
+  // new one, nor takes the old one's state for its own.
+  void SnapshotThenConfirm(const PsHeader& request, ServerConfig cfg);
   void ReplyError(const PsHeader& request, const Status& error);
   void ShardLoop(Shard* shard);
   void Submit(Shard* shard, const Op& op);

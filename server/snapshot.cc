@@ -28,11 +28,12 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "snapshot files are lit
 namespace {
 
 constexpr char kMagic[8] = {'P', 'S', 'S', 'N', 'A', 'P', '0', '1'};
-constexpr uint32_t kVersion = 1;
-constexpr uint64_t kHeaderSize = 88;
+// Written: version 2. Read: 1 (no slot layout, no earlier updates) and 2.
+constexpr uint32_t kVersion = 2;
+constexpr uint64_t kHeaderSize = 104;   // version 2
+constexpr uint64_t kHeaderSizeV1 = 88;  // version 1: the shortest header
 // A value's optimizer state is 0 to this many arrays of its size.
 constexpr uint64_t kMaxSlots = Optimizer::kMaxSlots;
-constexpr uint64_t kHeaderCrcOffset = 84;
 constexpr uint64_t kStrideAlign = 4096;
 constexpr char kPrefix[] = "key-";
 constexpr char kSuffix[] = ".snap";
@@ -75,9 +76,18 @@ struct SlotHeader {
   int64_t num_updates = 0;
   float lr_mult = 1.0f;
   float wd_mult = 1.0f;
+  int32_t slot_layout = -1;     // version 2
+  int64_t earlier_updates = 0;  // version 2
   uint32_t payload_crc = 0;
 
   uint64_t payload_bytes() const { return (n + state_n) * sizeof(float); }
+  uint64_t header_size() const { return HeaderSizeOf(version); }
+  // Where the payload's CRC and the header's own are.
+  static uint64_t HeaderSizeOf(uint32_t version) {
+    return version == 1 ? kHeaderSizeV1 : kHeaderSize;
+  }
+  static uint64_t PayloadCrcOffset(uint32_t version) { return HeaderSizeOf(version) - 8; }
+  static uint64_t HeaderCrcOffset(uint32_t version) { return HeaderSizeOf(version) - 4; }
 };
 
 template <typename T>
@@ -91,7 +101,9 @@ T GetAt(const uint8_t* b, size_t offset) {
   return v;
 }
 
+// Writes the current version's header (kHeaderSize bytes).
 void EncodeHeader(const SlotHeader& h, uint8_t* b) {
+  CHECK_EQ(h.version, kVersion);
   std::memcpy(b, kMagic, sizeof(kMagic));
   PutAt(b, 8, h.version);
   PutAt(b, 12, h.slot);
@@ -104,8 +116,11 @@ void EncodeHeader(const SlotHeader& h, uint8_t* b) {
   PutAt(b, 64, h.num_updates);
   PutAt(b, 72, h.lr_mult);
   PutAt(b, 76, h.wd_mult);
-  PutAt(b, 80, h.payload_crc);
-  PutAt(b, kHeaderCrcOffset, Crc32c(0, b, kHeaderCrcOffset));
+  PutAt(b, 80, h.slot_layout);
+  PutAt(b, 84, uint32_t{0});
+  PutAt(b, 88, h.earlier_updates);
+  PutAt(b, 96, h.payload_crc);
+  PutAt(b, 100, Crc32c(0, b, 100));
 }
 
 void DecodeHeader(const uint8_t* b, SlotHeader* h) {
@@ -120,7 +135,11 @@ void DecodeHeader(const uint8_t* b, SlotHeader* h) {
   h->num_updates = GetAt<int64_t>(b, 64);
   h->lr_mult = GetAt<float>(b, 72);
   h->wd_mult = GetAt<float>(b, 76);
-  h->payload_crc = GetAt<uint32_t>(b, 80);
+  if (h->version >= 2) {
+    h->slot_layout = GetAt<int32_t>(b, 80);
+    h->earlier_updates = GetAt<int64_t>(b, 88);
+  }
+  h->payload_crc = GetAt<uint32_t>(b, SlotHeader::PayloadCrcOffset(h->version));
 }
 
 // Room for a header, a value of n floats and state_n floats of optimizer
@@ -258,30 +277,41 @@ Status WriteSlotAt(int fd, const uint8_t* header, const float* value, size_t n,
 // payload CRC. The message (no path) says what is wrong and where.
 Status ReadSlotHeader(int fd, const std::string& path, uint64_t file_size, uint32_t slot,
                       uint64_t offset, uint64_t wire_key, SlotHeader* h) {
-  if (offset > file_size || file_size - offset < kHeaderSize) {
-    return Status::Corruption(StrCat("header [", offset, ", ", offset + kHeaderSize,
+  auto past_the_end = [&](uint64_t size) {
+    return Status::Corruption(StrCat("header [", offset, ", ", offset + size,
                                      ") runs past the end of the file (size ", file_size, ")"));
-  }
+  };
+  if (offset > file_size || file_size - offset < kHeaderSizeV1) return past_the_end(kHeaderSizeV1);
   uint8_t b[kHeaderSize];
-  RETURN_IF_ERROR(ReadAt(fd, b, kHeaderSize, offset, path));
+  RETURN_IF_ERROR(ReadAt(fd, b, kHeaderSizeV1, offset, path));
   if (std::memcmp(b, kMagic, sizeof(kMagic)) != 0) {
-    if (std::all_of(b, b + kHeaderSize, [](uint8_t c) { return c == 0; })) {
+    if (std::all_of(b, b + kHeaderSizeV1, [](uint8_t c) { return c == 0; })) {
       return Status::Corruption(StrCat("never written (zeros at offset ", offset, ")"));
     }
     return Status::Corruption(StrCat("bad magic at offset ", offset));
   }
-  const uint32_t stored = GetAt<uint32_t>(b, kHeaderCrcOffset);
-  const uint32_t computed = Crc32c(0, b, kHeaderCrcOffset);
+  // The version says how long the header is and where its CRC is; a damaged
+  // version is refused here or fails that CRC.
+  const uint32_t version = GetAt<uint32_t>(b, 8);
+  if (version != 1 && version != 2) {
+    return Status::Corruption(StrCat("format version ", version, " at offset ", offset + 8,
+                                     " (this build reads 1 and 2)"));
+  }
+  const uint64_t size = SlotHeader::HeaderSizeOf(version);
+  if (file_size - offset < size) return past_the_end(size);
+  if (size > kHeaderSizeV1) {
+    RETURN_IF_ERROR(
+        ReadAt(fd, b + kHeaderSizeV1, size - kHeaderSizeV1, offset + kHeaderSizeV1, path));
+  }
+  const uint64_t crc_offset = SlotHeader::HeaderCrcOffset(version);
+  const uint32_t stored = GetAt<uint32_t>(b, crc_offset);
+  const uint32_t computed = Crc32c(0, b, crc_offset);
   if (stored != computed) {
-    return Status::Corruption(StrCat("header CRC-32C mismatch at offset ",
-                                     offset + kHeaderCrcOffset, " (stored ", Hex32(stored),
-                                     ", computed ", Hex32(computed), ")"));
+    return Status::Corruption(StrCat("header CRC-32C mismatch at offset ", offset + crc_offset,
+                                     " (stored ", Hex32(stored), ", computed ", Hex32(computed),
+                                     ")"));
   }
   DecodeHeader(b, h);
-  if (h->version != kVersion) {
-    return Status::Corruption(StrCat("format version ", h->version, " at offset ", offset + 8,
-                                     " (this build reads ", kVersion, ")"));
-  }
   if (h->slot != slot) {
     return Status::Corruption(
         StrCat("slot index ", h->slot, " at offset ", offset + 12, " (expected ", slot, ")"));
@@ -308,7 +338,18 @@ Status ReadSlotHeader(int fd, const std::string& path, uint64_t file_size, uint3
     return Status::Corruption(
         StrCat("num_updates ", h->num_updates, " at offset ", offset + 64, " is negative"));
   }
-  const uint64_t slot_bytes = kHeaderSize + h->payload_bytes();
+  if (h->slot_layout < -1) {
+    return Status::Corruption(StrCat("slot layout ", h->slot_layout, " at offset ", offset + 80,
+                                     " is less than -1 (unknown)"));
+  }
+  // Minus the updates before an optimizer of another layout took the state
+  // over at the least: ADAM's count t is never negative.
+  if (h->earlier_updates < -h->num_updates) {
+    return Status::Corruption(StrCat("earlier updates ", h->earlier_updates, " at offset ",
+                                     offset + 88, " make the update count negative (num_updates ",
+                                     h->num_updates, ")"));
+  }
+  const uint64_t slot_bytes = h->header_size() + h->payload_bytes();
   if (h->stride < slot_bytes) {
     return Status::Corruption(StrCat("slot of ", slot_bytes, " bytes (n ", h->n, ", state ",
                                      h->state_n, ") exceeds the stride ", h->stride, " at offset ",
@@ -325,7 +366,7 @@ Status ReadSlotHeader(int fd, const std::string& path, uint64_t file_size, uint3
 // Reads the payload of a slot whose header checked out and checks its CRC.
 Status ReadSlotPayload(int fd, const std::string& path, uint64_t offset, const SlotHeader& h,
                        KeySnapshot* out) {
-  const uint64_t begin = offset + kHeaderSize;
+  const uint64_t begin = offset + h.header_size();
   out->value.resize(h.n);
   out->state.slots.resize(h.state_n);
   RETURN_IF_ERROR(ReadAt(fd, out->value.data(), h.n * sizeof(float), begin, path));
@@ -343,6 +384,8 @@ Status ReadSlotPayload(int fd, const std::string& path, uint64_t offset, const S
   out->state.num_updates = h.num_updates;
   out->state.lr_mult = h.lr_mult;
   out->state.wd_mult = h.wd_mult;
+  out->state.slot_layout = h.slot_layout;
+  out->state.earlier_updates = h.earlier_updates;
   return Status::Ok();
 }
 
@@ -366,7 +409,7 @@ StatusOr<FileScan> ScanFile(int fd, const std::string& path, uint64_t wire_key) 
   why[0] = ReadSlotHeader(fd, path, size, 0, 0, wire_key, &h[0]);
   if (why[0].ok()) {
     offset[1] = h[0].stride;
-  } else if (size % 2 == 0 && size / 2 >= kHeaderSize) {
+  } else if (size % 2 == 0 && size / 2 >= kHeaderSizeV1) {
     offset[1] = size / 2;  // files are created 2 * stride long
   }
   if (offset[1] == 0) {
@@ -494,6 +537,8 @@ class SnapshotStore::KeyFile {
     h.num_updates = state.num_updates;
     h.lr_mult = state.lr_mult;
     h.wd_mult = state.wd_mult;
+    h.slot_layout = state.slot_layout;
+    h.earlier_updates = state.earlier_updates;
     h.payload_crc =
         Crc32c(Crc32c(0, value, n * sizeof(float)), slots.data(), slots.size() * sizeof(float));
     if (fd_ < 0 || kHeaderSize + h.payload_bytes() > stride_) return Create(&h, value, slots);

@@ -11,7 +11,7 @@
 //
 //   offset  size  field
 //    0       8    magic "PSSNAP01"
-//    8       4    u32 format version (1)
+//    8       4    u32 format version (2)
 //   12       4    u32 slot index (0 or 1): where this header belongs
 //   16       8    u64 wire key (must match the file name)
 //   24       8    u64 rounds: closed dist_sync rounds the value includes
@@ -22,9 +22,21 @@
 //   64       8    i64 num_updates
 //   72       4    f32 lr_mult
 //   76       4    f32 wd_mult
-//   80       4    u32 CRC-32C of the payload
-//   84       4    u32 CRC-32C of bytes [0, 84) of this header
-//   88            payload: n float32 value, then the state's float32s
+//   80       4    i32 slot layout: Optimizer::SlotLayout of the optimizer that
+//                 wrote the state (-1: unknown, as a restored one's)
+//   84       4    u32 zero
+//   88       8    i64 earlier updates (ParamState::earlier_updates; not less
+//                 than -num_updates)
+//   96       4    u32 CRC-32C of the payload
+//  100       4    u32 CRC-32C of bytes [0, 100) of this header
+//  104            payload: n float32 value, then the state's float32s
+//
+// Version 1 (written before the optimizers beyond SGD existed) is read too:
+// its header is 88 bytes, without the slot layout and earlier updates (read
+// as -1 and 0), the payload CRC at 80 and the header CRC (of [0, 84)) at 84.
+// Without the layout, a state restored after a configuration changed the
+// optimizer to one with as many arrays (SGD to NAG, say) before the key was
+// updated again would have been taken as the new optimizer's.
 //
 // stride is the header plus room for a value and its state, at least a
 // momentum's (n floats), rounded up to 4 KiB, so a slot never grows into the

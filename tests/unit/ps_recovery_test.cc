@@ -52,6 +52,13 @@ struct RecoverySpec {
   // The servers' optimizer: SGD with momentum, or Adam (two arrays of state
   // per key and the update count its bias correction reads).
   bool adam = false;
+  // After this step every worker switches the servers to NAG (a new
+  // configuration generation: set_optimizer mid-job), whose state is as many
+  // arrays as SGD's momentum (-1: never).
+  int switch_to_nag_after_step = -1;
+  // Worker rank 0 waits this long after asking for the kill, so the victim
+  // dies before the next round.
+  int pause_after_kill_ms = 0;
 };
 
 struct RecoveryResult {
@@ -209,7 +216,16 @@ RecoveryResult RunRecoveryJob(const RecoverySpec& spec, const std::string& snaps
             RETURN_IF_ERROR(kv.Wait(kv.PushPull(kKeys, kLens, grads.data(), weights.data()),
                                     Deadline::InMillis(20000)));
           }
-          if (kv.rank() == 0 && step == spec.kill_after_step) kill = true;
+          if (step == spec.switch_to_nag_after_step) {
+            ServerConfig nag = c;
+            nag.set_generation(c.generation() + 1);
+            nag.mutable_optimizer()->set_type(OptimizerConfig::NAG);
+            RETURN_IF_ERROR(kv.SetServerConfig(nag, Deadline::InMillis(20000)));
+          }
+          if (kv.rank() == 0 && step == spec.kill_after_step) {
+            kill = true;
+            std::this_thread::sleep_for(std::chrono::milliseconds(spec.pause_after_kill_ms));
+          }
           if (kv.rank() == spec.num_workers - 1 && step == spec.lose_worker_after_step) {
             kv.node()->Stop();
             return Status::Cancelled("this worker died");
@@ -356,6 +372,24 @@ TEST_F(RecoveryDirTest, AKilledServerRunningAdamIsReplacedAndTheRunEndsBitIdenti
     RecoverySpec spec;
     spec.adam = true;
     spec.kill_after_step = 10;
+    spec.snapshot_every = every;
+    ExpectTheUndisturbedWeights(spec, StrCat(dir_, "/every", every), /*replacements=*/1);
+  }
+}
+
+// The servers switch from SGD with momentum to NAG after step 10 and server
+// rank 1 dies at once, before any round of NAG. Its replacement must start
+// NAG afresh, as the undisturbed server does, not take SGD's momentum for
+// NAG's (the same size: only the snapshot's slot layout tells them apart);
+// and with a snapshot every 4 rounds, it must not replay rounds 9 and 10,
+// SGD's, with NAG (the switch snapshots every key first).
+TEST_F(RecoveryDirTest, AServerKilledRightAfterTheOptimizerChangedIsReplacedBitIdentical) {
+  for (int every : {1, 4}) {
+    SCOPED_TRACE(StrCat("a snapshot every ", every, " rounds"));
+    RecoverySpec spec;
+    spec.switch_to_nag_after_step = 10;
+    spec.kill_after_step = 10;
+    spec.pause_after_kill_ms = 300;
     spec.snapshot_every = every;
     ExpectTheUndisturbedWeights(spec, StrCat(dir_, "/every", every), /*replacements=*/1);
   }

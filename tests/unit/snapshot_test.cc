@@ -25,11 +25,12 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-// Layout facts from snapshot.h.
-constexpr size_t kHeaderSize = 88;
+// Layout facts from snapshot.h (version 2).
+constexpr size_t kHeaderSize = 104;
 constexpr size_t kNOffset = 48;
 constexpr size_t kStateNOffset = 56;
-constexpr size_t kHeaderCrcOffset = 84;
+constexpr size_t kEarlierUpdatesOffset = 88;
+constexpr size_t kHeaderCrcOffset = 100;
 
 std::vector<float> Ramp(size_t n, float start) {
   std::vector<float> v(n);
@@ -335,7 +336,7 @@ TEST_F(SnapshotTest, BothSlotsCorruptIsAnErrorNamingTheFile) {
   EXPECT_EQ(all.status().code(), StatusCode::kCorruption);
   EXPECT_THAT(all.status().message(), HasSubstr(path));
   EXPECT_THAT(all.status().message(),
-              HasSubstr("slot 0: payload CRC-32C mismatch over bytes [88,"));
+              HasSubstr("slot 0: payload CRC-32C mismatch over bytes [104,"));
   EXPECT_THAT(all.status().message(), HasSubstr("slot 1: payload CRC-32C mismatch"));
 
   // Garbage: bad magic in both places.
@@ -488,6 +489,116 @@ TEST_F(SnapshotTest, MillionElementValue) {
   EXPECT_TRUE(s.value == v);  // not EXPECT_EQ: a mismatch would print 1e6 floats
   EXPECT_TRUE(s.state.slots == state.slots);
   EXPECT_EQ(s.state.num_updates, 12);
+}
+
+// Which optimizer wrote a state (its slot layout) and ADAM's earlier updates
+// come back: a restarted server running another optimizer of as many arrays
+// (SGD's momentum, NAG's) must start that key afresh, not take the state for
+// its own (version 1 did not keep them).
+TEST_F(SnapshotTest, TheSlotLayoutAndEarlierUpdatesComeBack) {
+  const std::vector<float> v = Ramp(20, 1);
+  ParamState sgd = State(20, 9, 1, 1);
+  sgd.slot_layout = 0;  // Optimizer::Rule::kSgd
+  ParamState adam = State(40, 9, 1, 1);
+  adam.slot_layout = 3;                      // kAdam
+  adam.earlier_updates = -4;                 // took SGD's state over after 4 updates
+  ParamState restored = State(20, 2, 1, 1);  // slot_layout -1: unknown
+  restored.earlier_updates = 100;            // resumed from a checkpoint
+  ASSERT_OK(store_->Write(1, 3, v.data(), v.size(), sgd));
+  ASSERT_OK(store_->Write(2, 3, v.data(), v.size(), adam));
+  ASSERT_OK(store_->Write(3, 3, v.data(), v.size(), restored));
+  store_ = Open();
+  auto all = store_->LoadAll();
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 3u);
+  EXPECT_EQ((*all)[0].state.slot_layout, 0);
+  EXPECT_EQ((*all)[0].state.earlier_updates, 0);
+  EXPECT_EQ((*all)[1].state.slot_layout, 3);
+  EXPECT_EQ((*all)[1].state.earlier_updates, -4);
+  EXPECT_EQ((*all)[1].state.slots, Ramp(40, -3.0f));
+  EXPECT_EQ((*all)[2].state.slot_layout, -1);
+  EXPECT_EQ((*all)[2].state.earlier_updates, 100);
+}
+
+// An ADAM count below zero (earlier updates below -num_updates), with valid
+// CRCs, is Corruption naming the field's offset; so is an unknown version.
+TEST_F(SnapshotTest, ANegativeUpdateCountOrAnUnknownVersionIsCorruption) {
+  const std::string path = PathOf("0000000000000007");
+  WriteKey7(1, 10);  // num_updates 1
+  SetHeaderField(path, kEarlierUpdatesOffset, static_cast<uint64_t>(int64_t{-2}));
+  auto all = store_->LoadAll();
+  ASSERT_FALSE(all.ok());
+  EXPECT_EQ(all.status().code(), StatusCode::kCorruption);
+  EXPECT_THAT(all.status().message(),
+              HasSubstr("earlier updates -2 at offset 88 make the update count negative"));
+  SetHeaderField(path, kEarlierUpdatesOffset, static_cast<uint64_t>(int64_t{-1}));
+  EXPECT_EQ(LoadOne().state.earlier_updates, -1) << "t = 0 before the next update is valid";
+
+  std::string bytes = ReadFile(path);
+  const uint32_t version = 3;
+  std::memcpy(&bytes[8], &version, 4);
+  WriteFile(path, bytes);
+  all = store_->LoadAll();
+  ASSERT_FALSE(all.ok());
+  EXPECT_THAT(all.status().message(),
+              HasSubstr("format version 3 at offset 8 (this build reads 1 and 2)"));
+}
+
+// A version-1 slot, as servers before version 2 wrote it: 88 bytes of header,
+// the payload CRC at 80 and the header's at 84.
+std::string VersionOneSlot(uint64_t wire_key, uint32_t slot, uint64_t rounds, uint64_t sequence,
+                           uint64_t stride, const std::vector<float>& value,
+                           const std::vector<float>& state, int64_t num_updates) {
+  std::string b(88, '\0');
+  auto put = [&b](size_t offset, const auto& v) { std::memcpy(&b[offset], &v, sizeof(v)); };
+  std::memcpy(&b[0], "PSSNAP01", 8);
+  put(8, uint32_t{1});
+  put(12, slot);
+  put(16, wire_key);
+  put(24, rounds);
+  put(32, sequence);
+  put(40, stride);
+  put(48, uint64_t{value.size()});
+  put(56, uint64_t{state.size()});
+  put(64, num_updates);
+  put(72, 1.0f);
+  put(76, 1.0f);
+  uint32_t crc = Crc32c(0, value.data(), value.size() * sizeof(float));
+  crc = Crc32c(crc, state.data(), state.size() * sizeof(float));
+  put(80, crc);
+  put(84, Crc32c(0, b.data(), 84));
+  b.append(reinterpret_cast<const char*>(value.data()), value.size() * sizeof(float));
+  b.append(reinterpret_cast<const char*>(state.data()), state.size() * sizeof(float));
+  return b;
+}
+
+// Snapshots a server of the last version left still load (a job resumed by
+// a replacement of the new build), their layout unknown; the next writes go
+// on in the same file, in the slot not holding the newest snapshot.
+TEST_F(SnapshotTest, VersionOneFilesStillLoadAndAreWrittenOn) {
+  const std::string path = PathOf("0000000000000007");
+  const size_t n = 100;
+  const uint64_t stride = 4096;
+  std::string file = VersionOneSlot(7, 0, 4, 1, stride, Ramp(n, 4), Ramp(n, -3), 4);
+  file.resize(stride, '\0');
+  file += VersionOneSlot(7, 1, 5, 2, stride, Ramp(n, 5), Ramp(n, -3), 5);
+  file.resize(2 * stride, '\0');
+  WriteFile(path, file);
+  KeySnapshot s = LoadOne();
+  EXPECT_EQ(s.rounds, 5u);
+  EXPECT_EQ(s.value, Ramp(n, 5));
+  EXPECT_EQ(s.state.slots, Ramp(n, -3));
+  EXPECT_EQ(s.state.num_updates, 5);
+  EXPECT_EQ(s.state.slot_layout, -1);
+  EXPECT_EQ(s.state.earlier_updates, 0);
+
+  store_ = Open();
+  WriteKey7(6, n);  // over round 4 in slot 0, as version 2
+  s = LoadOne();
+  EXPECT_EQ(s.rounds, 6u);
+  EXPECT_EQ(s.value, Ramp(n, 6));
+  Scribble(path, kHeaderSize + 8, 4);  // round 6 torn: the version-1 round 5 is the newest
+  EXPECT_EQ(LoadOne().rounds, 5u);
 }
 
 }  // namespace
