@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -267,13 +268,16 @@ class Client {
   // servers then keep the sum of the pushes) on every server; `generation`
   // as ServerConfig says. Blocks until every server took it.
   // gc_threshold: None, or the threshold of 2-bit gradient compression.
+  // wd_mult, lr_mult: per key, multipliers of the optimizer's (absent: 1).
   void Configure(bool sync, const py::object& optimizer, uint32_t generation,
-                 const std::map<uint64_t, float>& wd_mult, std::optional<float> gc_threshold) {
+                 const std::map<uint64_t, float>& wd_mult, std::optional<float> gc_threshold,
+                 const std::map<uint64_t, float>& lr_mult) {
     ServerConfig cfg;
     cfg.set_sync_mode(sync);
     cfg.set_generation(generation);
     if (!optimizer.is_none()) *cfg.mutable_optimizer() = OptimizerFromDict(optimizer);
     for (const auto& [key, mult] : wd_mult) (*cfg.mutable_wd_mult())[key] = mult;
+    for (const auto& [key, mult] : lr_mult) (*cfg.mutable_lr_mult())[key] = mult;
     if (gc_threshold) {
       ThrowIfError(ParseGradientCompression("2bit", *gc_threshold).status());
       cfg.mutable_gradient_compression()->set_type(GradientCompressionConfig::TWO_BIT);
@@ -486,7 +490,21 @@ class Client {
 // Not thread-safe (the Python store serializes its calls).
 class LocalUpdater {
  public:
-  explicit LocalUpdater(const py::dict& optimizer) : cfg_(OptimizerFromDict(optimizer)) {
+  // lr_mult, wd_mult: per key, multipliers of the optimizer's (absent: 1),
+  // applied at every update as the servers apply ServerConfig's.
+  LocalUpdater(const py::dict& optimizer, std::map<uint64_t, float> lr_mult,
+               std::map<uint64_t, float> wd_mult)
+      : cfg_(OptimizerFromDict(optimizer)),
+        lr_mult_(std::move(lr_mult)),
+        wd_mult_(std::move(wd_mult)) {
+    for (const auto* mults : {&lr_mult_, &wd_mult_}) {
+      for (const auto& [key, mult] : *mults) {
+        if (!std::isfinite(mult)) {
+          throw py::value_error(StrCat(mults == &lr_mult_ ? "lr_mult" : "wd_mult", " of key ", key,
+                                       " is ", mult, ": a multiplier must be finite"));
+        }
+      }
+    }
     auto opt = Optimizer::Create(cfg_);
     ThrowIfError(opt.status());
     opt_ = std::move(opt).value();
@@ -504,7 +522,12 @@ class LocalUpdater {
                  ": the gradient holds NaN or Inf (the weights were left "
                  "as they were)")));
     }
-    const UpdateCheck check = opt_->Update(gp, wp, n, &states_[key]);
+    ParamState& state = states_[key];
+    auto lr = lr_mult_.find(key);
+    state.lr_mult = lr == lr_mult_.end() ? 1.0f : lr->second;
+    auto wd = wd_mult_.find(key);
+    state.wd_mult = wd == wd_mult_.end() ? 1.0f : wd->second;
+    const UpdateCheck check = opt_->Update(gp, wp, n, &state);
     if (!check.ok()) {
       ThrowIfError(
           Status::FailedPrecondition(StrCat("local update of key ", key,
@@ -556,6 +579,7 @@ class LocalUpdater {
 
  private:
   const OptimizerConfig cfg_;
+  const std::map<uint64_t, float> lr_mult_, wd_mult_;
   std::unique_ptr<Optimizer> opt_;
   std::unordered_map<uint64_t, ParamState> states_;
 };
@@ -646,7 +670,8 @@ PYBIND11_MODULE(_pstrain, m) {
       .def_property_readonly("request_timeout_ms", &Client::request_timeout_ms)
       .def_property_readonly("closed", &Client::closed)
       .def("configure", &Client::Configure, py::arg("sync"), py::arg("optimizer"),
-           py::arg("generation"), py::arg("wd_mult"), py::arg("gc_threshold") = py::none())
+           py::arg("generation"), py::arg("wd_mult"), py::arg("gc_threshold") = py::none(),
+           py::arg("lr_mult") = std::map<uint64_t, float>{})
       .def("init", &Client::Init)
       .def("replace", &Client::Replace)
       .def("push", &Client::Push)
@@ -656,7 +681,9 @@ PYBIND11_MODULE(_pstrain, m) {
       .def("close", &Client::Close, py::arg("error") = "");
 
   py::class_<LocalUpdater>(m, "LocalUpdater")
-      .def(py::init<const py::dict&>())
+      .def(py::init<const py::dict&, std::map<uint64_t, float>, std::map<uint64_t, float>>(),
+           py::arg("optimizer"), py::arg("lr_mult") = std::map<uint64_t, float>{},
+           py::arg("wd_mult") = std::map<uint64_t, float>{})
       .def("update", &LocalUpdater::Update)
       .def("get_states", &LocalUpdater::GetStates)
       .def("set_states", &LocalUpdater::SetStates, py::arg("num_update"), py::arg("states"));

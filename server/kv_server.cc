@@ -467,6 +467,16 @@ void KVServer::HandleConfig(const Message& msg) {
       return;
     }
   }
+  for (const auto* mults : {&cfg.wd_mult(), &cfg.lr_mult()}) {
+    for (const auto& [key, mult] : *mults) {
+      if (std::isfinite(mult)) continue;
+      ReplyError(msg.header, Status::InvalidArgument(
+                                 StrCat("config of ", NodeIdName(msg.header.sender()), ": ",
+                                        mults == &cfg.wd_mult() ? "wd_mult" : "lr_mult", " of key ",
+                                        key, " is ", mult, " (a multiplier must be finite)")));
+      return;
+    }
+  }
   std::shared_ptr<Optimizer> opt;
   if (cfg.has_optimizer()) {
     // (A loss changes live_workers_ on this thread only: the count read here holds.)
@@ -1057,8 +1067,11 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
     }
     if (g.empty()) return Status::Ok();  // every push skipped: no update this round
     if (cfg != nullptr) {
-      auto it = cfg->wd_mult().find(WireKeyUser(wire));
-      ks->state.wd_mult = it == cfg->wd_mult().end() ? 1.0f : it->second;
+      // Read at every update: a configuration generation may change them.
+      auto wd = cfg->wd_mult().find(WireKeyUser(wire));
+      ks->state.wd_mult = wd == cfg->wd_mult().end() ? 1.0f : wd->second;
+      auto lr = cfg->lr_mult().find(WireKeyUser(wire));
+      ks->state.lr_mult = lr == cfg->lr_mult().end() ? 1.0f : lr->second;
     }
     std::optional<ShmArena::Stored> fresh;
     if (ks->Shared()) fresh = node_->AllocateStored(n * sizeof(float));

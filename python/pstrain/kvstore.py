@@ -289,8 +289,8 @@ class KVStore:
                 _OPEN.append(self)
             self._timeout_ms = self._client.request_timeout_ms + 10000
             self._generation = 0
-            # What the servers were last sent: optimizer config and wd_mult.
-            self._server_optimizer = (None, {})
+            # What the servers were last sent: optimizer config, lr_mult, wd_mult.
+            self._server_optimizer = (None, {}, {})
             # MXNet's workers send the sync mode at creation; the optimizer follows.
             try:
                 self._client.configure(self._sync, None, self._generation, {})
@@ -348,7 +348,8 @@ class KVStore:
 
         Every worker calls it with the same optimizer; it passes a worker
         barrier first, so it may follow ``init`` or come before it (its
-        ``wd_mult`` may name string keys initialized later). The servers
+        ``lr_mult`` and ``wd_mult`` may name string keys initialized later,
+        and apply to each key's updates from then on). The servers
         run one optimizer for every key: refused while a
         ``pstrain.torch.DistributedOptimizer`` uses this store (it relies on the
         servers' optimizer, or on servers that only sum).
@@ -367,17 +368,16 @@ class KVStore:
             raise TypeError("set_optimizer takes a pstrain.optimizer.Optimizer "
                             "(pstrain.optimizer.SGD, ...), got %r" % (optimizer,))
         cfg = optimizer.to_dict()
+        # A string key a multiplier names before its init is numbered here (in
+        # the optimizer's order, the same on every worker), as init would.
+        lr_mult = self._multipliers(optimizer, "lr_mult")
+        wd_mult = self._multipliers(optimizer, "wd_mult")
         if self._client is None:
-            if optimizer.wd_mult:
-                raise ValueError("wd_mult is applied by the servers only (dist stores)")
-            self._updater = _pstrain.LocalUpdater(cfg)
+            self._updater = _pstrain.LocalUpdater(cfg, lr_mult, wd_mult)
             self._updater_cfg = cfg
             return
-        # A string key wd_mult names before its init is numbered here (in the
-        # optimizer's order, the same on every worker), as init would.
-        wd_mult = {self._key(k, create=True): float(m) for k, m in optimizer.wd_mult.items()}
         self.barrier()  # no worker may still be sending the previous configuration
-        self._configure((cfg, wd_mult), self._gc_threshold)
+        self._configure((cfg, lr_mult, wd_mult), self._gc_threshold)
         self._optimizer_by = by
 
     def set_gradient_compression(self, compression_params):
@@ -487,11 +487,13 @@ class KVStore:
     def load_optimizer_states(self, fname):
         """Reads what ``save_optimizer_states`` wrote: the keys must be
         initialized (with their sizes then); a file saved with
-        ``dump_optimizer`` installs its optimizer, else the store needs one
+        ``dump_optimizer`` installs its optimizer (with each key's lr_mult
+        and wd_mult as saved), else the store needs one
         (``set_optimizer``) of the type that wrote the file, keeping the same
         slots (a file of one that kept none, sgd without momentum say, also
         loads into one that keeps some: they start at zero). The state read
-        replaces the current one. Files of version 1 (sgd's momentum, written
+        replaces the current one (into the store's own optimizer, that
+        optimizer's multipliers go on applying). Files of version 1 (sgd's momentum, written
         before the other optimizers existed) load into sgd and test.
         """
         self._local_updater("load_optimizer_states", need_one=False)
@@ -577,12 +579,34 @@ class KVStore:
                                                     len(written_slots), written_slots, size,
                                                     want))
             states.append((ikey, updates, lr_mult, wd_mult, state.tobytes()))
+        if cfg is not None:
+            # The optimizer the file holds, with the multipliers it applied.
+            updater = _pstrain.LocalUpdater(
+                cfg, {s[0]: s[2] for s in states if s[2] != 1.0},
+                {s[0]: s[3] for s in states if s[3] != 1.0})
         try:
             updater.set_states(num_update, states)
         except (ValueError, TypeError) as e:
             raise ValueError("%s: %s" % (where, e)) from None
         if cfg is not None:
             self._updater, self._updater_cfg = updater, cfg
+
+    def _multipliers(self, optimizer, what):
+        """The optimizer's lr_mult or wd_mult by int key; keys and values
+        checked (they may have been set as attributes)."""
+        mults = getattr(optimizer, what)
+        if not isinstance(mults, dict):
+            raise TypeError("set_optimizer: the optimizer's %s is not a dict {key: multiplier}: "
+                            "%r" % (what, mults))
+        out = {}
+        for k, m in mults.items():
+            if isinstance(m, bool) or not isinstance(m, numbers.Real):
+                raise TypeError("set_optimizer: %s[%r] is %r, not a number" % (what, k, m))
+            if not math.isfinite(m):
+                raise ValueError("set_optimizer: %s[%r] is %r: a multiplier must be finite"
+                                 % (what, k, m))
+            out[self._key(k, create=True)] = float(m)
+        return out
 
     def _local_updater(self, what, need_one=True):
         if self._client is not None:
@@ -600,9 +624,10 @@ class KVStore:
         """Sends the servers their next configuration generation. The number is
         used up even if that fails (some servers may have taken it), so the
         next configuration, whatever it holds, has a newer one."""
-        cfg, wd_mult = server_optimizer
+        cfg, lr_mult, wd_mult = server_optimizer
         self._generation += 1
-        self._client.configure(self._sync, cfg, self._generation, wd_mult, gc_threshold)
+        self._client.configure(self._sync, cfg, self._generation, wd_mult, gc_threshold,
+                               lr_mult=lr_mult)
         self._server_optimizer = server_optimizer
         self._gc_threshold = gc_threshold
 

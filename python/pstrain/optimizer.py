@@ -56,6 +56,21 @@ def _optional_number(owner, name, value):
     return v
 
 
+def _multipliers(owner, what, mults):
+    """{key: float} from a dict of finite numbers keyed by str or int."""
+    if not isinstance(mults, dict):
+        raise TypeError("%s.set_%s takes a dict {key: multiplier}, got %r" % (owner, what, mults))
+    out = {}
+    for key, m in mults.items():
+        if isinstance(key, bool) or not isinstance(key, (str, int)):
+            raise TypeError("%s: %s key %r is not a KVStore key (str or int)" % (owner, what, key))
+        v = _number(owner, "%s[%r]" % (what, key), m)
+        if not math.isfinite(v):
+            raise ValueError("%s: %s[%r] is %r: a multiplier must be finite" % (owner, what, key, v))
+        out[key] = v
+    return out
+
+
 class Optimizer:
     """Base class: learning rate, weight decay, gradient rescale and clipping.
 
@@ -76,13 +91,22 @@ class Optimizer:
         self.rescale_grad = _number(name, "rescale_grad", rescale_grad)
         self.clip_gradient = _optional_number(name, "clip_gradient", clip_gradient)
         self.lr_scheduler = lr_scheduler
+        self.lr_mult = {}
         self.wd_mult = {}
         if self.type_name is not None:
             self._slot_names()
 
+    def set_lr_mult(self, args_lr_mult):
+        """Per-key multipliers of the learning rate ({key: mult}; keys as the
+        KVStore takes them, names or integers; a key not named: 1), MXNet's
+        ``Optimizer.set_lr_mult``. The rate a key's update uses is the
+        schedule's times its multiplier."""
+        self.lr_mult = _multipliers(type(self).__name__, "lr_mult", args_lr_mult)
+
     def set_wd_mult(self, args_wd_mult):
-        """Per-key multipliers of ``wd`` ({key: mult}; keys as the KVStore takes them)."""
-        self.wd_mult = dict(args_wd_mult)
+        """Per-key multipliers of ``wd`` ({key: mult}; keys as the KVStore takes
+        them; a key not named: 1), MXNet's ``Optimizer.set_wd_mult``."""
+        self.wd_mult = _multipliers(type(self).__name__, "wd_mult", args_wd_mult)
 
     def to_dict(self):
         """The settings as the C++ side reads them (python/pstrain_module.cc)."""

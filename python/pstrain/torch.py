@@ -333,12 +333,20 @@ def broadcast_optimizer_state(optimizer, root_rank=0, kvstore=None):
         optimizer.load_state_dict(state)
 
 
-def server_optimizer(optimizer):
+def server_optimizer(optimizer, named_parameters=None):
     """The ``pstrain.optimizer`` that does on the servers what the
     ``torch.optim`` optimizer ``optimizer`` does here, from its current
     settings (taken once: a torch lr scheduler stepping it later does not
     reach the servers; use a ``pstrain.lr_scheduler``). For
     ``DistributedOptimizer``, whose ``batch_size`` sets the rescale.
+
+    Parameter groups may differ in ``lr`` and ``weight_decay`` (biases and
+    norms without decay, say): the servers' optimizer takes the largest of
+    each and every parameter of a group with less gets that ratio as its
+    ``lr_mult`` / ``wd_mult`` (MXNet's per-key multipliers), keyed by its
+    name, so ``named_parameters`` (the model, or ``model.named_parameters()``)
+    is then needed. A ratio is exact where it is a power of two or 0, else
+    to float32 rounding of the rate (lr * lr_mult, one rounding more).
 
     Mapped, torch setting by setting (the rules are in pstrain.optimizer):
 
@@ -366,7 +374,8 @@ def server_optimizer(optimizer):
       outside), ``lr_decay`` and ``initial_accumulator_value``.
 
     Refused for every type: ``maximize``, parameter groups whose settings
-    differ (the servers run one optimizer for every key), an optimizer that
+    differ in anything but ``lr`` and ``weight_decay`` (the servers run one
+    optimizer for every key), an optimizer that
     already holds state (it has stepped: the servers' state would start from
     zero), another optimizer class (a subclass too). Raises ValueError naming
     the setting.
@@ -385,12 +394,26 @@ def server_optimizer(optimizer):
                          "would start from none: map it before training" % (what,))
     groups = optimizer.param_groups
     settings = {k: v for k, v in groups[0].items() if k != "params"}
+    per_key = set()  # settings that differ between groups: per-key multipliers
     for i, g in enumerate(groups[1:], 1):
         for k in sorted(set(settings) | set(g) - {"params"}):
-            if g.get(k) != settings.get(k):
-                raise ValueError("%s: parameter groups 0 and %d differ in %s (%r, %r); the "
-                                 "servers run one optimizer for every parameter"
-                                 % (what, i, k, settings.get(k), g.get(k)))
+            if g.get(k) == settings.get(k):
+                continue
+            if k in ("lr", "weight_decay"):
+                per_key.add(k)
+                continue
+            raise ValueError("%s: parameter groups 0 and %d differ in %s (%r, %r); the "
+                             "servers run one optimizer for every parameter (groups may "
+                             "differ in lr and weight_decay only: per-key multipliers)"
+                             % (what, i, k, settings.get(k), g.get(k)))
+    if per_key:
+        if named_parameters is None:
+            raise ValueError("%s: parameter groups differ in %s: give the parameters' names, "
+                             "server_optimizer(optimizer, model), so that each parameter gets "
+                             "its lr_mult and wd_mult" % (what, " and ".join(sorted(per_key))))
+        # The largest of each setting; the multipliers are the ratios to it.
+        settings["lr"] = max(float(g["lr"]) for g in groups)
+        settings["weight_decay"] = max(float(g.get("weight_decay", 0.0)) for g in groups)
 
     def refuse_unless(ok, setting, why):
         if not ok:
@@ -400,11 +423,36 @@ def server_optimizer(optimizer):
     refuse_unless(not settings.get("maximize", False), "maximize",
                   "the servers' optimizers descend")
     try:
-        return mappers[kind](settings, refuse_unless)
+        mapped = mappers[kind](settings, refuse_unless)
     except (ValueError, TypeError) as e:
         if str(e).startswith(what):
             raise
         raise ValueError("%s: %s" % (what, e)) from None
+    if per_key:
+        _group_multipliers(what, mapped, groups, settings, named_parameters)
+    return mapped
+
+
+def _group_multipliers(what, mapped, groups, settings, named_parameters):
+    """Sets mapped's lr_mult and wd_mult, by parameter name, from each group's
+    lr and weight_decay as ratios to settings' (the largest)."""
+    name_of = {id(p): n for n, p in _named(named_parameters)}
+    lr_mult, wd_mult = {}, {}
+    for i, g in enumerate(groups):
+        lr = float(g["lr"]) / settings["lr"] if settings["lr"] > 0 else 1.0
+        wd = (float(g.get("weight_decay", 0.0)) / settings["weight_decay"]
+              if settings["weight_decay"] > 0 else 1.0)
+        for j, p in enumerate(g["params"]):
+            name = name_of.get(id(p))
+            if name is None:
+                raise ValueError("%s: parameter %d of group %d (shape %s) is not among the "
+                                 "named parameters given" % (what, j, i, tuple(p.shape)))
+            if lr != 1.0:
+                lr_mult[name] = lr
+            if wd != 1.0:
+                wd_mult[name] = wd
+    mapped.set_lr_mult(lr_mult)
+    mapped.set_wd_mult(wd_mult)
 
 
 def _from_sgd(s, refuse_unless):
@@ -510,6 +558,7 @@ class DistributedOptimizer:
             # Multipliers named by parameter name go to that parameter's key
             # (which may be prefixed, above).
             key_of = dict(zip(names, self._keys))
+            opt.lr_mult = {key_of.get(k, k): m for k, m in optimizer.lr_mult.items()}
             opt.wd_mult = {key_of.get(k, k): m for k, m in optimizer.wd_mult.items()}
             kv.init(self._keys, self._params)
             pulls = [kv.pull(k, out=p) for k, p in zip(self._keys, self._params)]

@@ -119,6 +119,7 @@ TEST_F(PythonClusterTest, OptimizersDistSync) {
           << rule << "\n"
           << log;
     }
+    EXPECT_NE(log.find("optimizers: dist_sync lr_mult and wd_mult ok"), std::string::npos) << log;
     EXPECT_NE(log.find("optimizers: dist_sync rules ok"), std::string::npos) << log;
     if (torch) {
       EXPECT_NE(log.find("optimizers: dist_sync DistributedOptimizer(server_optimizer(torch "

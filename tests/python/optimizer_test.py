@@ -4,15 +4,18 @@
                     store with NAG, Adam, RMSProp (plain and centered) and
                     AdaGrad against an independent float32 NumPy version of
                     MXNet's update (optimizer.py and the update operators);
-                    the classes' MXNet defaults and their errors; optimizer
+                    the classes' MXNet defaults and their errors; per-key
+                    lr_mult and wd_mult; optimizer
                     states saved and loaded for every type (the next updates
                     equal an unbroken run's), refused for another optimizer;
-                    pstrain.torch.server_optimizer against torch.optim, and
-                    what it refuses (when torch imports).
+                    pstrain.torch.server_optimizer against torch.optim (with
+                    parameter groups of their own lr and weight_decay too),
+                    and what it refuses (when torch imports).
   --mode dist_sync  (under `pstrain launch -n 2 -s 2`; tests/cluster/
                     python_cluster_test.cc) the servers' updates of the sum of
                     both workers' pushes against the same NumPy rules, with a
-                    key sharded over both servers; a DistributedOptimizer over
+                    key sharded over both servers, and with per-key
+                    multipliers; a DistributedOptimizer over
                     server_optimizer(torch.optim.Adam) against torch's Adam on
                     the averaged gradients (when torch imports).
 
@@ -59,6 +62,13 @@ class Reference:
         lr, wd = F32(lr), F32(c["wd"])
         g = F32(c["rescale_grad"]) * grad
         kind = c["type"]
+        if kind == "sgd":
+            m = F32(c["momentum"])
+            step = lr * (self._clip(g) + wd * w)
+            if m == 0:
+                return w - step
+            self.mom = m * self.mom - step
+            return w + self.mom
         if kind == "nag":
             m = F32(c["momentum"])
             g = self._clip(g)
@@ -181,6 +191,78 @@ def test_local_rules():
         print("optimizers: local %s vs MXNet's rule in NumPy: 6 updates, max |diff| %g"
               % (label, worst))
     print("optimizers: local rules ok")
+
+
+def scaled(opt, lr_mult, wd_mult):
+    """(opt's settings with wd times wd_mult, its rate times lr_mult) as the
+    Reference takes them: the float32 products the servers form."""
+    cfg = dict(opt.to_dict())
+    cfg["wd"] = float(F32(cfg["wd"]) * F32(wd_mult))
+    return cfg, lambda lr: float(F32(lr) * F32(lr_mult))
+
+
+def test_multipliers():
+    """MXNet's Optimizer.set_lr_mult / set_wd_mult on a local store: each key's
+    rate and decay times its multipliers (named before init too); a second
+    set_optimizer brings its own; a saved optimizer brings them back."""
+    O = pstrain.optimizer
+    shapes = {"a": (3, 4), "b": (5,), "c": (2, 2)}
+    lr_mult, wd_mult = {"a": 0.5, "later": 3.0}, {"b": 0.0, "c": 2.0}
+    rng = np.random.default_rng(17)
+    for label, opt in [("sgd", O.SGD(learning_rate=0.1, momentum=0.9, wd=0.05)),
+                       ("adam", O.Adam(learning_rate=0.01, wd=0.05)),
+                       ("adagrad", O.AdaGrad(learning_rate=0.1, wd=0.05))]:
+        opt.set_lr_mult(lr_mult)
+        opt.set_wd_mult(wd_mult)
+        kv = pstrain.KVStore("local")
+        kv.set_optimizer(opt)  # before init: "later" is numbered, never used
+        w = {k: np.ones(s, F32) for k, s in shapes.items()}
+        kv.init(list(w), [x.copy() for x in w.values()])
+        refs = {}
+        for k, s in shapes.items():
+            cfg, rate = scaled(opt, lr_mult.get(k, 1.0), wd_mult.get(k, 1.0))
+            refs[k] = (Reference(cfg, s), rate)
+        out = {k: np.zeros(s, F32) for k, s in shapes.items()}
+        for i in range(1, 5):
+            g = {k: rng.standard_normal(s).astype(F32) for k, s in shapes.items()}
+            kv.pushpull(list(g), list(g.values()), out=list(out.values())).wait()
+            for k, (ref, rate) in refs.items():
+                w[k] = ref.step(w[k], g[k], rate(opt.learning_rate))
+                close(out[k], w[k], "local %s with multipliers, update %d, key %s" % (label, i, k))
+    # A saved optimizer (dump_optimizer) comes back with its multipliers.
+    tmp = tempfile.mkdtemp(prefix="pstrain-mults-")
+    opt = O.SGD(learning_rate=0.1, wd=0.5)
+    opt.set_lr_mult({"a": 0.25})
+    opt.set_wd_mult({"a": 0.0})
+    kv = pstrain.KVStore("local")
+    kv.init("a", np.ones(4, F32))
+    kv.set_optimizer(opt)
+    kv.push("a", np.ones(4, F32)).wait()
+    kv.save_optimizer_states(os.path.join(tmp, "s.npz"), dump_optimizer=True)
+    fresh = pstrain.KVStore("local")
+    fresh.init("a", np.ones(4, F32))
+    fresh.load_optimizer_states(os.path.join(tmp, "s.npz"))
+    fresh.push("a", np.ones(4, F32)).wait()
+    got = np.zeros(4, F32)
+    fresh.pull("a", out=got).wait()
+    close(got, np.full(4, 1 - 0.1 * 0.25, F32), "loaded optimizer's lr_mult and wd_mult")
+    # Another set_optimizer brings its own multipliers (none here).
+    kv.set_optimizer(O.SGD(learning_rate=0.1, wd=0.5))
+    kv.push("a", np.ones(4, F32)).wait()
+    kv.pull("a", out=got).wait()
+    before = F32(1 - 0.1 * 0.25)
+    close(got, np.full(4, before - F32(0.1) * (F32(1) + F32(0.5) * before), F32),
+          "a second set_optimizer without multipliers")
+    # Refused, naming the key.
+    expect_error(lambda: O.SGD().set_lr_mult({"a": float("inf")}), ValueError,
+                 "SGD: lr_mult['a'] is inf: a multiplier must be finite")
+    expect_error(lambda: O.SGD().set_wd_mult([("a", 1.0)]), TypeError, "takes a dict")
+    expect_error(lambda: O.SGD().set_lr_mult({1.5: 1.0}), TypeError, "not a KVStore key")
+    late = O.SGD()
+    late.lr_mult = {"a": "x"}
+    expect_error(lambda: pstrain.KVStore("local").set_optimizer(late), TypeError,
+                 "lr_mult['a'] is 'x', not a number")
+    print("optimizers: lr_mult and wd_mult on a local store ok")
 
 
 def test_classes():
@@ -371,10 +453,10 @@ def torch_run(make_opt, params0, grads):
     return [p.detach().numpy() for p in params]
 
 
-def store_run(opt, params0, grads):
+def store_run(opt, params0, grads, keys=None):
     """A local store's weights after pushing grads with the servers' optimizer opt."""
     kv = pstrain.KVStore("local")
-    keys = list(range(len(params0)))
+    keys = list(range(len(params0))) if keys is None else keys
     kv.init(keys, [p.copy() for p in params0])
     kv.set_optimizer(opt)
     for gs in grads:
@@ -422,6 +504,26 @@ def test_torch_mapping():
                   for g, w in zip(got, want))
         print("optimizers: server_optimizer(torch %s) = %r vs torch: max |diff| %g"
               % (label, mapped, err))
+    # Groups that differ in lr and weight_decay (no decay for the bias, a
+    # smaller rate for it): the largest of each, and per-parameter multipliers.
+    for label, make, tol in [
+            ("SGD", lambda ps, **kw: t.SGD(ps, momentum=0.9, **kw), 2e-6),
+            ("Adam", lambda ps, **kw: t.Adam(ps, **kw), 2e-6)]:
+        def grouped(p):
+            return make([{"params": [p[0]], "lr": 0.05, "weight_decay": 0.01},
+                         {"params": [p[1]], "lr": 0.0125, "weight_decay": 0.0}])
+        named = [("fc.weight", torch.nn.Parameter(torch.zeros(shapes[0]))),
+                 ("fc.bias", torch.nn.Parameter(torch.zeros(shapes[1])))]
+        mapped = pt.server_optimizer(grouped([p for _, p in named]), named)
+        assert mapped.learning_rate == 0.05 and mapped.wd == 0.01, mapped
+        assert mapped.lr_mult == {"fc.bias": 0.25} and mapped.wd_mult == {"fc.bias": 0.0}, \
+            (mapped.lr_mult, mapped.wd_mult)
+        want = torch_run(grouped, params0, grads)
+        got = store_run(mapped, params0, grads, keys=[n for n, _ in named])
+        err = max(close(g, w, "server_optimizer(torch %s, two groups) vs torch" % label, tol)
+                  for g, w in zip(got, want))
+        print("optimizers: server_optimizer(torch %s with a group of its own for the bias: lr "
+              "x0.25, no decay) vs torch: max |diff| %g" % (label, err))
     m = pt.server_optimizer(t.RMSprop([torch.nn.Parameter(torch.zeros(1))], lr=0.01, alpha=0.9,
                                       momentum=0.5, centered=True))
     assert m.centered and m.gamma1 == 0.9 and m.gamma2 == 0.5, m
@@ -465,7 +567,10 @@ def test_torch_mapping():
             (lambda: t.AdamW(p), "torch.optim.adamw.AdamW has no server-side equivalent"),
             (lambda: t.Adam([{"params": p}, {"params": [torch.nn.Parameter(torch.zeros(2))],
                                              "lr": 0.5}]),
-             "parameter groups 0 and 1 differ in lr (0.001, 0.5)"),
+             "parameter groups differ in lr: give the parameters' names"),
+            (lambda: t.Adam([{"params": p}, {"params": [torch.nn.Parameter(torch.zeros(2))],
+                                             "betas": (0.5, 0.9)}]),
+             "parameter groups 0 and 1 differ in betas", "lr and weight_decay only"),
             (lambda: t.Adam(p, eps=0.0), "server_optimizer(torch.optim.Adam)",
              "epsilon 0 must be finite and > 0")]:
         expect_error(lambda: pt.server_optimizer(make()), ValueError, *words)
@@ -473,6 +578,10 @@ def test_torch_mapping():
     p[0].grad = torch.ones(3)
     stepped.step()
     expect_error(lambda: pt.server_optimizer(stepped), ValueError, "holds state already")
+    stray = torch.nn.Parameter(torch.zeros(2))
+    expect_error(lambda: pt.server_optimizer(
+        t.SGD([{"params": p}, {"params": [stray], "weight_decay": 0.1}], lr=0.1),
+        [("w", p[0])]), ValueError, "parameter 0 of group 1 (shape (2,)) is not among the named")
     print("optimizers: server_optimizer maps torch SGD, Adam, RMSprop, Adagrad and refuses the "
           "rest ok")
 
@@ -506,6 +615,28 @@ def dist_rules(kv):
                                          % (label, i, keys[n])))
         print("optimizers: dist_sync %s vs MXNet's rule in NumPy: 4 rounds, %d workers, max "
               "|diff| %g" % (label, W, worst))
+    # Per-key multipliers, "big" (sharded) included, named before its init.
+    opt = pstrain.optimizer.SGD(learning_rate=0.1, momentum=0.9, wd=0.05)
+    mults = {"m.s": (0.5, 0.0), "m.big": (2.0, 3.0)}
+    opt.set_lr_mult({k: lr for k, (lr, _) in mults.items()})
+    opt.set_wd_mult({k: wd for k, (_, wd) in mults.items()})
+    kv.set_optimizer(opt)
+    keys = list(mults)
+    w = [np.ones(s, F32) for s in shapes.values()]
+    kv.init(keys, [x.copy() for x in w])
+    refs = []
+    for k, s in zip(keys, shapes.values()):
+        cfg, rate = scaled(opt, *mults[k])
+        refs.append((Reference(cfg, s), rate))
+    out = [np.zeros(s, F32) for s in shapes.values()]
+    for i in range(1, 4):
+        every = [[np.random.default_rng((99, i, k)).standard_normal(s).astype(F32)
+                  for s in shapes.values()] for k in range(W)]
+        kv.pushpull(keys, every[r], out=out).wait()
+        for n, (ref, rate) in enumerate(refs):
+            w[n] = ref.step(w[n], sum(every[k][n] for k in range(W)), rate(opt.learning_rate))
+            close(out[n], w[n], "dist_sync multipliers round %d key %s" % (i, keys[n]))
+    print("optimizers: dist_sync lr_mult and wd_mult ok")
     kv.barrier()
     print("optimizers: dist_sync rules ok")
 
@@ -568,6 +699,7 @@ def main():
     if args.mode == "local":
         test_classes()
         test_local_rules()
+        test_multipliers()
         test_states()
         test_torch_mapping()
         print("optimizers: all ok")

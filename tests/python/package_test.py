@@ -494,11 +494,17 @@ def test_local_store():
         raise AssertionError("a push of a key never initialized did not raise")
     except KeyError:
         pass
-    # wd_mult naming a key not initialized yet: the local store says it has none.
-    opt = pstrain.optimizer.SGD(learning_rate=0.1)
+    # wd_mult naming a key not initialized yet applies once it is (a local
+    # store applies the multipliers as the servers do).
+    opt = pstrain.optimizer.SGD(learning_rate=0.1, wd=0.5)
     opt.set_wd_mult({"later": 0.0})
-    expect_error(lambda: pstrain.KVStore("local").set_optimizer(opt), ValueError,
-                 "wd_mult is applied by the servers only")
+    later = pstrain.KVStore("local")
+    later.set_optimizer(opt)
+    later.init("later", np.ones(2, np.float32))
+    later.push("later", np.ones(2, np.float32)).wait()
+    got = np.zeros(2, np.float32)
+    later.pull("later", out=got).wait()
+    assert np.allclose(got, 0.9, rtol=0, atol=1e-7), got
     try:
         pstrain.optimizer.create("adamw")
         raise AssertionError("an unknown optimizer did not raise")

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -1153,6 +1154,64 @@ TEST(InProcClusterTest, TheConfigurationIsSetOncePerJob) {
   });
   ExpectAllOk(r);
   EXPECT_EQ(refused.load(), 1);
+}
+
+// MXNet's per-key multipliers: lr_mult scales a key's rate and wd_mult its
+// decay (absent: 1), read at every update, so a later generation changes
+// them; a non-finite multiplier is refused, naming the key.
+TEST(InProcClusterTest, PerKeyMultipliersScaleEachKeysRateAndDecay) {
+  JobResult r = RunJob(2, 1, [&](KVClient& kv) -> Status {
+    ServerConfig c;
+    c.set_sync_mode(true);
+    c.mutable_optimizer()->set_learning_rate(0.1f);
+    c.mutable_optimizer()->set_wd(0.5f);
+    (*c.mutable_lr_mult())[1] = 0.25f;
+    (*c.mutable_wd_mult())[2] = 0.0f;
+    RETURN_IF_ERROR(kv.SetServerConfig(c, Soon()));
+    const std::vector<uint64_t> keys = {0, 1, 2};
+    const std::vector<int64_t> lens = {4, 4, 4};
+    const std::vector<float> ones(12, 1.0f);
+    std::vector<float> got(12);
+    RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, ones.data()), Soon()));
+    RETURN_IF_ERROR(kv.Wait(kv.PushPull(keys, lens, ones.data(), got.data()), Soon()));
+    // w - lr * lr_mult * (g + wd * wd_mult * w), in float32.
+    const float want[3] = {1.0f - 0.1f * (1.0f + 0.5f * 1.0f),
+                           1.0f - (0.1f * 0.25f) * (1.0f + 0.5f * 1.0f), 1.0f - 0.1f * 1.0f};
+    for (int i = 0; i < 12; ++i) {
+      if (got[i] != want[i / 4]) {
+        return Status::Internal(
+            StrCat("key ", i / 4, " after update 1: ", got[i], ", want ", want[i / 4]));
+      }
+    }
+    ServerConfig next = c;
+    next.set_generation(1);
+    next.clear_lr_mult();
+    (*next.mutable_lr_mult())[0] = 2.0f;
+    RETURN_IF_ERROR(kv.SetServerConfig(next, Soon()));
+    const std::vector<float> before = got;
+    RETURN_IF_ERROR(kv.Wait(kv.PushPull(keys, lens, ones.data(), got.data()), Soon()));
+    const float mult[3] = {2.0f, 1.0f, 1.0f}, wd[3] = {0.5f, 0.5f, 0.0f};
+    for (int i = 0; i < 12; ++i) {
+      const int k = i / 4;
+      const float w = before[i];
+      const float expect = w - (0.1f * mult[k]) * (1.0f + wd[k] * w);
+      if (got[i] != expect) {
+        return Status::Internal(
+            StrCat("key ", k, " after generation 1's update: ", got[i], ", want ", expect));
+      }
+    }
+    ServerConfig bad = next;
+    bad.set_generation(2);
+    (*bad.mutable_lr_mult())[3] = std::numeric_limits<float>::quiet_NaN();
+    const Status s = kv.SetServerConfig(bad, Soon());
+    if (s.code() != StatusCode::kInvalidArgument ||
+        s.message().find("lr_mult of key 3 is nan (a multiplier must be finite)") ==
+            std::string::npos) {
+      return Status::Internal(StrCat("a NaN multiplier: ", s.ToString()));
+    }
+    return Status::Ok();
+  });
+  ExpectAllOk(r);
 }
 
 // A registration in another protocol version is read (only CMD_REGISTER is)
