@@ -266,6 +266,7 @@ class KVStore:
         # wait() raised is raised by the next waitall, barrier or close.
         self._failed = []
         self._str_keys = {}
+        self._str_names = []  # int key -> the str key's name
         self._key_kind = None
         self._sizes = {}
         self._shapes = {}  # int key -> the shape this worker initialized it with
@@ -305,6 +306,7 @@ class KVStore:
             self._values = {}
             self._updater = None
             self._updater_cfg = None
+            self._py_updater = None  # set_updater's function
             # Compression's residuals: per key, one per device value of a push.
             self._residuals = {}
         else:
@@ -363,6 +365,33 @@ class KVStore:
                            else "summing only"))
         self._set_optimizer(optimizer, "set_optimizer")
 
+    def set_updater(self, updater):
+        """MXNet's ``kv._set_updater``: ``updater(key, input, stored)`` runs
+        on every push to a ``local`` or ``device`` store instead of an
+        optimizer. ``key`` is the key as the user gave it (int or str);
+        ``input`` the value pushed (the sum of its devices' values); ``stored``
+        the store's value, which the updater changes in place (``stored +=
+        input * 2``, ...). Both are float32 NumPy arrays of the key's shape,
+        for the call's duration (``input`` read-only). An exception it raises reaches
+        the push's caller, the stored value as the updater left it. It
+        replaces ``set_optimizer``'s optimizer, as that replaces it (None
+        removes it: pushes then store their value). A dist store refuses it:
+        its servers apply ``set_optimizer``'s optimizer (MXNet pickles that;
+        pstrain sends its settings).
+        """
+        if self._client is not None:
+            raise Error("FailedPrecondition: set_updater: a dist store's servers apply the "
+                        "optimizer of set_optimizer; a Python updater runs in local and device "
+                        "stores only")
+        if updater is not None and not callable(updater):
+            raise TypeError("set_updater takes a function updater(key, input, stored), got %r"
+                            % (updater,))
+        self._py_updater = updater
+        if updater is not None:
+            self._updater, self._updater_cfg = None, None
+
+    _set_updater = set_updater  # MXNet's name
+
     def _set_optimizer(self, optimizer, by):
         if not isinstance(optimizer, Optimizer):
             raise TypeError("set_optimizer takes a pstrain.optimizer.Optimizer "
@@ -375,6 +404,7 @@ class KVStore:
         if self._client is None:
             self._updater = _pstrain.LocalUpdater(cfg, lr_mult, wd_mult)
             self._updater_cfg = cfg
+            self._py_updater = None
             return
         self.barrier()  # no worker may still be sending the previous configuration
         self._configure((cfg, lr_mult, wd_mult), self._gc_threshold)
@@ -590,6 +620,7 @@ class KVStore:
             raise ValueError("%s: %s" % (where, e)) from None
         if cfg is not None:
             self._updater, self._updater_cfg = updater, cfg
+            self._py_updater = None
 
     def _multipliers(self, optimizer, what):
         """The optimizer's lr_mult or wd_mult by int key; keys and values
@@ -612,6 +643,9 @@ class KVStore:
         if self._client is not None:
             raise Error("FailedPrecondition: %s: the servers hold the optimizer's state in a "
                         "dist store (as in MXNet, local and device stores only)" % (what,))
+        if need_one and self._updater is None and self._py_updater is not None:
+            raise ValueError("%s: this store runs a Python updater (set_updater), whose state "
+                             "is its own" % (what,))
         if need_one and self._updater is None:
             raise ValueError("%s: this store has no optimizer (set_optimizer first)" % (what,))
         return self._updater
@@ -697,6 +731,7 @@ class KVStore:
             if not create:
                 raise KeyError("key %r was never initialized (init it first)" % (k,))
             self._str_keys[k] = len(self._str_keys)
+            self._str_names.append(k)
         return self._str_keys[k]
 
     def _pairs(self, key, value, what):
@@ -956,7 +991,13 @@ class KVStore:
     # ---- internals ----
     def _local_push(self, ikey, arr, residuals=None):
         stored = self._values[ikey]
-        if self._updater is not None:
+        if self._py_updater is not None:
+            shape = self._shapes[ikey]
+            name = self._str_names[ikey] if self._key_kind == "str" else ikey
+            pushed = arr.reshape(shape).view()
+            pushed.flags.writeable = False  # it may be the caller's own array
+            self._py_updater(name, pushed, stored.reshape(shape))
+        elif self._updater is not None:
             self._updater.update(ikey, arr.ravel(), stored)
         else:
             np.copyto(stored, arr.ravel())

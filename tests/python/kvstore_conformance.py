@@ -214,6 +214,9 @@ def compression_checks(kv, rounds, rate):
     e = expect_raises(pstrain.Error, lambda: kv.save_optimizer_states("/nonexistent/states"),
                       "save_optimizer_states in a dist store")
     assert "the servers hold the optimizer's state" in str(e), e
+    e = expect_raises(pstrain.Error, lambda: kv._set_updater(lambda k, i, s: None),
+                      "_set_updater in a dist store")
+    assert "a Python updater runs in local and device stores only" in str(e), e
     kv.barrier()
     print("conformance: 2-bit compression ok: %d rounds, push and pushpull, sharded keys, "
           "off and on again" % (rounds + 2))

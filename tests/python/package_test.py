@@ -521,6 +521,69 @@ def test_local_store():
     print("package: local store ok")
 
 
+def test_python_updater():
+    """MXNet's kv._set_updater on local and device stores (its KVStore
+    tutorial's example), and what it replaces or refuses."""
+    f32 = np.float32
+    for kind in ("local", "device"):
+        kv = pstrain.KVStore(kind)
+        shape = (2, 3)
+        kv.init(3, np.ones(shape, f32))
+        seen = []
+
+        def update(key, inp, stored):
+            seen.append((key, inp.shape, stored.shape))
+            stored += inp * 2
+
+        kv._set_updater(update)
+        kv.push(3, np.ones(shape, f32)).wait()
+        a = np.zeros(shape, f32)
+        kv.pull(3, out=a).wait()
+        assert np.array_equal(a, np.full(shape, 3, f32)), a
+        assert seen == [(3, shape, shape)], seen
+        # Several devices' values: their sum is the input.
+        kv.push(3, [np.ones(shape, f32)] * 4).wait()
+        kv.pull(3, out=a).wait()
+        assert np.array_equal(a, np.full(shape, 11, f32)), a
+        # pushpull hands back the updated value.
+        kv.pushpull(3, np.ones(shape, f32), out=a).wait()
+        assert np.array_equal(a, np.full(shape, 13, f32)), a
+    # String keys reach it by name; the input is read-only; its exception
+    # reaches the caller.
+    kv = pstrain.KVStore("local")
+    kv.init(["w", "b"], [np.zeros(4, f32), np.zeros(2, f32)])
+    names = []
+    kv.set_updater(lambda key, inp, stored: names.append(key))
+    kv.push(["b", "w"], [np.ones(2, f32), np.ones(4, f32)]).wait()
+    assert names == ["b", "w"], names
+
+    def writes_input(key, inp, stored):
+        inp[0] = 5
+
+    kv.set_updater(writes_input)
+    g = np.ones(4, f32)
+    expect_error(lambda: kv.push("w", g).wait(), ValueError, "read-only")
+    assert g[0] == 1, g
+    # set_optimizer replaces it, as it replaces set_optimizer; None removes it.
+    kv.set_optimizer(pstrain.optimizer.SGD(learning_rate=0.5))
+    kv.push("w", np.ones(4, f32)).wait()
+    out = np.zeros(4, f32)
+    kv.pull("w", out=out).wait()
+    assert np.array_equal(out, np.full(4, -0.5, f32)), out
+    kv.set_updater(lambda key, inp, stored: stored.fill(7))
+    kv.push("w", np.ones(4, f32)).wait()
+    kv.pull("w", out=out).wait()
+    assert np.array_equal(out, np.full(4, 7, f32)), out
+    expect_error(lambda: kv.save_optimizer_states("/nonexistent/x"), ValueError,
+                 "runs a Python updater (set_updater)")
+    kv.set_updater(None)
+    kv.push("w", np.full(4, 2, f32)).wait()
+    kv.pull("w", out=out).wait()
+    assert np.array_equal(out, np.full(4, 2, f32)), out
+    expect_error(lambda: kv.set_updater(3), TypeError, "set_updater takes a function")
+    print("python updater: MXNet's _set_updater on local and device stores ok")
+
+
 def test_gradient_compression():
     # MXNet's rule: 'local' has none; bad parameters are named.
     expect_error(lambda: pstrain.KVStore("local").set_gradient_compression({"type": "2bit"}),
@@ -757,6 +820,7 @@ def test_torch_zero_copy():
 def main():
     test_roles()
     test_local_store()
+    test_python_updater()
     test_gradient_compression()
     test_optimizer_states()
     test_torch_zero_copy()
