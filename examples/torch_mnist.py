@@ -15,8 +15,11 @@ servers into their roles; the workers train. Each worker reads part `rank` of
 `num_workers` of the training set (equal batches per worker, so dist_sync
 never waits at an epoch's end), and prints MXNet's log lines, which
 `pstrain parse-log` (and MXNet's parse_log.py) read. Without DMLC_ROLE (plain
-`python3 examples/torch_mnist.py`) it trains alone with PyTorch's SGD, for
-comparison; the lines marked "pstrain" are all that differ.
+`python3 examples/torch_mnist.py`) it trains alone with the PyTorch optimizer,
+for comparison; the lines marked "pstrain" are all that differ: distributed,
+`pstrain.torch.server_optimizer` turns that same optimizer (--optimizer sgd,
+nag, adam, rmsprop, adagrad; --no-bias-decay: a parameter group without
+weight decay for the biases) into the servers' optimizer.
 """
 import os
 
@@ -129,6 +132,25 @@ def accuracy(model, x, y, batch=1000):
     return right / len(x)
 
 
+def torch_optimizer(args, model):
+    """The torch.optim optimizer --optimizer names, over model's parameters."""
+    params = model.parameters()
+    wd = 0.0 if args.optimizer == "adagrad" else args.wd
+    if args.no_bias_decay:
+        named = list(model.named_parameters())
+        params = [{"params": [p for n, p in named if not n.endswith("bias")]},
+                  {"params": [p for n, p in named if n.endswith("bias")], "weight_decay": 0.0}]
+    o = torch.optim
+    if args.optimizer in ("sgd", "nag"):
+        return o.SGD(params, lr=args.lr, momentum=args.mom, weight_decay=wd,
+                     nesterov=args.optimizer == "nag")
+    if args.optimizer == "adam":
+        return o.Adam(params, lr=args.lr, weight_decay=wd)
+    if args.optimizer == "rmsprop":
+        return o.RMSprop(params, lr=args.lr, weight_decay=wd)
+    return o.Adagrad(params, lr=args.lr)  # (its weight decay has no server-side twin)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data-dir", help="MNIST's folder (default: the first that holds it, "
@@ -139,9 +161,14 @@ def main():
     ap.add_argument("--num-epochs", type=int, default=2)
     ap.add_argument("--num-examples", type=int, default=60000, help="training examples used")
     ap.add_argument("--batch-size", type=int, default=64, help="per worker")
-    ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--mom", type=float, default=0.9)
-    ap.add_argument("--wd", type=float, default=1e-4)
+    ap.add_argument("--optimizer", choices=["sgd", "nag", "adam", "rmsprop", "adagrad"],
+                    default="sgd", help="torch.optim's SGD (nag: nesterov), Adam, RMSprop, "
+                    "Adagrad; distributed, the servers run it")
+    ap.add_argument("--lr", type=float, default=0.05, help="(adam, rmsprop: try 0.001)")
+    ap.add_argument("--mom", type=float, default=0.9, help="sgd and nag")
+    ap.add_argument("--wd", type=float, default=1e-4, help="weight decay (not adagrad)")
+    ap.add_argument("--no-bias-decay", action="store_true",
+                    help="no weight decay for the biases (a parameter group of their own)")
     ap.add_argument("--disp-batches", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -158,17 +185,17 @@ def main():
     n = min(args.num_examples, len(x)) // workers
     x, y = x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]  # this worker's part
     model = LeNet() if args.network == "lenet" else mlp()
+    opt = torch_optimizer(args, model)
     if DISTRIBUTED:
-        # pstrain: SGD on the servers; the gradient of each layer leaves as soon as
-        # backward produced it, its new weights are waited for before its next forward.
-        opt = pstrain.torch.DistributedOptimizer(
-            pstrain.optimizer.SGD(learning_rate=args.lr, momentum=args.mom, wd=args.wd), model)
-    else:
-        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.mom,
-                              weight_decay=args.wd)
+        # pstrain: the same optimizer on the servers; the gradient of each layer leaves
+        # as soon as backward produced it, its new weights are waited for before its
+        # next forward.
+        opt = pstrain.torch.DistributedOptimizer(  # pstrain
+            pstrain.torch.server_optimizer(opt, model), model)  # pstrain
     batches = n // args.batch_size
-    logging.info("rank %d of %d: %s, %d batches of %d per epoch, %s", rank, workers,
-                 args.network, batches, args.batch_size, args.kv_store if DISTRIBUTED else "local")
+    logging.info("rank %d of %d: %s, %s, %d batches of %d per epoch, %s", rank, workers,
+                 args.network, args.optimizer, batches, args.batch_size,
+                 args.kv_store if DISTRIBUTED else "local")
     for epoch in range(args.num_epochs):
         start = tick = time.time()
         right = seen = 0

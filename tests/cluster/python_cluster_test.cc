@@ -203,15 +203,20 @@ TEST_F(PythonClusterTest, TwoWorkersStayOneModel) {
 
 // examples/torch_mnist.py, 2 workers and 1 server, the MLP on a slice of
 // MNIST: both workers learn, and their logs read as MXNet's through parse-log.
-void TrainMnist(const std::string& kv_store, const std::string& lr, double min_accuracy) {
+// `optimizer`: the example's flags that choose it.
+void TrainMnist(const std::string& kv_store, const std::vector<std::string>& optimizer,
+                double min_accuracy) {
   const std::string mnist = testing::SharedDataDir() + "/mnist";
   ASSERT_TRUE(std::filesystem::exists(mnist + "/train-images-idx3-ubyte.gz")) << mnist;
   TempDir logs;
-  auto run = Launch(2, 1, logs.path(),
-                    {testing::SourceDir() + "/examples/torch_mnist.py", "--data-dir", mnist,
-                     "--network", "mlp", "--kv-store", kv_store, "--num-examples", "20000",
-                     "--num-epochs", "2", "--batch-size", "50", "--lr", lr, "--disp-batches", "50"},
-                    240000);
+  std::vector<std::string> args = {testing::SourceDir() + "/examples/torch_mnist.py", "--data-dir",
+                                   mnist, "--kv-store", kv_store};
+  for (const char* flag : {"--network", "mlp", "--num-examples", "20000", "--num-epochs", "2",
+                           "--batch-size", "50", "--disp-batches", "50"}) {
+    args.push_back(flag);
+  }
+  args.insert(args.end(), optimizer.begin(), optimizer.end());
+  auto run = Launch(2, 1, logs.path(), args, 240000);
   ASSERT_EQ(run.exit_code, 0) << run.output;
   auto parsed = logtools::ReadLog(logs.path(), {"accuracy"});
   ASSERT_TRUE(parsed.ok()) << parsed.status();
@@ -231,16 +236,18 @@ void TrainMnist(const std::string& kv_store, const std::string& lr, double min_a
   }
 }
 
+// torch's Adam with a parameter group of its own for the biases (no decay),
+// on the servers through server_optimizer (per-key wd_mult).
 TEST_F(PythonClusterTest, TwoWorkersLearnMnistDistSync) {
   NeedTorch();
-  TrainMnist("dist_sync", "0.1", 0.9);
+  TrainMnist("dist_sync", {"--optimizer", "adam", "--lr", "0.001", "--no-bias-decay"}, 0.9);
 }
 
 // Asynchrony adds implicit momentum (train_cluster_test.cc): the smaller rate
 // MXNet's async runs used.
 TEST_F(PythonClusterTest, TwoWorkersLearnMnistDistAsync) {
   NeedTorch();
-  TrainMnist("dist_async", "0.05", 0.88);
+  TrainMnist("dist_async", {"--optimizer", "sgd", "--lr", "0.05"}, 0.88);
 }
 
 // ---- a job started by hand, to kill one of its servers ----
