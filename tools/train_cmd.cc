@@ -205,20 +205,10 @@ int RunTrain(int /*argc*/, char** /*argv*/) {
     env.rank = kv->rank();
     env.num_workers = kv->num_workers();
     const bool sync_mode = cfg->kv_store().find("async") == std::string::npos;
-    // Each async push is applied at once, to weights the other workers moved
-    // since this one pulled: that staleness acts as momentum of about 1 - 1/W
-    // on top of --mom (apache/mxnet#5287). LeNet on 4 workers stays at
-    // chance with fit.py's 0.9 (a sum of 1.65) and learns with 0.5 or 0, as
-    // it does on 2 with 0.9 (1.4): bench/RESULTS.md, "dist_async and momentum".
-    // (--mom reaches sgd and nag only.)
-    OptimizerConfig::Type type = OptimizerConfig::SGD;
-    OptimizerTypeFromName(cfg->optimizer(), &type);  // (checked with the flags)
-    const bool takes_mom = type == OptimizerConfig::SGD || type == OptimizerConfig::NAG;
-    if (!sync_mode && env.rank == 0 && env.num_workers >= 3 && takes_mom &&
-        cfg->mom() + (1.0 - 1.0 / env.num_workers) > 1.5) {
-      log.Info(StrCat("dist_async with ", env.num_workers, " workers adds momentum of about ",
-                      1.0 - 1.0 / env.num_workers, " to --mom ", cfg->mom(),
-                      ": if the accuracy stays at chance, lower --mom (or --lr)"));
+    if (env.rank == 0) {
+      if (std::string hint = DistAsyncMomentumHint(*cfg, env.num_workers); !hint.empty()) {
+        log.Info(hint);
+      }
     }
     // Valid: TrainConfigFromFlags checked it.
     auto gc = ParseGradientCompression(cfg->gc_type(), cfg->gc_threshold());

@@ -427,4 +427,16 @@ StatusOr<OptimizerConfig> MakeOptimizerConfig(const TrainConfig& cfg, int64_t ep
   return opt;
 }
 
+std::string DistAsyncMomentumHint(const TrainConfig& cfg, int num_workers) {
+  if (cfg.kv_store().find("async") == std::string::npos || num_workers < 3) return "";
+  OptimizerConfig::Type type = OptimizerConfig::SGD;
+  if (!OptimizerTypeFromName(cfg.optimizer(), &type)) return "";
+  if (type != OptimizerConfig::SGD && type != OptimizerConfig::NAG) return "";
+  const double staleness = 1.0 - 1.0 / num_workers;
+  if (cfg.mom() + staleness <= 1.5) return "";
+  return StrCat("dist_async with ", num_workers, " workers adds momentum of about ", staleness,
+                " to --mom ", cfg.mom(),
+                ": if the accuracy stays at chance, lower --mom (or --lr)");
+}
+
 }  // namespace pstrain

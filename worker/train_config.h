@@ -76,6 +76,16 @@ int64_t EpochSize(int64_t num_examples, int num_workers, int64_t batch_size);
 StatusOr<OptimizerConfig> MakeOptimizerConfig(const TrainConfig& cfg, int64_t epoch_size,
                                               int num_workers);
 
+// What `train` tells worker rank 0 of a dist_async job whose momentum may
+// stop it from learning, or "" when nothing. Each async push is applied at
+// once to weights the other workers moved since this one pulled: that
+// staleness acts as momentum of about 1 - 1/W on top of --mom
+// (apache/mxnet#5287). LeNet on 4 workers stays at chance with fit.py's 0.9
+// (a sum of 1.65) and learns with 0.5 or 0, as it does on 2 with 0.9 (1.4):
+// bench/RESULTS.md, "dist_async and momentum". Said from 3 workers on, when
+// the sum passes 1.5, for the optimizers --mom reaches (sgd, nag).
+std::string DistAsyncMomentumHint(const TrainConfig& cfg, int num_workers);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_WORKER_TRAIN_CONFIG_H_

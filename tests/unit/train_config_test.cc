@@ -321,6 +321,34 @@ TEST(TrainConfigTest, EffectiveTextListsEveryField) {
   EXPECT_NE(text.find("kv_store: \"device\"  # default\n"), std::string::npos) << text;
 }
 
+// The dist_async momentum hint: from 3 workers, when --mom plus the
+// staleness's 1 - 1/W passes 1.5, for sgd and nag only, never in dist_sync.
+TEST(TrainConfigTest, DistAsyncMomentumHintIsGivenWhereMomentumAddsUpPastOneAndAHalf) {
+  TrainConfig cfg;
+  cfg.set_kv_store("dist_async");
+  cfg.set_mom(0.9f);
+  EXPECT_EQ(DistAsyncMomentumHint(cfg, 2), "") << "0.9 + 0.5 = 1.4 learns";
+  const std::string hint = DistAsyncMomentumHint(cfg, 4);
+  EXPECT_NE(hint.find("dist_async with 4 workers adds momentum of about 0.75 to --mom 0.9"),
+            std::string::npos)
+      << hint;
+  EXPECT_NE(hint.find("lower --mom (or --lr)"), std::string::npos) << hint;
+  cfg.set_mom(0.5f);
+  EXPECT_EQ(DistAsyncMomentumHint(cfg, 4), "") << "0.5 + 0.75 learns";
+  cfg.set_mom(0.9f);
+  cfg.set_optimizer("nag");
+  EXPECT_NE(DistAsyncMomentumHint(cfg, 4), "");
+  for (const char* other : {"adam", "rmsprop", "adagrad"}) {
+    cfg.set_optimizer(other);
+    EXPECT_EQ(DistAsyncMomentumHint(cfg, 8), "") << other << " takes no --mom";
+  }
+  cfg.set_optimizer("sgd");
+  for (const char* kv : {"dist_sync", "dist_device_sync", "local"}) {
+    cfg.set_kv_store(kv);
+    EXPECT_EQ(DistAsyncMomentumHint(cfg, 8), "") << kv;
+  }
+}
+
 TEST(TrainConfigTest, EpochSizeIsMxnets) {
   EXPECT_EQ(EpochSize(60000, 1, 128), 469);
   EXPECT_EQ(EpochSize(60000, 7, 128), 67);  // floor(60000/7)=8571 -> ceil(8571/128)
