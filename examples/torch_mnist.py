@@ -172,6 +172,8 @@ def main():
     ap.add_argument("--disp-batches", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    if args.optimizer == "nag" and args.mom == 0:
+        ap.error("--optimizer nag needs --mom > 0 (Nesterov momentum)")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:%(name)s:%(message)s")
     torch.manual_seed(args.seed)
 

@@ -162,7 +162,9 @@ class Optimizer {
   // The rule over n elements on the host: out from in, using and updating
   // the step's slots, slot j at state[j * stride, j * stride + n) (unused,
   // may be null, when s.num_slots() == 0). `in` and `out` are equal or do not
-  // overlap. The check's bad_grad is 0 or -1.
+  // overlap; `grad` and the slots overlap neither nor each other (a loop
+  // relies on it: no element depends on another's). The check's bad_grad is
+  // 0 or -1.
   static UpdateCheck ApplyStep(const Step& s, const float* grad, const float* in, float* out,
                                float* state, size_t stride, size_t n);
 

@@ -490,6 +490,25 @@ void KVServer::HandleConfig(const Message& msg) {
   bool snapshot_first = false;
   {
     MutexLock l(&config_mu_);
+    if (pending_config_.has_value()) {
+      // The shards are writing the snapshots the last generation waits for:
+      // its other senders are answered with the first, once they are done.
+      if (cfg.generation() == pending_config_->generation &&
+          google::protobuf::util::MessageDifferencer::Equals(*config_, cfg)) {
+        pending_config_->waiters.push_back(msg.header);
+        return;
+      }
+      if (cfg.generation() > pending_config_->generation) {
+        ReplyError(
+            msg.header,
+            Status::FailedPrecondition(StrCat(
+                "configuration generation ", cfg.generation(), " from ",
+                NodeIdName(msg.header.sender()), " while generation ", pending_config_->generation,
+                " is still being installed (its snapshots written): a worker sends a new "
+                "configuration only after every server answered the last one")));
+        return;
+      }
+    }
     // Set once per generation: every worker sends the same one (compared
     // field by field: map order on the wire is not fixed); another one of the
     // same generation is refused, so the optimizer changes only when every
@@ -509,6 +528,7 @@ void KVServer::HandleConfig(const Message& msg) {
         opt->ContinueFrom(optimizer_->num_update());
       }
       snapshot_first = snapshots_ != nullptr && config_ != nullptr && !same_optimizer;
+      if (snapshot_first) pending_config_ = PendingConfig{cfg.generation(), {msg.header}};
       config_ = std::make_shared<const ServerConfig>(cfg);
       optimizer_ = std::move(opt);
       // Written before the answer: a replacement finds the job's configuration.
@@ -527,15 +547,16 @@ void KVServer::HandleConfig(const Message& msg) {
         ReplyError(msg.header,
                    Status::FailedPrecondition(StrCat(
                        "refused the configuration of ", NodeIdName(msg.header.sender()),
-                       ": the servers run with another one, set once per job (every worker must "
-                       "send the same); differences (ours -> theirs): ",
+                       ": the servers run with another one of its generation (every worker must "
+                       "send the same; a new one needs a higher generation); differences (ours "
+                       "-> theirs): ",
                        diff)));
         return;
       }
     }
   }
   if (snapshot_first) {
-    SnapshotThenConfirm(msg.header, std::move(cfg));
+    SnapshotThenConfirm(std::move(cfg));
     return;
   }
   ConfirmConfig(msg.header);
@@ -564,22 +585,25 @@ void KVServer::ConfirmConfig(const PsHeader& request) {
   Answer(request.sender(), std::move(reply));
 }
 
-void KVServer::SnapshotThenConfirm(const PsHeader& request, ServerConfig cfg) {
+void KVServer::SnapshotThenConfirm(ServerConfig cfg) {
   struct Pending {
-    PsHeader request;
     ServerConfig cfg;
     std::atomic<size_t> shards_left{0};
     Mutex mu;
     Status failure GUARDED_BY(mu);
   };
   auto pending = std::make_shared<Pending>();
-  pending->request = request;
   pending->cfg = std::move(cfg);
   pending->shards_left = shards_.size();
   for (auto& owned : shards_) {
     Shard* shard = owned.get();
     auto task = [this, shard, pending] {
-      // Every key as the old optimizer left it, its slot layout with it.
+      if (options_.test_config_snapshot_delay_ms > 0) {
+        std::this_thread::sleep_for(
+            std::chrono::milliseconds(options_.test_config_snapshot_delay_ms));
+      }
+      // Every key as it stands after what arrived before the configuration:
+      // the rounds closed under the old optimizer, and its slot layout.
       Status s;
       for (auto& [wire, ks] : shard->keys) {
         if (!ks.initialized) continue;
@@ -594,18 +618,27 @@ void KVServer::SnapshotThenConfirm(const PsHeader& request, ServerConfig cfg) {
         }
       }
       if (pending->shards_left.fetch_sub(1) != 1) return;
+      // The last shard: save the configuration, then answer every sender.
       Status failure;
       {
         MutexLock l(&pending->mu);
         failure = pending->failure;
       }
       if (failure.ok()) failure = SaveConfig(pending->cfg);
-      if (!failure.ok()) {
-        node_->Fail(failure);
-        ReplyError(pending->request, failure);
-        return;
+      std::vector<PsHeader> waiters;
+      {
+        MutexLock l(&config_mu_);
+        if (pending_config_.has_value()) waiters = std::move(pending_config_->waiters);
+        pending_config_.reset();
       }
-      ConfirmConfig(pending->request);
+      if (!failure.ok()) node_->Fail(failure);
+      for (const PsHeader& request : waiters) {
+        if (failure.ok()) {
+          ConfirmConfig(request);
+        } else {
+          ReplyError(request, failure);
+        }
+      }
     };
     MutexLock l(&shard->mu);
     shard->queue.push_back(Shard::Work{{}, std::move(task)});

@@ -28,6 +28,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -58,6 +59,9 @@ struct KVServerOptions {
   int restart = 0;
   // Write snapshots with fdatasync (survive a host crash, not only a process's).
   bool snapshot_sync = false;
+  // Tests: each shard waits this long before the snapshots a configuration
+  // that replaces the optimizer waits for.
+  int test_config_snapshot_delay_ms = 0;
 };
 
 class KVServer {
@@ -122,12 +126,13 @@ class KVServer {
   Status SaveConfig(const ServerConfig& cfg);
   // Answers a configuration request: taken.
   void ConfirmConfig(const PsHeader& request);
-  // A configuration that replaced the optimizer: each shard, after what
-  // arrived before it, snapshots every key as the old optimizer left it (its
-  // slot layout with it); then `cfg` is saved and the request answered, so
-  // that a replacement never replays a round of the old optimizer with the
-  // new one, nor takes the old one's state for its own.
-  void SnapshotThenConfirm(const PsHeader& request, ServerConfig cfg);
+  // A configuration that replaced the optimizer (pending_config_ set): each
+  // shard, after what arrived before it, snapshots every key (the rounds
+  // closed before, the state's slot layout with it); then `cfg` is saved and
+  // every worker that sent it is answered, so that a replacement never
+  // replays a round of the old optimizer with the new one, nor takes the old
+  // one's state for its own.
+  void SnapshotThenConfirm(ServerConfig cfg);
   void ReplyError(const PsHeader& request, const Status& error);
   void ShardLoop(Shard* shard);
   void Submit(Shard* shard, const Op& op);
@@ -179,6 +184,14 @@ class KVServer {
   mutable Mutex config_mu_;
   std::shared_ptr<const ServerConfig> config_ GUARDED_BY(config_mu_);
   std::shared_ptr<Optimizer> optimizer_ GUARDED_BY(config_mu_);
+  // A generation that replaced the optimizer, until its snapshots are written
+  // and it is saved: the requests of the workers that sent it, answered then.
+  // Meanwhile a newer generation is refused.
+  struct PendingConfig {
+    uint32_t generation = 0;
+    std::vector<PsHeader> waiters;
+  };
+  std::optional<PendingConfig> pending_config_ GUARDED_BY(config_mu_);
   std::unique_ptr<SnapshotStore> snapshots_;  // null: no snapshots; set before Start
   // Workers still in the job (lowered under config_mu_, with optimizer_), and
   // which ranks are lost (set once, never cleared).

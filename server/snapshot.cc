@@ -338,12 +338,23 @@ Status ReadSlotHeader(int fd, const std::string& path, uint64_t file_size, uint3
     return Status::Corruption(
         StrCat("num_updates ", h->num_updates, " at offset ", offset + 64, " is negative"));
   }
+  if (h->version >= 2 && GetAt<uint32_t>(b, 84) != 0) {
+    return Status::Corruption(StrCat("reserved field at offset ", offset + 84, " is ",
+                                     GetAt<uint32_t>(b, 84), ", not 0"));
+  }
   if (h->slot_layout < -1) {
     return Status::Corruption(StrCat("slot layout ", h->slot_layout, " at offset ", offset + 80,
                                      " is less than -1 (unknown)"));
   }
   // Minus the updates before an optimizer of another layout took the state
-  // over at the least: ADAM's count t is never negative.
+  // over at the least: ADAM's count t is never negative (nor past 2^62, so
+  // that the sum cannot overflow).
+  constexpr int64_t kMaxCount = int64_t{1} << 62;
+  if (h->num_updates > kMaxCount || h->earlier_updates > kMaxCount) {
+    return Status::Corruption(StrCat("update counts ", h->num_updates, " and ", h->earlier_updates,
+                                     " at offsets ", offset + 64, " and ", offset + 88,
+                                     " exceed 2^62"));
+  }
   if (h->earlier_updates < -h->num_updates) {
     return Status::Corruption(StrCat("earlier updates ", h->earlier_updates, " at offset ",
                                      offset + 88, " make the update count negative (num_updates ",

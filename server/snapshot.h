@@ -24,19 +24,20 @@
 //   76       4    f32 wd_mult
 //   80       4    i32 slot layout: Optimizer::SlotLayout of the optimizer that
 //                 wrote the state (-1: unknown, as a restored one's)
-//   84       4    u32 zero
+//   84       4    u32 zero (reserved)
 //   88       8    i64 earlier updates (ParamState::earlier_updates; not less
-//                 than -num_updates)
+//                 than -num_updates; it and num_updates at most 2^62)
 //   96       4    u32 CRC-32C of the payload
 //  100       4    u32 CRC-32C of bytes [0, 100) of this header
 //  104            payload: n float32 value, then the state's float32s
 //
-// Version 1 (written before the optimizers beyond SGD existed) is read too:
-// its header is 88 bytes, without the slot layout and earlier updates (read
-// as -1 and 0), the payload CRC at 80 and the header CRC (of [0, 84)) at 84.
-// Without the layout, a state restored after a configuration changed the
-// optimizer to one with as many arrays (SGD to NAG, say) before the key was
-// updated again would have been taken as the new optimizer's.
+// Version 1 is read too: its header is 88 bytes, without the slot layout and
+// earlier updates (read as -1, unknown, and 0), the payload CRC at 80 and the
+// header CRC (of [0, 84)) at 84. Its state may be any optimizer's. Without
+// the layout, a state restored after a configuration changed the optimizer
+// to one with as many arrays (SGD to NAG, say) before the key was updated
+// again was taken as the new optimizer's; a key restored from a version-1
+// slot keeps that risk until its next update records the layout.
 //
 // stride is the header plus room for a value and its state, at least a
 // momentum's (n floats), rounded up to 4 KiB, so a slot never grows into the

@@ -306,6 +306,7 @@ class KVStore:
             self._values = {}
             self._updater = None
             self._updater_cfg = None
+            self._updater_mults = ({}, {})  # its lr_mult and wd_mult, by int key
             self._py_updater = None  # set_updater's function
             # Compression's residuals: per key, one per device value of a push.
             self._residuals = {}
@@ -348,8 +349,9 @@ class KVStore:
     def set_optimizer(self, optimizer):
         """Has the servers (``local``: this store) apply ``optimizer`` to every push.
 
-        Every worker calls it with the same optimizer; it passes a worker
-        barrier first, so it may follow ``init`` or come before it (its
+        Every worker calls it with the same optimizer; it waits for this
+        worker's requests and passes a worker barrier first, so it may follow
+        ``init`` or come before it (its
         ``lr_mult`` and ``wd_mult`` may name string keys initialized later,
         and apply to each key's updates from then on). The servers
         run one optimizer for every key: refused while a
@@ -375,7 +377,8 @@ class KVStore:
         for the call's duration (``input`` read-only). An exception it raises reaches
         the push's caller, the stored value as the updater left it. It
         replaces ``set_optimizer``'s optimizer, as that replaces it (None
-        removes it: pushes then store their value). A dist store refuses it:
+        removes a Python updater: pushes then store their value). A dist store
+        refuses it:
         its servers apply ``set_optimizer``'s optimizer (MXNet pickles that;
         pstrain sends its settings).
         """
@@ -404,9 +407,14 @@ class KVStore:
         if self._client is None:
             self._updater = _pstrain.LocalUpdater(cfg, lr_mult, wd_mult)
             self._updater_cfg = cfg
+            self._updater_mults = (lr_mult, wd_mult)
             self._py_updater = None
             return
-        self.barrier()  # no worker may still be sending the previous configuration
+        # This worker's pushes are answered first (their rounds closed by the
+        # optimizer they were made for), and no worker may still be sending
+        # the previous configuration.
+        self.waitall()
+        self.barrier()
         self._configure((cfg, lr_mult, wd_mult), self._gc_threshold)
         self._optimizer_by = by
 
@@ -483,7 +491,9 @@ class KVStore:
         names of the arrays each key's state holds (its slots:
         ``["mean", "var"]`` for adam, ``["momentum"]`` for sgd with momentum,
         ...), the schedule's clock (``num_update``), per key its name, update
-        count, lr_mult and wd_mult, and the settings (or null); ``s<i>`` holds
+        count, lr_mult and wd_mult, the settings (or null) and the optimizer's
+        multipliers (``{"lr_mult": [[key, m], ...], "wd_mult": ...}``, every
+        key they name, or null); ``s<i>`` holds
         key i's slots back to back, float32 (empty for a key that has none).
         """
         updater = self._local_updater("save_optimizer_states")
@@ -498,7 +508,11 @@ class KVStore:
         meta = {"format": "pstrain optimizer states", "version": 2,
                 "optimizer_type": self._updater_cfg["type"], "slots": list(slots),
                 "num_update": num_update, "keys": keys,
-                "optimizer": self._updater_cfg if dump_optimizer else None}
+                "optimizer": self._updater_cfg if dump_optimizer else None,
+                "multipliers": {
+                    what: [[names.get(k, k), m] for k, m in sorted(mults.items())]
+                    for what, mults in zip(("lr_mult", "wd_mult"), self._updater_mults)}
+                if dump_optimizer else None}
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
         # Written beside it and renamed over it: a save cut short leaves the
         # last whole file, not a truncated one.
@@ -610,16 +624,27 @@ class KVStore:
                                                     want))
             states.append((ikey, updates, lr_mult, wd_mult, state.tobytes()))
         if cfg is not None:
-            # The optimizer the file holds, with the multipliers it applied.
-            updater = _pstrain.LocalUpdater(
-                cfg, {s[0]: s[2] for s in states if s[2] != 1.0},
-                {s[0]: s[3] for s in states if s[3] != 1.0})
+            # The optimizer the file holds, with its multipliers (files that
+            # do not list them: those its keys' states applied).
+            mults = meta.get("multipliers")
+            try:
+                if isinstance(mults, dict):
+                    loaded_mults = tuple({self._key(k, create=True): float(m)
+                                          for k, m in mults[what]}
+                                         for what in ("lr_mult", "wd_mult"))
+                else:
+                    loaded_mults = ({s[0]: s[2] for s in states if s[2] != 1.0},
+                                    {s[0]: s[3] for s in states if s[3] != 1.0})
+                updater = _pstrain.LocalUpdater(cfg, *loaded_mults)
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError("%s: its multipliers: %s" % (where, e)) from None
         try:
             updater.set_states(num_update, states)
         except (ValueError, TypeError) as e:
             raise ValueError("%s: %s" % (where, e)) from None
         if cfg is not None:
             self._updater, self._updater_cfg = updater, cfg
+            self._updater_mults = loaded_mults
             self._py_updater = None
 
     def _multipliers(self, optimizer, what):
@@ -629,15 +654,14 @@ class KVStore:
         if not isinstance(mults, dict):
             raise TypeError("set_optimizer: the optimizer's %s is not a dict {key: multiplier}: "
                             "%r" % (what, mults))
-        out = {}
         for k, m in mults.items():
             if isinstance(m, bool) or not isinstance(m, numbers.Real):
                 raise TypeError("set_optimizer: %s[%r] is %r, not a number" % (what, k, m))
             if not math.isfinite(m):
                 raise ValueError("set_optimizer: %s[%r] is %r: a multiplier must be finite"
                                  % (what, k, m))
-            out[self._key(k, create=True)] = float(m)
-        return out
+        # (Numbered only once every value is known good.)
+        return {self._key(k, create=True): float(m) for k, m in mults.items()}
 
     def _local_updater(self, what, need_one=True):
         if self._client is not None:

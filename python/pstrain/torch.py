@@ -556,10 +556,13 @@ class DistributedOptimizer:
             opt = copy.copy(optimizer)
             opt.rescale_grad = optimizer.rescale_grad * self._rescale
             # Multipliers named by parameter name go to that parameter's key
-            # (which may be prefixed, above).
+            # (which may be prefixed, above); those of parameters this
+            # optimizer does not train (frozen ones server_optimizer named)
+            # are left out, as they would name keys nobody initializes.
             key_of = dict(zip(names, self._keys))
-            opt.lr_mult = {key_of.get(k, k): m for k, m in optimizer.lr_mult.items()}
-            opt.wd_mult = {key_of.get(k, k): m for k, m in optimizer.wd_mult.items()}
+            key_of.update((k, k) for k in self._keys)
+            opt.lr_mult = {key_of[k]: m for k, m in optimizer.lr_mult.items() if k in key_of}
+            opt.wd_mult = {key_of[k]: m for k, m in optimizer.wd_mult.items() if k in key_of}
             kv.init(self._keys, self._params)
             pulls = [kv.pull(k, out=p) for k, p in zip(self._keys, self._params)]
             for i, h in enumerate(pulls):

@@ -126,6 +126,10 @@ TEST_F(PythonClusterTest, OptimizersDistSync) {
                          "Adam)) vs torch Adam"),
                 std::string::npos)
           << log;
+      EXPECT_NE(log.find("optimizers: dist_sync DistributedOptimizer(server_optimizer(torch SGD "
+                         "with a bias group and a frozen bias)) vs torch"),
+                std::string::npos)
+          << log;
     }
     EXPECT_NE(log.find("optimizers: dist_sync all ok"), std::string::npos) << log;
   }

@@ -83,6 +83,7 @@ class SshLauncherTest : public ::testing::Test {
         if (sshd_->Poll()) break;  // exited: most likely the port was taken meanwhile
         usleep(100000);
       }
+      if (!sshd_->Poll()) break;  // running but no login in 20 s: not the port
     }
     setup_error_ = "sshd did not come up: " + ReadFile(d + "/sshd.log");
   }

@@ -231,21 +231,24 @@ def test_multipliers():
                 close(out[k], w[k], "local %s with multipliers, update %d, key %s" % (label, i, k))
     # A saved optimizer (dump_optimizer) comes back with its multipliers.
     tmp = tempfile.mkdtemp(prefix="pstrain-mults-")
+    # "frozen" (lr_mult 0) is never pushed before the save: it has no state,
+    # and its multiplier comes back all the same.
     opt = O.SGD(learning_rate=0.1, wd=0.5)
-    opt.set_lr_mult({"a": 0.25})
+    opt.set_lr_mult({"a": 0.25, "frozen": 0.0})
     opt.set_wd_mult({"a": 0.0})
     kv = pstrain.KVStore("local")
-    kv.init("a", np.ones(4, F32))
+    kv.init(["a", "frozen"], [np.ones(4, F32), np.ones(4, F32)])
     kv.set_optimizer(opt)
     kv.push("a", np.ones(4, F32)).wait()
     kv.save_optimizer_states(os.path.join(tmp, "s.npz"), dump_optimizer=True)
     fresh = pstrain.KVStore("local")
-    fresh.init("a", np.ones(4, F32))
+    fresh.init(["a", "frozen"], [np.ones(4, F32), np.ones(4, F32)])
     fresh.load_optimizer_states(os.path.join(tmp, "s.npz"))
-    fresh.push("a", np.ones(4, F32)).wait()
-    got = np.zeros(4, F32)
-    fresh.pull("a", out=got).wait()
+    fresh.push(["a", "frozen"], [np.ones(4, F32), np.ones(4, F32)]).wait()
+    got, frozen = np.zeros(4, F32), np.zeros(4, F32)
+    fresh.pull(["a", "frozen"], out=[got, frozen]).wait()
     close(got, np.full(4, 1 - 0.1 * 0.25, F32), "loaded optimizer's lr_mult and wd_mult")
+    assert np.array_equal(frozen, np.ones(4, F32)), ("lr_mult 0 of a key without state", frozen)
     # Another set_optimizer brings its own multipliers (none here).
     kv.set_optimizer(O.SGD(learning_rate=0.1, wd=0.5))
     kv.push("a", np.ones(4, F32)).wait()
@@ -690,6 +693,44 @@ def dist_torch_adam(kv):
     d.remove_hooks()
     print("optimizers: dist_sync DistributedOptimizer(server_optimizer(torch Adam)) vs torch "
           "Adam on the averaged gradients: 5 steps, max |diff| %g" % err)
+
+    # The same model again (its keys now prefixed), torch SGD with a group of
+    # its own for the biases (a quarter of the rate, no decay) and the last
+    # bias frozen: the multipliers reach the prefixed keys, the frozen
+    # parameter's are left out.
+    def grouped_sgd(m):
+        named = list(m.named_parameters())
+        m[2].bias.requires_grad_(False)
+        return torch.optim.SGD(
+            [{"params": [p for n, p in named if not n.endswith("bias")]},
+             {"params": [p for n, p in named if n.endswith("bias")], "lr": 0.0125,
+              "weight_decay": 0.0}], lr=0.05, momentum=0.9, weight_decay=0.01)
+    ref = model()
+    ref_opt = grouped_sgd(ref)
+    net = model()
+    mapped = pt.server_optimizer(grouped_sgd(net), net)
+    assert mapped.lr_mult == {"0.bias": 0.25, "2.bias": 0.25}, mapped.lr_mult
+    d = pt.DistributedOptimizer(mapped, net, kvstore=kv)
+    assert all(k.startswith("__dist_optimizer_") for k in d._keys), d._keys
+    for step in range(5):
+        d.zero_grad()
+        loss(net, *batch(step, r)).backward()
+        d.step()
+        grads = []
+        for k in range(W):
+            ref.zero_grad()
+            loss(ref, *batch(step, k)).backward()
+            grads.append([None if p.grad is None else p.grad.clone() for p in ref.parameters()])
+        for n, p in enumerate(ref.parameters()):
+            p.grad = None if grads[0][n] is None else sum(g[n] for g in grads) / W
+        ref_opt.step()
+    d.synchronize()
+    err = max(close(a.detach().numpy(), b.detach().numpy(),
+                    "DistributedOptimizer(server_optimizer(torch SGD, two groups)) vs torch", 1e-5)
+              for a, b in zip(net.parameters(), ref.parameters()))
+    d.remove_hooks()
+    print("optimizers: dist_sync DistributedOptimizer(server_optimizer(torch SGD with a bias "
+          "group and a frozen bias)) vs torch: 5 steps, max |diff| %g" % err)
 
 
 def main():

@@ -1120,7 +1120,7 @@ TEST(InProcClusterTest, ABarrierThatNeedsAFinishedWorkerEndsTheJobAtOnce) {
   }
 }
 
-// The servers' configuration is set once per job: a worker that sends
+// The servers' configuration is set once per generation: a worker that sends
 // another one (here a different learning rate) is refused, naming the
 // difference, and the job keeps the first; the same one from every worker,
 // in any map order, is accepted; a higher generation replaces it on purpose.

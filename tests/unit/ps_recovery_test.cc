@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -59,6 +61,12 @@ struct RecoverySpec {
   // Worker rank 0 waits this long after asking for the kill, so the victim
   // dies before the next round.
   int pause_after_kill_ms = 0;
+  // KVServerOptions::test_config_snapshot_delay_ms: the snapshots a switch of
+  // optimizer waits for take at least this long.
+  int config_snapshot_delay_ms = 0;
+  // During the switch, worker rank 0 also sends a configuration of the
+  // generation after it (from another thread, 100 ms in).
+  bool newer_generation_during_switch = false;
 };
 
 struct RecoveryResult {
@@ -66,7 +74,22 @@ struct RecoveryResult {
   std::vector<Status> workers;
   std::vector<float> weights;  // worker rank 0's pull after the last step
   int replacement_started = 0;
+  // Per worker, when the servers answered the switch of optimizer: how long
+  // it took, and the lowest generation the servers' saved configurations
+  // held then.
+  std::vector<int64_t> switch_ms;
+  std::vector<int64_t> saved_generation;
+  Status newer_generation;  // what the servers answered it
 };
+
+// The generation of the configuration server `rank` saved in `snapshot_dir`
+// (-1: none, or unreadable).
+int64_t SavedGeneration(const std::string& snapshot_dir, int rank) {
+  std::ifstream in(StrCat(snapshot_dir, "/server-", rank, "/config.pb"), std::ios::binary);
+  ServerConfig c;
+  if (!in || !c.ParseFromIstream(&in)) return -1;
+  return c.generation();
+}
 
 // Keys: a small one, a middle one, and one big enough to be split over the servers.
 const std::vector<uint64_t> kKeys = {3, 7, 12};
@@ -114,6 +137,7 @@ RecoveryResult RunRecoveryJob(const RecoverySpec& spec, const std::string& snaps
     ko.snapshot_dir = StrCat(snapshot_dir, "/server-", rank);
     ko.snapshot_rank = rank;
     ko.restart = restart;
+    ko.test_config_snapshot_delay_ms = spec.config_snapshot_delay_ms;
     auto server = std::make_unique<KVServer>(node->get(), ko);
     const bool victim = restart == 0 && rank == spec.num_servers - 1 && spec.kill_after_step >= 0;
     if (victim && spec.stall_victim_heartbeats_ms > 0) {
@@ -156,6 +180,8 @@ RecoveryResult RunRecoveryJob(const RecoverySpec& spec, const std::string& snaps
   });
 
   r.workers.resize(spec.num_workers);
+  r.switch_ms.assign(spec.num_workers, -1);
+  r.saved_generation.assign(spec.num_workers, -1);
   int64_t total = 0;
   for (int64_t n : kLens) total += n;
   r.weights.resize(total);
@@ -220,7 +246,27 @@ RecoveryResult RunRecoveryJob(const RecoverySpec& spec, const std::string& snaps
             ServerConfig nag = c;
             nag.set_generation(c.generation() + 1);
             nag.mutable_optimizer()->set_type(OptimizerConfig::NAG);
-            RETURN_IF_ERROR(kv.SetServerConfig(nag, Deadline::InMillis(20000)));
+            std::thread newer;
+            if (kv.rank() == 0 && spec.newer_generation_during_switch) {
+              newer = std::thread([&] {
+                std::this_thread::sleep_for(std::chrono::milliseconds(100));
+                ServerConfig next = nag;
+                next.set_generation(nag.generation() + 1);
+                r.newer_generation = kv.SetServerConfig(next, Deadline::InMillis(20000));
+              });
+            }
+            const auto start = std::chrono::steady_clock::now();
+            const Status switched = kv.SetServerConfig(nag, Deadline::InMillis(20000));
+            r.switch_ms[w] = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::steady_clock::now() - start)
+                                 .count();
+            int64_t lowest = INT64_MAX;
+            for (int s = 0; s < spec.num_servers; ++s) {
+              lowest = std::min(lowest, SavedGeneration(snapshot_dir, s));
+            }
+            r.saved_generation[w] = lowest;
+            if (newer.joinable()) newer.join();
+            RETURN_IF_ERROR(switched);
           }
           if (kv.rank() == 0 && step == spec.kill_after_step) {
             kill = true;
@@ -393,6 +439,30 @@ TEST_F(RecoveryDirTest, AServerKilledRightAfterTheOptimizerChangedIsReplacedBitI
     spec.snapshot_every = every;
     ExpectTheUndisturbedWeights(spec, StrCat(dir_, "/every", every), /*replacements=*/1);
   }
+}
+
+// Every worker that sent the configuration replacing the optimizer is
+// answered only once the servers' snapshots are written and the
+// configuration saved, not only the first (the others' answers were sent at
+// once: found by review); a newer generation sent meanwhile is refused.
+TEST_F(RecoveryDirTest, EveryWorkerIsAnsweredOnlyOnceTheSwitchIsSnapshotted) {
+  RecoverySpec spec;
+  spec.steps = 6;
+  spec.switch_to_nag_after_step = 3;
+  spec.config_snapshot_delay_ms = 500;
+  spec.newer_generation_during_switch = true;
+  RecoveryResult r = RunRecoveryJob(spec, dir_);
+  ASSERT_TRUE(r.scheduler.ok()) << r.scheduler;
+  for (const Status& s : r.workers) ASSERT_TRUE(s.ok()) << s;
+  for (int w = 0; w < spec.num_workers; ++w) {
+    EXPECT_GE(r.switch_ms[w], 450) << "worker rank " << w << " was answered before the snapshots";
+    EXPECT_EQ(r.saved_generation[w], 1)
+        << "worker rank " << w << " was answered before the configuration was saved";
+  }
+  EXPECT_EQ(r.newer_generation.code(), StatusCode::kFailedPrecondition) << r.newer_generation;
+  EXPECT_NE(r.newer_generation.message().find("while generation 1 is still being installed"),
+            std::string::npos)
+      << r.newer_generation;
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ServerRecoveryTest, ::testing::Values(0, 32 << 20),

@@ -601,5 +601,45 @@ TEST_F(SnapshotTest, VersionOneFilesStillLoadAndAreWrittenOn) {
   EXPECT_EQ(LoadOne().rounds, 5u);
 }
 
+// A version-1 file whose stride holds its 88-byte header and payload but not
+// version 2's 104: the next write re-creates the file (as a key that grew).
+TEST_F(SnapshotTest, AVersionOneStrideTooSmallForVersionTwoIsRecreated) {
+  const std::string path = PathOf("0000000000000007");
+  const size_t n = 500;  // 88 + 8 n = 4088 fits 4096; 104 + 8 n = 4104 does not
+  const uint64_t stride = 4096;
+  std::string file = VersionOneSlot(7, 0, 4, 1, stride, Ramp(n, 4), Ramp(n, -3), 4);
+  file.resize(stride, '\0');
+  file += VersionOneSlot(7, 1, 5, 2, stride, Ramp(n, 5), Ramp(n, -3), 5);
+  file.resize(2 * stride, '\0');
+  WriteFile(path, file);
+  EXPECT_EQ(LoadOne().rounds, 5u);
+  store_ = Open();
+  WriteKey7(6, n);
+  EXPECT_GT(fs::file_size(path), 2 * stride) << "the stride grew";
+  KeySnapshot s = LoadOne();
+  EXPECT_EQ(s.rounds, 6u);
+  EXPECT_EQ(s.value, Ramp(n, 6));
+  EXPECT_EQ(s.state.slots, Ramp(n, -3));
+  WriteKey7(7, n);  // and the slots alternate in the new file
+  EXPECT_EQ(LoadOne().rounds, 7u);
+}
+
+// The reserved field must be zero, and the update counts at most 2^62 (their
+// sum could overflow), with valid CRCs.
+TEST_F(SnapshotTest, ANonZeroReservedFieldOrAHugeCountIsCorruption) {
+  const std::string path = PathOf("0000000000000007");
+  WriteKey7(1, 10);
+  const std::string good = ReadFile(path);
+  SetHeaderField(path, 80, uint64_t{0x500000000ull} | 0xffffffffull);  // layout -1, reserved 5
+  auto all = store_->LoadAll();
+  ASSERT_FALSE(all.ok());
+  EXPECT_THAT(all.status().message(), HasSubstr("reserved field at offset 84 is 5, not 0"));
+  WriteFile(path, good);
+  SetHeaderField(path, kEarlierUpdatesOffset, uint64_t{1} << 63 >> 1 | 1);  // 2^62 + 1
+  all = store_->LoadAll();
+  ASSERT_FALSE(all.ok());
+  EXPECT_THAT(all.status().message(), HasSubstr("exceed 2^62"));
+}
+
 }  // namespace
 }  // namespace pstrain
