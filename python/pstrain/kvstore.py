@@ -328,6 +328,17 @@ class KVStore:
     def num_servers(self):
         return self._client.num_servers if self._client is not None else 0
 
+    OPTIMIZER = "optimizer"  # MXNet's KVStoreBase.OPTIMIZER, for is_capable
+
+    def is_capable(self, capability):
+        """MXNet's ``kv.is_capable``: whether this store can do ``capability``.
+        ``KVStore.OPTIMIZER`` ("optimizer"): it applies an optimizer
+        (``set_optimizer``), as every pstrain store does."""
+        if capability == self.OPTIMIZER:
+            return True
+        raise ValueError("is_capable: unknown capability %r (known: %r)"
+                         % (capability, self.OPTIMIZER))
+
     def barrier(self):
         """Blocks until every worker reached the barrier (the barrier deadline bounds it).
 
@@ -882,12 +893,14 @@ class KVStore:
             handles.append(h)
         return self._combine(handles)
 
-    def pull(self, key, out=None, priority=0):
+    def pull(self, key, out=None, priority=0, ignore_sparse=True):
         """Pulls current values into ``out`` (an array, or a list per key): returns a Handle.
 
         A pull sees every push of the key this worker made before it (in
         dist_sync, the round that push belongs to); its ``wait()`` raises the
-        error of such a push that failed unseen.
+        error of such a push that failed unseen. ``ignore_sparse`` is MXNet's
+        (it skips row-sparse outputs): every value here is dense, so it
+        changes nothing.
         """
         if out is None:
             raise ValueError("pull: out= is required (the arrays to pull into)")

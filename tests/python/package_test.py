@@ -582,6 +582,11 @@ def test_python_updater():
     assert np.array_equal(out, np.full(4, 2, f32)), out
     expect_error(lambda: kv.set_updater(3), TypeError, "set_updater takes a function")
     print("python updater: MXNet's _set_updater on local and device stores ok")
+    # MXNet's is_capable and pull(ignore_sparse=...).
+    assert kv.is_capable(pstrain.KVStore.OPTIMIZER) and kv.is_capable("optimizer")
+    expect_error(lambda: kv.is_capable("sparse"), ValueError, "unknown capability 'sparse'")
+    kv.pull("w", out=out, ignore_sparse=False).wait()
+    assert np.array_equal(out, np.full(4, 2, f32)), out
 
 
 def test_gradient_compression():
