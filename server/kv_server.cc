@@ -78,6 +78,9 @@ struct KVServer::KeyState {
   std::deque<Op> deferred;                 // ops that must wait for the open round to close
   SteadyClock::time_point deferred_since;  // when the oldest of them began to wait
   ParamState state;
+  // The closed rounds of the key's newest snapshot (written or loaded); -1:
+  // none. A value changes at equal rounds only by a replace, which snapshots.
+  int64_t snapshot_rounds = -1;
 };
 
 struct KVServer::Shard {
@@ -236,6 +239,7 @@ Status KVServer::OpenSnapshots() {
     ks.Store(std::move(stored), n);
     ks.state = std::move(k.state);
     ks.rounds = k.rounds;
+    ks.snapshot_rounds = static_cast<int64_t>(k.rounds);
     ks.in_round.assign(num_workers, 0);
     ks.initialized = true;
     floats += n;
@@ -250,8 +254,10 @@ Status KVServer::OpenSnapshots() {
 
 Status KVServer::MaybeSnapshot(uint64_t wire, KeyState* ks, uint64_t every) {
   if (snapshots_ == nullptr || every == 0 || ks->rounds % every != 0) return Status::Ok();
-  return snapshots_->Write(wire, ks->rounds, ks->data, ks->size, ks->state)
-      .WithContext(StrCat("snapshot of ", PartName(wire)));
+  RETURN_IF_ERROR(snapshots_->Write(wire, ks->rounds, ks->data, ks->size, ks->state)
+                      .WithContext(StrCat("snapshot of ", PartName(wire))));
+  ks->snapshot_rounds = static_cast<int64_t>(ks->rounds);
+  return Status::Ok();
 }
 
 bool KVServer::MustWait(const KeyState& ks, const Op& op) {
@@ -605,11 +611,13 @@ void KVServer::SnapshotThenConfirm(ServerConfig cfg) {
       // Every key as it stands after what arrived before the configuration:
       // the rounds closed under the old optimizer, and its slot layout.
       Status s;
+      // (A key whose newest snapshot is of its last round has it already.)
       for (auto& [wire, ks] : shard->keys) {
-        if (!ks.initialized) continue;
+        if (!ks.initialized || ks.snapshot_rounds == static_cast<int64_t>(ks.rounds)) continue;
         s = snapshots_->Write(wire, ks.rounds, ks.data, ks.size, ks.state)
                 .WithContext(StrCat("snapshot of ", PartName(wire), " before a new optimizer"));
         if (!s.ok()) break;
+        ks.snapshot_rounds = static_cast<int64_t>(ks.rounds);
       }
       if (!s.ok()) {
         MutexLock l(&pending->mu);
