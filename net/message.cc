@@ -120,6 +120,9 @@ Status ValidateDataRequest(const Message& msg, int server_rank) {
     return bad("init cannot be combined with push or pull");
   }
   if (h.replace() && !h.init()) return bad("replace without init");
+  if (h.sum_only() && (!h.push() || compressed)) {
+    return bad("sum_only (an allreduce) on ", compressed ? "2-bit values" : "no push");
+  }
   if (h.num_keys() == 0) return bad("has no keys");
   const bool want_values = h.init() || h.push();
   if (want_values != (h.value_bytes() > 0)) {

@@ -338,6 +338,18 @@ class Client {
     });
   }
 
+  std::shared_ptr<Completion> AllReduce(const std::vector<uint64_t>& keys,
+                                        const std::vector<int64_t>& lens, const py::buffer& vals,
+                                        const py::buffer& out, int priority) {
+    Check(keys, lens);
+    const int64_t n = Total(lens);
+    const float* v = FloatBuffer(vals, n, false, "allreduce value");
+    float* o = FloatBuffer(out, n, true, "allreduce output");
+    return Issue([&](KVClient* kv, KVClient::Callback cb) {
+      return kv->AllReduce(keys, lens, v, o, priority, std::move(cb));
+    });
+  }
+
   void Barrier() {
     Lease lease(this);
     Status s;
@@ -677,6 +689,7 @@ PYBIND11_MODULE(_pstrain, m) {
       .def("push", &Client::Push)
       .def("pull", &Client::Pull)
       .def("pushpull", &Client::PushPull)
+      .def("allreduce", &Client::AllReduce)
       .def("barrier", &Client::Barrier)
       .def("close", &Client::Close, py::arg("error") = "");
 

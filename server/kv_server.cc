@@ -1118,7 +1118,7 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
     if (ks->Shared()) fresh = node_->AllocateStored(n * sizeof(float));
     float* out = fresh.has_value() ? reinterpret_cast<float*>(fresh->data) : ks->data;
     UpdateCheck check;
-    if (rule.optimizer != nullptr) {
+    if (rule.optimizer != nullptr && !h.sum_only()) {
       check = rule.optimizer->Update(g.data(), g.size(), ks->data, out, n, &ks->state);
     } else {
       SumInto(g.data(), g.size(), out, n);
@@ -1159,6 +1159,13 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
                                                    PartName(wire), " is not applied")));
     return;
   }
+  if (h.sum_only() && !sync) {
+    CompletePart(op, ks,
+                 Status::FailedPrecondition(StrCat(
+                     "allreduce (sum-only push) of ", PartName(wire), " from worker rank ",
+                     op.worker(), ", but the servers run dist_async, which has no rounds to sum")));
+    return;
+  }
   if (cfg == nullptr || !cfg->sync_mode()) {
     if (rule.optimizer == nullptr) {
       CompletePart(op, ks,
@@ -1178,6 +1185,20 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
     ++ks->rounds;
     if (st.ok()) st = MaybeSnapshot(wire, ks, snapshot_every);
     finish({op}, st);
+    return;
+  }
+  // Every push of a round is an allreduce's, or none: the round either
+  // stores the sum or applies the optimizer.
+  if (ks->merged > 0 && ks->waiting.front().header().sum_only() != h.sum_only()) {
+    const Status mixed = Status::FailedPrecondition(
+        StrCat("worker rank ", op.worker(), " pushed ", PartName(wire),
+               h.sum_only() ? " as an allreduce" : " as a plain push",
+               " into a round that worker rank ", ks->waiting.front().worker(), " opened ",
+               h.sum_only() ? "with a plain push" : "as an allreduce",
+               ": every worker must push a key the same way in a round"));
+    CompletePart(op, ks, mixed);
+    node_->Fail(Status(mixed.code(), StrCat(node_->Self(), ": ", mixed.message())),
+                WorkerId(op.worker()));
     return;
   }
   // The pushed values stay in their requests (held until the round closes),

@@ -166,7 +166,7 @@ KVClient::Ticket KVClient::Queue(Kind kind, const std::vector<Key>& keys,
     }
     if (bad.ok()) bad = CheckNoRepeatedKey(keys);
     const bool has_vals = kind != kPull;
-    const bool has_out = kind == kPull || kind == kPushPull;
+    const bool has_out = kind == kPull || kind == kPushPull || kind == kAllReduce;
     if (bad.ok() && ((has_vals && vals == nullptr) || (has_out && out == nullptr))) {
       bad = Status::InvalidArgument("null value buffer");
     }
@@ -238,7 +238,8 @@ KVClient::Ticket KVClient::Queue(Kind kind, const std::vector<Key>& keys,
           PsHeader& h = sub->msg.header;
           h.set_init(kind == kInit || kind == kReplace);
           if (kind == kReplace) h.set_replace(true);
-          h.set_push(kind == kPush || kind == kPushPull);
+          h.set_push(kind == kPush || kind == kPushPull || kind == kAllReduce);
+          if (kind == kAllReduce) h.set_sum_only(true);
           h.set_pull(has_out);
           h.set_priority(priority);
           h.set_dtype(compressed != nullptr ? DTYPE_2BIT : DTYPE_FLOAT32);
@@ -275,6 +276,7 @@ KVClient::Ticket KVClient::Queue(Kind kind, const std::vector<Key>& keys,
                 kept.pop_front();
               }
               k.round = round;
+              k.sum_only = kind == kAllReduce;
               if (compressed != nullptr) {
                 // What the server applies: the dequantized push, re-sent as float32.
                 const auto* codes =
@@ -345,6 +347,12 @@ KVClient::Ticket KVClient::Pull(const std::vector<Key>& keys, const std::vector<
 KVClient::Ticket KVClient::PushPull(const std::vector<Key>& keys, const std::vector<int64_t>& lens,
                                     const float* vals, float* out, int priority, Callback cb) {
   return IssuePush(kPushPull, keys, lens, vals, out, priority, std::move(cb));
+}
+
+KVClient::Ticket KVClient::AllReduce(const std::vector<Key>& keys, const std::vector<int64_t>& lens,
+                                     const float* vals, float* out, int priority, Callback cb) {
+  // (Float32 always: a sum of quantized values would not be the sum.)
+  return Issue(kAllReduce, keys, lens, vals, out, priority, std::move(cb));
 }
 
 KVClient::Ticket KVClient::IssuePush(Kind kind, const std::vector<Key>& keys,
@@ -830,6 +838,7 @@ void KVClient::ServerReplaced(int id, bool connected) {
         std::unique_ptr<Sub> sub = NewSub(ticket, server, INT32_MAX, CMD_DATA);
         PsHeader& h = sub->msg.header;
         h.set_push(true);
+        if (k->sum_only) h.set_sum_only(true);
         h.set_dtype(DTYPE_FLOAT32);
         h.set_num_keys(1);
         h.add_push_rounds(round);

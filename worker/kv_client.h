@@ -143,6 +143,15 @@ class KVClient {
   Ticket PushPull(const std::vector<Key>& keys, const std::vector<int64_t>& lens, const float* vals,
                   float* out, int priority = 0, Callback cb = nullptr) EXCLUDES(gc_mu_);
 
+  // Horovod's allreduce over the servers: every worker pushes `vals` of the
+  // keys as one dist_sync round; the servers store the round's sum as the
+  // keys' values, whatever optimizer they run (it is not applied, and the
+  // keys' optimizer state stays), and `out` receives it. Never compressed.
+  // The keys must be initialized (any value). The servers refuse it in
+  // dist_async (no rounds) and in a round that mixes it with plain pushes.
+  Ticket AllReduce(const std::vector<Key>& keys, const std::vector<int64_t>& lens,
+                   const float* vals, float* out, int priority = 0, Callback cb = nullptr);
+
   // The compression later pushes use (kNone until SetServerConfig set one).
   GradientCompression gradient_compression() const EXCLUDES(gc_mu_);
 
@@ -177,7 +186,7 @@ class KVClient {
   };
   struct Sub;  // one message to one server
 
-  enum Kind { kInit, kReplace, kPush, kPull, kPushPull };
+  enum Kind { kInit, kReplace, kPush, kPull, kPushPull, kAllReduce };
   // A push's 2-bit codes: per server, one frame with its parts' words in the
   // order Issue visits them (empty: no part there).
   struct CompressedValues {
@@ -275,6 +284,7 @@ class KVClient {
   struct Kept {
     uint64_t round = 0;
     std::vector<float> values;
+    bool sum_only = false;  // an AllReduce's push
   };
   std::unordered_map<uint64_t, uint64_t> pushes_ GUARDED_BY(mu_);
   std::unordered_map<uint64_t, uint64_t> answered_ GUARDED_BY(mu_);

@@ -1018,6 +1018,34 @@ class KVStore:
         self._rebroadcast(["%s/%d" % (name, words.size)], [words.view(np.float32)])
         return memoryview(words.view(np.uint8))[:size]
 
+    def _allreduce(self, name, value):
+        """Horovod's allreduce over the servers: the sum of every worker's
+        ``value`` (converted to float32), as a new float32 array of its shape.
+        Every worker calls it with the same ``name`` in the same order, each
+        name keeping its shape; the name's key is initialized by the first
+        call (a barrier), later calls are one round trip. The servers store
+        the round's sum, whatever optimizer they run (dist_sync only: async
+        has no rounds). A local or device store holds one worker: its value.
+        Blocks.
+        """
+        arr = _source(value, "allreduce value of %r" % (name,))
+        if arr.size == 0:
+            raise ValueError("allreduce of %r: the value is empty" % (name,))
+        out = np.empty(arr.shape, np.float32)
+        if self._client is None:
+            np.copyto(out, arr)
+            return out
+        if not self._sync:
+            raise Error("FailedPrecondition: allreduce of %r: a %s store's servers apply each "
+                        "push at once; allreduce needs the rounds of dist_sync" % (name, self.type))
+        if not self._initialized(name):
+            self.init(name, np.zeros(arr.shape, np.float32))
+        ikey = self._key(name, create=False)
+        self._checked_shape(name, ikey, arr.shape, "allreduce")
+        self._issue(self._client.allreduce([ikey], [arr.size], arr, out, 0), [arr, out],
+                    []).wait()
+        return out
+
     def waitall(self):
         """Waits for every request this store has in flight; raises the first error
         of a failed request that no ``wait()`` raised (once: the next call does not)."""

@@ -76,9 +76,13 @@ from ._pstrain import Error
 from .kvstore import _OPEN, KVStore
 from .optimizer import Optimizer as ServerOptimizer
 
-__all__ = ["DistributedOptimizer", "broadcast_object", "broadcast_optimizer_state",
-           "broadcast_parameters", "init", "local_rank", "local_size", "rank",
-           "server_optimizer", "size"]
+__all__ = ["Average", "DistributedOptimizer", "Sum", "allreduce", "allreduce_",
+           "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "init",
+           "local_rank", "local_size", "rank", "server_optimizer", "size"]
+
+# Horovod's reduction ops for allreduce.
+Average = "average"
+Sum = "sum"
 
 
 def _store(kvstore):
@@ -300,6 +304,43 @@ def broadcast_object(obj, root_rank=0, name=None, kvstore=None):
     # Raises on every worker for an object that could not travel.
     got = _unpack(data, header_only=kv.rank == 0)
     return obj if kv.rank == 0 else got
+
+
+def allreduce(tensor, average=None, name=None, op=None, kvstore=None):
+    """Horovod's ``allreduce``: every worker's ``tensor`` summed
+    (``op=pstrain.torch.Sum``) or averaged (``Average``, the default; or
+    ``average=True/False``, Horovod's older form), as a new tensor of
+    ``tensor``'s shape, dtype and device. Blocks. For metrics and other
+    values outside the model (a validation loss, say), next to a
+    ``DistributedOptimizer``: the servers sum it whatever optimizer they run.
+
+    Every worker calls it in the same order. ``name`` keys the exchange (each
+    name keeps one shape); without one, tensors of one element count share a
+    key, which is safe as calls are matched in order. The first call of a key
+    passes a barrier. dist_sync only; a local store (one worker) returns a
+    copy. The sum is formed in float32 (integers exact up to 2**24).
+    """
+    if op is None:
+        op = Average if average is None or average else Sum
+    elif average is not None:
+        raise ValueError("allreduce: give op or average, not both")
+    if op not in (Average, Sum):
+        raise ValueError("allreduce: op must be pstrain.torch.Average or Sum, got %r" % (op,))
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError("allreduce takes a torch.Tensor, got %r" % (type(tensor).__name__,))
+    kv = _store(kvstore)
+    key = "__allreduce__/%s" % (name if name is not None else "numel-%d" % tensor.numel())
+    summed = torch.from_numpy(kv._allreduce(key, tensor.detach()))
+    if op == Average:
+        summed /= kv.num_workers
+    return summed.to(dtype=tensor.dtype, device=tensor.device)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, kvstore=None):
+    """``allreduce`` into ``tensor`` itself (Horovod's in-place form); returns it."""
+    with torch.no_grad():
+        tensor.copy_(allreduce(tensor, average=average, name=name, op=op, kvstore=kvstore))
+    return tensor
 
 
 def broadcast_optimizer_state(optimizer, root_rank=0, kvstore=None):

@@ -99,6 +99,8 @@ TEST_F(PythonClusterTest, DistAsyncAppliesEveryPushOnce) {
     EXPECT_NE(log.find("conformance: a new generation keeps the schedule's clock ok"),
               std::string::npos)
         << log;
+    EXPECT_NE(log.find("conformance: allreduce refused in dist_async ok"), std::string::npos)
+        << log;
   }
 }
 
@@ -186,6 +188,10 @@ TEST_F(PythonClusterTest, TwoWorkersStayOneModel) {
               std::string::npos)
         << log;
     EXPECT_NE(log.find("two_workers: server-side SGD keeps the workers equal"), std::string::npos)
+        << log;
+    EXPECT_NE(
+        log.find("two_workers: allreduce (sum, average, in place) beside the servers' SGD ok"),
+        std::string::npos)
         << log;
     EXPECT_NE(log.find("two_workers: broadcast_parameters again ok (no new key)"),
               std::string::npos)

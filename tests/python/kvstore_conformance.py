@@ -295,6 +295,11 @@ def async_checks(kv, rounds):
     kv.pull("f", out=f).wait()
     assert 0 < f[0] < 0.1, "f moved %r: the schedule's clock restarted" % (f[0],)
     print("conformance: a new generation keeps the schedule's clock ok")
+    # An allreduce needs rounds: refused here before anything is sent.
+    e = expect_raises(pstrain.Error, lambda: kv._allreduce("sum", np.ones(3, np.float32)),
+                      "allreduce in dist_async")
+    assert "allreduce needs the rounds of dist_sync" in str(e), e
+    print("conformance: allreduce refused in dist_async ok")
 
 
 def main():

@@ -802,6 +802,14 @@ def test_torch_zero_copy():
     except ImportError:
         print("package: torch not installed: zero-copy cases skipped")
         return
+    # allreduce in a local store (one worker): the tensor itself, as a copy.
+    import pstrain.torch as pt
+    local = pstrain.KVStore("local")
+    t = torch.arange(6.0).reshape(2, 3)
+    got = pt.allreduce(t, kvstore=local)
+    assert torch.equal(got, t) and got.data_ptr() != t.data_ptr(), got
+    assert torch.equal(pt.allreduce(t, op=pt.Sum, name="x", kvstore=local), t)
+    expect_error(lambda: pt.allreduce(t, op="max", kvstore=local), ValueError, "Average or Sum")
     kv = pstrain.KVStore("local")
     t = torch.arange(6, dtype=torch.float32)
     kv.init(0, t)

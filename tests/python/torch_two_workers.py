@@ -185,6 +185,27 @@ def main():
         "workers differ after dist_sync training with the servers' SGD"
     print("two_workers: server-side SGD keeps the workers equal; waited %.4f s of %.4f s in "
           "flight" % (d2.wait_seconds, d2.comm_seconds))
+    # Horovod's allreduce beside the servers' SGD: the servers sum, their
+    # optimizer leaves it alone; the model's weights do not move.
+    W = kv.num_workers
+    before = [p.detach().clone() for p in m2.parameters()]
+    base = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    for step in range(3):
+        got = pstrain.torch.allreduce(base * (rank + 1) + step, op=pstrain.torch.Sum,
+                                      name="metric")
+        want = sum(base * (k + 1) + step for k in range(W))
+        assert torch.equal(got, want), (step, got, want)
+        mean = pstrain.torch.allreduce(torch.tensor(float(rank + step)))  # unnamed: Average
+        assert mean.item() == sum(k + step for k in range(W)) / W, (step, mean)
+    counts = pstrain.torch.allreduce_(torch.tensor([rank + 1, 10]), average=False)
+    assert counts.dtype == torch.int64 and counts.tolist() == [W * (W + 1) // 2, 10 * W], counts
+    try:
+        pstrain.torch.allreduce(torch.zeros(5), name="metric")
+        raise AssertionError("a named allreduce of another shape was taken")
+    except ValueError as e:
+        assert "metric" in str(e), e
+    assert all(torch.equal(a, b.detach()) for a, b in zip(before, m2.parameters()))
+    print("two_workers: allreduce (sum, average, in place) beside the servers' SGD ok")
     # Found by review: an exchange the servers refused (workers whose models
     # differ) named only the store's int key ("key 0 part 0: request has 170
     # elements, stored value has 160"). A pull of m2's first weight with one

@@ -1214,6 +1214,79 @@ TEST(InProcClusterTest, PerKeyMultipliersScaleEachKeysRateAndDecay) {
   ExpectAllOk(r);
 }
 
+// AllReduce: the servers store the round's sum whatever optimizer they run
+// (the optimizer is not applied, its state stays), every worker receives it,
+// a key split over both servers too; a plain push afterwards applies the
+// optimizer to that sum. dist_async refuses it, naming the mode.
+TEST(InProcClusterTest, AllReduceSumsWhateverOptimizerTheServersRun) {
+  constexpr int kWorkers = 3;
+  KVClientOptions ko;
+  ko.bigarray_bound = 1000;  // key 6 is split over both servers
+  JobResult r = RunJob(
+      2, kWorkers,
+      [&](KVClient& kv) -> Status {
+        ServerConfig c;
+        c.set_sync_mode(true);
+        c.mutable_optimizer()->set_learning_rate(0.5f);
+        c.mutable_optimizer()->set_momentum(0.9f);
+        RETURN_IF_ERROR(kv.SetServerConfig(c, Soon()));
+        const std::vector<uint64_t> keys = {5, 6};
+        const std::vector<int64_t> lens = {3, 5000};
+        std::vector<float> init(5003, 100.0f), mine(5003), got(5003), pulled(5003);
+        RETURN_IF_ERROR(kv.Wait(kv.Init(keys, lens, init.data()), Soon()));
+        RETURN_IF_ERROR(kv.Barrier(Soon()));
+        for (int round = 1; round <= 2; ++round) {
+          for (size_t i = 0; i < mine.size(); ++i) {
+            mine[i] = static_cast<float>(kv.rank() + 1) * round + 0.001f * static_cast<float>(i);
+          }
+          RETURN_IF_ERROR(kv.Wait(kv.AllReduce(keys, lens, mine.data(), got.data()), Soon()));
+          RETURN_IF_ERROR(kv.Wait(kv.Pull(keys, lens, pulled.data()), Soon()));
+          for (size_t i = 0; i < got.size(); ++i) {
+            float want = 0;  // summed in worker-rank order, as the servers do
+            for (int w = 0; w < kWorkers; ++w) {
+              want += static_cast<float>(w + 1) * round + 0.001f * static_cast<float>(i);
+            }
+            if (got[i] != want || pulled[i] != want) {
+              return Status::Internal(StrCat("round ", round, " element ", i, ": allreduce ",
+                                             got[i], ", pulled ", pulled[i], ", want ", want));
+            }
+          }
+        }
+        // The optimizer never ran on these keys: a plain round applies its
+        // first update (momentum from zero) to the stored sum.
+        const std::vector<float> sum = pulled;
+        std::vector<float> ones(5003, 1.0f);
+        RETURN_IF_ERROR(kv.Wait(kv.PushPull(keys, lens, ones.data(), got.data()), Soon()));
+        for (size_t i = 0; i < got.size(); ++i) {
+          const float want = sum[i] + (0.9f * 0.0f - 0.5f * (kWorkers * 1.0f));
+          if (got[i] != want) {
+            return Status::Internal(
+                StrCat("element ", i, " after a plain round: ", got[i], ", want ", want));
+          }
+        }
+        return Status::Ok();
+      },
+      ko);
+  ExpectAllOk(r);
+
+  JobResult async = RunJob(1, 1, [&](KVClient& kv) -> Status {
+    ServerConfig c;
+    c.set_sync_mode(false);
+    c.mutable_optimizer()->set_learning_rate(0.5f);
+    RETURN_IF_ERROR(kv.SetServerConfig(c, Soon()));
+    std::vector<float> v(4, 1.0f), out(4);
+    RETURN_IF_ERROR(kv.Wait(kv.Init({1}, {4}, v.data()), Soon()));
+    const Status s = kv.Wait(kv.AllReduce({1}, {4}, v.data(), out.data()), Soon());
+    if (s.code() != StatusCode::kFailedPrecondition ||
+        s.message().find("the servers run dist_async, which has no rounds to sum") ==
+            std::string::npos) {
+      return Status::Internal(StrCat("allreduce in dist_async: ", s.ToString()));
+    }
+    return Status::Ok();
+  });
+  ExpectAllOk(async);
+}
+
 // A registration in another protocol version is read (only CMD_REGISTER is)
 // and refused by name.
 TEST(InProcClusterTest, AnotherProtocolVersionIsRefusedByName) {
