@@ -1189,7 +1189,7 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   }
   // Every push of a round is an allreduce's, or none: the round either
   // stores the sum or applies the optimizer.
-  if (ks->merged > 0 && ks->waiting.front().header().sum_only() != h.sum_only()) {
+  if (!ks->waiting.empty() && ks->waiting.front().header().sum_only() != h.sum_only()) {
     const Status mixed = Status::FailedPrecondition(
         StrCat("worker rank ", op.worker(), " pushed ", PartName(wire),
                h.sum_only() ? " as an allreduce" : " as a plain push",

@@ -1287,6 +1287,30 @@ TEST(InProcClusterTest, AllReduceSumsWhateverOptimizerTheServersRun) {
   ExpectAllOk(async);
 }
 
+// A round that one worker opens with an allreduce and another joins with a
+// plain push cannot be both: the job ends, naming the worker.
+TEST(InProcClusterTest, ARoundMixingAllReduceAndAPlainPushEndsTheJob) {
+  JobResult r = RunJob(1, 2, [&](KVClient& kv) -> Status {
+    ServerConfig c;
+    c.set_sync_mode(true);
+    c.mutable_optimizer()->set_learning_rate(0.5f);
+    RETURN_IF_ERROR(kv.SetServerConfig(c, Soon()));
+    std::vector<float> v(4, 1.0f), out(4);
+    RETURN_IF_ERROR(kv.Wait(kv.Init({1}, {4}, v.data()), Soon()));
+    RETURN_IF_ERROR(kv.Barrier(Soon()));
+    if (kv.rank() == 0) return kv.Wait(kv.AllReduce({1}, {4}, v.data(), out.data()), Soon());
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // rank 0 opens the round
+    return kv.Wait(kv.PushPull({1}, {4}, v.data(), out.data()), Soon());
+  });
+  EXPECT_FALSE(r.scheduler.ok());
+  EXPECT_NE(r.scheduler.message().find("every worker must push a key the same way in a round"),
+            std::string::npos)
+      << r.scheduler;
+  EXPECT_NE(r.scheduler.message().find("worker rank 1 pushed key 1 part 0 as a plain push"),
+            std::string::npos)
+      << r.scheduler;
+}
+
 // A registration in another protocol version is read (only CMD_REGISTER is)
 // and refused by name.
 TEST(InProcClusterTest, AnotherProtocolVersionIsRefusedByName) {
