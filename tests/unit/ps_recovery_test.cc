@@ -67,6 +67,9 @@ struct RecoverySpec {
   // During the switch, worker rank 0 also sends a configuration of the
   // generation after it (from another thread, 100 ms in).
   bool newer_generation_during_switch = false;
+  // Every third step is an AllReduce (the round stores the sum) instead of a
+  // push through the optimizer.
+  bool allreduce_every_third_step = false;
 };
 
 struct RecoveryResult {
@@ -233,7 +236,10 @@ RecoveryResult RunRecoveryJob(const RecoverySpec& spec, const std::string& snaps
                                 0.01f * static_cast<float>(step + i % 97));
           }
           // Half the steps: push, then pull; the others: one push-pull.
-          if (step % 2 == 0) {
+          if (spec.allreduce_every_third_step && step % 3 == 0) {
+            RETURN_IF_ERROR(kv.Wait(kv.AllReduce(kKeys, kLens, grads.data(), weights.data()),
+                                    Deadline::InMillis(20000)));
+          } else if (step % 2 == 0) {
             const auto push = kv.Push(kKeys, kLens, grads.data());
             RETURN_IF_ERROR(kv.Wait(push, Deadline::InMillis(20000)));
             RETURN_IF_ERROR(
@@ -463,6 +469,19 @@ TEST_F(RecoveryDirTest, EveryWorkerIsAnsweredOnlyOnceTheSwitchIsSnapshotted) {
   EXPECT_NE(r.newer_generation.message().find("while generation 1 is still being installed"),
             std::string::npos)
       << r.newer_generation;
+}
+
+// Allreduce rounds (sum-only pushes) among the optimizer's: a replacement
+// takes the snapshots and the re-sent copies of both kinds as they were.
+TEST_F(RecoveryDirTest, AllReduceRoundsSurviveAReplacedServer) {
+  for (int every : {1, 4}) {
+    SCOPED_TRACE(StrCat("a snapshot every ", every, " rounds"));
+    RecoverySpec spec;
+    spec.allreduce_every_third_step = true;
+    spec.kill_after_step = 10;
+    spec.snapshot_every = every;
+    ExpectTheUndisturbedWeights(spec, StrCat(dir_, "/every", every), /*replacements=*/1);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ServerRecoveryTest, ::testing::Values(0, 32 << 20),
