@@ -1097,7 +1097,9 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
     const uint64_t round = ks->rounds + 1;
     for (const Op& o : ops) {
       const float* v = o.req->part_values[o.part];
-      if (options_.skip_nonfinite && !AllFinite(v, n)) {
+      // (An allreduce's values are no model's: NaN and Inf are summed as
+      // they are, as Horovod does, and end nothing.)
+      if (options_.skip_nonfinite && !h.sum_only() && !AllFinite(v, n)) {
         LOG(WARNING) << node_->Self() << ": skipped the push of worker rank " << o.worker()
                      << " to " << PartName(wire) << " in round " << round
                      << ": it holds NaN or Inf (PSTRAIN_NONFINITE=skip)";
@@ -1122,10 +1124,10 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
       check = rule.optimizer->Update(g.data(), g.size(), ks->data, out, n, &ks->state);
     } else {
       SumInto(g.data(), g.size(), out, n);
-      for (size_t k = 0; k < g.size() && check.bad_grad < 0; ++k) {
+      for (size_t k = 0; k < g.size() && check.bad_grad < 0 && !h.sum_only(); ++k) {
         if (!AllFinite(g[k], n)) check.bad_grad = static_cast<int>(k);
       }
-      check.bad_weight = !AllFinite(out, n);
+      check.bad_weight = !h.sum_only() && !AllFinite(out, n);
     }
     if (fresh.has_value()) ks->Store(*std::move(fresh), n);
     if (check.bad_grad >= 0) {
@@ -1161,9 +1163,11 @@ void KVServer::Execute(Shard* shard, KeyState* ks, const Op& op) {
   }
   if (h.sum_only() && !sync) {
     CompletePart(op, ks,
-                 Status::FailedPrecondition(StrCat(
-                     "allreduce (sum-only push) of ", PartName(wire), " from worker rank ",
-                     op.worker(), ", but the servers run dist_async, which has no rounds to sum")));
+                 Status::FailedPrecondition(
+                     StrCat("allreduce (sum-only push) of ", PartName(wire), " from worker rank ",
+                            op.worker(), ", but the servers ",
+                            cfg == nullptr ? "were not configured yet (send the config first)"
+                                           : "run dist_async, which has no rounds to sum")));
     return;
   }
   if (cfg == nullptr || !cfg->sync_mode()) {

@@ -315,10 +315,16 @@ def allreduce(tensor, average=None, name=None, op=None, kvstore=None):
     ``DistributedOptimizer``: the servers sum it whatever optimizer they run.
 
     Every worker calls it in the same order. ``name`` keys the exchange (each
-    name keeps one shape); without one, tensors of one element count share a
-    key, which is safe as calls are matched in order. The first call of a key
-    passes a barrier. dist_sync only; a local store (one worker) returns a
-    copy. The sum is formed in float32 (integers exact up to 2**24).
+    name keeps one element count); without one, tensors of one element count
+    share a key, which is safe as calls are matched in order. Each name is a
+    key on the servers for good, and its first call passes a barrier: name
+    what recurs, not each step. dist_sync only, in a store of string keys (as
+    the DistributedOptimizer's); a local store (one worker) returns a copy.
+    The sum is formed in float32 (integers exact up to 2**24; an integer
+    average truncates, as Horovod's) and, as Horovod's, carries NaN and Inf
+    through. With ``PSTRAIN_WORKER_LOSS=continue``, after a worker is lost the
+    sum covers the workers left and ``Average`` still divides by the job's
+    worker count. The result is not part of autograd's graph.
     """
     if op is None:
         op = Average if average is None or average else Sum
@@ -328,12 +334,17 @@ def allreduce(tensor, average=None, name=None, op=None, kvstore=None):
         raise ValueError("allreduce: op must be pstrain.torch.Average or Sum, got %r" % (op,))
     if not isinstance(tensor, torch.Tensor):
         raise TypeError("allreduce takes a torch.Tensor, got %r" % (type(tensor).__name__,))
+    if tensor.is_complex():
+        raise TypeError("allreduce: complex tensors are not supported (%s)" % (tensor.dtype,))
+    if tensor.numel() == 0:
+        return tensor.detach().clone()  # nothing to exchange
     kv = _store(kvstore)
     key = "__allreduce__/%s" % (name if name is not None else "numel-%d" % tensor.numel())
-    summed = torch.from_numpy(kv._allreduce(key, tensor.detach()))
+    # Flat: a key keeps its element count, not one shape.
+    summed = torch.from_numpy(kv._allreduce(key, tensor.detach().reshape(-1)))
     if op == Average:
         summed /= kv.num_workers
-    return summed.to(dtype=tensor.dtype, device=tensor.device)
+    return summed.reshape(tensor.shape).to(dtype=tensor.dtype, device=tensor.device)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, kvstore=None):

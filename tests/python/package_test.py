@@ -810,6 +810,9 @@ def test_torch_zero_copy():
     assert torch.equal(got, t) and got.data_ptr() != t.data_ptr(), got
     assert torch.equal(pt.allreduce(t, op=pt.Sum, name="x", kvstore=local), t)
     expect_error(lambda: pt.allreduce(t, op="max", kvstore=local), ValueError, "Average or Sum")
+    assert pt.allreduce(torch.zeros(0, 3), kvstore=local).shape == (0, 3)
+    expect_error(lambda: pt.allreduce(torch.zeros(2, dtype=torch.complex64), kvstore=local),
+                 TypeError, "complex tensors are not supported")
     kv = pstrain.KVStore("local")
     t = torch.arange(6, dtype=torch.float32)
     kv.init(0, t)

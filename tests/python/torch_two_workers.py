@@ -199,9 +199,16 @@ def main():
         assert mean.item() == sum(k + step for k in range(W)) / W, (step, mean)
     counts = pstrain.torch.allreduce_(torch.tensor([rank + 1, 10]), average=False)
     assert counts.dtype == torch.int64 and counts.tolist() == [W * (W + 1) // 2, 10 * W], counts
+    # Unnamed tensors of one element count but other shapes share a key.
+    for shape in [(2, 3), (3, 2), (6,)]:
+        got = pstrain.torch.allreduce(torch.ones(shape) * (rank + 1), op=pstrain.torch.Sum)
+        assert got.shape == shape and torch.equal(got, torch.full(shape, W * (W + 1) / 2.0))
+    # NaN and Inf go through (a diverged metric ends nothing), as Horovod's.
+    odd = pstrain.torch.allreduce(torch.tensor([float("nan") if rank == 0 else 1.0, 2.0]))
+    assert torch.isnan(odd[0]) and odd[1].item() == 2.0, odd
     try:
         pstrain.torch.allreduce(torch.zeros(5), name="metric")
-        raise AssertionError("a named allreduce of another shape was taken")
+        raise AssertionError("a named allreduce of another size was taken")
     except ValueError as e:
         assert "metric" in str(e), e
     assert all(torch.equal(a, b.detach()) for a, b in zip(before, m2.parameters()))
