@@ -370,6 +370,18 @@ void ExpectTheUndisturbedWeights(const RecoverySpec& spec, const std::string& di
   ExpectBitIdentical(r.weights, expect);
 }
 
+// ExpectTheUndisturbedWeights with one replacement, snapshots taken every
+// round and every 4 rounds (the last one then older than the kill, completed
+// from the workers' copies), each in a folder of its own below `dir`.
+void ExpectTheUndisturbedWeightsSnapshottingEveryOneAndFourRounds(RecoverySpec spec,
+                                                                  const std::string& dir) {
+  for (int every : {1, 4}) {
+    SCOPED_TRACE(StrCat("a snapshot every ", every, " rounds"));
+    spec.snapshot_every = every;
+    ExpectTheUndisturbedWeights(spec, StrCat(dir, "/every", every), /*replacements=*/1);
+  }
+}
+
 TEST_P(ServerRecoveryTest, AKilledServerIsReplacedAndTheRunEndsBitIdentical) {
   RecoverySpec spec;
   spec.shm_bytes = GetParam();
@@ -419,14 +431,10 @@ TEST_P(ServerRecoveryTest, SnapshotsEveryFewRoundsAreCompletedFromTheWorkersCopi
 // snapshot is the last round's or older and completed from the workers'
 // copies.
 TEST_F(RecoveryDirTest, AKilledServerRunningAdamIsReplacedAndTheRunEndsBitIdentical) {
-  for (int every : {1, 4}) {
-    SCOPED_TRACE(StrCat("a snapshot every ", every, " rounds"));
-    RecoverySpec spec;
-    spec.adam = true;
-    spec.kill_after_step = 10;
-    spec.snapshot_every = every;
-    ExpectTheUndisturbedWeights(spec, StrCat(dir_, "/every", every), /*replacements=*/1);
-  }
+  RecoverySpec spec;
+  spec.adam = true;
+  spec.kill_after_step = 10;
+  ExpectTheUndisturbedWeightsSnapshottingEveryOneAndFourRounds(spec, dir_);
 }
 
 // The servers switch from SGD with momentum to NAG after step 10 and server
@@ -436,15 +444,11 @@ TEST_F(RecoveryDirTest, AKilledServerRunningAdamIsReplacedAndTheRunEndsBitIdenti
 // and with a snapshot every 4 rounds, it must not replay rounds 9 and 10,
 // SGD's, with NAG (the switch snapshots every key first).
 TEST_F(RecoveryDirTest, AServerKilledRightAfterTheOptimizerChangedIsReplacedBitIdentical) {
-  for (int every : {1, 4}) {
-    SCOPED_TRACE(StrCat("a snapshot every ", every, " rounds"));
-    RecoverySpec spec;
-    spec.switch_to_nag_after_step = 10;
-    spec.kill_after_step = 10;
-    spec.pause_after_kill_ms = 300;
-    spec.snapshot_every = every;
-    ExpectTheUndisturbedWeights(spec, StrCat(dir_, "/every", every), /*replacements=*/1);
-  }
+  RecoverySpec spec;
+  spec.switch_to_nag_after_step = 10;
+  spec.kill_after_step = 10;
+  spec.pause_after_kill_ms = 300;
+  ExpectTheUndisturbedWeightsSnapshottingEveryOneAndFourRounds(spec, dir_);
 }
 
 // Every worker that sent the configuration replacing the optimizer is
@@ -474,14 +478,10 @@ TEST_F(RecoveryDirTest, EveryWorkerIsAnsweredOnlyOnceTheSwitchIsSnapshotted) {
 // Allreduce rounds (sum-only pushes) among the optimizer's: a replacement
 // takes the snapshots and the re-sent copies of both kinds as they were.
 TEST_F(RecoveryDirTest, AllReduceRoundsSurviveAReplacedServer) {
-  for (int every : {1, 4}) {
-    SCOPED_TRACE(StrCat("a snapshot every ", every, " rounds"));
-    RecoverySpec spec;
-    spec.allreduce_every_third_step = true;
-    spec.kill_after_step = 10;
-    spec.snapshot_every = every;
-    ExpectTheUndisturbedWeights(spec, StrCat(dir_, "/every", every), /*replacements=*/1);
-  }
+  RecoverySpec spec;
+  spec.allreduce_every_third_step = true;
+  spec.kill_after_step = 10;
+  ExpectTheUndisturbedWeightsSnapshottingEveryOneAndFourRounds(spec, dir_);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ServerRecoveryTest, ::testing::Values(0, 32 << 20),

@@ -572,6 +572,16 @@ std::string VersionOneSlot(uint64_t wire_key, uint32_t slot, uint64_t rounds, ui
   return b;
 }
 
+// A version-1 file of key 7 as such a server left it: rounds 4 in slot 0,
+// rounds 5 (the newest) in slot 1, each a value and one array of state of n.
+void WriteVersionOneFile(const std::string& path, size_t n, uint64_t stride) {
+  std::string file = VersionOneSlot(7, 0, 4, 1, stride, Ramp(n, 4), Ramp(n, -3), 4);
+  file.resize(stride, '\0');
+  file += VersionOneSlot(7, 1, 5, 2, stride, Ramp(n, 5), Ramp(n, -3), 5);
+  file.resize(2 * stride, '\0');
+  WriteFile(path, file);
+}
+
 // Snapshots a server of the last version left still load (a job resumed by
 // a replacement of the new build), their layout unknown; the next writes go
 // on in the same file, in the slot not holding the newest snapshot.
@@ -579,11 +589,7 @@ TEST_F(SnapshotTest, VersionOneFilesStillLoadAndAreWrittenOn) {
   const std::string path = PathOf("0000000000000007");
   const size_t n = 100;
   const uint64_t stride = 4096;
-  std::string file = VersionOneSlot(7, 0, 4, 1, stride, Ramp(n, 4), Ramp(n, -3), 4);
-  file.resize(stride, '\0');
-  file += VersionOneSlot(7, 1, 5, 2, stride, Ramp(n, 5), Ramp(n, -3), 5);
-  file.resize(2 * stride, '\0');
-  WriteFile(path, file);
+  WriteVersionOneFile(path, n, stride);
   KeySnapshot s = LoadOne();
   EXPECT_EQ(s.rounds, 5u);
   EXPECT_EQ(s.value, Ramp(n, 5));
@@ -607,11 +613,7 @@ TEST_F(SnapshotTest, AVersionOneStrideTooSmallForVersionTwoIsRecreated) {
   const std::string path = PathOf("0000000000000007");
   const size_t n = 500;  // 88 + 8 n = 4088 fits 4096; 104 + 8 n = 4104 does not
   const uint64_t stride = 4096;
-  std::string file = VersionOneSlot(7, 0, 4, 1, stride, Ramp(n, 4), Ramp(n, -3), 4);
-  file.resize(stride, '\0');
-  file += VersionOneSlot(7, 1, 5, 2, stride, Ramp(n, 5), Ramp(n, -3), 5);
-  file.resize(2 * stride, '\0');
-  WriteFile(path, file);
+  WriteVersionOneFile(path, n, stride);
   EXPECT_EQ(LoadOne().rounds, 5u);
   store_ = Open();
   WriteKey7(6, n);
