@@ -64,6 +64,7 @@ sent: clip on the servers (``clip_gradient``) instead.
 """
 import copy
 import json
+import math
 import os
 import re
 import time
@@ -76,8 +77,8 @@ from ._pstrain import Error
 from .kvstore import _OPEN, KVStore
 from .optimizer import Optimizer as ServerOptimizer
 
-__all__ = ["Average", "DistributedOptimizer", "Sum", "allreduce", "allreduce_",
-           "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "init",
+__all__ = ["Average", "DistributedOptimizer", "Sum", "allgather", "allreduce", "allreduce_",
+           "broadcast", "broadcast_", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "init",
            "local_rank", "local_size", "rank", "server_optimizer", "size"]
 
 # Horovod's reduction ops for allreduce.
@@ -352,6 +353,83 @@ def allreduce_(tensor, average=None, name=None, op=None, kvstore=None):
     with torch.no_grad():
         tensor.copy_(allreduce(tensor, average=average, name=name, op=op, kvstore=kvstore))
     return tensor
+
+
+def _summed(tensor, key, kvstore):
+    """Every worker's float32 ``tensor`` (flat) summed over the servers under
+    ``key`` (``__allreduce__/`` + key), as a float32 CPU tensor."""
+    kv = _store(kvstore)
+    return torch.from_numpy(kv._allreduce("__allreduce__/" + key, tensor.reshape(-1))), kv
+
+
+def broadcast(tensor, root_rank, name=None, kvstore=None):
+    """Horovod's ``broadcast``: worker ``root_rank``'s ``tensor`` on every
+    worker, as a new tensor (any rank may be the root). Every worker passes a
+    tensor of the same shape. An allreduce in which the other workers give
+    zeros: exact (x + 0), but for the sign of a zero. Blocks."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError("broadcast takes a torch.Tensor, got %r" % (type(tensor).__name__,))
+    kv = _store(kvstore)
+    if not 0 <= root_rank < kv.num_workers:
+        raise ValueError("broadcast: root_rank %r is not in [0, %d)" % (root_rank, kv.num_workers))
+    if tensor.is_complex():
+        raise TypeError("broadcast: complex tensors are not supported (%s)" % (tensor.dtype,))
+    if tensor.numel() == 0:
+        return tensor.detach().clone()
+    mine = tensor.detach().to(device="cpu", dtype=torch.float32)
+    if kv.rank != root_rank:
+        mine = torch.zeros_like(mine)
+    got, _ = _summed(mine, name if name is not None else "numel-%d" % tensor.numel(), kv)
+    return got.reshape(tensor.shape).to(dtype=tensor.dtype, device=tensor.device)
+
+
+def broadcast_(tensor, root_rank, name=None, kvstore=None):
+    """``broadcast`` into ``tensor`` itself (Horovod's in-place form); returns it."""
+    with torch.no_grad():
+        tensor.copy_(broadcast(tensor, root_rank, name=name, kvstore=kvstore))
+    return tensor
+
+
+def allgather(tensor, name=None, kvstore=None):
+    """Horovod's ``allgather``: every worker's ``tensor`` concatenated along
+    its first dimension in rank order, as a new tensor. The first dimension
+    may differ between workers, the others may not (ValueError on every
+    worker, naming the shapes). Two allreduces: the workers' row counts, then
+    a buffer of every row in which each worker fills its own (the others add
+    zeros: exact, but for the sign of a zero; the servers move W times the
+    data; each total size is a key for good). Integers exact up to 2**24.
+    Blocks."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError("allgather takes a torch.Tensor, got %r" % (type(tensor).__name__,))
+    if tensor.dim() == 0:
+        raise ValueError("allgather: a 0-d tensor has no first dimension to concatenate")
+    if tensor.is_complex():
+        raise TypeError("allgather: complex tensors are not supported (%s)" % (tensor.dtype,))
+    kv = _store(kvstore)
+    W, r = kv.num_workers, kv.rank
+    rows, row = tensor.shape[0], math.prod(tensor.shape[1:])
+    base = "allgather/%s" % (name if name is not None else "unnamed")
+    # Each worker's row count, row size and number of dimensions at its rank.
+    sizes = torch.zeros(3 * W, dtype=torch.float32)
+    sizes[r], sizes[W + r] = rows, row
+    sizes[2 * W + r] = tensor.dim()
+    sizes, _ = _summed(sizes, base + "/sizes", kv)
+    counts = [int(c) for c in sizes[:W]]
+    known = {int(x) for x in sizes[W:2 * W]}
+    ranks = {int(x) for x in sizes[2 * W:]}
+    if len(known) > 1 or len(ranks) > 1:
+        raise ValueError("allgather: the workers' tensors differ beyond the first dimension "
+                         "(rows of %s elements, %s dimensions); this worker's shape is %s"
+                         % (sorted(known), sorted(ranks), tuple(tensor.shape)))
+    total = sum(counts)
+    shape = (total,) + tuple(tensor.shape[1:])
+    if total == 0:
+        return torch.zeros(shape, dtype=tensor.dtype, device=tensor.device)
+    buffer = torch.zeros(shape, dtype=torch.float32)
+    start = sum(counts[:r])
+    buffer[start:start + rows] = tensor.detach().to(device="cpu", dtype=torch.float32)
+    got, _ = _summed(buffer, "%s/rows-%d" % (base, buffer.numel()), kv)
+    return got.reshape(shape).to(dtype=tensor.dtype, device=tensor.device)
 
 
 def broadcast_optimizer_state(optimizer, root_rank=0, kvstore=None):

@@ -193,6 +193,9 @@ TEST_F(PythonClusterTest, TwoWorkersStayOneModel) {
         log.find("two_workers: allreduce (sum, average, in place) beside the servers' SGD ok"),
         std::string::npos)
         << log;
+    EXPECT_NE(log.find("two_workers: broadcast (every root) and allgather (uneven rows) ok"),
+              std::string::npos)
+        << log;
     EXPECT_NE(log.find("two_workers: broadcast_parameters again ok (no new key)"),
               std::string::npos)
         << log;

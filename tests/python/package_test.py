@@ -811,6 +811,11 @@ def test_torch_zero_copy():
     assert torch.equal(pt.allreduce(t, op=pt.Sum, name="x", kvstore=local), t)
     expect_error(lambda: pt.allreduce(t, op="max", kvstore=local), ValueError, "Average or Sum")
     assert pt.allreduce(torch.zeros(0, 3), kvstore=local).shape == (0, 3)
+    assert torch.equal(pt.broadcast(t, 0, kvstore=local), t)
+    assert torch.equal(pt.allgather(t, kvstore=local), t)
+    expect_error(lambda: pt.broadcast(t, 1, kvstore=local), ValueError, "root_rank 1 is not in")
+    expect_error(lambda: pt.allgather(torch.tensor(1.0), kvstore=local), ValueError,
+                 "no first dimension")
     expect_error(lambda: pt.allreduce(torch.zeros(2, dtype=torch.complex64), kvstore=local),
                  TypeError, "complex tensors are not supported")
     kv = pstrain.KVStore("local")

@@ -213,6 +213,25 @@ def main():
         assert "metric" in str(e), e
     assert all(torch.equal(a, b.detach()) for a, b in zip(before, m2.parameters()))
     print("two_workers: allreduce (sum, average, in place) beside the servers' SGD ok")
+    # Horovod's broadcast (any root) and allgather (rows differ per worker).
+    for root in range(W):
+        got = pstrain.torch.broadcast(base * (rank + 1) - 0.5, root_rank=root)
+        assert torch.equal(got, base * (root + 1) - 0.5), (root, got)
+    n = pstrain.torch.broadcast_(torch.tensor([rank, 7]), root_rank=W - 1, name="ints")
+    assert n.tolist() == [W - 1, 7], n
+    mine = torch.arange(3 * (rank + 1), dtype=torch.float32).reshape(rank + 1, 3) + 100 * rank
+    got = pstrain.torch.allgather(mine)
+    want = torch.cat([torch.arange(3 * (k + 1), dtype=torch.float32).reshape(k + 1, 3) + 100 * k
+                      for k in range(W)])
+    assert torch.equal(got, want), (got, want)
+    none = pstrain.torch.allgather(torch.zeros(0, 3) if rank == 0 else torch.ones(2, 3))
+    assert none.shape == (2 * (W - 1), 3) and torch.equal(none, torch.ones(2 * (W - 1), 3))
+    try:
+        pstrain.torch.allgather(torch.zeros(1, 2 + rank))
+        raise AssertionError("allgather of rows of other sizes was taken")
+    except ValueError as e:
+        assert "differ beyond the first dimension" in str(e), e
+    print("two_workers: broadcast (every root) and allgather (uneven rows) ok")
     # Found by review: an exchange the servers refused (workers whose models
     # differ) named only the store's int key ("key 0 part 0: request has 170
     # elements, stored value has 160"). A pull of m2's first weight with one
