@@ -366,7 +366,8 @@ def broadcast(tensor, root_rank, name=None, kvstore=None):
     """Horovod's ``broadcast``: worker ``root_rank``'s ``tensor`` on every
     worker, as a new tensor (any rank may be the root). Every worker passes a
     tensor of the same shape. An allreduce in which the other workers give
-    zeros: exact (x + 0), but for the sign of a zero. Blocks."""
+    zeros: exact (x + 0), but for the sign of a zero (integers: up to 2**24).
+    Blocks."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError("broadcast takes a torch.Tensor, got %r" % (type(tensor).__name__,))
     kv = _store(kvstore)
