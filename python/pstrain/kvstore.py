@@ -1028,13 +1028,23 @@ class KVStore:
         has no rounds). A local or device store holds one worker: its value.
         Blocks.
         """
+        handle, out = self._allreduce_async(name, value)
+        if handle is not None:
+            handle.wait()
+        return out
+
+    def _allreduce_async(self, name, value):
+        """``_allreduce`` without waiting for the exchange: (a Handle, or None
+        when there is nothing to wait for; the array the sum lands in once
+        the handle's wait() returned). The first call of a name still passes
+        the init's barrier."""
         arr = _source(value, "allreduce value of %r" % (name,))
         if arr.size == 0:
             raise ValueError("allreduce of %r: the value is empty" % (name,))
         out = np.empty(arr.shape, np.float32)
         if self._client is None:
             np.copyto(out, arr)
-            return out
+            return None, out
         if not self._sync:
             raise Error("FailedPrecondition: allreduce of %r: a %s store's servers apply each "
                         "push at once; allreduce needs the rounds of dist_sync" % (name, self.type))
@@ -1042,9 +1052,8 @@ class KVStore:
             self.init(name, np.zeros(arr.shape, np.float32))
         ikey = self._key(name, create=False)
         self._checked_shape(name, ikey, arr.shape, "allreduce")
-        self._issue(self._client.allreduce([ikey], [arr.size], arr, out, 0), [arr, out],
-                    []).wait()
-        return out
+        return self._issue(self._client.allreduce([ikey], [arr.size], arr, out, 0), [arr, out],
+                           []), out
 
     def waitall(self):
         """Waits for every request this store has in flight; raises the first error

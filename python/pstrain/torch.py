@@ -78,6 +78,7 @@ from .kvstore import _OPEN, KVStore
 from .optimizer import Optimizer as ServerOptimizer
 
 __all__ = ["Average", "DistributedOptimizer", "Sum", "allgather", "allreduce", "allreduce_",
+           "allreduce_async", "poll", "synchronize",
            "broadcast", "broadcast_", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "init",
            "local_rank", "local_size", "rank", "server_optimizer", "size"]
 
@@ -327,6 +328,39 @@ def allreduce(tensor, average=None, name=None, op=None, kvstore=None):
     sum covers the workers left and ``Average`` still divides by the job's
     worker count. The result is not part of autograd's graph.
     """
+    return synchronize(allreduce_async(tensor, average=average, name=name, op=op,
+                                       kvstore=kvstore))
+
+
+class AllreduceHandle:
+    """An allreduce in flight (``allreduce_async``): ``synchronize`` or
+    ``poll`` it."""
+
+    def __init__(self, tensor, handle, out, divide_by):
+        self._tensor, self._handle, self._out, self._divide_by = tensor, handle, out, divide_by
+        self._result = None
+
+    def _done(self):
+        return self._result is not None or self._handle is None or self._handle.done()
+
+    def _wait(self):
+        if self._result is None:
+            if self._handle is not None:
+                self._handle.wait()
+            summed = torch.from_numpy(self._out)
+            if self._divide_by != 1:
+                summed /= self._divide_by
+            t = self._tensor
+            self._result = summed.reshape(t.shape).to(dtype=t.dtype, device=t.device)
+        return self._result
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, kvstore=None):
+    """Horovod's ``allreduce_async``: starts ``allreduce`` and returns an
+    ``AllreduceHandle`` at once (the first call of a name still passes its
+    key's barrier). ``synchronize(handle)`` returns the result, ``poll`` says
+    whether it is there. ``tensor`` is copied before this returns. Several may
+    be in flight; every worker starts them in the same order."""
     if op is None:
         op = Average if average is None or average else Sum
     elif average is not None:
@@ -337,15 +371,30 @@ def allreduce(tensor, average=None, name=None, op=None, kvstore=None):
         raise TypeError("allreduce takes a torch.Tensor, got %r" % (type(tensor).__name__,))
     if tensor.is_complex():
         raise TypeError("allreduce: complex tensors are not supported (%s)" % (tensor.dtype,))
-    if tensor.numel() == 0:
-        return tensor.detach().clone()  # nothing to exchange
+    if tensor.numel() == 0:  # nothing to exchange
+        return AllreduceHandle(tensor, None, torch.zeros(0).numpy(), 1)
     kv = _store(kvstore)
     key = "__allreduce__/%s" % (name if name is not None else "numel-%d" % tensor.numel())
-    # Flat: a key keeps its element count, not one shape.
-    summed = torch.from_numpy(kv._allreduce(key, tensor.detach().reshape(-1)))
-    if op == Average:
-        summed /= kv.num_workers
-    return summed.reshape(tensor.shape).to(dtype=tensor.dtype, device=tensor.device)
+    # Flat (a key keeps its element count, not one shape), and a copy of its
+    # own: the caller may change the tensor while the exchange is in flight.
+    flat = tensor.detach().to(device="cpu", dtype=torch.float32, copy=True).reshape(-1)
+    handle, out = kv._allreduce_async(key, flat)
+    return AllreduceHandle(tensor, handle, out, kv.num_workers if op == Average else 1)
+
+
+def synchronize(handle):
+    """Horovod's ``synchronize``: waits for an ``allreduce_async`` and returns
+    its result (raises pstrain.Error if it failed)."""
+    if not isinstance(handle, AllreduceHandle):
+        raise TypeError("synchronize takes what allreduce_async returned, got %r" % (handle,))
+    return handle._wait()
+
+
+def poll(handle):
+    """Horovod's ``poll``: whether ``synchronize(handle)`` would return at once."""
+    if not isinstance(handle, AllreduceHandle):
+        raise TypeError("poll takes what allreduce_async returned, got %r" % (handle,))
+    return handle._done()
 
 
 def allreduce_(tensor, average=None, name=None, op=None, kvstore=None):

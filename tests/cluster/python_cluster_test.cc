@@ -196,6 +196,8 @@ TEST_F(PythonClusterTest, TwoWorkersStayOneModel) {
     EXPECT_NE(log.find("two_workers: broadcast (every root) and allgather (uneven rows) ok"),
               std::string::npos)
         << log;
+    EXPECT_NE(log.find("two_workers: allreduce_async, poll and synchronize ok"), std::string::npos)
+        << log;
     EXPECT_NE(log.find("two_workers: broadcast_parameters again ok (no new key)"),
               std::string::npos)
         << log;

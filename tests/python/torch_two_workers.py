@@ -232,6 +232,17 @@ def main():
     except ValueError as e:
         assert "differ beyond the first dimension" in str(e), e
     print("two_workers: broadcast (every root) and allgather (uneven rows) ok")
+    # allreduce_async: several in flight, the tensors changed meanwhile.
+    ts = [torch.full((4,), float(rank + k)) for k in range(3)]
+    handles = [pstrain.torch.allreduce_async(t, op=pstrain.torch.Sum, name="async-%d" % (k % 2))
+               for k, t in enumerate(ts)]
+    for t in ts:
+        t.fill_(-1000.0)
+    for k, h in enumerate(handles):
+        got = pstrain.torch.synchronize(h)
+        assert pstrain.torch.poll(h)
+        assert torch.equal(got, torch.full((4,), float(sum(w + k for w in range(W))))), (k, got)
+    print("two_workers: allreduce_async, poll and synchronize ok")
     # Found by review: an exchange the servers refused (workers whose models
     # differ) named only the store's int key ("key 0 part 0: request has 170
     # elements, stored value has 160"). A pull of m2's first weight with one
