@@ -45,6 +45,7 @@ import numpy as np
 from . import _pstrain
 from ._pstrain import Error
 from .optimizer import Optimizer
+from .optimizer import _multipliers as _checked_multipliers
 
 __all__ = ["KVStore", "Handle", "create"]
 
@@ -661,18 +662,9 @@ class KVStore:
     def _multipliers(self, optimizer, what):
         """The optimizer's lr_mult or wd_mult by int key; keys and values
         checked (they may have been set as attributes)."""
-        mults = getattr(optimizer, what)
-        if not isinstance(mults, dict):
-            raise TypeError("set_optimizer: the optimizer's %s is not a dict {key: multiplier}: "
-                            "%r" % (what, mults))
-        for k, m in mults.items():
-            if isinstance(m, bool) or not isinstance(m, numbers.Real):
-                raise TypeError("set_optimizer: %s[%r] is %r, not a number" % (what, k, m))
-            if not math.isfinite(m):
-                raise ValueError("set_optimizer: %s[%r] is %r: a multiplier must be finite"
-                                 % (what, k, m))
+        checked = _checked_multipliers("set_optimizer", what, getattr(optimizer, what))
         # (Numbered only once every value is known good.)
-        return {self._key(k, create=True): float(m) for k, m in mults.items()}
+        return {self._key(k, create=True): m for k, m in checked.items()}
 
     def _local_updater(self, what, need_one=True):
         if self._client is not None:

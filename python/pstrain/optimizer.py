@@ -57,9 +57,10 @@ def _optional_number(owner, name, value):
 
 
 def _multipliers(owner, what, mults):
-    """{key: float} from a dict of finite numbers keyed by str or int."""
+    """{key: float} from a dict of finite numbers keyed by str or int; the
+    errors name ``owner`` and ``what`` (lr_mult, wd_mult)."""
     if not isinstance(mults, dict):
-        raise TypeError("%s.set_%s takes a dict {key: multiplier}, got %r" % (owner, what, mults))
+        raise TypeError("%s: %s takes a dict {key: multiplier}, got %r" % (owner, what, mults))
     out = {}
     for key, m in mults.items():
         if isinstance(key, bool) or not isinstance(key, (str, int)):

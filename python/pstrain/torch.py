@@ -367,10 +367,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, kvstore=None):
         raise ValueError("allreduce: give op or average, not both")
     if op not in (Average, Sum):
         raise ValueError("allreduce: op must be pstrain.torch.Average or Sum, got %r" % (op,))
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError("allreduce takes a torch.Tensor, got %r" % (type(tensor).__name__,))
-    if tensor.is_complex():
-        raise TypeError("allreduce: complex tensors are not supported (%s)" % (tensor.dtype,))
+    _check_tensor("allreduce", tensor)
     if tensor.numel() == 0:  # nothing to exchange
         return AllreduceHandle(tensor, None, torch.zeros(0).numpy(), 1)
     kv = _store(kvstore)
@@ -404,6 +401,14 @@ def allreduce_(tensor, average=None, name=None, op=None, kvstore=None):
     return tensor
 
 
+def _check_tensor(what, tensor):
+    """TypeError naming ``what`` unless ``tensor`` is a real-valued torch.Tensor."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError("%s takes a torch.Tensor, got %r" % (what, type(tensor).__name__))
+    if tensor.is_complex():
+        raise TypeError("%s: complex tensors are not supported (%s)" % (what, tensor.dtype))
+
+
 def _summed(tensor, key, kvstore):
     """Every worker's float32 ``tensor`` (flat) summed over the servers under
     ``key`` (``__allreduce__/`` + key), as a float32 CPU tensor."""
@@ -417,13 +422,10 @@ def broadcast(tensor, root_rank, name=None, kvstore=None):
     tensor of the same shape. An allreduce in which the other workers give
     zeros: exact (x + 0), but for the sign of a zero (integers: up to 2**24).
     Blocks."""
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError("broadcast takes a torch.Tensor, got %r" % (type(tensor).__name__,))
+    _check_tensor("broadcast", tensor)
     kv = _store(kvstore)
     if not 0 <= root_rank < kv.num_workers:
         raise ValueError("broadcast: root_rank %r is not in [0, %d)" % (root_rank, kv.num_workers))
-    if tensor.is_complex():
-        raise TypeError("broadcast: complex tensors are not supported (%s)" % (tensor.dtype,))
     if tensor.numel() == 0:
         return tensor.detach().clone()
     mine = tensor.detach().to(device="cpu", dtype=torch.float32)
@@ -449,12 +451,9 @@ def allgather(tensor, name=None, kvstore=None):
     zeros: exact, but for the sign of a zero; the servers move W times the
     data; each total size is a key for good). Integers exact up to 2**24.
     Blocks."""
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError("allgather takes a torch.Tensor, got %r" % (type(tensor).__name__,))
+    _check_tensor("allgather", tensor)
     if tensor.dim() == 0:
         raise ValueError("allgather: a 0-d tensor has no first dimension to concatenate")
-    if tensor.is_complex():
-        raise TypeError("allgather: complex tensors are not supported (%s)" % (tensor.dtype,))
     kv = _store(kvstore)
     W, r = kv.num_workers, kv.rank
     rows, row = tensor.shape[0], math.prod(tensor.shape[1:])

@@ -264,7 +264,7 @@ def test_multipliers():
     late = O.SGD()
     late.lr_mult = {"a": "x"}
     expect_error(lambda: pstrain.KVStore("local").set_optimizer(late), TypeError,
-                 "lr_mult['a'] is 'x', not a number")
+                 "set_optimizer: lr_mult['a'] must be a number, got 'x'")
     print("optimizers: lr_mult and wd_mult on a local store ok")
 
 
